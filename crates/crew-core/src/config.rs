@@ -1,0 +1,1185 @@
+//! Configuration: `.crew/config.toml`, `.crew/agents/<name>.toml`, `.crew/teams/<name>.toml`.
+//!
+//! Every file is checked completely before anything starts. Unknown keys, wrong types, invalid
+//! or duplicate task ids, unknown agents, dependency cycles, zero parallelism and the like are
+//! errors that point at the file, line, column and key. With no files at all, the built-in
+//! defaults and the built-in agent `shell` still work.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use toml::Spanned;
+
+use crate::fsutil::{FileError, read_nofollow};
+use crate::ids::TaskId;
+use crate::paths::normalize_lexically;
+
+/// `config.toml`, relative to the crew directory.
+pub const CONFIG_FILE: &str = "config.toml";
+/// Agent definitions, relative to the crew directory.
+pub const AGENTS_DIR: &str = "agents";
+/// Team definitions, relative to the crew directory.
+pub const TEAMS_DIR: &str = "teams";
+/// The agent every crew knows without configuration: runs the prompt with `sh -c`.
+pub const BUILTIN_SHELL_AGENT: &str = "shell";
+
+/// Placeholders an agent's `command` template may use.
+pub const COMMAND_PLACEHOLDERS: &[&str] = &["prompt", "workspace", "run_id", "task_id"];
+/// Placeholders an agent's `resume` template may use.
+pub const RESUME_PLACEHOLDERS: &[&str] = &["prompt", "workspace", "run_id", "task_id", "message"];
+
+/// Where a task works. See DESIGN §5.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// The project root itself, shared by every task.
+    #[default]
+    Single,
+    /// A git worktree on its own branch under `<repo-root>/.worktrees/<runId>/<taskId>`.
+    Worktree,
+    /// A fresh directory in the system temp dir, removed afterwards.
+    Temp,
+    /// `.crew/state/ws/<runId>/<taskId>`, kept until the run is pruned.
+    Dedicated,
+}
+
+impl WorkspaceMode {
+    pub const ALL: [WorkspaceMode; 4] = [
+        WorkspaceMode::Single,
+        WorkspaceMode::Worktree,
+        WorkspaceMode::Temp,
+        WorkspaceMode::Dedicated,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceMode::Single => "single",
+            WorkspaceMode::Worktree => "worktree",
+            WorkspaceMode::Temp => "temp",
+            WorkspaceMode::Dedicated => "dedicated",
+        }
+    }
+}
+
+impl fmt::Display for WorkspaceMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkspaceMode {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        WorkspaceMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == value)
+            .ok_or_else(|| {
+                format!("unknown workspace mode `{value}`; use single, worktree, temp or dedicated")
+            })
+    }
+}
+
+/// How a running agent receives steering messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SteerMode {
+    /// Each message is written to the agent's stdin as one line.
+    StdinLines,
+    /// Each message is written to stdin as one JSON object per line (Claude Code's
+    /// `--input-format stream-json`).
+    StdinJson,
+    /// The agent cannot be steered while it runs; follow-ups resume it afterwards.
+    #[default]
+    None,
+}
+
+/// What to do when a task's workspace mode cannot be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationFallback {
+    /// Fail the run before any agent starts.
+    #[default]
+    None,
+    /// Use a temp directory instead and record a warning on the task.
+    Temp,
+}
+
+/// A duration written as `"30m"`, `"1h 30m"`, `"10s"` or a number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Seconds(u64),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Seconds(seconds) => Ok(HumanDuration(Duration::from_secs(seconds))),
+            Raw::Text(text) => humantime::parse_duration(&text)
+                .map(HumanDuration)
+                .map_err(|error| {
+                    serde::de::Error::custom(format!(
+                        "invalid duration `{text}` ({error}); write it like \"90s\", \"30m\" or \"1h 30m\""
+                    ))
+                }),
+        }
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&humantime::format_duration(self.0).to_string())
+    }
+}
+
+/// How many tasks may run at once: a whole number of at least 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Parallelism(pub NonZeroUsize);
+
+impl Parallelism {
+    pub fn get(self) -> usize {
+        self.0.get()
+    }
+}
+
+impl<'de> Deserialize<'de> for Parallelism {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = i64::deserialize(deserializer)?;
+        usize::try_from(value)
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .map(Parallelism)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "parallelism must be a whole number of at least 1, not {value}"
+                ))
+            })
+    }
+}
+
+/// `.crew/config.toml`. Every key is optional.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProjectConfig {
+    pub run: RunSettings,
+    pub worktree: WorktreeSettings,
+    pub isolation: IsolationSettings,
+    pub retention: RetentionSettings,
+}
+
+/// `[run]`
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunSettings {
+    /// How many tasks run at once.
+    pub max_parallel: Parallelism,
+    /// How long a stopped agent has between TERM and KILL.
+    pub stop_grace: HumanDuration,
+    /// Default timeout of every task; none when absent.
+    pub task_timeout: Option<HumanDuration>,
+    /// Stop the other tasks as soon as one fails.
+    pub fail_fast: bool,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            max_parallel: Parallelism(NonZeroUsize::new(4).expect("4 is not zero")),
+            stop_grace: HumanDuration(Duration::from_secs(10)),
+            task_timeout: None,
+            fail_fast: false,
+        }
+    }
+}
+
+/// `[worktree]`
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorktreeSettings {
+    /// Where worktrees live, relative to the repository root.
+    pub dir: Utf8PathBuf,
+    /// Task branches are `<branch_prefix>/<runId>-<taskId>`.
+    pub branch_prefix: String,
+    /// Refuse a worktree run while the leader has tracked changes.
+    pub require_clean_leader: bool,
+    /// Paths symlinked from the leader into each worktree when present there.
+    pub link: Vec<Utf8PathBuf>,
+    /// Paths copied from the leader into each worktree (ignored files such as `.env`).
+    pub copy: Vec<Utf8PathBuf>,
+    /// A command run in each new worktree before its agent starts, without a shell.
+    pub setup: Option<Vec<String>>,
+    /// How long `setup` may take.
+    pub setup_timeout: HumanDuration,
+    /// Ignored paths a recycled worktree keeps from its previous task (such as `target/`).
+    pub keep_ignored: Vec<Utf8PathBuf>,
+}
+
+impl Default for WorktreeSettings {
+    fn default() -> Self {
+        WorktreeSettings {
+            dir: Utf8PathBuf::from(".worktrees"),
+            branch_prefix: "crew".to_owned(),
+            require_clean_leader: true,
+            link: vec![Utf8PathBuf::from("node_modules")],
+            copy: Vec::new(),
+            setup: None,
+            setup_timeout: HumanDuration(Duration::from_secs(600)),
+            keep_ignored: Vec::new(),
+        }
+    }
+}
+
+/// `[isolation]`
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IsolationSettings {
+    pub fallback: IsolationFallback,
+}
+
+/// `[retention]`
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Finished runs beyond this many (newest kept) are pruned.
+    pub max_kept_runs: usize,
+    /// Finished runs older than this are pruned.
+    pub max_run_age_days: u64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            max_kept_runs: 20,
+            max_run_age_days: 7,
+        }
+    }
+}
+
+/// An agent definition, from `.crew/agents/<name>.toml` or built in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentDef {
+    pub name: String,
+    pub description: Option<String>,
+    /// argv template; never run through a shell.
+    pub command: Vec<String>,
+    pub steer: SteerMode,
+    /// argv template used to resume a stopped or finished agent; `{message}` is the follow-up.
+    pub resume: Option<Vec<String>>,
+    pub env: BTreeMap<String, String>,
+    /// Variables of the user's environment the agent may see, besides the always-passed ones.
+    /// A trailing `*` matches a prefix (`LC_*`).
+    pub pass_env: Vec<String>,
+    pub builtin: bool,
+}
+
+impl AgentDef {
+    /// The built-in `shell` agent: `sh -c {prompt}`, steered line by line on stdin.
+    pub fn builtin_shell() -> Self {
+        AgentDef {
+            name: BUILTIN_SHELL_AGENT.to_owned(),
+            description: Some("runs the prompt as a shell script".to_owned()),
+            command: vec!["sh".into(), "-c".into(), "{prompt}".into()],
+            steer: SteerMode::StdinLines,
+            resume: None,
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            builtin: true,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentFile {
+    description: Option<String>,
+    command: Spanned<Vec<String>>,
+    #[serde(default)]
+    steer: SteerMode,
+    resume: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    env: BTreeMap<Spanned<String>, String>,
+    #[serde(default)]
+    pass_env: Vec<Spanned<String>>,
+}
+
+/// A team: the tasks of a run, from `.crew/teams/<name>.toml` or built ad hoc.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub workspace_mode: Option<WorkspaceMode>,
+    pub max_parallel: Option<Parallelism>,
+    pub fail_fast: Option<bool>,
+    pub tasks: Vec<TaskDef>,
+}
+
+/// One task of a team.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskDef {
+    pub id: TaskId,
+    pub agent: String,
+    pub prompt: String,
+    pub depends_on: Vec<TaskId>,
+    pub timeout: Option<HumanDuration>,
+    pub workspace_mode: Option<WorkspaceMode>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TeamFile {
+    description: Option<String>,
+    workspace_mode: Option<WorkspaceMode>,
+    max_parallel: Option<Parallelism>,
+    fail_fast: Option<bool>,
+    tasks: Spanned<Vec<TaskFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskFile {
+    id: Spanned<String>,
+    agent: Spanned<String>,
+    prompt: Spanned<String>,
+    #[serde(default)]
+    depends_on: Vec<Spanned<String>>,
+    timeout: Option<HumanDuration>,
+    workspace_mode: Option<WorkspaceMode>,
+}
+
+/// A team with every agent its tasks name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Team {
+    pub def: TeamDef,
+    pub agents: BTreeMap<String, AgentDef>,
+}
+
+/// A configuration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadConfigError {
+    #[error("failed to read {path}")]
+    Read {
+        path: Utf8PathBuf,
+        #[source]
+        source: FileError,
+    },
+    #[error("{path} is not valid UTF-8")]
+    NotUtf8 { path: Utf8PathBuf },
+    #[error("{}", render_invalid(path, *line, *column, key.as_deref(), message))]
+    Invalid {
+        path: Utf8PathBuf,
+        line: usize,
+        column: usize,
+        key: Option<String>,
+        message: String,
+    },
+    #[error("unknown team `{name}`")]
+    UnknownTeam {
+        name: String,
+        teams_dir: Utf8PathBuf,
+        available: Vec<String>,
+    },
+    #[error("unknown agent `{name}`")]
+    UnknownAgent {
+        name: String,
+        agents_dir: Utf8PathBuf,
+        available: Vec<String>,
+    },
+    #[error("invalid {kind} name `{name}`: {rule}")]
+    InvalidName {
+        kind: &'static str,
+        name: String,
+        rule: &'static str,
+    },
+    #[error("failed to list {dir}")]
+    ListDir {
+        dir: Utf8PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn render_invalid(
+    path: &Utf8Path,
+    line: usize,
+    column: usize,
+    key: Option<&str>,
+    message: &str,
+) -> String {
+    match key {
+        Some(key) => format!("{path}:{line}:{column}: key `{key}`: {message}"),
+        None => format!("{path}:{line}:{column}: {message}"),
+    }
+}
+
+impl LoadConfigError {
+    /// What the user can do about it, when there is something to say.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            LoadConfigError::UnknownTeam {
+                teams_dir,
+                available,
+                ..
+            } => Some(if available.is_empty() {
+                format!(
+                    "no teams are defined; create {teams_dir}/<name>.toml (`crew init` writes an example)"
+                )
+            } else {
+                format!("teams in {teams_dir}: {}", available.join(", "))
+            }),
+            LoadConfigError::UnknownAgent {
+                agents_dir,
+                available,
+                ..
+            } => Some(format!(
+                "define it in {agents_dir}/<name>.toml; known agents: {}",
+                available.join(", ")
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The configuration directory of a workspace (`<root>/.crew`), or any directory laid out the
+/// same way (`.crew.example/`).
+#[derive(Debug, Clone)]
+pub struct ConfigDir {
+    dir: Utf8PathBuf,
+}
+
+impl ConfigDir {
+    pub fn new(dir: impl Into<Utf8PathBuf>) -> Self {
+        ConfigDir { dir: dir.into() }
+    }
+
+    pub fn path(&self) -> &Utf8Path {
+        &self.dir
+    }
+
+    /// `config.toml`, or the defaults when it does not exist.
+    pub fn load_project_config(&self) -> Result<ProjectConfig, LoadConfigError> {
+        let path = self.dir.join(CONFIG_FILE);
+        let Some(source) = read_optional(&path)? else {
+            return Ok(ProjectConfig::default());
+        };
+        let config: ProjectConfig = parse_toml(&path, &source)?;
+        validate_project_config(&path, &source, &config)?;
+        Ok(config)
+    }
+
+    /// The agent `name`: its file when present, else a built-in agent of that name.
+    pub fn load_agent(&self, name: &str) -> Result<AgentDef, LoadConfigError> {
+        check_name("agent", name)?;
+        let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
+        match read_optional(&path)? {
+            Some(source) => parse_agent(&path, &source, name),
+            None if name == BUILTIN_SHELL_AGENT => Ok(AgentDef::builtin_shell()),
+            None => Err(LoadConfigError::UnknownAgent {
+                name: name.to_owned(),
+                agents_dir: self.dir.join(AGENTS_DIR),
+                available: self.agent_names()?,
+            }),
+        }
+    }
+
+    /// Names of the agents defined in files plus the built-in ones, sorted.
+    pub fn agent_names(&self) -> Result<Vec<String>, LoadConfigError> {
+        let mut names = list_toml_stems(&self.dir.join(AGENTS_DIR))?;
+        if !names.iter().any(|name| name == BUILTIN_SHELL_AGENT) {
+            names.push(BUILTIN_SHELL_AGENT.to_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Names of the teams defined in files, sorted.
+    pub fn team_names(&self) -> Result<Vec<String>, LoadConfigError> {
+        list_toml_stems(&self.dir.join(TEAMS_DIR))
+    }
+
+    /// The team `name` with every agent it uses, fully validated.
+    pub fn load_team(&self, name: &str) -> Result<Team, LoadConfigError> {
+        check_name("team", name)?;
+        let path = self.dir.join(TEAMS_DIR).join(format!("{name}.toml"));
+        let Some(source) = read_optional(&path)? else {
+            return Err(LoadConfigError::UnknownTeam {
+                name: name.to_owned(),
+                teams_dir: self.dir.join(TEAMS_DIR),
+                available: self.team_names()?,
+            });
+        };
+        let file: TeamFile = parse_toml(&path, &source)?;
+        let invalid = |span: Range<usize>, key: String, message: String| {
+            invalid_at(&path, &source, span, Some(key), message)
+        };
+        let mut agents = BTreeMap::new();
+        for (index, task) in file.tasks.get_ref().iter().enumerate() {
+            let agent_name = task.agent.get_ref();
+            if agents.contains_key(agent_name) {
+                continue;
+            }
+            match self.load_agent(agent_name) {
+                Ok(agent) => {
+                    agents.insert(agent_name.clone(), agent);
+                }
+                Err(LoadConfigError::UnknownAgent {
+                    agents_dir,
+                    available,
+                    ..
+                }) => {
+                    return Err(invalid(
+                        task.agent.span(),
+                        format!("tasks[{index}].agent"),
+                        format!(
+                            "unknown agent `{agent_name}`; define it in {agents_dir}/{agent_name}.toml or use one of: {}",
+                            available.join(", ")
+                        ),
+                    ));
+                }
+                Err(LoadConfigError::InvalidName { rule, .. }) => {
+                    return Err(invalid(
+                        task.agent.span(),
+                        format!("tasks[{index}].agent"),
+                        format!("invalid agent name `{agent_name}`: {rule}"),
+                    ));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        let specs = file
+            .tasks
+            .get_ref()
+            .iter()
+            .enumerate()
+            .map(|(index, task)| TaskSpec {
+                index,
+                id: task.id.clone(),
+                depends_on: task.depends_on.clone(),
+            })
+            .collect::<Vec<_>>();
+        let ids = validate_task_graph(&specs)
+            .map_err(|error| invalid(error.span, error.key, error.message))?;
+        if ids.is_empty() {
+            return Err(invalid(
+                file.tasks.span(),
+                "tasks".to_owned(),
+                "a team needs at least one task".to_owned(),
+            ));
+        }
+        let tasks = file
+            .tasks
+            .into_inner()
+            .into_iter()
+            .zip(ids)
+            .map(|(task, (id, depends_on))| TaskDef {
+                id,
+                agent: task.agent.into_inner(),
+                prompt: task.prompt.into_inner(),
+                depends_on,
+                timeout: task.timeout,
+                workspace_mode: task.workspace_mode,
+            })
+            .collect();
+        Ok(Team {
+            def: TeamDef {
+                name: name.to_owned(),
+                description: file.description,
+                workspace_mode: file.workspace_mode,
+                max_parallel: file.max_parallel,
+                fail_fast: file.fail_fast,
+                tasks,
+            },
+            agents,
+        })
+    }
+}
+
+/// A task's id and dependencies as written, for graph validation.
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    pub index: usize,
+    pub id: Spanned<String>,
+    pub depends_on: Vec<Spanned<String>>,
+}
+
+/// A task graph that breaks a rule, located at the offending value.
+#[derive(Debug, Clone)]
+pub struct GraphError {
+    pub span: Range<usize>,
+    pub key: String,
+    pub message: String,
+}
+
+/// Checks ids (rules, case-insensitive uniqueness), dependencies (known, not self) and cycles.
+/// Returns each task's parsed id and dependencies, in order.
+pub fn validate_task_graph(tasks: &[TaskSpec]) -> Result<Vec<(TaskId, Vec<TaskId>)>, GraphError> {
+    let mut seen: HashMap<String, &str> = HashMap::new();
+    let mut ids = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let id = TaskId::parse(task.id.get_ref()).map_err(|error| GraphError {
+            span: task.id.span(),
+            key: format!("tasks[{}].id", task.index),
+            message: error.to_string(),
+        })?;
+        if let Some(first) = seen.insert(id.collision_key(), task.id.get_ref()) {
+            return Err(GraphError {
+                span: task.id.span(),
+                key: format!("tasks[{}].id", task.index),
+                message: format!(
+                    "duplicate task id `{}`: task `{first}` already uses it (task ids must be unique ignoring case)",
+                    task.id.get_ref()
+                ),
+            });
+        }
+        ids.push(id);
+    }
+    let position: HashMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(index, id)| (id.as_str(), index))
+        .collect();
+    let mut edges: Vec<Vec<usize>> = Vec::with_capacity(tasks.len());
+    let mut parsed = Vec::with_capacity(tasks.len());
+    for (task, id) in tasks.iter().zip(&ids) {
+        let mut deps = Vec::new();
+        let mut dep_ids = Vec::new();
+        for (dep_index, dep) in task.depends_on.iter().enumerate() {
+            let key = format!("tasks[{}].depends_on[{dep_index}]", task.index);
+            let Some(&target) = position.get(dep.get_ref().as_str()) else {
+                return Err(GraphError {
+                    span: dep.span(),
+                    key,
+                    message: format!(
+                        "task `{id}` depends on `{}`, which is not a task of this team",
+                        dep.get_ref()
+                    ),
+                });
+            };
+            if deps.contains(&target) {
+                return Err(GraphError {
+                    span: dep.span(),
+                    key,
+                    message: format!("task `{id}` lists `{}` twice", dep.get_ref()),
+                });
+            }
+            deps.push(target);
+            dep_ids.push(ids[target].clone());
+        }
+        edges.push(deps);
+        parsed.push((id.clone(), dep_ids));
+    }
+    if let Some(cycle) = find_cycle(&edges) {
+        let first = cycle[0];
+        let closing = cycle[1 % cycle.len()];
+        let dep_index = edges[first]
+            .iter()
+            .position(|&target| target == closing)
+            .expect("a cycle follows existing edges");
+        let path = cycle
+            .iter()
+            .chain(std::iter::once(&first))
+            .map(|&index| ids[index].as_str())
+            .collect::<Vec<_>>()
+            .join(" -> ");
+        return Err(GraphError {
+            span: tasks[first].depends_on[dep_index].span(),
+            key: format!("tasks[{}].depends_on[{dep_index}]", tasks[first].index),
+            message: format!("dependency cycle: {path}"),
+        });
+    }
+    Ok(parsed)
+}
+
+/// A cycle in the graph, as the list of nodes along it, when there is one.
+fn find_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Active,
+        Done,
+    }
+    let mut marks = vec![Mark::New; edges.len()];
+    for start in 0..edges.len() {
+        if marks[start] != Mark::New {
+            continue;
+        }
+        // Iterative depth-first search: (node, next edge to follow).
+        let mut stack = vec![(start, 0usize)];
+        marks[start] = Mark::Active;
+        while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+            if let Some(&target) = edges[node].get(*next) {
+                *next += 1;
+                match marks[target] {
+                    Mark::New => {
+                        marks[target] = Mark::Active;
+                        stack.push((target, 0));
+                    }
+                    Mark::Active => {
+                        let from = stack
+                            .iter()
+                            .position(|&(n, _)| n == target)
+                            .expect("an active node is on the stack");
+                        return Some(stack[from..].iter().map(|&(n, _)| n).collect());
+                    }
+                    Mark::Done => {}
+                }
+            } else {
+                marks[node] = Mark::Done;
+                stack.pop();
+            }
+        }
+    }
+    None
+}
+
+fn check_name(kind: &'static str, name: &str) -> Result<(), LoadConfigError> {
+    TaskId::parse(name)
+        .map(drop)
+        .map_err(|error| LoadConfigError::InvalidName {
+            kind,
+            name: name.to_owned(),
+            rule: error.rule,
+        })
+}
+
+fn read_optional(path: &Utf8Path) -> Result<Option<String>, LoadConfigError> {
+    match read_nofollow(path) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| LoadConfigError::NotUtf8 {
+                path: path.to_owned(),
+            }),
+        Err(FileError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(source) => Err(LoadConfigError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn list_toml_stems(dir: &Utf8Path) -> Result<Vec<String>, LoadConfigError> {
+    let entries = match dir.read_dir_utf8() {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(LoadConfigError::ListDir {
+                dir: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| LoadConfigError::ListDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+        if let Some(stem) = entry.file_name().strip_suffix(".toml") {
+            names.push(stem.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn parse_toml<T: serde::de::DeserializeOwned>(
+    path: &Utf8Path,
+    source: &str,
+) -> Result<T, LoadConfigError> {
+    toml::from_str(source).map_err(|error| {
+        let span = error.span().unwrap_or(0..0);
+        let key = key_at(source, span.start);
+        invalid_at(
+            path,
+            source,
+            span,
+            key,
+            error.message().trim_end().to_owned(),
+        )
+    })
+}
+
+fn invalid_at(
+    path: &Utf8Path,
+    source: &str,
+    span: Range<usize>,
+    key: Option<String>,
+    message: String,
+) -> LoadConfigError {
+    let (line, column) = line_column(source, span.start);
+    LoadConfigError::Invalid {
+        path: path.to_owned(),
+        line,
+        column,
+        key,
+        message,
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(source: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(source.len());
+    let before = &source[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |newline| newline + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// The dotted key a byte offset belongs to, from the `key = value` line it is on and the table
+/// headers above it (`tasks[1].agent`). `None` when the offset is not on a key line.
+fn key_at(source: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(source.len());
+    let mut table: Option<String> = None;
+    let mut array_counts: HashMap<String, usize> = HashMap::new();
+    let mut key = None;
+    let mut line_start = 0;
+    for line in source.split_inclusive('\n') {
+        let line_end = line_start + line.len();
+        let trimmed = line.trim();
+        if let Some(name) = trimmed
+            .strip_prefix("[[")
+            .and_then(|rest| rest.split_once("]]"))
+            .map(|(name, _)| name.trim().to_owned())
+        {
+            let count = array_counts.entry(name.clone()).or_insert(0);
+            table = Some(format!("{name}[{count}]"));
+            *count += 1;
+        } else if let Some(name) = trimmed
+            .strip_prefix('[')
+            .and_then(|rest| rest.split_once(']'))
+            .map(|(name, _)| name.trim().to_owned())
+        {
+            table = Some(name);
+        }
+        if offset < line_end || line_end == source.len() {
+            key = trimmed
+                .split_once('=')
+                .map(|(name, _)| name.trim().trim_matches('"').to_owned())
+                .filter(|name| {
+                    !name.is_empty()
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                });
+            break;
+        }
+        line_start = line_end;
+    }
+    match (table, key) {
+        (Some(table), Some(key)) => Some(format!("{table}.{key}")),
+        (None, Some(key)) => Some(key),
+        (Some(table), None) => Some(table),
+        (None, None) => None,
+    }
+}
+
+fn validate_project_config(
+    path: &Utf8Path,
+    source: &str,
+    config: &ProjectConfig,
+) -> Result<(), LoadConfigError> {
+    // The values have no spans once deserialized; locate the offending key in the text.
+    let invalid = |key: &str, message: String| {
+        let offset = find_key_offset(source, key);
+        invalid_at(path, source, offset..offset, Some(key.to_owned()), message)
+    };
+    let worktree = &config.worktree;
+    check_relative_path(&worktree.dir)
+        .map_err(|rule| invalid("worktree.dir", format!("`{}` {rule}", worktree.dir)))?;
+    if worktree.dir == Utf8Path::new(".git") || worktree.dir.starts_with(".git") {
+        return Err(invalid(
+            "worktree.dir",
+            "worktrees cannot live inside `.git`".to_owned(),
+        ));
+    }
+    check_branch_prefix(&worktree.branch_prefix).map_err(|rule| {
+        invalid(
+            "worktree.branch_prefix",
+            format!("`{}` {rule}", worktree.branch_prefix),
+        )
+    })?;
+    for (key, list) in [
+        ("worktree.link", &worktree.link),
+        ("worktree.copy", &worktree.copy),
+        ("worktree.keep_ignored", &worktree.keep_ignored),
+    ] {
+        for entry in list {
+            check_relative_path(entry).map_err(|rule| invalid(key, format!("`{entry}` {rule}")))?;
+        }
+    }
+    if let Some(setup) = &worktree.setup
+        && setup.first().is_none_or(|program| program.is_empty())
+    {
+        return Err(invalid(
+            "worktree.setup",
+            "the setup command needs a program: write it as [\"npm\", \"ci\"]".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The byte offset of `table.key` in a TOML source, or 0 when it cannot be found.
+fn find_key_offset(source: &str, dotted: &str) -> usize {
+    let (table, key) = dotted.rsplit_once('.').unwrap_or(("", dotted));
+    let mut in_table = table.is_empty();
+    let mut offset = 0;
+    for line in source.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            in_table = trimmed.trim_start_matches('[').trim_end_matches(']').trim() == table;
+        } else if in_table
+            && trimmed
+                .split_once('=')
+                .is_some_and(|(name, _)| name.trim().trim_matches('"') == key)
+        {
+            return offset + (line.len() - line.trim_start().len());
+        }
+        offset += line.len();
+    }
+    0
+}
+
+/// A path from configuration must stay inside the repository: relative, no `..`, not empty.
+fn check_relative_path(path: &Utf8Path) -> Result<(), &'static str> {
+    if path.as_str().is_empty() {
+        return Err("must not be empty");
+    }
+    if path.is_absolute() {
+        return Err("must be relative to the repository root");
+    }
+    if path
+        .components()
+        .any(|c| matches!(c, camino::Utf8Component::ParentDir))
+    {
+        return Err("must not contain `..`");
+    }
+    if normalize_lexically(path).as_str().is_empty() {
+        return Err("must name a path below the repository root");
+    }
+    Ok(())
+}
+
+/// Branch prefixes become part of ref names: letters, digits, `.`, `_`, `-` and `/` between
+/// segments, following git's ref rules.
+fn check_branch_prefix(prefix: &str) -> Result<(), &'static str> {
+    if prefix.is_empty() {
+        return Err("must not be empty");
+    }
+    if !prefix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+    {
+        return Err("may only contain letters, digits, `.`, `_`, `-` and `/`");
+    }
+    for segment in prefix.split('/') {
+        if segment.is_empty() {
+            return Err("must not start or end with `/` or contain `//`");
+        }
+        if segment.starts_with('.') || segment.starts_with('-') {
+            return Err("segments must not start with `.` or `-`");
+        }
+        if segment.ends_with(".lock") || segment.ends_with('.') {
+            return Err("segments must not end with `.lock` or `.`");
+        }
+    }
+    if prefix.contains("..") {
+        return Err("must not contain `..`");
+    }
+    Ok(())
+}
+
+fn parse_agent(path: &Utf8Path, source: &str, name: &str) -> Result<AgentDef, LoadConfigError> {
+    let file: AgentFile = parse_toml(path, source)?;
+    let invalid = |span: Range<usize>, key: &str, message: String| {
+        invalid_at(path, source, span, Some(key.to_owned()), message)
+    };
+    check_template(file.command.get_ref(), COMMAND_PLACEHOLDERS)
+        .map_err(|message| invalid(file.command.span(), "command", message))?;
+    if let Some(resume) = &file.resume {
+        check_template(resume.get_ref(), RESUME_PLACEHOLDERS)
+            .map_err(|message| invalid(resume.span(), "resume", message))?;
+    }
+    let mut env = BTreeMap::new();
+    for (key, value) in file.env {
+        check_env_name(key.get_ref(), false)
+            .map_err(|message| invalid(key.span(), "env", message))?;
+        env.insert(key.into_inner(), value);
+    }
+    let mut pass_env = Vec::new();
+    for entry in file.pass_env {
+        check_env_name(entry.get_ref(), true)
+            .map_err(|message| invalid(entry.span(), "pass_env", message))?;
+        pass_env.push(entry.into_inner());
+    }
+    Ok(AgentDef {
+        name: name.to_owned(),
+        description: file.description,
+        command: file.command.into_inner(),
+        steer: file.steer,
+        resume: file.resume.map(Spanned::into_inner),
+        env,
+        pass_env,
+        builtin: false,
+    })
+}
+
+/// Checks an argv template: a program, and only known `{placeholders}`.
+fn check_template(argv: &[String], allowed: &[&str]) -> Result<(), String> {
+    if argv.first().is_none_or(|program| program.is_empty()) {
+        return Err(
+            "needs a program as its first element, e.g. [\"claude\", \"-p\", \"{prompt}\"]"
+                .to_owned(),
+        );
+    }
+    for arg in argv {
+        for placeholder in placeholders(arg) {
+            if !allowed.contains(&placeholder) {
+                return Err(format!(
+                    "unknown placeholder `{{{placeholder}}}`; available: {}",
+                    allowed
+                        .iter()
+                        .map(|name| format!("{{{name}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `{name}` placeholders in a template argument.
+pub fn placeholders(arg: &str) -> impl Iterator<Item = &str> {
+    arg.split('{').skip(1).filter_map(|rest| {
+        let (name, _) = rest.split_once('}')?;
+        let is_name =
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        is_name.then_some(name)
+    })
+}
+
+/// Fills `{name}` placeholders of one template argument. Each argument stays one argument: a
+/// prompt with spaces or quotes is never split or interpreted.
+pub fn fill_template(arg: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let replaced = after.split_once('}').and_then(|(name, tail)| {
+            values
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value, tail))
+        });
+        match replaced {
+            Some((value, tail)) => {
+                out.push_str(value);
+                rest = tail;
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Variables that locate or redirect a git repository. They never reach an agent: an agent must
+/// work on the repository of its own workspace.
+pub const GIT_LOCATION_VARIABLES: &[&str] = &[
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_PREFIX",
+];
+
+fn check_env_name(name: &str, allow_prefix_glob: bool) -> Result<(), String> {
+    let base = if allow_prefix_glob {
+        name.strip_suffix('*').unwrap_or(name)
+    } else {
+        name
+    };
+    let valid = !base.is_empty()
+        && !base.starts_with(|c: char| c.is_ascii_digit())
+        && base.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "`{name}` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)"
+        ));
+    }
+    if base.starts_with("GIT_")
+        || (allow_prefix_glob && name.ends_with('*') && "GIT_".starts_with(base))
+    {
+        return Err(format!(
+            "`{name}`: git's own variables never reach an agent, so each agent works on the repository of its workspace"
+        ));
+    }
+    if base.starts_with("CREW_") {
+        return Err(format!(
+            "`{name}`: CREW_ variables are set by crew for each agent"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_fill_each_argument_separately() {
+        let values = [("prompt", "say \"hi\"; rm -rf /"), ("task_id", "api")];
+        assert_eq!(fill_template("{prompt}", &values), "say \"hi\"; rm -rf /");
+        assert_eq!(fill_template("--task={task_id}", &values), "--task=api");
+        assert_eq!(fill_template("{unknown} {", &values), "{unknown} {");
+        assert_eq!(placeholders("a{b}c{d}").collect::<Vec<_>>(), ["b", "d"]);
+    }
+
+    #[test]
+    fn key_at_names_array_tables() {
+        let source =
+            "description = \"x\"\n[[tasks]]\nid = \"a\"\n[[tasks]]\nid = \"b\"\nagent = 3\n";
+        let offset = source.find("agent = 3").unwrap() + 8;
+        assert_eq!(key_at(source, offset).as_deref(), Some("tasks[1].agent"));
+        assert_eq!(key_at(source, 3).as_deref(), Some("description"));
+    }
+
+    #[test]
+    fn cycles_are_found() {
+        assert_eq!(
+            find_cycle(&[vec![1], vec![2], vec![0]]),
+            Some(vec![0, 1, 2])
+        );
+        assert_eq!(find_cycle(&[vec![], vec![0], vec![0, 1]]), None);
+        assert_eq!(find_cycle(&[vec![0]]), Some(vec![0]));
+    }
+
+    #[test]
+    fn branch_prefix_rules() {
+        assert!(check_branch_prefix("crew").is_ok());
+        assert!(check_branch_prefix("team/crew").is_ok());
+        for bad in ["", "/x", "x/", "a//b", "a..b", ".x", "x.lock", "a b", "-x"] {
+            assert!(check_branch_prefix(bad).is_err(), "{bad:?}");
+        }
+    }
+}

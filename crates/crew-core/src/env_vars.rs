@@ -1,0 +1,26 @@
+//! Environment variables crew reads or sets, declared once.
+
+/// Set for every agent: the run it belongs to.
+pub const CREW_RUN_ID: &str = "CREW_RUN_ID";
+/// Set for every agent: its task id.
+pub const CREW_TASK_ID: &str = "CREW_TASK_ID";
+/// Set for every agent: `<runId>:<taskId>`. Also the marker by which crew finds processes an
+/// agent left behind.
+pub const CREW_AGENT_ID: &str = "CREW_AGENT_ID";
+/// Set for every agent: the directory it works in.
+pub const CREW_WORKSPACE: &str = "CREW_WORKSPACE";
+/// Set for every agent: the workspace (project root) its run belongs to.
+pub const CREW_PROJECT_ROOT: &str = "CREW_PROJECT_ROOT";
+/// Set for every agent: the control socket of its host, for `crew ask`.
+pub const CREW_SOCKET: &str = "CREW_SOCKET";
+
+/// Variables every agent receives from the user's environment, besides its `pass_env`.
+/// A trailing `*` matches a prefix.
+pub const ALWAYS_PASSED: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_*", "TERM", "TMPDIR",
+];
+
+/// Turns colored output off, whatever the terminal (<https://no-color.org>).
+pub const NO_COLOR: &str = "NO_COLOR";
+/// Log filter for crew's own diagnostics (`crew=debug`), as understood by `tracing`.
+pub const CREW_LOG: &str = "CREW_LOG";

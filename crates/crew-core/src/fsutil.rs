@@ -1,0 +1,281 @@
+//! File helpers every state write goes through: atomic replacement, no-follow opens and
+//! directories that must be real directories.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+
+use camino::{Utf8Path, Utf8PathBuf};
+
+/// A file crew failed to read or write, or refused to touch.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error(
+        "refusing to use {path}: it is a symlink; crew never reads or writes state through links"
+    )]
+    Symlink { path: Utf8PathBuf },
+    #[error("refusing to use {path}: it exists but is not a {expected}")]
+    WrongType {
+        path: Utf8PathBuf,
+        expected: &'static str,
+    },
+    #[error("failed to create directory {path}")]
+    CreateDir {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to read {path}")]
+    Read {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to write {path}")]
+    Write {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Makes sure `path` is a real directory (created with mode 0700 when missing), not a symlink or
+/// a file. Parents are not created: callers build the tree top-down, checking every level.
+pub fn ensure_real_dir(path: &Utf8Path) -> Result<(), FileError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_symlink() => Err(FileError::Symlink {
+            path: path.to_owned(),
+        }),
+        Ok(metadata) if metadata.is_dir() => Ok(()),
+        Ok(_) => Err(FileError::WrongType {
+            path: path.to_owned(),
+            expected: "directory",
+        }),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            match std::fs::DirBuilder::new().mode(0o700).create(path) {
+                Ok(()) => Ok(()),
+                // Another process created it between our look and our create: check what it is.
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                    ensure_existing_real_dir(path)
+                }
+                Err(source) => Err(FileError::CreateDir {
+                    path: path.to_owned(),
+                    source,
+                }),
+            }
+        }
+        Err(source) => Err(FileError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Checks that an existing `path` is a real directory; `Ok(false)` when it does not exist.
+pub fn real_dir_exists(path: &Utf8Path) -> Result<bool, FileError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_symlink() => Err(FileError::Symlink {
+            path: path.to_owned(),
+        }),
+        Ok(metadata) if metadata.is_dir() => Ok(true),
+        Ok(_) => Err(FileError::WrongType {
+            path: path.to_owned(),
+            expected: "directory",
+        }),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(FileError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn ensure_existing_real_dir(path: &Utf8Path) -> Result<(), FileError> {
+    if real_dir_exists(path)? {
+        Ok(())
+    } else {
+        Err(FileError::WrongType {
+            path: path.to_owned(),
+            expected: "directory",
+        })
+    }
+}
+
+/// Opens `path` for reading without following a symlink at the last component.
+pub fn open_nofollow(path: &Utf8Path) -> Result<File, FileError> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|source| classify_open_error(path, source))
+}
+
+/// Reads a whole file without following a symlink at the last component.
+pub fn read_nofollow(path: &Utf8Path) -> Result<Vec<u8>, FileError> {
+    let mut file = open_nofollow(path)?;
+    let mut contents = Vec::new();
+    io::Read::read_to_end(&mut file, &mut contents).map_err(|source| FileError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(contents)
+}
+
+/// Opens (creating when missing, mode 0600) a file for appending, refusing a symlink.
+pub fn open_append_nofollow(path: &Utf8Path) -> Result<File, FileError> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|source| classify_open_error(path, source))
+}
+
+/// Opens (creating when missing, mode 0600) a file for reading and writing in place, refusing a
+/// symlink. Used for lock files, which are never replaced.
+pub fn open_rw_nofollow(path: &Utf8Path) -> Result<File, FileError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|source| classify_open_error(path, source))
+}
+
+fn classify_open_error(path: &Utf8Path, source: io::Error) -> FileError {
+    // O_NOFOLLOW on a symlink fails with ELOOP.
+    if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+        FileError::Symlink {
+            path: path.to_owned(),
+        }
+    } else {
+        FileError::Read {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Replaces `path` with `contents` atomically: a temp file in the same directory is written and
+/// synced, renamed over the target, and the directory is synced. A reader (or a crash) sees the
+/// complete old file or the complete new one, never a mix. A symlink at `path` is refused, not
+/// written through.
+pub fn write_atomic(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
+    let write_error = |source| FileError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_symlink() => {
+            return Err(FileError::Symlink {
+                path: path.to_owned(),
+            });
+        }
+        Ok(metadata) if !metadata.is_file() => {
+            return Err(FileError::WrongType {
+                path: path.to_owned(),
+                expected: "regular file",
+            });
+        }
+        Ok(_) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(write_error(source)),
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(write_error(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "path has no parent directory",
+        )));
+    };
+    let temp_path = dir.join(format!(
+        ".{name}.tmp-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let result = (|| {
+        let mut temp = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp_path)?;
+        temp.write_all(contents)?;
+        temp.sync_all()?;
+        drop(temp);
+        std::fs::rename(&temp_path, path)?;
+        sync_dir(dir)
+    })();
+    if let Err(source) = result {
+        // Best effort: the temp file carries no state anyone reads.
+        let _ = std::fs::remove_file(&temp_path);
+        return Err(write_error(source));
+    }
+    Ok(())
+}
+
+/// Flushes a directory's entries (a rename or a new file) to disk.
+pub fn sync_dir(dir: &Utf8Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// `true` for the temp files `write_atomic` leaves behind when killed mid-write.
+pub fn is_atomic_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".tmp-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir() -> (tempfile::TempDir, Utf8PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Utf8PathBuf::from_path_buf(dir.path().to_owned()).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn atomic_write_replaces_contents_and_leaves_no_temp_file() {
+        let (_guard, dir) = temp_dir();
+        let target = dir.join("manifest.json");
+        write_atomic(&target, b"one").unwrap();
+        write_atomic(&target, b"two").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn atomic_write_refuses_a_symlink_target() {
+        let (_guard, dir) = temp_dir();
+        let canary = dir.join("canary");
+        std::fs::write(&canary, b"canary").unwrap();
+        let target = dir.join("manifest.json");
+        std::os::unix::fs::symlink(&canary, &target).unwrap();
+        let error = write_atomic(&target, b"evil").unwrap_err();
+        assert!(matches!(error, FileError::Symlink { .. }), "{error}");
+        assert_eq!(std::fs::read(&canary).unwrap(), b"canary");
+        assert!(read_nofollow(&target).is_err());
+    }
+
+    #[test]
+    fn ensure_real_dir_refuses_symlinks_and_files() {
+        let (_guard, dir) = temp_dir();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(matches!(
+            ensure_real_dir(&link),
+            Err(FileError::Symlink { .. })
+        ));
+        let file = dir.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(matches!(
+            ensure_real_dir(&file),
+            Err(FileError::WrongType { .. })
+        ));
+        ensure_real_dir(&dir.join("new")).unwrap();
+        assert!(dir.join("new").is_dir());
+    }
+}

@@ -1,0 +1,535 @@
+//! Runs and tasks: their records in the manifest, their statuses and the transitions between
+//! them. A transition not listed here is an error, never applied.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use camino::Utf8PathBuf;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::config::{HumanDuration, WorkspaceMode};
+use crate::host::HostIdentity;
+use crate::ids::{AgentId, RunId, TaskId, WorkspaceId};
+use crate::provider::{TeardownReport, WorkspaceKind};
+
+/// The manifest format this crew writes. A newer manifest is read-only to this crew.
+pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
+
+/// A point in time, stored as RFC 3339 with milliseconds (`2026-11-29T22:40:15.123Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub SystemTime);
+
+impl Timestamp {
+    pub fn now() -> Self {
+        Timestamp(SystemTime::now())
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_rfc3339_weak(&text)
+            .map(Timestamp)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// `running → completed | failed | cancelled | interrupted`, and back to `running` when a run is
+/// resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    /// Set by reconciliation: the process hosting the run is gone.
+    Interrupted,
+}
+
+impl RunStatus {
+    pub fn is_finished(self) -> bool {
+        !matches!(self, RunStatus::Running)
+    }
+
+    pub fn can_become(self, next: RunStatus) -> bool {
+        use RunStatus::*;
+        match (self, next) {
+            (Running, Completed | Failed | Cancelled | Interrupted) => true,
+            // Resuming a run that did not complete, or one whose agent gets a follow-up.
+            (Completed | Failed | Cancelled | Interrupted, Running) => true,
+            _ => false,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// `pending → preparing → running (⇄ waiting) → succeeded | failed | stopped | cancelled |
+/// skipped`; a finished task goes back to `pending` or `preparing` when it is resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    Pending,
+    Preparing,
+    Running,
+    /// The agent asked a question and waits for the answer.
+    Waiting,
+    Succeeded,
+    Failed,
+    Stopped,
+    Cancelled,
+    Skipped,
+}
+
+impl TaskStatus {
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Succeeded
+                | TaskStatus::Failed
+                | TaskStatus::Stopped
+                | TaskStatus::Cancelled
+                | TaskStatus::Skipped
+        )
+    }
+
+    /// A task whose agent process may be alive.
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Preparing | TaskStatus::Running | TaskStatus::Waiting
+        )
+    }
+
+    pub fn can_become(self, next: TaskStatus) -> bool {
+        use TaskStatus::*;
+        match (self, next) {
+            (Pending, Preparing | Cancelled | Skipped) => true,
+            (Preparing, Running | Failed | Cancelled | Stopped) => true,
+            (Running, Waiting | Succeeded | Failed | Stopped | Cancelled) => true,
+            (Waiting, Running | Succeeded | Failed | Stopped | Cancelled) => true,
+            // Resume: a finished task is prepared again, or queued again with its run.
+            (Succeeded | Failed | Stopped | Cancelled | Skipped, Pending | Preparing) => true,
+            _ => false,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Preparing => "preparing",
+            TaskStatus::Running => "running",
+            TaskStatus::Waiting => "waiting",
+            TaskStatus::Succeeded => "succeeded",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Stopped => "stopped",
+            TaskStatus::Cancelled => "cancelled",
+            TaskStatus::Skipped => "skipped",
+        }
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status change that the model does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    #[error("run {run_id} cannot go from {from} to {to}")]
+    Run {
+        run_id: RunId,
+        from: RunStatus,
+        to: RunStatus,
+    },
+    #[error("task {agent_id} cannot go from {from} to {to}")]
+    Task {
+        agent_id: AgentId,
+        from: TaskStatus,
+        to: TaskStatus,
+    },
+    #[error("run {run_id} has no task {task_id}")]
+    UnknownTask { run_id: RunId, task_id: TaskId },
+}
+
+/// How an agent process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    /// The exit code, when the process exited on its own.
+    pub code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// How a stop ended it: `term` (exited after TERM), `kill` (needed KILL), or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
+    /// Processes of the agent's group still alive (or holding its output) after it exited,
+    /// killed by crew.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaked_processes: bool,
+}
+
+impl ExitRecord {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// Where a task worked, as recorded once its workspace was allocated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceRecord {
+    pub kind: WorkspaceKind,
+    pub dir: Utf8PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_commit: Option<String>,
+    #[serde(default)]
+    pub reused: bool,
+}
+
+/// A task of a run, with everything that happened to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub id: TaskId,
+    pub agent: String,
+    pub prompt: String,
+    #[serde(default)]
+    pub depends_on: Vec<TaskId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<HumanDuration>,
+    /// The mode asked for: the run's mode unless the team overrides it for this task.
+    pub workspace_mode: WorkspaceMode,
+    pub status: TaskStatus,
+    /// Why the task is in its status, when that needs saying (the upstream that failed, the
+    /// timeout that stopped it, the error that failed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceRecord>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teardown: Option<TeardownReport>,
+    /// The question the agent asked and waits on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    /// How many times the agent was started.
+    #[serde(default)]
+    pub attempts: u32,
+}
+
+impl TaskRecord {
+    pub fn new(
+        id: TaskId,
+        agent: String,
+        prompt: String,
+        depends_on: Vec<TaskId>,
+        workspace_mode: WorkspaceMode,
+    ) -> Self {
+        TaskRecord {
+            id,
+            agent,
+            prompt,
+            depends_on,
+            timeout: None,
+            workspace_mode,
+            status: TaskStatus::Pending,
+            reason: None,
+            started_at: None,
+            finished_at: None,
+            pid: None,
+            exit: None,
+            workspace: None,
+            warnings: Vec::new(),
+            teardown: None,
+            question: None,
+            attempts: 0,
+        }
+    }
+}
+
+/// Where the host of a run can be reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    #[serde(flatten)]
+    pub identity: HostIdentity,
+    /// The control socket of the host, when it serves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<Utf8PathBuf>,
+    /// Who hosts the run (`crew run`, an editor), for listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// `runs/<runId>/manifest.json`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunManifest {
+    pub schema_version: u32,
+    pub run_id: RunId,
+    /// The workspace the run belongs to.
+    pub cwd: WorkspaceId,
+    /// Where in the workspace the run was started, relative to the repository root.
+    #[serde(default)]
+    pub invocation_dir: Utf8PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    pub workspace_mode: WorkspaceMode,
+    pub status: RunStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostRecord>,
+    /// The commit or ref worktree tasks start from; the leader's HEAD when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    pub max_parallel: usize,
+    #[serde(default)]
+    pub fail_fast: bool,
+    pub tasks: Vec<TaskRecord>,
+}
+
+impl RunManifest {
+    /// A new `running` run of `cwd` with `tasks`, created now, hosted by nobody yet.
+    pub fn new(
+        run_id: RunId,
+        cwd: WorkspaceId,
+        workspace_mode: WorkspaceMode,
+        tasks: Vec<TaskRecord>,
+    ) -> Self {
+        let now = Timestamp::now();
+        RunManifest {
+            schema_version: MANIFEST_SCHEMA_VERSION,
+            run_id,
+            cwd,
+            invocation_dir: Utf8PathBuf::new(),
+            team: None,
+            workspace_mode,
+            status: RunStatus::Running,
+            reason: None,
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            host: None,
+            base: None,
+            max_parallel: 1,
+            fail_fast: false,
+            tasks,
+        }
+    }
+
+    pub fn task(&self, id: &TaskId) -> Option<&TaskRecord> {
+        self.tasks.iter().find(|task| &task.id == id)
+    }
+
+    pub fn task_mut(&mut self, id: &TaskId) -> Result<&mut TaskRecord, TransitionError> {
+        let run_id = self.run_id.clone();
+        self.tasks
+            .iter_mut()
+            .find(|task| &task.id == id)
+            .ok_or_else(|| TransitionError::UnknownTask {
+                run_id,
+                task_id: id.clone(),
+            })
+    }
+
+    /// Moves the run to `next`, refusing transitions the model does not allow.
+    pub fn set_status(&mut self, next: RunStatus) -> Result<(), TransitionError> {
+        if !self.status.can_become(next) {
+            return Err(TransitionError::Run {
+                run_id: self.run_id.clone(),
+                from: self.status,
+                to: next,
+            });
+        }
+        self.status = next;
+        let now = Timestamp::now();
+        self.updated_at = now;
+        self.finished_at = next.is_finished().then_some(now);
+        Ok(())
+    }
+
+    /// Moves task `id` to `next`, refusing transitions the model does not allow, and stamps
+    /// its start and finish times.
+    pub fn set_task_status(
+        &mut self,
+        id: &TaskId,
+        next: TaskStatus,
+    ) -> Result<&mut TaskRecord, TransitionError> {
+        let run_id = self.run_id.clone();
+        let now = Timestamp::now();
+        self.updated_at = now;
+        let task = self.task_mut(id)?;
+        if !task.status.can_become(next) {
+            return Err(TransitionError::Task {
+                agent_id: AgentId::new(run_id, id.clone()),
+                from: task.status,
+                to: next,
+            });
+        }
+        task.status = next;
+        match next {
+            TaskStatus::Preparing => {
+                task.started_at = Some(now);
+                task.finished_at = None;
+            }
+            TaskStatus::Pending => {
+                task.finished_at = None;
+            }
+            status if status.is_finished() => task.finished_at = Some(now),
+            _ => {}
+        }
+        Ok(task)
+    }
+}
+
+/// One line of `events.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEvent {
+    pub schema_version: u32,
+    pub at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskId>,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl RunEvent {
+    pub fn new(task: Option<TaskId>, kind: EventKind) -> Self {
+        RunEvent {
+            schema_version: MANIFEST_SCHEMA_VERSION,
+            at: Timestamp::now(),
+            task,
+            kind,
+        }
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    RunCreated,
+    RunStatus {
+        status: RunStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    TaskStatus {
+        status: TaskStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    Message {
+        text: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> RunManifest {
+        RunManifest::new(
+            RunId::generate(),
+            WorkspaceId::from_canonical("/w".into()),
+            WorkspaceMode::Single,
+            vec![TaskRecord::new(
+                TaskId::parse("api").unwrap(),
+                "shell".into(),
+                "true".into(),
+                vec![],
+                WorkspaceMode::Single,
+            )],
+        )
+    }
+
+    #[test]
+    fn task_lifecycle_follows_the_model() {
+        let mut run = manifest();
+        let api = TaskId::parse("api").unwrap();
+        run.set_task_status(&api, TaskStatus::Preparing).unwrap();
+        run.set_task_status(&api, TaskStatus::Running).unwrap();
+        run.set_task_status(&api, TaskStatus::Waiting).unwrap();
+        run.set_task_status(&api, TaskStatus::Running).unwrap();
+        let task = run.set_task_status(&api, TaskStatus::Succeeded).unwrap();
+        assert!(task.finished_at.is_some());
+        let error = run.set_task_status(&api, TaskStatus::Failed).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .ends_with("cannot go from succeeded to failed"),
+            "{error}"
+        );
+        assert_eq!(run.task(&api).unwrap().status, TaskStatus::Succeeded);
+    }
+
+    #[test]
+    fn invalid_transitions_are_errors() {
+        use TaskStatus::*;
+        for (from, to) in [
+            (Pending, Succeeded),
+            (Pending, Running),
+            (Preparing, Succeeded),
+            (Running, Pending),
+            (Succeeded, Running),
+            (Skipped, Failed),
+        ] {
+            assert!(!from.can_become(to), "{from} -> {to} must be refused");
+        }
+        assert!(!RunStatus::Completed.can_become(RunStatus::Failed));
+        assert!(!RunStatus::Running.can_become(RunStatus::Running));
+        let mut run = manifest();
+        run.set_status(RunStatus::Completed).unwrap();
+        assert!(run.set_status(RunStatus::Interrupted).is_err());
+    }
+
+    #[test]
+    fn timestamps_round_trip() {
+        let now = Timestamp::now();
+        let json = serde_json::to_string(&now).unwrap();
+        let back: Timestamp = serde_json::from_str(&json).unwrap();
+        let delta = now.0.duration_since(back.0).unwrap_or_default();
+        assert!(delta < std::time::Duration::from_millis(1));
+    }
+}

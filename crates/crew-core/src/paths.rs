@@ -1,0 +1,323 @@
+//! Path safety: containment checks and the one removal function crew uses.
+//!
+//! Containment is decided component by component on paths whose symlinks were resolved by the
+//! file system, never by string prefixes (`/a/b` does not contain `/a/b-evil`) and never by
+//! `path-clean`, which only tidies paths for display and lexical comparison.
+
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use camino::{Utf8Component, Utf8Path, Utf8PathBuf};
+
+/// A path crew cannot use as a workspace or state location.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspacePathError {
+    #[error("failed to resolve {path}")]
+    Resolve {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "path {path} is not valid UTF-8; crew needs UTF-8 paths to record and compare workspaces"
+    )]
+    NotUtf8 { path: String },
+}
+
+/// Resolves every symlink, `.` and `..` of an existing path and checks that it is UTF-8.
+pub fn canonical_utf8(path: &Path) -> Result<Utf8PathBuf, WorkspacePathError> {
+    let canonical = path
+        .canonicalize()
+        .map_err(|source| WorkspacePathError::Resolve {
+            path: path.to_string_lossy().into_owned(),
+            source,
+        })?;
+    Utf8PathBuf::from_path_buf(canonical).map_err(|path| WorkspacePathError::NotUtf8 {
+        path: path.to_string_lossy().into_owned(),
+    })
+}
+
+/// A path that would leave the root it must stay in.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainmentError {
+    #[error("path {path} leaves {root}")]
+    Escapes { path: String, root: Utf8PathBuf },
+    #[error("root {root} must be an absolute path")]
+    RelativeRoot { root: Utf8PathBuf },
+    #[error("failed to resolve {path}")]
+    Resolve {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("path {path} is not valid UTF-8")]
+    NotUtf8 { path: String },
+}
+
+/// `true` when `path` is `base` or lies below it, compared component by component.
+/// Both paths must already be normalized (absolute, no `.` or `..`).
+pub fn is_within(base: &Utf8Path, path: &Utf8Path) -> bool {
+    path.starts_with(base)
+}
+
+/// Joins `relative` onto `root` and checks, without touching the file system, that the result
+/// stays inside `root`. `..` components are applied lexically and may not climb above `root`;
+/// an absolute `relative` must already lie inside `root`.
+///
+/// Lexical containment says nothing about symlinks: use [`resolve_real_contained_path`] before
+/// acting on a path that may cross one.
+pub fn resolve_contained_path(
+    root: &Utf8Path,
+    relative: &Utf8Path,
+) -> Result<Utf8PathBuf, ContainmentError> {
+    if !root.is_absolute() {
+        return Err(ContainmentError::RelativeRoot {
+            root: root.to_owned(),
+        });
+    }
+    let root = normalize_lexically(root);
+    let joined = normalize_lexically(&root.join(relative));
+    if is_within(&root, &joined) {
+        Ok(joined)
+    } else {
+        Err(ContainmentError::Escapes {
+            path: relative.to_string(),
+            root,
+        })
+    }
+}
+
+/// Like [`resolve_contained_path`], then resolves the symlinks of the nearest existing ancestor
+/// of the result and checks again against the resolved root: a symlink inside `root` pointing
+/// out of it is an escape. The part of the path that does not exist yet is appended as is.
+pub fn resolve_real_contained_path(
+    root: &Utf8Path,
+    relative: &Utf8Path,
+) -> Result<Utf8PathBuf, ContainmentError> {
+    let lexical = resolve_contained_path(root, relative)?;
+    let real_root = canonical_for_containment(root)?;
+    let mut existing = lexical.as_path();
+    let mut missing: Vec<&str> = Vec::new();
+    let real_existing = loop {
+        match existing.as_std_path().canonicalize() {
+            Ok(real) => break real,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let Some(name) = existing.file_name() else {
+                    return Err(ContainmentError::Resolve {
+                        path: lexical.clone(),
+                        source: error,
+                    });
+                };
+                missing.push(name);
+                existing = existing.parent().ok_or_else(|| ContainmentError::Resolve {
+                    path: lexical.clone(),
+                    source: io::Error::from(io::ErrorKind::NotFound),
+                })?;
+            }
+            Err(source) => {
+                return Err(ContainmentError::Resolve {
+                    path: existing.to_owned(),
+                    source,
+                });
+            }
+        }
+    };
+    let mut real = utf8(real_existing)?;
+    for name in missing.iter().rev() {
+        real.push(name);
+    }
+    if is_within(&real_root, &real) {
+        Ok(real)
+    } else {
+        Err(ContainmentError::Escapes {
+            path: relative.to_string(),
+            root: real_root,
+        })
+    }
+}
+
+/// Applies `.` and `..` without looking at the file system. `..` at the root stays at the root.
+pub fn normalize_lexically(path: &Utf8Path) -> Utf8PathBuf {
+    let mut out = Utf8PathBuf::new();
+    for component in path.components() {
+        match component {
+            Utf8Component::CurDir => {}
+            Utf8Component::ParentDir => match out.components().next_back() {
+                Some(Utf8Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Utf8Component::RootDir | Utf8Component::Prefix(_)) => {}
+                Some(Utf8Component::ParentDir | Utf8Component::CurDir) | None => out.push(".."),
+            },
+            other => out.push(other.as_str()),
+        }
+    }
+    out
+}
+
+/// A tidy rendering of a path for messages: `a/./b/../c/` shows as `a/c`.
+pub fn display_clean(path: &Utf8Path) -> String {
+    path_clean::clean(path.as_std_path())
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn canonical_for_containment(path: &Utf8Path) -> Result<Utf8PathBuf, ContainmentError> {
+    let real = path
+        .as_std_path()
+        .canonicalize()
+        .map_err(|source| ContainmentError::Resolve {
+            path: path.to_owned(),
+            source,
+        })?;
+    utf8(real)
+}
+
+fn utf8(path: PathBuf) -> Result<Utf8PathBuf, ContainmentError> {
+    Utf8PathBuf::from_path_buf(path).map_err(|path| ContainmentError::NotUtf8 {
+        path: path.to_string_lossy().into_owned(),
+    })
+}
+
+/// What [`remove_contained`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// Nothing was there.
+    Absent,
+    /// A symlink was removed as a link; its target was not touched.
+    Symlink,
+    File,
+    Directory,
+}
+
+/// A removal crew refused or could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("refusing to remove {path}: it is not inside any of {roots:?}")]
+    OutsideRoots {
+        path: Utf8PathBuf,
+        roots: Vec<Utf8PathBuf>,
+    },
+    #[error("refusing to remove {path}: the path must be absolute and free of `.` and `..`")]
+    NotNormalized { path: Utf8PathBuf },
+    #[error("failed to resolve {path} before removing it")]
+    Resolve {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to remove {path}")]
+    Remove {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Removes `path` — a file, a symlink (as a link) or a whole directory tree — only when its real
+/// location lies strictly inside one of `roots`. Symlinks are never followed: neither `path`
+/// itself nor anything below it, so a link to `$HOME` inside a workspace removes the link only.
+///
+/// The parent of `path` is resolved through the file system, so a symlinked ancestor that points
+/// out of the roots is refused.
+pub fn remove_contained(path: &Utf8Path, roots: &[&Utf8Path]) -> Result<Removed, RemoveError> {
+    let has_dots = path
+        .as_std_path()
+        .components()
+        .any(|c| matches!(c, Component::CurDir | Component::ParentDir));
+    if !path.is_absolute() || has_dots {
+        return Err(RemoveError::NotNormalized {
+            path: path.to_owned(),
+        });
+    }
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(RemoveError::OutsideRoots {
+            path: path.to_owned(),
+            roots: roots.iter().map(|root| root.to_path_buf()).collect(),
+        });
+    };
+    let real_parent = match parent.as_std_path().canonicalize() {
+        Ok(real) => real,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Removed::Absent),
+        Err(source) => {
+            return Err(RemoveError::Resolve {
+                path: parent.to_owned(),
+                source,
+            });
+        }
+    };
+    let real_path = real_parent.join(name);
+    let inside = roots.iter().any(|root| {
+        root.as_std_path()
+            .canonicalize()
+            .is_ok_and(|real_root| real_path.starts_with(&real_root) && real_path != real_root)
+    });
+    if !inside {
+        return Err(RemoveError::OutsideRoots {
+            path: path.to_owned(),
+            roots: roots.iter().map(|root| root.to_path_buf()).collect(),
+        });
+    }
+    let removal_error = |source| RemoveError::Remove {
+        path: path.to_owned(),
+        source,
+    };
+    let metadata = match std::fs::symlink_metadata(&real_path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Removed::Absent),
+        Err(source) => return Err(removal_error(source)),
+    };
+    let file_type = metadata.file_type();
+    if file_type.is_dir() {
+        // std's remove_dir_all never follows symlinks it meets inside the tree and is
+        // protected against a directory being swapped for a link while it runs.
+        std::fs::remove_dir_all(&real_path).map_err(removal_error)?;
+        Ok(Removed::Directory)
+    } else {
+        std::fs::remove_file(&real_path).map_err(removal_error)?;
+        Ok(if file_type.is_symlink() {
+            Removed::Symlink
+        } else {
+            Removed::File
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containment_is_component_wise() {
+        assert!(is_within(Utf8Path::new("/a/b"), Utf8Path::new("/a/b/c")));
+        assert!(is_within(Utf8Path::new("/a/b"), Utf8Path::new("/a/b")));
+        assert!(!is_within(
+            Utf8Path::new("/a/b"),
+            Utf8Path::new("/a/b-evil")
+        ));
+        assert!(!is_within(Utf8Path::new("/a/b"), Utf8Path::new("/a")));
+    }
+
+    #[test]
+    fn lexical_resolution_refuses_climbing_out() {
+        let root = Utf8Path::new("/work/project");
+        assert_eq!(
+            resolve_contained_path(root, Utf8Path::new("a/../b")).unwrap(),
+            "/work/project/b"
+        );
+        assert!(resolve_contained_path(root, Utf8Path::new("../project-evil/x")).is_err());
+        assert!(resolve_contained_path(root, Utf8Path::new("a/../../x")).is_err());
+        assert!(resolve_contained_path(root, Utf8Path::new("/etc/passwd")).is_err());
+        assert_eq!(
+            resolve_contained_path(root, Utf8Path::new("/work/project/x")).unwrap(),
+            "/work/project/x"
+        );
+    }
+
+    #[test]
+    fn normalize_keeps_leading_parent_of_relative_paths() {
+        assert_eq!(normalize_lexically(Utf8Path::new("../a/./b/..")), "../a");
+        assert_eq!(normalize_lexically(Utf8Path::new("/../a")), "/a");
+        assert_eq!(normalize_lexically(Utf8Path::new("../../a")), "../../a");
+    }
+}

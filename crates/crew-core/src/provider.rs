@@ -1,0 +1,199 @@
+//! The seam between running agents and where they work.
+//!
+//! `crew-live` asks a [`WorkspaceProvider`] for each task's directory and hands it back when the
+//! task ends; it never knows whether that directory is a git worktree, a temp dir or something
+//! on another machine. `crew-worktree` provides the four modes of DESIGN §5; an embedding host
+//! may pass its own provider.
+
+use std::fmt;
+
+use camino::Utf8PathBuf;
+use serde::{Deserialize, Serialize};
+
+use crate::config::WorkspaceMode;
+use crate::ids::{RunId, TaskId, WorkspaceId};
+
+/// What kind of directory a task actually got (after any fallback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceKind {
+    Single,
+    Worktree,
+    Temp,
+    Dedicated,
+}
+
+impl WorkspaceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceKind::Single => "single",
+            WorkspaceKind::Worktree => "worktree",
+            WorkspaceKind::Temp => "temp",
+            WorkspaceKind::Dedicated => "dedicated",
+        }
+    }
+}
+
+impl From<WorkspaceMode> for WorkspaceKind {
+    fn from(mode: WorkspaceMode) -> Self {
+        match mode {
+            WorkspaceMode::Single => WorkspaceKind::Single,
+            WorkspaceMode::Worktree => WorkspaceKind::Worktree,
+            WorkspaceMode::Temp => WorkspaceKind::Temp,
+            WorkspaceMode::Dedicated => WorkspaceKind::Dedicated,
+        }
+    }
+}
+
+impl fmt::Display for WorkspaceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task's upstream result, for a task that depends on earlier tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamWork {
+    pub task_id: TaskId,
+    /// The branch holding the upstream task's work, when it worked in a worktree.
+    pub branch: Option<String>,
+}
+
+/// Everything a provider needs to place one task.
+#[derive(Debug, Clone)]
+pub struct WorkspaceRequest {
+    pub workspace: WorkspaceId,
+    /// The top level of the git repository holding the workspace, if any.
+    pub repo_root: Option<Utf8PathBuf>,
+    /// Where the run was started, relative to the repository root (or the workspace root).
+    pub invocation_dir: Utf8PathBuf,
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    pub mode: WorkspaceMode,
+    /// The commit or ref to start from; the leader's HEAD when absent.
+    pub base: Option<String>,
+    pub upstream: Vec<UpstreamWork>,
+}
+
+/// A task's allocated workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskWorkspace {
+    pub kind: WorkspaceKind,
+    /// The top of the allocated directory (the worktree root, the temp dir).
+    pub root: Utf8PathBuf,
+    /// Where the agent starts: `root` plus the run's invocation subdirectory.
+    pub dir: Utf8PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_commit: Option<String>,
+    /// An existing workspace for the same task was taken up again.
+    #[serde(default)]
+    pub reused: bool,
+    /// Degradations and notes, such as a fallback to `temp`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Why a provider could not give a task its workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocateErrorKind {
+    /// The mode cannot be had here (not a git repository, no commit yet, a dirty leader).
+    Unavailable,
+    /// The task's upstream results conflict with each other.
+    Conflict,
+    /// Anything else: a setup command that failed, a full disk, a branch in use elsewhere.
+    Failed,
+}
+
+/// A workspace that could not be allocated. Nothing of it is left behind.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct AllocateWorkspaceError {
+    pub kind: AllocateErrorKind,
+    pub message: String,
+    /// What the user can do about it.
+    pub hint: Option<String>,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What the task's end means for its workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeardownRequest {
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    /// The agent (or one of its processes) may still be running: nothing may be removed.
+    pub agent_alive: bool,
+    /// Keep the workspace in place (the agent waits for an answer and will be resumed in it).
+    pub keep: bool,
+}
+
+/// Lines added and removed between the base and the task branch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffStat {
+    pub files_changed: usize,
+    pub insertions: usize,
+    pub deletions: usize,
+}
+
+/// What a teardown did: what was committed, removed and kept, and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TeardownReport {
+    /// The commit crew made of the agent's uncommitted work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<String>,
+    /// The task branch, kept because it holds work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diffstat: Option<DiffStat>,
+    /// The workspace directory was removed.
+    #[serde(default)]
+    pub removed: bool,
+    /// The workspace directory was kept here, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserved: Option<Utf8PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserved_reason: Option<String>,
+    /// The branch held no change from the base and was deleted.
+    #[serde(default)]
+    pub branch_deleted: bool,
+    /// Ignored files (build output, copied `.env`) that went with the workspace.
+    #[serde(default)]
+    pub ignored_files: u64,
+    #[serde(default)]
+    pub ignored_bytes: u64,
+    /// The command that brings the work into the leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_hint: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// A teardown that could not finish. Whatever it could not be sure of was kept in place.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct TeardownError {
+    pub message: String,
+    /// What was done before the failure; `preserved` says where the work is.
+    pub partial: Box<TeardownReport>,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// Where tasks work. Implementations are synchronous (git and file work) and are called from a
+/// blocking thread; they must be safe to call for many tasks at once.
+pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
+    /// Gives the task its workspace, or fails leaving nothing behind.
+    fn allocate(&self, request: &WorkspaceRequest)
+    -> Result<TaskWorkspace, AllocateWorkspaceError>;
+
+    /// Takes the workspace away without losing the agent's work.
+    fn teardown(
+        &self,
+        workspace: &TaskWorkspace,
+        request: &TeardownRequest,
+    ) -> Result<TeardownReport, TeardownError>;
+}

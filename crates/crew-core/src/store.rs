@@ -1,0 +1,622 @@
+//! The state store: `<workspace>/.crew/state`.
+//!
+//! ```text
+//! state/lock                                 cross-process lock, never deleted
+//! state/runs/<runId>/manifest.json           replaced atomically on every change
+//! state/runs/<runId>/events.jsonl            append-only
+//! state/runs/<runId>/tasks/<taskId>/output.log
+//! state/ws/<runId>/<taskId>/                 `dedicated` workspaces
+//! ```
+//!
+//! Every mutation is lock → read → modify → write, with the lock held only for that. Every
+//! directory on the way is checked to be a real directory, never a symlink, and files are opened
+//! without following links. A manifest that cannot be parsed is reported with its path and left
+//! exactly as it is; the other runs stay usable.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::Deserialize;
+
+use crate::config::RetentionSettings;
+use crate::discovery::CREW_DIR;
+use crate::fsutil::{
+    FileError, ensure_real_dir, open_append_nofollow, open_rw_nofollow, read_nofollow,
+    real_dir_exists, write_atomic,
+};
+use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
+use crate::ids::{RunId, TaskId, WorkspaceId};
+use crate::model::{
+    MANIFEST_SCHEMA_VERSION, RunEvent, RunManifest, RunStatus, TaskStatus, TransitionError,
+};
+use crate::paths::{RemoveError, remove_contained};
+
+/// `.crew/state`, relative to the workspace root.
+pub const STATE_DIR: &str = "state";
+const LOCK_FILE: &str = "lock";
+const RUNS_DIR: &str = "runs";
+const WS_DIR: &str = "ws";
+const TASKS_DIR: &str = "tasks";
+const MANIFEST_FILE: &str = "manifest.json";
+const EVENTS_FILE: &str = "events.jsonl";
+const OUTPUT_LOG: &str = "output.log";
+
+/// How long a state operation waits for another process to release the lock.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A state operation that failed. Each variant names the file it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("failed to prepare the state directory")]
+    Layout(#[source] FileError),
+    #[error("failed to lock state file {path}")]
+    Lock {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "timed out after {waited:?} waiting for the state lock {path}; another crew process holds it"
+    )]
+    LockTimeout { path: Utf8PathBuf, waited: Duration },
+    #[error("failed to read {path}")]
+    Read {
+        path: Utf8PathBuf,
+        #[source]
+        source: FileError,
+    },
+    #[error("failed to write {path}")]
+    Write {
+        path: Utf8PathBuf,
+        #[source]
+        source: FileError,
+    },
+    #[error("run manifest {path} is corrupt; it was left as it is")]
+    Corrupt {
+        path: Utf8PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "run manifest {path} has schema version {found}, newer than this crew supports ({supported}); it is read-only to this crew"
+    )]
+    NewerSchema {
+        path: Utf8PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("run manifest {path} belongs to workspace {found}, not {expected}")]
+    ForeignManifest {
+        path: Utf8PathBuf,
+        expected: WorkspaceId,
+        found: WorkspaceId,
+    },
+    #[error("no run matches `{prefix}` in workspace {workspace}")]
+    UnknownRun {
+        prefix: String,
+        workspace: WorkspaceId,
+    },
+    #[error("`{prefix}` matches several runs: {}", candidates.iter().map(RunId::as_str).collect::<Vec<_>>().join(", "))]
+    AmbiguousRun {
+        prefix: String,
+        candidates: Vec<RunId>,
+    },
+    #[error("failed to list {path}")]
+    List {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to remove run {run_id}")]
+    Remove {
+        run_id: RunId,
+        #[source]
+        source: RemoveError,
+    },
+    #[error("failed to serialize {path}")]
+    Serialize {
+        path: Utf8PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+}
+
+/// The state of one workspace.
+#[derive(Debug)]
+pub struct StateStore {
+    workspace: WorkspaceId,
+    repo_root: Option<Utf8PathBuf>,
+    state_dir: Utf8PathBuf,
+    layout_ready: OnceLock<()>,
+}
+
+/// Holds the cross-process state lock until dropped.
+#[derive(Debug)]
+pub struct StateLock {
+    _file: File,
+}
+
+/// One run as found on disk: its manifest, or why it could not be read.
+#[derive(Debug)]
+pub struct RunListing {
+    pub run_id: RunId,
+    pub manifest: Result<RunManifest, StateError>,
+}
+
+/// What retention removed (or would remove, in a dry run).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PruneReport {
+    pub pruned: Vec<RunId>,
+    pub kept: usize,
+}
+
+#[derive(Deserialize)]
+struct SchemaProbe {
+    schema_version: u32,
+}
+
+impl StateStore {
+    /// The store of `workspace`. Nothing is created until the first write.
+    pub fn new(workspace: &WorkspaceId, repo_root: Option<&Utf8Path>) -> Self {
+        StateStore {
+            workspace: workspace.clone(),
+            repo_root: repo_root.map(Utf8Path::to_owned),
+            state_dir: workspace.as_path().join(CREW_DIR).join(STATE_DIR),
+            layout_ready: OnceLock::new(),
+        }
+    }
+
+    pub fn workspace(&self) -> &WorkspaceId {
+        &self.workspace
+    }
+
+    pub fn state_dir(&self) -> &Utf8Path {
+        &self.state_dir
+    }
+
+    pub fn runs_dir(&self) -> Utf8PathBuf {
+        self.state_dir.join(RUNS_DIR)
+    }
+
+    pub fn run_dir(&self, run_id: &RunId) -> Utf8PathBuf {
+        self.runs_dir().join(run_id.as_str())
+    }
+
+    pub fn manifest_path(&self, run_id: &RunId) -> Utf8PathBuf {
+        self.run_dir(run_id).join(MANIFEST_FILE)
+    }
+
+    pub fn events_path(&self, run_id: &RunId) -> Utf8PathBuf {
+        self.run_dir(run_id).join(EVENTS_FILE)
+    }
+
+    pub fn task_dir(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
+        self.run_dir(run_id).join(TASKS_DIR).join(task_id.as_str())
+    }
+
+    pub fn output_log_path(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
+        self.task_dir(run_id, task_id).join(OUTPUT_LOG)
+    }
+
+    /// `ws/`, the parent of every `dedicated` workspace.
+    pub fn dedicated_root(&self) -> Utf8PathBuf {
+        self.state_dir.join(WS_DIR)
+    }
+
+    pub fn dedicated_dir(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
+        self.dedicated_root()
+            .join(run_id.as_str())
+            .join(task_id.as_str())
+    }
+
+    /// Creates `.crew/state/runs` (each level a real directory, never a link), the lock file,
+    /// and the `info/exclude` entry. Done once per store.
+    fn ensure_layout(&self) -> Result<(), StateError> {
+        if self.layout_ready.get().is_some() {
+            return Ok(());
+        }
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        for dir in [&crew_dir, &self.state_dir, &self.runs_dir()] {
+            ensure_real_dir(dir).map_err(StateError::Layout)?;
+        }
+        open_rw_nofollow(&self.state_dir.join(LOCK_FILE)).map_err(StateError::Layout)?;
+        if let Some(repo_root) = &self.repo_root
+            && let Some(pattern) = anchored_dir_pattern(repo_root, &self.state_dir)
+        {
+            // Not fatal: state works without it, `git status` is merely noisier.
+            let _ = ensure_excluded(repo_root, &[pattern]);
+        }
+        let _ = self.layout_ready.set(());
+        Ok(())
+    }
+
+    /// Takes the cross-process lock, waiting up to [`LOCK_TIMEOUT`].
+    pub fn lock(&self) -> Result<StateLock, StateError> {
+        self.ensure_layout()?;
+        let path = self.state_dir.join(LOCK_FILE);
+        let file = open_rw_nofollow(&path).map_err(StateError::Layout)?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(StateLock { _file: file }),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if started.elapsed() >= LOCK_TIMEOUT {
+                        return Err(StateError::LockTimeout {
+                            path,
+                            waited: started.elapsed(),
+                        });
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(StateError::Lock { path, source });
+                }
+            }
+        }
+    }
+
+    /// Creates a run with a fresh id. `build` receives the id and returns the manifest.
+    pub fn create_run(
+        &self,
+        build: impl FnOnce(RunId) -> RunManifest,
+    ) -> Result<RunManifest, StateError> {
+        let _lock = self.lock()?;
+        let run_id = loop {
+            let candidate = RunId::generate();
+            let dir = self.run_dir(&candidate);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break candidate,
+                // Same id from another process in the same millisecond: draw again.
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => {
+                    return Err(StateError::Layout(FileError::CreateDir {
+                        path: dir,
+                        source,
+                    }));
+                }
+            }
+        };
+        let manifest = build(run_id);
+        self.write_manifest(&manifest)?;
+        Ok(manifest)
+    }
+
+    /// Reads a run's manifest. A newer schema is returned when it parses (it is read-only: any
+    /// update is refused); a corrupt file is an error naming it.
+    pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        let run_dir = self.run_dir(run_id);
+        for dir in [&crew_dir, &self.state_dir, &self.runs_dir(), &run_dir] {
+            real_dir_exists(dir).map_err(|source| StateError::Read {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let path = self.manifest_path(run_id);
+        let bytes = read_nofollow(&path).map_err(|source| StateError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let manifest: RunManifest = match serde_json::from_slice(&bytes) {
+            Ok(manifest) => manifest,
+            Err(source) => {
+                return Err(match serde_json::from_slice::<SchemaProbe>(&bytes) {
+                    Ok(probe) if probe.schema_version > MANIFEST_SCHEMA_VERSION => {
+                        StateError::NewerSchema {
+                            path,
+                            found: probe.schema_version,
+                            supported: MANIFEST_SCHEMA_VERSION,
+                        }
+                    }
+                    _ => StateError::Corrupt { path, source },
+                });
+            }
+        };
+        if manifest.cwd != self.workspace {
+            return Err(StateError::ForeignManifest {
+                path,
+                expected: self.workspace.clone(),
+                found: manifest.cwd,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// Lock → read → modify → write. `change` may refuse (an invalid transition), in which case
+    /// nothing is written. Manifests of a newer schema are never written.
+    pub fn update_run<T>(
+        &self,
+        run_id: &RunId,
+        change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError>,
+    ) -> Result<T, StateError> {
+        let _lock = self.lock()?;
+        let mut manifest = self.read_run(run_id)?;
+        if manifest.schema_version > MANIFEST_SCHEMA_VERSION {
+            return Err(StateError::NewerSchema {
+                path: self.manifest_path(run_id),
+                found: manifest.schema_version,
+                supported: MANIFEST_SCHEMA_VERSION,
+            });
+        }
+        let result = change(&mut manifest)?;
+        self.write_manifest(&manifest)?;
+        Ok(result)
+    }
+
+    fn write_manifest(&self, manifest: &RunManifest) -> Result<(), StateError> {
+        let path = self.manifest_path(&manifest.run_id);
+        let mut json =
+            serde_json::to_vec_pretty(manifest).map_err(|source| StateError::Serialize {
+                path: path.clone(),
+                source,
+            })?;
+        json.push(b'\n');
+        write_atomic(&path, &json).map_err(|source| StateError::Write { path, source })
+    }
+
+    /// Appends one event line to the run's `events.jsonl`. Each line is written with a single
+    /// `write` on an `O_APPEND` file, so concurrent writers never interleave within a line.
+    pub fn append_event(&self, run_id: &RunId, event: &RunEvent) -> Result<(), StateError> {
+        let path = self.events_path(run_id);
+        let mut line = serde_json::to_vec(event).map_err(|source| StateError::Serialize {
+            path: path.clone(),
+            source,
+        })?;
+        line.push(b'\n');
+        let mut file = open_append_nofollow(&path).map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        file.write_all(&line).map_err(|source| StateError::Write {
+            path,
+            source: FileError::Write {
+                path: self.events_path(run_id),
+                source,
+            },
+        })
+    }
+
+    /// The events of a run, in order. A line that cannot be parsed (such as the last line of a
+    /// log cut short by a crash) is counted, not fatal.
+    pub fn read_events(&self, run_id: &RunId) -> Result<(Vec<RunEvent>, usize), StateError> {
+        let path = self.events_path(run_id);
+        let bytes = match read_nofollow(&path) {
+            Ok(bytes) => bytes,
+            Err(FileError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok((Vec::new(), 0));
+            }
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        let mut events = Vec::new();
+        let mut unreadable = 0;
+        for line in bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+            match serde_json::from_slice(line) {
+                Ok(event) => events.push(event),
+                Err(_) => unreadable += 1,
+            }
+        }
+        Ok((events, unreadable))
+    }
+
+    /// Creates `runs/<runId>/tasks/<taskId>/` and returns it.
+    pub fn ensure_task_dir(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+    ) -> Result<Utf8PathBuf, StateError> {
+        self.ensure_layout()?;
+        let run_dir = self.run_dir(run_id);
+        let tasks_dir = run_dir.join(TASKS_DIR);
+        let task_dir = tasks_dir.join(task_id.as_str());
+        for dir in [&run_dir, &tasks_dir, &task_dir] {
+            ensure_real_dir(dir).map_err(StateError::Layout)?;
+        }
+        Ok(task_dir)
+    }
+
+    /// Creates `ws/<runId>/<taskId>/` (a `dedicated` workspace) and returns it.
+    pub fn ensure_dedicated_dir(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+    ) -> Result<Utf8PathBuf, StateError> {
+        self.ensure_layout()?;
+        let root = self.dedicated_root();
+        let run_dir = root.join(run_id.as_str());
+        let task_dir = run_dir.join(task_id.as_str());
+        for dir in [&root, &run_dir, &task_dir] {
+            ensure_real_dir(dir).map_err(StateError::Layout)?;
+        }
+        Ok(task_dir)
+    }
+
+    /// The ids of the runs on disk, newest first.
+    pub fn run_ids(&self) -> Result<Vec<RunId>, StateError> {
+        let runs_dir = self.runs_dir();
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        if !real_dir_exists(&crew_dir)
+            .and_then(|exists| Ok(exists && real_dir_exists(&self.state_dir)?))
+            .and_then(|exists| Ok(exists && real_dir_exists(&runs_dir)?))
+            .map_err(|source| StateError::Read {
+                path: runs_dir.clone(),
+                source,
+            })?
+        {
+            return Ok(Vec::new());
+        }
+        let entries = runs_dir
+            .read_dir_utf8()
+            .map_err(|source| StateError::List {
+                path: runs_dir.clone(),
+                source,
+            })?;
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| StateError::List {
+                path: runs_dir.clone(),
+                source,
+            })?;
+            // Anything that is not a run directory (a stray file, a temp file) is not a run.
+            if let Ok(run_id) = RunId::parse(entry.file_name())
+                && entry.file_type().is_ok_and(|kind| kind.is_dir())
+            {
+                ids.push(run_id);
+            }
+        }
+        ids.sort_by(|a, b| b.cmp(a));
+        Ok(ids)
+    }
+
+    /// Every run of the workspace, newest first; unreadable ones carry their error.
+    pub fn list_runs(&self) -> Result<Vec<RunListing>, StateError> {
+        Ok(self
+            .run_ids()?
+            .into_iter()
+            .map(|run_id| RunListing {
+                manifest: self.read_run(&run_id),
+                run_id,
+            })
+            .collect())
+    }
+
+    /// The run a user means by `prefix`: an exact id, or a prefix only one run has.
+    pub fn resolve_run(&self, prefix: &str) -> Result<RunId, StateError> {
+        let ids = self.run_ids()?;
+        if let Some(exact) = ids.iter().find(|id| id.as_str() == prefix) {
+            return Ok(exact.clone());
+        }
+        let matches: Vec<RunId> = ids
+            .into_iter()
+            .filter(|id| !prefix.is_empty() && id.as_str().starts_with(prefix))
+            .collect();
+        match matches.len() {
+            0 => Err(StateError::UnknownRun {
+                prefix: prefix.to_owned(),
+                workspace: self.workspace.clone(),
+            }),
+            1 => Ok(matches.into_iter().next().expect("one match")),
+            _ => Err(StateError::AmbiguousRun {
+                prefix: prefix.to_owned(),
+                candidates: matches,
+            }),
+        }
+    }
+
+    /// Marks every `running` run of this workspace whose host process is gone as `interrupted`;
+    /// its tasks that were preparing or running become `failed` with the reason. Runs of other
+    /// workspaces are never looked at. Returns the runs it changed.
+    pub fn reconcile(&self) -> Result<Vec<RunId>, StateError> {
+        let mut interrupted = Vec::new();
+        for run_id in self.run_ids()? {
+            // Cheap check without the lock first; most runs are finished.
+            let Ok(manifest) = self.read_run(&run_id) else {
+                continue;
+            };
+            if manifest.status != RunStatus::Running || host_alive(&manifest) {
+                continue;
+            }
+            let changed = self.update_run(&run_id, |manifest| {
+                // Checked again under the lock: the host may have finished the run meanwhile.
+                if manifest.status != RunStatus::Running || host_alive(manifest) {
+                    return Ok(false);
+                }
+                let reason = match &manifest.host {
+                    Some(host) => format!("host process {} is gone", host.identity.pid),
+                    None => "the run has no recorded host".to_owned(),
+                };
+                let active: Vec<TaskId> = manifest
+                    .tasks
+                    .iter()
+                    .filter(|task| {
+                        matches!(task.status, TaskStatus::Preparing | TaskStatus::Running)
+                    })
+                    .map(|task| task.id.clone())
+                    .collect();
+                for task_id in active {
+                    let task = manifest.set_task_status(&task_id, TaskStatus::Failed)?;
+                    task.reason = Some(format!("interrupted: {reason}"));
+                }
+                manifest.set_status(RunStatus::Interrupted)?;
+                manifest.reason = Some(reason);
+                Ok(true)
+            })?;
+            if changed {
+                interrupted.push(run_id);
+            }
+        }
+        Ok(interrupted)
+    }
+
+    /// Applies retention: finished runs beyond `max_kept_runs` (newest kept) or older than
+    /// `max_run_age_days` are removed with their `dedicated` workspaces. Running runs, runs with
+    /// a task waiting for an answer, and unreadable runs are never pruned.
+    pub fn prune(
+        &self,
+        retention: &RetentionSettings,
+        now: SystemTime,
+        dry_run: bool,
+    ) -> Result<PruneReport, StateError> {
+        let max_age = Duration::from_secs(retention.max_run_age_days.saturating_mul(86_400));
+        let mut report = PruneReport::default();
+        let mut finished_seen = 0usize;
+        for listing in self.list_runs()? {
+            let Ok(manifest) = listing.manifest else {
+                report.kept += 1;
+                continue;
+            };
+            let prunable = manifest.status.is_finished()
+                && !manifest
+                    .tasks
+                    .iter()
+                    .any(|task| task.status == TaskStatus::Waiting);
+            if !prunable {
+                report.kept += 1;
+                continue;
+            }
+            finished_seen += 1;
+            let finished = manifest.finished_at.unwrap_or(manifest.updated_at).0;
+            let too_old = now.duration_since(finished).unwrap_or_default() > max_age;
+            if finished_seen <= retention.max_kept_runs && !too_old {
+                report.kept += 1;
+                continue;
+            }
+            if !dry_run {
+                self.remove_run(&listing.run_id)?;
+            }
+            report.pruned.push(listing.run_id);
+        }
+        Ok(report)
+    }
+
+    /// Removes a run's directory and its `dedicated` workspaces, refusing anything outside
+    /// `.crew/state`.
+    pub fn remove_run(&self, run_id: &RunId) -> Result<(), StateError> {
+        let _lock = self.lock()?;
+        let roots = [self.state_dir.as_path()];
+        remove_contained(&self.dedicated_root().join(run_id.as_str()), &roots).map_err(
+            |source| StateError::Remove {
+                run_id: run_id.clone(),
+                source,
+            },
+        )?;
+        remove_contained(&self.run_dir(run_id), &roots).map_err(|source| StateError::Remove {
+            run_id: run_id.clone(),
+            source,
+        })?;
+        Ok(())
+    }
+}
+
+fn host_alive(manifest: &RunManifest) -> bool {
+    manifest
+        .host
+        .as_ref()
+        .is_some_and(|host| host.identity.is_alive())
+}

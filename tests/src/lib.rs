@@ -1,0 +1,191 @@
+//! The hermetic test environment shared by crew's black-box tests.
+//!
+//! Each test gets a temp directory with its own HOME and TMPDIR, git configured to read no
+//! global or system config, and helpers to make real repositories with real `git`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use camino::{Utf8Path, Utf8PathBuf};
+
+/// A temp directory with a home, a temp dir and room for repositories.
+#[derive(Debug)]
+pub struct TestEnv {
+    _dir: tempfile::TempDir,
+    root: Utf8PathBuf,
+}
+
+impl Default for TestEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestEnv {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("crew-test-")
+            .tempdir()
+            .unwrap();
+        let root = Utf8PathBuf::from_path_buf(dir.path().canonicalize().unwrap()).unwrap();
+        std::fs::create_dir(root.join("home")).unwrap();
+        std::fs::create_dir(root.join("tmp")).unwrap();
+        TestEnv { _dir: dir, root }
+    }
+
+    /// The temp directory; snapshots show it as `$TEST_ENV`.
+    pub fn root(&self) -> &Utf8Path {
+        &self.root
+    }
+
+    pub fn home(&self) -> Utf8PathBuf {
+        self.root.join("home")
+    }
+
+    pub fn tmp(&self) -> Utf8PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// A new empty directory `name` under the test root.
+    pub fn dir(&self, name: &str) -> Utf8PathBuf {
+        let path = self.root.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    }
+
+    /// Applies the hermetic environment to a command: its own HOME and TMPDIR, no global or
+    /// system git config, a fixed identity for commits made by the test itself.
+    pub fn hermetic<'a>(&self, command: &'a mut Command) -> &'a mut Command {
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home())
+            .env("TMPDIR", self.tmp())
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_SYSTEM", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("LANG", "C")
+            .env("NO_COLOR", "1")
+    }
+
+    /// Runs `git` in `dir` and returns its stdout; panics with its stderr when it fails.
+    pub fn git<I, S>(&self, dir: &Utf8Path, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let output = self.git_output(dir, args);
+        assert!(
+            output.status.success(),
+            "git failed in {dir}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Runs `git` in `dir` and returns its whole output, whatever its status.
+    pub fn git_output<I, S>(&self, dir: &Utf8Path, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new("git");
+        self.hermetic(&mut command)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "Test Author")
+            .env("GIT_AUTHOR_EMAIL", "author@example.com")
+            .env("GIT_COMMITTER_NAME", "Test Author")
+            .env("GIT_COMMITTER_EMAIL", "author@example.com")
+            .args(args);
+        command.output().unwrap()
+    }
+
+    /// A new repository `name` with one commit holding `README.md` and `src/lib.txt`.
+    pub fn repo(&self, name: &str) -> Utf8PathBuf {
+        let dir = self.dir(name);
+        self.git(&dir, ["init", "-q", "-b", "main"]);
+        write(&dir.join("README.md"), "# test repository\n");
+        write(&dir.join("src/lib.txt"), "one\ntwo\nthree\n");
+        self.git(&dir, ["add", "-A"]);
+        self.git(&dir, ["commit", "-q", "-m", "initial commit"]);
+        dir
+    }
+
+    /// Replaces the test root in `text` with `$TEST_ENV`, for snapshots.
+    pub fn redact(&self, text: &str) -> String {
+        text.replace(self.root.as_str(), "$TEST_ENV")
+    }
+}
+
+/// Writes `contents` to `path`, creating parent directories.
+pub fn write(path: &Utf8Path, contents: &str) {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(path, contents).unwrap();
+}
+
+/// The error and each of its sources, one per line, as the CLI prints them.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = format!("error: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!("\ncaused by: {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// A hash of every file under `dir` (paths, contents and link targets), to prove nothing
+/// changed. Symlinks are recorded as links, never followed.
+pub fn tree_fingerprint(dir: &Path) -> Vec<(String, String)> {
+    let mut entries = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&current) else {
+            continue;
+        };
+        for entry in read {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let relative = path
+                .strip_prefix(dir)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let kind = entry.file_type().unwrap();
+            if kind.is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                entries.push((relative, format!("link:{}", target.display())));
+            } else if kind.is_dir() {
+                entries.push((relative, "dir".to_owned()));
+                stack.push(path);
+            } else {
+                let contents = std::fs::read(&path).unwrap();
+                entries.push((relative, format!("file:{}", fnv1a(&contents))));
+            }
+        }
+    }
+    entries.sort();
+    entries
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The path of a binary built from this package (`fake-agent`, `state-hammer`).
+pub fn helper_bin(name: &str) -> Utf8PathBuf {
+    // Test binaries live in target/<profile>/deps; helper binaries one level up.
+    let exe = std::env::current_exe().unwrap();
+    let mut dir = exe.parent().unwrap().to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    Utf8PathBuf::from_path_buf(dir.join(name)).unwrap()
+}

@@ -1,0 +1,166 @@
+//! Configuration loading: the example set, the built-in defaults, and the messages a user sees
+//! for every kind of mistake.
+
+use camino::Utf8PathBuf;
+use crew_core::config::{ConfigDir, ProjectConfig, SteerMode, WorkspaceMode};
+use crew_tests::{TestEnv, error_chain, write};
+
+fn example_dir() -> Utf8PathBuf {
+    Utf8PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.crew.example")
+}
+
+#[test]
+fn example_config_loads_through_the_run_code_path() {
+    let config = ConfigDir::new(example_dir());
+    let project = config.load_project_config().unwrap();
+    assert_eq!(
+        project,
+        ProjectConfig::default(),
+        "the example documents the defaults"
+    );
+    assert_eq!(
+        config.agent_names().unwrap(),
+        ["aider", "claude", "codex", "shell"]
+    );
+    for name in config.agent_names().unwrap() {
+        config.load_agent(&name).unwrap();
+    }
+    let teams = config.team_names().unwrap();
+    assert_eq!(teams, ["feature", "hello"]);
+    for name in &teams {
+        config.load_team(name).unwrap();
+    }
+    let feature = config.load_team("feature").unwrap();
+    assert_eq!(feature.def.workspace_mode, Some(WorkspaceMode::Worktree));
+    let review = feature
+        .def
+        .tasks
+        .iter()
+        .find(|task| task.id.as_str() == "review")
+        .unwrap();
+    assert_eq!(review.depends_on.len(), 2);
+    assert_eq!(review.workspace_mode, Some(WorkspaceMode::Dedicated));
+    assert_eq!(feature.agents.len(), 3);
+}
+
+#[test]
+fn no_config_at_all_still_works() {
+    let env = TestEnv::new();
+    let config = ConfigDir::new(env.dir("project").join(".crew"));
+    assert_eq!(
+        config.load_project_config().unwrap(),
+        ProjectConfig::default()
+    );
+    let shell = config.load_agent("shell").unwrap();
+    assert!(shell.builtin);
+    assert_eq!(shell.command, ["sh", "-c", "{prompt}"]);
+    assert_eq!(shell.steer, SteerMode::StdinLines);
+    assert!(config.team_names().unwrap().is_empty());
+}
+
+/// Writes `file` under a fresh `.crew/` and returns the message of loading it.
+fn load_error(file: &str, contents: &str) -> String {
+    let env = TestEnv::new();
+    let crew_dir = env.dir("project").join(".crew");
+    write(&crew_dir.join(file), contents);
+    let config = ConfigDir::new(&crew_dir);
+    let error = match file.split_once('/') {
+        Some(("teams", name)) => config
+            .load_team(name.trim_end_matches(".toml"))
+            .unwrap_err(),
+        Some(("agents", name)) => config
+            .load_agent(name.trim_end_matches(".toml"))
+            .unwrap_err(),
+        _ => config.load_project_config().unwrap_err(),
+    };
+    let mut text = error_chain(&error);
+    if let Some(hint) = error.hint() {
+        text.push_str(&format!("\nhint: {hint}"));
+    }
+    env.redact(&text)
+}
+
+const TASK: &str = "agent = \"shell\"\nprompt = \"true\"\n";
+
+#[test]
+fn unknown_key_names_file_line_column_and_key() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}promt = \"typo\"\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`");
+}
+
+#[test]
+fn wrong_type_is_located() {
+    insta::assert_snapshot!(load_error("teams/t.toml", "max_parallel = \"four\"\n[[tasks]]\nid = \"a\"\nagent = \"shell\"\nprompt = \"true\"\n"), @r#"error: $TEST_ENV/project/.crew/teams/t.toml:1:16: key `max_parallel`: invalid type: string "four", expected i64"#);
+}
+
+#[test]
+fn zero_parallelism_is_refused() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("max_parallel = 0\n[[tasks]]\nid = \"a\"\n{TASK}")), @"error: $TEST_ENV/project/.crew/teams/t.toml:1:16: key `max_parallel`: parallelism must be a whole number of at least 1, not 0");
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nmax_parallel = 0\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:16: key `run.max_parallel`: parallelism must be a whole number of at least 1, not 0");
+}
+
+#[test]
+fn invalid_task_id_names_the_rule() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a/b\"\n{TASK}")), @r#"error: $TEST_ENV/project/.crew/teams/t.toml:2:6: key `tasks[0].id`: invalid task id "a/b": may only contain letters, digits, `.`, `_` and `-` (no `/`, spaces or control characters)"#);
+}
+
+#[test]
+fn unknown_agent_points_at_the_task() {
+    insta::assert_snapshot!(load_error("teams/t.toml", "[[tasks]]\nid = \"a\"\nagent = \"claud\"\nprompt = \"x\"\n"), @"error: $TEST_ENV/project/.crew/teams/t.toml:3:9: key `tasks[0].agent`: unknown agent `claud`; define it in $TEST_ENV/project/.crew/agents/claud.toml or use one of: shell");
+}
+
+#[test]
+fn dependency_cycle_shows_the_cycle() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!(
+        "[[tasks]]\nid = \"a\"\n{TASK}depends_on = [\"c\"]\n\n[[tasks]]\nid = \"b\"\n{TASK}depends_on = [\"a\"]\n\n[[tasks]]\nid = \"c\"\n{TASK}depends_on = [\"b\"]\n"
+    )), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:15: key `tasks[0].depends_on[0]`: dependency cycle: a -> c -> b -> a");
+}
+
+#[test]
+fn unknown_dependency_is_located() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}depends_on = [\"nope\"]\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:15: key `tasks[0].depends_on[0]`: task `a` depends on `nope`, which is not a task of this team");
+}
+
+#[test]
+fn bad_duration_is_explained() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}timeout = \"soon\"\n")), @r#"error: $TEST_ENV/project/.crew/teams/t.toml:5:11: key `tasks[0].timeout`: invalid duration `soon` (expected number at 0); write it like "90s", "30m" or "1h 30m""#);
+}
+
+#[test]
+fn team_without_tasks_is_refused() {
+    insta::assert_snapshot!(load_error("teams/t.toml", "description = \"empty\"\ntasks = []\n"), @"error: $TEST_ENV/project/.crew/teams/t.toml:2:9: key `tasks`: a team needs at least one task");
+}
+
+#[test]
+fn unknown_team_lists_the_known_ones() {
+    let env = TestEnv::new();
+    let crew_dir = env.dir("project").join(".crew");
+    write(
+        &crew_dir.join("teams/review.toml"),
+        &format!("[[tasks]]\nid = \"a\"\n{TASK}"),
+    );
+    let error = ConfigDir::new(&crew_dir).load_team("reveiw").unwrap_err();
+    let text = format!("{}\nhint: {}", error_chain(&error), error.hint().unwrap());
+    insta::assert_snapshot!(env.redact(&text), @"
+    error: unknown team `reveiw`
+    hint: teams in $TEST_ENV/project/.crew/teams: review
+    ");
+}
+
+#[test]
+fn agent_mistakes_are_located() {
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = []\n"), @r#"error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: needs a program as its first element, e.g. ["claude", "-p", "{prompt}"]"#);
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\", \"{promt}\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: unknown placeholder `{promt}`; available: {prompt}, {workspace}, {run_id}, {task_id}");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\npass_env = [\"GIT_DIR\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nsteer = \"telepathy\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nenv = { \"BAD NAME\" = \"1\" }\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)");
+}
+
+#[test]
+fn project_config_mistakes_are_located() {
+    insta::assert_snapshot!(load_error("config.toml", "[worktree]\ndir = \"/tmp/elsewhere\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `worktree.dir`: `/tmp/elsewhere` must be relative to the repository root");
+    insta::assert_snapshot!(load_error("config.toml", "[worktree]\nlink = [\"../outside\"]\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `worktree.link`: `../outside` must not contain `..`");
+    insta::assert_snapshot!(load_error("config.toml", "[worktree]\nbranch_prefix = \"a..b\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `worktree.branch_prefix`: `a..b` must not contain `..`");
+    insta::assert_snapshot!(load_error("config.toml", "[isolation]\nfallback = \"clone\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:12: key `isolation.fallback`: unknown variant `clone`, expected `none` or `temp`");
+    insta::assert_snapshot!(load_error("config.toml", "[retention]\nmax_kept_runs = -1\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:17: key `retention.max_kept_runs`: invalid value: integer `-1`, expected usize");
+    insta::assert_snapshot!(load_error("config.toml", "[run\nmax_parallel = 2\n"), @"error: $TEST_ENV/project/.crew/config.toml:1:5: unclosed table, expected `]`");
+}

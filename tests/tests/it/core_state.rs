@@ -1,0 +1,543 @@
+//! The state store against real processes and real files: concurrent writers, crashes in the
+//! middle of a write, symlink escapes, corrupt files, reconciliation and retention.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use camino::Utf8Path;
+use crew_core::config::{RetentionSettings, WorkspaceMode};
+use crew_core::host::HostIdentity;
+use crew_core::model::{HostRecord, RunManifest, RunStatus, TaskRecord, TaskStatus, Timestamp};
+use crew_core::store::StateError;
+use crew_core::{RunId, StateStore, TaskId, Workspace};
+use crew_tests::{TestEnv, tree_fingerprint, write};
+
+const HAMMER: &str = env!("CARGO_BIN_EXE_state-hammer");
+
+fn store_at(root: &Utf8Path) -> (Workspace, StateStore) {
+    let workspace = Workspace::at_root(root.as_std_path()).unwrap();
+    let store = StateStore::new(workspace.id(), workspace.repo_root());
+    (workspace, store)
+}
+
+fn new_run(store: &StateStore, workspace: &Workspace, tasks: &[&str]) -> RunManifest {
+    store
+        .create_run(|run_id| {
+            RunManifest::new(
+                run_id,
+                workspace.id().clone(),
+                WorkspaceMode::Single,
+                tasks
+                    .iter()
+                    .map(|id| {
+                        TaskRecord::new(
+                            TaskId::parse(id).unwrap(),
+                            "shell".into(),
+                            "true".into(),
+                            vec![],
+                            WorkspaceMode::Single,
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .unwrap()
+}
+
+#[test]
+fn two_processes_creating_runs_get_distinct_ids_and_lose_nothing() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (_, store) = store_at(&root);
+    let mut all_ids = Vec::new();
+    for _round in 0..10 {
+        let children: Vec<_> = (0..2)
+            .map(|_| {
+                Command::new(HAMMER)
+                    .args(["create", root.as_str(), "5"])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let output = child.wait_with_output().unwrap();
+            assert!(output.status.success());
+            all_ids.extend(
+                String::from_utf8(output.stdout)
+                    .unwrap()
+                    .lines()
+                    .map(str::to_owned),
+            );
+        }
+    }
+    assert_eq!(all_ids.len(), 100);
+    let mut unique = all_ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 100, "run ids must be distinct");
+    let listed = store.list_runs().unwrap();
+    assert_eq!(listed.len(), 100);
+    for listing in listed {
+        let manifest = listing.manifest.unwrap();
+        // The update after creation was not lost.
+        assert!(manifest.reason.unwrap().starts_with("written by "));
+        assert_eq!(manifest.tasks.len(), 2);
+    }
+}
+
+#[test]
+fn concurrent_updates_to_one_run_are_all_kept() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let run = new_run(&store, &workspace, &["seed"]);
+    let children: Vec<_> = ["left", "right"]
+        .iter()
+        .map(|label| {
+            Command::new(HAMMER)
+                .args(["append", root.as_str(), run.run_id.as_str(), label, "40"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let manifest = store.read_run(&run.run_id).unwrap();
+    assert_eq!(
+        manifest.tasks.len(),
+        81,
+        "1 seed task + 2 × 40 appended, none lost"
+    );
+    for label in ["left", "right"] {
+        let ids: Vec<_> = manifest
+            .tasks
+            .iter()
+            .filter(|task| task.id.as_str().starts_with(label))
+            .map(|task| task.id.as_str().to_owned())
+            .collect();
+        let expected: Vec<_> = (0..40).map(|index| format!("{label}-{index}")).collect();
+        assert_eq!(
+            ids, expected,
+            "each writer's updates arrive complete and in order"
+        );
+    }
+}
+
+#[test]
+fn a_writer_killed_mid_write_leaves_a_complete_manifest() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let run = new_run(&store, &workspace, &["a", "b", "c", "d"]);
+    for round in 0..12u64 {
+        let mut child = Command::new(HAMMER)
+            .args(["rewrite", root.as_str(), run.run_id.as_str(), "200000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Different moments in the write cycle each round.
+        std::thread::sleep(Duration::from_millis(20 + round * 7));
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        let manifest = store.read_run(&run.run_id).unwrap();
+        let prompts: Vec<&str> = manifest
+            .tasks
+            .iter()
+            .map(|task| task.prompt.as_str())
+            .collect();
+        let first = prompts[0];
+        assert!(
+            prompts.iter().all(|prompt| *prompt == first),
+            "all tasks must carry the same version"
+        );
+        if first != "true" {
+            let (version, body) = first.split_once(':').unwrap();
+            assert_eq!(body.len(), 200_000, "version {version} is complete");
+            assert_eq!(
+                manifest.reason.as_deref(),
+                Some(format!("version {}", &version[1..]).as_str())
+            );
+        }
+    }
+}
+
+#[test]
+fn symlinked_state_directory_is_refused_and_the_canary_is_untouched() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let canary = env.dir("canary");
+    write(&canary.join("precious.txt"), "do not touch\n");
+    let before = tree_fingerprint(canary.as_std_path());
+    std::fs::create_dir_all(root.join(".crew")).unwrap();
+    std::os::unix::fs::symlink(&canary, root.join(".crew/state")).unwrap();
+    let (workspace, store) = store_at(&root);
+    let error = store
+        .create_run(|run_id| {
+            RunManifest::new(
+                run_id,
+                workspace.id().clone(),
+                WorkspaceMode::Single,
+                vec![],
+            )
+        })
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("failed to prepare the state directory"),
+        "{error}"
+    );
+    assert!(
+        crew_tests::error_chain(&error).contains("is a symlink"),
+        "{error}"
+    );
+    assert_eq!(before, tree_fingerprint(canary.as_std_path()));
+    assert!(
+        store.list_runs().is_err(),
+        "listing through the link is refused too"
+    );
+}
+
+#[test]
+fn symlinked_runs_directory_is_refused() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let canary = env.dir("canary");
+    std::fs::create_dir_all(root.join(".crew/state")).unwrap();
+    std::os::unix::fs::symlink(&canary, root.join(".crew/state/runs")).unwrap();
+    let (workspace, store) = store_at(&root);
+    assert!(
+        store
+            .create_run(|run_id| RunManifest::new(
+                run_id,
+                workspace.id().clone(),
+                WorkspaceMode::Single,
+                vec![]
+            ))
+            .is_err()
+    );
+    assert_eq!(std::fs::read_dir(&canary).unwrap().count(), 0);
+}
+
+#[test]
+fn manifest_replaced_by_a_symlink_is_never_written_through() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let run = new_run(&store, &workspace, &["api"]);
+    let canary = env.root().join("canary.json");
+    write(&canary, "{\"canary\": true}\n");
+    let manifest_path = store.manifest_path(&run.run_id);
+    std::fs::remove_file(&manifest_path).unwrap();
+    std::os::unix::fs::symlink(&canary, &manifest_path).unwrap();
+    let error = store
+        .update_run(&run.run_id, |manifest| {
+            manifest.set_status(RunStatus::Completed)
+        })
+        .unwrap_err();
+    assert!(
+        crew_tests::error_chain(&error).contains("is a symlink"),
+        "{error}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&canary).unwrap(),
+        "{\"canary\": true}\n"
+    );
+    assert!(
+        std::fs::symlink_metadata(&manifest_path)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+#[test]
+fn corrupt_manifest_is_reported_with_its_path_and_left_alone() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let good = new_run(&store, &workspace, &["api"]);
+    let bad = new_run(&store, &workspace, &["api"]);
+    let bad_path = store.manifest_path(&bad.run_id);
+    let full = std::fs::read(&bad_path).unwrap();
+    std::fs::write(&bad_path, &full[..full.len() / 2]).unwrap();
+    let truncated = std::fs::read(&bad_path).unwrap();
+
+    let listed = store.list_runs().unwrap();
+    assert_eq!(listed.len(), 2);
+    for listing in &listed {
+        if listing.run_id == bad.run_id {
+            let error = listing.manifest.as_ref().unwrap_err();
+            assert!(matches!(error, StateError::Corrupt { .. }));
+            assert!(error.to_string().contains(bad_path.as_str()), "{error}");
+        } else {
+            assert!(listing.manifest.is_ok());
+        }
+    }
+    assert!(store.update_run(&bad.run_id, |_| Ok(())).is_err());
+    assert_eq!(
+        std::fs::read(&bad_path).unwrap(),
+        truncated,
+        "left exactly as it was"
+    );
+    store
+        .update_run(&good.run_id, |manifest| {
+            manifest.set_status(RunStatus::Completed)
+        })
+        .unwrap();
+    assert_eq!(store.reconcile().unwrap(), Vec::<RunId>::new());
+    assert_eq!(std::fs::read(&bad_path).unwrap(), truncated);
+}
+
+#[test]
+fn newer_schema_is_read_only() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let run = new_run(&store, &workspace, &["api"]);
+    let path = store.manifest_path(&run.run_id);
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json["schema_version"] = 99.into();
+    json["a_field_from_the_future"] = "x".into();
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    assert_eq!(store.read_run(&run.run_id).unwrap().schema_version, 99);
+    let error = store.update_run(&run.run_id, |_| Ok(())).unwrap_err();
+    insta::assert_snapshot!(env.redact(&error.to_string()).replace(run.run_id.as_str(), "[RUN_ID]"), @"run manifest $TEST_ENV/project/.crew/state/runs/[RUN_ID]/manifest.json has schema version 99, newer than this crew supports (1); it is read-only to this crew");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+
+    // A future format this crew cannot even parse is still named as newer, not as corrupt.
+    std::fs::write(&path, "{\"schema_version\": 7, \"tasks\": \"reshaped\"}").unwrap();
+    assert!(matches!(
+        store.read_run(&run.run_id),
+        Err(StateError::NewerSchema { found: 7, .. })
+    ));
+}
+
+fn host_of(child: &std::process::Child) -> HostIdentity {
+    HostIdentity::of_pid(child.id()).unwrap().unwrap()
+}
+
+fn hosted_run(store: &StateStore, workspace: &Workspace, host: HostIdentity) -> RunId {
+    let run = new_run(store, workspace, &["api", "docs"]);
+    store
+        .update_run(&run.run_id, |manifest| {
+            manifest.host = Some(HostRecord {
+                identity: host,
+                socket: None,
+                label: None,
+            });
+            let api = TaskId::parse("api").unwrap();
+            manifest.set_task_status(&api, TaskStatus::Preparing)?;
+            manifest.set_task_status(&api, TaskStatus::Running)?;
+            Ok(())
+        })
+        .unwrap();
+    run.run_id
+}
+
+#[test]
+fn reconcile_marks_runs_of_dead_and_impersonated_hosts_interrupted() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let other_root = env.repo("other");
+    let (workspace, store) = store_at(&root);
+    let (other_workspace, other_store) = store_at(&other_root);
+
+    // A host that has exited.
+    let mut dead = Command::new("sleep").arg("60").spawn().unwrap();
+    let dead_identity = host_of(&dead);
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let dead_run = hosted_run(&store, &workspace, dead_identity.clone());
+
+    // The host's pid now belongs to an unrelated process: same pid, different start time.
+    let mut unrelated = Command::new("sleep").arg("60").spawn().unwrap();
+    let impersonated = HostIdentity {
+        start_time: host_of(&unrelated).start_time.saturating_sub(1),
+        ..host_of(&unrelated)
+    };
+    let reused_run = hosted_run(&store, &workspace, impersonated);
+
+    // A live host.
+    let live = Command::new("sleep").arg("60").spawn().unwrap();
+    let live_run = hosted_run(&store, &workspace, host_of(&live));
+
+    // Another workspace whose host is dead too: not ours to touch.
+    let foreign_run = hosted_run(&other_store, &other_workspace, dead_identity);
+    let foreign_manifest = std::fs::read(other_store.manifest_path(&foreign_run)).unwrap();
+
+    let mut changed = store.reconcile().unwrap();
+    changed.sort();
+    let mut expected = vec![dead_run.clone(), reused_run.clone()];
+    expected.sort();
+    assert_eq!(changed, expected);
+
+    for run_id in [&dead_run, &reused_run] {
+        let manifest = store.read_run(run_id).unwrap();
+        assert_eq!(manifest.status, RunStatus::Interrupted);
+        let api = manifest.task(&TaskId::parse("api").unwrap()).unwrap();
+        assert_eq!(api.status, TaskStatus::Failed);
+        assert!(
+            api.reason
+                .as_deref()
+                .unwrap()
+                .starts_with("interrupted: host process")
+        );
+        let docs = manifest.task(&TaskId::parse("docs").unwrap()).unwrap();
+        assert_eq!(
+            docs.status,
+            TaskStatus::Pending,
+            "tasks that never started stay pending"
+        );
+    }
+    assert_eq!(
+        store.read_run(&live_run).unwrap().status,
+        RunStatus::Running
+    );
+    assert_eq!(
+        std::fs::read(other_store.manifest_path(&foreign_run)).unwrap(),
+        foreign_manifest
+    );
+    assert!(
+        unrelated.try_wait().unwrap().is_none(),
+        "the unrelated process is untouched"
+    );
+    assert_eq!(
+        store.reconcile().unwrap(),
+        Vec::<RunId>::new(),
+        "reconcile is idempotent"
+    );
+
+    for mut child in [unrelated, live] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn retention_prunes_old_and_excess_finished_runs_with_their_dedicated_dirs() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let mut finished = Vec::new();
+    for _ in 0..4 {
+        let run = new_run(&store, &workspace, &["api"]);
+        store
+            .update_run(&run.run_id, |manifest| {
+                manifest.set_status(RunStatus::Completed)
+            })
+            .unwrap();
+        let dedicated = store
+            .ensure_dedicated_dir(&run.run_id, &TaskId::parse("api").unwrap())
+            .unwrap();
+        write(&dedicated.join("report.txt"), "kept until pruned\n");
+        finished.push(run.run_id);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let running = new_run(&store, &workspace, &["api"]);
+    let retention = RetentionSettings {
+        max_kept_runs: 2,
+        max_run_age_days: 7,
+    };
+
+    let dry = store.prune(&retention, SystemTime::now(), true).unwrap();
+    assert_eq!(dry.pruned, vec![finished[1].clone(), finished[0].clone()]);
+    assert_eq!(
+        store.run_ids().unwrap().len(),
+        5,
+        "a dry run changes nothing"
+    );
+
+    let report = store.prune(&retention, SystemTime::now(), false).unwrap();
+    assert_eq!(report.pruned, dry.pruned);
+    let left = store.run_ids().unwrap();
+    assert_eq!(
+        left,
+        vec![
+            running.run_id.clone(),
+            finished[3].clone(),
+            finished[2].clone()
+        ]
+    );
+    assert!(!store.dedicated_root().join(finished[0].as_str()).exists());
+    assert!(
+        store
+            .dedicated_root()
+            .join(finished[3].as_str())
+            .join("api/report.txt")
+            .exists()
+    );
+
+    // Ten days later everything finished is too old; the running run stays.
+    let later = SystemTime::now() + Duration::from_secs(10 * 86_400);
+    let report = store.prune(&retention, later, false).unwrap();
+    assert_eq!(report.pruned.len(), 2);
+    assert_eq!(store.run_ids().unwrap(), vec![running.run_id]);
+}
+
+#[test]
+fn run_prefixes_resolve_like_git_hashes() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let first = new_run(&store, &workspace, &["api"]).run_id;
+    std::thread::sleep(Duration::from_millis(2));
+    let second = new_run(&store, &workspace, &["api"]).run_id;
+    assert_eq!(store.resolve_run(first.as_str()).unwrap(), first);
+    let unique_len = (1..=first.as_str().len())
+        .find(|&len| !second.as_str().starts_with(&first.as_str()[..len]))
+        .unwrap();
+    assert_eq!(
+        store.resolve_run(&first.as_str()[..unique_len]).unwrap(),
+        first
+    );
+    assert!(matches!(
+        store.resolve_run(&first.as_str()[..unique_len - 1]),
+        Err(StateError::AmbiguousRun { .. })
+    ));
+    assert!(matches!(
+        store.resolve_run("zzzz"),
+        Err(StateError::UnknownRun { .. })
+    ));
+}
+
+#[test]
+fn state_is_excluded_from_git_without_touching_tracked_files() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    write(&root.join(".gitignore"), "*.log\n");
+    env.git(&root, ["add", ".gitignore"]);
+    env.git(&root, ["commit", "-q", "-m", "ignore logs"]);
+    let (workspace, store) = store_at(&root);
+    let run = new_run(&store, &workspace, &["api"]);
+    store
+        .append_event(
+            &run.run_id,
+            &crew_core::model::RunEvent::new(None, crew_core::model::EventKind::RunCreated),
+        )
+        .unwrap();
+    assert_eq!(
+        env.git(&root, ["status", "--porcelain", "--untracked-files=all"]),
+        ""
+    );
+    let exclude = std::fs::read_to_string(root.join(".git/info/exclude")).unwrap();
+    assert!(
+        exclude.lines().any(|line| line == "/.crew/state/"),
+        "{exclude}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join(".gitignore")).unwrap(),
+        "*.log\n"
+    );
+    let (events, unreadable) = store.read_events(&run.run_id).unwrap();
+    assert_eq!((events.len(), unreadable), (1, 0));
+    assert!(events[0].at <= Timestamp::now());
+}

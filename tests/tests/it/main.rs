@@ -1,0 +1,13 @@
+//! crew's black-box tests, compiled into one binary.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
+
+mod core_config;
+mod core_discovery;
+mod core_ids;
+mod core_state;
