@@ -10,4 +10,5 @@
 mod core_config;
 mod core_discovery;
 mod core_ids;
+mod core_paths;
 mod core_state;
