@@ -26,6 +26,7 @@ impl Default for TestEnv {
 
 impl TestEnv {
     pub fn new() -> Self {
+        hermetic_libgit2();
         let dir = tempfile::Builder::new()
             .prefix("crew-test-")
             .tempdir()
@@ -188,4 +189,25 @@ pub fn helper_bin(name: &str) -> Utf8PathBuf {
         dir.pop();
     }
     Utf8PathBuf::from_path_buf(dir.join(name)).unwrap()
+}
+
+/// Points libgit2's global, XDG and system config search paths at nothing, so that the user's
+/// own git configuration cannot change what an in-process test sees.
+fn hermetic_libgit2() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for level in [
+            git2::ConfigLevel::Global,
+            git2::ConfigLevel::XDG,
+            git2::ConfigLevel::System,
+            git2::ConfigLevel::ProgramData,
+        ] {
+            // SAFETY: called once, before any test of this process opens a repository, so no
+            // other thread reads libgit2's search paths at the same time.
+            #[allow(unsafe_code)]
+            unsafe {
+                git2::opts::set_search_path(level, "/nonexistent/crew-test-config").unwrap();
+            }
+        }
+    });
 }

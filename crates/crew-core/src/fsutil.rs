@@ -4,6 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::time::{Duration, Instant};
 
 use camino::{Utf8Path, Utf8PathBuf};
 
@@ -214,6 +215,70 @@ pub fn write_atomic(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
         return Err(write_error(source));
     }
     Ok(())
+}
+
+/// An exclusive lock on a lock file, held until dropped.
+///
+/// Built on std's `File::try_lock` (an `flock` on its own open file description), so it
+/// excludes other threads of this process exactly as it excludes other processes.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: File,
+}
+
+/// A lock that could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("failed to open lock file {path}")]
+    Open {
+        path: Utf8PathBuf,
+        #[source]
+        source: FileError,
+    },
+    #[error("failed to lock {path}")]
+    Lock {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "timed out after {waited:?} waiting for the lock {path}; another crew process holds it"
+    )]
+    Timeout { path: Utf8PathBuf, waited: Duration },
+}
+
+impl FileLock {
+    /// Locks `path` (created when missing, never replaced or deleted), waiting up to `timeout`
+    /// for another holder to let go.
+    pub fn acquire(path: &Utf8Path, timeout: Duration) -> Result<Self, LockError> {
+        let file = open_rw_nofollow(path).map_err(|source| LockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(FileLock { _file: file }),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if started.elapsed() >= timeout {
+                        return Err(LockError::Timeout {
+                            path: path.to_owned(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(LockError::Lock {
+                        path: path.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
 }
 
 /// Flushes a directory's entries (a rename or a new file) to disk.

@@ -70,9 +70,31 @@ pub struct WorkspaceRequest {
     pub run_id: RunId,
     pub task_id: TaskId,
     pub mode: WorkspaceMode,
-    /// The commit or ref to start from; the leader's HEAD when absent.
+    /// The run's base commit as fixed by `prepare_run`; when absent the provider checks the
+    /// leader and takes its HEAD itself.
     pub base: Option<String>,
     pub upstream: Vec<UpstreamWork>,
+}
+
+/// What a run asks of its provider before any task starts.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub workspace: WorkspaceId,
+    pub repo_root: Option<Utf8PathBuf>,
+    pub run_id: RunId,
+    /// The commit or ref tasks start from; the leader's HEAD when absent.
+    pub base: Option<String>,
+    /// Every workspace mode the run's tasks ask for.
+    pub modes: Vec<WorkspaceMode>,
+}
+
+/// What the provider fixed for the whole run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunPlan {
+    /// The commit every task without upstream work starts from.
+    pub base_commit: Option<String>,
+    /// Degradations that apply to the run (such as a fallback to `temp`).
+    pub warnings: Vec<String>,
 }
 
 /// A task's allocated workspace.
@@ -122,6 +144,8 @@ pub struct AllocateWorkspaceError {
 /// What the task's end means for its workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TeardownRequest {
+    pub workspace: WorkspaceId,
+    pub repo_root: Option<Utf8PathBuf>,
     pub run_id: RunId,
     pub task_id: TaskId,
     /// The agent (or one of its processes) may still be running: nothing may be removed.
@@ -186,6 +210,14 @@ pub struct TeardownError {
 /// Where tasks work. Implementations are synchronous (git and file work) and are called from a
 /// blocking thread; they must be safe to call for many tasks at once.
 pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
+    /// Checks, before any agent starts, that the run's workspace modes can be had, and fixes
+    /// what all tasks share (the base commit). An error here fails the run with nothing
+    /// started. The default accepts everything.
+    fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
+        let _ = request;
+        Ok(RunPlan::default())
+    }
+
     /// Gives the task its workspace, or fails leaving nothing behind.
     fn allocate(&self, request: &WorkspaceRequest)
     -> Result<TaskWorkspace, AllocateWorkspaceError>;

@@ -13,10 +13,9 @@
 //! without following links. A manifest that cannot be parsed is reported with its path and left
 //! exactly as it is; the other runs stay usable.
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use camino::{Utf8Path, Utf8PathBuf};
 use serde::Deserialize;
@@ -24,8 +23,8 @@ use serde::Deserialize;
 use crate::config::RetentionSettings;
 use crate::discovery::CREW_DIR;
 use crate::fsutil::{
-    FileError, ensure_real_dir, open_append_nofollow, open_rw_nofollow, read_nofollow,
-    real_dir_exists, write_atomic,
+    FileError, FileLock, LockError, ensure_real_dir, open_append_nofollow, open_rw_nofollow,
+    read_nofollow, real_dir_exists, write_atomic,
 };
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
@@ -52,16 +51,8 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum StateError {
     #[error("failed to prepare the state directory")]
     Layout(#[source] FileError),
-    #[error("failed to lock state file {path}")]
-    Lock {
-        path: Utf8PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error(
-        "timed out after {waited:?} waiting for the state lock {path}; another crew process holds it"
-    )]
-    LockTimeout { path: Utf8PathBuf, waited: Duration },
+    #[error("failed to lock the state of the workspace")]
+    Lock(#[from] LockError),
     #[error("failed to read {path}")]
     Read {
         path: Utf8PathBuf,
@@ -133,12 +124,6 @@ pub struct StateStore {
     repo_root: Option<Utf8PathBuf>,
     state_dir: Utf8PathBuf,
     layout_ready: OnceLock<()>,
-}
-
-/// Holds the cross-process state lock until dropped.
-#[derive(Debug)]
-pub struct StateLock {
-    _file: File,
 }
 
 /// One run as found on disk: its manifest, or why it could not be read.
@@ -236,30 +221,12 @@ impl StateStore {
     }
 
     /// Takes the cross-process lock, waiting up to [`LOCK_TIMEOUT`].
-    pub fn lock(&self) -> Result<StateLock, StateError> {
+    pub fn lock(&self) -> Result<FileLock, StateError> {
         self.ensure_layout()?;
-        let path = self.state_dir.join(LOCK_FILE);
-        let file = open_rw_nofollow(&path).map_err(StateError::Layout)?;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(StateLock { _file: file }),
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    if started.elapsed() >= LOCK_TIMEOUT {
-                        return Err(StateError::LockTimeout {
-                            path,
-                            waited: started.elapsed(),
-                        });
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                }
-                Err(std::fs::TryLockError::Error(source)) => {
-                    return Err(StateError::Lock { path, source });
-                }
-            }
-        }
+        Ok(FileLock::acquire(
+            &self.state_dir.join(LOCK_FILE),
+            LOCK_TIMEOUT,
+        )?)
     }
 
     /// Creates a run with a fresh id. `build` receives the id and returns the manifest.

@@ -1,1 +1,31 @@
-//! placeholder
+//! crew-worktree: where tasks work, and taking it away without losing anything.
+//!
+//! It implements crew-core's `WorkspaceProvider` for the four modes of DESIGN §5 in
+//! [`CrewWorkspaces`]:
+//!
+//! - `single`: the project root itself;
+//! - `worktree`: a git worktree at `<repo-root>/.worktrees/<runId>/<taskId>` on the branch
+//!   `crew/<runId>-<taskId>` ([`create`] makes it, [`teardown`] saves the work onto the branch
+//!   and removes it);
+//! - `temp`: a fresh 0700 directory `crew-ws-<taskId>-XXXXXX` in the system temp dir, removed
+//!   afterwards;
+//! - `dedicated`: `.crew/state/ws/<runId>/<taskId>`, kept until the run is pruned.
+//!
+//! [`listing`] finds crew's worktrees and task branches (and the orphans among them) and prunes
+//! the ones that hold no work. git2 is the git library; worktree admin entries are written
+//! directly ([`admin`]) so that the admin part takes milliseconds under the repository lock.
+//!
+//! It must not spawn agents or print.
+
+pub mod admin;
+pub mod create;
+pub mod envsetup;
+pub mod error;
+pub mod leader;
+pub mod listing;
+pub mod names;
+pub mod provider;
+pub mod teardown;
+
+pub use error::{ListWorktreesError, PrepareWorktreeError, TeardownWorktreeError};
+pub use provider::{CrewWorkspaces, fallback_warning};

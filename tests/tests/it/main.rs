@@ -12,3 +12,6 @@ mod core_discovery;
 mod core_ids;
 mod core_paths;
 mod core_state;
+mod worktree_listing;
+mod worktree_prepare;
+mod worktree_teardown;

@@ -1,0 +1,318 @@
+//! `prepare_task_workspace` for the `worktree` mode.
+//!
+//! Under the repository lock (milliseconds): sweep leftover admin entries, take up an existing
+//! worktree of the same task, or make the branch, the directory and the admin entry (locked
+//! "initializing"). Outside the lock (the slow part, so tasks overlap): check the files out,
+//! lock the worktree for its task, link, copy and run the setup command. Any failure after the
+//! first change rolls everything back: no branch, no admin entry, no directory is left, and a
+//! directory that existed before is never removed.
+
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::WorktreeSettings;
+use crew_core::fsutil::{FileLock, ensure_real_dir};
+use crew_core::git_exclude::ensure_excluded;
+use crew_core::provider::{TaskWorkspace, UpstreamWork, WorkspaceKind};
+use crew_core::{RunId, TaskId};
+use git2::{BranchType, Oid, Repository, build::CheckoutBuilder};
+
+use crate::admin;
+use crate::envsetup;
+use crate::error::PrepareWorktreeError;
+use crate::leader;
+use crate::names::{TaskNames, admin_prefix, worktrees_dir};
+
+/// How long a worktree mutation waits for another one on the same repository.
+pub const REPO_LOCK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The file serializing worktree mutations of one repository, across threads and processes.
+pub fn repo_lock(common: &Utf8Path) -> Result<FileLock, crew_core::fsutil::LockError> {
+    FileLock::acquire(&common.join("crew-worktrees.lock"), REPO_LOCK_TIMEOUT)
+}
+
+/// The lock reason of a worktree whose task is running.
+pub fn in_use_reason(run_id: &RunId, task_id: &TaskId) -> String {
+    format!(
+        "crew: in use by run {run_id} task {task_id} (pid {})",
+        std::process::id()
+    )
+}
+
+/// What a worktree task needs.
+#[derive(Debug, Clone)]
+pub struct CreateWorktree<'a> {
+    pub repo_root: &'a Utf8Path,
+    pub settings: &'a WorktreeSettings,
+    pub run_id: &'a RunId,
+    pub task_id: &'a TaskId,
+    /// The run's base commit.
+    pub base: Oid,
+    pub upstream: &'a [UpstreamWork],
+    /// Where the run was started, relative to the repository root.
+    pub invocation_dir: &'a Utf8Path,
+}
+
+/// Gives the task its worktree: an existing one of the same task, or a new one on its branch.
+pub fn prepare_worktree(
+    request: &CreateWorktree<'_>,
+) -> Result<TaskWorkspace, PrepareWorktreeError> {
+    let repo = leader::open(Some(request.repo_root), request.repo_root)?;
+    let common = leader::common_dir(&repo);
+    let names = TaskNames::new(
+        request.repo_root,
+        request.settings,
+        request.run_id,
+        request.task_id,
+    );
+    let lock = repo_lock(&common).map_err(PrepareWorktreeError::Lock)?;
+    admin::sweep_invalid(&common, &admin_prefix(request.settings));
+
+    if let Some(entry) = admin::read_entry(&common, &names.admin)
+        && entry.is_valid()
+    {
+        let mut warnings = Vec::new();
+        if entry.branch.as_deref() != Some(names.branch.as_str()) {
+            warnings.push(format!(
+                "workspace:worktree — the task's worktree is on {} instead of {}; reused as it is",
+                entry.branch.as_deref().unwrap_or("a detached HEAD"),
+                names.branch
+            ));
+        }
+        admin::set_lock(
+            &common,
+            &names.admin,
+            Some(&in_use_reason(request.run_id, request.task_id)),
+        )
+        .map_err(|source| PrepareWorktreeError::Register {
+            path: names.root.clone(),
+            source,
+        })?;
+        drop(lock);
+        let dir = task_dir(&names.root, request.invocation_dir)?;
+        return Ok(TaskWorkspace {
+            kind: WorkspaceKind::Worktree,
+            root: names.root,
+            dir,
+            branch: Some(names.branch),
+            base_commit: Some(request.base.to_string()),
+            reused: true,
+            warnings,
+        });
+    }
+
+    let mut made = Made::default();
+    let created = create_locked(&repo, &common, &names, request, &mut made);
+    drop(lock);
+    let result = created.and_then(|base_commit| {
+        finish_outside_lock(&common, &names, request).map(|(dir, warnings)| TaskWorkspace {
+            kind: WorkspaceKind::Worktree,
+            root: names.root.clone(),
+            dir,
+            branch: Some(names.branch.clone()),
+            base_commit: Some(base_commit.to_string()),
+            reused: !made.branch,
+            warnings,
+        })
+    });
+    if result.is_err() {
+        rollback(&repo, &common, &names, &made);
+    }
+    result
+}
+
+/// What this attempt created, so that a failure removes exactly that.
+#[derive(Debug, Default)]
+struct Made {
+    branch: bool,
+    run_dir: Option<Utf8PathBuf>,
+    worktree_dir: bool,
+    admin_entry: bool,
+}
+
+fn create_locked(
+    repo: &Repository,
+    common: &Utf8Path,
+    names: &TaskNames,
+    request: &CreateWorktree<'_>,
+    made: &mut Made,
+) -> Result<Oid, PrepareWorktreeError> {
+    let worktrees = ensure_worktrees_dir(request.repo_root, request.settings)?;
+    let mut patterns = vec![format!("/{}/", request.settings.dir)];
+    patterns.extend(request.settings.link.iter().map(|link| format!("/{link}")));
+    // Not fatal: without it `git status` in the leader is merely noisier.
+    let _ = ensure_excluded(request.repo_root, &patterns);
+
+    if std::fs::symlink_metadata(&names.root).is_ok() {
+        return Err(PrepareWorktreeError::TargetExists {
+            path: names.root.clone(),
+        });
+    }
+    let base = match repo.find_branch(&names.branch, BranchType::Local) {
+        Ok(branch) => {
+            // A branch left by a crashed run: taken up as it is, never reset.
+            if let Some(checked_out_at) = checked_out_elsewhere(repo, common, &names.branch) {
+                return Err(PrepareWorktreeError::BranchInUse {
+                    branch: names.branch.clone(),
+                    checked_out_at,
+                });
+            }
+            drop(branch);
+            request.base
+        }
+        Err(_) => {
+            let base = leader::upstream_base(
+                repo,
+                request.base,
+                request.upstream,
+                request.task_id.as_str(),
+            )?;
+            let commit =
+                repo.find_commit(base)
+                    .map_err(|source| PrepareWorktreeError::CreateBranch {
+                        branch: names.branch.clone(),
+                        source,
+                    })?;
+            repo.branch(&names.branch, &commit, false)
+                .map_err(|source| PrepareWorktreeError::CreateBranch {
+                    branch: names.branch.clone(),
+                    source,
+                })?;
+            made.branch = true;
+            base
+        }
+    };
+    let run_dir = worktrees.join(request.run_id.as_str());
+    if !run_dir.exists() {
+        made.run_dir = Some(run_dir.clone());
+    }
+    ensure_real_dir(&run_dir).map_err(|source| PrepareWorktreeError::CreateDir {
+        path: run_dir.clone(),
+        source,
+    })?;
+    std::fs::create_dir(&names.root).map_err(|source| PrepareWorktreeError::CreateDir {
+        path: names.root.clone(),
+        source: crew_core::fsutil::FileError::CreateDir {
+            path: names.root.clone(),
+            source,
+        },
+    })?;
+    made.worktree_dir = true;
+    made.admin_entry = true;
+    admin::write_entry(common, &names.admin, &names.root, &names.branch_ref()).map_err(
+        |source| PrepareWorktreeError::Register {
+            path: names.root.clone(),
+            source,
+        },
+    )?;
+    Ok(base)
+}
+
+fn finish_outside_lock(
+    common: &Utf8Path,
+    names: &TaskNames,
+    request: &CreateWorktree<'_>,
+) -> Result<(Utf8PathBuf, Vec<String>), PrepareWorktreeError> {
+    let checkout_error = |source| PrepareWorktreeError::Checkout {
+        path: names.root.clone(),
+        branch: names.branch.clone(),
+        source,
+    };
+    let worktree_repo = Repository::open(&names.root).map_err(checkout_error)?;
+    worktree_repo
+        .checkout_head(Some(CheckoutBuilder::new().force()))
+        .map_err(checkout_error)?;
+    admin::set_lock(
+        common,
+        &names.admin,
+        Some(&in_use_reason(request.run_id, request.task_id)),
+    )
+    .map_err(|source| PrepareWorktreeError::Register {
+        path: names.root.clone(),
+        source,
+    })?;
+    envsetup::link_paths(request.settings, request.repo_root, &names.root)?;
+    let warnings = envsetup::copy_paths(request.settings, request.repo_root, &names.root)?;
+    let dir = task_dir(&names.root, request.invocation_dir)?;
+    envsetup::run_setup(request.settings, &names.root)?;
+    Ok((dir, warnings))
+}
+
+/// `<worktree>/<invocation dir>`, created when the leader's directory is not tracked.
+fn task_dir(
+    root: &Utf8Path,
+    invocation_dir: &Utf8Path,
+) -> Result<Utf8PathBuf, PrepareWorktreeError> {
+    let dir = crew_core::paths::resolve_contained_path(root, invocation_dir)
+        .unwrap_or_else(|_| root.to_owned());
+    std::fs::create_dir_all(&dir).map_err(|source| PrepareWorktreeError::CreateDir {
+        path: dir.clone(),
+        source: crew_core::fsutil::FileError::CreateDir {
+            path: dir.clone(),
+            source,
+        },
+    })?;
+    Ok(dir)
+}
+
+/// `<repo-root>/<dir>`, each level a real directory (never a symlink leading elsewhere).
+fn ensure_worktrees_dir(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+) -> Result<Utf8PathBuf, PrepareWorktreeError> {
+    let mut dir = repo_root.to_owned();
+    for component in settings.dir.components() {
+        dir.push(component);
+        ensure_real_dir(&dir).map_err(|source| PrepareWorktreeError::CreateDir {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    Ok(worktrees_dir(repo_root, settings))
+}
+
+/// Where `branch` is checked out already: another worktree, or the leader itself.
+fn checked_out_elsewhere(
+    repo: &Repository,
+    common: &Utf8Path,
+    branch: &str,
+) -> Option<Utf8PathBuf> {
+    if let Ok(head) = repo.find_reference("HEAD")
+        && head.symbolic_target().ok().flatten() == Some(format!("refs/heads/{branch}").as_str())
+    {
+        return Some(
+            repo.workdir()
+                .and_then(|dir| Utf8Path::from_path(dir).map(Utf8Path::to_owned))
+                .unwrap_or_else(|| common.to_owned()),
+        );
+    }
+    admin::read_entries(common)
+        .into_iter()
+        .find(|entry| entry.branch.as_deref() == Some(branch))
+        .map(|entry| entry.worktree.unwrap_or(entry.dir))
+}
+
+/// Removes what a failed creation made, newest first. Best effort: each step is tried even
+/// when an earlier one fails.
+fn rollback(repo: &Repository, common: &Utf8Path, names: &TaskNames, made: &Made) {
+    let Ok(_lock) = repo_lock(common) else {
+        return;
+    };
+    if made.worktree_dir
+        && let Some(parent) = names.root.parent()
+    {
+        let _ = crew_core::paths::remove_contained(&names.root, &[parent]);
+    }
+    if made.admin_entry {
+        let _ = admin::remove_entry(common, &names.admin);
+    }
+    if made.branch
+        && let Ok(mut branch) = repo.find_branch(&names.branch, BranchType::Local)
+    {
+        let _ = branch.delete();
+    }
+    if let Some(run_dir) = &made.run_dir {
+        // Only when empty: another task of the run may have its worktree there by now.
+        let _ = std::fs::remove_dir(run_dir);
+    }
+}

@@ -1,0 +1,399 @@
+//! Finding crew's worktrees and task branches, and pruning the ones that hold no work.
+//!
+//! A crew worktree lives at `<repo-root>/<dir>/<runId>/<taskId>`; a task branch is
+//! `<prefix>/<runId>-<taskId>`. Worktrees crew did not create, worktrees locked by the user,
+//! and branches outside the prefix are never touched.
+
+use std::collections::{BTreeMap, HashMap};
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::WorktreeSettings;
+use crew_core::model::{RunStatus, TaskStatus};
+use crew_core::paths::remove_contained;
+use crew_core::{RunId, StateStore, TaskId};
+use git2::{BranchType, Repository};
+use serde::Serialize;
+
+use crate::admin::{self, AdminEntry};
+use crate::create::repo_lock;
+use crate::error::ListWorktreesError;
+use crate::leader;
+use crate::names::{POOL_DIR, TaskNames, admin_prefix, parse_task_branch, worktrees_dir};
+use crate::teardown::{crew_links, uncommitted};
+
+/// Where a crew worktree stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorktreeState {
+    /// Its task is running in a live run.
+    Active,
+    /// Its task waits for an answer; it is kept until the run is cleaned.
+    Waiting,
+    /// Kept after its task ended (work that could not be saved safely, or a run that was
+    /// interrupted).
+    Preserved,
+    /// Registered with git, but the directory is gone.
+    MissingDirectory,
+    /// Registered, but no run of this workspace knows it.
+    UnknownRun,
+    /// A directory under the worktrees directory that git does not know as a worktree.
+    Unregistered,
+}
+
+/// One crew worktree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CrewWorktree {
+    pub path: Utf8PathBuf,
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    pub branch: Option<String>,
+    pub state: WorktreeState,
+    /// The lock reason, when locked.
+    pub locked: Option<String>,
+    /// Uncommitted paths in it (tracked changes and untracked files), when it could be read.
+    pub uncommitted: Option<usize>,
+}
+
+/// One task branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TaskBranch {
+    pub name: String,
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    pub tip: String,
+    /// Its tip is already contained in the leader's HEAD: deleting it loses nothing.
+    pub merged: bool,
+    /// A worktree has it checked out.
+    pub checked_out: bool,
+}
+
+/// crew's worktrees and branches in a repository.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WorktreeListing {
+    pub worktrees: Vec<CrewWorktree>,
+    pub branches: Vec<TaskBranch>,
+    /// Worktrees in crew's recycling pool, hidden from the listings above.
+    pub pooled: usize,
+}
+
+impl WorktreeListing {
+    /// Worktrees kept after their task, and task branches whose work is not merged: what the
+    /// one-line warning at the start of `crew run` names.
+    pub fn needs_attention(&self) -> (Vec<&CrewWorktree>, Vec<&TaskBranch>) {
+        let worktrees = self
+            .worktrees
+            .iter()
+            .filter(|worktree| {
+                matches!(
+                    worktree.state,
+                    WorktreeState::Preserved | WorktreeState::Waiting | WorktreeState::UnknownRun
+                ) && worktree.uncommitted.is_none_or(|count| count > 0)
+                    || worktree.state == WorktreeState::Waiting
+            })
+            .collect();
+        let branches = self
+            .branches
+            .iter()
+            .filter(|branch| !branch.merged && !branch.checked_out)
+            .collect();
+        (worktrees, branches)
+    }
+}
+
+/// What `prune` removed or would remove, and what it kept and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WorktreePruneReport {
+    pub removed_worktrees: Vec<Utf8PathBuf>,
+    pub removed_admin_entries: Vec<String>,
+    pub deleted_branches: Vec<String>,
+    pub kept: Vec<(String, String)>,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TaskInfo {
+    run_live: bool,
+    waiting: bool,
+}
+
+/// The runs of the workspace and what their tasks are doing.
+fn known_tasks(store: &StateStore) -> HashMap<(RunId, TaskId), TaskInfo> {
+    let mut tasks = HashMap::new();
+    for listing in store.list_runs().unwrap_or_default() {
+        let Ok(manifest) = listing.manifest else {
+            continue;
+        };
+        let run_live = manifest.status == RunStatus::Running
+            && manifest
+                .host
+                .as_ref()
+                .is_some_and(|host| host.identity.is_alive());
+        for task in &manifest.tasks {
+            tasks.insert(
+                (manifest.run_id.clone(), task.id.clone()),
+                TaskInfo {
+                    run_live,
+                    waiting: task.status == TaskStatus::Waiting,
+                },
+            );
+        }
+    }
+    tasks
+}
+
+/// Lists crew's worktrees and task branches of the repository holding the workspace of
+/// `store`.
+pub fn list(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    store: &StateStore,
+) -> Result<WorktreeListing, ListWorktreesError> {
+    let repo = leader::open(Some(repo_root), repo_root)?;
+    let common = leader::common_dir(&repo);
+    let tasks = known_tasks(store);
+    let root = worktrees_dir(repo_root, settings);
+    let prefix = format!("{}-", admin_prefix(settings));
+
+    let mut found: BTreeMap<Utf8PathBuf, CrewWorktree> = BTreeMap::new();
+    let entries: Vec<AdminEntry> = admin::read_entries(&common)
+        .into_iter()
+        .filter(|entry| entry.name.starts_with(&prefix))
+        .collect();
+    for entry in &entries {
+        let Some(path) = entry.worktree.clone() else {
+            continue;
+        };
+        let Some((run_id, task_id)) = ids_from_path(&root, &path) else {
+            continue;
+        };
+        let info = tasks.get(&(run_id.clone(), task_id.clone()));
+        let state = if !path.exists() {
+            WorktreeState::MissingDirectory
+        } else {
+            match info {
+                None => WorktreeState::UnknownRun,
+                Some(info) if info.waiting => WorktreeState::Waiting,
+                Some(info) if info.run_live => WorktreeState::Active,
+                Some(_) => WorktreeState::Preserved,
+            }
+        };
+        let uncommitted = (state != WorktreeState::MissingDirectory)
+            .then(|| count_uncommitted(&path, settings, repo_root))
+            .flatten();
+        found.insert(
+            path.clone(),
+            CrewWorktree {
+                path,
+                run_id,
+                task_id,
+                branch: entry.branch.clone(),
+                state,
+                locked: entry.locked.clone(),
+                uncommitted,
+            },
+        );
+    }
+    let mut pooled = 0;
+    for (run_dir, run_id) in subdirs(&root) {
+        if run_id == POOL_DIR {
+            pooled = subdirs(&run_dir).len();
+            continue;
+        }
+        let Ok(run_id) = RunId::parse(&run_id) else {
+            continue;
+        };
+        for (path, task_id) in subdirs(&run_dir) {
+            let Ok(task_id) = TaskId::parse(&task_id) else {
+                continue;
+            };
+            found.entry(path.clone()).or_insert(CrewWorktree {
+                path,
+                run_id: run_id.clone(),
+                task_id,
+                branch: None,
+                state: WorktreeState::Unregistered,
+                locked: None,
+                uncommitted: None,
+            });
+        }
+    }
+
+    let head = repo.head().ok().and_then(|head| head.target());
+    let mut branches = Vec::new();
+    if let Ok(all) = repo.branches(Some(BranchType::Local)) {
+        for (branch, _) in all.flatten() {
+            let Some(name) = branch.name().ok().flatten().map(str::to_owned) else {
+                continue;
+            };
+            let Some((run_id, task_id)) = parse_task_branch(settings, &name) else {
+                continue;
+            };
+            let Some(tip) = branch.get().target() else {
+                continue;
+            };
+            let merged = head.is_some_and(|head| {
+                head == tip || repo.graph_descendant_of(head, tip).unwrap_or(false)
+            });
+            let checked_out = entries
+                .iter()
+                .any(|entry| entry.branch.as_deref() == Some(name.as_str()));
+            branches.push(TaskBranch {
+                name,
+                run_id,
+                task_id,
+                tip: tip.to_string(),
+                merged,
+                checked_out,
+            });
+        }
+    }
+    branches.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(WorktreeListing {
+        worktrees: found.into_values().collect(),
+        branches,
+        pooled,
+    })
+}
+
+/// Removes what holds no work: admin entries of vanished directories; worktrees of finished
+/// or unknown runs that are unlocked (or locked by crew) and have nothing uncommitted; empty
+/// unregistered directories; task branches already merged into the leader's HEAD and not
+/// checked out. Everything else is kept and said why. A dry run changes nothing.
+pub fn prune(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    store: &StateStore,
+    dry_run: bool,
+) -> Result<WorktreePruneReport, ListWorktreesError> {
+    let listing = list(repo_root, settings, store)?;
+    let repo = leader::open(Some(repo_root), repo_root)?;
+    let common = leader::common_dir(&repo);
+    let root = worktrees_dir(repo_root, settings);
+    let mut report = WorktreePruneReport {
+        dry_run,
+        ..WorktreePruneReport::default()
+    };
+    let _lock = if dry_run {
+        None
+    } else {
+        Some(repo_lock(&common).map_err(ListWorktreesError::Lock)?)
+    };
+    let mut freed_branches = Vec::new();
+    for worktree in &listing.worktrees {
+        let names = TaskNames::new(repo_root, settings, &worktree.run_id, &worktree.task_id);
+        let user_locked = worktree
+            .locked
+            .as_deref()
+            .is_some_and(|reason| !reason.starts_with("crew"));
+        let keep = |report: &mut WorktreePruneReport, why: &str| {
+            report
+                .kept
+                .push((worktree.path.to_string(), why.to_owned()));
+        };
+        if user_locked {
+            keep(&mut report, "locked by its user");
+            continue;
+        }
+        match worktree.state {
+            WorktreeState::Active => keep(&mut report, "its task is running"),
+            WorktreeState::Waiting => keep(&mut report, "its task waits for an answer"),
+            WorktreeState::MissingDirectory => {
+                if !dry_run {
+                    let _ = admin::remove_entry(&common, &names.admin);
+                }
+                report.removed_admin_entries.push(names.admin.clone());
+                freed_branches.extend(worktree.branch.clone());
+            }
+            WorktreeState::Unregistered => {
+                let empty = worktree
+                    .path
+                    .read_dir_utf8()
+                    .is_ok_and(|mut entries| entries.next().is_none());
+                if !empty {
+                    keep(&mut report, "not a registered worktree and not empty");
+                } else {
+                    if !dry_run {
+                        let _ = std::fs::remove_dir(&worktree.path);
+                    }
+                    report.removed_worktrees.push(worktree.path.clone());
+                }
+            }
+            WorktreeState::Preserved | WorktreeState::UnknownRun => match worktree.uncommitted {
+                Some(0) => {
+                    if !dry_run {
+                        remove_contained(&worktree.path, &[&root]).map_err(|source| {
+                            ListWorktreesError::Remove {
+                                path: worktree.path.clone(),
+                                source,
+                            }
+                        })?;
+                        let _ = admin::remove_entry(&common, &names.admin);
+                        if let Some(parent) = worktree.path.parent() {
+                            let _ = std::fs::remove_dir(parent);
+                        }
+                    }
+                    report.removed_worktrees.push(worktree.path.clone());
+                    freed_branches.extend(worktree.branch.clone());
+                }
+                Some(count) => keep(&mut report, &format!("{count} uncommitted path(s)")),
+                None => keep(&mut report, "its status could not be read"),
+            },
+        }
+    }
+    for branch in &listing.branches {
+        let checked_out = branch.checked_out && !freed_branches.contains(&branch.name);
+        if checked_out {
+            continue;
+        }
+        if !branch.merged {
+            report.kept.push((
+                branch.name.clone(),
+                format!(
+                    "unmerged work: `git merge {}` or `git branch -D {}`",
+                    branch.name, branch.name
+                ),
+            ));
+            continue;
+        }
+        if !dry_run && let Ok(mut found) = repo.find_branch(&branch.name, BranchType::Local) {
+            let _ = found.delete();
+        }
+        report.deleted_branches.push(branch.name.clone());
+    }
+    Ok(report)
+}
+
+/// `(run, task)` of a path `<root>/<run>/<task>`.
+fn ids_from_path(root: &Utf8Path, path: &Utf8Path) -> Option<(RunId, TaskId)> {
+    let relative = path.strip_prefix(root).ok()?;
+    let mut components = relative.components();
+    let run = RunId::parse(components.next()?.as_str()).ok()?;
+    let task = TaskId::parse(components.next()?.as_str()).ok()?;
+    components.next().is_none().then_some((run, task))
+}
+
+/// The real directories directly below `dir`, with their names.
+fn subdirs(dir: &Utf8Path) -> Vec<(Utf8PathBuf, String)> {
+    let Ok(entries) = dir.read_dir_utf8() else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+        .map(|entry| (entry.path().to_owned(), entry.file_name().to_owned()))
+        .collect()
+}
+
+/// How many paths of the worktree hold uncommitted work, by crew's own status options and
+/// without crew's links into the leader.
+fn count_uncommitted(
+    path: &Utf8Path,
+    settings: &WorktreeSettings,
+    repo_root: &Utf8Path,
+) -> Option<usize> {
+    let repo = Repository::open(path).ok()?;
+    let links = crew_links(settings, repo_root, path);
+    uncommitted(&repo, path, &links)
+        .ok()
+        .map(|paths| paths.len())
+}

@@ -1,0 +1,338 @@
+//! [`CrewWorkspaces`]: the `WorkspaceProvider` for the four modes of DESIGN §5, with the
+//! fallback policy.
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::{IsolationFallback, ProjectConfig, WorkspaceMode, WorktreeSettings};
+use crew_core::paths::{canonical_utf8, remove_contained};
+use crew_core::provider::{
+    AllocateErrorKind, AllocateWorkspaceError, RunPlan, RunRequest, TaskWorkspace, TeardownError,
+    TeardownReport, TeardownRequest, WorkspaceKind, WorkspaceProvider, WorkspaceRequest,
+};
+use crew_core::{StateStore, safe_segment};
+use git2::Oid;
+
+use crate::create::{CreateWorktree, prepare_worktree};
+use crate::error::{PrepareWorktreeError, TeardownWorktreeError};
+use crate::leader;
+use crate::teardown::{TeardownWorktree, release_preserved, teardown_worktree};
+
+/// crew's workspaces: `single`, `worktree`, `temp` and `dedicated`.
+#[derive(Debug, Clone)]
+pub struct CrewWorkspaces {
+    settings: WorktreeSettings,
+    fallback: IsolationFallback,
+    require_clean_leader: bool,
+    temp_root: Utf8PathBuf,
+}
+
+impl CrewWorkspaces {
+    /// Workspaces configured by the project's `[worktree]` and `[isolation]` settings; temp
+    /// workspaces go to the system temp directory.
+    pub fn new(config: &ProjectConfig) -> Self {
+        let temp_root =
+            canonical_utf8(&std::env::temp_dir()).unwrap_or_else(|_| Utf8PathBuf::from("/tmp"));
+        CrewWorkspaces {
+            require_clean_leader: config.worktree.require_clean_leader,
+            settings: config.worktree.clone(),
+            fallback: config.isolation.fallback,
+            temp_root,
+        }
+    }
+
+    /// Makes temp workspaces under `dir` instead of the system temp directory.
+    pub fn with_temp_root(mut self, dir: Utf8PathBuf) -> Self {
+        self.temp_root = dir;
+        self
+    }
+
+    pub fn settings(&self) -> &WorktreeSettings {
+        &self.settings
+    }
+
+    /// Where temp workspaces are made (and the only place their removal may touch).
+    pub fn temp_root(&self) -> &Utf8Path {
+        &self.temp_root
+    }
+
+    /// The leader checks of a worktree run: a repository with a commit, clean unless the
+    /// project allows otherwise. Returns the base commit.
+    fn check_leader(
+        &self,
+        workspace: &Utf8Path,
+        repo_root: Option<&Utf8Path>,
+        base: Option<&str>,
+    ) -> Result<Oid, PrepareWorktreeError> {
+        let repo = leader::open(repo_root, workspace)?;
+        let repo_root = repo_root.expect("leader::open refuses a missing repository root");
+        // No commit at all comes first: it explains a dirty status of everything too.
+        let base = leader::resolve_base(&repo, repo_root, base)?;
+        if self.require_clean_leader {
+            leader::check_clean(&repo, repo_root)?;
+        }
+        Ok(base)
+    }
+
+    fn allocate_worktree(
+        &self,
+        request: &WorkspaceRequest,
+    ) -> Result<TaskWorkspace, PrepareWorktreeError> {
+        let base = match request
+            .base
+            .as_deref()
+            .and_then(|base| Oid::from_str(base).ok())
+        {
+            // The run already checked the leader and fixed its base.
+            Some(base) => base,
+            None => self.check_leader(
+                request.workspace.as_path(),
+                request.repo_root.as_deref(),
+                request.base.as_deref(),
+            )?,
+        };
+        let repo_root =
+            request
+                .repo_root
+                .as_deref()
+                .ok_or_else(|| PrepareWorktreeError::NotARepository {
+                    path: request.workspace.as_path().to_owned(),
+                })?;
+        prepare_worktree(&CreateWorktree {
+            repo_root,
+            settings: &self.settings,
+            run_id: &request.run_id,
+            task_id: &request.task_id,
+            base,
+            upstream: &request.upstream,
+            invocation_dir: &request.invocation_dir,
+        })
+    }
+
+    fn allocate_temp(
+        &self,
+        request: &WorkspaceRequest,
+    ) -> Result<TaskWorkspace, PrepareWorktreeError> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!(
+                "crew-ws-{}-",
+                safe_segment(request.task_id.as_str())
+            ))
+            .rand_bytes(6)
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir_in(&self.temp_root)
+            .map_err(|source| PrepareWorktreeError::TempDir {
+                dir: self.temp_root.clone(),
+                source,
+            })?
+            .keep();
+        let dir =
+            Utf8PathBuf::from_path_buf(dir).map_err(|path| PrepareWorktreeError::NotUtf8 {
+                path: path.to_string_lossy().into_owned(),
+            })?;
+        Ok(TaskWorkspace {
+            kind: WorkspaceKind::Temp,
+            root: dir.clone(),
+            dir,
+            branch: None,
+            base_commit: None,
+            reused: false,
+            warnings: Vec::new(),
+        })
+    }
+
+    fn allocate_dedicated(
+        &self,
+        request: &WorkspaceRequest,
+    ) -> Result<TaskWorkspace, PrepareWorktreeError> {
+        let store = StateStore::new(&request.workspace, request.repo_root.as_deref());
+        let existed = store
+            .dedicated_dir(&request.run_id, &request.task_id)
+            .is_dir();
+        let dir = store
+            .ensure_dedicated_dir(&request.run_id, &request.task_id)
+            .map_err(PrepareWorktreeError::Dedicated)?;
+        Ok(TaskWorkspace {
+            kind: WorkspaceKind::Dedicated,
+            root: dir.clone(),
+            dir,
+            branch: None,
+            base_commit: None,
+            reused: existed,
+            warnings: Vec::new(),
+        })
+    }
+}
+
+/// The warning recorded on a task that got a temp dir instead of a worktree, in the form
+/// DESIGN §5 fixes.
+pub fn fallback_warning(error: &PrepareWorktreeError) -> String {
+    let reason = match error {
+        PrepareWorktreeError::NotARepository { .. } => "base cwd is not a git work tree".to_owned(),
+        PrepareWorktreeError::NoCommit { .. } => "the repository has no commit yet".to_owned(),
+        PrepareWorktreeError::DirtyLeader { paths, .. } => format!(
+            "the leader has uncommitted changes to {} tracked file(s)",
+            paths.len()
+        ),
+        other => other.to_string(),
+    };
+    format!("workspace:temp — worktree requested but {reason}; used a temp dir instead")
+}
+
+impl WorkspaceProvider for CrewWorkspaces {
+    fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
+        if !request.modes.contains(&WorkspaceMode::Worktree) {
+            return Ok(RunPlan::default());
+        }
+        match self.check_leader(
+            request.workspace.as_path(),
+            request.repo_root.as_deref(),
+            request.base.as_deref(),
+        ) {
+            Ok(base) => Ok(RunPlan {
+                base_commit: Some(base.to_string()),
+                warnings: Vec::new(),
+            }),
+            Err(error)
+                if error.kind() == AllocateErrorKind::Unavailable
+                    && self.fallback == IsolationFallback::Temp =>
+            {
+                Ok(RunPlan {
+                    base_commit: None,
+                    warnings: vec![fallback_warning(&error)],
+                })
+            }
+            Err(error) => Err(error.into_allocate_error()),
+        }
+    }
+
+    fn allocate(
+        &self,
+        request: &WorkspaceRequest,
+    ) -> Result<TaskWorkspace, AllocateWorkspaceError> {
+        let result = match request.mode {
+            WorkspaceMode::Single => {
+                let base = request
+                    .repo_root
+                    .as_deref()
+                    .unwrap_or(request.workspace.as_path());
+                let dir = crew_core::paths::resolve_contained_path(base, &request.invocation_dir)
+                    .unwrap_or_else(|_| request.workspace.as_path().to_owned());
+                Ok(TaskWorkspace {
+                    kind: WorkspaceKind::Single,
+                    root: request.workspace.as_path().to_owned(),
+                    dir,
+                    branch: None,
+                    base_commit: None,
+                    reused: false,
+                    warnings: Vec::new(),
+                })
+            }
+            WorkspaceMode::Temp => self.allocate_temp(request),
+            WorkspaceMode::Dedicated => self.allocate_dedicated(request),
+            WorkspaceMode::Worktree => match self.allocate_worktree(request) {
+                Err(error)
+                    if error.kind() == AllocateErrorKind::Unavailable
+                        && self.fallback == IsolationFallback::Temp =>
+                {
+                    let warning = fallback_warning(&error);
+                    self.allocate_temp(request).map(|mut workspace| {
+                        workspace.warnings.push(warning);
+                        workspace
+                    })
+                }
+                other => other,
+            },
+        };
+        result.map_err(PrepareWorktreeError::into_allocate_error)
+    }
+
+    fn teardown(
+        &self,
+        workspace: &TaskWorkspace,
+        request: &TeardownRequest,
+    ) -> Result<TeardownReport, TeardownError> {
+        let mut report = TeardownReport::default();
+        if request.agent_alive {
+            report.preserved = Some(workspace.root.clone());
+            report.preserved_reason = Some("the agent may still be running".to_owned());
+            return Err(teardown_error(TeardownWorktreeError::AgentAlive, report));
+        }
+        match workspace.kind {
+            WorkspaceKind::Single => Ok(report),
+            WorkspaceKind::Dedicated => {
+                report.preserved = Some(workspace.root.clone());
+                report.preserved_reason =
+                    Some("dedicated workspaces are kept until their run is pruned".to_owned());
+                Ok(report)
+            }
+            WorkspaceKind::Temp => {
+                if request.keep {
+                    report.preserved = Some(workspace.root.clone());
+                    report.preserved_reason = Some("the task waits for an answer".to_owned());
+                    return Ok(report);
+                }
+                match remove_contained(&workspace.root, &[&self.temp_root]) {
+                    Ok(_) => {
+                        report.removed = true;
+                        Ok(report)
+                    }
+                    Err(source) => {
+                        report.preserved = Some(workspace.root.clone());
+                        report.preserved_reason = Some(source.to_string());
+                        Err(teardown_error(
+                            TeardownWorktreeError::RemoveTemp {
+                                path: workspace.root.clone(),
+                                source,
+                            },
+                            report,
+                        ))
+                    }
+                }
+            }
+            WorkspaceKind::Worktree => {
+                if request.keep {
+                    report.preserved = Some(workspace.root.clone());
+                    report.preserved_reason = Some("the task waits for an answer".to_owned());
+                    return Ok(report);
+                }
+                let Some(repo_root) = request.repo_root.as_deref() else {
+                    report.preserved = Some(workspace.root.clone());
+                    report.preserved_reason = Some("the repository root is unknown".to_owned());
+                    return Ok(report);
+                };
+                match teardown_worktree(
+                    &TeardownWorktree {
+                        workspace,
+                        settings: &self.settings,
+                        repo_root,
+                        run_id: &request.run_id,
+                        task_id: &request.task_id,
+                    },
+                    &mut report,
+                ) {
+                    Ok(()) => Ok(report),
+                    Err(error) => {
+                        if !report.removed {
+                            let kept = release_preserved(
+                                repo_root,
+                                &self.settings,
+                                &request.run_id,
+                                &request.task_id,
+                            );
+                            report.preserved = Some(kept);
+                            report.preserved_reason = Some(error.to_string());
+                        }
+                        Err(teardown_error(error, report))
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn teardown_error(error: TeardownWorktreeError, report: TeardownReport) -> TeardownError {
+    TeardownError {
+        message: error.to_string(),
+        partial: Box::new(report),
+        source: std::error::Error::source(&error).map(|source| source.to_string().into()),
+    }
+}

@@ -1,0 +1,408 @@
+//! Taking a task's worktree away without losing the agent's work.
+//!
+//! 1. Refuse while the agent may be alive; keep the worktree when the task waits for an answer.
+//! 2. Collect uncommitted work with crew's own status options (untracked files included
+//!    whatever `status.showUntrackedFiles` says): tracked changes, untracked files and
+//!    directories, deletions, renames, mode changes and symlinks (as links). crew's own linked
+//!    paths are never part of it.
+//! 3. Commit it onto the branch HEAD is on (author "crew") and read it back: the commit's tree
+//!    must be what was staged and a fresh status must show nothing left.
+//! 4. Only then remove the directory (never following symlinks) and the admin entry, delete
+//!    the task branch when it holds no change from the base, and report everything.
+//!
+//! Anything uncertain (a nested repository, a detached HEAD, a commit that failed, files that
+//! cannot be read) keeps the worktree in place and says where and why.
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::WorktreeSettings;
+use crew_core::paths::remove_contained;
+use crew_core::provider::{DiffStat, TaskWorkspace, TeardownReport};
+use crew_core::{RunId, TaskId};
+use git2::{BranchType, IndexAddOption, Oid, Repository, Status, StatusOptions};
+
+use crate::admin;
+use crate::create::repo_lock;
+use crate::error::TeardownWorktreeError;
+use crate::leader::{self, crew_signature};
+use crate::names::{TaskNames, worktrees_dir};
+
+/// What the teardown of one worktree task needs.
+#[derive(Debug, Clone)]
+pub struct TeardownWorktree<'a> {
+    pub workspace: &'a TaskWorkspace,
+    pub settings: &'a WorktreeSettings,
+    pub repo_root: &'a Utf8Path,
+    pub run_id: &'a RunId,
+    pub task_id: &'a TaskId,
+}
+
+/// Saves the work, then removes the worktree. On error, the worktree is still in place and the
+/// error says why; `partial` in the caller's report carries what was done before.
+pub fn teardown_worktree(
+    request: &TeardownWorktree<'_>,
+    report: &mut TeardownReport,
+) -> Result<(), TeardownWorktreeError> {
+    let root = &request.workspace.root;
+    let names = TaskNames::new(
+        request.repo_root,
+        request.settings,
+        request.run_id,
+        request.task_id,
+    );
+    let leader_repo =
+        Repository::open(request.repo_root).map_err(|source| TeardownWorktreeError::Open {
+            path: request.repo_root.to_owned(),
+            source,
+        })?;
+    let common = leader::common_dir(&leader_repo);
+
+    let mut work_branch = Some(names.branch.clone());
+    if root.exists() {
+        let repo = Repository::open(root).map_err(|source| TeardownWorktreeError::Open {
+            path: root.clone(),
+            source,
+        })?;
+        let links = crew_links(request.settings, request.repo_root, root);
+        work_branch = save_work(&repo, root, &links, request, report)?;
+        count_ignored(&repo, root, &links, report);
+        drop(repo);
+
+        let _lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
+        let _ = admin::set_lock(&common, &names.admin, None);
+        let parent = worktrees_dir(request.repo_root, request.settings);
+        remove_contained(root, &[&parent]).map_err(|source| TeardownWorktreeError::Remove {
+            path: root.clone(),
+            source,
+        })?;
+        report.removed = true;
+        let _ = admin::remove_entry(&common, &names.admin);
+        if let Some(run_dir) = root.parent() {
+            // Only when empty: other tasks of the run may still have theirs there.
+            let _ = std::fs::remove_dir(run_dir);
+        }
+    } else {
+        let _lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
+        let _ = admin::remove_entry(&common, &names.admin);
+    }
+    settle_branches(
+        &leader_repo,
+        request,
+        &names,
+        work_branch.as_deref(),
+        report,
+    );
+    Ok(())
+}
+
+/// The paths crew linked into this worktree (symlinks pointing at the leader's directories).
+pub(crate) fn crew_links(
+    settings: &WorktreeSettings,
+    leader_root: &Utf8Path,
+    root: &Utf8Path,
+) -> Vec<String> {
+    settings
+        .link
+        .iter()
+        .filter(|relative| {
+            std::fs::read_link(root.join(relative))
+                .is_ok_and(|target| target == leader_root.join(relative).as_std_path())
+        })
+        .map(|relative| relative.to_string())
+        .collect()
+}
+
+fn is_link_path(links: &[String], path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    links.iter().any(|link| link == path)
+}
+
+/// crew's own view of what is not committed: untracked files are always included, ignored
+/// ones never, whatever the repository's settings.
+fn work_status_options() -> StatusOptions {
+    let mut options = StatusOptions::new();
+    options
+        .include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false)
+        .include_unmodified(false)
+        .exclude_submodules(false)
+        .renames_head_to_index(true)
+        .renames_index_to_workdir(true);
+    options
+}
+
+/// The uncommitted paths of the worktree, without crew's links.
+pub(crate) fn uncommitted(
+    repo: &Repository,
+    root: &Utf8Path,
+    links: &[String],
+) -> Result<Vec<(String, Status)>, TeardownWorktreeError> {
+    let statuses = repo
+        .statuses(Some(&mut work_status_options()))
+        .map_err(|source| TeardownWorktreeError::Stage {
+            path: root.to_owned(),
+            source,
+        })?;
+    Ok(statuses
+        .iter()
+        .map(|entry| {
+            (
+                String::from_utf8_lossy(entry.path_bytes()).into_owned(),
+                entry.status(),
+            )
+        })
+        .filter(|(path, status)| {
+            !status.is_empty() && !status.is_ignored() && !is_link_path(links, path)
+        })
+        .collect())
+}
+
+/// Commits everything uncommitted onto the branch HEAD is on and verifies it. Returns the
+/// branch holding the task's work.
+fn save_work(
+    repo: &Repository,
+    root: &Utf8Path,
+    links: &[String],
+    request: &TeardownWorktree<'_>,
+    report: &mut TeardownReport,
+) -> Result<Option<String>, TeardownWorktreeError> {
+    let pending = uncommitted(repo, root, links)?;
+    // A nested repository (or an initialized submodule) holds work git cannot take into this
+    // branch; removing it would lose that work.
+    for (path, _) in &pending {
+        let candidate = root.join(path.trim_end_matches('/'));
+        // Never through a symlink: `up -> ../../..` leads to the leader's own `.git`.
+        let is_real_dir =
+            std::fs::symlink_metadata(&candidate).is_ok_and(|metadata| metadata.is_dir());
+        if is_real_dir && std::fs::symlink_metadata(candidate.join(".git")).is_ok() {
+            return Err(TeardownWorktreeError::NestedRepository {
+                path: root.to_owned(),
+                nested: path.trim_end_matches('/').to_owned(),
+            });
+        }
+    }
+    let head = repo.head().map_err(|source| TeardownWorktreeError::Open {
+        path: root.to_owned(),
+        source,
+    })?;
+    if !head.is_branch() {
+        return Err(TeardownWorktreeError::DetachedHead {
+            path: root.to_owned(),
+        });
+    }
+    let branch = head.shorthand().ok().map(str::to_owned);
+    let branch_name = branch.clone().unwrap_or_default();
+    if pending.is_empty() {
+        return Ok(branch);
+    }
+
+    let stage_error = |source| TeardownWorktreeError::Stage {
+        path: root.to_owned(),
+        source,
+    };
+    let mut index = repo.index().map_err(stage_error)?;
+    let mut skip_links = |path: &std::path::Path, _spec: &[u8]| -> i32 {
+        i32::from(is_link_path(links, &path.to_string_lossy()))
+    };
+    index
+        .add_all(["*"], IndexAddOption::DEFAULT, Some(&mut skip_links))
+        .map_err(stage_error)?;
+    index.update_all(["*"], None).map_err(stage_error)?;
+    for link in links {
+        // Never part of the work, even if the agent staged it itself.
+        let _ = index.remove_path(std::path::Path::new(link));
+    }
+    index.write().map_err(stage_error)?;
+    let tree_id = index.write_tree().map_err(stage_error)?;
+
+    let commit_error = |source| TeardownWorktreeError::Commit {
+        path: root.to_owned(),
+        branch: branch_name.clone(),
+        source,
+    };
+    let parent = head.peel_to_commit().map_err(commit_error)?;
+    if parent.tree_id() != tree_id {
+        let tree = repo.find_tree(tree_id).map_err(commit_error)?;
+        let signature = crew_signature().map_err(commit_error)?;
+        let message = format!(
+            "crew: save the work of task {} (run {})\n\nCommitted by crew when the task ended, from the changes the agent left uncommitted.\n",
+            request.task_id, request.run_id
+        );
+        let commit_id = repo
+            .commit(
+                Some("HEAD"),
+                &signature,
+                &signature,
+                &message,
+                &tree,
+                &[&parent],
+            )
+            .map_err(commit_error)?;
+        verify_commit(repo, root, commit_id, tree_id)?;
+        report.committed = Some(commit_id.to_string());
+    }
+    let left = uncommitted(repo, root, links)?;
+    if !left.is_empty() {
+        return Err(TeardownWorktreeError::Verify {
+            path: root.to_owned(),
+            problem: format!(
+                "{} path(s) still uncommitted after the commit, e.g. {}",
+                left.len(),
+                left[0].0
+            ),
+        });
+    }
+    Ok(branch)
+}
+
+/// Reads the commit back from the object database: it must exist, be on HEAD and carry the
+/// tree that was staged.
+fn verify_commit(
+    repo: &Repository,
+    root: &Utf8Path,
+    commit_id: Oid,
+    tree_id: Oid,
+) -> Result<(), TeardownWorktreeError> {
+    let problem = |problem: String| TeardownWorktreeError::Verify {
+        path: root.to_owned(),
+        problem,
+    };
+    let commit = repo
+        .find_commit(commit_id)
+        .map_err(|error| problem(format!("commit {commit_id} cannot be read: {error}")))?;
+    if commit.tree_id() != tree_id {
+        return Err(problem(format!(
+            "commit {commit_id} does not carry the staged tree"
+        )));
+    }
+    let head = repo
+        .head()
+        .and_then(|head| head.peel_to_commit())
+        .map_err(|error| problem(format!("HEAD cannot be read: {error}")))?;
+    if head.id() != commit_id {
+        return Err(problem(format!(
+            "HEAD is {} instead of {commit_id}",
+            head.id()
+        )));
+    }
+    Ok(())
+}
+
+/// Counts the ignored files (build output, copied `.env`) that go with the worktree.
+fn count_ignored(
+    repo: &Repository,
+    root: &Utf8Path,
+    links: &[String],
+    report: &mut TeardownReport,
+) {
+    let mut options = StatusOptions::new();
+    options
+        .include_untracked(false)
+        .include_ignored(true)
+        .recurse_ignored_dirs(false);
+    let Ok(statuses) = repo.statuses(Some(&mut options)) else {
+        return;
+    };
+    for entry in statuses.iter().filter(|entry| entry.status().is_ignored()) {
+        let path = String::from_utf8_lossy(entry.path_bytes()).into_owned();
+        if is_link_path(links, &path) {
+            continue;
+        }
+        let (files, bytes) = tree_size(&root.join(path.trim_end_matches('/')));
+        report.ignored_files += files;
+        report.ignored_bytes += bytes;
+    }
+}
+
+/// Files and bytes below `path`, never following symlinks (a link counts as one small file).
+fn tree_size(path: &Utf8Path) -> (u64, u64) {
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return (0, 0);
+    };
+    if !metadata.is_dir() {
+        return (1, metadata.len());
+    }
+    let mut totals = (0, 0);
+    if let Ok(entries) = path.read_dir_utf8() {
+        for entry in entries.flatten() {
+            let (files, bytes) = tree_size(entry.path());
+            totals.0 += files;
+            totals.1 += bytes;
+        }
+    }
+    totals
+}
+
+/// Deletes the task branch when it holds nothing beyond the base (and crew made it for this
+/// task); keeps a branch with work and says how to merge it.
+fn settle_branches(
+    repo: &Repository,
+    request: &TeardownWorktree<'_>,
+    names: &TaskNames,
+    work_branch: Option<&str>,
+    report: &mut TeardownReport,
+) {
+    let base = request
+        .workspace
+        .base_commit
+        .as_deref()
+        .and_then(|base| Oid::from_str(base).ok());
+    let tip_of = |name: &str| {
+        repo.find_branch(name, BranchType::Local)
+            .ok()
+            .and_then(|branch| branch.get().target())
+    };
+    let task_tip = tip_of(&names.branch);
+    if let (Some(task_tip), Some(base)) = (task_tip, base)
+        && task_tip == base
+        && !request.workspace.reused
+        && let Ok(mut branch) = repo.find_branch(&names.branch, BranchType::Local)
+        && branch.delete().is_ok()
+    {
+        report.branch_deleted = true;
+    }
+    let kept = match work_branch {
+        Some(branch) if branch != names.branch || !report.branch_deleted => Some(branch.to_owned()),
+        _ => None,
+    };
+    let Some(kept) = kept else {
+        return;
+    };
+    let Some(tip) = tip_of(&kept) else {
+        return;
+    };
+    report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
+    report.merge_hint = Some(format!("git merge {kept}"));
+    report.branch = Some(kept);
+}
+
+fn diffstat(repo: &Repository, base: Oid, tip: Oid) -> Option<DiffStat> {
+    let base_tree = repo.find_commit(base).ok()?.tree().ok()?;
+    let tip_tree = repo.find_commit(tip).ok()?.tree().ok()?;
+    let stats = repo
+        .diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)
+        .ok()?
+        .stats()
+        .ok()?;
+    Some(DiffStat {
+        files_changed: stats.files_changed(),
+        insertions: stats.insertions(),
+        deletions: stats.deletions(),
+    })
+}
+
+/// The path of a worktree kept by a teardown that could not finish, unlocked so that the user
+/// can work with it.
+pub fn release_preserved(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    run_id: &RunId,
+    task_id: &TaskId,
+) -> Utf8PathBuf {
+    let names = TaskNames::new(repo_root, settings, run_id, task_id);
+    if let Ok(repo) = Repository::open(repo_root) {
+        let common = leader::common_dir(&repo);
+        let _ = admin::set_lock(&common, &names.admin, None);
+    }
+    names.root
+}

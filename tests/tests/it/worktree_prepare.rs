@@ -1,0 +1,851 @@
+//! Preparing task workspaces against real repositories, with `git` itself as the reference.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::{IsolationFallback, ProjectConfig, WorkspaceMode};
+use crew_core::provider::{
+    AllocateErrorKind, RunRequest, TaskWorkspace, TeardownRequest, UpstreamWork, WorkspaceKind,
+    WorkspaceProvider, WorkspaceRequest,
+};
+use crew_core::{RunId, TaskId, Workspace};
+use crew_tests::{TestEnv, tree_fingerprint, write};
+use crew_worktree::CrewWorkspaces;
+
+pub struct Fixture {
+    pub env: TestEnv,
+    pub repo: Utf8PathBuf,
+    pub workspace: Workspace,
+    pub provider: CrewWorkspaces,
+    pub run_id: RunId,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        Self::with_config(ProjectConfig::default())
+    }
+
+    pub fn with_config(config: ProjectConfig) -> Self {
+        let env = TestEnv::new();
+        let repo = env.repo("project");
+        Self::in_dir(env, repo, config)
+    }
+
+    pub fn in_dir(env: TestEnv, dir: Utf8PathBuf, config: ProjectConfig) -> Self {
+        let workspace = Workspace::discover(dir.as_std_path()).unwrap();
+        let provider = CrewWorkspaces::new(&config).with_temp_root(env.tmp());
+        Fixture {
+            env,
+            repo: dir,
+            workspace,
+            provider,
+            run_id: RunId::generate(),
+        }
+    }
+
+    pub fn request(&self, task: &str, mode: WorkspaceMode) -> WorkspaceRequest {
+        WorkspaceRequest {
+            workspace: self.workspace.id().clone(),
+            repo_root: self.workspace.repo_root().map(Utf8Path::to_owned),
+            invocation_dir: self.workspace.relative_invocation_dir(),
+            run_id: self.run_id.clone(),
+            task_id: TaskId::parse(task).unwrap(),
+            mode,
+            base: None,
+            upstream: Vec::new(),
+        }
+    }
+
+    pub fn allocate(&self, task: &str) -> TaskWorkspace {
+        self.provider
+            .allocate(&self.request(task, WorkspaceMode::Worktree))
+            .unwrap()
+    }
+
+    pub fn teardown_request(&self, task: &str) -> TeardownRequest {
+        TeardownRequest {
+            workspace: self.workspace.id().clone(),
+            repo_root: self.workspace.repo_root().map(Utf8Path::to_owned),
+            run_id: self.run_id.clone(),
+            task_id: TaskId::parse(task).unwrap(),
+            agent_alive: false,
+            keep: false,
+        }
+    }
+
+    pub fn git(&self, args: &[&str]) -> String {
+        self.env.git(&self.repo, args)
+    }
+
+    /// HEAD, the index and every file of the leader, byte for byte (crew's own directories
+    /// and git's object store and worktree admin aside).
+    pub fn leader_snapshot(&self) -> Vec<(String, String)> {
+        let mut snapshot: Vec<(String, String)> = tree_fingerprint(self.repo.as_std_path())
+            .into_iter()
+            .filter(|(path, _)| {
+                !path.starts_with(".git/")
+                    && !path.starts_with(".worktrees")
+                    && path != ".crew"
+                    && !path.starts_with(".crew/state")
+            })
+            .collect();
+        for file in ["HEAD", "index"] {
+            let bytes = std::fs::read(self.repo.join(".git").join(file)).unwrap_or_default();
+            snapshot.push((format!(".git/{file}"), format!("{bytes:?}")));
+        }
+        snapshot
+    }
+
+    /// Only the leader is registered, and git's own consistency check passes.
+    pub fn assert_git_is_clean(&self) {
+        let list = self.git(&["worktree", "list", "--porcelain"]);
+        assert_eq!(list.matches("worktree ").count(), 1, "{list}");
+        let fsck = self.env.git_output(&self.repo, ["fsck", "--no-progress"]);
+        assert!(
+            fsck.status.success(),
+            "{}",
+            String::from_utf8_lossy(&fsck.stderr)
+        );
+    }
+
+    pub fn branch_exists(&self, branch: &str) -> bool {
+        self.env
+            .git_output(
+                &self.repo,
+                [
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    &format!("refs/heads/{branch}"),
+                ],
+            )
+            .status
+            .success()
+    }
+}
+
+#[test]
+fn worktree_is_a_real_git_worktree_on_its_branch() {
+    let fixture = Fixture::new();
+    let workspace = fixture.allocate("api");
+    assert_eq!(workspace.kind, WorkspaceKind::Worktree);
+    let expected_root = fixture
+        .repo
+        .join(".worktrees")
+        .join(fixture.run_id.as_str())
+        .join("api");
+    assert_eq!(workspace.root, expected_root);
+    assert_eq!(
+        workspace.branch.as_deref(),
+        Some(format!("crew/{}-api", fixture.run_id).as_str())
+    );
+    assert!(!workspace.reused);
+    let head = fixture.git(&["rev-parse", "HEAD"]);
+    assert_eq!(workspace.base_commit.as_deref(), Some(head.trim()));
+
+    // git agrees: registered, locked, on the branch, clean, with the files of HEAD.
+    let list = fixture.git(&["worktree", "list", "--porcelain"]);
+    assert!(
+        list.contains(&format!("worktree {expected_root}")),
+        "{list}"
+    );
+    assert!(
+        list.contains(&format!("branch refs/heads/crew/{}-api", fixture.run_id)),
+        "{list}"
+    );
+    assert!(list.contains("locked crew: in use by run"), "{list}");
+    assert_eq!(
+        fixture.env.git(
+            &workspace.root,
+            ["status", "--porcelain", "--untracked-files=all"]
+        ),
+        ""
+    );
+    assert_eq!(
+        std::fs::read_to_string(workspace.root.join("src/lib.txt")).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    // crew's directories are excluded in the leader without touching a tracked file.
+    assert_eq!(
+        fixture.git(&["status", "--porcelain", "--untracked-files=all"]),
+        ""
+    );
+    let exclude = std::fs::read_to_string(fixture.repo.join(".git/info/exclude")).unwrap();
+    assert!(
+        exclude.lines().any(|line| line == "/.worktrees/"),
+        "{exclude}"
+    );
+}
+
+#[test]
+fn leader_is_byte_identical_after_a_worktree_task() {
+    let fixture = Fixture::new();
+    write(&fixture.repo.join("notes/untracked.txt"), "mine\n");
+    let before = fixture.leader_snapshot();
+    let workspace = fixture.allocate("api");
+    write(
+        &workspace.root.join("src/lib.txt"),
+        "changed by the agent\n",
+    );
+    write(&workspace.root.join("new.txt"), "new\n");
+    fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("api"))
+        .unwrap();
+    assert_eq!(before, fixture.leader_snapshot());
+}
+
+#[test]
+fn leader_with_changes_and_detached_head_is_untouched_in_other_modes() {
+    let fixture = Fixture::new();
+    write(&fixture.repo.join("README.md"), "staged change\n");
+    fixture.git(&["add", "README.md"]);
+    write(&fixture.repo.join("src/lib.txt"), "unstaged change\n");
+    write(&fixture.repo.join("scratch.txt"), "untracked\n");
+    let head = fixture.git(&["rev-parse", "HEAD"]);
+    fixture.git(&["checkout", "-q", "--detach", head.trim()]);
+    let before = fixture.leader_snapshot();
+    for (task, mode) in [
+        ("one", WorkspaceMode::Single),
+        ("two", WorkspaceMode::Temp),
+        ("three", WorkspaceMode::Dedicated),
+    ] {
+        let workspace = fixture
+            .provider
+            .allocate(&fixture.request(task, mode))
+            .unwrap();
+        write(
+            &workspace.dir.join(format!("{task}-output.txt")),
+            "output\n",
+        );
+        fixture
+            .provider
+            .teardown(&workspace, &fixture.teardown_request(task))
+            .unwrap();
+        // The single-mode task wrote into the leader itself; that file is the agent's work.
+        let _ = std::fs::remove_file(fixture.repo.join("one-output.txt"));
+        assert_eq!(before, fixture.leader_snapshot(), "after {mode}");
+    }
+}
+
+fn prepare_run_error(fixture: &Fixture) -> crew_core::provider::AllocateWorkspaceError {
+    fixture
+        .provider
+        .prepare_run(&RunRequest {
+            workspace: fixture.workspace.id().clone(),
+            repo_root: fixture.workspace.repo_root().map(Utf8Path::to_owned),
+            run_id: fixture.run_id.clone(),
+            base: None,
+            modes: vec![WorkspaceMode::Worktree],
+        })
+        .unwrap_err()
+}
+
+#[test]
+fn run_refuses_dirty_leader() {
+    let fixture = Fixture::new();
+    write(&fixture.repo.join("README.md"), "staged\n");
+    fixture.git(&["add", "README.md"]);
+    write(&fixture.repo.join("src/lib.txt"), "unstaged\n");
+    let error = prepare_run_error(&fixture);
+    assert_eq!(error.kind, AllocateErrorKind::Unavailable);
+    let text = format!("{}\nhint: {}", error, error.hint.as_deref().unwrap());
+    insta::assert_snapshot!(fixture.env.redact(&text), @"
+    the leader checkout $TEST_ENV/project has uncommitted changes to tracked files:
+      README.md
+      src/lib.txt
+    hint: commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block
+    ");
+    assert!(
+        !fixture.repo.join(".worktrees").exists(),
+        "nothing was created"
+    );
+    assert_eq!(fixture.git(&["branch", "--list", "crew/*"]), "");
+
+    // A deletion refuses too.
+    fixture.git(&["checkout", "-q", "--", "."]);
+    fixture.git(&["reset", "-q"]);
+    std::fs::remove_file(fixture.repo.join("README.md")).unwrap();
+    assert!(prepare_run_error(&fixture).message.contains("README.md"));
+}
+
+#[test]
+fn modified_submodule_refuses_and_untracked_files_do_not() {
+    let fixture = Fixture::new();
+    let library = fixture.env.repo("library");
+    let output = fixture.env.git_output(
+        &fixture.repo,
+        [
+            "-c",
+            "protocol.file.allow=always",
+            "submodule",
+            "add",
+            "-q",
+            library.as_str(),
+            "vendor/library",
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    fixture.git(&["commit", "-q", "-m", "add submodule"]);
+    write(&fixture.repo.join("untracked.txt"), "never blocks\n");
+    write(&fixture.repo.join("build/out.o"), "ignored output\n");
+    write(&fixture.repo.join(".git/info/exclude"), "build/\n");
+    fixture
+        .provider
+        .allocate(&fixture.request("ok", WorkspaceMode::Worktree))
+        .unwrap();
+
+    let submodule = fixture.repo.join("vendor/library");
+    write(
+        &submodule.join("README.md"),
+        "changed inside the submodule\n",
+    );
+    fixture
+        .env
+        .git(&submodule, ["commit", "-q", "-am", "move the submodule"]);
+    let error = prepare_run_error(&fixture);
+    assert!(
+        error.message.contains("vendor/library"),
+        "{}",
+        error.message
+    );
+}
+
+#[test]
+fn preparing_twice_reuses_the_worktree() {
+    let fixture = Fixture::new();
+    let first = fixture.allocate("api");
+    write(&first.root.join("progress.txt"), "half done\n");
+    let second = fixture.allocate("api");
+    assert!(second.reused);
+    assert_eq!(second.root, first.root);
+    assert_eq!(
+        std::fs::read_to_string(second.root.join("progress.txt")).unwrap(),
+        "half done\n"
+    );
+}
+
+#[test]
+fn leftover_branch_without_directory_is_taken_up_and_never_reset() {
+    let fixture = Fixture::new();
+    let branch = format!("crew/{}-api", fixture.run_id);
+    fixture.git(&["branch", &branch]);
+    // The crashed attempt had committed work on the branch.
+    let scratch = fixture.env.root().join("scratch");
+    fixture.git(&["worktree", "add", "-q", scratch.as_str(), &branch]);
+    write(&scratch.join("earlier.txt"), "from the first attempt\n");
+    fixture.env.git(&scratch, ["add", "-A"]);
+    fixture
+        .env
+        .git(&scratch, ["commit", "-q", "-m", "earlier work"]);
+    fixture.git(&["worktree", "remove", scratch.as_str()]);
+    let tip = fixture.git(&["rev-parse", &branch]);
+
+    let workspace = fixture.allocate("api");
+    assert!(
+        workspace.reused,
+        "a branch that existed is reported as reused"
+    );
+    assert_eq!(fixture.git(&["rev-parse", &branch]), tip, "never reset");
+    assert_eq!(
+        std::fs::read_to_string(workspace.root.join("earlier.txt")).unwrap(),
+        "from the first attempt\n"
+    );
+    // Its teardown keeps the branch: it holds work.
+    let report = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("api"))
+        .unwrap();
+    assert!(!report.branch_deleted);
+    assert!(fixture.branch_exists(&branch));
+}
+
+#[test]
+fn branch_checked_out_elsewhere_gives_an_actionable_error() {
+    let fixture = Fixture::new();
+    let branch = format!("crew/{}-api", fixture.run_id);
+    let elsewhere = fixture.env.root().join("elsewhere");
+    fixture.git(&["worktree", "add", "-q", "-b", &branch, elsewhere.as_str()]);
+    let error = fixture
+        .provider
+        .allocate(&fixture.request("api", WorkspaceMode::Worktree))
+        .unwrap_err();
+    let text = format!("{}\nhint: {}", error, error.hint.as_deref().unwrap());
+    insta::assert_snapshot!(fixture.env.redact(&text).replace(fixture.run_id.as_str(), "[RUN_ID]"), @"
+    branch crew/[RUN_ID]-api is already checked out at $TEST_ENV/elsewhere
+    hint: switch that checkout to another branch, or remove that worktree with `git worktree remove`, then retry; crew never takes over crew/[RUN_ID]-api from elsewhere
+    ");
+    assert!(
+        !fixture
+            .repo
+            .join(".worktrees")
+            .join(fixture.run_id.as_str())
+            .join("api")
+            .exists()
+    );
+}
+
+#[test]
+fn failure_after_creation_leaves_nothing_behind() {
+    let mut config = ProjectConfig::default();
+    config.worktree.setup = Some(vec![
+        "sh".into(),
+        "-c".into(),
+        "echo installing; echo broken >&2; exit 3".into(),
+    ]);
+    let fixture = Fixture::with_config(config);
+    let before_refs = fixture.git(&["for-each-ref"]);
+    let error = fixture
+        .provider
+        .allocate(&fixture.request("api", WorkspaceMode::Worktree))
+        .unwrap_err();
+    assert_eq!(error.kind, AllocateErrorKind::Failed);
+    insta::assert_snapshot!(error.to_string(), @"
+    the setup command `sh -c echo installing; echo broken >&2; exit 3` failed (exit status: 3); its last output:
+    installing
+    broken
+    ");
+    assert_eq!(
+        fixture.git(&["for-each-ref"]),
+        before_refs,
+        "no branch left"
+    );
+    assert!(
+        !fixture
+            .repo
+            .join(".worktrees")
+            .join(fixture.run_id.as_str())
+            .exists(),
+        "no directory left"
+    );
+    let admin = fixture.repo.join(".git/worktrees");
+    assert!(
+        !admin.exists() || std::fs::read_dir(&admin).unwrap().count() == 0,
+        "no admin entry left"
+    );
+    fixture.assert_git_is_clean();
+}
+
+#[test]
+fn an_existing_directory_is_never_taken_over_or_removed() {
+    let fixture = Fixture::new();
+    let target = fixture
+        .repo
+        .join(".worktrees")
+        .join(fixture.run_id.as_str())
+        .join("api");
+    write(&target.join("someone.txt"), "someone's work\n");
+    let error = fixture
+        .provider
+        .allocate(&fixture.request("api", WorkspaceMode::Worktree))
+        .unwrap_err();
+    assert!(
+        error.message.contains("already exists"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("someone.txt")).unwrap(),
+        "someone's work\n"
+    );
+    assert!(!fixture.branch_exists(&format!("crew/{}-api", fixture.run_id)));
+}
+
+#[test]
+fn subdirectory_run_works_in_the_same_subdirectory() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let fixture = Fixture::in_dir(env, repo.join("src"), ProjectConfig::default());
+    let workspace = fixture.allocate("api");
+    assert_eq!(workspace.dir, workspace.root.join("src"));
+    assert!(workspace.dir.join("lib.txt").is_file());
+}
+
+#[test]
+fn dependent_task_starts_from_its_upstream_work() {
+    let fixture = Fixture::new();
+    let upstream = fixture.allocate("api");
+    write(&upstream.root.join("api.txt"), "endpoint\n");
+    let report = fixture
+        .provider
+        .teardown(&upstream, &fixture.teardown_request("api"))
+        .unwrap();
+    let branch = report.branch.clone().unwrap();
+
+    let mut request = fixture.request("tests", WorkspaceMode::Worktree);
+    request.upstream = vec![UpstreamWork {
+        task_id: TaskId::parse("api").unwrap(),
+        branch: Some(branch),
+    }];
+    let dependent = fixture.provider.allocate(&request).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dependent.root.join("api.txt")).unwrap(),
+        "endpoint\n"
+    );
+}
+
+#[test]
+fn two_upstreams_are_merged_and_a_conflict_names_its_paths() {
+    let fixture = Fixture::new();
+    let mut branches = Vec::new();
+    for (task, file, text) in [
+        ("a", "a.txt", "from a\n"),
+        ("b", "b.txt", "from b\n"),
+        ("c", "a.txt", "c disagrees\n"),
+    ] {
+        let workspace = fixture.allocate(task);
+        write(&workspace.root.join(file), text);
+        let report = fixture
+            .provider
+            .teardown(&workspace, &fixture.teardown_request(task))
+            .unwrap();
+        branches.push(UpstreamWork {
+            task_id: TaskId::parse(task).unwrap(),
+            branch: report.branch,
+        });
+    }
+    let mut request = fixture.request("merged", WorkspaceMode::Worktree);
+    request.upstream = branches[..2].to_vec();
+    let merged = fixture.provider.allocate(&request).unwrap();
+    assert!(merged.root.join("a.txt").is_file() && merged.root.join("b.txt").is_file());
+    let parents = fixture.env.git(&merged.root, ["log", "-1", "--format=%P"]);
+    assert_eq!(
+        parents.split_whitespace().count(),
+        2,
+        "a real merge of both upstreams"
+    );
+
+    let mut request = fixture.request("conflicted", WorkspaceMode::Worktree);
+    request.upstream = vec![branches[0].clone(), branches[2].clone()];
+    let error = fixture.provider.allocate(&request).unwrap_err();
+    assert_eq!(error.kind, AllocateErrorKind::Conflict);
+    insta::assert_snapshot!(error.to_string(), @"
+    the work of upstream tasks a, c conflicts in:
+      a.txt
+    ");
+    assert!(!fixture.branch_exists(&format!("crew/{}-conflicted", fixture.run_id)));
+}
+
+#[test]
+fn node_modules_is_linked_not_work_and_the_leader_copy_is_untouched() {
+    let fixture = Fixture::new();
+    write(&fixture.repo.join(".gitignore"), "node_modules/\n");
+    fixture.git(&["add", ".gitignore"]);
+    fixture.git(&["commit", "-q", "-m", "ignore node_modules"]);
+    for index in 0..50 {
+        write(
+            &fixture
+                .repo
+                .join(format!("node_modules/pkg{index}/index.js")),
+            &format!("module {index}\n"),
+        );
+    }
+    let leader_modules = tree_fingerprint(fixture.repo.join("node_modules").as_std_path());
+
+    let workspace = fixture.allocate("api");
+    let link = workspace.root.join("node_modules");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        fixture.repo.join("node_modules").as_std_path()
+    );
+    // A `node_modules/` rule with a trailing slash does not match a symlink, yet git sees no
+    // change, and the agent's own `git add -A` does not take the link.
+    assert_eq!(
+        fixture.env.git(
+            &workspace.root,
+            ["status", "--porcelain", "--untracked-files=all"]
+        ),
+        ""
+    );
+    write(&workspace.root.join("app.js"), "require('pkg1')\n");
+    fixture.env.git(&workspace.root, ["add", "-A"]);
+    let staged = fixture
+        .env
+        .git(&workspace.root, ["diff", "--cached", "--name-only"]);
+    assert_eq!(staged, "app.js\n");
+
+    let report = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("api"))
+        .unwrap();
+    let branch = report.branch.unwrap();
+    let files = fixture.git(&[
+        "diff",
+        "--name-only",
+        workspace.base_commit.as_deref().unwrap(),
+        &branch,
+    ]);
+    assert_eq!(files, "app.js\n", "the link is never part of the work");
+    assert_eq!(
+        leader_modules,
+        tree_fingerprint(fixture.repo.join("node_modules").as_std_path())
+    );
+}
+
+#[test]
+fn a_committed_file_named_node_modules_is_left_alone() {
+    let fixture = Fixture::new();
+    write(&fixture.repo.join("node_modules"), "a file, tracked\n");
+    fixture.git(&["add", "-f", "node_modules"]);
+    fixture.git(&["commit", "-q", "-m", "odd but legal"]);
+    let workspace = fixture.allocate("api");
+    let metadata = std::fs::symlink_metadata(workspace.root.join("node_modules")).unwrap();
+    assert!(metadata.is_file(), "the tracked file stays a file");
+    assert_eq!(
+        std::fs::read_to_string(workspace.root.join("node_modules")).unwrap(),
+        "a file, tracked\n"
+    );
+    let report = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("api"))
+        .unwrap();
+    assert!(
+        report.committed.is_none() && report.branch_deleted,
+        "an untouched file is no work"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fixture.repo.join("node_modules")).unwrap(),
+        "a file, tracked\n"
+    );
+}
+
+#[test]
+fn copy_brings_ignored_files_and_never_follows_symlinks() {
+    let mut config = ProjectConfig::default();
+    config.worktree.copy = vec![".env".into(), "secrets".into(), "linked.env".into()];
+    let fixture = Fixture::with_config(config);
+    write(
+        &fixture.repo.join(".git/info/exclude"),
+        ".env\nsecrets/\nlinked.env\n",
+    );
+    write(&fixture.repo.join(".env"), "TOKEN=1\n");
+    write(&fixture.repo.join("secrets/a.txt"), "a\n");
+    std::os::unix::fs::symlink("/etc/hostname", fixture.repo.join("secrets/host")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", fixture.repo.join("linked.env")).unwrap();
+    let workspace = fixture.allocate("api");
+    assert_eq!(
+        std::fs::read_to_string(workspace.root.join(".env")).unwrap(),
+        "TOKEN=1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workspace.root.join("secrets/a.txt")).unwrap(),
+        "a\n"
+    );
+    assert!(std::fs::symlink_metadata(workspace.root.join("secrets/host")).is_err());
+    assert!(std::fs::symlink_metadata(workspace.root.join("linked.env")).is_err());
+    assert!(
+        workspace
+            .warnings
+            .iter()
+            .any(|warning| warning.contains("linked.env")),
+        "{:?}",
+        workspace.warnings
+    );
+}
+
+#[test]
+fn setup_command_runs_in_the_new_worktree() {
+    let mut config = ProjectConfig::default();
+    config.worktree.setup = Some(vec!["sh".into(), "-c".into(), "pwd > setup-ran.txt".into()]);
+    let fixture = Fixture::with_config(config);
+    let workspace = fixture.allocate("api");
+    assert_eq!(
+        std::fs::read_to_string(workspace.root.join("setup-ran.txt"))
+            .unwrap()
+            .trim(),
+        workspace.root.as_str()
+    );
+}
+
+#[test]
+fn temp_workspace_lifecycle() {
+    let fixture = Fixture::new();
+    let workspace = fixture
+        .provider
+        .allocate(&fixture.request("draft", WorkspaceMode::Temp))
+        .unwrap();
+    assert_eq!(workspace.kind, WorkspaceKind::Temp);
+    assert!(workspace.root.starts_with(fixture.env.tmp()));
+    assert!(
+        workspace
+            .root
+            .file_name()
+            .unwrap()
+            .starts_with("crew-ws-draft-")
+    );
+    let mode = std::fs::metadata(&workspace.root)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o700);
+    write(&workspace.root.join("draft.txt"), "scratch\n");
+    std::os::unix::fs::symlink(fixture.env.home(), workspace.root.join("home")).unwrap();
+    write(&fixture.env.home().join("keep.txt"), "keep\n");
+    let report = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("draft"))
+        .unwrap();
+    assert!(report.removed);
+    assert!(!workspace.root.exists());
+    assert!(fixture.env.home().join("keep.txt").exists());
+
+    // A temp workspace pointing outside the temp dir is never removed.
+    let outside = fixture.env.dir("not-temp");
+    write(&outside.join("precious.txt"), "precious\n");
+    let forged = TaskWorkspace {
+        root: outside.clone(),
+        dir: outside.clone(),
+        ..workspace
+    };
+    let error = fixture
+        .provider
+        .teardown(&forged, &fixture.teardown_request("draft"))
+        .unwrap_err();
+    assert!(
+        error
+            .message
+            .contains("failed to remove the temp workspace"),
+        "{}",
+        error.message
+    );
+    assert!(outside.join("precious.txt").exists());
+}
+
+#[test]
+fn dedicated_workspace_is_kept_reused_and_pruned_with_its_run() {
+    let fixture = Fixture::new();
+    let request = fixture.request("report", WorkspaceMode::Dedicated);
+    let workspace = fixture.provider.allocate(&request).unwrap();
+    let store = crew_core::StateStore::new(fixture.workspace.id(), fixture.workspace.repo_root());
+    assert_eq!(
+        workspace.root,
+        store.dedicated_dir(&fixture.run_id, &TaskId::parse("report").unwrap())
+    );
+    write(&workspace.root.join("findings.json"), "[]\n");
+    let report = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("report"))
+        .unwrap();
+    assert!(!report.removed);
+    assert_eq!(report.preserved.as_ref(), Some(&workspace.root));
+    let again = fixture.provider.allocate(&request).unwrap();
+    assert!(again.reused);
+    assert!(
+        again.root.join("findings.json").is_file(),
+        "earlier files are still there"
+    );
+    store.remove_run(&fixture.run_id).unwrap();
+    assert!(!workspace.root.exists());
+}
+
+#[test]
+fn fallback_policy_decides_what_happens_outside_git() {
+    let env = TestEnv::new();
+    let plain = env.dir("plain");
+    let fixture = Fixture::in_dir(env, plain, ProjectConfig::default());
+    let error = prepare_run_error(&fixture);
+    let text = format!("{}\nhint: {}", error, error.hint.as_deref().unwrap());
+    insta::assert_snapshot!(fixture.env.redact(&text), @r#"
+    $TEST_ENV/plain is not inside a git work tree
+    hint: run crew inside a git repository, choose another --workspace-mode, or set [isolation] fallback = "temp"
+    "#);
+    assert!(
+        fixture
+            .provider
+            .allocate(&fixture.request("api", WorkspaceMode::Worktree))
+            .is_err()
+    );
+
+    let mut config = ProjectConfig::default();
+    config.isolation.fallback = IsolationFallback::Temp;
+    let provider = CrewWorkspaces::new(&config).with_temp_root(fixture.env.tmp());
+    let workspace = provider
+        .allocate(&fixture.request("api", WorkspaceMode::Worktree))
+        .unwrap();
+    assert_eq!(workspace.kind, WorkspaceKind::Temp);
+    assert_eq!(
+        workspace.warnings,
+        [
+            "workspace:temp — worktree requested but base cwd is not a git work tree; used a temp dir instead"
+        ]
+    );
+}
+
+#[test]
+fn repository_without_commit_is_refused_before_anything_starts() {
+    let env = TestEnv::new();
+    let dir = env.dir("fresh");
+    env.git(&dir, ["init", "-q"]);
+    let fixture = Fixture::in_dir(env, dir, ProjectConfig::default());
+    let error = prepare_run_error(&fixture);
+    let text = format!("{}\nhint: {}", error, error.hint.as_deref().unwrap());
+    insta::assert_snapshot!(fixture.env.redact(&text), @"
+    the repository at $TEST_ENV/fresh has no commit yet
+    hint: worktrees start from a commit: commit something first
+    ");
+}
+
+#[test]
+fn many_tasks_from_two_processes_all_get_their_worktrees() {
+    let fixture = Fixture::new();
+    let hammer = Command::new(env!("CARGO_BIN_EXE_worktree-hammer"))
+        .args(["prepare", fixture.repo.as_str(), "8"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let threads: Vec<_> = (0..16)
+        .map(|index| {
+            let provider = fixture.provider.clone();
+            let request = fixture.request(&format!("task-{index}"), WorkspaceMode::Worktree);
+            std::thread::spawn(move || provider.allocate(&request))
+        })
+        .collect();
+    let workspaces: Vec<TaskWorkspace> = threads
+        .into_iter()
+        .map(|thread| thread.join().unwrap().unwrap())
+        .collect();
+    let output = hammer.wait_with_output().unwrap();
+    assert!(output.status.success(), "the second process failed");
+    let other_lines = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(other_lines.lines().count(), 8);
+
+    let list = fixture.git(&["worktree", "list", "--porcelain"]);
+    assert_eq!(list.matches("worktree ").count(), 1 + 16 + 8, "{list}");
+    assert_eq!(
+        fixture.git(&["branch", "--list", "crew/*"]).lines().count(),
+        24
+    );
+    for workspace in &workspaces {
+        assert_eq!(
+            fixture.env.git(&workspace.root, ["status", "--porcelain"]),
+            ""
+        );
+    }
+    for (index, workspace) in workspaces.iter().enumerate() {
+        let report = fixture
+            .provider
+            .teardown(
+                workspace,
+                &fixture.teardown_request(&format!("task-{index}")),
+            )
+            .unwrap();
+        assert!(report.removed && report.branch_deleted);
+    }
+    assert_eq!(
+        fixture.git(&["branch", "--list", "crew/*"]).lines().count(),
+        8,
+        "only the other process's branches remain"
+    );
+}
