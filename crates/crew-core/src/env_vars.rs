@@ -24,3 +24,6 @@ pub const ALWAYS_PASSED: &[&str] = &[
 pub const NO_COLOR: &str = "NO_COLOR";
 /// Log filter for crew's own diagnostics (`crew=debug`), as understood by `tracing`.
 pub const CREW_LOG: &str = "CREW_LOG";
+/// Set for an agent resumed with a follow-up: the message. Agents without a `resume` template
+/// are restarted with their `command`, and find the message here.
+pub const CREW_MESSAGE: &str = "CREW_MESSAGE";

@@ -195,6 +195,9 @@ pub struct ExitRecord {
     /// killed by crew.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leaked_processes: bool,
+    /// The agent was stopped because it ran longer than its timeout.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 impl ExitRecord {

@@ -1,1 +1,87 @@
-//! placeholder
+//! crew-live: live agents.
+//!
+//! It owns the agent processes (one supervisor task per agent, [`agent`]), the live registry
+//! scoped by workspace ([`registry`]), the control channel between processes ([`control`]) and
+//! the team runner. It receives a `WorkspaceProvider` and never names git; it never prints.
+//!
+//! # Supervisor lifecycle
+//!
+//! [`AgentHost::start`] launches the agent's command (a template filled argument by argument,
+//! never through a shell) in its workspace with an allow-listed environment ([`env`]). The
+//! process starts under a warden ([`spawn`]): a process group of its own that dies with the
+//! host even when the host is SIGKILLed. A supervisor task then owns it:
+//!
+//! - stdout and stderr are drained continuously into `output.log`; only the last lines, each
+//!   capped, stay in memory ([`output`]);
+//! - `steer` writes to stdin now (`stdin-lines` or `stdin-json`), `follow-up` queues a message
+//!   for the end of the turn (or resumes an exited agent with it), `resume` restarts a stopped
+//!   or finished agent in the same workspace;
+//! - the exit is recorded as an exit code or a signal, with how a stop ended it and whether
+//!   processes were left behind.
+//!
+//! # The signal ladder
+//!
+//! Stop = TERM to the agent's process group, then KILL when the grace period (10 s by default)
+//! runs out; a second stop sends KILL at once. A timeout is a stop the supervisor starts
+//! itself. After the agent exits, whatever is left in its group or still holds its pipes is
+//! killed with the group and reported; after a stop, processes that escaped the group but carry
+//! the agent's `CREW_AGENT_ID` marker are found in `/proc` and killed too.
+//!
+//! # Example
+//!
+//! An editor host starting an agent and following it:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use crew_core::{AgentId, RunId, TaskId, WorkspaceId, config::AgentDef};
+//! use crew_live::{AgentHost, AgentSpec, AgentEvent};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let host = AgentHost::new()?;
+//! let workspace = WorkspaceId::from_path(std::path::Path::new("/path/to/project"))?;
+//! let mut events = host.subscribe();
+//! let handle = host
+//!     .start(AgentSpec {
+//!         agent_id: AgentId::new(RunId::generate(), TaskId::parse("hello")?),
+//!         workspace: workspace.clone(),
+//!         dir: workspace.as_path().to_owned(),
+//!         definition: AgentDef::builtin_shell(),
+//!         prompt: "echo hello; read answer; echo got $answer".into(),
+//!         timeout: Some(Duration::from_secs(60)),
+//!         stop_grace: Duration::from_secs(10),
+//!         output_log: "/tmp/hello.log".into(),
+//!         socket: None,
+//!     })
+//!     .await?;
+//! host.registry().steer(&workspace, "hello", "yes").await?;
+//! while let Ok(event) = events.recv().await {
+//!     if let AgentEvent::Output { line, .. } = &event {
+//!         println!("{line}");
+//!     }
+//!     if matches!(event, AgentEvent::Exited { .. }) {
+//!         break;
+//!     }
+//! }
+//! let status = handle.wait_exited().await;
+//! assert_eq!(status.exit.and_then(|exit| exit.code), Some(0));
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod agent;
+pub mod control;
+pub mod env;
+pub mod error;
+pub mod events;
+pub mod host;
+pub mod output;
+pub mod procscan;
+pub mod registry;
+pub mod spawn;
+
+pub use agent::{AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
+pub use control::{ControlClient, ControlServer};
+pub use error::{AgentOpError, SpawnAgentError};
+pub use events::{AgentEvent, OutputStream};
+pub use host::AgentHost;
+pub use registry::{AgentHandle, AgentSnapshot, Registry};

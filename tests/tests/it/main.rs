@@ -12,6 +12,8 @@ mod core_discovery;
 mod core_ids;
 mod core_paths;
 mod core_state;
+mod live_agents;
+mod live_control;
 mod worktree_listing;
 mod worktree_prepare;
 mod worktree_teardown;

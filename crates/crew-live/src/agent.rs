@@ -1,0 +1,745 @@
+//! One supervisor per agent: a tokio task that owns the agent's process and `select!`s over its
+//! exit, control messages, the stop ladder and the timeout.
+//!
+//! Lifecycle of a supervisor:
+//!
+//! ```text
+//! launch ─► running ──exit──► exited ──resume / follow-up──► running …
+//!              │  ▲                │
+//!              │  └─ steer (stdin) └─ close (the runner tore the workspace down)
+//!              └─ stop: TERM to the group ─ grace ─► KILL to the group
+//! ```
+//!
+//! The signal ladder: a stop sends TERM to the agent's process group and arms a KILL after the
+//! grace period (10 s by default); a second stop, or the end of the grace, sends KILL at once.
+//! A timeout is a stop the supervisor starts itself. After the agent exits, anything still in
+//! its group, or still holding its output pipes, is killed with the group and reported as
+//! leaked; after a stop, processes that left the group but still carry the agent's marker
+//! (`CREW_AGENT_ID`) are found in `/proc` and killed too.
+
+use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use camino::Utf8PathBuf;
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crew_core::config::{AgentDef, SteerMode, fill_template};
+use crew_core::env_vars;
+use crew_core::model::{ExitRecord, Timestamp};
+use crew_core::{AgentId, WorkspaceId};
+
+use crate::env::{BaseEnv, agent_env};
+use crate::error::{AgentOpError, SpawnAgentError};
+use crate::events::{AgentEvent, OutputStream};
+use crate::output::{OutputSink, OutputTail, drain};
+use crate::procscan;
+use crate::spawn::{Spawner, guard_with_warden};
+
+/// The message a resume without one sends to agents whose `resume` template wants one.
+pub const DEFAULT_RESUME_MESSAGE: &str = "Continue where you left off.";
+/// How long a steering message may wait for the agent to read its stdin.
+const STEER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the output pipes may stay open after the agent exited before crew counts the
+/// holders as leaked processes.
+const PIPE_GRACE: Duration = Duration::from_millis(300);
+
+/// Everything needed to run one agent.
+#[derive(Debug, Clone)]
+pub struct AgentSpec {
+    pub agent_id: AgentId,
+    /// The workspace (project root) the agent belongs to.
+    pub workspace: WorkspaceId,
+    /// Where it works.
+    pub dir: Utf8PathBuf,
+    pub definition: AgentDef,
+    pub prompt: String,
+    /// Stop the agent when one of its processes runs longer than this.
+    pub timeout: Option<Duration>,
+    /// Time between TERM and KILL.
+    pub stop_grace: Duration,
+    /// `output.log`; its directory is created when missing.
+    pub output_log: Utf8PathBuf,
+    /// The control socket agents reach their host on (`crew ask`), passed as `CREW_SOCKET`.
+    pub socket: Option<Utf8PathBuf>,
+}
+
+/// Whether the agent's process is alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentState {
+    Running,
+    /// A stop is under way: TERM was sent, KILL may follow.
+    Stopping,
+    Exited,
+}
+
+/// The live status of an agent, published on its watch channel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentStatus {
+    pub state: AgentState,
+    /// The pid of the agent's process group (its warden), while alive.
+    pub pid: Option<u32>,
+    /// How many times a process of the agent was started.
+    pub attempt: u32,
+    pub started_at: Timestamp,
+    /// How the last process ended.
+    pub exit: Option<ExitRecord>,
+    /// The question the agent asked and waits on.
+    pub question: Option<String>,
+    pub queued_follow_ups: usize,
+    /// The runner tore the workspace down: the agent cannot be resumed here any more.
+    pub closed: bool,
+}
+
+impl AgentStatus {
+    pub fn is_exited(&self) -> bool {
+        self.state == AgentState::Exited
+    }
+}
+
+/// How a stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopOutcome {
+    /// The agent exited after TERM, within the grace period.
+    Terminated,
+    /// The agent needed KILL.
+    Killed,
+    /// The agent had already exited.
+    AlreadyExited,
+}
+
+/// What became of a follow-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum FollowUpOutcome {
+    /// Queued: delivered when the current turn (or process) ends.
+    Queued { position: usize },
+    /// The agent had exited and was resumed with the message.
+    Resumed { pid: u32 },
+}
+
+pub(crate) enum Control {
+    Steer {
+        message: String,
+        reply: oneshot::Sender<Result<(), AgentOpError>>,
+    },
+    FollowUp {
+        message: String,
+        reply: oneshot::Sender<Result<FollowUpOutcome, AgentOpError>>,
+    },
+    Stop {
+        reply: oneshot::Sender<StopOutcome>,
+    },
+    Resume {
+        message: Option<String>,
+        reply: oneshot::Sender<Result<u32, AgentOpError>>,
+    },
+    Ask {
+        question: String,
+        reply: oneshot::Sender<Result<(), AgentOpError>>,
+    },
+    Close {
+        reply: oneshot::Sender<bool>,
+    },
+}
+
+/// The shared parts of a host that every supervisor uses.
+#[derive(Debug, Clone)]
+pub(crate) struct Launcher {
+    pub spawner: Spawner,
+    pub env: Arc<BaseEnv>,
+    pub events: broadcast::Sender<AgentEvent>,
+}
+
+/// A process of the agent, running.
+struct Running {
+    child: Child,
+    pid: u32,
+    stdin: Option<ChildStdin>,
+    readers: Vec<JoinHandle<()>>,
+    turn_ended: mpsc::UnboundedReceiver<()>,
+}
+
+/// The handle parts a new supervisor hands to the registry.
+pub(crate) struct Started {
+    pub control: mpsc::Sender<Control>,
+    pub status: watch::Receiver<AgentStatus>,
+    pub tail: Arc<Mutex<OutputTail>>,
+}
+
+/// Launches the agent's first process and starts its supervisor. A program that cannot be
+/// started is an error for this agent only.
+pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
+    let tail = Arc::new(Mutex::new(OutputTail::default()));
+    let running = launch(&spec, &launcher, &tail, None).await?;
+    let (control_tx, control_rx) = mpsc::channel(64);
+    let (status_tx, status_rx) = watch::channel(AgentStatus {
+        state: AgentState::Running,
+        pid: Some(running.pid),
+        attempt: 1,
+        started_at: Timestamp::now(),
+        exit: None,
+        question: None,
+        queued_follow_ups: 0,
+        closed: false,
+    });
+    let _ = launcher.events.send(AgentEvent::Started {
+        agent_id: spec.agent_id.clone(),
+        pid: running.pid,
+        attempt: 1,
+    });
+    let supervisor = Supervisor {
+        spec,
+        launcher,
+        control: control_rx,
+        status: status_tx,
+        tail: tail.clone(),
+        follow_ups: VecDeque::new(),
+    };
+    tokio::spawn(supervisor.run(running));
+    Ok(Started {
+        control: control_tx,
+        status: status_rx,
+        tail,
+    })
+}
+
+/// Builds and spawns one process of the agent: the `command` template, or the `resume`
+/// template when resuming; never through a shell.
+async fn launch(
+    spec: &AgentSpec,
+    launcher: &Launcher,
+    tail: &Arc<Mutex<OutputTail>>,
+    resume_message: Option<&str>,
+) -> Result<Running, SpawnAgentError> {
+    let definition = &spec.definition;
+    let template = match (resume_message, &definition.resume) {
+        (Some(_), Some(resume)) => resume,
+        _ => &definition.command,
+    };
+    let dir = spec.dir.as_str();
+    let run_id = spec.agent_id.run_id().as_str();
+    let task_id = spec.agent_id.task_id().as_str();
+    let message = resume_message.unwrap_or("");
+    let values = [
+        ("prompt", spec.prompt.as_str()),
+        ("workspace", dir),
+        ("run_id", run_id),
+        ("task_id", task_id),
+        ("message", message),
+    ];
+    let argv: Vec<String> = template
+        .iter()
+        .map(|arg| fill_template(arg, &values))
+        .collect();
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| SpawnAgentError::EmptyCommand {
+            agent_id: spec.agent_id.clone(),
+        })?;
+    if !spec.dir.is_dir() {
+        return Err(SpawnAgentError::MissingDir {
+            agent_id: spec.agent_id.clone(),
+            dir: spec.dir.clone(),
+        });
+    }
+    let mut crew_vars = vec![
+        (env_vars::CREW_RUN_ID, run_id.to_owned()),
+        (env_vars::CREW_TASK_ID, task_id.to_owned()),
+        (env_vars::CREW_AGENT_ID, spec.agent_id.to_string()),
+        (env_vars::CREW_WORKSPACE, dir.to_owned()),
+        (env_vars::CREW_PROJECT_ROOT, spec.workspace.to_string()),
+    ];
+    if let Some(socket) = &spec.socket {
+        crew_vars.push((env_vars::CREW_SOCKET, socket.to_string()));
+    }
+    if let Some(message) = resume_message {
+        crew_vars.push((env_vars::CREW_MESSAGE, message.to_owned()));
+    }
+    let steerable = definition.steer != SteerMode::None;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .current_dir(&spec.dir)
+        .env_clear()
+        .envs(agent_env(&launcher.env, definition, &crew_vars))
+        .stdin(if steerable {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(false);
+    guard_with_warden(&mut command);
+
+    let log = open_log(spec)?;
+    let mut child =
+        launcher
+            .spawner
+            .spawn(command)
+            .await
+            .map_err(|source| SpawnAgentError::Spawn {
+                agent_id: spec.agent_id.clone(),
+                program: program.clone(),
+                source,
+            })?;
+    let pid = child.id().ok_or_else(|| SpawnAgentError::Spawn {
+        agent_id: spec.agent_id.clone(),
+        program: program.clone(),
+        source: std::io::Error::other("the process exited before its pid was known"),
+    })?;
+    let (turn_tx, turn_rx) = mpsc::unbounded_channel();
+    let sink = OutputSink {
+        agent_id: spec.agent_id.clone(),
+        log: Arc::new(Mutex::new(Some(log))),
+        tail: tail.clone(),
+        events: launcher.events.clone(),
+        turn_ended: (definition.steer == SteerMode::StdinJson).then_some(turn_tx),
+    };
+    let mut readers = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        readers.push(tokio::spawn(drain(
+            stdout,
+            OutputStream::Stdout,
+            sink.clone(),
+        )));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        readers.push(tokio::spawn(drain(stderr, OutputStream::Stderr, sink)));
+    }
+    Ok(Running {
+        stdin: child.stdin.take(),
+        child,
+        pid,
+        readers,
+        turn_ended: turn_rx,
+    })
+}
+
+fn open_log(spec: &AgentSpec) -> Result<std::fs::File, SpawnAgentError> {
+    let log_error = |source| SpawnAgentError::OutputLog {
+        path: spec.output_log.clone(),
+        source,
+    };
+    if let Some(parent) = spec.output_log.parent() {
+        std::fs::create_dir_all(parent).map_err(log_error)?;
+    }
+    crew_core::fsutil::open_append_nofollow(&spec.output_log)
+        .map_err(|error| log_error(std::io::Error::other(error.to_string())))
+}
+
+struct Supervisor {
+    spec: AgentSpec,
+    launcher: Launcher,
+    control: mpsc::Receiver<Control>,
+    status: watch::Sender<AgentStatus>,
+    tail: Arc<Mutex<OutputTail>>,
+    follow_ups: VecDeque<String>,
+}
+
+/// What a running process's supervision ended with.
+struct Ended {
+    exit: ExitRecord,
+    stop_waiters: Vec<oneshot::Sender<StopOutcome>>,
+    /// The host dropped every handle: shut down.
+    host_gone: bool,
+}
+
+/// Why the exited phase ended.
+enum Next {
+    Restart {
+        message: Option<String>,
+        reply: Option<oneshot::Sender<Result<u32, AgentOpError>>>,
+        follow_up_reply: Option<oneshot::Sender<Result<FollowUpOutcome, AgentOpError>>>,
+    },
+    Shutdown,
+}
+
+impl Supervisor {
+    async fn run(mut self, mut running: Running) {
+        loop {
+            let ended = self.supervise(running).await;
+            let stopped = ended.exit.stopped_by.is_some();
+            let _ = self.launcher.events.send(AgentEvent::Exited {
+                agent_id: self.spec.agent_id.clone(),
+                exit: ended.exit.clone(),
+            });
+            if ended.host_gone {
+                return;
+            }
+            // Follow-ups queued during the run resume the agent at once, unless it was stopped.
+            let queued = if stopped {
+                None
+            } else {
+                self.follow_ups.pop_front()
+            };
+            let next = match queued {
+                Some(message) => Next::Restart {
+                    message: Some(message),
+                    reply: None,
+                    follow_up_reply: None,
+                },
+                None => {
+                    self.status.send_modify(|status| {
+                        status.state = AgentState::Exited;
+                        status.pid = None;
+                        status.exit = Some(ended.exit.clone());
+                        status.queued_follow_ups = self.follow_ups.len();
+                    });
+                    self.publish_status();
+                    let outcome = match ended.exit.stopped_by.as_deref() {
+                        Some("kill") => StopOutcome::Killed,
+                        Some(_) => StopOutcome::Terminated,
+                        None => StopOutcome::AlreadyExited,
+                    };
+                    for waiter in ended.stop_waiters {
+                        let _ = waiter.send(outcome);
+                    }
+                    self.idle().await
+                }
+            };
+            match self.restart(next).await {
+                Some(next_running) => running = next_running,
+                None => return,
+            }
+        }
+    }
+
+    /// Starts the agent again in its workspace (the `resume` template when it has one); a
+    /// restart that fails is reported to whoever asked, and the agent stays exited until the
+    /// next request.
+    async fn restart(&mut self, mut next: Next) -> Option<Running> {
+        loop {
+            let Next::Restart {
+                message,
+                reply,
+                follow_up_reply,
+            } = next
+            else {
+                return None;
+            };
+            let message = message.or_else(|| {
+                self.spec
+                    .definition
+                    .resume
+                    .as_ref()
+                    .map(|_| DEFAULT_RESUME_MESSAGE.to_owned())
+            });
+            match launch(&self.spec, &self.launcher, &self.tail, message.as_deref()).await {
+                Ok(running) => {
+                    let pid = running.pid;
+                    self.status.send_modify(|status| {
+                        status.state = AgentState::Running;
+                        status.pid = Some(pid);
+                        status.attempt += 1;
+                        status.question = None;
+                        status.queued_follow_ups = self.follow_ups.len();
+                    });
+                    let attempt = self.status.borrow().attempt;
+                    let _ = self.launcher.events.send(AgentEvent::Started {
+                        agent_id: self.spec.agent_id.clone(),
+                        pid,
+                        attempt,
+                    });
+                    self.publish_status();
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(pid));
+                    }
+                    if let Some(reply) = follow_up_reply {
+                        let _ = reply.send(Ok(FollowUpOutcome::Resumed { pid }));
+                    }
+                    return Some(running);
+                }
+                Err(error) => {
+                    let failure = AgentOpError::Restart {
+                        agent_id: self.spec.agent_id.clone(),
+                        reason: error.to_string(),
+                    };
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(failure.clone()));
+                    }
+                    if let Some(reply) = follow_up_reply {
+                        let _ = reply.send(Err(failure));
+                    }
+                    self.status.send_modify(|status| {
+                        status.state = AgentState::Exited;
+                        status.pid = None;
+                    });
+                    self.publish_status();
+                    next = self.idle().await;
+                }
+            }
+        }
+    }
+
+    fn publish_status(&self) {
+        let _ = self.launcher.events.send(AgentEvent::Status {
+            agent_id: self.spec.agent_id.clone(),
+            status: self.status.borrow().clone(),
+        });
+    }
+
+    fn signal_group(&self, pid: u32, signal: rustix::process::Signal) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process_group(pid, signal);
+        }
+    }
+
+    /// Supervises one running process until it has exited and its leftovers are gone.
+    async fn supervise(&mut self, mut running: Running) -> Ended {
+        let pid = running.pid;
+        let grace = self.spec.stop_grace;
+        let timeout_at = self.spec.timeout.map(|timeout| Instant::now() + timeout);
+        let mut kill_at: Option<Instant> = None;
+        let mut term_sent = false;
+        let mut kill_sent = false;
+        let mut timed_out = false;
+        let mut host_gone = false;
+        let mut stop_waiters = Vec::new();
+        let far_future = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+
+        let status = loop {
+            tokio::select! {
+                status = running.child.wait() => break status,
+                message = self.control.recv(), if !host_gone => match message {
+                    Some(Control::Stop { reply }) => {
+                        stop_waiters.push(reply);
+                        if term_sent {
+                            // A second stop kills at once.
+                            self.signal_group(pid, rustix::process::Signal::KILL);
+                            kill_sent = true;
+                        } else {
+                            self.signal_group(pid, rustix::process::Signal::TERM);
+                            term_sent = true;
+                            kill_at = Some(Instant::now() + grace);
+                            self.status.send_modify(|status| status.state = AgentState::Stopping);
+                            self.publish_status();
+                        }
+                    }
+                    Some(Control::Steer { message, reply }) => {
+                        let result = self.steer(running.stdin.as_mut(), &message).await;
+                        let _ = reply.send(result);
+                    }
+                    Some(Control::FollowUp { message, reply }) => {
+                        self.follow_ups.push_back(message);
+                        let position = self.follow_ups.len();
+                        self.status.send_modify(|status| status.queued_follow_ups = position);
+                        let _ = reply.send(Ok(FollowUpOutcome::Queued { position }));
+                    }
+                    Some(Control::Resume { reply, .. }) => {
+                        let _ = reply.send(Err(AgentOpError::AlreadyRunning {
+                            agent_id: self.spec.agent_id.clone(),
+                        }));
+                    }
+                    Some(Control::Ask { question, reply }) => {
+                        self.status.send_modify(|status| status.question = Some(question.clone()));
+                        let _ = self.launcher.events.send(AgentEvent::Question {
+                            agent_id: self.spec.agent_id.clone(),
+                            question,
+                        });
+                        self.publish_status();
+                        let _ = reply.send(Ok(()));
+                    }
+                    Some(Control::Close { reply }) => {
+                        let _ = reply.send(false);
+                    }
+                    None => {
+                        // Every handle is gone: the host is shutting down.
+                        host_gone = true;
+                        self.signal_group(pid, rustix::process::Signal::KILL);
+                        kill_sent = true;
+                    }
+                },
+                _ = tokio::time::sleep_until(kill_at.unwrap_or(far_future)), if kill_at.is_some() && !kill_sent => {
+                    self.signal_group(pid, rustix::process::Signal::KILL);
+                    kill_sent = true;
+                }
+                _ = tokio::time::sleep_until(timeout_at.unwrap_or(far_future)), if timeout_at.is_some() && !term_sent => {
+                    timed_out = true;
+                    self.signal_group(pid, rustix::process::Signal::TERM);
+                    term_sent = true;
+                    kill_at = Some(Instant::now() + grace);
+                    self.status.send_modify(|status| status.state = AgentState::Stopping);
+                    self.publish_status();
+                }
+                Some(()) = running.turn_ended.recv() => {
+                    // stdin-json agents: the turn is over, the next follow-up goes in now.
+                    if let Some(message) = self.follow_ups.pop_front() {
+                        let _ = self.steer(running.stdin.as_mut(), &message).await;
+                        let queued = self.follow_ups.len();
+                        self.status.send_modify(|status| status.queued_follow_ups = queued);
+                    }
+                }
+            }
+        };
+        drop(running.stdin.take());
+
+        let mut exit = ExitRecord {
+            code: None,
+            signal: None,
+            stopped_by: None,
+            leaked_processes: false,
+            timed_out,
+        };
+        match status {
+            Ok(status) => {
+                exit.code = status.code();
+                exit.signal = status.signal();
+            }
+            Err(_) => exit.signal = Some(libc::SIGKILL),
+        }
+        if term_sent || kill_sent {
+            exit.stopped_by = Some(if kill_sent { "kill" } else { "term" }.to_owned());
+        }
+        exit.leaked_processes = self
+            .clean_up_leftovers(pid, &mut running.readers, term_sent || kill_sent)
+            .await;
+        Ended {
+            exit,
+            stop_waiters,
+            host_gone,
+        }
+    }
+
+    /// After the agent exited: kills what is left of its group and what still holds its
+    /// pipes; after a stop, also what left the group but carries its marker. Returns whether
+    /// anything was left.
+    async fn clean_up_leftovers(
+        &self,
+        pid: u32,
+        readers: &mut Vec<JoinHandle<()>>,
+        stopped: bool,
+    ) -> bool {
+        let mut leaked = false;
+        let group_alive = rustix::process::Pid::from_raw(pid as i32)
+            .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok());
+        if group_alive {
+            leaked = true;
+            self.signal_group(pid, rustix::process::Signal::KILL);
+        }
+        let pipes_closed = tokio::time::timeout(PIPE_GRACE, join_all(readers))
+            .await
+            .is_ok();
+        if !pipes_closed || stopped {
+            let marker = format!("{}={}", env_vars::CREW_AGENT_ID, self.spec.agent_id);
+            let killed = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker))
+                .await
+                .unwrap_or(0);
+            leaked |= !pipes_closed || killed > 0;
+            self.signal_group(pid, rustix::process::Signal::KILL);
+            if tokio::time::timeout(PIPE_GRACE, join_all(readers))
+                .await
+                .is_err()
+            {
+                // Someone outside crew's reach holds the pipes: stop reading, never block.
+                for reader in readers.iter() {
+                    reader.abort();
+                }
+            }
+        }
+        leaked
+    }
+
+    async fn steer(
+        &self,
+        stdin: Option<&mut ChildStdin>,
+        message: &str,
+    ) -> Result<(), AgentOpError> {
+        let agent_id = self.spec.agent_id.clone();
+        let mode = self.spec.definition.steer;
+        let Some(stdin) = stdin.filter(|_| mode != SteerMode::None) else {
+            return Err(AgentOpError::SteerUnsupported { agent_id });
+        };
+        let mut line = match mode {
+            SteerMode::StdinJson => serde_json::json!({
+                "type": "user",
+                "message": { "role": "user", "content": message },
+            })
+            .to_string(),
+            _ => message.to_owned(),
+        };
+        line.push('\n');
+        let write = async {
+            stdin.write_all(line.as_bytes()).await?;
+            stdin.flush().await
+        };
+        match tokio::time::timeout(STEER_TIMEOUT, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(AgentOpError::Input {
+                agent_id,
+                reason: error.to_string(),
+            }),
+            Err(_) => Err(AgentOpError::Input {
+                agent_id,
+                reason: format!("the agent did not read its input within {STEER_TIMEOUT:?}"),
+            }),
+        }
+    }
+
+    /// The exited phase: answers control messages until a resume or follow-up restarts the
+    /// agent, or the host lets go.
+    async fn idle(&mut self) -> Next {
+        loop {
+            let Some(message) = self.control.recv().await else {
+                return Next::Shutdown;
+            };
+            let agent_id = self.spec.agent_id.clone();
+            let closed = self.status.borrow().closed;
+            match message {
+                Control::Resume { message, reply } => {
+                    if closed {
+                        let _ = reply.send(Err(AgentOpError::Closed { agent_id }));
+                        continue;
+                    }
+                    return Next::Restart {
+                        message,
+                        reply: Some(reply),
+                        follow_up_reply: None,
+                    };
+                }
+                Control::FollowUp { message, reply } => {
+                    if closed {
+                        let _ = reply.send(Err(AgentOpError::Closed { agent_id }));
+                        continue;
+                    }
+                    return Next::Restart {
+                        message: Some(message),
+                        reply: None,
+                        follow_up_reply: Some(reply),
+                    };
+                }
+                Control::Stop { reply } => {
+                    let _ = reply.send(StopOutcome::AlreadyExited);
+                }
+                Control::Steer { reply, .. } => {
+                    let _ = reply.send(Err(AgentOpError::NotRunning { agent_id }));
+                }
+                Control::Ask { reply, .. } => {
+                    let _ = reply.send(Err(AgentOpError::NotRunning { agent_id }));
+                }
+                Control::Close { reply } => {
+                    self.status.send_modify(|status| status.closed = true);
+                    let _ = reply.send(true);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the readers, dropping each as it finishes, so that a wait cut short by a timeout
+/// can be taken up again without polling a finished task twice.
+async fn join_all(readers: &mut Vec<JoinHandle<()>>) {
+    while let Some(reader) = readers.last_mut() {
+        let _ = reader.await;
+        readers.pop();
+    }
+}

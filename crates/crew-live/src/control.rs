@@ -1,0 +1,581 @@
+//! The control channel: a host serves its registry over a Unix socket, so that other `crew`
+//! processes of the same workspace (and agents running `crew ask`) can list and steer its
+//! agents.
+//!
+//! - The socket lives in a directory only the user can enter (0700, owner checked, never a
+//!   symlink): `$XDG_RUNTIME_DIR/crew`, else `$TMPDIR/crew-<uid>`, else `/tmp/crew-<uid>`, the
+//!   first whose paths fit a socket address. Its name is a hash of the workspace plus the host's
+//!   pid, so long project paths never matter; the path is recorded in the run's manifest.
+//! - The socket is 0600 whatever the umask, and the peer's uid is checked before anything is
+//!   read.
+//! - Requests and responses are JSON, one per line, each request at most [`MAX_REQUEST_BYTES`].
+//!   A connection idle for [`IDLE_TIMEOUT`] is closed; at most [`MAX_CONNECTIONS`] are served
+//!   at once. Malformed input gets a structured error, never a panic, and the server goes on.
+//! - A client that finds no listener (a stale socket of a dead host) learns it at once.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crew_core::{AgentId, WorkspaceId};
+
+use crate::error::AgentOpError;
+use crate::host::AgentHost;
+
+/// The largest request line a server reads; longer ones are answered with an error.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// How long a connection may stay silent.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many connections a server serves at once; more are answered "busy".
+pub const MAX_CONNECTIONS: usize = 64;
+/// The protocol version in every message.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The longest socket path the kernel accepts, minus its terminating NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// A request to a host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// The caller's workspace: only its agents are visible and controllable.
+    pub workspace: Utf8PathBuf,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What the caller wants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    Ping,
+    List,
+    Steer {
+        agent: String,
+        message: String,
+    },
+    FollowUp {
+        agent: String,
+        message: String,
+    },
+    Stop {
+        agent: String,
+    },
+    Resume {
+        agent: String,
+        #[serde(default)]
+        message: Option<String>,
+    },
+    /// Sent by an agent about itself (`crew ask`).
+    Ask {
+        agent: AgentId,
+        question: String,
+    },
+}
+
+/// The answer to a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub v: u32,
+    #[serde(default)]
+    pub id: Option<u64>,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// A structured error: a stable code and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+impl Response {
+    fn ok(id: Option<u64>, result: Value) -> Self {
+        Response {
+            v: PROTOCOL_VERSION,
+            id,
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    fn error(id: Option<u64>, code: &str, message: impl Into<String>) -> Self {
+        Response {
+            v: PROTOCOL_VERSION,
+            id,
+            ok: false,
+            result: None,
+            error: Some(ErrorBody {
+                code: code.to_owned(),
+                message: message.into(),
+            }),
+        }
+    }
+}
+
+/// The control channel failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("the socket directory {path} is not safe to use: {problem}")]
+    UnsafeSocketDir { path: Utf8PathBuf, problem: String },
+    #[error("no directory for the control socket: every candidate path is too long or unusable")]
+    NoSocketDir,
+    #[error("failed to create the socket directory {path}")]
+    CreateSocketDir {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to bind the control socket {path}")]
+    Bind {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the host behind {path} is gone (stale socket)")]
+    HostGone { path: Utf8PathBuf },
+    #[error("failed to reach the host at {path}")]
+    Connect {
+        path: Utf8PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the host at {path} did not answer within {waited:?}")]
+    Timeout { path: Utf8PathBuf, waited: Duration },
+    #[error("the host at {path} closed the connection")]
+    Closed { path: Utf8PathBuf },
+    #[error("the host at {path} answered something crew cannot read")]
+    Protocol {
+        path: Utf8PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The directory control sockets go in, created 0700 when missing and checked when present:
+/// a real directory, owned by this user, closed to everyone else.
+pub fn socket_dir() -> Result<Utf8PathBuf, ControlError> {
+    let uid = rustix::process::geteuid().as_raw();
+    let mut candidates = Vec::new();
+    if let Ok(runtime) = std::env::var("XDG_RUNTIME_DIR")
+        && Utf8Path::new(&runtime).is_absolute()
+        && Utf8Path::new(&runtime).is_dir()
+    {
+        candidates.push(Utf8PathBuf::from(runtime).join("crew"));
+    }
+    if let Ok(tmp) = std::env::var("TMPDIR")
+        && Utf8Path::new(&tmp).is_absolute()
+    {
+        candidates.push(Utf8PathBuf::from(tmp).join(format!("crew-{uid}")));
+    }
+    candidates.push(Utf8PathBuf::from(format!("/tmp/crew-{uid}")));
+    // Room for `/<16 hex>-<pid>-<n>.sock`.
+    let room = 1 + 16 + 1 + 10 + 1 + 4 + 5;
+    let mut last_error = None;
+    for dir in candidates {
+        if dir.as_str().len() + room > MAX_SOCKET_PATH {
+            continue;
+        }
+        match ensure_private_dir(&dir, uid) {
+            Ok(()) => return Ok(dir),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or(ControlError::NoSocketDir))
+}
+
+fn ensure_private_dir(dir: &Utf8Path, uid: u32) -> Result<(), ControlError> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
+                |source| ControlError::CreateSocketDir {
+                    path: dir.to_owned(),
+                    source,
+                },
+            )?;
+        }
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(ControlError::CreateSocketDir {
+                path: dir.to_owned(),
+                source,
+            });
+        }
+    }
+    let unsafe_dir = |problem: &str| ControlError::UnsafeSocketDir {
+        path: dir.to_owned(),
+        problem: problem.to_owned(),
+    };
+    let metadata =
+        std::fs::symlink_metadata(dir).map_err(|source| ControlError::CreateSocketDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+    if metadata.file_type().is_symlink() || !metadata.is_dir() {
+        return Err(unsafe_dir("it is not a real directory"));
+    }
+    if metadata.uid() != uid {
+        return Err(unsafe_dir("it belongs to another user"));
+    }
+    if metadata.mode() & 0o077 != 0 {
+        return Err(unsafe_dir("others may enter it (its mode must be 0700)"));
+    }
+    Ok(())
+}
+
+/// A short, stable name for a workspace.
+pub fn workspace_hash(workspace: &WorkspaceId) -> String {
+    let hash = workspace
+        .as_path()
+        .as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{hash:016x}")
+}
+
+/// A host's control socket, served until dropped.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: Utf8PathBuf,
+    task: JoinHandle<()>,
+}
+
+impl ControlServer {
+    /// Binds a socket for `workspace` in [`socket_dir`] and serves `host`'s registry on it.
+    pub async fn bind(host: AgentHost, workspace: &WorkspaceId) -> Result<Self, ControlError> {
+        Self::bind_in(host, workspace, &socket_dir()?).await
+    }
+
+    /// Like [`ControlServer::bind`], in a directory of the caller's choosing (created 0700 and
+    /// checked like the default one).
+    pub async fn bind_in(
+        host: AgentHost,
+        workspace: &WorkspaceId,
+        dir: &Utf8Path,
+    ) -> Result<Self, ControlError> {
+        ensure_private_dir(dir, rustix::process::geteuid().as_raw())?;
+        let pid = std::process::id();
+        let hash = workspace_hash(workspace);
+        for attempt in 0..1000 {
+            let path = dir.join(format!("{hash}-{pid}-{attempt}.sock"));
+            if std::fs::symlink_metadata(&path).is_ok() {
+                // A live host keeps its socket; a dead one's is stale and may go.
+                if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                    continue;
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+            return Self::bind_at(host, path).await;
+        }
+        Err(ControlError::NoSocketDir)
+    }
+
+    /// Serves `host`'s registry on a socket at `path`, which must not exist.
+    pub async fn bind_at(host: AgentHost, path: Utf8PathBuf) -> Result<Self, ControlError> {
+        let bind_error = |source| ControlError::Bind {
+            path: path.clone(),
+            source,
+        };
+        let listener = UnixListener::bind(&path).map_err(bind_error)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(bind_error)?;
+        let task = tokio::spawn(serve(listener, host));
+        Ok(ControlServer { path, task })
+    }
+
+    pub fn path(&self) -> &Utf8Path {
+        &self.path
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn serve(listener: UnixListener, host: AgentHost) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let uid = rustix::process::geteuid().as_raw();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors or similar: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tokio::spawn(refuse(
+                stream,
+                "busy",
+                "the host serves too many connections; retry",
+            ));
+            continue;
+        };
+        let host = host.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let peer_uid = stream.peer_cred().map(|cred| cred.uid()).ok();
+            if peer_uid != Some(uid) {
+                refuse(
+                    stream,
+                    "permission_denied",
+                    "only the user running the host may use its socket",
+                )
+                .await;
+                return;
+            }
+            serve_connection(stream, host).await;
+        });
+    }
+}
+
+async fn refuse(mut stream: UnixStream, code: &str, message: &str) {
+    let response = Response::error(None, code, message);
+    let _ = write_response(&mut stream, &response).await;
+}
+
+async fn write_response(
+    stream: &mut (impl AsyncWriteExt + Unpin),
+    response: &Response,
+) -> io::Result<()> {
+    let mut line = serde_json::to_vec(response).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+    line.push(b'\n');
+    stream.write_all(&line).await?;
+    stream.flush().await
+}
+
+/// One request line, or why there is none.
+enum Line {
+    Request(Vec<u8>),
+    TooLarge,
+    End,
+}
+
+async fn read_line(reader: &mut BufReader<UnixStream>) -> io::Result<Line> {
+    let mut line = Vec::new();
+    let mut too_large = false;
+    loop {
+        let buffer = tokio::time::timeout(IDLE_TIMEOUT, reader.fill_buf())
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle connection"))??;
+        if buffer.is_empty() {
+            return Ok(if too_large {
+                Line::TooLarge
+            } else if line.is_empty() {
+                Line::End
+            } else {
+                Line::Request(line)
+            });
+        }
+        let (chunk, found_newline) = match buffer.iter().position(|&byte| byte == b'\n') {
+            Some(newline) => (&buffer[..newline], true),
+            None => (buffer, false),
+        };
+        if !too_large {
+            if line.len() + chunk.len() > MAX_REQUEST_BYTES {
+                // Keep reading to the newline without storing: the connection stays usable.
+                too_large = true;
+                line = Vec::new();
+            } else {
+                line.extend_from_slice(chunk);
+            }
+        }
+        let consumed = chunk.len() + usize::from(found_newline);
+        reader.consume(consumed);
+        if found_newline {
+            return Ok(if too_large {
+                Line::TooLarge
+            } else {
+                Line::Request(line)
+            });
+        }
+    }
+}
+
+async fn serve_connection(stream: UnixStream, host: AgentHost) {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let response = match read_line(&mut reader).await {
+            Ok(Line::End) | Err(_) => return,
+            Ok(Line::TooLarge) => Response::error(
+                None,
+                "request_too_large",
+                format!("a request may be at most {MAX_REQUEST_BYTES} bytes"),
+            ),
+            Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
+                Ok(request) => handle(&host, request).await,
+                Err(error) => Response::error(None, "invalid_request", error.to_string()),
+            },
+        };
+        if write_response(reader.get_mut(), &response).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn op_error(id: Option<u64>, error: &AgentOpError) -> Response {
+    Response::error(id, error.code(), error.to_string())
+}
+
+async fn handle(host: &AgentHost, request: Request) -> Response {
+    let id = request.id;
+    // Every spelling of a directory (symlink, `..`, trailing slash) is the same workspace.
+    let workspace = match WorkspaceId::from_path(request.workspace.as_std_path()) {
+        Ok(workspace) => workspace,
+        Err(error) => return Response::error(id, "invalid_workspace", error.to_string()),
+    };
+    let registry = host.registry();
+    let json = |value: Result<Value, serde_json::Error>| match value {
+        Ok(value) => Response::ok(id, value),
+        Err(error) => Response::error(id, "internal", error.to_string()),
+    };
+    match request.op {
+        Op::Ping => Response::ok(id, serde_json::json!({ "pid": std::process::id() })),
+        Op::List => json(serde_json::to_value(registry.list(&workspace))),
+        Op::Steer { agent, message } => match registry.steer(&workspace, &agent, &message).await {
+            Ok(agent_id) => json(Ok(serde_json::json!({ "agent_id": agent_id }))),
+            Err(error) => op_error(id, &error),
+        },
+        Op::FollowUp { agent, message } => {
+            match registry.follow_up(&workspace, &agent, &message).await {
+                Ok((agent_id, outcome)) => json(Ok(
+                    serde_json::json!({ "agent_id": agent_id, "follow_up": outcome }),
+                )),
+                Err(error) => op_error(id, &error),
+            }
+        }
+        Op::Stop { agent } => match registry.stop(&workspace, &agent).await {
+            Ok((agent_id, outcome)) => json(Ok(
+                serde_json::json!({ "agent_id": agent_id, "stop": outcome }),
+            )),
+            Err(error) => op_error(id, &error),
+        },
+        Op::Resume { agent, message } => match registry
+            .resume(&workspace, &agent, message.as_deref())
+            .await
+        {
+            Ok((agent_id, pid)) => {
+                json(Ok(serde_json::json!({ "agent_id": agent_id, "pid": pid })))
+            }
+            Err(error) => op_error(id, &error),
+        },
+        Op::Ask { agent, question } => match registry.ask(&workspace, &agent, &question).await {
+            Ok(()) => json(Ok(serde_json::json!({ "agent_id": agent }))),
+            Err(error) => op_error(id, &error),
+        },
+    }
+}
+
+/// A connection to a host's control socket.
+#[derive(Debug)]
+pub struct ControlClient {
+    path: Utf8PathBuf,
+    reader: BufReader<UnixStream>,
+    next_id: u64,
+}
+
+/// How long a client waits for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl ControlClient {
+    /// Connects to the host at `path`. A socket without a listener (its host died) is reported
+    /// as [`ControlError::HostGone`] at once.
+    pub async fn connect(path: &Utf8Path) -> Result<Self, ControlError> {
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await {
+            Err(_) => {
+                return Err(ControlError::Timeout {
+                    path: path.to_owned(),
+                    waited: CONNECT_TIMEOUT,
+                });
+            }
+            Ok(Err(error))
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                ) =>
+            {
+                return Err(ControlError::HostGone {
+                    path: path.to_owned(),
+                });
+            }
+            Ok(Err(source)) => {
+                return Err(ControlError::Connect {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+            Ok(Ok(stream)) => stream,
+        };
+        Ok(ControlClient {
+            path: path.to_owned(),
+            reader: BufReader::new(stream),
+            next_id: 1,
+        })
+    }
+
+    /// Sends one request and waits up to `timeout` for its answer.
+    pub async fn call(
+        &mut self,
+        workspace: &WorkspaceId,
+        op: Op,
+        timeout: Duration,
+    ) -> Result<Response, ControlError> {
+        let request = Request {
+            id: Some(self.next_id),
+            workspace: workspace.as_path().to_owned(),
+            op,
+        };
+        self.next_id += 1;
+        let mut line = serde_json::to_vec(&request).map_err(|source| ControlError::Protocol {
+            path: self.path.clone(),
+            source,
+        })?;
+        line.push(b'\n');
+        let io_error = |source| ControlError::Connect {
+            path: self.path.clone(),
+            source,
+        };
+        self.reader
+            .get_mut()
+            .write_all(&line)
+            .await
+            .map_err(io_error)?;
+        let mut answer = String::new();
+        let read = tokio::time::timeout(timeout, self.reader.read_line(&mut answer))
+            .await
+            .map_err(|_| ControlError::Timeout {
+                path: self.path.clone(),
+                waited: timeout,
+            })?
+            .map_err(|source| ControlError::Connect {
+                path: self.path.clone(),
+                source,
+            })?;
+        if read == 0 {
+            return Err(ControlError::Closed {
+                path: self.path.clone(),
+            });
+        }
+        serde_json::from_str(&answer).map_err(|source| ControlError::Protocol {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}

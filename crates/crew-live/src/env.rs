@@ -1,0 +1,123 @@
+//! The environment an agent sees: an allow-list of the host's variables, the agent's own `env`,
+//! and crew's `CREW_*` variables. Nothing else of the user's environment leaks, and git's
+//! location variables (`GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE`, …) never reach an agent.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+use crew_core::config::{AgentDef, GIT_LOCATION_VARIABLES};
+use crew_core::env_vars::ALWAYS_PASSED;
+
+/// The variables agents may draw from: usually the host process's environment.
+#[derive(Debug, Clone, Default)]
+pub struct BaseEnv {
+    vars: Vec<(OsString, OsString)>,
+}
+
+impl BaseEnv {
+    /// The environment of this process.
+    pub fn from_process() -> Self {
+        BaseEnv {
+            vars: std::env::vars_os().collect(),
+        }
+    }
+
+    /// A given set of variables (an editor host may pass the environment of its project).
+    pub fn from_vars(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Self {
+        BaseEnv {
+            vars: vars.into_iter().collect(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&OsStr> {
+        self.vars
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_os_str())
+    }
+}
+
+/// `pattern` is an exact name or a prefix ending in `*`.
+fn matches(pattern: &str, name: &[u8]) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix.as_bytes()),
+        None => name == pattern.as_bytes(),
+    }
+}
+
+fn is_git_location(name: &[u8]) -> bool {
+    GIT_LOCATION_VARIABLES
+        .iter()
+        .any(|variable| variable.as_bytes() == name)
+}
+
+/// The complete environment of an agent, in the order it is applied.
+pub fn agent_env(
+    base: &BaseEnv,
+    definition: &AgentDef,
+    crew: &[(&str, String)],
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    let mut set = |name: OsString, value: OsString| {
+        if is_git_location(name.as_bytes()) {
+            return;
+        }
+        env.retain(|(existing, _)| existing != &name);
+        env.push((name, value));
+    };
+    let patterns: Vec<&str> = ALWAYS_PASSED
+        .iter()
+        .copied()
+        .chain(definition.pass_env.iter().map(String::as_str))
+        .collect();
+    for (name, value) in &base.vars {
+        let allowed = patterns
+            .iter()
+            .any(|pattern| matches(pattern, name.as_bytes()));
+        if allowed {
+            set(name.clone(), value.clone());
+        }
+    }
+    for (name, value) in &definition.env {
+        set(name.into(), value.into());
+    }
+    for (name, value) in crew {
+        set((*name).into(), value.into());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allowed_variables_pass_and_git_locations_never() {
+        let base = BaseEnv::from_vars(
+            [
+                ("PATH", "/bin"),
+                ("LC_ALL", "C"),
+                ("SECRET_TOKEN", "x"),
+                ("ANTHROPIC_API_KEY", "k"),
+                ("GIT_DIR", "/elsewhere/.git"),
+                ("GIT_INDEX_FILE", "/tmp/index"),
+            ]
+            .map(|(key, value)| (OsString::from(key), OsString::from(value))),
+        );
+        let mut definition = AgentDef::builtin_shell();
+        definition.pass_env = vec!["ANTHROPIC_API_KEY".into()];
+        definition.env.insert("MODE".into(), "fast".into());
+        let env = agent_env(&base, &definition, &[("CREW_TASK_ID", "api".into())]);
+        let names: Vec<_> = env.iter().map(|(name, _)| name.to_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "PATH",
+                "LC_ALL",
+                "ANTHROPIC_API_KEY",
+                "MODE",
+                "CREW_TASK_ID"
+            ]
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! Errors of crew-live.
+
+use camino::Utf8PathBuf;
+use crew_core::{AgentId, WorkspaceId};
+
+/// An agent could not be started. This fails that agent's task only.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnAgentError {
+    #[error("failed to start agent {agent_id}: cannot run `{program}`")]
+    Spawn {
+        agent_id: AgentId,
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("agent {agent_id} has an empty command")]
+    EmptyCommand { agent_id: AgentId },
+    #[error("the working directory {dir} of agent {agent_id} does not exist")]
+    MissingDir { agent_id: AgentId, dir: Utf8PathBuf },
+    #[error("failed to open the output log {path}")]
+    OutputLog {
+        path: Utf8PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("agent {agent_id} is already live in this host")]
+    Duplicate { agent_id: AgentId },
+}
+
+/// An operation on a live agent that was refused or failed. The agent received nothing unless
+/// the variant says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentOpError {
+    #[error("no live agent '{spec}' in workspace {workspace}")]
+    NotFound {
+        spec: String,
+        workspace: WorkspaceId,
+    },
+    #[error("live agent '{agent_id}' does not belong to workspace {workspace}")]
+    ForeignWorkspace {
+        agent_id: AgentId,
+        workspace: WorkspaceId,
+    },
+    #[error("'{spec}' matches several live agents: {}", candidates.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    Ambiguous {
+        spec: String,
+        candidates: Vec<AgentId>,
+    },
+    #[error(
+        "live agent '{agent_id}' cannot be steered while it runs (its steer mode is \"none\"); send a follow-up instead"
+    )]
+    SteerUnsupported { agent_id: AgentId },
+    #[error("live agent '{agent_id}' is not running")]
+    NotRunning { agent_id: AgentId },
+    #[error("live agent '{agent_id}' is already running")]
+    AlreadyRunning { agent_id: AgentId },
+    #[error(
+        "live agent '{agent_id}' has ended and its workspace was torn down; resume its run instead"
+    )]
+    Closed { agent_id: AgentId },
+    #[error("live agent '{agent_id}' did not take the message: {reason}")]
+    Input { agent_id: AgentId, reason: String },
+    #[error("failed to restart live agent '{agent_id}': {reason}")]
+    Restart { agent_id: AgentId, reason: String },
+    #[error("live agent '{agent_id}' is no longer supervised")]
+    Gone { agent_id: AgentId },
+}
+
+impl AgentOpError {
+    /// A stable code for `--json` output and the control protocol.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AgentOpError::NotFound { .. } => "not_found",
+            AgentOpError::ForeignWorkspace { .. } => "foreign_workspace",
+            AgentOpError::Ambiguous { .. } => "ambiguous",
+            AgentOpError::SteerUnsupported { .. } => "steer_unsupported",
+            AgentOpError::NotRunning { .. } => "not_running",
+            AgentOpError::AlreadyRunning { .. } => "already_running",
+            AgentOpError::Closed { .. } => "closed",
+            AgentOpError::Input { .. } => "input",
+            AgentOpError::Restart { .. } => "restart",
+            AgentOpError::Gone { .. } => "gone",
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! What a host can subscribe to: status changes and output lines of its agents.
+
+use serde::Serialize;
+
+use crew_core::AgentId;
+use crew_core::model::ExitRecord;
+
+use crate::agent::AgentStatus;
+
+/// Which pipe a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// Something that happened to a live agent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AgentEvent {
+    /// A process of the agent started (the first start, or a resume).
+    Started {
+        agent_id: AgentId,
+        pid: u32,
+        attempt: u32,
+    },
+    /// A complete line of output (capped at [`crate::output::MAX_LINE_BYTES`]).
+    Output {
+        agent_id: AgentId,
+        stream: OutputStream,
+        line: String,
+    },
+    /// The agent asked a question and waits for the answer.
+    Question { agent_id: AgentId, question: String },
+    /// The agent's status changed.
+    Status {
+        agent_id: AgentId,
+        status: AgentStatus,
+    },
+    /// A process of the agent ended.
+    Exited { agent_id: AgentId, exit: ExitRecord },
+}
+
+impl AgentEvent {
+    pub fn agent_id(&self) -> &AgentId {
+        match self {
+            AgentEvent::Started { agent_id, .. }
+            | AgentEvent::Output { agent_id, .. }
+            | AgentEvent::Question { agent_id, .. }
+            | AgentEvent::Status { agent_id, .. }
+            | AgentEvent::Exited { agent_id, .. } => agent_id,
+        }
+    }
+}

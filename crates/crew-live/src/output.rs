@@ -1,0 +1,172 @@
+//! Draining an agent's stdout and stderr: everything goes to `output.log`, and only the last few
+//! lines (each capped) stay in memory for listings and events. A gigabyte without a newline
+//! costs the host a few kilobytes, and the agent is never blocked on its pipes.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{broadcast, mpsc};
+
+use crew_core::AgentId;
+
+use crate::events::{AgentEvent, OutputStream};
+
+/// The longest line kept in memory; the rest of a longer line is only in `output.log`.
+pub const MAX_LINE_BYTES: usize = 4096;
+/// How many complete lines are kept in memory per agent.
+pub const MAX_TAIL_LINES: usize = 20;
+const READ_CHUNK: usize = 16 * 1024;
+
+/// The last lines of an agent's output.
+#[derive(Debug, Default)]
+pub struct OutputTail {
+    lines: VecDeque<String>,
+    partial: Vec<u8>,
+    partial_truncated: bool,
+}
+
+impl OutputTail {
+    /// Adds a chunk; returns the lines it completed (capped at [`MAX_LINE_BYTES`]).
+    pub fn push(&mut self, mut bytes: &[u8]) -> Vec<String> {
+        let mut completed = Vec::new();
+        while let Some(newline) = bytes.iter().position(|&b| b == b'\n') {
+            self.append_partial(&bytes[..newline]);
+            completed.push(self.take_partial());
+            bytes = &bytes[newline + 1..];
+        }
+        self.append_partial(bytes);
+        for line in &completed {
+            if self.lines.len() == MAX_TAIL_LINES {
+                self.lines.pop_front();
+            }
+            self.lines.push_back(line.clone());
+        }
+        completed
+    }
+
+    fn append_partial(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE_BYTES.saturating_sub(self.partial.len());
+        if bytes.len() > room {
+            self.partial_truncated = true;
+        }
+        self.partial
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    fn take_partial(&mut self) -> String {
+        let mut line = String::from_utf8_lossy(&self.partial).into_owned();
+        if line.ends_with('\r') {
+            line.pop();
+        }
+        if self.partial_truncated {
+            line.push('…');
+        }
+        self.partial.clear();
+        self.partial_truncated = false;
+        line
+    }
+
+    /// The last complete lines, then the line in progress if any.
+    pub fn last_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.lines.iter().cloned().collect();
+        if !self.partial.is_empty() {
+            let mut line = String::from_utf8_lossy(&self.partial).into_owned();
+            if self.partial_truncated {
+                line.push('…');
+            }
+            lines.push(line);
+        }
+        lines
+    }
+
+    /// Bytes held in memory, for tests of the bound.
+    pub fn memory_bytes(&self) -> usize {
+        self.partial.capacity() + self.lines.iter().map(String::capacity).sum::<usize>()
+    }
+}
+
+/// Where one agent's output goes.
+#[derive(Debug, Clone)]
+pub struct OutputSink {
+    pub agent_id: AgentId,
+    /// `output.log`, shared by both streams; `None` once writing to it failed.
+    pub log: Arc<Mutex<Option<File>>>,
+    pub tail: Arc<Mutex<OutputTail>>,
+    pub events: broadcast::Sender<AgentEvent>,
+    /// Told each time a line marks the end of the agent's turn (`stdin-json` agents).
+    pub turn_ended: Option<mpsc::UnboundedSender<()>>,
+}
+
+/// Reads `pipe` to its end into the sink.
+pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink: OutputSink) {
+    let mut buffer = vec![0u8; READ_CHUNK];
+    loop {
+        let read = match pipe.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        let chunk = &buffer[..read];
+        {
+            let mut log = sink
+                .log
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(file) = log.as_mut()
+                && file.write_all(chunk).is_err()
+            {
+                // A full disk must not stop the agent: keep draining, stop logging.
+                *log = None;
+            }
+        }
+        let lines = sink
+            .tail
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(chunk);
+        for line in lines {
+            if let Some(turn_ended) = &sink.turn_ended
+                && is_turn_end(&line)
+            {
+                let _ = turn_ended.send(());
+            }
+            let _ = sink.events.send(AgentEvent::Output {
+                agent_id: sink.agent_id.clone(),
+                stream,
+                line,
+            });
+        }
+    }
+}
+
+/// The line Claude Code's `stream-json` output prints when a turn is over.
+fn is_turn_end(line: &str) -> bool {
+    line.trim_start().starts_with('{') && line.contains("\"type\":\"result\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_lines_and_caps_long_ones() {
+        let mut tail = OutputTail::default();
+        for index in 0..30 {
+            tail.push(format!("line {index}\n").as_bytes());
+        }
+        let lines = tail.last_lines();
+        assert_eq!(lines.len(), MAX_TAIL_LINES);
+        assert_eq!(lines[0], "line 10");
+        let huge = vec![b'x'; 10 * MAX_LINE_BYTES];
+        for _ in 0..100 {
+            tail.push(&huge);
+        }
+        assert!(tail.memory_bytes() < 4 * MAX_LINE_BYTES + MAX_TAIL_LINES * 64);
+        let completed = tail.push(b"\xff\xfe tail\n");
+        assert_eq!(completed.len(), 1);
+        assert!(completed[0].ends_with('…'));
+        assert_eq!(completed[0].len(), MAX_LINE_BYTES + '…'.len_utf8());
+    }
+}

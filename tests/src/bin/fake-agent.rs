@@ -1,0 +1,152 @@
+//! A small agent for crew's tests: a real process that behaves as told.
+//!
+//! fake-agent print <text>...           print the words on one line, exit 0
+//! fake-agent exit <code>               exit with <code>
+//! fake-agent sleep <seconds>           sleep, exit 0
+//! fake-agent sleep-until <unix-ms> <code>   sleep until then, exit with <code>
+//! fake-agent ignore-term <seconds>     ignore SIGTERM while sleeping
+//! fake-agent handle-term <file>        on SIGTERM write <file> and exit 0; sleep until then
+//! fake-agent fork-sleepers             start `sleep 600` twice in its group and a
+//!                                      double-forked grandchild that leaves the group
+//!                                      (setsid), print `ready`, sleep
+//! fake-agent echo-stdin                print `got: <line>` per stdin line; exit on `quit`
+//! fake-agent json-turns                per stdin line print `echo: <line>` then a result line
+//! fake-agent flood <bytes>             write <bytes> of `x` without newline, then invalid
+//!                                      UTF-8, then exit 0
+//! fake-agent env                       print its environment, sorted, one `NAME=value` per line
+//! fake-agent write <file> <text>       append a line to <file> (relative to its cwd), exit 0
+//! fake-agent pwd                       print its working directory
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+static TERM_RECEIVED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_term(_: libc::c_int) {
+    TERM_RECEIVED.store(true, Ordering::SeqCst);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut stdout = std::io::stdout();
+    match args[0].as_str() {
+        "print" => println!("{}", args[1..].join(" ")),
+        "exit" => std::process::exit(args[1].parse().unwrap()),
+        "sleep" => std::thread::sleep(Duration::from_secs_f64(args[1].parse().unwrap())),
+        "sleep-until" => {
+            let until: u128 = args[1].parse().unwrap();
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            if until > now {
+                std::thread::sleep(Duration::from_millis((until - now) as u64));
+            }
+            std::process::exit(args[2].parse().unwrap());
+        }
+        "ignore-term" => {
+            set_term(libc::SIG_IGN);
+            println!("ready");
+            stdout.flush().unwrap();
+            std::thread::sleep(Duration::from_secs_f64(args[1].parse().unwrap()));
+        }
+        "handle-term" => {
+            set_term(on_term as *const () as libc::sighandler_t);
+            println!("ready");
+            stdout.flush().unwrap();
+            while !TERM_RECEIVED.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::fs::write(&args[1], "cleaned up\n").unwrap();
+            std::process::exit(0);
+        }
+        "fork-sleepers" => {
+            // Never waited for on purpose: they are the leftovers crew must clean up.
+            #[allow(clippy::zombie_processes)]
+            for _ in 0..2 {
+                Command::new("sleep")
+                    .arg("600")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+            }
+            // A double fork whose grandchild leaves the process group, as daemons do.
+            Command::new("sh")
+                .args([
+                    "-c",
+                    "setsid sh -c 'sleep 600' </dev/null >/dev/null 2>&1 &",
+                ])
+                .status()
+                .unwrap();
+            println!("ready");
+            stdout.flush().unwrap();
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        "echo-stdin" => {
+            println!("ready");
+            stdout.flush().unwrap();
+            for line in std::io::stdin().lock().lines() {
+                let line = line.unwrap();
+                if line == "quit" {
+                    break;
+                }
+                println!("got: {line}");
+                stdout.flush().unwrap();
+            }
+        }
+        "json-turns" => {
+            println!("ready");
+            stdout.flush().unwrap();
+            for line in std::io::stdin().lock().lines() {
+                println!("echo: {}", line.unwrap());
+                println!("{{\"type\":\"result\",\"subtype\":\"success\"}}");
+                stdout.flush().unwrap();
+            }
+        }
+        "flood" => {
+            let total: usize = args[1].parse().unwrap();
+            let chunk = vec![b'x'; 1024 * 1024];
+            let mut written = 0;
+            while written < total {
+                let size = chunk.len().min(total - written);
+                stdout.write_all(&chunk[..size]).unwrap();
+                written += size;
+            }
+            stdout.write_all(b"\xff\xfe\xfd not utf-8").unwrap();
+            stdout.flush().unwrap();
+        }
+        "env" => {
+            let mut vars: Vec<String> = std::env::vars()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            vars.sort();
+            for var in vars {
+                println!("{var}");
+            }
+        }
+        "write" => {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&args[1])
+                .unwrap();
+            writeln!(file, "{}", args[2..].join(" ")).unwrap();
+        }
+        "pwd" => println!("{}", std::env::current_dir().unwrap().display()),
+        other => panic!("unknown behaviour {other}"),
+    }
+}
+
+fn set_term(handler: libc::sighandler_t) {
+    // SAFETY: installs a handler that only stores to an atomic, or ignores the signal.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::signal(libc::SIGTERM, handler);
+    }
+}

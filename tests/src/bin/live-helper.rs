@@ -1,0 +1,82 @@
+//! Helpers for the live-agent tests that need a process of their own.
+//!
+//! live-helper host <workspace> <run-id> <count> <fake-agent>
+//!     hosts <count> agents running `fake-agent fork-sleepers`, prints `started` once all are
+//!     ready, then waits to be killed
+//! live-helper raw <socket> <line>
+//!     sends one raw line to a control socket and prints the answer line (or the error)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::Duration;
+
+use crew_core::config::AgentDef;
+use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
+use crew_live::{AgentEvent, AgentHost, AgentSpec};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args[0].as_str() {
+        "host" => host(&args[1..]),
+        "raw" => raw(&args[1], &args[2]),
+        other => panic!("unknown command {other}"),
+    }
+}
+
+fn host(args: &[String]) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
+        let run_id = RunId::parse(&args[1]).unwrap();
+        let count: usize = args[2].parse().unwrap();
+        let host = AgentHost::new().unwrap();
+        let mut events = host.subscribe();
+        let mut definition = AgentDef::builtin_shell();
+        definition.command = vec![args[3].clone(), "fork-sleepers".into()];
+        for index in 0..count {
+            host.start(AgentSpec {
+                agent_id: AgentId::new(
+                    run_id.clone(),
+                    TaskId::parse(&format!("agent-{index}")).unwrap(),
+                ),
+                workspace: workspace.clone(),
+                dir: workspace.as_path().to_owned(),
+                definition: definition.clone(),
+                prompt: String::new(),
+                timeout: None,
+                stop_grace: Duration::from_secs(10),
+                output_log: workspace.as_path().join(format!("agent-{index}.log")),
+                socket: None,
+            })
+            .await
+            .unwrap();
+        }
+        let mut ready = 0;
+        while ready < count {
+            if let Ok(AgentEvent::Output { line, .. }) = events.recv().await
+                && line == "ready"
+            {
+                ready += 1;
+            }
+        }
+        // Let the double-forked grandchildren settle before announcing.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        println!("started");
+        std::io::stdout().flush().unwrap();
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    });
+}
+
+fn raw(socket: &str, line: &str) {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(mut stream) => {
+            stream.write_all(line.as_bytes()).unwrap();
+            stream.write_all(b"\n").unwrap();
+            let mut answer = String::new();
+            BufReader::new(stream).read_line(&mut answer).unwrap();
+            print!("{answer}");
+        }
+        Err(error) => println!("connect error: {}", error.kind()),
+    }
+}

@@ -1,0 +1,738 @@
+//! Live agents as real processes: supervision, the signal ladder, output, steering and the
+//! workspace-scoped registry.
+
+use std::time::{Duration, Instant};
+
+use crew_core::config::{AgentDef, SteerMode};
+use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
+use crew_live::{
+    AgentEvent, AgentHost, AgentOpError, AgentSpec, AgentState, FollowUpOutcome, StopOutcome,
+};
+use crew_tests::TestEnv;
+use tokio::sync::broadcast;
+
+pub const FAKE_AGENT: &str = env!("CARGO_BIN_EXE_fake-agent");
+
+pub struct LiveFixture {
+    pub env: TestEnv,
+    pub host: AgentHost,
+    pub workspace: WorkspaceId,
+    pub run_id: RunId,
+}
+
+impl LiveFixture {
+    pub fn new() -> Self {
+        let env = TestEnv::new();
+        let dir = env.dir("project");
+        let workspace = WorkspaceId::from_path(dir.as_std_path()).unwrap();
+        LiveFixture {
+            host: AgentHost::new().unwrap(),
+            env,
+            workspace,
+            run_id: RunId::generate(),
+        }
+    }
+
+    pub fn spec(&self, task: &str, definition: AgentDef) -> AgentSpec {
+        AgentSpec {
+            agent_id: self.agent_id(task),
+            workspace: self.workspace.clone(),
+            dir: self.workspace.as_path().to_owned(),
+            definition,
+            prompt: "the prompt".into(),
+            timeout: None,
+            stop_grace: Duration::from_millis(500),
+            output_log: self.env.root().join("logs").join(format!("{task}.log")),
+            socket: None,
+        }
+    }
+
+    pub fn agent_id(&self, task: &str) -> AgentId {
+        AgentId::new(self.run_id.clone(), TaskId::parse(task).unwrap())
+    }
+}
+
+/// An agent definition running the fake agent with `args`.
+pub fn fake(args: &[&str], steer: SteerMode) -> AgentDef {
+    let mut definition = AgentDef::builtin_shell();
+    definition.name = "fake".into();
+    definition.command = std::iter::once(FAKE_AGENT.to_owned())
+        .chain(args.iter().map(|arg| (*arg).to_owned()))
+        .collect();
+    definition.steer = steer;
+    definition
+}
+
+/// Waits for `agent_id` to print `line`.
+pub async fn wait_for_line(
+    events: &mut broadcast::Receiver<AgentEvent>,
+    agent_id: &AgentId,
+    line: &str,
+) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match events.recv().await {
+                Ok(AgentEvent::Output {
+                    agent_id: id,
+                    line: got,
+                    ..
+                }) if &id == agent_id && got == line => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(error) => panic!("events ended: {error}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{agent_id} never printed {line:?}"));
+}
+
+/// Live processes whose environment carries `marker` (`NAME=value`), found through `/proc`.
+pub fn marked_processes(marker: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| crew_live::procscan::carries_marker(pid, marker))
+        .collect()
+}
+
+/// Waits until no process carries `marker`, or fails after `limit`.
+pub async fn assert_no_marked_processes(marker: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let left = marked_processes(marker);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "processes still carry {marker}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_kills_whole_process_group_and_escaped_grandchildren() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let handle = fixture
+        .host
+        .start(fixture.spec("forker", fake(&["fork-sleepers"], SteerMode::None)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    let marker = format!("CREW_AGENT_ID={}", handle.agent_id());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        marked_processes(&marker).len() >= 4,
+        "agent, two sleepers and the escaped grandchild"
+    );
+
+    let (_, outcome) = fixture
+        .host
+        .registry()
+        .stop(&fixture.workspace, "forker")
+        .await
+        .unwrap();
+    assert_eq!(outcome, StopOutcome::Terminated);
+    let status = handle.wait_exited().await;
+    let exit = status.exit.unwrap();
+    assert_eq!(exit.signal, Some(libc::SIGTERM));
+    assert_eq!(exit.stopped_by.as_deref(), Some("term"));
+    assert!(
+        exit.leaked_processes,
+        "the sleepers outlived the agent and were killed"
+    );
+    assert_no_marked_processes(&marker, Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_ignoring_term_gets_kill_after_the_grace() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let handle = fixture
+        .host
+        .start(fixture.spec("stubborn", fake(&["ignore-term", "60"], SteerMode::None)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    let started = Instant::now();
+    let outcome = handle.stop().await.unwrap();
+    assert_eq!(outcome, StopOutcome::Killed);
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "KILL waits for the grace"
+    );
+    let exit = handle.status().exit.unwrap();
+    assert_eq!(
+        (exit.signal, exit.stopped_by.as_deref()),
+        (Some(libc::SIGKILL), Some("kill"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_stop_kills_at_once() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let mut spec = fixture.spec("stubborn", fake(&["ignore-term", "60"], SteerMode::None));
+    spec.stop_grace = Duration::from_secs(60);
+    let handle = fixture.host.start(spec).await.unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    let first = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.stop().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    assert_eq!(handle.stop().await.unwrap(), StopOutcome::Killed);
+    assert_eq!(first.await.unwrap().unwrap(), StopOutcome::Killed);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no waiting for the 60 s grace"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_handling_term_exits_cleanly_without_kill() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let done = fixture.env.root().join("cleaned.txt");
+    let handle = fixture
+        .host
+        .start(fixture.spec(
+            "polite",
+            fake(&["handle-term", done.as_str()], SteerMode::None),
+        ))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    assert_eq!(handle.stop().await.unwrap(), StopOutcome::Terminated);
+    let exit = handle.status().exit.unwrap();
+    assert_eq!((exit.code, exit.signal), (Some(0), None));
+    assert_eq!(exit.stopped_by.as_deref(), Some("term"));
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "cleaned up\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_codes_and_output_are_recorded() {
+    let fixture = LiveFixture::new();
+    let handle = fixture
+        .host
+        .start(fixture.spec("failing", fake(&["exit", "7"], SteerMode::None)))
+        .await
+        .unwrap();
+    let exit = handle.wait_exited().await.exit.unwrap();
+    assert_eq!(
+        (exit.code, exit.signal, exit.leaked_processes),
+        (Some(7), None, false)
+    );
+
+    let spec = fixture.spec(
+        "printer",
+        fake(&["print", "hello", "world"], SteerMode::None),
+    );
+    let log = spec.output_log.clone();
+    let handle = fixture.host.start(spec).await.unwrap();
+    handle.wait_exited().await;
+    assert_eq!(std::fs::read_to_string(log).unwrap(), "hello world\n");
+    assert_eq!(handle.snapshot().last_lines, ["hello world"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_command_fails_that_agent_only() {
+    let fixture = LiveFixture::new();
+    let mut missing = fake(&[], SteerMode::None);
+    missing.command = vec!["/nonexistent/agent-binary".into()];
+    let error = fixture
+        .host
+        .start(fixture.spec("missing", missing))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("cannot run `/nonexistent/agent-binary`"),
+        "{error}"
+    );
+    let not_executable = fixture.env.root().join("not-executable");
+    std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+    let mut denied = fake(&[], SteerMode::None);
+    denied.command = vec![not_executable.to_string()];
+    assert!(
+        fixture
+            .host
+            .start(fixture.spec("denied", denied))
+            .await
+            .is_err()
+    );
+
+    let fine = fixture
+        .host
+        .start(fixture.spec("fine", fake(&["exit", "0"], SteerMode::None)))
+        .await
+        .unwrap();
+    assert_eq!(fine.wait_exited().await.exit.unwrap().code, Some(0));
+    assert_eq!(fixture.host.registry().list(&fixture.workspace).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_see_only_their_allow_listed_environment() {
+    let fixture = LiveFixture::new();
+    let host = AgentHost::with_env(crew_live::env::BaseEnv::from_vars(
+        [
+            ("PATH", std::env::var("PATH").unwrap().as_str()),
+            ("HOME", "/home/someone"),
+            ("GIT_DIR", "/somewhere/.git"),
+            ("GIT_WORK_TREE", "/somewhere"),
+            ("GIT_INDEX_FILE", "/somewhere/index"),
+            ("AWS_SECRET_ACCESS_KEY", "leak"),
+            ("OPENAI_API_KEY", "allowed"),
+        ]
+        .map(|(name, value)| (name.into(), value.into())),
+    ))
+    .unwrap();
+    let mut definition = fake(&["env"], SteerMode::None);
+    definition.pass_env = vec!["OPENAI_API_KEY".into()];
+    definition.env.insert("AGENT_MODE".into(), "test".into());
+    let spec = fixture.spec("env", definition);
+    let log = spec.output_log.clone();
+    host.start(spec).await.unwrap().wait_exited().await;
+    let output = std::fs::read_to_string(log).unwrap();
+    let names: Vec<&str> = output
+        .lines()
+        .map(|line| line.split('=').next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "AGENT_MODE",
+            "CREW_AGENT_ID",
+            "CREW_PROJECT_ROOT",
+            "CREW_RUN_ID",
+            "CREW_TASK_ID",
+            "CREW_WORKSPACE",
+            "HOME",
+            "OPENAI_API_KEY",
+            "PATH"
+        ]
+    );
+    assert!(output.contains(&format!("CREW_AGENT_ID={}", fixture.agent_id("env"))));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prompt_is_one_argument_and_the_agent_runs_in_its_directory() {
+    let fixture = LiveFixture::new();
+    let mut definition = AgentDef::builtin_shell();
+    definition.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "{prompt}".into(),
+        "crew-agent".into(),
+        "{task_id}".into(),
+    ];
+    let mut spec = fixture.spec("shell", definition);
+    spec.prompt = "printf '%s|' \"$0\" \"$1\"; pwd".into();
+    let log = spec.output_log.clone();
+    fixture.host.start(spec).await.unwrap().wait_exited().await;
+    assert_eq!(
+        std::fs::read_to_string(log).unwrap(),
+        format!("crew-agent|shell|{}\n", fixture.workspace)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn steer_writes_lines_json_or_is_refused() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let registry = fixture.host.registry();
+
+    let lines = fixture
+        .host
+        .start(fixture.spec("lines", fake(&["echo-stdin"], SteerMode::StdinLines)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, lines.agent_id(), "ready").await;
+    registry
+        .steer(&fixture.workspace, "lines", "turn left")
+        .await
+        .unwrap();
+    wait_for_line(&mut events, lines.agent_id(), "got: turn left").await;
+
+    let json = fixture
+        .host
+        .start(fixture.spec("json", fake(&["json-turns"], SteerMode::StdinJson)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, json.agent_id(), "ready").await;
+    registry
+        .steer(&fixture.workspace, "json", "hi \"there\"")
+        .await
+        .unwrap();
+    wait_for_line(
+        &mut events,
+        json.agent_id(),
+        r#"echo: {"message":{"content":"hi \"there\"","role":"user"},"type":"user"}"#,
+    )
+    .await;
+
+    let deaf = fixture
+        .host
+        .start(fixture.spec("deaf", fake(&["sleep", "30"], SteerMode::None)))
+        .await
+        .unwrap();
+    let error = registry
+        .steer(&fixture.workspace, "deaf", "hello?")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, AgentOpError::SteerUnsupported { .. }),
+        "{error}"
+    );
+    for handle in [lines, json, deaf] {
+        handle.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn follow_ups_wait_for_the_turn_or_resume_an_exited_agent() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let registry = fixture.host.registry();
+
+    // stdin-json: delivered when the agent prints its end-of-turn line.
+    let json = fixture
+        .host
+        .start(fixture.spec("json", fake(&["json-turns"], SteerMode::StdinJson)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, json.agent_id(), "ready").await;
+    let (_, outcome) = registry
+        .follow_up(&fixture.workspace, "json", "second")
+        .await
+        .unwrap();
+    assert_eq!(outcome, FollowUpOutcome::Queued { position: 1 });
+    registry
+        .steer(&fixture.workspace, "json", "first")
+        .await
+        .unwrap();
+    wait_for_line(
+        &mut events,
+        json.agent_id(),
+        r#"echo: {"message":{"content":"first","role":"user"},"type":"user"}"#,
+    )
+    .await;
+    wait_for_line(
+        &mut events,
+        json.agent_id(),
+        r#"echo: {"message":{"content":"second","role":"user"},"type":"user"}"#,
+    )
+    .await;
+    json.stop().await.unwrap();
+
+    // An exited agent is resumed with the message, through its resume template.
+    let mut definition = fake(&["print", "first run"], SteerMode::None);
+    definition.resume = Some(vec![
+        FAKE_AGENT.into(),
+        "print".into(),
+        "resumed with".into(),
+        "{message}".into(),
+    ]);
+    let agent = fixture
+        .host
+        .start(fixture.spec("resumable", definition))
+        .await
+        .unwrap();
+    agent.wait_exited().await;
+    let (_, outcome) = registry
+        .follow_up(&fixture.workspace, "resumable", "the answer")
+        .await
+        .unwrap();
+    assert!(matches!(outcome, FollowUpOutcome::Resumed { .. }));
+    wait_for_line(&mut events, agent.agent_id(), "resumed with the answer").await;
+    let status = agent.wait_exited().await;
+    assert_eq!(status.attempt, 2);
+
+    // Resume without a message; resuming a running agent is refused.
+    let sleeper = fixture
+        .host
+        .start(fixture.spec("sleeper", fake(&["sleep", "30"], SteerMode::None)))
+        .await
+        .unwrap();
+    assert!(matches!(
+        registry.resume(&fixture.workspace, "sleeper", None).await,
+        Err(AgentOpError::AlreadyRunning { .. })
+    ));
+    sleeper.stop().await.unwrap();
+    let (_, pid) = registry
+        .resume(&fixture.workspace, "sleeper", None)
+        .await
+        .unwrap();
+    assert!(pid > 0);
+    assert_eq!(sleeper.status().state, AgentState::Running);
+    assert_eq!(sleeper.stop().await.unwrap(), StopOutcome::Terminated);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_stops_the_agent_and_says_so() {
+    let fixture = LiveFixture::new();
+    let mut spec = fixture.spec("slow", fake(&["sleep", "60"], SteerMode::None));
+    spec.timeout = Some(Duration::from_millis(300));
+    let handle = fixture.host.start(spec).await.unwrap();
+    let exit = handle.wait_exited().await.exit.unwrap();
+    assert!(exit.timed_out);
+    assert_eq!(exit.stopped_by.as_deref(), Some("term"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gigabyte_without_newline_keeps_memory_bounded_and_never_blocks_the_agent() {
+    let fixture = LiveFixture::new();
+    let rss_before = rss_kib();
+    let size: usize = 1 << 30;
+    let spec = fixture.spec(
+        "flood",
+        fake(&["flood", &size.to_string()], SteerMode::None),
+    );
+    let log = spec.output_log.clone();
+    let handle = fixture.host.start(spec).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(120), handle.wait_exited())
+        .await
+        .expect("the agent was never blocked");
+    assert_eq!(status.exit.unwrap().code, Some(0));
+    let rss_after = rss_kib();
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "host RSS grew from {rss_before} KiB to {rss_after} KiB"
+    );
+    let logged = std::fs::metadata(&log).unwrap().len();
+    assert_eq!(logged as usize, size + b"\xff\xfe\xfd not utf-8".len());
+    std::fs::remove_file(&log).unwrap();
+    let lines = handle.snapshot().last_lines;
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].len() <= crew_live::output::MAX_LINE_BYTES + 3);
+    assert!(lines[0].ends_with('…'));
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_agents_exiting_at_once_are_all_recorded_and_reaped() {
+    let fixture = LiveFixture::new();
+    let deadline = (std::time::SystemTime::now() + Duration::from_secs(3))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let mut handles = Vec::new();
+    for index in 0..200 {
+        let code = (index % 5).to_string();
+        let spec = fixture.spec(
+            &format!("a{index}"),
+            fake(&["sleep-until", &deadline, &code], SteerMode::None),
+        );
+        handles.push(fixture.host.start(spec).await.unwrap());
+    }
+    for (index, handle) in handles.iter().enumerate() {
+        let exit = tokio::time::timeout(Duration::from_secs(30), handle.wait_exited())
+            .await
+            .unwrap()
+            .exit
+            .unwrap();
+        assert_eq!(exit.code, Some((index % 5) as i32), "{}", handle.agent_id());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let zombies = children_in_state(std::process::id(), 'Z');
+    assert!(zombies.is_empty(), "zombie children: {zombies:?}");
+}
+
+/// Children of `parent` whose state letter is `state`.
+fn children_in_state(parent: u32, state: char) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            let Some(close) = stat.rfind(')') else {
+                return false;
+            };
+            let mut fields = stat[close + 1..].split_whitespace();
+            let this_state = fields.next().and_then(|field| field.chars().next());
+            let ppid = fields.next().and_then(|field| field.parse::<u32>().ok());
+            this_state == Some(state) && ppid == Some(parent)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along() {
+    let env = TestEnv::new();
+    let workspace = env.dir("project");
+    let run_id = RunId::generate();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_live-helper"));
+    env.hermetic(&mut command)
+        .args(["host", workspace.as_str(), run_id.as_str(), "5", FAKE_AGENT])
+        .stdout(std::process::Stdio::piped());
+    let mut host = command.spawn().unwrap();
+    let mut stdout = std::io::BufReader::new(host.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "started\n");
+    let marker = format!("CREW_RUN_ID={run_id}");
+    // 5 agents, 10 sleepers (the escaped grandchildren are outside the groups, see below).
+    assert!(marked_processes(&marker).len() >= 15);
+
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&host),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    host.wait().unwrap();
+    let started = Instant::now();
+    loop {
+        // Only processes that stayed in their agent's group die with the host: a daemon that
+        // left it with setsid is beyond any group signal, and is killed by crew's stop sweep.
+        let left: Vec<u32> = marked_processes(&marker)
+            .into_iter()
+            .filter(|&pid| session_of(pid) == session_of(std::process::id()))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still alive after the host died: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for pid in marked_processes(&marker) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// The session a process belongs to; daemons that called setsid are in one of their own.
+fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    // After the name: state, ppid, pgrp, session.
+    stat[close + 1..].split_whitespace().nth(3)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_host_keeps_two_workspaces_apart() {
+    let fixture = LiveFixture::new();
+    let other_dir = fixture.env.dir("other");
+    let other = WorkspaceId::from_path(other_dir.as_std_path()).unwrap();
+    let mut events = fixture.host.subscribe();
+    let ours = fixture
+        .host
+        .start(fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines)))
+        .await
+        .unwrap();
+    let mut theirs_spec = fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines));
+    theirs_spec.agent_id = AgentId::new(RunId::generate(), TaskId::parse("api").unwrap());
+    theirs_spec.workspace = other.clone();
+    theirs_spec.dir = other_dir.clone();
+    theirs_spec.output_log = fixture.env.root().join("logs/other-api.log");
+    let theirs = fixture.host.start(theirs_spec).await.unwrap();
+    wait_for_line(&mut events, ours.agent_id(), "ready").await;
+    wait_for_line(&mut events, theirs.agent_id(), "ready").await;
+
+    let registry = fixture.host.registry();
+    let listed: Vec<AgentId> = registry
+        .list(&fixture.workspace)
+        .into_iter()
+        .map(|agent| agent.agent_id)
+        .collect();
+    assert_eq!(listed, [ours.agent_id().clone()]);
+    let listed: Vec<AgentId> = registry
+        .list(&other)
+        .into_iter()
+        .map(|agent| agent.agent_id)
+        .collect();
+    assert_eq!(listed, [theirs.agent_id().clone()]);
+
+    // By task id, each workspace reaches its own agent only.
+    registry.steer(&other, "api", "from other").await.unwrap();
+    wait_for_line(&mut events, theirs.agent_id(), "got: from other").await;
+
+    // By full id, the other workspace's agent is refused and receives nothing.
+    let foreign = ours.agent_id().to_string();
+    let error = registry
+        .steer(&other, &foreign, "hijack")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("live agent '{foreign}' does not belong to workspace {other}")
+    );
+    assert!(matches!(
+        registry.stop(&other, &foreign).await,
+        Err(AgentOpError::ForeignWorkspace { .. })
+    ));
+    assert!(matches!(
+        registry.follow_up(&other, &foreign, "x").await,
+        Err(AgentOpError::ForeignWorkspace { .. })
+    ));
+    assert!(matches!(
+        registry.resume(&other, &foreign, None).await,
+        Err(AgentOpError::ForeignWorkspace { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !ours
+            .snapshot()
+            .last_lines
+            .iter()
+            .any(|line| line.contains("hijack"))
+    );
+    assert_eq!(ours.status().state, AgentState::Running);
+
+    // Two runs of one workspace with the same task id: a bare task id is ambiguous.
+    let mut second = fixture.spec("api", fake(&["sleep", "30"], SteerMode::None));
+    second.agent_id = AgentId::new(RunId::generate(), TaskId::parse("api").unwrap());
+    second.output_log = fixture.env.root().join("logs/api-2.log");
+    let second = fixture.host.start(second).await.unwrap();
+    assert!(matches!(
+        registry.stop(&fixture.workspace, "api").await,
+        Err(AgentOpError::Ambiguous { .. })
+    ));
+    let prefix = format!("{}:api", &fixture.run_id.as_str()[..12]);
+    registry
+        .steer(&fixture.workspace, &prefix, "by prefix")
+        .await
+        .unwrap();
+    wait_for_line(&mut events, ours.agent_id(), "got: by prefix").await;
+    for handle in [ours, theirs, second] {
+        handle.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_the_host_kills_its_agents() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let handle = fixture
+        .host
+        .start(fixture.spec("orphan", fake(&["ignore-term", "60"], SteerMode::None)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    let marker = format!("CREW_AGENT_ID={}", handle.agent_id());
+    let LiveFixture { host, env, .. } = fixture;
+    drop(host);
+    drop(handle);
+    assert_no_marked_processes(&marker, Duration::from_secs(5)).await;
+    drop(env);
+}
