@@ -3,28 +3,60 @@
 //! in the library crates, not here.
 
 pub mod commands;
+mod context;
 mod error;
+mod hosting;
+pub mod ui;
 
 pub use error::{CliError, ErrorKind, Outcome, exit, exit_code};
 
 use clap::Parser;
 
+use crate::ui::{ColorChoice, Ui};
+
 /// crew runs a team of coding agents in parallel, each task in its own isolated workspace.
 #[derive(Debug, Parser)]
-#[command(name = "crew", bin_name = "crew", version)]
+#[command(name = "crew", bin_name = "crew", version, propagate_version = true)]
+#[command(
+    after_help = "Exit codes: 0 ok, 1 a task failed, 2 usage or configuration error, 130 interrupted."
+)]
 pub struct Cli {
+    /// When to color output (NO_COLOR turns `auto` off).
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+    /// Say more about what crew does (repeat for debug output).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Print only errors and what was asked for.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
     #[command(subcommand)]
-    pub command: Option<commands::Command>,
+    pub command: commands::Command,
 }
 
 /// Runs the command line.
-pub fn run(cli: Cli) -> Result<Outcome, CliError> {
-    match cli.command {
-        None => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            command.print_help().map_err(CliError::internal)?;
-            Ok(Outcome::Success)
-        }
-        Some(command) => commands::run(command),
-    }
+pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
+    init_tracing(cli.verbose, cli.quiet);
+    let ui = Ui::new(cli.color, cli.quiet);
+    commands::run(cli.command, ui).await
+}
+
+/// Diagnostics go to stderr: warnings by default, more with -v, errors only with -q;
+/// `CREW_LOG` (a tracing filter such as `crew_live=debug`) wins when set.
+fn init_tracing(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, _) => "debug",
+    };
+    let filter = std::env::var(crew_core::env_vars::CREW_LOG)
+        .ok()
+        .and_then(|filter| tracing_subscriber::EnvFilter::try_new(filter).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }

@@ -134,6 +134,12 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
 impl Serialize for HumanDuration {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&humantime::format_duration(self.0).to_string())
@@ -696,6 +702,26 @@ pub fn validate_task_graph(tasks: &[TaskSpec]) -> Result<Vec<(TaskId, Vec<TaskId
         });
     }
     Ok(parsed)
+}
+
+/// [`validate_task_graph`] for tasks that come from elsewhere than a file (submitted by an
+/// agent, given on the command line): same rules, messages without a location.
+pub fn validate_plain_task_graph(
+    tasks: &[(String, Vec<String>)],
+) -> Result<Vec<(TaskId, Vec<TaskId>)>, String> {
+    let specs: Vec<TaskSpec> = tasks
+        .iter()
+        .enumerate()
+        .map(|(index, (id, depends_on))| TaskSpec {
+            index,
+            id: Spanned::new(0..0, id.clone()),
+            depends_on: depends_on
+                .iter()
+                .map(|dep| Spanned::new(0..0, dep.clone()))
+                .collect(),
+        })
+        .collect();
+    validate_task_graph(&specs).map_err(|error| error.message)
 }
 
 /// A cycle in the graph, as the list of nodes along it, when there is one.

@@ -70,6 +70,8 @@ impl RunStatus {
             (Running, Completed | Failed | Cancelled | Interrupted) => true,
             // Resuming a run that did not complete, or one whose agent gets a follow-up.
             (Completed | Failed | Cancelled | Interrupted, Running) => true,
+            // Cancelling a run whose host is gone.
+            (Interrupted, Cancelled) => true,
             _ => false,
         }
     }
@@ -210,6 +212,10 @@ impl ExitRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkspaceRecord {
     pub kind: WorkspaceKind,
+    /// The top of the allocated directory (the worktree root, the temp dir).
+    #[serde(default)]
+    pub root: Utf8PathBuf,
+    /// Where the agent works: `root` plus the run's invocation subdirectory.
     pub dir: Utf8PathBuf,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,

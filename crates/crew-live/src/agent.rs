@@ -71,7 +71,7 @@ pub struct AgentSpec {
 }
 
 /// Whether the agent's process is alive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentState {
     Running,
@@ -210,6 +210,43 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         status: status_rx,
         tail,
     })
+}
+
+/// Starts a supervisor for an agent whose process is not running, such as one that asked a
+/// question before its host went away: it waits, exited, until a follow-up or a resume starts
+/// it again in its workspace.
+pub(crate) fn start_idle(
+    spec: AgentSpec,
+    launcher: Launcher,
+    question: Option<String>,
+    attempt: u32,
+) -> Started {
+    let tail = Arc::new(Mutex::new(OutputTail::default()));
+    let (control_tx, control_rx) = mpsc::channel(64);
+    let (status_tx, status_rx) = watch::channel(AgentStatus {
+        state: AgentState::Exited,
+        pid: None,
+        attempt,
+        started_at: Timestamp::now(),
+        exit: None,
+        question,
+        queued_follow_ups: 0,
+        closed: false,
+    });
+    let supervisor = Supervisor {
+        spec,
+        launcher,
+        control: control_rx,
+        status: status_tx,
+        tail: tail.clone(),
+        follow_ups: VecDeque::new(),
+    };
+    tokio::spawn(supervisor.run_from_idle());
+    Started {
+        control: control_tx,
+        status: status_rx,
+        tail,
+    }
 }
 
 /// Builds and spawns one process of the agent: the `command` template, or the `resume`
@@ -365,6 +402,13 @@ enum Next {
 }
 
 impl Supervisor {
+    async fn run_from_idle(mut self) {
+        let next = self.idle().await;
+        if let Some(running) = self.restart(next).await {
+            self.run(running).await;
+        }
+    }
+
     async fn run(mut self, mut running: Running) {
         loop {
             let ended = self.supervise(running).await;

@@ -26,7 +26,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use crew_core::{AgentId, WorkspaceId};
+use crew_core::{AgentId, RunId, WorkspaceId};
+use dashmap::DashMap;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::AgentOpError;
 use crate::host::AgentHost;
@@ -80,7 +82,49 @@ pub enum Op {
         agent: AgentId,
         question: String,
     },
+    /// Cancels a run hosted here: its agents are stopped gracefully and their work kept.
+    CancelRun {
+        run: RunId,
+    },
+    /// Tasks an agent submits to its own run (an agent-authored plan). They carry no
+    /// workspace mode and no path: they run in the mode the run chose.
+    SubmitTasks {
+        agent: AgentId,
+        tasks: Vec<SubmittedTask>,
+    },
 }
+
+/// A task submitted by a running agent. Only these fields are accepted: a workspace mode, a
+/// directory or any other field is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmittedTask {
+    pub id: String,
+    /// The agent definition to run; the submitting agent's own when absent.
+    #[serde(default)]
+    pub agent: Option<String>,
+    pub prompt: String,
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+}
+
+/// A request the control channel hands to the runner of a run.
+#[derive(Debug)]
+pub enum RunCommand {
+    Cancel {
+        workspace: WorkspaceId,
+        reply: oneshot::Sender<Result<Value, ErrorBody>>,
+    },
+    Submit {
+        workspace: WorkspaceId,
+        agent: AgentId,
+        tasks: Vec<SubmittedTask>,
+        reply: oneshot::Sender<Result<Value, ErrorBody>>,
+    },
+}
+
+/// The runs a server routes [`RunCommand`]s to.
+pub type RunRoutes = Arc<DashMap<RunId, mpsc::Sender<RunCommand>>>;
 
 /// The answer to a request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -254,6 +298,7 @@ pub fn workspace_hash(workspace: &WorkspaceId) -> String {
 pub struct ControlServer {
     path: Utf8PathBuf,
     task: JoinHandle<()>,
+    runs: RunRoutes,
 }
 
 impl ControlServer {
@@ -295,8 +340,18 @@ impl ControlServer {
         let listener = UnixListener::bind(&path).map_err(bind_error)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(bind_error)?;
-        let task = tokio::spawn(serve(listener, host));
-        Ok(ControlServer { path, task })
+        let runs = RunRoutes::default();
+        let task = tokio::spawn(serve(listener, host, runs.clone()));
+        Ok(ControlServer { path, task, runs })
+    }
+
+    /// Routes cancel and task-submission requests for `run_id` to its runner.
+    pub fn attach_run(&self, run_id: RunId, commands: mpsc::Sender<RunCommand>) {
+        self.runs.insert(run_id, commands);
+    }
+
+    pub fn detach_run(&self, run_id: &RunId) {
+        self.runs.remove(run_id);
     }
 
     pub fn path(&self) -> &Utf8Path {
@@ -311,7 +366,7 @@ impl Drop for ControlServer {
     }
 }
 
-async fn serve(listener: UnixListener, host: AgentHost) {
+async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let uid = rustix::process::geteuid().as_raw();
     loop {
@@ -329,6 +384,7 @@ async fn serve(listener: UnixListener, host: AgentHost) {
             continue;
         };
         let host = host.clone();
+        let runs = runs.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let peer_uid = stream.peer_cred().map(|cred| cred.uid()).ok();
@@ -341,7 +397,7 @@ async fn serve(listener: UnixListener, host: AgentHost) {
                 .await;
                 return;
             }
-            serve_connection(stream, host).await;
+            serve_connection(stream, host, runs).await;
         });
     }
 }
@@ -409,7 +465,7 @@ async fn read_line(reader: &mut BufReader<UnixStream>) -> io::Result<Line> {
     }
 }
 
-async fn serve_connection(stream: UnixStream, host: AgentHost) {
+async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes) {
     let mut reader = BufReader::new(stream);
     loop {
         let response = match read_line(&mut reader).await {
@@ -420,7 +476,7 @@ async fn serve_connection(stream: UnixStream, host: AgentHost) {
                 format!("a request may be at most {MAX_REQUEST_BYTES} bytes"),
             ),
             Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
-                Ok(request) => handle(&host, request).await,
+                Ok(request) => handle(&host, &runs, request).await,
                 Err(error) => Response::error(None, "invalid_request", error.to_string()),
             },
         };
@@ -434,7 +490,7 @@ fn op_error(id: Option<u64>, error: &AgentOpError) -> Response {
     Response::error(id, error.code(), error.to_string())
 }
 
-async fn handle(host: &AgentHost, request: Request) -> Response {
+async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Response {
     let id = request.id;
     // Every spelling of a directory (symlink, `..`, trailing slash) is the same workspace.
     let workspace = match WorkspaceId::from_path(request.workspace.as_std_path()) {
@@ -480,6 +536,44 @@ async fn handle(host: &AgentHost, request: Request) -> Response {
             Ok(()) => json(Ok(serde_json::json!({ "agent_id": agent }))),
             Err(error) => op_error(id, &error),
         },
+        Op::CancelRun { run } => {
+            route(id, runs, &run, |reply| RunCommand::Cancel {
+                workspace,
+                reply,
+            })
+            .await
+        }
+        Op::SubmitTasks { agent, tasks } => {
+            let run = agent.run_id().clone();
+            route(id, runs, &run, |reply| RunCommand::Submit {
+                workspace,
+                agent,
+                tasks,
+                reply,
+            })
+            .await
+        }
+    }
+}
+
+/// Hands a run command to the runner of `run` and relays its answer.
+async fn route(
+    id: Option<u64>,
+    runs: &RunRoutes,
+    run: &RunId,
+    build: impl FnOnce(oneshot::Sender<Result<Value, ErrorBody>>) -> RunCommand,
+) -> Response {
+    let Some(commands) = runs.get(run).map(|entry| entry.value().clone()) else {
+        return Response::error(id, "unknown_run", format!("run {run} is not hosted here"));
+    };
+    let (reply, answer) = oneshot::channel();
+    if commands.send(build(reply)).await.is_err() {
+        return Response::error(id, "unknown_run", format!("run {run} has ended"));
+    }
+    match answer.await {
+        Ok(Ok(value)) => Response::ok(id, value),
+        Ok(Err(error)) => Response::error(id, &error.code, error.message),
+        Err(_) => Response::error(id, "unknown_run", format!("run {run} has ended")),
     }
 }
 

@@ -89,6 +89,36 @@ impl AgentHost {
         Ok(handle)
     }
 
+    /// Registers an agent whose process is not running (it waits for an answer, or its host
+    /// went away): it starts again in its workspace on the next follow-up or resume.
+    pub fn adopt(
+        &self,
+        spec: AgentSpec,
+        question: Option<String>,
+        attempt: u32,
+    ) -> Result<AgentHandle, SpawnAgentError> {
+        let info = Arc::new(AgentInfo {
+            agent_id: spec.agent_id.clone(),
+            workspace: spec.workspace.clone(),
+            agent: spec.definition.name.clone(),
+            dir: spec.dir.clone(),
+        });
+        let started = agent::start_idle(spec, self.inner.launcher.clone(), question, attempt);
+        let handle = AgentHandle {
+            info,
+            control: started.control,
+            status: started.status,
+            tail: started.tail,
+        };
+        if self.inner.registry.insert(handle.clone()) {
+            Ok(handle)
+        } else {
+            Err(SpawnAgentError::Duplicate {
+                agent_id: handle.info.agent_id.clone(),
+            })
+        }
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.inner.registry
     }

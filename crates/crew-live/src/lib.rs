@@ -77,6 +77,7 @@ pub mod host;
 pub mod output;
 pub mod procscan;
 pub mod registry;
+pub mod runner;
 pub mod spawn;
 
 pub use agent::{AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
@@ -85,3 +86,4 @@ pub use error::{AgentOpError, SpawnAgentError};
 pub use events::{AgentEvent, OutputStream};
 pub use host::AgentHost;
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
+pub use runner::{CancelLevel, RunError, RunSpec, Runner};

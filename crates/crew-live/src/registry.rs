@@ -38,8 +38,8 @@ pub struct AgentHandle {
     pub(crate) tail: Arc<Mutex<OutputTail>>,
 }
 
-/// An agent as a listing shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An agent as a listing shows it (and as the control socket sends it).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct AgentSnapshot {
     pub agent_id: AgentId,
     pub run_id: RunId,

@@ -21,6 +21,7 @@ pub mod admin;
 pub mod create;
 pub mod envsetup;
 pub mod error;
+pub mod inspect;
 pub mod leader;
 pub mod listing;
 pub mod names;

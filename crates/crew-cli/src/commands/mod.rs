@@ -1,10 +1,48 @@
 //! One module per subcommand.
 
+pub mod agents;
+pub mod ask;
+pub mod completions;
+pub mod demo;
+pub mod init;
+pub mod run;
+pub mod runs;
+pub mod worktrees;
+
+use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
 #[derive(Debug, clap::Subcommand)]
-pub enum Command {}
+pub enum Command {
+    Run(run::RunArgs),
+    /// List and control the live agents of this workspace.
+    #[command(subcommand)]
+    Agents(agents::AgentsCommand),
+    /// Inspect and manage the runs of this workspace.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
+    /// crew's worktrees and task branches in this repository.
+    #[command(subcommand)]
+    Worktrees(worktrees::WorktreesCommand),
+    Ask(ask::AskArgs),
+    Init(init::InitArgs),
+    Demo(demo::DemoArgs),
+    Completions(completions::CompletionsArgs),
+    /// The background host of a detached run (started by `crew run --detach`).
+    #[command(hide = true)]
+    Host(run::HostArgs),
+}
 
-pub fn run(command: Command) -> Result<Outcome, CliError> {
-    match command {}
+pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
+    match command {
+        Command::Run(args) => run::cmd_run(args, ui).await,
+        Command::Agents(command) => agents::run(command, ui).await,
+        Command::Runs(command) => runs::run(command, ui).await,
+        Command::Worktrees(command) => worktrees::run(command, ui).await,
+        Command::Ask(args) => ask::cmd_ask(args, ui).await,
+        Command::Init(args) => init::cmd_init(args, ui),
+        Command::Demo(args) => demo::cmd_demo(args, ui).await,
+        Command::Completions(args) => completions::cmd_completions(args),
+        Command::Host(args) => run::cmd_host(args, ui).await,
+    }
 }

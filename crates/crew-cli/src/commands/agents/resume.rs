@@ -1,0 +1,37 @@
+//! `crew agents resume`
+
+use crew_live::control::Op;
+
+use crate::context::Context;
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Restart a stopped or finished agent in its workspace.
+///
+/// It runs its `resume` template (with MESSAGE as `{message}`), or its command when it has
+/// none. When the run's host is gone, this command hosts the run until it ends.
+#[derive(Debug, clap::Args)]
+pub struct ResumeArgs {
+    /// The agent: <runId>:<taskId>, <runPrefix>:<taskId>, or <taskId> when unambiguous.
+    pub agent: String,
+    /// A message for the resumed agent.
+    pub message: Option<String>,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    if super::find_live(&ctx, &args.agent).await?.is_none() {
+        ctx.reconcile()?;
+        if let Some((manifest, task_id)) = super::find_task(&ctx, &args.agent)? {
+            return super::host_again(&ctx, manifest, task_id, args.message).await;
+        }
+        return Err(super::not_live(&ctx, &args.agent));
+    }
+    let message = args.message;
+    let (agent, _) = super::send(&ctx, &args.agent, |agent| Op::Resume { agent, message }).await?;
+    if !ui.quiet {
+        println!("resumed {}", agent.agent_id);
+    }
+    Ok(Outcome::Success)
+}

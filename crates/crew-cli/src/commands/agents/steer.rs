@@ -1,0 +1,30 @@
+//! `crew agents steer`
+
+use crew_live::control::Op;
+
+use crate::context::Context;
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Send a message to a running agent now, through its steer mode.
+///
+/// Only agents of this workspace can be steered. Agents whose steer mode is "none" refuse;
+/// send them a follow-up instead.
+#[derive(Debug, clap::Args)]
+pub struct SteerArgs {
+    /// The agent: <runId>:<taskId>, <runPrefix>:<taskId>, or <taskId> when unambiguous.
+    pub agent: String,
+    /// The message.
+    pub message: String,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_agents_steer(args: SteerArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let message = args.message;
+    let (agent, _) = super::send(&ctx, &args.agent, |agent| Op::Steer { agent, message }).await?;
+    if !ui.quiet {
+        println!("sent to {}", agent.agent_id);
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,58 @@
+//! `crew ask`
+
+use std::time::Duration;
+
+use crew_core::env_vars::{CREW_AGENT_ID, CREW_PROJECT_ROOT, CREW_SOCKET};
+use crew_core::{AgentId, WorkspaceId};
+use crew_live::ControlClient;
+use crew_live::control::Op;
+
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Ask the user a question from inside an agent, and stop for the answer.
+///
+/// Run by an agent (crew sets CREW_AGENT_ID, CREW_SOCKET and CREW_PROJECT_ROOT for it). The
+/// question shows in `crew agents list`; the task waits with its workspace kept. End your turn
+/// after asking: the answer comes back with `crew agents follow-up`, which resumes the agent in
+/// the same workspace (as `{message}` of its resume template, or in CREW_MESSAGE).
+#[derive(Debug, clap::Args)]
+pub struct AskArgs {
+    /// The question.
+    pub question: String,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_ask(args: AskArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let variable = |name: &str| {
+        std::env::var(name).map_err(|_| {
+            CliError::user(format!("{name} is not set: `crew ask` runs inside an agent started by crew"))
+                .with_hint("crew sets CREW_AGENT_ID, CREW_SOCKET and CREW_PROJECT_ROOT for every agent it runs")
+        })
+    };
+    let agent = AgentId::parse(&variable(CREW_AGENT_ID)?).map_err(CliError::user)?;
+    let socket = variable(CREW_SOCKET)?;
+    let workspace = WorkspaceId::from_path(std::path::Path::new(&variable(CREW_PROJECT_ROOT)?))
+        .map_err(CliError::user)?;
+    let mut client = ControlClient::connect(camino::Utf8Path::new(&socket))
+        .await
+        .map_err(CliError::internal)?;
+    let response = client
+        .call(
+            &workspace,
+            Op::Ask {
+                agent,
+                question: args.question,
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(CliError::internal)?;
+    if let Some(error) = response.error {
+        return Err(CliError::user(error.message));
+    }
+    if !ui.quiet {
+        println!("question recorded; end your turn now — the answer comes back as a follow-up");
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,20 @@
+//! `crew completions`
+
+use clap::CommandFactory;
+
+use crate::{Cli, CliError, Outcome};
+
+/// Print shell completions for crew.
+///
+/// For example: `crew completions bash > ~/.local/share/bash-completion/completions/crew`.
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    pub shell: clap_complete::Shell,
+}
+
+pub fn cmd_completions(args: CompletionsArgs) -> Result<Outcome, CliError> {
+    let mut command = Cli::command();
+    clap_complete::generate(args.shell, &mut command, "crew", &mut std::io::stdout());
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,170 @@
+//! `crew demo`
+
+use std::collections::{BTreeMap, HashMap};
+
+use camino::Utf8PathBuf;
+use crew_core::config::{AgentDef, TaskDef, TeamDef, WorkspaceMode};
+use crew_core::{TaskId, Team, Workspace};
+use crew_live::RunSpec;
+
+use crate::context::Context;
+use crate::hosting::{Hosting, outcome, summary};
+use crate::ui::{Style, Ui};
+use crate::{CliError, Outcome};
+
+const GREETING: &str = "Hello from the leader.\nThis line is shared by every agent.\n";
+
+/// See crew at work in ten seconds: three agents, three worktrees, one file.
+///
+/// Needs no configuration and no repository: it makes a small git repository in a temp
+/// directory, runs three `shell` agents in parallel, each in its own worktree, each editing the
+/// same file its own way, and shows each task's branch and diff — while the original file stays
+/// as it was.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Where to make the demo repository (default: a new temp directory, kept afterwards).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<Utf8PathBuf>,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let dir = match args.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(CliError::internal)?;
+            if std::fs::read_dir(&dir)
+                .map_err(CliError::internal)?
+                .next()
+                .is_some()
+            {
+                return Err(CliError::user(format!(
+                    "{dir} is not empty; the demo needs an empty directory"
+                )));
+            }
+            dir
+        }
+        None => {
+            let temp = tempfile::Builder::new()
+                .prefix("crew-demo-")
+                .tempdir()
+                .map_err(CliError::internal)?
+                .keep();
+            Utf8PathBuf::from_path_buf(temp).map_err(|path| {
+                CliError::internal(format!("temp dir {} is not UTF-8", path.display()))
+            })?
+        }
+    };
+    crew_worktree::inspect::create_repository(
+        &dir,
+        &[("greeting.txt", GREETING), ("README.md", "# crew demo\n")],
+    )
+    .map_err(CliError::internal)?;
+    let workspace = Workspace::at_root(dir.as_std_path()).map_err(CliError::user)?;
+    let ctx = Context::for_workspace(workspace, ui)?;
+    let tasks = [
+        (
+            "shout",
+            "tr a-z A-Z < greeting.txt > greeting.new && mv greeting.new greeting.txt",
+        ),
+        (
+            "french",
+            "sed 's/Hello/Bonjour/' greeting.txt > greeting.new && mv greeting.new greeting.txt",
+        ),
+        ("sign", "echo '-- signed by the sign agent' >> greeting.txt"),
+    ];
+    let team = Team {
+        def: TeamDef {
+            name: "demo".into(),
+            description: Some("three shell agents, one file, three worktrees".into()),
+            workspace_mode: Some(WorkspaceMode::Worktree),
+            max_parallel: None,
+            fail_fast: None,
+            tasks: tasks
+                .iter()
+                .map(|(id, prompt)| TaskDef {
+                    id: TaskId::parse(id).expect("demo task ids are valid"),
+                    agent: "shell".into(),
+                    prompt: (*prompt).into(),
+                    depends_on: Vec::new(),
+                    timeout: None,
+                    workspace_mode: None,
+                })
+                .collect(),
+        },
+        agents: BTreeMap::from([("shell".to_owned(), AgentDef::builtin_shell())]),
+    };
+    if !ui.quiet {
+        println!("crew demo: a repository at {dir} with greeting.txt:\n");
+        for line in GREETING.lines() {
+            println!("    {line}");
+        }
+        println!(
+            "\nthree shell agents edit greeting.txt at the same time, each in its own worktree:\n"
+        );
+    }
+    let hosting = Hosting::start(&ctx, "crew demo").await?;
+    let spec = RunSpec {
+        team,
+        mode: None,
+        max_parallel: Some(3),
+        base: None,
+        fail_fast: None,
+    };
+    let manifest = hosting
+        .runner
+        .create(&spec, hosting.socket())
+        .await
+        .map_err(crate::hosting::run_error)?;
+    let manifest = hosting
+        .execute(&ctx, &manifest.run_id, HashMap::new(), !ui.quiet)
+        .await?;
+    if ui.quiet {
+        return Ok(outcome(&manifest));
+    }
+    print!("{}", summary(&ctx, &manifest));
+    println!();
+    for task in &manifest.tasks {
+        let (Some(branch), Some(base)) = (
+            task.teardown
+                .as_ref()
+                .and_then(|report| report.branch.clone()),
+            task.workspace
+                .as_ref()
+                .and_then(|workspace| workspace.base_commit.clone()),
+        ) else {
+            continue;
+        };
+        println!(
+            "{}",
+            ui.paint(&format!("── {} on {branch}", task.id), Style::Bold)
+        );
+        let patch = crew_worktree::inspect::branch_patch(&dir, &base, &branch)
+            .map_err(CliError::internal)?;
+        for line in patch.lines() {
+            let style = if line.starts_with('+') && !line.starts_with("+++") {
+                Some(Style::Good)
+            } else if line.starts_with('-') && !line.starts_with("---") {
+                Some(Style::Bad)
+            } else {
+                None
+            };
+            match style {
+                Some(style) => println!("{}", ui.paint(line, style)),
+                None => println!("{line}"),
+            }
+        }
+        println!();
+    }
+    let leader = std::fs::read_to_string(dir.join("greeting.txt")).map_err(CliError::internal)?;
+    let untouched = if leader == GREETING {
+        "untouched"
+    } else {
+        "CHANGED"
+    };
+    println!(
+        "the leader's greeting.txt is {untouched}; each agent's work waits on its own branch."
+    );
+    println!("look around: cd {dir} && git branch && git log --all --oneline");
+    println!("the demo repository is kept; remove it with: rm -rf {dir}");
+    Ok(outcome(&manifest))
+}

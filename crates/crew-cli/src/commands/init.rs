@@ -1,0 +1,76 @@
+//! `crew init`
+
+use crew_core::Workspace;
+
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// The example set, as `crew init` writes it (the same files as `.crew.example/`).
+pub const EXAMPLE_FILES: &[(&str, &str)] = &[
+    (
+        "config.toml",
+        include_str!("../../../../.crew.example/config.toml"),
+    ),
+    (
+        "agents/claude.toml",
+        include_str!("../../../../.crew.example/agents/claude.toml"),
+    ),
+    (
+        "agents/codex.toml",
+        include_str!("../../../../.crew.example/agents/codex.toml"),
+    ),
+    (
+        "agents/aider.toml",
+        include_str!("../../../../.crew.example/agents/aider.toml"),
+    ),
+    (
+        "agents/shell.toml",
+        include_str!("../../../../.crew.example/agents/shell.toml"),
+    ),
+    (
+        "teams/feature.toml",
+        include_str!("../../../../.crew.example/teams/feature.toml"),
+    ),
+    (
+        "teams/hello.toml",
+        include_str!("../../../../.crew.example/teams/hello.toml"),
+    ),
+];
+
+/// Write `.crew/` with a commented example of each configuration file.
+///
+/// Existing files are never overwritten. The directory goes at the workspace root: the top of
+/// the git repository, or the current directory outside git.
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {}
+
+#[allow(clippy::print_stdout)]
+pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let cwd = std::env::current_dir().map_err(CliError::internal)?;
+    let workspace = Workspace::discover(&cwd).map_err(CliError::user)?;
+    let crew_dir = workspace.crew_dir();
+    let mut written = Vec::new();
+    let mut kept = Vec::new();
+    for (relative, contents) in EXAMPLE_FILES {
+        let path = crew_dir.join(relative);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            kept.push(path);
+            continue;
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(CliError::internal)?;
+        }
+        std::fs::write(&path, contents).map_err(CliError::internal)?;
+        written.push(path);
+    }
+    if !ui.quiet {
+        for path in &written {
+            println!("wrote {path}");
+        }
+        for path in &kept {
+            println!("kept  {path} (exists)");
+        }
+        println!("\nnext: `crew run hello` runs three shell agents in separate worktrees");
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,299 @@
+//! `crew run`
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crew_core::config::{
+    ConfigDir, Parallelism, TaskDef, TeamDef, WorkspaceMode, validate_plain_task_graph,
+};
+use crew_core::{RunId, Team};
+use crew_live::RunSpec;
+
+use crate::context::{Context, config_error};
+use crate::hosting::{Hosting, outcome, summary};
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Run a team of agents, each task in its own workspace.
+///
+/// `crew run TEAM` runs `.crew/teams/TEAM.toml`. Ad hoc: `crew run --agent NAME "prompt"` runs
+/// one task; add `--fan-out N` to give the same prompt to N agents, or use repeated
+/// `--task ID=PROMPT` for several tasks. Progress is printed as it happens, then a summary with
+/// each task's branch and the commands to inspect or merge it.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The team to run, or with --agent the prompt.
+    pub target: Option<String>,
+    /// Run this agent ad hoc (an agent of `.crew/agents/` or the built-in `shell`).
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// An ad hoc task `ID=PROMPT` for --agent; repeat for several tasks.
+    #[arg(long = "task", value_name = "ID=PROMPT")]
+    pub tasks: Vec<String>,
+    /// Give the prompt to N agents at once (tasks `<agent>-1` … `<agent>-N`).
+    #[arg(long, value_name = "N")]
+    pub fan_out: Option<usize>,
+    /// Where tasks work: single (the project root), worktree (a git worktree per task), temp or
+    /// dedicated. Overrides the team file.
+    #[arg(long, value_name = "MODE")]
+    pub workspace_mode: Option<WorkspaceMode>,
+    /// How many tasks run at once.
+    #[arg(long, value_name = "N")]
+    pub max_parallel: Option<usize>,
+    /// The commit or ref worktree tasks start from (default: HEAD).
+    #[arg(long, value_name = "REF")]
+    pub base: Option<String>,
+    /// Stop the other tasks as soon as one fails.
+    #[arg(long, conflicts_with = "keep_going")]
+    pub fail_fast: bool,
+    /// Let the other tasks go on when one fails (only its dependents are skipped).
+    #[arg(long)]
+    pub keep_going: bool,
+    /// Print the run id at once and keep the run going in the background.
+    #[arg(long)]
+    pub detach: bool,
+    /// Print the final run manifest as JSON instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let team = build_team(&args, &ctx.config_dir())?;
+    if args.max_parallel == Some(0) {
+        return Err(CliError::user("--max-parallel must be at least 1"));
+    }
+    ctx.reconcile()?;
+    crate::commands::worktrees::warn_attention(&ctx);
+    let spec = RunSpec {
+        team,
+        mode: args.workspace_mode,
+        max_parallel: args.max_parallel,
+        base: args.base.clone(),
+        fail_fast: if args.fail_fast {
+            Some(true)
+        } else if args.keep_going {
+            Some(false)
+        } else {
+            None
+        },
+    };
+    if args.detach {
+        return detach(&ctx, &spec).await;
+    }
+    let hosting = Hosting::start(&ctx, "crew run").await?;
+    let manifest = hosting
+        .runner
+        .create(&spec, hosting.socket())
+        .await
+        .map_err(crate::hosting::run_error)?;
+    if !ctx.ui.quiet && !args.json {
+        print_header(&ctx, &manifest);
+    }
+    let manifest = hosting
+        .execute(
+            &ctx,
+            &manifest.run_id,
+            HashMap::new(),
+            !ctx.ui.quiet && !args.json,
+        )
+        .await?;
+    print_result(&ctx, &manifest, args.json)?;
+    Ok(outcome(&manifest))
+}
+
+#[allow(clippy::print_stdout)]
+fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
+    println!(
+        "crew: run {} — {} task(s), {} mode, up to {} at once",
+        manifest.run_id,
+        manifest.tasks.len(),
+        manifest.workspace_mode,
+        manifest.max_parallel
+    );
+    if let Some(reason) = &manifest.reason {
+        println!("  {}", ctx.ui.paint(reason, crate::ui::Style::Warn));
+    }
+}
+
+#[allow(clippy::print_stdout)]
+pub fn print_result(
+    ctx: &Context,
+    manifest: &crew_core::RunManifest,
+    json: bool,
+) -> Result<(), CliError> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(manifest).map_err(CliError::internal)?
+        );
+    } else if !ctx.ui.quiet {
+        print!("{}", summary(ctx, manifest));
+    }
+    Ok(())
+}
+
+/// The team to run: a team file, or one built from `--agent`.
+fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> {
+    let Some(agent_name) = &args.agent else {
+        if !args.tasks.is_empty() || args.fan_out.is_some() {
+            return Err(
+                CliError::user("--task and --fan-out need --agent").with_hint(
+                    "for example: crew run --agent shell --task a=\"echo a\" --task b=\"echo b\"",
+                ),
+            );
+        }
+        let Some(team) = &args.target else {
+            let teams = config_dir.team_names().map_err(config_error)?;
+            let hint = if teams.is_empty() {
+                "`crew init` writes example teams; or run ad hoc: crew run --agent shell \"echo hello\"".to_owned()
+            } else {
+                format!("teams here: {}", teams.join(", "))
+            };
+            return Err(CliError::user(
+                "which team? `crew run TEAM`, or `crew run --agent NAME \"prompt\"`",
+            )
+            .with_hint(hint));
+        };
+        return config_dir.load_team(team).map_err(config_error);
+    };
+    let agent = config_dir.load_agent(agent_name).map_err(config_error)?;
+    let mut tasks: Vec<(String, String)> = Vec::new();
+    for task in &args.tasks {
+        let Some((id, prompt)) = task.split_once('=') else {
+            return Err(CliError::user(format!(
+                "--task {task:?} is not of the form ID=PROMPT"
+            )));
+        };
+        tasks.push((id.to_owned(), prompt.to_owned()));
+    }
+    if let Some(prompt) = &args.target {
+        let copies = args.fan_out.unwrap_or(1);
+        if copies == 0 {
+            return Err(CliError::user("--fan-out must be at least 1"));
+        }
+        if copies == 1 && tasks.is_empty() {
+            tasks.push((agent_name.clone(), prompt.clone()));
+        } else {
+            for index in 1..=copies {
+                tasks.push((format!("{agent_name}-{index}"), prompt.clone()));
+            }
+        }
+    }
+    if tasks.is_empty() {
+        return Err(CliError::user(format!(
+            "what should {agent_name} do? Give a prompt: crew run --agent {agent_name} \"…\""
+        )));
+    }
+    let graph: Vec<(String, Vec<String>)> = tasks
+        .iter()
+        .map(|(id, _)| (id.clone(), Vec::new()))
+        .collect();
+    let ids = validate_plain_task_graph(&graph)
+        .map_err(|message| CliError::user(format!("--task: {message}")))?;
+    let tasks = ids
+        .into_iter()
+        .zip(tasks)
+        .map(|((id, _), (_, prompt))| TaskDef {
+            id,
+            agent: agent_name.clone(),
+            prompt,
+            depends_on: Vec::new(),
+            timeout: None,
+            workspace_mode: None,
+        })
+        .collect();
+    Ok(Team {
+        def: TeamDef {
+            name: format!("adhoc-{agent_name}"),
+            description: None,
+            workspace_mode: None,
+            max_parallel: None::<Parallelism>,
+            fail_fast: None,
+            tasks,
+        },
+        agents: BTreeMap::from([(agent_name.clone(), agent)]),
+    })
+}
+
+/// Creates the run here (so that a refusal reaches the user), then hands it to a background
+/// host and prints its id as soon as that host has taken it.
+#[allow(clippy::print_stdout)]
+async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
+    let hosting = Hosting::start(ctx, "crew run --detach").await?;
+    let manifest = hosting
+        .runner
+        .create(spec, None)
+        .await
+        .map_err(crate::hosting::run_error)?;
+    drop(hosting);
+    let run_id = manifest.run_id.clone();
+    let log_path = ctx.store.run_dir(&run_id).join("host.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(CliError::internal)?;
+    let exe = std::env::current_exe().map_err(CliError::internal)?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["host", run_id.as_str(), "--color", "never"])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().map_err(CliError::internal)?)
+        .stderr(log);
+    // Its own process group: Ctrl-C in this terminal does not reach it.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command.spawn().map_err(CliError::internal)?;
+    let pid = child.id();
+    let started = std::time::Instant::now();
+    loop {
+        let taken = ctx
+            .store
+            .read_run(&run_id)
+            .ok()
+            .and_then(|manifest| manifest.host)
+            .is_some_and(|host| host.identity.pid == pid && host.socket.is_some());
+        if taken {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(CliError::internal(format!(
+                "the background host of run {run_id} exited at once ({status}); see {log_path}"
+            )));
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            return Err(CliError::internal(format!(
+                "the background host of run {run_id} did not start within 15 s; see {log_path}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{run_id}");
+    if !ctx.ui.quiet && ctx.ui.terminal {
+        println!(
+            "  running in the background (pid {pid}); follow it with `crew agents list` and `crew runs show {run_id}`"
+        );
+    }
+    Ok(Outcome::Success)
+}
+
+/// `crew host RUN` (hidden): the background host of a detached run.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    pub run: RunId,
+}
+
+pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let hosting = Hosting::start(&ctx, "crew run --detach").await?;
+    hosting
+        .runner
+        .take_over(&args.run, hosting.socket())
+        .await
+        .map_err(crate::hosting::run_error)?;
+    let manifest = hosting
+        .execute(&ctx, &args.run, HashMap::new(), true)
+        .await?;
+    print_result(&ctx, &manifest, false)?;
+    Ok(outcome(&manifest))
+}

@@ -1,0 +1,80 @@
+//! `crew runs cancel`
+
+use crew_core::model::RunStatus;
+use crew_live::control::Op;
+
+use crate::context::Context;
+use crate::{CliError, Outcome};
+
+/// Cancel a run: its agents are stopped gracefully and their work is kept.
+///
+/// A run hosted by another terminal session (another `crew run`, a detached host, an editor)
+/// is only cancelled with --force. A run whose host is gone is marked cancelled.
+#[derive(Debug, clap::Args)]
+pub struct CancelArgs {
+    /// The run id, or a unique prefix of it.
+    pub run: String,
+    /// Cancel even when another session hosts the run.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    let run_id = ctx.resolve_run(&args.run)?;
+    let manifest = ctx.read_run(&run_id)?;
+    let live_host = manifest
+        .host
+        .clone()
+        .filter(|host| manifest.status == RunStatus::Running && host.identity.is_alive());
+    let Some(host) = live_host else {
+        if manifest.status.is_finished() && manifest.status != RunStatus::Interrupted {
+            return Err(CliError::user(format!(
+                "run {run_id} is already {}",
+                manifest.status
+            )));
+        }
+        ctx.store
+            .update_run(&run_id, |manifest| {
+                manifest.set_status(RunStatus::Cancelled)?;
+                manifest.reason = Some("cancelled after its host was gone".into());
+                Ok(())
+            })
+            .map_err(CliError::internal)?;
+        if !ui.quiet {
+            println!("run {run_id} cancelled (its host was gone)");
+        }
+        return Ok(Outcome::Success);
+    };
+    let own_session = rustix::process::getsid(None).ok();
+    let host_session = rustix::process::Pid::from_raw(host.identity.pid as i32)
+        .and_then(|pid| rustix::process::getsid(Some(pid)).ok());
+    if !args.force && (own_session.is_none() || own_session != host_session) {
+        let label = host.label.as_deref().unwrap_or("another process");
+        return Err(CliError::user(format!(
+            "run {run_id} is hosted by another session ({label}, pid {})",
+            host.identity.pid
+        ))
+        .with_hint(format!(
+            "cancel it anyway with `crew runs cancel {run_id} --force`"
+        )));
+    }
+    let response = ctx
+        .call(
+            &host,
+            Op::CancelRun {
+                run: run_id.clone(),
+            },
+        )
+        .await
+        .map_err(CliError::internal)?;
+    if let Some(error) = response.error {
+        return Err(CliError::user(error.message));
+    }
+    if !ui.quiet {
+        println!("run {run_id}: cancelling; its agents stop gracefully and their work is kept");
+    }
+    Ok(Outcome::Success)
+}

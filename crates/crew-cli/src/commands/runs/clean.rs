@@ -1,0 +1,129 @@
+//! `crew runs clean`
+
+use crew_core::model::{RunManifest, TaskStatus};
+use crew_core::provider::{TaskWorkspace, TeardownRequest, WorkspaceKind, WorkspaceProvider};
+use crew_worktree::CrewWorkspaces;
+
+use crate::context::Context;
+use crate::{CliError, Outcome};
+
+/// Remove a finished run: the workspaces it still keeps, then its state.
+///
+/// Workspaces kept for a question never answered, or preserved by a teardown, are torn down
+/// the careful way first: their work is committed to the task branch, which is kept. A
+/// workspace that still cannot be removed safely keeps the run, unless --force. Branches are
+/// never deleted here.
+#[derive(Debug, clap::Args)]
+pub struct CleanArgs {
+    /// The run id, or a unique prefix of it.
+    pub run: String,
+    /// Show what would be done, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Remove the run's state even when one of its workspaces had to be kept.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    let run_id = ctx.resolve_run(&args.run)?;
+    let manifest = ctx.read_run(&run_id)?;
+    if !manifest.status.is_finished() {
+        return Err(CliError::user(format!("run {run_id} is still running"))
+            .with_hint(format!("cancel it first: `crew runs cancel {run_id}`")));
+    }
+    let provider = CrewWorkspaces::new(&ctx.config);
+    let mut kept = Vec::new();
+    for (task, workspace) in kept_workspaces(&manifest) {
+        if args.dry_run {
+            println!("would tear down {} ({})", workspace.root, task);
+            continue;
+        }
+        let request = TeardownRequest {
+            workspace: ctx.workspace.id().clone(),
+            repo_root: ctx.workspace.repo_root().map(Into::into),
+            run_id: run_id.clone(),
+            task_id: task.clone(),
+            agent_alive: false,
+            keep: false,
+        };
+        let provider = provider.clone();
+        let result = tokio::task::spawn_blocking(move || provider.teardown(&workspace, &request))
+            .await
+            .map_err(CliError::internal)?;
+        match result {
+            Ok(report) => {
+                if !ui.quiet {
+                    match &report.branch {
+                        Some(branch) => {
+                            println!("{task}: work saved on {branch}; workspace removed")
+                        }
+                        None => println!("{task}: workspace removed"),
+                    }
+                }
+            }
+            Err(error) => {
+                println!("{task}: kept — {}", error.message);
+                kept.push(task);
+            }
+        }
+    }
+    if args.dry_run {
+        println!("would remove the state of run {run_id}");
+        return Ok(Outcome::Success);
+    }
+    if !kept.is_empty() && !args.force {
+        return Err(CliError::user(format!(
+            "run {run_id} keeps {} workspace(s) that could not be removed safely",
+            kept.len()
+        ))
+        .with_hint("see `crew worktrees list`; `--force` removes the run's state anyway (the workspaces stay)"));
+    }
+    ctx.store.remove_run(&run_id).map_err(CliError::internal)?;
+    if !ui.quiet {
+        println!("removed run {run_id}");
+    }
+    Ok(Outcome::Success)
+}
+
+/// The workspaces a finished run still keeps: worktrees and temp dirs of waiting tasks, and
+/// those a teardown preserved.
+fn kept_workspaces(manifest: &RunManifest) -> Vec<(crew_core::TaskId, TaskWorkspace)> {
+    manifest
+        .tasks
+        .iter()
+        .filter_map(|task| {
+            let record = task.workspace.as_ref()?;
+            if !matches!(record.kind, WorkspaceKind::Worktree | WorkspaceKind::Temp) {
+                return None;
+            }
+            let preserved = task
+                .teardown
+                .as_ref()
+                .is_some_and(|report| report.preserved.is_some());
+            let waiting = task.status == TaskStatus::Waiting;
+            let root = if record.root.as_str().is_empty() {
+                record.dir.clone()
+            } else {
+                record.root.clone()
+            };
+            ((preserved || waiting) && root.exists()).then(|| {
+                (
+                    task.id.clone(),
+                    TaskWorkspace {
+                        kind: record.kind,
+                        root,
+                        dir: record.dir.clone(),
+                        branch: record.branch.clone(),
+                        base_commit: record.base_commit.clone(),
+                        reused: true,
+                        warnings: Vec::new(),
+                    },
+                )
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,132 @@
+//! `crew runs list`
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crew_core::RunId;
+use crew_core::model::{RunStatus, Timestamp};
+
+use crate::context::Context;
+use crate::ui::{Style, Table, cell, sanitize, styled, truncate};
+use crate::{CliError, Outcome};
+
+/// List the runs of this workspace, newest first.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Print JSON (an array of runs; see the README for the schema).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One run as `crew runs list --json` prints it.
+#[derive(Debug, Serialize)]
+pub struct RunRow {
+    pub run_id: RunId,
+    /// `null` when the manifest could not be read; `error` says why.
+    pub status: Option<RunStatus>,
+    pub team: Option<String>,
+    pub workspace_mode: Option<String>,
+    pub created_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    /// How many tasks are in each status.
+    pub tasks: BTreeMap<String, usize>,
+    pub host_pid: Option<u32>,
+    pub host_alive: bool,
+    pub error: Option<String>,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    if !args.json {
+        crate::commands::worktrees::warn_attention(&ctx);
+    }
+    let mut rows = Vec::new();
+    for listing in ctx.store.list_runs().map_err(CliError::internal)? {
+        rows.push(match listing.manifest {
+            Ok(manifest) => {
+                let mut tasks = BTreeMap::new();
+                for task in &manifest.tasks {
+                    *tasks.entry(task.status.to_string()).or_insert(0) += 1;
+                }
+                RunRow {
+                    run_id: listing.run_id,
+                    status: Some(manifest.status),
+                    team: manifest.team.clone(),
+                    workspace_mode: Some(manifest.workspace_mode.to_string()),
+                    created_at: Some(manifest.created_at),
+                    finished_at: manifest.finished_at,
+                    tasks,
+                    host_pid: manifest.host.as_ref().map(|host| host.identity.pid),
+                    host_alive: manifest
+                        .host
+                        .as_ref()
+                        .is_some_and(|host| host.identity.is_alive()),
+                    error: None,
+                }
+            }
+            Err(error) => RunRow {
+                run_id: listing.run_id,
+                status: None,
+                team: None,
+                workspace_mode: None,
+                created_at: None,
+                finished_at: None,
+                tasks: BTreeMap::new(),
+                host_pid: None,
+                host_alive: false,
+                error: Some(error.to_string()),
+            },
+        });
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(CliError::internal)?
+        );
+        return Ok(Outcome::Success);
+    }
+    if rows.is_empty() {
+        println!("no runs in {}", ctx.workspace.id());
+        return Ok(Outcome::Success);
+    }
+    let mut table = Table::new(&["RUN", "STATUS", "TEAM", "MODE", "CREATED", "TASKS"]);
+    for row in &rows {
+        let status = match row.status {
+            Some(status) => styled(
+                status.as_str(),
+                match status {
+                    RunStatus::Completed => Style::Good,
+                    RunStatus::Failed => Style::Bad,
+                    RunStatus::Running => Style::Dim,
+                    _ => Style::Warn,
+                },
+            ),
+            None => styled("unreadable", Style::Bad),
+        };
+        let tasks = match &row.error {
+            Some(error) => truncate(&sanitize(error), 70),
+            None => row
+                .tasks
+                .iter()
+                .map(|(status, count)| format!("{count} {status}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        table.row(vec![
+            cell(row.run_id.to_string()),
+            status,
+            cell(row.team.clone().unwrap_or_else(|| "-".into())),
+            cell(row.workspace_mode.clone().unwrap_or_else(|| "-".into())),
+            cell(
+                row.created_at
+                    .map_or_else(|| "-".into(), |at| at.to_string()[..19].replace('T', " ")),
+            ),
+            cell(tasks),
+        ]);
+    }
+    print!("{}", table.render(&ctx.ui));
+    Ok(Outcome::Success)
+}

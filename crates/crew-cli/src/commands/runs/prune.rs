@@ -1,0 +1,52 @@
+//! `crew runs prune`
+
+use std::time::SystemTime;
+
+use crate::context::Context;
+use crate::{CliError, Outcome};
+
+/// Remove old finished runs, as `[retention]` says (their `dedicated` workspaces go too).
+///
+/// Runs beyond `max_kept_runs` (newest kept) or older than `max_run_age_days` are removed.
+/// Running runs and runs with a task waiting for an answer are never pruned.
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// Show what would be removed, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON: `{"pruned": [run ids], "kept": N, "dry_run": bool}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    let report = ctx
+        .store
+        .prune(&ctx.config.retention, SystemTime::now(), args.dry_run)
+        .map_err(CliError::internal)?;
+    if args.json {
+        let json = serde_json::json!({ "pruned": report.pruned, "kept": report.kept, "dry_run": args.dry_run });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).map_err(CliError::internal)?
+        );
+    } else if !ui.quiet {
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        for run_id in &report.pruned {
+            println!("{verb} run {run_id}");
+        }
+        println!(
+            "{} run(s) {verb}, {} kept",
+            report.pruned.len(),
+            report.kept
+        );
+    }
+    Ok(Outcome::Success)
+}

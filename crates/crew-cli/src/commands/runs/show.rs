@@ -1,0 +1,39 @@
+//! `crew runs show`
+
+use crate::context::Context;
+use crate::hosting::summary;
+use crate::{CliError, Outcome};
+
+/// Show one run: its tasks, their outcome, and where their work is.
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The run id, or a unique prefix of it.
+    pub run: String,
+    /// Print the run's manifest as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let run_id = ctx.resolve_run(&args.run)?;
+    let manifest = ctx.read_run(&run_id)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&manifest).map_err(CliError::internal)?
+        );
+        return Ok(Outcome::Success);
+    }
+    let team = manifest.team.as_deref().unwrap_or("-");
+    println!(
+        "run {}  team {team}  {} mode  created {}",
+        manifest.run_id, manifest.workspace_mode, manifest.created_at
+    );
+    if let Some(reason) = &manifest.reason {
+        println!("  {}", crate::ui::sanitize(reason));
+    }
+    print!("{}", summary(&ctx, &manifest));
+    Ok(Outcome::Success)
+}

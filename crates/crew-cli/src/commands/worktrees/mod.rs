@@ -1,0 +1,74 @@
+//! `crew worktrees …`: crew's worktrees and task branches in this repository.
+
+pub mod list;
+pub mod prune;
+
+use crew_worktree::listing::{self, WorktreeListing};
+
+use crate::context::Context;
+use crate::ui::{Style, Ui};
+use crate::{CliError, Outcome};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum WorktreesCommand {
+    List(list::ListArgs),
+    Prune(prune::PruneArgs),
+}
+
+pub async fn run(command: WorktreesCommand, ui: Ui) -> Result<Outcome, CliError> {
+    match command {
+        WorktreesCommand::List(args) => list::cmd_worktrees_list(args, ui).await,
+        WorktreesCommand::Prune(args) => prune::cmd_worktrees_prune(args, ui).await,
+    }
+}
+
+/// crew's worktrees and branches of the repository holding this workspace.
+pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
+    let Some(repo_root) = ctx.workspace.repo_root() else {
+        return Ok(None);
+    };
+    listing::list(repo_root, &ctx.config.worktree, &ctx.store)
+        .map(Some)
+        .map_err(CliError::internal)
+}
+
+/// The one-line warning at the start of `crew run` and `crew runs list`: worktrees kept after
+/// their task and task branches whose work is not merged.
+#[allow(clippy::print_stderr)]
+pub fn warn_attention(ctx: &Context) {
+    if ctx.ui.quiet {
+        return;
+    }
+    let Ok(Some(listing)) = listing(ctx) else {
+        return;
+    };
+    let (worktrees, branches) = listing.needs_attention();
+    if worktrees.is_empty() && branches.is_empty() {
+        return;
+    }
+    let mut parts = Vec::new();
+    if !worktrees.is_empty() {
+        let names: Vec<String> = worktrees
+            .iter()
+            .map(|worktree| format!("{}:{}", worktree.run_id, worktree.task_id))
+            .collect();
+        parts.push(format!(
+            "{} kept worktree(s) ({})",
+            worktrees.len(),
+            names.join(", ")
+        ));
+    }
+    if !branches.is_empty() {
+        let names: Vec<&str> = branches.iter().map(|branch| branch.name.as_str()).collect();
+        parts.push(format!(
+            "{} unmerged task branch(es) ({})",
+            branches.len(),
+            names.join(", ")
+        ));
+    }
+    eprintln!(
+        "{} {} — see `crew worktrees list`",
+        ctx.ui.paint("warning:", Style::Warn),
+        parts.join(" and ")
+    );
+}

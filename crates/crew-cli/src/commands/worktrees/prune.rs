@@ -1,0 +1,75 @@
+//! `crew worktrees prune`
+
+use crew_worktree::listing;
+
+use crate::context::Context;
+use crate::{CliError, Outcome};
+
+/// Remove crew's worktrees and task branches that hold no work.
+///
+/// Removes admin entries of vanished directories, clean worktrees of finished or unknown runs,
+/// empty stray directories, and task branches already merged into HEAD. Keeps everything with
+/// uncommitted or unmerged work, everything locked by you, and everything crew did not make —
+/// and says why.
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// Show what would be removed, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    let Some(repo_root) = ctx.workspace.repo_root() else {
+        return Err(CliError::user(format!(
+            "{} is not inside a git repository",
+            ctx.workspace.root()
+        )));
+    };
+    let report = listing::prune(repo_root, &ctx.config.worktree, &ctx.store, args.dry_run)
+        .map_err(CliError::internal)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(CliError::internal)?
+        );
+        return Ok(Outcome::Success);
+    }
+    if ui.quiet {
+        return Ok(Outcome::Success);
+    }
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    for path in &report.removed_worktrees {
+        println!("{verb} worktree {path}");
+    }
+    for name in &report.removed_admin_entries {
+        println!("{verb} stale registration {name}");
+    }
+    let branch_verb = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    for branch in &report.deleted_branches {
+        println!("{branch_verb} merged branch {branch}");
+    }
+    for (what, why) in &report.kept {
+        println!("kept {what}: {why}");
+    }
+    if report.removed_worktrees.is_empty()
+        && report.removed_admin_entries.is_empty()
+        && report.deleted_branches.is_empty()
+    {
+        println!("nothing to prune");
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,124 @@
+//! What every command starts from: the workspace it acts on, its configuration and state, and
+//! the live hosts of that workspace.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crew_core::config::{ConfigDir, LoadConfigError, ProjectConfig};
+use crew_core::model::{HostRecord, RunManifest};
+use crew_core::store::StateError;
+use crew_core::{RunId, StateStore, Workspace};
+use crew_live::control::{ControlError, Op, Response};
+use crew_live::{AgentSnapshot, ControlClient};
+
+use crate::CliError;
+use crate::ui::Ui;
+
+/// How long a request to a live host may take (a stop waits for the grace period).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The workspace a command acts on.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub workspace: Workspace,
+    pub config: ProjectConfig,
+    pub store: Arc<StateStore>,
+    pub ui: Ui,
+}
+
+impl Context {
+    /// Discovers the workspace from the current directory and loads its `config.toml`.
+    pub fn discover(ui: Ui) -> Result<Self, CliError> {
+        let cwd = std::env::current_dir().map_err(CliError::internal)?;
+        let workspace = Workspace::discover(&cwd).map_err(CliError::user)?;
+        Self::for_workspace(workspace, ui)
+    }
+
+    pub fn for_workspace(workspace: Workspace, ui: Ui) -> Result<Self, CliError> {
+        let config = ConfigDir::new(workspace.crew_dir())
+            .load_project_config()
+            .map_err(config_error)?;
+        let store = Arc::new(StateStore::new(workspace.id(), workspace.repo_root()));
+        Ok(Context {
+            workspace,
+            config,
+            store,
+            ui,
+        })
+    }
+
+    pub fn config_dir(&self) -> ConfigDir {
+        ConfigDir::new(self.workspace.crew_dir())
+    }
+
+    /// The run a user means by `prefix`.
+    pub fn resolve_run(&self, prefix: &str) -> Result<RunId, CliError> {
+        self.store.resolve_run(prefix).map_err(|error| {
+            let hint = matches!(error, StateError::UnknownRun { .. })
+                .then_some("`crew runs list` shows the runs of this workspace");
+            let error = CliError::user(error);
+            match hint {
+                Some(hint) => error.with_hint(hint),
+                None => error,
+            }
+        })
+    }
+
+    pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, CliError> {
+        self.store.read_run(run_id).map_err(CliError::user)
+    }
+
+    /// Marks runs whose host died as interrupted (and kills what is left of their agents).
+    pub fn reconcile(&self) -> Result<Vec<RunId>, CliError> {
+        crew_live::runner::reconcile_workspace(&self.store).map_err(CliError::internal)
+    }
+
+    /// The live hosts of this workspace, one per socket.
+    pub fn live_hosts(&self) -> Vec<(RunId, HostRecord)> {
+        let mut hosts = crew_live::runner::live_hosts(&self.store);
+        hosts.sort_by(|a, b| a.1.socket.cmp(&b.1.socket));
+        hosts.dedup_by(|a, b| a.1.socket == b.1.socket);
+        hosts
+    }
+
+    /// Sends `op` to the host at `socket`, as this workspace.
+    pub async fn call(&self, host: &HostRecord, op: Op) -> Result<Response, ControlError> {
+        let socket = host.socket.as_deref().expect("live hosts serve a socket");
+        let mut client = ControlClient::connect(socket).await?;
+        client.call(self.workspace.id(), op, REQUEST_TIMEOUT).await
+    }
+
+    /// The live agents of this workspace across its hosts, with the host of each.
+    pub async fn live_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
+        let mut agents = Vec::new();
+        for (_, host) in self.live_hosts() {
+            let Ok(response) = self.call(&host, Op::List).await else {
+                continue;
+            };
+            let Some(listed) = response
+                .result
+                .and_then(|value| serde_json::from_value::<Vec<serde_json::Value>>(value).ok())
+            else {
+                continue;
+            };
+            for value in listed {
+                if let Ok(snapshot) = serde_json::from_value::<AgentSnapshot>(value) {
+                    agents.push((snapshot, host.clone()));
+                }
+            }
+        }
+        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
+        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
+        agents
+    }
+}
+
+/// A configuration problem is the user's to fix: exit code 2, with the hint when there is one.
+pub fn config_error(error: LoadConfigError) -> CliError {
+    let hint = error.hint();
+    let error = CliError::user(error);
+    match hint {
+        Some(hint) => error.with_hint(hint),
+        None => error,
+    }
+}

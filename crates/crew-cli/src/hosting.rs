@@ -1,0 +1,323 @@
+//! Hosting a run in this process: the agent host, the control socket, Ctrl-C, progress lines
+//! and the summary. Shared by `crew run`, its detached host, `crew runs resume` and answering
+//! a question whose host is gone.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::Arc;
+
+use crew_core::model::{RunManifest, RunStatus, TaskStatus};
+use crew_core::provider::WorkspaceKind;
+use crew_core::{RunId, TaskId};
+use crew_live::runner::TaskProgress;
+use crew_live::{AgentHost, CancelLevel, ControlServer, Runner};
+use crew_worktree::CrewWorkspaces;
+use tokio::sync::{mpsc, watch};
+
+use crate::context::Context;
+use crate::ui::{Style, Table, between, cell, duration, sanitize, styled, task_style, truncate};
+use crate::{CliError, Outcome};
+
+/// A host ready to run: agents, socket and runner.
+#[derive(Debug)]
+pub struct Hosting {
+    pub runner: Runner,
+    pub server: ControlServer,
+}
+
+impl Hosting {
+    pub async fn start(ctx: &Context, label: &str) -> Result<Self, CliError> {
+        let host = AgentHost::new().map_err(CliError::internal)?;
+        let server = ControlServer::bind(host.clone(), ctx.workspace.id())
+            .await
+            .map_err(CliError::internal)?;
+        let provider = Arc::new(CrewWorkspaces::new(&ctx.config));
+        let runner = Runner::new(host, provider, ctx.workspace.clone(), ctx.config.clone())
+            .with_label(label);
+        Ok(Hosting { runner, server })
+    }
+
+    pub fn socket(&self) -> Option<camino::Utf8PathBuf> {
+        Some(self.server.path().to_owned())
+    }
+
+    /// Executes `run_id` here until it ends, printing progress unless quiet. The first Ctrl-C
+    /// (or TERM) stops the agents gracefully, the second kills them; work is kept either way.
+    pub async fn execute(
+        &self,
+        ctx: &Context,
+        run_id: &RunId,
+        answers: HashMap<TaskId, String>,
+        progress: bool,
+    ) -> Result<RunManifest, CliError> {
+        let (cancel_tx, cancel_rx) = watch::channel(CancelLevel::None);
+        let (commands_tx, commands_rx) = mpsc::channel(16);
+        self.server.attach_run(run_id.clone(), commands_tx);
+        let signals = tokio::spawn(watch_signals(cancel_tx, ctx.ui.quiet));
+        let printer = progress.then(|| {
+            tokio::spawn(print_progress(
+                self.runner.progress(),
+                ctx.clone(),
+                run_id.clone(),
+            ))
+        });
+        let result = self
+            .runner
+            .execute(run_id, self.socket(), cancel_rx, commands_rx, answers)
+            .await;
+        signals.abort();
+        if let Some(printer) = printer {
+            // Let the last lines out before the summary.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            printer.abort();
+        }
+        self.server.detach_run(run_id);
+        crew_live::runner::forget_run(self.runner.host(), run_id);
+        result.map_err(run_error)
+    }
+}
+
+/// Turns SIGINT and SIGTERM into cancel levels: the first is graceful, the second kills.
+async fn watch_signals(cancel: watch::Sender<CancelLevel>, quiet: bool) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    // Handling SIGHUP at all replaces its default action: a detached host outlives its
+    // terminal.
+    let _hangup = signal(SignalKind::hangup());
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        let next = match *cancel.borrow() {
+            CancelLevel::None => CancelLevel::Graceful,
+            _ => CancelLevel::Kill,
+        };
+        if !quiet {
+            #[allow(clippy::print_stderr)]
+            match next {
+                CancelLevel::Graceful => eprintln!(
+                    "crew: stopping the agents gracefully and keeping their work (Ctrl-C again to kill them at once)"
+                ),
+                _ => eprintln!("crew: killing the agents; their work is still saved"),
+            }
+        }
+        cancel.send_replace(next);
+    }
+}
+
+pub fn run_error(error: crew_live::RunError) -> CliError {
+    let hint = error.hint();
+    let user = matches!(
+        error,
+        crew_live::RunError::Prepare(_)
+            | crew_live::RunError::NotResumable { .. }
+            | crew_live::RunError::AlreadyHosted { .. }
+    );
+    let error = if user {
+        CliError::user(error)
+    } else {
+        CliError::internal(error)
+    };
+    match hint {
+        Some(hint) => error.with_hint(hint),
+        None => error,
+    }
+}
+
+/// One line per task status change, as the run goes.
+#[allow(clippy::print_stdout)]
+async fn print_progress(
+    mut progress: tokio::sync::broadcast::Receiver<TaskProgress>,
+    ctx: Context,
+    run_id: RunId,
+) {
+    while let Ok(change) = progress.recv().await {
+        if change.run_id != run_id {
+            continue;
+        }
+        let manifest = ctx.store.read_run(&run_id).ok();
+        let task = manifest
+            .as_ref()
+            .and_then(|manifest| manifest.task(&change.task_id));
+        let mut line = format!(
+            "  {:<14} {}",
+            truncate(change.task_id.as_str(), 14),
+            ctx.ui.task_status(change.status)
+        );
+        match change.status {
+            TaskStatus::Running => {
+                if let Some(task) = task {
+                    if let Some(pid) = task.pid {
+                        let _ = write!(line, "  pid {pid}");
+                    }
+                    if let Some(workspace) = &task.workspace {
+                        let _ = write!(
+                            line,
+                            "  {}",
+                            ctx.ui.paint(&relative(&ctx, &workspace.dir), Style::Dim)
+                        );
+                    }
+                }
+            }
+            TaskStatus::Waiting => {
+                let _ = write!(
+                    line,
+                    "  asks: {}  (answer with `crew agents follow-up {} \"…\"`)",
+                    sanitize(change.reason.as_deref().unwrap_or("")),
+                    change.task_id
+                );
+            }
+            status if status.is_finished() => {
+                if let Some(task) = task {
+                    if let Some(elapsed) = between(task.started_at, task.finished_at) {
+                        let _ = write!(line, "  {}", duration(elapsed));
+                    }
+                    if let Some(report) = &task.teardown
+                        && let Some(branch) = &report.branch
+                    {
+                        let _ = write!(line, "  {branch}");
+                        if let Some(stat) = report.diffstat {
+                            let _ = write!(line, " (+{} -{})", stat.insertions, stat.deletions);
+                        }
+                    }
+                }
+                if let Some(reason) = &change.reason {
+                    let _ = write!(line, "  {}", ctx.ui.paint(&sanitize(reason), Style::Dim));
+                }
+            }
+            _ => {}
+        }
+        println!("{line}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// `path` relative to the workspace root when inside it.
+pub fn relative(ctx: &Context, path: &camino::Utf8Path) -> String {
+    let base = ctx.workspace.repo_root().unwrap_or(ctx.workspace.root());
+    match path.strip_prefix(base) {
+        Ok(rest) if rest.as_str().is_empty() => ".".to_owned(),
+        Ok(rest) => rest.to_string(),
+        Err(_) => path.to_string(),
+    }
+}
+
+/// The summary of a finished run: the task table, then where the work is and the commands to
+/// inspect or merge it.
+pub fn summary(ctx: &Context, manifest: &RunManifest) -> String {
+    let ui = &ctx.ui;
+    let mut table = Table::new(&[
+        "TASK", "STATUS", "DURATION", "EXIT", "BRANCH", "+/-", "WORK",
+    ]);
+    let mut next = Vec::new();
+    for task in &manifest.tasks {
+        let elapsed = between(task.started_at, task.finished_at)
+            .filter(|_| task.started_at.is_some())
+            .map(duration)
+            .unwrap_or_else(|| "-".into());
+        let exit = match &task.exit {
+            Some(exit) => match (exit.code, exit.signal) {
+                (Some(code), _) => code.to_string(),
+                (None, Some(signal)) => format!("sig {signal}"),
+                _ => "-".into(),
+            },
+            None => "-".into(),
+        };
+        let report = task.teardown.as_ref();
+        let branch = report.and_then(|report| report.branch.clone());
+        let plus_minus = report
+            .and_then(|report| report.diffstat)
+            .map(|stat| format!("+{} -{}", stat.insertions, stat.deletions))
+            .unwrap_or_else(|| "-".into());
+        let work = match (report, &task.workspace) {
+            (Some(report), _) if report.preserved.is_some() => {
+                format!(
+                    "kept at {}",
+                    relative(ctx, report.preserved.as_deref().expect("checked"))
+                )
+            }
+            (_, Some(workspace)) if workspace.kind == WorkspaceKind::Single => {
+                "the project root".into()
+            }
+            (Some(report), Some(_)) if report.branch.is_some() => "on its branch".into(),
+            (Some(report), Some(workspace))
+                if report.removed && workspace.kind == WorkspaceKind::Worktree =>
+            {
+                "no changes".into()
+            }
+            (Some(report), _) if report.removed => "removed (temp)".into(),
+            _ => "-".into(),
+        };
+        table.row(vec![
+            cell(task.id.to_string()),
+            styled(task.status.as_str(), task_style(task.status)),
+            cell(elapsed),
+            cell(exit),
+            cell(branch.clone().unwrap_or_else(|| "-".into())),
+            cell(plus_minus),
+            cell(work),
+        ]);
+        if let (Some(branch), Some(base)) = (
+            &branch,
+            task.workspace
+                .as_ref()
+                .and_then(|workspace| workspace.base_commit.as_deref()),
+        ) {
+            next.push(format!(
+                "git diff {}..{branch}   # {}",
+                &base[..base.len().min(12)],
+                task.id
+            ));
+            next.push(format!("git merge {branch}"));
+        }
+        if let Some(question) = &task.question
+            && task.status == TaskStatus::Waiting
+        {
+            next.push(format!(
+                "crew agents follow-up {} \"<answer>\"   # {} asks: {}",
+                task.id,
+                task.id,
+                sanitize(question)
+            ));
+        }
+        if let Some(reason) = task
+            .reason
+            .as_ref()
+            .filter(|_| task.status != TaskStatus::Succeeded)
+        {
+            next.push(format!("# {}: {}", task.id, sanitize(reason)));
+        }
+        for warning in &task.warnings {
+            next.push(format!("# {}: {}", task.id, sanitize(warning)));
+        }
+    }
+    let mut out = format!(
+        "\nrun {} {}\n",
+        manifest.run_id,
+        ui.run_status(manifest.status)
+    );
+    out.push_str(&table.render(ui));
+    if !next.is_empty() {
+        out.push('\n');
+        for line in next {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}
+
+/// The exit outcome of a finished run.
+pub fn outcome(manifest: &RunManifest) -> Outcome {
+    match manifest.status {
+        RunStatus::Completed => Outcome::Success,
+        RunStatus::Cancelled => Outcome::Interrupted,
+        _ => Outcome::TaskFailed,
+    }
+}

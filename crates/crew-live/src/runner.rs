@@ -1,0 +1,1174 @@
+//! The team runner: a run's task graph, executed with bounded parallelism, every step recorded
+//! in the run's manifest.
+//!
+//! Per task: allocate its workspace through the `WorkspaceProvider`, start its agent, wait for
+//! it (through questions, follow-ups and resumes), tear the workspace down in every outcome and
+//! record the teardown report. A task whose upstream did not succeed is skipped with the reason;
+//! with `fail_fast`, the first failure cancels the rest. Cancelling (the first Ctrl-C) stops
+//! every agent gracefully and tears down preserving work; the second kills at once — the
+//! teardown still saves the work.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use camino::Utf8PathBuf;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crew_core::config::{
+    AgentDef, ConfigDir, ProjectConfig, WorkspaceMode, validate_plain_task_graph,
+};
+use crew_core::host::{HostIdentity, HostIdentityError};
+use crew_core::model::{
+    EventKind, ExitRecord, HostRecord, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus,
+    TransitionError, WorkspaceRecord,
+};
+use crew_core::provider::{
+    AllocateWorkspaceError, RunRequest, TaskWorkspace, TeardownRequest, UpstreamWork,
+    WorkspaceProvider, WorkspaceRequest,
+};
+use crew_core::store::StateError;
+use crew_core::{AgentId, RunId, StateStore, TaskId, Team, Workspace};
+
+use crate::agent::AgentSpec;
+use crate::control::{ErrorBody, RunCommand, SubmittedTask};
+use crate::host::AgentHost;
+use crate::registry::AgentHandle;
+
+/// How far a cancellation goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CancelLevel {
+    None,
+    /// Stop every agent gracefully (TERM, grace, KILL) and keep their work.
+    Graceful,
+    /// Kill every agent at once; the teardown still saves their work.
+    Kill,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub team: Team,
+    /// `--workspace-mode`: overrides the team's mode and every task's own.
+    pub mode: Option<WorkspaceMode>,
+    pub max_parallel: Option<usize>,
+    pub base: Option<String>,
+    pub fail_fast: Option<bool>,
+}
+
+/// A run that could not be created, resumed or finished.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("the run cannot start: {}", .0.message)]
+    Prepare(#[source] AllocateWorkspaceError),
+    #[error("failed to record this process as the run's host")]
+    Host(#[from] HostIdentityError),
+    #[error(
+        "run {run_id} is {status}; only an interrupted, failed or cancelled run can be resumed"
+    )]
+    NotResumable { run_id: RunId, status: RunStatus },
+    #[error("run {run_id} is still hosted by process {pid}")]
+    AlreadyHosted { run_id: RunId, pid: u32 },
+}
+
+impl RunError {
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            RunError::Prepare(error) => error.hint.clone(),
+            RunError::AlreadyHosted { .. } => Some(
+                "use `crew agents list` to see its agents, or `crew runs cancel` to stop it"
+                    .to_owned(),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// A task changed status: what a host shows while a run goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskProgress {
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    pub status: TaskStatus,
+    pub reason: Option<String>,
+}
+
+/// Runs teams of agents in one workspace, on one host.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    host: AgentHost,
+    provider: Arc<dyn WorkspaceProvider>,
+    store: Arc<StateStore>,
+    workspace: Workspace,
+    config: ProjectConfig,
+    label: Option<String>,
+    progress: tokio::sync::broadcast::Sender<TaskProgress>,
+}
+
+impl Runner {
+    pub fn new(
+        host: AgentHost,
+        provider: Arc<dyn WorkspaceProvider>,
+        workspace: Workspace,
+        config: ProjectConfig,
+    ) -> Self {
+        let store = Arc::new(StateStore::new(workspace.id(), workspace.repo_root()));
+        Runner {
+            host,
+            provider,
+            store,
+            workspace,
+            config,
+            label: None,
+            progress: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
+
+    /// Every task status change of the runs this runner executes.
+    pub fn progress(&self) -> tokio::sync::broadcast::Receiver<TaskProgress> {
+        self.progress.subscribe()
+    }
+
+    fn announce(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        status: TaskStatus,
+        reason: Option<String>,
+    ) {
+        tracing::debug!(run = %run_id, task = %task_id, %status, reason = reason.as_deref().unwrap_or(""), "task status");
+        let _ = self.progress.send(TaskProgress {
+            run_id: run_id.clone(),
+            task_id: task_id.clone(),
+            status,
+            reason,
+        });
+    }
+
+    /// Names the host in listings (`crew run`, an editor).
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+
+    pub fn host(&self) -> &AgentHost {
+        &self.host
+    }
+
+    fn host_record(&self, socket: Option<Utf8PathBuf>) -> Result<HostRecord, RunError> {
+        Ok(HostRecord {
+            identity: HostIdentity::current()?,
+            socket,
+            label: self.label.clone(),
+        })
+    }
+
+    /// Checks the run can start (before any agent does) and records it as `running`, hosted by
+    /// this process.
+    pub async fn create(
+        &self,
+        spec: &RunSpec,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        let team = &spec.team.def;
+        let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
+        let tasks: Vec<TaskRecord> = team
+            .tasks
+            .iter()
+            .map(|task| {
+                let mut record = TaskRecord::new(
+                    task.id.clone(),
+                    task.agent.clone(),
+                    task.prompt.clone(),
+                    task.depends_on.clone(),
+                    spec.mode.or(task.workspace_mode).unwrap_or(run_mode),
+                );
+                record.timeout = task.timeout.or(self.config.run.task_timeout);
+                record
+            })
+            .collect();
+        let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();
+        modes.dedup();
+        let run_id_probe = RunId::generate();
+        let provider = self.provider.clone();
+        let request = RunRequest {
+            workspace: self.workspace.id().clone(),
+            repo_root: self.workspace.repo_root().map(Into::into),
+            run_id: run_id_probe,
+            base: spec.base.clone(),
+            modes,
+        };
+        let plan = tokio::task::spawn_blocking(move || provider.prepare_run(&request))
+            .await
+            .expect("prepare_run does not panic")
+            .map_err(RunError::Prepare)?;
+        let host = self.host_record(socket)?;
+        let store = self.store.clone();
+        let workspace = self.workspace.clone();
+        let max_parallel = spec
+            .max_parallel
+            .or(team.max_parallel.map(|parallel| parallel.get()))
+            .unwrap_or(self.config.run.max_parallel.get())
+            .max(1);
+        let fail_fast = spec
+            .fail_fast
+            .or(team.fail_fast)
+            .unwrap_or(self.config.run.fail_fast);
+        let team_name = team.name.clone();
+        let manifest = blocking(move || {
+            store.create_run(|run_id| {
+                let mut manifest =
+                    RunManifest::new(run_id, workspace.id().clone(), run_mode, tasks);
+                manifest.invocation_dir = workspace.relative_invocation_dir();
+                manifest.team = Some(team_name);
+                manifest.host = Some(host);
+                manifest.base = plan.base_commit.clone();
+                manifest.max_parallel = max_parallel;
+                manifest.fail_fast = fail_fast;
+                if !plan.warnings.is_empty() {
+                    manifest.reason = Some(plan.warnings.join("; "));
+                }
+                manifest
+            })
+        })
+        .await?;
+        let event = RunEvent::new(None, EventKind::RunCreated);
+        let _ = self.store.append_event(&manifest.run_id, &event);
+        Ok(manifest)
+    }
+
+    /// Takes up a run whose host is gone: finished tasks are kept, the others run again (their
+    /// worktree branches are reused), tasks waiting for an answer wait again — or go on with
+    /// the answer given in `answers`.
+    pub async fn prepare_resume(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        let store = self.store.clone();
+        blocking({
+            let store = store.clone();
+            move || reconcile_workspace(&store)
+        })
+        .await?;
+        let host = self.host_record(socket)?;
+        let run_id = run_id.clone();
+        blocking(move || {
+            store.update_run(&run_id, |manifest| {
+                if manifest.status == RunStatus::Running {
+                    return Ok(Err(RunError::AlreadyHosted {
+                        run_id: manifest.run_id.clone(),
+                        pid: manifest.host.as_ref().map_or(0, |host| host.identity.pid),
+                    }));
+                }
+                if manifest.status == RunStatus::Completed
+                    && manifest
+                        .tasks
+                        .iter()
+                        .all(|task| task.status == TaskStatus::Succeeded)
+                {
+                    return Ok(Err(RunError::NotResumable {
+                        run_id: manifest.run_id.clone(),
+                        status: manifest.status,
+                    }));
+                }
+                manifest.set_status(RunStatus::Running)?;
+                manifest.reason = None;
+                manifest.host = Some(host);
+                let again: Vec<TaskId> = manifest
+                    .tasks
+                    .iter()
+                    .filter(|task| {
+                        task.status.is_finished() && task.status != TaskStatus::Succeeded
+                    })
+                    .map(|task| task.id.clone())
+                    .collect();
+                for task_id in again {
+                    let task = manifest.set_task_status(&task_id, TaskStatus::Pending)?;
+                    task.reason = None;
+                    task.exit = None;
+                }
+                Ok(Ok(manifest.clone()))
+            })
+        })
+        .await?
+    }
+
+    /// Records this process as the host of a run another process created for it
+    /// (`crew run --detach` creates the run, then hands it to a background host).
+    pub async fn take_over(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        let host = self.host_record(socket)?;
+        let store = self.store.clone();
+        let run_id = run_id.clone();
+        Ok(blocking(move || {
+            store.update_run(&run_id, |manifest| {
+                manifest.host = Some(host);
+                Ok(manifest.clone())
+            })
+        })
+        .await?)
+    }
+
+    /// Runs the tasks of `run_id` to the end. `cancel` is watched for Ctrl-C; `commands` brings
+    /// requests from the control channel. `answers` resumes waiting tasks with their answers.
+    pub async fn execute(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+        mut cancel: watch::Receiver<CancelLevel>,
+        mut commands: mpsc::Receiver<RunCommand>,
+        answers: HashMap<TaskId, String>,
+    ) -> Result<RunManifest, RunError> {
+        let manifest = self.read(run_id).await?;
+        let (run_cancel, _) = watch::channel(CancelLevel::None);
+        let context = Arc::new(RunContext {
+            runner: self.clone(),
+            run_id: run_id.clone(),
+            socket,
+            base: manifest.base.clone(),
+            invocation_dir: manifest.invocation_dir.clone(),
+            cancel: run_cancel.clone(),
+            agents: std::sync::Mutex::new(HashMap::new()),
+        });
+        let mut statuses: BTreeMap<TaskId, TaskStatus> = manifest
+            .tasks
+            .iter()
+            .map(|task| (task.id.clone(), task.status))
+            .collect();
+        let mut order: Vec<TaskId> = manifest.tasks.iter().map(|task| task.id.clone()).collect();
+        let mut depends: HashMap<TaskId, Vec<TaskId>> = manifest
+            .tasks
+            .iter()
+            .map(|task| (task.id.clone(), task.depends_on.clone()))
+            .collect();
+        let max_parallel = manifest.max_parallel.max(1);
+        let fail_fast = manifest.fail_fast;
+        let mut running: JoinSet<(TaskId, TaskStatus)> = JoinSet::new();
+        let mut active: HashSet<TaskId> = HashSet::new();
+        let mut cancelled_by_user = false;
+        let mut failed_fast = false;
+        let mut commands_open = true;
+
+        // Tasks that were waiting for an answer when their host went away wait again here.
+        for task in manifest
+            .tasks
+            .iter()
+            .filter(|task| task.status == TaskStatus::Waiting)
+        {
+            let context = context.clone();
+            let task = task.clone();
+            let answer = answers.get(&task.id).cloned();
+            active.insert(task.id.clone());
+            running.spawn(async move {
+                let id = task.id.clone();
+                (id, context.adopt_waiting(task, answer).await)
+            });
+        }
+
+        loop {
+            let level = *cancel.borrow();
+            if level > CancelLevel::None {
+                cancelled_by_user = true;
+                if *run_cancel.borrow() < level {
+                    run_cancel.send_replace(level);
+                }
+            }
+            let stopping = cancelled_by_user || failed_fast;
+            for task_id in order.clone() {
+                if statuses[&task_id] != TaskStatus::Pending {
+                    continue;
+                }
+                if stopping {
+                    self.finish_unstarted(
+                        run_id,
+                        &task_id,
+                        TaskStatus::Cancelled,
+                        "the run was cancelled before the task started",
+                    )
+                    .await?;
+                    statuses.insert(task_id, TaskStatus::Cancelled);
+                    continue;
+                }
+                let deps = &depends[&task_id];
+                if let Some(blocker) = deps.iter().find(|dep| {
+                    statuses.get(*dep).is_some_and(|status| {
+                        status.is_finished() && *status != TaskStatus::Succeeded
+                    })
+                }) {
+                    let reason = format!(
+                        "upstream task {blocker} did not succeed ({})",
+                        statuses[blocker]
+                    );
+                    self.finish_unstarted(run_id, &task_id, TaskStatus::Skipped, &reason)
+                        .await?;
+                    statuses.insert(task_id, TaskStatus::Skipped);
+                    continue;
+                }
+                let ready = deps
+                    .iter()
+                    .all(|dep| statuses.get(dep) == Some(&TaskStatus::Succeeded));
+                if ready && active.len() < max_parallel {
+                    active.insert(task_id.clone());
+                    statuses.insert(task_id.clone(), TaskStatus::Preparing);
+                    let context = context.clone();
+                    running.spawn(async move {
+                        let status = context.run_task(task_id.clone()).await;
+                        (task_id, status)
+                    });
+                }
+            }
+            if running.is_empty() {
+                let pending = statuses
+                    .values()
+                    .any(|status| *status == TaskStatus::Pending);
+                if !pending {
+                    break;
+                }
+            }
+            tokio::select! {
+                Some(joined) = running.join_next() => {
+                    let (task_id, status) = match joined {
+                        Ok(result) => result,
+                        Err(error) => panic!("a task of run {run_id} panicked: {error}"),
+                    };
+                    active.remove(&task_id);
+                    statuses.insert(task_id, status);
+                    if fail_fast && matches!(status, TaskStatus::Failed | TaskStatus::Stopped) && !failed_fast {
+                        failed_fast = true;
+                        run_cancel.send_replace(CancelLevel::Graceful);
+                    }
+                }
+                changed = cancel.changed() => {
+                    if changed.is_err() {
+                        // The canceller is gone; nothing more can come from it.
+                        cancel = watch::channel(CancelLevel::None).1;
+                    }
+                }
+                command = commands.recv(), if commands_open => match command {
+                    Some(RunCommand::Cancel { workspace, reply }) => {
+                        if &workspace != self.workspace.id() {
+                            let _ = reply.send(Err(foreign_run(run_id, &workspace)));
+                        } else {
+                            cancelled_by_user = true;
+                            run_cancel.send_replace(CancelLevel::Graceful);
+                            let _ = reply.send(Ok(serde_json::json!({ "run_id": run_id, "cancelled": true })));
+                        }
+                    }
+                    Some(RunCommand::Submit { workspace, agent, tasks, reply }) => {
+                        let result = if &workspace != self.workspace.id() {
+                            Err(foreign_run(run_id, &workspace))
+                        } else if stopping {
+                            Err(ErrorBody { code: "run_stopping".into(), message: format!("run {run_id} is stopping; it takes no new tasks") })
+                        } else {
+                            self.accept_submission(run_id, &agent, tasks).await
+                        };
+                        if let Ok(added) = &result {
+                            for record in added {
+                                order.push(record.id.clone());
+                                depends.insert(record.id.clone(), record.depends_on.clone());
+                                statuses.insert(record.id.clone(), TaskStatus::Pending);
+                            }
+                        }
+                        let _ = reply.send(result.map(|added| serde_json::json!({
+                            "accepted": added.iter().map(|task| task.id.as_str()).collect::<Vec<_>>()
+                        })));
+                    }
+                    None => commands_open = false,
+                },
+            }
+        }
+
+        let final_status = if cancelled_by_user {
+            RunStatus::Cancelled
+        } else if statuses
+            .values()
+            .all(|status| *status == TaskStatus::Succeeded)
+        {
+            RunStatus::Completed
+        } else {
+            RunStatus::Failed
+        };
+        let store = self.store.clone();
+        let id = run_id.clone();
+        let manifest = blocking(move || {
+            store.update_run(&id, |manifest| {
+                manifest.set_status(final_status)?;
+                Ok(manifest.clone())
+            })
+        })
+        .await?;
+        let _ = self.store.append_event(
+            run_id,
+            &RunEvent::new(
+                None,
+                EventKind::RunStatus {
+                    status: final_status,
+                    reason: None,
+                },
+            ),
+        );
+        Ok(manifest)
+    }
+
+    async fn read(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
+        let store = self.store.clone();
+        let run_id = run_id.clone();
+        Ok(blocking(move || store.read_run(&run_id)).await?)
+    }
+
+    async fn finish_unstarted(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        status: TaskStatus,
+        reason: &str,
+    ) -> Result<(), RunError> {
+        let store = self.store.clone();
+        let (run, task, why) = (run_id.clone(), task_id.clone(), reason.to_owned());
+        blocking(move || {
+            store.update_run(&run, |manifest| {
+                let record = manifest.set_task_status(&task, status)?;
+                record.reason = Some(why);
+                Ok(())
+            })
+        })
+        .await?;
+        let _ = self.store.append_event(
+            run_id,
+            &RunEvent::new(
+                Some(task_id.clone()),
+                EventKind::TaskStatus {
+                    status,
+                    reason: Some(reason.to_owned()),
+                },
+            ),
+        );
+        self.announce(run_id, task_id, status, Some(reason.to_owned()));
+        Ok(())
+    }
+
+    /// Validates an agent-authored plan and adds its tasks to the run, in the run's mode.
+    async fn accept_submission(
+        &self,
+        run_id: &RunId,
+        agent: &AgentId,
+        submitted: Vec<SubmittedTask>,
+    ) -> Result<Vec<TaskRecord>, ErrorBody> {
+        let refuse = |message: String| ErrorBody {
+            code: "invalid_tasks".into(),
+            message,
+        };
+        let manifest = self
+            .read(run_id)
+            .await
+            .map_err(|error| refuse(error.to_string()))?;
+        let Some(submitter) = manifest
+            .task(agent.task_id())
+            .filter(|_| agent.run_id() == run_id)
+        else {
+            return Err(refuse(format!(
+                "agent {agent} is not a task of run {run_id}"
+            )));
+        };
+        if submitted.is_empty() {
+            return Err(refuse("no tasks submitted".into()));
+        }
+        let existing: Vec<&TaskRecord> = manifest.tasks.iter().collect();
+        let graph: Vec<(String, Vec<String>)> = existing
+            .iter()
+            .map(|task| {
+                (
+                    task.id.to_string(),
+                    task.depends_on.iter().map(ToString::to_string).collect(),
+                )
+            })
+            .chain(
+                submitted
+                    .iter()
+                    .map(|task| (task.id.clone(), task.depends_on.clone())),
+            )
+            .collect();
+        let parsed = validate_plain_task_graph(&graph).map_err(refuse)?;
+        let config_dir = ConfigDir::new(self.workspace.crew_dir());
+        let mut records = Vec::new();
+        for (task, (id, depends_on)) in submitted
+            .iter()
+            .zip(parsed.into_iter().skip(existing.len()))
+        {
+            let agent_name = task
+                .agent
+                .clone()
+                .unwrap_or_else(|| submitter.agent.clone());
+            config_dir
+                .load_agent(&agent_name)
+                .map_err(|error| refuse(format!("task {id}: {error}")))?;
+            let mut record = TaskRecord::new(
+                id,
+                agent_name,
+                task.prompt.clone(),
+                depends_on,
+                manifest.workspace_mode,
+            );
+            record.timeout = self.config.run.task_timeout;
+            records.push(record);
+        }
+        let store = self.store.clone();
+        let run = run_id.clone();
+        let added = records.clone();
+        blocking(move || {
+            store.update_run(&run, |manifest| {
+                manifest.tasks.extend(added);
+                Ok(())
+            })
+        })
+        .await
+        .map_err(|error| refuse(error.to_string()))?;
+        let _ = self.store.append_event(
+            run_id,
+            &RunEvent::new(
+                Some(agent.task_id().clone()),
+                EventKind::Message {
+                    text: format!(
+                        "submitted tasks {}",
+                        records
+                            .iter()
+                            .map(|task| task.id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                },
+            ),
+        );
+        Ok(records)
+    }
+}
+
+fn foreign_run(run_id: &RunId, workspace: &crew_core::WorkspaceId) -> ErrorBody {
+    ErrorBody {
+        code: "foreign_workspace".into(),
+        message: format!("run {run_id} does not belong to workspace {workspace}"),
+    }
+}
+
+/// Runs blocking state or git work off the async threads.
+async fn blocking<T: Send + 'static, E: Send + 'static>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, E> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .expect("state and workspace work does not panic")
+}
+
+/// What every task of one run shares.
+#[derive(Debug)]
+struct RunContext {
+    runner: Runner,
+    run_id: RunId,
+    socket: Option<Utf8PathBuf>,
+    base: Option<String>,
+    invocation_dir: Utf8PathBuf,
+    cancel: watch::Sender<CancelLevel>,
+    agents: std::sync::Mutex<HashMap<TaskId, AgentDef>>,
+}
+
+/// How a task's agent ended, before the task's status is decided.
+enum Ending {
+    Exited(ExitRecord),
+    /// The agent asked a question and the run stopped before an answer came: the workspace is
+    /// kept for it.
+    StillWaiting,
+}
+
+impl RunContext {
+    async fn update<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let store = self.runner.store.clone();
+        let run_id = self.run_id.clone();
+        blocking(move || store.update_run(&run_id, change)).await
+    }
+
+    async fn record_status(&self, task_id: &TaskId, status: TaskStatus, reason: Option<String>) {
+        let (task, why) = (task_id.clone(), reason.clone());
+        let _ = self
+            .update(move |manifest| {
+                let record = manifest.set_task_status(&task, status)?;
+                if why.is_some() {
+                    record.reason = why;
+                }
+                Ok(())
+            })
+            .await;
+        let _ = self.runner.store.append_event(
+            &self.run_id,
+            &RunEvent::new(
+                Some(task_id.clone()),
+                EventKind::TaskStatus {
+                    status,
+                    reason: reason.clone(),
+                },
+            ),
+        );
+        self.runner.announce(&self.run_id, task_id, status, reason);
+    }
+
+    fn cancel_level(&self) -> CancelLevel {
+        *self.cancel.borrow()
+    }
+
+    fn agent_definition(&self, name: &str) -> Result<AgentDef, String> {
+        if let Some(found) = self
+            .agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&TaskId::parse(name).map_err(|error| error.to_string())?)
+        {
+            return Ok(found.clone());
+        }
+        let definition = ConfigDir::new(self.runner.workspace.crew_dir())
+            .load_agent(name)
+            .map_err(|error| error.to_string())?;
+        if let Ok(key) = TaskId::parse(name) {
+            self.agents
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(key, definition.clone());
+        }
+        Ok(definition)
+    }
+
+    /// The workspace request of a task, with its upstream tasks' branches.
+    async fn workspace_request(&self, task: &TaskRecord) -> Result<WorkspaceRequest, RunError> {
+        let manifest = self.runner.read(&self.run_id).await?;
+        let upstream = task
+            .depends_on
+            .iter()
+            .filter_map(|dep| manifest.task(dep))
+            .map(|dep| UpstreamWork {
+                task_id: dep.id.clone(),
+                branch: dep
+                    .teardown
+                    .as_ref()
+                    .and_then(|report| report.branch.clone()),
+            })
+            .collect();
+        Ok(WorkspaceRequest {
+            workspace: self.runner.workspace.id().clone(),
+            repo_root: self.runner.workspace.repo_root().map(Into::into),
+            invocation_dir: self.invocation_dir.clone(),
+            run_id: self.run_id.clone(),
+            task_id: task.id.clone(),
+            mode: task.workspace_mode,
+            base: self.base.clone(),
+            upstream,
+        })
+    }
+
+    async fn allocate(&self, task: &TaskRecord) -> Result<TaskWorkspace, String> {
+        let request = self
+            .workspace_request(task)
+            .await
+            .map_err(|error| error.to_string())?;
+        let provider = self.runner.provider.clone();
+        let allocated = blocking(move || provider.allocate(&request))
+            .await
+            .map_err(|error| match &error.hint {
+                Some(hint) => format!("{} ({hint})", error.message),
+                None => error.message.clone(),
+            })?;
+        let record = WorkspaceRecord {
+            kind: allocated.kind,
+            root: allocated.root.clone(),
+            dir: allocated.dir.clone(),
+            branch: allocated.branch.clone(),
+            base_commit: allocated.base_commit.clone(),
+            reused: allocated.reused,
+        };
+        let warnings = allocated.warnings.clone();
+        let task_id = task.id.clone();
+        let _ = self
+            .update(move |manifest| {
+                let task = manifest.task_mut(&task_id)?;
+                task.workspace = Some(record);
+                for warning in warnings {
+                    if !task.warnings.contains(&warning) {
+                        task.warnings.push(warning);
+                    }
+                }
+                Ok(())
+            })
+            .await;
+        Ok(allocated)
+    }
+
+    fn agent_spec(
+        &self,
+        task: &TaskRecord,
+        definition: AgentDef,
+        workspace: &TaskWorkspace,
+    ) -> AgentSpec {
+        let store = &self.runner.store;
+        AgentSpec {
+            agent_id: AgentId::new(self.run_id.clone(), task.id.clone()),
+            workspace: self.runner.workspace.id().clone(),
+            dir: workspace.dir.clone(),
+            definition,
+            prompt: task.prompt.clone(),
+            timeout: task.timeout.map(|timeout| timeout.0),
+            stop_grace: self.runner.config.run.stop_grace.0,
+            output_log: store.output_log_path(&self.run_id, &task.id),
+            socket: self.socket.clone(),
+        }
+    }
+
+    /// One task, from its workspace to its teardown. Returns its final status.
+    async fn run_task(self: Arc<Self>, task_id: TaskId) -> TaskStatus {
+        let Ok(manifest) = self.runner.read(&self.run_id).await else {
+            return TaskStatus::Failed;
+        };
+        let Some(task) = manifest.task(&task_id).cloned() else {
+            return TaskStatus::Failed;
+        };
+        self.record_status(&task_id, TaskStatus::Preparing, None)
+            .await;
+        let definition = match self.agent_definition(&task.agent) {
+            Ok(definition) => definition,
+            Err(reason) => {
+                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        let workspace = match self.allocate(&task).await {
+            Ok(workspace) => workspace,
+            Err(reason) => {
+                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        if self.cancel_level() > CancelLevel::None {
+            self.teardown(&task_id, &workspace, false).await;
+            self.record_status(
+                &task_id,
+                TaskStatus::Cancelled,
+                Some("the run was cancelled".into()),
+            )
+            .await;
+            return TaskStatus::Cancelled;
+        }
+        let spec = self.agent_spec(&task, definition, &workspace);
+        let handle = match self.runner.host.start(spec).await {
+            Ok(handle) => handle,
+            Err(error) => {
+                self.teardown(&task_id, &workspace, false).await;
+                self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        self.note_started(&task_id, &handle).await;
+        self.record_status(&task_id, TaskStatus::Running, None)
+            .await;
+        self.follow_through(task, workspace, handle, true).await
+    }
+
+    /// A task that waited for an answer when its previous host went away: its workspace is
+    /// taken up again, and the agent waits (exited) for a follow-up.
+    async fn adopt_waiting(
+        self: Arc<Self>,
+        task: TaskRecord,
+        answer: Option<String>,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let definition = match self.agent_definition(&task.agent) {
+            Ok(definition) => definition,
+            Err(reason) => {
+                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        let workspace = match self.allocate(&task).await {
+            Ok(workspace) => workspace,
+            Err(reason) => {
+                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        let spec = self.agent_spec(&task, definition, &workspace);
+        let handle = match self
+            .runner
+            .host
+            .adopt(spec, task.question.clone(), task.attempts)
+        {
+            Ok(handle) => handle,
+            Err(error) => {
+                self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        if let Some(answer) = answer {
+            let _ = handle.follow_up(&answer).await;
+        }
+        self.follow_through(task, workspace, handle, false).await
+    }
+
+    async fn note_started(&self, task_id: &TaskId, handle: &AgentHandle) {
+        let status = handle.status();
+        let task = task_id.clone();
+        let _ = self
+            .update(move |manifest| {
+                let record = manifest.task_mut(&task)?;
+                record.pid = status.pid;
+                record.attempts += 1;
+                record.question = None;
+                Ok(())
+            })
+            .await;
+    }
+
+    /// Waits for the agent through questions and restarts, then tears down and records the
+    /// outcome.
+    async fn follow_through(
+        &self,
+        task: TaskRecord,
+        workspace: TaskWorkspace,
+        handle: AgentHandle,
+        started: bool,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let mut cancel = self.cancel.subscribe();
+        let mut stop_requests = 0;
+        let mut running = started;
+        let ending = loop {
+            if running {
+                tokio::select! {
+                    status = handle.wait_exited() => {
+                        if let Some(question) = status.question.clone() {
+                            self.record_waiting(&task_id, &question).await;
+                            running = false;
+                            continue;
+                        }
+                        if handle.close().await {
+                            break Ending::Exited(status.exit.unwrap_or(ExitRecord {
+                                code: None,
+                                signal: None,
+                                stopped_by: None,
+                                leaked_processes: false,
+                                timed_out: false,
+                            }));
+                        }
+                    }
+                    changed = cancel.changed() => {
+                        if changed.is_err() {
+                            continue;
+                        }
+                        let level = *cancel.borrow();
+                        // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
+                        let wanted = if level == CancelLevel::Kill { 2 } else { 1 };
+                        while stop_requests < wanted {
+                            stop_requests += 1;
+                            let handle = handle.clone();
+                            tokio::spawn(async move { handle.stop().await });
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+            } else {
+                // Waiting for an answer: a follow-up restarts the agent.
+                if self.cancel_level() > CancelLevel::None {
+                    break Ending::StillWaiting;
+                }
+                tokio::select! {
+                    restarted = handle.wait_running() => {
+                        if restarted.is_some() {
+                            self.note_started(&task_id, &handle).await;
+                            self.record_status(&task_id, TaskStatus::Running, None).await;
+                            running = true;
+                        } else {
+                            break Ending::StillWaiting;
+                        }
+                    }
+                    _ = cancel.changed() => {}
+                }
+            }
+        };
+        match ending {
+            Ending::StillWaiting => {
+                self.teardown(&task_id, &workspace, true).await;
+                TaskStatus::Waiting
+            }
+            Ending::Exited(exit) => {
+                let cancelled = self.cancel_level() > CancelLevel::None;
+                let (status, reason) =
+                    outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
+                let exit_record = exit.clone();
+                let task = task_id.clone();
+                let _ = self
+                    .update(move |manifest| {
+                        let record = manifest.task_mut(&task)?;
+                        record.exit = Some(exit_record);
+                        record.pid = None;
+                        Ok(())
+                    })
+                    .await;
+                self.teardown(&task_id, &workspace, false).await;
+                self.record_status(&task_id, status, reason).await;
+                status
+            }
+        }
+    }
+
+    async fn record_waiting(&self, task_id: &TaskId, question: &str) {
+        let (task, asked) = (task_id.clone(), question.to_owned());
+        let _ = self
+            .update(move |manifest| {
+                let status = manifest.task(&task).map(|record| record.status);
+                if status != Some(TaskStatus::Waiting) {
+                    manifest.set_task_status(&task, TaskStatus::Waiting)?;
+                }
+                manifest.task_mut(&task)?.question = Some(asked);
+                Ok(())
+            })
+            .await;
+        let _ = self.runner.store.append_event(
+            &self.run_id,
+            &RunEvent::new(
+                Some(task_id.clone()),
+                EventKind::TaskStatus {
+                    status: TaskStatus::Waiting,
+                    reason: Some(question.to_owned()),
+                },
+            ),
+        );
+        self.runner.announce(
+            &self.run_id,
+            task_id,
+            TaskStatus::Waiting,
+            Some(question.to_owned()),
+        );
+    }
+
+    /// Tears the workspace down and records the report. A teardown error is recorded as a
+    /// warning; it never replaces the task's outcome.
+    async fn teardown(&self, task_id: &TaskId, workspace: &TaskWorkspace, keep: bool) {
+        let provider = self.runner.provider.clone();
+        let request = TeardownRequest {
+            workspace: self.runner.workspace.id().clone(),
+            repo_root: self.runner.workspace.repo_root().map(Into::into),
+            run_id: self.run_id.clone(),
+            task_id: task_id.clone(),
+            agent_alive: false,
+            keep,
+        };
+        let allocated = workspace.clone();
+        let result = blocking(move || {
+            provider
+                .teardown(&allocated, &request)
+                .map_err(|error| (error.message.clone(), error.partial))
+        })
+        .await;
+        let task_id = task_id.clone();
+        let _ = self
+            .update(move |manifest| {
+                let record = manifest.task_mut(&task_id)?;
+                match result {
+                    Ok(report) => record.teardown = Some(report),
+                    Err((message, partial)) => {
+                        record.warnings.push(format!("teardown: {message}"));
+                        record.teardown = Some(*partial);
+                    }
+                }
+                Ok(())
+            })
+            .await;
+    }
+}
+
+/// The task status an exit means, and why.
+fn outcome(
+    exit: &ExitRecord,
+    cancelled: bool,
+    timeout: Option<Duration>,
+) -> (TaskStatus, Option<String>) {
+    if cancelled {
+        return (
+            TaskStatus::Cancelled,
+            Some("the run was cancelled".to_owned()),
+        );
+    }
+    if exit.timed_out {
+        let limit = timeout.map_or_else(String::new, |timeout| {
+            format!(" after {}", crew_core::config::HumanDuration(timeout))
+        });
+        return (TaskStatus::Failed, Some(format!("timed out{limit}")));
+    }
+    if exit.stopped_by.is_some() {
+        return (TaskStatus::Stopped, Some("stopped by request".to_owned()));
+    }
+    match (exit.code, exit.signal) {
+        (Some(0), _) => (TaskStatus::Succeeded, None),
+        (Some(code), _) => (
+            TaskStatus::Failed,
+            Some(format!("the agent exited with code {code}")),
+        ),
+        (None, Some(signal)) => (
+            TaskStatus::Failed,
+            Some(format!("the agent was killed by signal {signal}")),
+        ),
+        (None, None) => (
+            TaskStatus::Failed,
+            Some("the agent ended without a status".to_owned()),
+        ),
+    }
+}
+
+/// Stops and forgets every agent of `run_id` in the host (after the run ended).
+pub fn forget_run(host: &AgentHost, run_id: &RunId) {
+    for handle in host.registry().all() {
+        if handle.agent_id().run_id() == run_id {
+            host.registry().remove(handle.agent_id());
+        }
+    }
+}
+
+/// Reconciles the workspace's runs (runs whose host is gone become `interrupted`) and kills
+/// what is left of their agents: processes that left their group but carry the run's marker.
+pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError> {
+    let interrupted = store.reconcile()?;
+    for run_id in &interrupted {
+        crate::procscan::kill_marked(&format!("{}={run_id}", crew_core::env_vars::CREW_RUN_ID));
+    }
+    Ok(interrupted)
+}
+
+/// Every run of the workspace whose host is alive and serves a socket: where other processes
+/// find the live agents of the workspace.
+pub fn live_hosts(store: &StateStore) -> Vec<(RunId, HostRecord)> {
+    store
+        .list_runs()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|listing| listing.manifest.ok())
+        .filter(|manifest| manifest.status == RunStatus::Running)
+        .filter_map(|manifest| {
+            let host = manifest.host?;
+            (host.socket.is_some() && host.identity.is_alive()).then_some((manifest.run_id, host))
+        })
+        .collect()
+}
