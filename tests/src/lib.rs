@@ -211,3 +211,200 @@ fn hermetic_libgit2() {
         }
     });
 }
+
+/// The `crew` binary under test.
+pub fn crew_bin() -> Utf8PathBuf {
+    let path = helper_bin("crew");
+    assert!(
+        path.exists(),
+        "{path} is missing: run the tests with `cargo nextest run --workspace`, which builds it"
+    );
+    path
+}
+
+impl TestEnv {
+    /// A `crew` command in `dir`, hermetic, with `crew` itself first on PATH (agents call it).
+    pub fn crew_command(&self, dir: &Utf8Path) -> Command {
+        let crew = crew_bin();
+        let mut command = Command::new(&crew);
+        self.hermetic(&mut command).current_dir(dir);
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![crew.parent().unwrap().as_std_path().to_path_buf()];
+        paths.extend(std::env::split_paths(&path));
+        command.env("PATH", std::env::join_paths(paths).unwrap());
+        command
+    }
+
+    /// Runs `crew args…` in `dir` to its end.
+    pub fn crew<I, S>(&self, dir: &Utf8Path, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.crew_command(dir).args(args).output().unwrap()
+    }
+}
+
+/// A command's whole result, as a snapshot shows it: stdout, stderr and the exit status.
+pub fn render_output(output: &Output) -> String {
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !stderr.is_empty() {
+        text.push_str("----- stderr -----\n");
+        text.push_str(&stderr);
+    }
+    text.push_str(&format!(
+        "[exit status: {}]",
+        output
+            .status
+            .code()
+            .map_or_else(|| "signal".to_owned(), |code| code.to_string())
+    ));
+    text
+}
+
+/// Replaces what changes from run to run — temp paths, run ids, pids, durations, commit
+/// hashes — with stable placeholders.
+#[derive(Debug, Default)]
+pub struct Redactor {
+    literals: Vec<(String, String)>,
+}
+
+impl Redactor {
+    pub fn new(env: &TestEnv) -> Self {
+        Redactor {
+            literals: vec![(env.root().to_string(), "$TEST_ENV".to_owned())],
+        }
+    }
+
+    pub fn literal(mut self, value: impl Into<String>, placeholder: impl Into<String>) -> Self {
+        self.literals.push((value.into(), placeholder.into()));
+        self
+    }
+
+    pub fn redact(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (value, placeholder) in &self.literals {
+            if !value.is_empty() {
+                text = text.replace(value, placeholder);
+            }
+        }
+        let text = redact_timestamps(&text);
+        let mut out = String::with_capacity(text.len());
+        let mut word = String::new();
+        let mut previous_word = String::new();
+        let flush = |word: &mut String, previous: &mut String, out: &mut String| {
+            if word.is_empty() {
+                return;
+            }
+            let replaced = redact_word(word, previous);
+            out.push_str(&replaced);
+            *previous = std::mem::take(word);
+        };
+        for c in text.chars() {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                word.push(c);
+            } else {
+                flush(&mut word, &mut previous_word, &mut out);
+                out.push(c);
+            }
+        }
+        flush(&mut word, &mut previous_word, &mut out);
+        out
+    }
+}
+
+/// `2026-11-29T23:31:44.142Z` and `2026-11-29 23:31:44` become `[TIMESTAMP]`.
+fn redact_timestamps(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let shape = b"dddd-dd-ddTdd:dd:dd";
+    let mut out = String::with_capacity(text.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let matches = index + shape.len() <= bytes.len()
+            && shape
+                .iter()
+                .zip(&bytes[index..])
+                .all(|(expected, &actual)| match expected {
+                    b'd' => actual.is_ascii_digit(),
+                    b'T' => actual == b'T' || actual == b' ',
+                    other => *other == actual,
+                });
+        if matches {
+            let mut end = index + shape.len();
+            while end < bytes.len() && (bytes[end] == b'.' || bytes[end].is_ascii_digit()) {
+                end += 1;
+            }
+            if end < bytes.len() && bytes[end] == b'Z' {
+                end += 1;
+            }
+            out.push_str("[TIMESTAMP]");
+            index = end;
+        } else {
+            let c = text[index..]
+                .chars()
+                .next()
+                .expect("index is on a char boundary");
+            out.push(c);
+            index += c.len_utf8();
+        }
+    }
+    out
+}
+
+fn redact_word(word: &str, previous: &str) -> String {
+    if word.contains("..") {
+        return word
+            .split("..")
+            .map(|part| redact_word(part, previous))
+            .collect::<Vec<_>>()
+            .join("..");
+    }
+    let is_duration = {
+        let body = word.strip_suffix('s').unwrap_or("");
+        (!body.is_empty()
+            && body
+                .split('.')
+                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit())))
+            || (word.ends_with('s')
+                && word.contains('m')
+                && word
+                    .trim_end_matches('s')
+                    .split('m')
+                    .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit())))
+            || (word.ends_with('m')
+                && word.contains('h')
+                && word
+                    .trim_end_matches('m')
+                    .split('h')
+                    .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit())))
+    };
+    if is_duration {
+        return "[DURATION]".to_owned();
+    }
+    if previous == "pid" && word.chars().all(|c| c.is_ascii_digit()) {
+        return "[PID]".to_owned();
+    }
+    let hex = word
+        .chars()
+        .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
+    if hex && (word.len() == 12 || word.len() == 40) && word.chars().any(|c| c.is_ascii_digit()) {
+        return "[HASH]".to_owned();
+    }
+    word.to_owned()
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `seconds`.
+pub fn wait_until<T>(seconds: u64, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

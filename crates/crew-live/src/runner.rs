@@ -62,7 +62,7 @@ pub struct RunSpec {
 pub enum RunError {
     #[error(transparent)]
     State(#[from] StateError),
-    #[error("the run cannot start: {}", .0.message)]
+    #[error("the run cannot start")]
     Prepare(#[source] AllocateWorkspaceError),
     #[error("failed to record this process as the run's host")]
     Host(#[from] HostIdentityError),
@@ -785,7 +785,7 @@ impl RunContext {
         let allocated = blocking(move || provider.allocate(&request))
             .await
             .map_err(|error| match &error.hint {
-                Some(hint) => format!("{} ({hint})", error.message),
+                Some(hint) => format!("{}\nhint: {hint}", error.message),
                 None => error.message.clone(),
             })?;
         let record = WorkspaceRecord {

@@ -7,6 +7,9 @@
     clippy::print_stderr
 )]
 
+mod cli_errors;
+mod cli_lifecycle;
+mod cli_run;
 mod core_config;
 mod core_discovery;
 mod core_ids;

@@ -241,8 +241,6 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().map_err(CliError::internal)?)
         .stderr(log);
-    // Its own process group: Ctrl-C in this terminal does not reach it.
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command.spawn().map_err(CliError::internal)?;
     let pid = child.id();
     let started = std::time::Instant::now();
@@ -284,6 +282,9 @@ pub struct HostArgs {
 }
 
 pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
+    // A session of its own: no terminal, so neither Ctrl-C nor a closed terminal reaches it,
+    // and `crew runs cancel` asks for --force as for any other session's run.
+    let _ = rustix::process::setsid();
     let ctx = Context::discover(ui)?;
     let hosting = Hosting::start(&ctx, "crew run --detach").await?;
     hosting

@@ -1,0 +1,287 @@
+//! Every mistake a user can make at the command line gets a message that names what was wrong
+//! and what to do — and changes nothing. Also `crew demo`, `crew init` and the help.
+
+use crew_tests::{Redactor, TestEnv, render_output, tree_fingerprint, write};
+
+/// Runs `crew args…` in `dir` and returns the redacted output, checking nothing changed.
+fn refused(env: &TestEnv, dir: &camino::Utf8Path, args: &[&str]) -> String {
+    let before = tree_fingerprint(dir.as_std_path());
+    let output = env.crew(dir, args);
+    assert_eq!(output.status.code(), Some(2), "{}", render_output(&output));
+    let after: Vec<_> = tree_fingerprint(dir.as_std_path())
+        .into_iter()
+        .filter(|(path, _)| !path.starts_with(".git/info"))
+        .collect();
+    let before: Vec<_> = before
+        .into_iter()
+        .filter(|(path, _)| !path.starts_with(".git/info"))
+        .collect();
+    let created: Vec<_> = after
+        .iter()
+        .filter(|entry| !before.contains(entry))
+        .collect();
+    assert!(
+        created
+            .iter()
+            .all(|(path, _)| path.starts_with(".crew/state")),
+        "a refused command changed the project: {created:?}"
+    );
+    Redactor::new(env).redact(&render_output(&output))
+}
+
+#[test]
+fn unknown_team() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/review.toml"),
+        "[[tasks]]\nid = \"a\"\nagent = \"shell\"\nprompt = \"true\"\n",
+    );
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "reveiw"]), @"
+    ----- stderr -----
+    error: unknown team `reveiw`
+    hint: teams in $TEST_ENV/project/.crew/teams: review
+    [exit status: 2]
+    ");
+}
+
+#[test]
+fn bad_task_id() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/bad.toml"),
+        "[[tasks]]\nid = \"../escape\"\nagent = \"shell\"\nprompt = \"true\"\n",
+    );
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "bad"]), @r#"
+    ----- stderr -----
+    error: $TEST_ENV/project/.crew/teams/bad.toml:2:6: key `tasks[0].id`: invalid task id "../escape": must start with a letter or a digit
+    [exit status: 2]
+    "#);
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "shell", "--task", "a/b=true"]), @r#"
+    ----- stderr -----
+    error: --task: invalid task id "a/b": may only contain letters, digits, `.`, `_` and `-` (no `/`, spaces or control characters)
+    [exit status: 2]
+    "#);
+}
+
+#[test]
+fn dependency_cycle() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/loop.toml"),
+        "[[tasks]]\nid = \"a\"\nagent = \"shell\"\nprompt = \"true\"\ndepends_on = [\"b\"]\n\n[[tasks]]\nid = \"b\"\nagent = \"shell\"\nprompt = \"true\"\ndepends_on = [\"a\"]\n",
+    );
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "loop"]), @"
+    ----- stderr -----
+    error: $TEST_ENV/project/.crew/teams/loop.toml:5:15: key `tasks[0].depends_on[0]`: dependency cycle: a -> b -> a
+    [exit status: 2]
+    ");
+}
+
+#[test]
+fn dirty_leader() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join("README.md"), "edited but not committed\n");
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "shell", "--workspace-mode", "worktree", "true"]), @"
+    ----- stderr -----
+    error: the run cannot start
+    caused by: the leader checkout $TEST_ENV/project has uncommitted changes to tracked files:
+      README.md
+    hint: commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block
+    [exit status: 2]
+    ");
+    assert_eq!(
+        env.git(&repo, ["branch", "--list", "crew/*"]),
+        "",
+        "no branch was made"
+    );
+}
+
+#[test]
+fn no_git_repository() {
+    let env = TestEnv::new();
+    let dir = env.dir("plain");
+    insta::assert_snapshot!(refused(&env, &dir, &["run", "--agent", "shell", "--workspace-mode", "worktree", "true"]), @r#"
+    ----- stderr -----
+    error: the run cannot start
+    caused by: $TEST_ENV/plain is not inside a git work tree
+    hint: run crew inside a git repository, choose another --workspace-mode, or set [isolation] fallback = "temp"
+    [exit status: 2]
+    "#);
+}
+
+#[test]
+fn unknown_agent_and_bad_arguments() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "claud", "hello"]), @"
+    ----- stderr -----
+    error: unknown agent `claud`
+    hint: define it in $TEST_ENV/project/.crew/agents/<name>.toml; known agents: shell
+    [exit status: 2]
+    ");
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--workspace-mode", "sandbox", "x"]), @"
+    ----- stderr -----
+    error: invalid value 'sandbox' for '--workspace-mode <MODE>': unknown workspace mode `sandbox`; use single, worktree, temp or dedicated
+
+    For more information, try '--help'.
+    [exit status: 2]
+    ");
+    insta::assert_snapshot!(refused(&env, &repo, &["run"]), @r#"
+    ----- stderr -----
+    error: which team? `crew run TEAM`, or `crew run --agent NAME "prompt"`
+    hint: `crew init` writes example teams; or run ad hoc: crew run --agent shell "echo hello"
+    [exit status: 2]
+    "#);
+    insta::assert_snapshot!(refused(&env, &repo, &["runs", "show", "nope"]), @"
+    ----- stderr -----
+    error: no run matches `nope` in workspace $TEST_ENV/project
+    hint: `crew runs list` shows the runs of this workspace
+    [exit status: 2]
+    ");
+}
+
+#[test]
+fn broken_config_file() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join(".crew/config.toml"), "[run]\nmax_paralel = 3\n");
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "shell", "true"]), @"
+    ----- stderr -----
+    error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.max_paralel`: unknown field `max_paralel`, expected one of `max_parallel`, `stop_grace`, `task_timeout`, `fail_fast`
+    [exit status: 2]
+    ");
+}
+
+#[test]
+fn ask_outside_an_agent() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    insta::assert_snapshot!(refused(&env, &repo, &["ask", "anyone there?"]), @"
+    ----- stderr -----
+    error: CREW_AGENT_ID is not set: `crew ask` runs inside an agent started by crew
+    hint: crew sets CREW_AGENT_ID, CREW_SOCKET and CREW_PROJECT_ROOT for every agent it runs
+    [exit status: 2]
+    ");
+}
+
+#[test]
+fn demo_needs_no_git_identity_and_no_config() {
+    let env = TestEnv::new();
+    let home_config = env.home().join(".gitconfig");
+    assert!(
+        !home_config.exists(),
+        "the hermetic environment has no git identity"
+    );
+    let dir = env.root().join("demo");
+    let output = env.crew(env.root(), ["demo", "--dir", dir.as_str()]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.contains("the leader's greeting.txt is untouched"),
+        "{text}"
+    );
+    let branches = env.git(&dir, ["branch", "--list", "crew/*"]);
+    assert_eq!(branches.lines().count(), 3, "{branches}");
+    for (task, change) in [
+        ("shout", "+HELLO FROM THE LEADER."),
+        ("french", "+Bonjour from the leader."),
+        ("sign", "+-- signed by the sign agent"),
+    ] {
+        let branch = branches
+            .lines()
+            .map(str::trim)
+            .find(|branch| branch.ends_with(task))
+            .unwrap();
+        let diff = env.git(&dir, ["diff", "main", branch]);
+        assert!(diff.contains(change), "{diff}");
+    }
+}
+
+#[test]
+fn init_writes_the_example_set_and_its_hello_team_runs() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(&repo, ["init"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let example = camino::Utf8Path::new(env!("CARGO_MANIFEST_DIR")).join("../.crew.example");
+    for file in ["config.toml", "agents/claude.toml", "teams/hello.toml"] {
+        assert_eq!(
+            std::fs::read_to_string(repo.join(".crew").join(file)).unwrap(),
+            std::fs::read_to_string(example.join(file)).unwrap()
+        );
+    }
+    // Idempotent: nothing is overwritten.
+    write(
+        &repo.join(".crew/teams/hello.toml"),
+        "# mine\n[[tasks]]\nid = \"mine\"\nagent = \"shell\"\nprompt = \"echo mine > mine.txt\"\n",
+    );
+    let again = env.crew(&repo, ["init"]);
+    assert!(String::from_utf8(again.stdout).unwrap().contains("kept"));
+    assert!(
+        std::fs::read_to_string(repo.join(".crew/teams/hello.toml"))
+            .unwrap()
+            .starts_with("# mine")
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    let run = env.crew(&repo, ["run", "hello"]);
+    assert!(run.status.success(), "{}", render_output(&run));
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let env = TestEnv::new();
+    let output = env.crew(env.root(), ["--help"]);
+    insta::assert_snapshot!(render_output(&output), @"
+    crew runs a team of coding agents in parallel, each task in its own isolated workspace
+
+    Usage: crew [OPTIONS] <COMMAND>
+
+    Commands:
+      run          Run a team of agents, each task in its own workspace
+      agents       List and control the live agents of this workspace
+      runs         Inspect and manage the runs of this workspace
+      worktrees    crew's worktrees and task branches in this repository
+      ask          Ask the user a question from inside an agent, and stop for the answer
+      init         Write `.crew/` with a commented example of each configuration file
+      demo         See crew at work in ten seconds: three agents, three worktrees, one file
+      completions  Print shell completions for crew
+      help         Print this message or the help of the given subcommand(s)
+
+    Options:
+          --color <COLOR>
+              When to color output (NO_COLOR turns `auto` off)
+
+              Possible values:
+              - auto:   Color when stdout is a terminal and `NO_COLOR` is not set
+              - always
+              - never
+              
+              [default: auto]
+
+      -v, --verbose...
+              Say more about what crew does (repeat for debug output)
+
+      -q, --quiet
+              Print only errors and what was asked for
+
+      -h, --help
+              Print help (see a summary with '-h')
+
+      -V, --version
+              Print version
+
+    Exit codes: 0 ok, 1 a task failed, 2 usage or configuration error, 130 interrupted.
+    [exit status: 0]
+    ");
+    let completions = env.crew(env.root(), ["completions", "bash"]);
+    assert!(
+        String::from_utf8(completions.stdout)
+            .unwrap()
+            .contains("_crew()")
+    );
+}

@@ -1,0 +1,286 @@
+//! Interruptions and recoveries through the real binary: Ctrl-C once and twice, a host killed
+//! mid-run and resumed, questions answered later, detached runs.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use camino::Utf8Path;
+use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
+
+use crate::cli_run::{manifest, run_ids};
+
+fn signal(child: &Child, signal: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_child(child), signal).unwrap();
+}
+
+/// Starts `crew args…` in `dir` and waits until `count` agents print `ready`.
+fn start_run(env: &TestEnv, dir: &Utf8Path, args: &[&str], count: usize) -> Child {
+    let mut child = env
+        .crew_command(dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(30, "the agents to start", || {
+        let output = env.crew(dir, ["agents", "list", "--json"]);
+        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let ready = agents
+            .as_array()?
+            .iter()
+            .filter(|agent| agent["last_line"] == "ready")
+            .count();
+        (ready == count).then_some(())
+    });
+    // Drain stderr so the host never blocks on it.
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});
+    child
+}
+
+fn dirty_team(repo: &Utf8Path, trap_term: bool) {
+    let trap = if trap_term { "trap '' TERM; " } else { "" };
+    write(
+        &repo.join(".crew/teams/busy.toml"),
+        &format!(
+            r#"workspace_mode = "worktree"
+[[tasks]]
+id = "one"
+agent = "shell"
+prompt = "{trap}echo 'unsaved one' > work-one.txt; echo ready; while true; do sleep 1; done"
+
+[[tasks]]
+id = "two"
+agent = "shell"
+prompt = "{trap}echo 'unsaved two' > work-two.txt; echo ready; while true; do sleep 1; done"
+"#
+        ),
+    );
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\nstop_grace = \"30s\"\n",
+    );
+}
+
+fn assert_work_saved(env: &TestEnv, repo: &Utf8Path, run: &str) {
+    for task in ["one", "two"] {
+        let saved = env.git(
+            repo,
+            ["show", &format!("crew/{run}-{task}:work-{task}.txt")],
+        );
+        assert_eq!(saved, format!("unsaved {task}\n"));
+    }
+    let worktrees = env.git(repo, ["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+}
+
+#[test]
+fn ctrl_c_once_stops_gracefully_and_keeps_the_work() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    dirty_team(&repo, false);
+    let mut child = start_run(&env, &repo, &["run", "busy"], 2);
+    signal(&child, rustix::process::Signal::INT);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let run = run_ids(&env, &repo).remove(0);
+    let manifest = manifest(&env, &repo, &run);
+    assert_eq!(manifest["status"], "cancelled");
+    for task in manifest["tasks"].as_array().unwrap() {
+        assert_eq!(task["status"], "cancelled");
+        assert_eq!(task["exit"]["stopped_by"], "term");
+    }
+    assert_work_saved(&env, &repo, &run);
+}
+
+#[test]
+fn ctrl_c_twice_kills_at_once_and_still_keeps_the_work() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    dirty_team(&repo, true);
+    let mut child = start_run(&env, &repo, &["run", "busy"], 2);
+    let started = Instant::now();
+    signal(&child, rustix::process::Signal::INT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, rustix::process::Signal::INT);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the 30 s grace was cut short"
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let manifest = manifest(&env, &repo, &run);
+    for task in manifest["tasks"].as_array().unwrap() {
+        assert_eq!(task["exit"]["stopped_by"], "kill");
+    }
+    assert_work_saved(&env, &repo, &run);
+}
+
+#[test]
+fn a_killed_host_leaves_an_interrupted_run_that_resume_finishes() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let marker = env.root().join("go-on");
+    write(
+        &repo.join(".crew/teams/long.toml"),
+        &format!(
+            r#"workspace_mode = "worktree"
+[[tasks]]
+id = "quick"
+agent = "shell"
+prompt = "echo done > quick.txt"
+
+[[tasks]]
+id = "slow"
+agent = "shell"
+prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep 0.1; done; echo finished >> slow.txt"
+"#
+        ),
+    );
+    let mut child = start_run(&env, &repo, &["run", "long"], 1);
+    let run = run_ids(&env, &repo).remove(0);
+    wait_until(20, "the quick task to finish", || {
+        let manifest = manifest(&env, &repo, &run);
+        (manifest["tasks"][0]["status"] == "succeeded").then_some(())
+    });
+    signal(&child, rustix::process::Signal::KILL);
+    child.wait().unwrap();
+
+    let list = env.crew(&repo, ["runs", "list"]);
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&list)), @"
+    RUN                 STATUS       TEAM  MODE      CREATED              TASKS
+    [RUN_ID]  interrupted  long  worktree  [TIMESTAMP]  1 failed, 1 succeeded
+    ----- stderr -----
+    warning: 1 kept worktree(s) ([RUN_ID]:slow) and 1 unmerged task branch(es) (crew/[RUN_ID]-quick) — see `crew worktrees list`
+    [exit status: 0]
+    ");
+    std::fs::write(&marker, "").unwrap();
+
+    let resumed = env.crew(&repo, ["runs", "resume", &run]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    let manifest = manifest(&env, &repo, &run);
+    assert_eq!(manifest["status"], "completed");
+    assert_eq!(
+        manifest["tasks"][0]["attempts"], 1,
+        "finished tasks are not run again"
+    );
+    assert_eq!(manifest["tasks"][1]["status"], "succeeded");
+    // The interrupted task started again from its branch: the worktree left by the killed host
+    // was taken up with the partial work in it.
+    let slow = env.git(&repo, ["show", &format!("crew/{run}-slow:slow.txt")]);
+    assert!(slow.ends_with("finished\n"), "{slow}");
+    let worktrees = env.git(&repo, ["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+}
+
+#[test]
+fn a_question_waits_with_its_workspace_and_a_follow_up_answers_it() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/curious.toml"),
+        r#"workspace_mode = "worktree"
+[[tasks]]
+id = "painter"
+agent = "shell"
+prompt = "if [ -z \"$CREW_MESSAGE\" ]; then echo draft > canvas.txt; crew ask 'which color?'; exit 0; fi; echo \"$CREW_MESSAGE\" >> canvas.txt"
+"#,
+    );
+    let mut child = env
+        .crew_command(&repo)
+        .args(["run", "curious"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let agents = wait_until(30, "the question", || {
+        let output = env.crew(&repo, ["agents", "list", "--json"]);
+        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        (agents[0]["question"] == "which color?").then_some(agents)
+    });
+    let worktree = agents[0]["dir"].as_str().unwrap().to_owned();
+    assert_eq!(
+        std::fs::read_to_string(format!("{worktree}/canvas.txt")).unwrap(),
+        "draft\n",
+        "the workspace is kept"
+    );
+    let list = env.crew(&repo, ["agents", "list"]);
+    let run = run_ids(&env, &repo).remove(0);
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&list)), @"
+    AGENT                       STATUS   PID  AGE   CMD    LAST
+    [RUN_ID]:painter  waiting  -    [DURATION]  shell  asks: which color?
+    [exit status: 0]
+    ");
+
+    let answer = env.crew(&repo, ["agents", "follow-up", "painter", "blue"]);
+    assert!(answer.status.success(), "{}", render_output(&answer));
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let canvas = env.git(&repo, ["show", &format!("crew/{run}-painter:canvas.txt")]);
+    assert_eq!(canvas, "draft\nblue\n");
+}
+
+#[test]
+fn detach_returns_the_run_id_at_once_and_the_run_goes_on() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let started = Instant::now();
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--detach",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "sleep 1; echo later > later.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let run = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    assert_eq!(run_ids(&env, &repo), std::slice::from_ref(&run));
+    wait_until(30, "the detached run to complete", || {
+        (manifest(&env, &repo, &run)["status"] == "completed").then_some(())
+    });
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:later.txt")]),
+        "later\n"
+    );
+}
+
+#[test]
+fn cancel_of_another_sessions_run_needs_force() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--detach",
+            "--agent",
+            "shell",
+            "echo ready; sleep 600",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    let refused = env.crew(&repo, ["runs", "cancel", &run]);
+    insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @"
+    ----- stderr -----
+    error: run [RUN_ID] is hosted by another session (crew run --detach, pid [PID])
+    hint: cancel it anyway with `crew runs cancel [RUN_ID] --force`
+    [exit status: 2]
+    ");
+    let forced = env.crew(&repo, ["runs", "cancel", &run, "--force"]);
+    assert!(forced.status.success(), "{}", render_output(&forced));
+    wait_until(30, "the run to be cancelled", || {
+        (manifest(&env, &repo, &run)["status"] == "cancelled").then_some(())
+    });
+}

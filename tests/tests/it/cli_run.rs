@@ -1,0 +1,271 @@
+//! The `crew` binary end to end: what a user types and sees.
+
+use std::process::Stdio;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
+
+/// A repository with a team of three shell agents appending different lines to one file.
+pub fn trio_repo(env: &TestEnv) -> Utf8PathBuf {
+    let repo = env.dir("project");
+    env.git(&repo, ["init", "-q", "-b", "main"]);
+    write(&repo.join("notes.txt"), "first line\n");
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "initial"]);
+    write(
+        &repo.join(".crew/teams/trio.toml"),
+        r#"description = "three agents, one file"
+[[tasks]]
+id = "alpha"
+agent = "shell"
+prompt = "echo 'from alpha' >> notes.txt"
+
+[[tasks]]
+id = "beta"
+agent = "shell"
+prompt = "echo 'from beta' >> notes.txt"
+
+[[tasks]]
+id = "gamma"
+agent = "shell"
+prompt = "echo 'from gamma' >> notes.txt"
+"#,
+    );
+    repo
+}
+
+/// The ids of the runs of the workspace at `dir`, newest first.
+pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
+    let output = env.crew(dir, ["runs", "list", "--json"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let runs: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    runs.as_array()
+        .unwrap()
+        .iter()
+        .map(|run| run["run_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+pub fn manifest(env: &TestEnv, dir: &Utf8Path, run: &str) -> serde_json::Value {
+    let output = env.crew(dir, ["runs", "show", run, "--json"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn newcomer_flow_three_agents_three_branches_leader_untouched() {
+    let env = TestEnv::new();
+    let repo = trio_repo(&env);
+    let leader_head = env.git(&repo, ["rev-parse", "HEAD"]);
+    let leader_status = env.git(&repo, ["status", "--porcelain", "--untracked-files=all"]);
+    let output = env.crew(&repo, ["run", "trio", "--workspace-mode", "worktree"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+
+    for task in ["alpha", "beta", "gamma"] {
+        let branch = format!("crew/{run}-{task}");
+        let diff = env.git(&repo, ["diff", leader_head.trim(), &branch]);
+        assert!(diff.contains(&format!("+from {task}")), "{diff}");
+        let others: Vec<&str> = ["alpha", "beta", "gamma"]
+            .into_iter()
+            .filter(|other| *other != task)
+            .collect();
+        for other in others {
+            assert!(
+                !diff.contains(&format!("from {other}")),
+                "{branch} holds only its own change"
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "first line\n"
+    );
+    assert_eq!(env.git(&repo, ["rev-parse", "HEAD"]), leader_head);
+    assert_eq!(
+        env.git(&repo, ["status", "--porcelain", "--untracked-files=all"]),
+        leader_status
+    );
+    let worktrees = env.git(&repo, ["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    let show = env.crew(&repo, ["runs", "show", &run[..6]]);
+    insta::assert_snapshot!(redactor.redact(&render_output(&show)), @"
+    run [RUN_ID]  team trio  worktree mode  created [TIMESTAMP]
+
+    run [RUN_ID] completed
+    TASK   STATUS     DURATION  EXIT  BRANCH                         +/-    WORK
+    alpha  succeeded  [DURATION]      0     crew/[RUN_ID]-alpha  +1 -0  on its branch
+    beta   succeeded  [DURATION]      0     crew/[RUN_ID]-beta   +1 -0  on its branch
+    gamma  succeeded  [DURATION]      0     crew/[RUN_ID]-gamma  +1 -0  on its branch
+
+      git diff [HASH]..crew/[RUN_ID]-alpha   # alpha
+      git merge crew/[RUN_ID]-alpha
+      git diff [HASH]..crew/[RUN_ID]-beta   # beta
+      git merge crew/[RUN_ID]-beta
+      git diff [HASH]..crew/[RUN_ID]-gamma   # gamma
+      git merge crew/[RUN_ID]-gamma
+    [exit status: 0]
+    ");
+}
+
+#[test]
+fn run_output_is_plain_when_piped_and_ends_with_a_summary() {
+    let env = TestEnv::new();
+    let repo = trio_repo(&env);
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "trio",
+            "--workspace-mode",
+            "worktree",
+            "--max-parallel",
+            "1",
+        ],
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let text = render_output(&output);
+    assert!(!text.contains('\u{1b}'), "no escape codes when piped");
+    let redactor = Redactor::new(&env).literal(run, "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&text), @"
+    crew: run [RUN_ID] — 3 task(s), worktree mode, up to 1 at once
+      alpha          preparing
+      alpha          running  pid [PID]  .worktrees/[RUN_ID]/alpha
+      alpha          succeeded  [DURATION]  crew/[RUN_ID]-alpha (+1 -0)
+      beta           preparing
+      beta           running  pid [PID]  .worktrees/[RUN_ID]/beta
+      beta           succeeded  [DURATION]  crew/[RUN_ID]-beta (+1 -0)
+      gamma          preparing
+      gamma          running  pid [PID]  .worktrees/[RUN_ID]/gamma
+      gamma          succeeded  [DURATION]  crew/[RUN_ID]-gamma (+1 -0)
+
+    run [RUN_ID] completed
+    TASK   STATUS     DURATION  EXIT  BRANCH                         +/-    WORK
+    alpha  succeeded  [DURATION]      0     crew/[RUN_ID]-alpha  +1 -0  on its branch
+    beta   succeeded  [DURATION]      0     crew/[RUN_ID]-beta   +1 -0  on its branch
+    gamma  succeeded  [DURATION]      0     crew/[RUN_ID]-gamma  +1 -0  on its branch
+
+      git diff [HASH]..crew/[RUN_ID]-alpha   # alpha
+      git merge crew/[RUN_ID]-alpha
+      git diff [HASH]..crew/[RUN_ID]-beta   # beta
+      git merge crew/[RUN_ID]-beta
+      git diff [HASH]..crew/[RUN_ID]-gamma   # gamma
+      git merge crew/[RUN_ID]-gamma
+    [exit status: 0]
+    ");
+}
+
+#[test]
+fn dependent_task_sees_its_upstream_and_a_conflict_fails_clearly() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/chain.toml"),
+        r#"workspace_mode = "worktree"
+[[tasks]]
+id = "write"
+agent = "shell"
+prompt = "echo upstream > shared.txt"
+
+[[tasks]]
+id = "read"
+agent = "shell"
+prompt = "cat shared.txt > copy.txt"
+depends_on = ["write"]
+
+[[tasks]]
+id = "left"
+agent = "shell"
+prompt = "echo left > clash.txt"
+
+[[tasks]]
+id = "right"
+agent = "shell"
+prompt = "echo right > clash.txt"
+
+[[tasks]]
+id = "both"
+agent = "shell"
+prompt = "true"
+depends_on = ["left", "right"]
+"#,
+    );
+    let output = env.crew(&repo, ["run", "chain"]);
+    assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let copy = env.git(&repo, ["show", &format!("crew/{run}-read:copy.txt")]);
+    assert_eq!(copy, "upstream\n");
+    let manifest = manifest(&env, &repo, &run);
+    let both = manifest["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["id"] == "both")
+        .unwrap();
+    assert_eq!(both["status"], "failed");
+    insta::assert_snapshot!(both["reason"].as_str().unwrap(), @"
+    the work of upstream tasks left, right conflicts in:
+      clash.txt
+    hint: merge the upstream branches yourself, or make the task depend on one of them
+    ");
+}
+
+#[test]
+fn agents_are_listed_from_a_second_process_and_from_inside_a_worktree_only() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let other = env.repo("other");
+    let mut run = env
+        .crew_command(&repo)
+        .args([
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "echo started; sleep 600",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let list = |dir: &Utf8Path| -> serde_json::Value {
+        let output = env.crew(dir, ["agents", "list", "--json"]);
+        assert!(output.status.success(), "{}", render_output(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let agents = wait_until(20, "the agent to be listed", || {
+        let agents = list(&repo);
+        (agents.as_array().unwrap().len() == 1 && agents[0]["state"] == "running").then_some(agents)
+    });
+    let agent_id = agents[0]["agent_id"].as_str().unwrap().to_owned();
+    let worktree = Utf8PathBuf::from(agents[0]["dir"].as_str().unwrap());
+    assert!(worktree.starts_with(repo.join(".worktrees")));
+
+    // From inside the task's worktree, crew acts on the leader's workspace.
+    assert_eq!(list(&worktree)[0]["agent_id"], agent_id.as_str());
+    // From another repository: nothing, and control is refused.
+    assert_eq!(list(&other), serde_json::json!([]));
+    let redactor = Redactor::new(&env).literal(agent_id.clone(), "[AGENT_ID]");
+    let steer = env.crew(&other, ["agents", "steer", &agent_id, "hijack"]);
+    insta::assert_snapshot!(redactor.redact(&render_output(&steer)), @"
+    ----- stderr -----
+    error: no live agent '[AGENT_ID]' in workspace $TEST_ENV/other
+    hint: `crew agents list --all-runs` shows the agents of this workspace, live or not
+    [exit status: 2]
+    ");
+    let stop = env.crew(&other, ["agents", "stop", "shell"]);
+    assert_eq!(stop.status.code(), Some(2));
+    assert_eq!(
+        list(&repo)[0]["state"],
+        "running",
+        "the agent is unaffected"
+    );
+
+    let stop = env.crew(&repo, ["agents", "stop", "shell"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "a stopped task fails the run");
+}
