@@ -957,6 +957,21 @@ impl RunContext {
         let mut running = started;
         let ending = loop {
             if running {
+                // Checked on every turn, not only on a change: a cancel may have come before
+                // this task was listening.
+                let level = *cancel.borrow_and_update();
+                // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
+                let wanted = match level {
+                    CancelLevel::None => 0,
+                    CancelLevel::Graceful => 1,
+                    CancelLevel::Kill => 2,
+                };
+                while stop_requests < wanted {
+                    stop_requests += 1;
+                    let handle = handle.clone();
+                    tokio::spawn(async move { handle.stop().await });
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
                 tokio::select! {
                     status = handle.wait_exited() => {
                         if let Some(question) = status.question.clone() {
@@ -976,16 +991,8 @@ impl RunContext {
                     }
                     changed = cancel.changed() => {
                         if changed.is_err() {
-                            continue;
-                        }
-                        let level = *cancel.borrow();
-                        // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
-                        let wanted = if level == CancelLevel::Kill { 2 } else { 1 };
-                        while stop_requests < wanted {
-                            stop_requests += 1;
-                            let handle = handle.clone();
-                            tokio::spawn(async move { handle.stop().await });
-                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            // The run is over for this task's purposes; its exit decides.
+                            let _ = handle.wait_exited().await;
                         }
                     }
                 }
