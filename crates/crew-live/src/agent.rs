@@ -180,8 +180,12 @@ pub(crate) struct Started {
 pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
     let tail = Arc::new(Mutex::new(OutputTail::default()));
     let running = launch(&spec, &launcher, &tail, None).await?;
-    let (control_tx, control_rx) = mpsc::channel(64);
-    let (status_tx, status_rx) = watch::channel(AgentStatus {
+    let _ = launcher.events.send(AgentEvent::Started {
+        agent_id: spec.agent_id.clone(),
+        pid: running.pid,
+        attempt: 1,
+    });
+    let status = AgentStatus {
         state: AgentState::Running,
         pid: Some(running.pid),
         attempt: 1,
@@ -190,26 +194,8 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         question: None,
         queued_follow_ups: 0,
         closed: false,
-    });
-    let _ = launcher.events.send(AgentEvent::Started {
-        agent_id: spec.agent_id.clone(),
-        pid: running.pid,
-        attempt: 1,
-    });
-    let supervisor = Supervisor {
-        spec,
-        launcher,
-        control: control_rx,
-        status: status_tx,
-        tail: tail.clone(),
-        follow_ups: VecDeque::new(),
     };
-    tokio::spawn(supervisor.run(running));
-    Ok(Started {
-        control: control_tx,
-        status: status_rx,
-        tail,
-    })
+    Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
 
 /// Starts a supervisor for an agent whose process is not running, such as one that asked a
@@ -221,9 +207,7 @@ pub(crate) fn start_idle(
     question: Option<String>,
     attempt: u32,
 ) -> Started {
-    let tail = Arc::new(Mutex::new(OutputTail::default()));
-    let (control_tx, control_rx) = mpsc::channel(64);
-    let (status_tx, status_rx) = watch::channel(AgentStatus {
+    let status = AgentStatus {
         state: AgentState::Exited,
         pid: None,
         attempt,
@@ -232,7 +216,26 @@ pub(crate) fn start_idle(
         question,
         queued_follow_ups: 0,
         closed: false,
-    });
+    };
+    supervise_from(
+        spec,
+        launcher,
+        Arc::new(Mutex::new(OutputTail::default())),
+        status,
+        None,
+    )
+}
+
+/// Spawns the supervisor task, from a running process or from the exited phase.
+fn supervise_from(
+    spec: AgentSpec,
+    launcher: Launcher,
+    tail: Arc<Mutex<OutputTail>>,
+    status: AgentStatus,
+    running: Option<Running>,
+) -> Started {
+    let (control_tx, control_rx) = mpsc::channel(64);
+    let (status_tx, status_rx) = watch::channel(status);
     let supervisor = Supervisor {
         spec,
         launcher,
@@ -241,7 +244,10 @@ pub(crate) fn start_idle(
         tail: tail.clone(),
         follow_ups: VecDeque::new(),
     };
-    tokio::spawn(supervisor.run_from_idle());
+    match running {
+        Some(running) => tokio::spawn(supervisor.run(running)),
+        None => tokio::spawn(supervisor.run_from_idle()),
+    };
     Started {
         control: control_tx,
         status: status_rx,

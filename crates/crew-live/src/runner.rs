@@ -833,6 +833,26 @@ impl RunContext {
         }
     }
 
+    /// The task's agent definition and workspace; a failure of either fails the task (recorded
+    /// with the reason) and returns `None`.
+    async fn prepare(&self, task: &TaskRecord) -> Option<(AgentDef, TaskWorkspace)> {
+        let prepared = match self.agent_definition(&task.agent) {
+            Ok(definition) => self
+                .allocate(task)
+                .await
+                .map(|workspace| (definition, workspace)),
+            Err(reason) => Err(reason),
+        };
+        match prepared {
+            Ok(prepared) => Some(prepared),
+            Err(reason) => {
+                self.record_status(&task.id, TaskStatus::Failed, Some(reason))
+                    .await;
+                None
+            }
+        }
+    }
+
     /// One task, from its workspace to its teardown. Returns its final status.
     async fn run_task(self: Arc<Self>, task_id: TaskId) -> TaskStatus {
         let Ok(manifest) = self.runner.read(&self.run_id).await else {
@@ -843,21 +863,8 @@ impl RunContext {
         };
         self.record_status(&task_id, TaskStatus::Preparing, None)
             .await;
-        let definition = match self.agent_definition(&task.agent) {
-            Ok(definition) => definition,
-            Err(reason) => {
-                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
-                    .await;
-                return TaskStatus::Failed;
-            }
-        };
-        let workspace = match self.allocate(&task).await {
-            Ok(workspace) => workspace,
-            Err(reason) => {
-                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
-                    .await;
-                return TaskStatus::Failed;
-            }
+        let Some((definition, workspace)) = self.prepare(&task).await else {
+            return TaskStatus::Failed;
         };
         if self.cancel_level() > CancelLevel::None {
             self.teardown(&task_id, &workspace, false).await;
@@ -893,21 +900,8 @@ impl RunContext {
         answer: Option<String>,
     ) -> TaskStatus {
         let task_id = task.id.clone();
-        let definition = match self.agent_definition(&task.agent) {
-            Ok(definition) => definition,
-            Err(reason) => {
-                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
-                    .await;
-                return TaskStatus::Failed;
-            }
-        };
-        let workspace = match self.allocate(&task).await {
-            Ok(workspace) => workspace,
-            Err(reason) => {
-                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
-                    .await;
-                return TaskStatus::Failed;
-            }
+        let Some((definition, workspace)) = self.prepare(&task).await else {
+            return TaskStatus::Failed;
         };
         let spec = self.agent_spec(&task, definition, &workspace);
         let handle = match self
