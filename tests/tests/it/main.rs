@@ -9,6 +9,7 @@
 
 mod cli_errors;
 mod cli_lifecycle;
+mod cli_more;
 mod cli_run;
 mod core_config;
 mod core_discovery;

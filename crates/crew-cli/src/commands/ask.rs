@@ -2,9 +2,6 @@
 
 use std::time::Duration;
 
-use crew_core::env_vars::{CREW_AGENT_ID, CREW_PROJECT_ROOT, CREW_SOCKET};
-use crew_core::{AgentId, WorkspaceId};
-use crew_live::ControlClient;
 use crew_live::control::Op;
 
 use crate::ui::Ui;
@@ -24,19 +21,7 @@ pub struct AskArgs {
 
 #[allow(clippy::print_stdout)]
 pub async fn cmd_ask(args: AskArgs, ui: Ui) -> Result<Outcome, CliError> {
-    let variable = |name: &str| {
-        std::env::var(name).map_err(|_| {
-            CliError::user(format!("{name} is not set: `crew ask` runs inside an agent started by crew"))
-                .with_hint("crew sets CREW_AGENT_ID, CREW_SOCKET and CREW_PROJECT_ROOT for every agent it runs")
-        })
-    };
-    let agent = AgentId::parse(&variable(CREW_AGENT_ID)?).map_err(CliError::user)?;
-    let socket = variable(CREW_SOCKET)?;
-    let workspace = WorkspaceId::from_path(std::path::Path::new(&variable(CREW_PROJECT_ROOT)?))
-        .map_err(CliError::user)?;
-    let mut client = ControlClient::connect(camino::Utf8Path::new(&socket))
-        .await
-        .map_err(CliError::internal)?;
+    let (agent, workspace, mut client) = super::from_agent::connect("ask").await?;
     let response = client
         .call(
             &workspace,

@@ -4,9 +4,11 @@ pub mod agents;
 pub mod ask;
 pub mod completions;
 pub mod demo;
+mod from_agent;
 pub mod init;
 pub mod run;
 pub mod runs;
+pub mod submit;
 pub mod worktrees;
 
 use crate::ui::Ui;
@@ -25,6 +27,7 @@ pub enum Command {
     #[command(subcommand)]
     Worktrees(worktrees::WorktreesCommand),
     Ask(ask::AskArgs),
+    Submit(submit::SubmitArgs),
     Init(init::InitArgs),
     Demo(demo::DemoArgs),
     Completions(completions::CompletionsArgs),
@@ -40,6 +43,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Runs(command) => runs::run(command, ui).await,
         Command::Worktrees(command) => worktrees::run(command, ui).await,
         Command::Ask(args) => ask::cmd_ask(args, ui).await,
+        Command::Submit(args) => submit::cmd_submit(args, ui).await,
         Command::Init(args) => init::cmd_init(args, ui),
         Command::Demo(args) => demo::cmd_demo(args, ui).await,
         Command::Completions(args) => completions::cmd_completions(args),
