@@ -100,12 +100,8 @@ crew submit --task 'build=echo built > build.txt' --task 'check=echo checked > c
             "worktree",
             "the run's mode, not the agent's"
         );
-        assert_eq!(
-            env.git(&repo, ["show", &format!("crew/{run}-{id}:{id}.txt")])
-                .trim()
-                .is_empty(),
-            false
-        );
+        let saved = env.git(&repo, ["show", &format!("crew/{run}-{id}:{id}.txt")]);
+        assert!(saved.ends_with("ed\n"), "{saved}");
     }
     let log = env.crew(&repo, ["agents", "logs", &format!("{run}:plan")]);
     let log = String::from_utf8(log.stdout).unwrap();
