@@ -93,7 +93,7 @@ crew submit --task 'build=echo built > build.txt' --task 'check=echo checked > c
         ["plan", "build", "check"],
         "the sneaky plan was refused"
     );
-    for id in ["build", "check"] {
+    for (id, text) in [("build", "built\n"), ("check", "checked\n")] {
         assert_eq!(task(&manifest, id)["status"], "succeeded");
         assert_eq!(
             task(&manifest, id)["workspace_mode"],
@@ -101,7 +101,7 @@ crew submit --task 'build=echo built > build.txt' --task 'check=echo checked > c
             "the run's mode, not the agent's"
         );
         let saved = env.git(&repo, ["show", &format!("crew/{run}-{id}:{id}.txt")]);
-        assert!(saved.ends_with("ed\n"), "{saved}");
+        assert_eq!(saved, text);
     }
     let log = env.crew(&repo, ["agents", "logs", &format!("{run}:plan")]);
     let log = String::from_utf8(log.stdout).unwrap();
