@@ -11,6 +11,8 @@ use std::process::{Command, Output};
 
 use camino::{Utf8Path, Utf8PathBuf};
 
+pub mod synth;
+
 /// A temp directory with a home, a temp dir and room for repositories.
 #[derive(Debug)]
 pub struct TestEnv {

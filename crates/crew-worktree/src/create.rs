@@ -15,9 +15,10 @@ use crew_core::fsutil::{FileLock, ensure_real_dir};
 use crew_core::git_exclude::ensure_excluded;
 use crew_core::provider::{TaskWorkspace, UpstreamWork, WorkspaceKind};
 use crew_core::{RunId, TaskId};
-use git2::{BranchType, Oid, Repository, build::CheckoutBuilder};
+use git2::{BranchType, Oid, Repository};
 
 use crate::admin;
+use crate::checkout;
 use crate::envsetup;
 use crate::error::PrepareWorktreeError;
 use crate::leader;
@@ -104,8 +105,8 @@ pub fn prepare_worktree(
     let mut made = Made::default();
     let created = create_locked(&repo, &common, &names, request, &mut made);
     drop(lock);
-    let result = created.and_then(|base_commit| {
-        finish_outside_lock(&common, &names, request).map(|(dir, warnings)| TaskWorkspace {
+    let result = created.and_then(|(base_commit, tip)| {
+        finish_outside_lock(&common, &names, request, tip).map(|(dir, warnings)| TaskWorkspace {
             kind: WorkspaceKind::Worktree,
             root: names.root.clone(),
             dir,
@@ -136,7 +137,7 @@ fn create_locked(
     names: &TaskNames,
     request: &CreateWorktree<'_>,
     made: &mut Made,
-) -> Result<Oid, PrepareWorktreeError> {
+) -> Result<(Oid, Oid), PrepareWorktreeError> {
     let worktrees = ensure_worktrees_dir(request.repo_root, request.settings)?;
     let mut patterns = vec![format!("/{}/", request.settings.dir)];
     patterns.extend(request.settings.link.iter().map(|link| format!("/{link}")));
@@ -148,7 +149,7 @@ fn create_locked(
             path: names.root.clone(),
         });
     }
-    let base = match repo.find_branch(&names.branch, BranchType::Local) {
+    let (base, tip) = match repo.find_branch(&names.branch, BranchType::Local) {
         Ok(branch) => {
             // A branch left by a crashed run: taken up as it is, never reset.
             if let Some(checked_out_at) = checked_out_elsewhere(repo, common, &names.branch) {
@@ -157,8 +158,15 @@ fn create_locked(
                     checked_out_at,
                 });
             }
-            drop(branch);
-            request.base
+            let tip = branch
+                .get()
+                .peel_to_commit()
+                .map_err(|source| PrepareWorktreeError::CreateBranch {
+                    branch: names.branch.clone(),
+                    source,
+                })?
+                .id();
+            (request.base, tip)
         }
         Err(_) => {
             let base = leader::upstream_base(
@@ -179,7 +187,7 @@ fn create_locked(
                     source,
                 })?;
             made.branch = true;
-            base
+            (base, base)
         }
     };
     let run_dir = worktrees.join(request.run_id.as_str());
@@ -205,23 +213,22 @@ fn create_locked(
             source,
         },
     )?;
-    Ok(base)
+    Ok((base, tip))
 }
 
 fn finish_outside_lock(
     common: &Utf8Path,
     names: &TaskNames,
     request: &CreateWorktree<'_>,
+    tip: Oid,
 ) -> Result<(Utf8PathBuf, Vec<String>), PrepareWorktreeError> {
-    let checkout_error = |source| PrepareWorktreeError::Checkout {
-        path: names.root.clone(),
-        branch: names.branch.clone(),
-        source,
-    };
-    let worktree_repo = Repository::open(&names.root).map_err(checkout_error)?;
-    worktree_repo
-        .checkout_head(Some(CheckoutBuilder::new().force()))
-        .map_err(checkout_error)?;
+    checkout::populate(&names.root, common, tip).map_err(|source| {
+        PrepareWorktreeError::Checkout {
+            path: names.root.clone(),
+            branch: names.branch.clone(),
+            source,
+        }
+    })?;
     admin::set_lock(
         common,
         &names.admin,

@@ -18,6 +18,7 @@
 //! It must not spawn agents or print.
 
 pub mod admin;
+pub mod checkout;
 pub mod create;
 pub mod envsetup;
 pub mod error;

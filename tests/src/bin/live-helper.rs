@@ -3,6 +3,9 @@
 //! live-helper host <workspace> <run-id> <count> <fake-agent>
 //!     hosts <count> agents running `fake-agent fork-sleepers`, prints `started` once all are
 //!     ready, then waits to be killed
+//! live-helper many <dir> <count> <grace-seconds>
+//!     hosts <count> `sleep 600` agents, measures its own idle CPU share over 5 s and its RSS,
+//!     stops them all and prints `{"idle_cpu_share", "rss_kib", "stop_seconds"}`
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -20,6 +23,7 @@ fn main() {
     match args[0].as_str() {
         "host" => host(&args[1..]),
         "raw" => raw(&args[1], &args[2]),
+        "many" => many(&args[1..]),
         other => panic!("unknown command {other}"),
     }
 }
@@ -79,4 +83,62 @@ fn raw(socket: &str, line: &str) {
         }
         Err(error) => println!("connect error: {}", error.kind()),
     }
+}
+
+fn many(args: &[String]) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
+        let count: usize = args[1].parse().unwrap();
+        let grace = Duration::from_secs(args[2].parse().unwrap());
+        let logs = tempfile::tempdir().unwrap();
+        let host = AgentHost::new().unwrap();
+        let run_id = RunId::generate();
+        let mut definition = AgentDef::builtin_shell();
+        definition.command = vec!["sleep".into(), "600".into()];
+        for index in 0..count {
+            host.start(AgentSpec {
+                agent_id: AgentId::new(run_id.clone(), TaskId::parse(&format!("a{index}")).unwrap()),
+                workspace: workspace.clone(),
+                dir: workspace.as_path().to_owned(),
+                definition: definition.clone(),
+                prompt: String::new(),
+                timeout: None,
+                stop_grace: grace,
+                output_log: camino::Utf8PathBuf::from_path_buf(logs.path().join(format!("a{index}.log"))).unwrap(),
+                socket: None,
+            })
+            .await
+            .unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let cpu_before = cpu_time();
+        let wall = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let idle_cpu_share = (cpu_time() - cpu_before) / wall.elapsed().as_secs_f64();
+        let rss_kib = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap();
+        let started = std::time::Instant::now();
+        let outcomes = host.stop_all().await;
+        let stop_seconds = started.elapsed().as_secs_f64();
+        assert_eq!(outcomes.len(), count);
+        println!(
+            "{}",
+            serde_json::json!({ "idle_cpu_share": idle_cpu_share, "rss_kib": rss_kib, "stop_seconds": stop_seconds })
+        );
+    });
+}
+
+/// User plus system CPU seconds of this process.
+fn cpu_time() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / rustix::param::clock_ticks_per_second() as f64
 }

@@ -247,6 +247,7 @@ fn help_lists_the_commands() {
       runs         Inspect and manage the runs of this workspace
       worktrees    crew's worktrees and task branches in this repository
       ask          Ask the user a question from inside an agent, and stop for the answer
+      submit       Add tasks to your own run, from inside an agent (an agent-authored plan)
       init         Write `.crew/` with a commented example of each configuration file
       demo         See crew at work in ten seconds: three agents, three worktrees, one file
       completions  Print shell completions for crew

@@ -849,3 +849,66 @@ fn many_tasks_from_two_processes_all_get_their_worktrees() {
         "only the other process's branches remain"
     );
 }
+
+/// The fast checkout writes what git writes: same files, modes, links and a clean status; a
+/// repository with attributes goes through libgit2's filters and matches git too.
+#[test]
+fn worktree_files_match_a_git_checkout_of_the_same_commit() {
+    for attributes in [false, true] {
+        let fixture = Fixture::new();
+        write(&fixture.repo.join("bin/run.sh"), "#!/bin/sh\necho run\n");
+        std::fs::set_permissions(
+            fixture.repo.join("bin/run.sh"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("bin/run.sh", fixture.repo.join("run")).unwrap();
+        std::os::unix::fs::symlink("../missing", fixture.repo.join("dangling")).unwrap();
+        write(&fixture.repo.join("deep/a/b/c/d.txt"), "deep\n");
+        write(&fixture.repo.join("empty.txt"), "");
+        if attributes {
+            write(
+                &fixture.repo.join(".gitattributes"),
+                "*.txt text eol=crlf\n",
+            );
+        }
+        fixture.git(&["add", "-A"]);
+        fixture.git(&["commit", "-q", "-m", "shapes"]);
+
+        let workspace = fixture.allocate("shapes");
+        let reference = fixture.env.root().join("reference");
+        fixture.git(&[
+            "worktree",
+            "add",
+            "-q",
+            "--detach",
+            reference.as_str(),
+            "HEAD",
+        ]);
+        let ours: Vec<_> = tree_fingerprint(workspace.root.as_std_path())
+            .into_iter()
+            .filter(|(path, _)| path != ".git")
+            .collect();
+        let theirs: Vec<_> = tree_fingerprint(reference.as_std_path())
+            .into_iter()
+            .filter(|(path, _)| path != ".git")
+            .collect();
+        assert_eq!(ours, theirs, "attributes: {attributes}");
+        let mode = |root: &Utf8Path| {
+            std::fs::metadata(root.join("bin/run.sh"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode(&workspace.root), mode(&reference));
+        assert_eq!(
+            fixture.env.git(
+                &workspace.root,
+                ["status", "--porcelain", "--untracked-files=all"]
+            ),
+            ""
+        );
+        assert_eq!(fixture.env.git(&workspace.root, ["diff", "--stat"]), "");
+    }
+}

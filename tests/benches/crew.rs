@@ -1,0 +1,556 @@
+//! crew's benchmarks: every figure is a ratio against a reference run in the same process on
+//! the same repository — `git` itself, mostly — never an absolute time.
+//!
+//!     cargo bench -p crew-tests --bench crew              # the reference repository
+//!     cargo bench -p crew-tests --bench crew -- --quick   # a tenth of it, fewer rounds
+//!
+//! See the README (Benchmarks) for the output format and BENCHMARKS.md for this machine's
+//! figures.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::{ProjectConfig, WorkspaceMode};
+use crew_core::provider::{TaskWorkspace, TeardownRequest, WorkspaceProvider, WorkspaceRequest};
+use crew_core::{RunId, TaskId, Workspace};
+use crew_tests::synth::{RepoSpec, generate_node_modules, generate_repository};
+use crew_worktree::CrewWorkspaces;
+
+/// Measured durations of one side of a comparison.
+#[derive(Debug, Clone, Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn push(&mut self, duration: Duration) {
+        self.0.push(duration);
+    }
+
+    fn median(&self) -> Duration {
+        let mut sorted = self.0.clone();
+        sorted.sort();
+        sorted[sorted.len() / 2]
+    }
+
+    fn min(&self) -> Duration {
+        *self.0.iter().min().unwrap()
+    }
+
+    fn max(&self) -> Duration {
+        *self.0.iter().max().unwrap()
+    }
+
+    fn show(&self) -> String {
+        format!(
+            "{} [{} … {}]",
+            seconds(self.median()),
+            seconds(self.min()),
+            seconds(self.max())
+        )
+    }
+}
+
+fn seconds(duration: Duration) -> String {
+    let value = duration.as_secs_f64();
+    if value < 0.1 {
+        format!("{:.1}ms", value * 1000.0)
+    } else {
+        format!("{value:.2}s")
+    }
+}
+
+/// One printed comparison.
+struct Comparison {
+    name: String,
+    crew: Samples,
+    reference: Samples,
+    reference_name: String,
+    /// The ratio crew / reference must stay at or below this.
+    target: Option<f64>,
+}
+
+impl Comparison {
+    fn ratio(&self) -> f64 {
+        self.crew.median().as_secs_f64() / self.reference.median().as_secs_f64()
+    }
+
+    fn print(&self) {
+        let verdict = match self.target {
+            Some(target) if self.ratio() <= target => format!("≤ {target:.2}×  met"),
+            Some(target) => format!("≤ {target:.2}×  MISSED"),
+            None => String::new(),
+        };
+        println!(
+            "{:<44} {:<28} {:<28} {:>6.2}×  {}",
+            self.name,
+            self.crew.show(),
+            format!("{} ({})", self.reference.show(), self.reference_name),
+            self.ratio(),
+            verdict
+        );
+    }
+}
+
+struct Bench {
+    root: Utf8PathBuf,
+    repo: Utf8PathBuf,
+    /// The run's base commit, fixed once per run as `crew run` does.
+    base: String,
+    workspace: Workspace,
+    provider: CrewWorkspaces,
+    rounds: usize,
+    counter: usize,
+}
+
+impl Bench {
+    fn git(&self, args: &[&str]) {
+        let status = Command::new("git")
+            .args(args)
+            .current_dir(&self.repo)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_SYSTEM", "/dev/null")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    }
+
+    fn timed_git(&self, args: &[&str]) -> Duration {
+        let started = Instant::now();
+        self.git(args);
+        started.elapsed()
+    }
+
+    fn next_name(&mut self) -> String {
+        self.counter += 1;
+        format!("bench{}", self.counter)
+    }
+
+    fn request(&self, run_id: &RunId, task: &str) -> WorkspaceRequest {
+        WorkspaceRequest {
+            workspace: self.workspace.id().clone(),
+            repo_root: Some(self.repo.clone()),
+            invocation_dir: Utf8PathBuf::new(),
+            run_id: run_id.clone(),
+            task_id: TaskId::parse(task).unwrap(),
+            mode: WorkspaceMode::Worktree,
+            base: Some(self.base.clone()),
+            upstream: Vec::new(),
+        }
+    }
+
+    fn teardown_request(&self, run_id: &RunId, task: &str) -> TeardownRequest {
+        TeardownRequest {
+            workspace: self.workspace.id().clone(),
+            repo_root: Some(self.repo.clone()),
+            run_id: run_id.clone(),
+            task_id: TaskId::parse(task).unwrap(),
+            agent_alive: false,
+            keep: false,
+        }
+    }
+
+    /// A fresh worktree workspace through crew, timed.
+    fn crew_prepare(&self, run_id: &RunId, task: &str) -> (Duration, TaskWorkspace) {
+        let started = Instant::now();
+        let workspace = self.provider.allocate(&self.request(run_id, task)).unwrap();
+        (started.elapsed(), workspace)
+    }
+
+    /// Removes every worktree and branch the benchmarks made (not timed).
+    fn clean_up(&self) {
+        self.git(&["worktree", "prune"]);
+        let list = Command::new("git")
+            .args(["worktree", "list", "--porcelain"])
+            .current_dir(&self.repo)
+            .output()
+            .unwrap();
+        for line in String::from_utf8(list.stdout).unwrap().lines() {
+            if let Some(path) = line.strip_prefix("worktree ")
+                && path != self.repo.as_str()
+            {
+                let _ = Command::new("git")
+                    .args(["worktree", "remove", "--force", "--force", path])
+                    .current_dir(&self.repo)
+                    .status();
+            }
+        }
+        let branches = Command::new("git")
+            .args(["for-each-ref", "--format=%(refname:short)", "refs/heads/"])
+            .current_dir(&self.repo)
+            .output()
+            .unwrap();
+        for branch in String::from_utf8(branches.stdout).unwrap().lines() {
+            if branch != "main" {
+                self.git(&["branch", "-D", branch]);
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.root.join("git-worktrees"));
+        let _ = std::fs::remove_dir_all(self.repo.join(".worktrees"));
+        std::fs::create_dir_all(self.root.join("git-worktrees")).unwrap();
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    // `cargo bench` passes `--bench`; anything else unknown is ignored.
+    let spec = if quick {
+        RepoSpec::quick()
+    } else {
+        RepoSpec::reference()
+    };
+    let rounds = if quick { 3 } else { 5 };
+    let root = Utf8PathBuf::from_path_buf(
+        tempfile::Builder::new()
+            .prefix("crew-bench-")
+            .tempdir()
+            .unwrap()
+            .keep(),
+    )
+    .unwrap();
+    let repo = root.join("repo");
+    let started = Instant::now();
+    generate_repository(&repo, &spec);
+    let size = du(&repo);
+    println!(
+        "crew benchmarks — repository: {} files in {} directories, {} MB checked out, {} commits (generated in {})",
+        spec.files,
+        spec.dirs,
+        size / 1_000_000,
+        spec.commits,
+        seconds(started.elapsed())
+    );
+    println!(
+        "each cell: median [min … max] of {rounds} rounds; ratio = crew ÷ reference, same repository, same process\n"
+    );
+    println!(
+        "{:<44} {:<28} {:<28} {:>7}  {}",
+        "benchmark", "crew", "reference", "ratio", "target"
+    );
+    let workspace = Workspace::at_root(repo.as_std_path()).unwrap();
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    let base = String::from_utf8(head.stdout).unwrap().trim().to_owned();
+    let mut bench = Bench {
+        base,
+        provider: CrewWorkspaces::new(&ProjectConfig::default()),
+        root: root.clone(),
+        repo,
+        workspace,
+        rounds,
+        counter: 0,
+    };
+    std::fs::create_dir_all(root.join("git-worktrees")).unwrap();
+
+    fresh_worktrees(&mut bench);
+    eight_at_once(&mut bench);
+    linking(&bench);
+    agents_list(&bench);
+    many_agents(&bench);
+
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Bytes of the files below `dir`, `.git` aside.
+fn du(dir: &Utf8Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(current) = stack.pop() {
+        for entry in current.read_dir_utf8().unwrap().flatten() {
+            if entry.file_name() == ".git" {
+                continue;
+            }
+            let metadata = entry.path().symlink_metadata().unwrap();
+            if metadata.is_dir() {
+                stack.push(entry.path().to_owned());
+            } else {
+                total += metadata.len();
+            }
+        }
+    }
+    total
+}
+
+/// A fresh worktree workspace ready, against `git worktree add` (default and with parallel
+/// checkout), then the teardown of a clean one against `git worktree remove` + `git branch -D`.
+fn fresh_worktrees(bench: &mut Bench) {
+    let mut crew = Samples::default();
+    let mut git_default = Samples::default();
+    let mut git_parallel = Samples::default();
+    let mut crew_teardown = Samples::default();
+    let mut git_teardown = Samples::default();
+    for _ in 0..bench.rounds {
+        let run_id = RunId::generate();
+        let (took, workspace) = bench.crew_prepare(&run_id, "fresh");
+        crew.push(took);
+
+        let name = bench.next_name();
+        let path = bench.root.join("git-worktrees").join(&name);
+        git_default.push(bench.timed_git(&[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            &name,
+            path.as_str(),
+            "HEAD",
+        ]));
+        let name2 = bench.next_name();
+        let path2 = bench.root.join("git-worktrees").join(&name2);
+        git_parallel.push(bench.timed_git(&[
+            "-c",
+            "checkout.workers=0",
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            &name2,
+            path2.as_str(),
+            "HEAD",
+        ]));
+
+        let started = Instant::now();
+        bench
+            .provider
+            .teardown(&workspace, &bench.teardown_request(&run_id, "fresh"))
+            .unwrap();
+        crew_teardown.push(started.elapsed());
+        let started = Instant::now();
+        bench.git(&["worktree", "remove", path.as_str()]);
+        bench.git(&["branch", "-D", &name]);
+        git_teardown.push(started.elapsed());
+        bench.git(&["worktree", "remove", path2.as_str()]);
+        bench.git(&["branch", "-D", &name2]);
+    }
+    Comparison {
+        name: "fresh worktree workspace".into(),
+        crew: crew.clone(),
+        reference: git_default,
+        reference_name: "git worktree add".into(),
+        target: None,
+    }
+    .print();
+    Comparison {
+        name: "fresh worktree workspace".into(),
+        crew,
+        reference: git_parallel,
+        reference_name: "checkout.workers=0".into(),
+        target: Some(1.0),
+    }
+    .print();
+    Comparison {
+        name: "teardown of a clean worktree".into(),
+        crew: crew_teardown,
+        reference: git_teardown,
+        reference_name: "remove + branch -D".into(),
+        target: None,
+    }
+    .print();
+    bench.clean_up();
+}
+
+/// Eight tasks' workspaces prepared by crew (as a run does, at once) against eight sequential
+/// `git worktree add`.
+fn eight_at_once(bench: &mut Bench) {
+    let mut crew = Samples::default();
+    let mut git = Samples::default();
+    let rounds = bench.rounds.min(3);
+    for _ in 0..rounds {
+        let run_id = RunId::generate();
+        let provider = Arc::new(bench.provider.clone());
+        let started = Instant::now();
+        let threads: Vec<_> = (0..8)
+            .map(|index| {
+                let provider = provider.clone();
+                let request = bench.request(&run_id, &format!("task{index}"));
+                std::thread::spawn(move || provider.allocate(&request).unwrap())
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        crew.push(started.elapsed());
+        let started = Instant::now();
+        for _ in 0..8 {
+            let name = bench.next_name();
+            let path = bench.root.join("git-worktrees").join(&name);
+            bench.git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]);
+        }
+        git.push(started.elapsed());
+        bench.clean_up();
+    }
+    Comparison {
+        name: "8 tasks' worktrees".into(),
+        crew,
+        reference: git,
+        reference_name: "8 × git worktree add".into(),
+        target: Some(0.5),
+    }
+    .print();
+}
+
+/// Linking `node_modules` into a worktree: 50,000 files against 10.
+fn linking(bench: &Bench) {
+    let settings = bench.provider.settings().clone();
+    let measure = |files: usize| {
+        let leader = bench.root.join(format!("leader-{files}"));
+        generate_node_modules(&leader.join("node_modules"), files);
+        let mut samples = Samples::default();
+        for round in 0..bench.rounds * 4 {
+            let worktree = bench.root.join(format!("linked-{files}-{round}"));
+            std::fs::create_dir_all(&worktree).unwrap();
+            let started = Instant::now();
+            let made = crew_worktree::envsetup::link_paths(&settings, &leader, &worktree).unwrap();
+            samples.push(started.elapsed());
+            assert_eq!(made.len(), 1);
+        }
+        samples
+    };
+    let small = measure(10);
+    let large = measure(50_000);
+    Comparison {
+        name: "link node_modules: 50,000 files".into(),
+        crew: large,
+        reference: small,
+        reference_name: "10 files".into(),
+        target: Some(1.2),
+    }
+    .print();
+}
+
+/// The crew binary built next to this benchmark.
+fn crew_binary() -> Utf8PathBuf {
+    let exe = Utf8PathBuf::from_path_buf(std::env::current_exe().unwrap()).unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let candidates = [dir.join("crew"), dir.parent().unwrap().join("release/crew")];
+    candidates
+        .into_iter()
+        .find(|path| path.exists())
+        .expect("build the crew binary first: cargo build --release -p crew-cli")
+}
+
+/// `crew agents list` with 3 live runs of 16 agents each, against `git worktree list`.
+fn agents_list(bench: &Bench) {
+    let crew = crew_binary();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let output = Command::new(&crew)
+            .args([
+                "run",
+                "--detach",
+                "-q",
+                "--agent",
+                "shell",
+                "--fan-out",
+                "16",
+                "--max-parallel",
+                "16",
+                "sleep 600",
+            ])
+            .current_dir(&bench.repo)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        runs.push(String::from_utf8(output.stdout).unwrap().trim().to_owned());
+    }
+    // All 48 listed before measuring.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let output = Command::new(&crew)
+            .args(["agents", "list", "--json"])
+            .current_dir(&bench.repo)
+            .output()
+            .unwrap();
+        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+        if agents.as_array().is_some_and(|agents| agents.len() == 48) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the 48 agents never showed up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut crew_samples = Samples::default();
+    let mut git_samples = Samples::default();
+    for _ in 0..bench.rounds * 10 {
+        let started = Instant::now();
+        let output = Command::new(&crew)
+            .args(["agents", "list"])
+            .current_dir(&bench.repo)
+            .output()
+            .unwrap();
+        crew_samples.push(started.elapsed());
+        assert!(output.status.success());
+        let started = Instant::now();
+        let output = Command::new("git")
+            .args(["worktree", "list"])
+            .current_dir(&bench.repo)
+            .output()
+            .unwrap();
+        git_samples.push(started.elapsed());
+        assert!(output.status.success());
+    }
+    Comparison {
+        name: "crew agents list (3 runs × 16 agents)".into(),
+        crew: crew_samples,
+        reference: git_samples,
+        reference_name: "git worktree list".into(),
+        target: Some(1.5),
+    }
+    .print();
+    for run in runs {
+        let _ = Command::new(&crew)
+            .args(["runs", "cancel", "--force", "-q", &run])
+            .current_dir(&bench.repo)
+            .status();
+    }
+}
+
+/// 200 sleeping agents in one host process: its CPU while they sleep, its memory, and the time
+/// to stop them all (against the grace period plus a second). The host is a process of its own
+/// so that its figures are its own.
+fn many_agents(bench: &Bench) {
+    let output = Command::new(env!("CARGO_BIN_EXE_live-helper"))
+        .args(["many", bench.repo.as_str(), "200", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figures: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let cpu = figures["idle_cpu_share"].as_f64().unwrap();
+    let rss_mb = figures["rss_kib"].as_u64().unwrap() / 1024;
+    let stopped = Duration::from_secs_f64(figures["stop_seconds"].as_f64().unwrap());
+    let grace = Duration::from_secs(2);
+    println!(
+        "{:<44} idle CPU {:.2}% of a core (≤ 2%: {}); host RSS {} MB (≤ 64 MB: {}); all stopped in {} (≤ grace {} + 1s: {})",
+        "200 sleeping agents, one host",
+        cpu * 100.0,
+        if cpu <= 0.02 { "met" } else { "MISSED" },
+        rss_mb,
+        if rss_mb <= 64 { "met" } else { "MISSED" },
+        seconds(stopped),
+        seconds(grace),
+        if stopped <= grace + Duration::from_secs(1) {
+            "met"
+        } else {
+            "MISSED"
+        },
+    );
+}
