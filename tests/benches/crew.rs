@@ -233,8 +233,8 @@ fn main() {
         "each cell: median [min … max] of {rounds} rounds; ratio = crew ÷ reference, same repository, same process\n"
     );
     println!(
-        "{:<44} {:<28} {:<28} {:>7}  {}",
-        "benchmark", "crew", "reference", "ratio", "target"
+        "{:<44} {:<28} {:<28} {:>7}  target",
+        "benchmark", "crew", "reference", "ratio"
     );
     let workspace = Workspace::at_root(repo.as_std_path()).unwrap();
     let head = Command::new("git")
