@@ -105,7 +105,10 @@ struct Bench {
     /// The run's base commit, fixed once per run as `crew run` does.
     base: String,
     workspace: Workspace,
+    /// Recycling off: every worktree is checked out.
     provider: CrewWorkspaces,
+    /// Recycling on, as by default.
+    pooled: CrewWorkspaces,
     rounds: usize,
     counter: usize,
 }
@@ -243,9 +246,12 @@ fn main() {
         .output()
         .unwrap();
     let base = String::from_utf8(head.stdout).unwrap().trim().to_owned();
+    let mut fresh_config = ProjectConfig::default();
+    fresh_config.worktree.pool_size = 0;
     let mut bench = Bench {
         base,
-        provider: CrewWorkspaces::new(&ProjectConfig::default()),
+        provider: CrewWorkspaces::new(&fresh_config),
+        pooled: CrewWorkspaces::new(&ProjectConfig::default()),
         root: root.clone(),
         repo,
         workspace,
@@ -255,6 +261,7 @@ fn main() {
     std::fs::create_dir_all(root.join("git-worktrees")).unwrap();
 
     fresh_worktrees(&mut bench);
+    recycled(&mut bench);
     eight_at_once(&mut bench);
     linking(&bench);
     agents_list(&bench);
@@ -358,6 +365,56 @@ fn fresh_worktrees(bench: &mut Bench) {
         target: None,
     }
     .print();
+    bench.clean_up();
+}
+
+/// A workspace from crew's pool (a finished task's worktree, switched to the new task's branch
+/// and cleaned), against a fresh `git worktree add`.
+fn recycled(bench: &mut Bench) {
+    let mut crew = Samples::default();
+    let mut git = Samples::default();
+    // Fill the pool once.
+    let run_id = RunId::generate();
+    let first = bench
+        .pooled
+        .allocate(&bench.request(&run_id, "seed"))
+        .unwrap();
+    bench
+        .pooled
+        .teardown(&first, &bench.teardown_request(&run_id, "seed"))
+        .unwrap();
+    for round in 0..bench.rounds {
+        let task = format!("recycled{round}");
+        let started = Instant::now();
+        let workspace = bench
+            .pooled
+            .allocate(&bench.request(&run_id, &task))
+            .unwrap();
+        crew.push(started.elapsed());
+        bench
+            .pooled
+            .teardown(&workspace, &bench.teardown_request(&run_id, &task))
+            .unwrap();
+
+        let name = bench.next_name();
+        let path = bench.root.join("git-worktrees").join(&name);
+        git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
+        bench.git(&["worktree", "remove", path.as_str()]);
+        bench.git(&["branch", "-D", &name]);
+    }
+    Comparison {
+        name: "recycled worktree workspace".into(),
+        crew,
+        reference: git,
+        reference_name: "git worktree add".into(),
+        target: Some(0.15),
+    }
+    .print();
+    crew_worktree::pool::empty(
+        &bench.repo.join(".git"),
+        &bench.repo,
+        bench.pooled.settings(),
+    );
     bench.clean_up();
 }
 

@@ -410,3 +410,17 @@ pub fn wait_until<T>(seconds: u64, what: &str, mut check: impl FnMut() -> Option
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+impl TestEnv {
+    /// The worktrees git lists for `repo`, besides the leader and crew's recycling pool: the
+    /// task worktrees still in place, as git itself sees them.
+    pub fn task_worktrees(&self, repo: &Utf8Path) -> Vec<String> {
+        let list = self.git(repo, ["worktree", "list", "--porcelain"]);
+        let pool = format!("{repo}/.worktrees/.pool/");
+        list.lines()
+            .filter_map(|line| line.strip_prefix("worktree "))
+            .filter(|path| *path != repo.as_str() && !path.starts_with(&pool))
+            .map(str::to_owned)
+            .collect()
+    }
+}

@@ -227,6 +227,10 @@ pub struct WorktreeSettings {
     pub setup_timeout: HumanDuration,
     /// Ignored paths a recycled worktree keeps from its previous task (such as `target/`).
     pub keep_ignored: Vec<Utf8PathBuf>,
+    /// How many finished worktrees crew keeps for recycling (0 turns recycling off).
+    pub pool_size: usize,
+    /// Pooled worktrees older than this are removed instead of recycled.
+    pub pool_max_age: HumanDuration,
 }
 
 impl Default for WorktreeSettings {
@@ -240,6 +244,8 @@ impl Default for WorktreeSettings {
             setup: None,
             setup_timeout: HumanDuration(Duration::from_secs(600)),
             keep_ignored: Vec::new(),
+            pool_size: 4,
+            pool_max_age: HumanDuration(Duration::from_secs(24 * 3600)),
         }
     }
 }

@@ -173,9 +173,12 @@ pub struct TeardownReport {
     pub branch: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diffstat: Option<DiffStat>,
-    /// The workspace directory was removed.
+    /// The workspace directory was removed from its place.
     #[serde(default)]
     pub removed: bool,
+    /// Instead of being deleted, the worktree went to crew's pool for the next task.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recycled: bool,
     /// The workspace directory was kept here, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserved: Option<Utf8PathBuf>,

@@ -115,11 +115,13 @@ impl AgentHandle {
         }
     }
 
-    /// Waits until the agent runs again (after a resume or a follow-up).
-    pub async fn wait_running(&self) -> Option<AgentStatus> {
+    /// Waits until the agent is started again after attempt `attempt` (by a resume or a
+    /// follow-up). Counting attempts, not watching the state, sees a restart even when the new
+    /// process has already exited again. `None` when the supervisor is gone.
+    pub async fn wait_restarted(&self, attempt: u32) -> Option<AgentStatus> {
         let mut status = self.status.clone();
         status
-            .wait_for(|status| !status.is_exited())
+            .wait_for(|status| status.attempt > attempt)
             .await
             .ok()
             .map(|status| status.clone())

@@ -889,7 +889,7 @@ impl RunContext {
         self.note_started(&task_id, &handle).await;
         self.record_status(&task_id, TaskStatus::Running, None)
             .await;
-        self.follow_through(task, workspace, handle, true).await
+        self.follow_through(task, workspace, handle, true, 0).await
     }
 
     /// A task that waited for an answer when its previous host went away: its workspace is
@@ -919,7 +919,9 @@ impl RunContext {
         if let Some(answer) = answer {
             let _ = handle.follow_up(&answer).await;
         }
-        self.follow_through(task, workspace, handle, false).await
+        let attempt = task.attempts;
+        self.follow_through(task, workspace, handle, false, attempt)
+            .await
     }
 
     async fn note_started(&self, task_id: &TaskId, handle: &AgentHandle) {
@@ -944,11 +946,14 @@ impl RunContext {
         workspace: TaskWorkspace,
         handle: AgentHandle,
         started: bool,
+        waiting_since: u32,
     ) -> TaskStatus {
         let task_id = task.id.clone();
         let mut cancel = self.cancel.subscribe();
         let mut stop_requests = 0;
         let mut running = started;
+        // The attempt that asked the question being waited on: any later attempt answers it.
+        let mut asked_in_attempt = waiting_since;
         let ending = loop {
             if running {
                 // Checked on every turn, not only on a change: a cancel may have come before
@@ -970,6 +975,7 @@ impl RunContext {
                     status = handle.wait_exited() => {
                         if let Some(question) = status.question.clone() {
                             self.record_waiting(&task_id, &question).await;
+                            asked_in_attempt = status.attempt;
                             running = false;
                             continue;
                         }
@@ -996,7 +1002,7 @@ impl RunContext {
                     break Ending::StillWaiting;
                 }
                 tokio::select! {
-                    restarted = handle.wait_running() => {
+                    restarted = handle.wait_restarted(asked_in_attempt) => {
                         if restarted.is_some() {
                             self.note_started(&task_id, &handle).await;
                             self.record_status(&task_id, TaskStatus::Running, None).await;

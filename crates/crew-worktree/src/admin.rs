@@ -180,3 +180,38 @@ pub fn sweep_invalid(common: &Utf8Path, crew_prefix: &str) -> Vec<String> {
     }
     swept
 }
+
+/// Moves a registered worktree: its directory from `from` to `to` and its admin entry from
+/// `old_name` to `new_name`, rewriting both pointer files. Run under the repository lock. Every
+/// step is a rename or a small file written atomically; the worktree's files are not touched.
+pub fn relocate(
+    common: &Utf8Path,
+    old_name: &str,
+    new_name: &str,
+    from: &Utf8Path,
+    to: &Utf8Path,
+) -> Result<(), FileError> {
+    let root = admin_root(common);
+    let old_dir = root.join(old_name);
+    let new_dir = root.join(new_name);
+    let rename = |from: &Utf8Path, to: &Utf8Path| {
+        std::fs::rename(from, to).map_err(|source| FileError::Write {
+            path: to.to_owned(),
+            source,
+        })
+    };
+    rename(&old_dir, &new_dir)?;
+    write_atomic(
+        &from.join(".git"),
+        format!("gitdir: {new_dir}\n").as_bytes(),
+    )?;
+    rename(from, to)?;
+    write_atomic(&new_dir.join("gitdir"), format!("{to}/.git\n").as_bytes())
+}
+
+/// Points the worktree's HEAD at `target`: `ref: refs/heads/<branch>`, or a commit id to
+/// detach it.
+pub fn set_head(common: &Utf8Path, name: &str, target: &str) -> Result<(), FileError> {
+    let path = admin_root(common).join(name).join("HEAD");
+    write_atomic(&path, format!("{target}\n").as_bytes())
+}

@@ -23,6 +23,7 @@ use crate::envsetup;
 use crate::error::PrepareWorktreeError;
 use crate::leader;
 use crate::names::{TaskNames, admin_prefix, worktrees_dir};
+use crate::pool;
 
 /// How long a worktree mutation waits for another one on the same repository.
 pub const REPO_LOCK_TIMEOUT: Duration = Duration::from_secs(120);
@@ -106,14 +107,16 @@ pub fn prepare_worktree(
     let created = create_locked(&repo, &common, &names, request, &mut made);
     drop(lock);
     let result = created.and_then(|(base_commit, tip)| {
-        finish_outside_lock(&common, &names, request, tip).map(|(dir, warnings)| TaskWorkspace {
-            kind: WorkspaceKind::Worktree,
-            root: names.root.clone(),
-            dir,
-            branch: Some(names.branch.clone()),
-            base_commit: Some(base_commit.to_string()),
-            reused: !made.branch,
-            warnings,
+        finish_outside_lock(&common, &names, request, tip, made.recycled).map(|(dir, warnings)| {
+            TaskWorkspace {
+                kind: WorkspaceKind::Worktree,
+                root: names.root.clone(),
+                dir,
+                branch: Some(names.branch.clone()),
+                base_commit: Some(base_commit.to_string()),
+                reused: !made.branch,
+                warnings,
+            }
         })
     });
     if result.is_err() {
@@ -126,6 +129,8 @@ pub fn prepare_worktree(
 #[derive(Debug, Default)]
 struct Made {
     branch: bool,
+    /// The worktree came from the pool: switched to the task's commit, not checked out.
+    recycled: bool,
     run_dir: Option<Utf8PathBuf>,
     worktree_dir: bool,
     admin_entry: bool,
@@ -198,6 +203,12 @@ fn create_locked(
         path: run_dir.clone(),
         source,
     })?;
+    if pool::take(common, request.repo_root, request.settings, names).is_some() {
+        made.recycled = true;
+        made.worktree_dir = true;
+        made.admin_entry = true;
+        return Ok((base, tip));
+    }
     std::fs::create_dir(&names.root).map_err(|source| PrepareWorktreeError::CreateDir {
         path: names.root.clone(),
         source: crew_core::fsutil::FileError::CreateDir {
@@ -221,13 +232,17 @@ fn finish_outside_lock(
     names: &TaskNames,
     request: &CreateWorktree<'_>,
     tip: Oid,
+    recycled: bool,
 ) -> Result<(Utf8PathBuf, Vec<String>), PrepareWorktreeError> {
-    checkout::populate(&names.root, common, tip).map_err(|source| {
-        PrepareWorktreeError::Checkout {
-            path: names.root.clone(),
-            branch: names.branch.clone(),
-            source,
-        }
+    let filled = if recycled {
+        pool::switch(&names.root, tip, request.settings)
+    } else {
+        checkout::populate(&names.root, common, tip)
+    };
+    filled.map_err(|source| PrepareWorktreeError::Checkout {
+        path: names.root.clone(),
+        branch: names.branch.clone(),
+        source,
     })?;
     admin::set_lock(
         common,

@@ -26,6 +26,7 @@ pub mod inspect;
 pub mod leader;
 pub mod listing;
 pub mod names;
+pub mod pool;
 pub mod provider;
 pub mod teardown;
 

@@ -104,6 +104,8 @@ impl WorktreeListing {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct WorktreePruneReport {
     pub removed_worktrees: Vec<Utf8PathBuf>,
+    /// Recycled worktrees removed from crew's pool (and leftovers of interrupted deletions).
+    pub emptied_pool: usize,
     pub removed_admin_entries: Vec<String>,
     pub deleted_branches: Vec<String>,
     pub kept: Vec<(String, String)>,
@@ -279,6 +281,18 @@ pub fn prune(
         Some(repo_lock(&common).map_err(ListWorktreesError::Lock)?)
     };
     let mut freed_branches = Vec::new();
+    report.emptied_pool = if dry_run {
+        listing.pooled
+    } else {
+        let trash = root.join(crate::names::TRASH_DIR);
+        if let Ok(entries) = trash.read_dir_utf8() {
+            for entry in entries.flatten() {
+                // Work was saved before a worktree went to the trash: nothing here is work.
+                let _ = remove_contained(entry.path(), &[&root]);
+            }
+        }
+        crate::pool::empty(&common, repo_root, settings)
+    };
     for worktree in &listing.worktrees {
         let names = TaskNames::new(repo_root, settings, &worktree.run_id, &worktree.task_id);
         let user_locked = worktree

@@ -6,6 +6,8 @@ use crew_core::{RunId, TaskId};
 
 /// The name of the pool directory under the worktrees directory.
 pub const POOL_DIR: &str = ".pool";
+/// Where torn-down worktrees wait to be deleted, outside the repository lock.
+pub const TRASH_DIR: &str = ".trash";
 
 /// Where a task's worktree lives and what it is called.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,8 @@ use crate::admin;
 use crate::create::repo_lock;
 use crate::error::TeardownWorktreeError;
 use crate::leader::{self, crew_signature};
-use crate::names::{TaskNames, worktrees_dir};
+use crate::names::{TRASH_DIR, TaskNames, worktrees_dir};
+use crate::pool;
 
 /// What the teardown of one worktree task needs.
 #[derive(Debug, Clone)]
@@ -64,18 +65,55 @@ pub fn teardown_worktree(
         })?;
         let links = crew_links(request.settings, request.repo_root, root);
         work_branch = save_work(&repo, root, &links, request, report)?;
-        count_ignored(&repo, root, &links, report);
+        let head = repo.head().ok().and_then(|head| head.target());
+        // A pooled worktree keeps nothing of this task but the ignored paths the project
+        // allows; without the pool, every ignored file goes with the directory.
+        let cleaned = match head {
+            Some(_) if request.settings.pool_size > 0 => {
+                pool::remove_ignored(root, request.settings, &links).ok()
+            }
+            _ => None,
+        };
+        match cleaned {
+            Some((files, bytes)) => {
+                report.ignored_files = files;
+                report.ignored_bytes = bytes;
+            }
+            None => count_ignored(&repo, root, &links, report),
+        }
         drop(repo);
 
-        let _lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
-        let _ = admin::set_lock(&common, &names.admin, None);
-        let parent = worktrees_dir(request.repo_root, request.settings);
-        remove_contained(root, &[&parent]).map_err(|source| TeardownWorktreeError::Remove {
-            path: root.clone(),
-            source,
-        })?;
+        let worktrees = worktrees_dir(request.repo_root, request.settings);
+        let lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
+        let recycled = match (cleaned, head) {
+            (Some(_), Some(head)) => {
+                pool::give_back(&common, request.repo_root, request.settings, &names, head)
+            }
+            _ => false,
+        };
+        if recycled {
+            drop(lock);
+            report.recycled = true;
+        } else {
+            let _ = admin::set_lock(&common, &names.admin, None);
+            // Out of the way under the lock (a rename), deleted outside it: deleting thousands
+            // of files must not hold up other tasks' worktrees.
+            let trash = worktrees
+                .join(TRASH_DIR)
+                .join(format!("{}-{}", request.run_id, request.task_id));
+            let moved = crew_core::fsutil::ensure_real_dir(&worktrees.join(TRASH_DIR)).is_ok()
+                && std::fs::rename(root, &trash).is_ok();
+            let _ = admin::remove_entry(&common, &names.admin);
+            drop(lock);
+            let doomed = if moved { &trash } else { root };
+            remove_contained(doomed, &[&worktrees]).map_err(|source| {
+                TeardownWorktreeError::Remove {
+                    path: root.clone(),
+                    source,
+                }
+            })?;
+        }
         report.removed = true;
-        let _ = admin::remove_entry(&common, &names.admin);
         if let Some(run_dir) = root.parent() {
             // Only when empty: other tasks of the run may still have theirs there.
             let _ = std::fs::remove_dir(run_dir);
@@ -315,7 +353,7 @@ fn count_ignored(
 }
 
 /// Files and bytes below `path`, never following symlinks (a link counts as one small file).
-fn tree_size(path: &Utf8Path) -> (u64, u64) {
+pub(crate) fn tree_size(path: &Utf8Path) -> (u64, u64) {
     let Ok(metadata) = std::fs::symlink_metadata(path) else {
         return (0, 0);
     };

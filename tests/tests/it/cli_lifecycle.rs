@@ -71,8 +71,7 @@ fn assert_work_saved(env: &TestEnv, repo: &Utf8Path, run: &str) {
         );
         assert_eq!(saved, format!("unsaved {task}\n"));
     }
-    let worktrees = env.git(repo, ["worktree", "list", "--porcelain"]);
-    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+    assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
 }
 
 #[test]
@@ -172,8 +171,7 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
     // was taken up with the partial work in it.
     let slow = env.git(&repo, ["show", &format!("crew/{run}-slow:slow.txt")]);
     assert!(slow.ends_with("finished\n"), "{slow}");
-    let worktrees = env.git(&repo, ["worktree", "list", "--porcelain"]);
-    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+    assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
 }
 
 #[test]

@@ -275,6 +275,7 @@ fn worktree_listing_and_pruning_from_the_command_line() {
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&dry)), @"
     would delete merged branch crew/[RUN_ID]-shell-1
+    would remove 2 recycled worktree(s) from crew's pool
     kept crew/[RUN_ID]-shell-2: unmerged work: `git merge crew/[RUN_ID]-shell-2` or `git branch -D crew/[RUN_ID]-shell-2`
     [exit status: 0]
     ");

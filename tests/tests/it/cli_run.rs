@@ -86,8 +86,7 @@ fn newcomer_flow_three_agents_three_branches_leader_untouched() {
         env.git(&repo, ["status", "--porcelain", "--untracked-files=all"]),
         leader_status
     );
-    let worktrees = env.git(&repo, ["worktree", "list", "--porcelain"]);
-    assert_eq!(worktrees.matches("worktree ").count(), 1, "{worktrees}");
+    assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
 
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     let show = env.crew(&repo, ["runs", "show", &run[..6]]);

@@ -19,5 +19,6 @@ mod core_state;
 mod live_agents;
 mod live_control;
 mod worktree_listing;
+mod worktree_pool;
 mod worktree_prepare;
 mod worktree_teardown;

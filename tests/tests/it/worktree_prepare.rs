@@ -97,10 +97,10 @@ impl Fixture {
         snapshot
     }
 
-    /// Only the leader is registered, and git's own consistency check passes.
+    /// No task worktree is registered (the leader and crew's pool aside), and git's own
+    /// consistency check passes.
     pub fn assert_git_is_clean(&self) {
-        let list = self.git(&["worktree", "list", "--porcelain"]);
-        assert_eq!(list.matches("worktree ").count(), 1, "{list}");
+        assert_eq!(self.env.task_worktrees(&self.repo), Vec::<String>::new());
         let fsck = self.env.git_output(&self.repo, ["fsck", "--no-progress"]);
         assert!(
             fsck.status.success(),

@@ -62,6 +62,12 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
     for branch in &report.deleted_branches {
         println!("{branch_verb} merged branch {branch}");
     }
+    if report.emptied_pool > 0 {
+        println!(
+            "{verb} {} recycled worktree(s) from crew's pool",
+            report.emptied_pool
+        );
+    }
     for (what, why) in &report.kept {
         println!("kept {what}: {why}");
     }

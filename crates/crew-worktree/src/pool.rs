@@ -1,0 +1,260 @@
+//! Recycling worktrees.
+//!
+//! Creating a checkout costs at least the creation of every file, and deleting one makes the
+//! next creations slower for minutes. A worktree whose task ended with its work safely on its
+//! branch is therefore not deleted but returned to a pool crew owns,
+//! `<repo-root>/.worktrees/.pool/<id>`: cleaned of everything but the ignored paths
+//! `[worktree] keep_ignored` names, HEAD detached, locked "crew: pooled", hidden from listings.
+//! The next task takes one: it is moved to `.worktrees/<runId>/<taskId>`, put on the task's
+//! branch, and switched to the task's base with a forced checkout that also removes anything
+//! untracked — a tenth of the cost of a fresh checkout. The pool is bounded in size and age;
+//! `crew worktrees prune` empties it.
+
+use std::time::{Duration, SystemTime};
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::WorktreeSettings;
+use crew_core::paths::remove_contained;
+use git2::{Oid, Repository, StatusOptions};
+
+use crate::admin;
+use crate::names::{POOL_DIR, TaskNames, admin_prefix, worktrees_dir};
+
+/// The lock reason of a pooled worktree.
+pub const POOLED: &str = "crew: pooled (a recycled worktree)";
+
+/// `<repo-root>/<dir>/.pool`
+pub fn pool_dir(repo_root: &Utf8Path, settings: &WorktreeSettings) -> Utf8PathBuf {
+    worktrees_dir(repo_root, settings).join(POOL_DIR)
+}
+
+fn pool_prefix(settings: &WorktreeSettings) -> String {
+    format!("{}-pool-", admin_prefix(settings))
+}
+
+/// A pooled worktree.
+#[derive(Debug, Clone)]
+pub struct Pooled {
+    pub admin: String,
+    pub path: Utf8PathBuf,
+    pub pooled_at: SystemTime,
+}
+
+/// The valid pooled worktrees, newest first.
+pub fn pooled(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettings) -> Vec<Pooled> {
+    let dir = pool_dir(repo_root, settings);
+    let prefix = pool_prefix(settings);
+    let mut found: Vec<Pooled> = admin::read_entries(common)
+        .into_iter()
+        .filter(|entry| entry.name.starts_with(&prefix) && entry.is_valid())
+        .filter_map(|entry| {
+            let path = entry.worktree.clone()?;
+            if path.parent() != Some(dir.as_path()) {
+                return None;
+            }
+            let pooled_at = std::fs::metadata(entry.dir.join("locked"))
+                .and_then(|metadata| metadata.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            Some(Pooled {
+                admin: entry.name,
+                path,
+                pooled_at,
+            })
+        })
+        .collect();
+    found.sort_by_key(|entry| std::cmp::Reverse(entry.pooled_at));
+    found
+}
+
+/// Removes a pooled worktree (its directory, then its admin entry). Under the repository lock.
+pub fn evict(
+    common: &Utf8Path,
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    pooled: &Pooled,
+) -> bool {
+    let dir = pool_dir(repo_root, settings);
+    if remove_contained(&pooled.path, &[&dir]).is_err() {
+        return false;
+    }
+    admin::remove_entry(common, &pooled.admin).is_ok()
+}
+
+/// Removes every pooled worktree, and any directory left in the pool by a crash. Returns how
+/// many went.
+pub fn empty(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettings) -> usize {
+    let mut removed = 0;
+    for entry in pooled(common, repo_root, settings) {
+        removed += usize::from(evict(common, repo_root, settings, &entry));
+    }
+    let dir = pool_dir(repo_root, settings);
+    if let Ok(entries) = dir.read_dir_utf8() {
+        for entry in entries.flatten() {
+            // Pooled worktrees hold no work (it was committed before pooling): a leftover
+            // directory here is crew's own.
+            if remove_contained(entry.path(), &[&dir]).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// Takes the newest pooled worktree for a task, under the repository lock: evicts entries
+/// older than the pool's age limit, then moves the chosen one to the task's place and admin
+/// name, locked "crew: initializing". `None` when the pool is empty.
+pub fn take(
+    common: &Utf8Path,
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    names: &TaskNames,
+) -> Option<()> {
+    if settings.pool_size == 0 {
+        return None;
+    }
+    let now = SystemTime::now();
+    let mut candidates = pooled(common, repo_root, settings);
+    candidates.retain(|entry| {
+        let too_old = now
+            .duration_since(entry.pooled_at)
+            .unwrap_or(Duration::ZERO)
+            > settings.pool_max_age.0;
+        if too_old {
+            evict(common, repo_root, settings, entry);
+        }
+        !too_old
+    });
+    let chosen = candidates.into_iter().next()?;
+    admin::set_lock(common, &chosen.admin, Some(admin::INITIALIZING)).ok()?;
+    admin::relocate(
+        common,
+        &chosen.admin,
+        &names.admin,
+        &chosen.path,
+        &names.root,
+    )
+    .ok()?;
+    admin::set_head(
+        common,
+        &names.admin,
+        &format!("ref: {}", names.branch_ref()),
+    )
+    .ok()?;
+    Some(())
+}
+
+/// Switches a recycled worktree to `commit`: files that differ are rewritten, anything
+/// untracked is removed, ignored paths outside `keep_ignored` are removed, and the index
+/// follows. HEAD already names the task's branch.
+pub fn switch(
+    root: &Utf8Path,
+    commit: Oid,
+    settings: &WorktreeSettings,
+) -> Result<(), git2::Error> {
+    remove_ignored(root, settings, &[])?;
+    let repo = Repository::open(root)?;
+    let tree = repo.find_commit(commit)?.tree()?;
+    repo.checkout_tree(
+        tree.as_object(),
+        Some(
+            git2::build::CheckoutBuilder::new()
+                .force()
+                .remove_untracked(true),
+        ),
+    )?;
+    // The index must describe the new commit even where no file changed.
+    let mut index = repo.index()?;
+    if index.write_tree()? != tree.id() {
+        index.read_tree(&tree)?;
+        index.write()?;
+    }
+    Ok(())
+}
+
+/// Removes the ignored paths of a worktree, except those `keep_ignored` names. Returns how many
+/// files and bytes went, crew's own `links` (removed too) aside.
+pub fn remove_ignored(
+    root: &Utf8Path,
+    settings: &WorktreeSettings,
+    links: &[String],
+) -> Result<(u64, u64), git2::Error> {
+    let repo = Repository::open(root)?;
+    let mut options = StatusOptions::new();
+    options
+        .include_untracked(false)
+        .include_ignored(true)
+        .recurse_ignored_dirs(false);
+    let statuses = repo.statuses(Some(&mut options))?;
+    let mut removed = (0, 0);
+    for entry in statuses.iter().filter(|entry| entry.status().is_ignored()) {
+        let relative = String::from_utf8_lossy(entry.path_bytes())
+            .trim_end_matches('/')
+            .to_owned();
+        let kept = settings
+            .keep_ignored
+            .iter()
+            .any(|keep| Utf8Path::new(&relative).starts_with(keep));
+        if kept {
+            continue;
+        }
+        let path = root.join(&relative);
+        let (files, bytes) = if links.contains(&relative) {
+            (0, 0)
+        } else {
+            crate::teardown::tree_size(&path)
+        };
+        if remove_contained(&path, &[root]).is_ok() {
+            removed.0 += files;
+            removed.1 += bytes;
+        }
+    }
+    Ok(removed)
+}
+
+/// Returns a finished task's worktree to the pool, under the repository lock: the worktree is
+/// clean (its work was committed and verified), so only ignored files may be left, and they
+/// were removed by the caller. HEAD is detached at `commit` so that the task branch is free.
+/// `false` when the pool is off or the move failed (the caller removes the worktree instead).
+pub fn give_back(
+    common: &Utf8Path,
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    names: &TaskNames,
+    commit: Oid,
+) -> bool {
+    if settings.pool_size == 0 {
+        return false;
+    }
+    let mut existing = pooled(common, repo_root, settings);
+    while existing.len() >= settings.pool_size {
+        let oldest = existing.pop().expect("the pool is not empty");
+        evict(common, repo_root, settings, &oldest);
+    }
+    let dir = pool_dir(repo_root, settings);
+    if crew_core::fsutil::ensure_real_dir(&dir).is_err() {
+        return false;
+    }
+    let id = uuid_like();
+    let pooled_admin = format!("{}{id}", pool_prefix(settings));
+    let pooled_path = dir.join(&id);
+    let moved = admin::set_head(common, &names.admin, &commit.to_string())
+        .and_then(|()| {
+            admin::relocate(
+                common,
+                &names.admin,
+                &pooled_admin,
+                &names.root,
+                &pooled_path,
+            )
+        })
+        .and_then(|()| admin::set_lock(common, &pooled_admin, Some(POOLED)));
+    moved.is_ok()
+}
+
+fn uuid_like() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}{:x}", nanos, std::process::id())
+}

@@ -1,0 +1,204 @@
+//! Recycled worktrees: the next task gets a worktree that holds nothing of the previous one but
+//! what `keep_ignored` allows, on its own branch and base; the pool stays bounded.
+
+use std::time::Duration;
+
+use crew_core::config::ProjectConfig;
+use crew_core::provider::WorkspaceProvider;
+use crew_tests::{tree_fingerprint, write};
+
+use crate::worktree_prepare::Fixture;
+
+fn pooled_dirs(fixture: &Fixture) -> usize {
+    std::fs::read_dir(fixture.repo.join(".worktrees/.pool")).map_or(0, |entries| entries.count())
+}
+
+#[test]
+fn a_recycled_worktree_holds_nothing_of_the_previous_task_but_keep_ignored() {
+    let mut config = ProjectConfig::default();
+    config.worktree.keep_ignored = vec!["target".into()];
+    let fixture = Fixture::with_config(config);
+    write(&fixture.repo.join(".gitignore"), "target/\n*.log\n.env\n");
+    write(&fixture.repo.join("node_modules/pkg/index.js"), "linked\n");
+    fixture.git(&["add", ".gitignore"]);
+    fixture.git(&["commit", "-q", "-m", "ignores"]);
+
+    let first = fixture.allocate("first");
+    let root = first.root.clone();
+    write(&root.join("src/lib.txt"), "changed by first\n");
+    write(&root.join("untracked/notes.txt"), "first's notes\n");
+    write(&root.join("build.log"), "ignored output\n");
+    write(&root.join(".env"), "SECRET=first\n");
+    write(&root.join("target/debug/cache.bin"), "build cache\n");
+    fixture.env.git(&root, ["rm", "-q", "README.md"]);
+    let report = fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    assert!(report.recycled && report.removed);
+    assert!(!root.exists());
+    assert_eq!(pooled_dirs(&fixture), 1);
+    assert_eq!(
+        (report.ignored_files, report.ignored_bytes),
+        (
+            2,
+            "ignored output\n".len() as u64 + "SECRET=first\n".len() as u64
+        )
+    );
+
+    let second = fixture.allocate("second");
+    assert_eq!(pooled_dirs(&fixture), 0, "the pooled worktree was taken");
+    assert_ne!(second.root, root);
+    let fresh = fixture.env.root().join("fresh");
+    fixture.git(&[
+        "worktree",
+        "add",
+        "-q",
+        "--detach",
+        fresh.as_str(),
+        second.base_commit.as_deref().unwrap(),
+    ]);
+    let strip = |dir: &camino::Utf8Path| -> Vec<(String, String)> {
+        tree_fingerprint(dir.as_std_path())
+            .into_iter()
+            .filter(|(path, _)| {
+                path != ".git" && !path.starts_with("target") && path != "node_modules"
+            })
+            .collect()
+    };
+    assert_eq!(
+        strip(&second.root),
+        strip(&fresh),
+        "exactly the files of the base commit"
+    );
+    assert_eq!(
+        std::fs::read_to_string(second.root.join("target/debug/cache.bin")).unwrap(),
+        "build cache\n",
+        "keep_ignored is kept"
+    );
+    assert!(
+        std::fs::symlink_metadata(second.root.join("node_modules"))
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "links are made anew"
+    );
+    assert_eq!(
+        fixture.env.git(
+            &second.root,
+            ["status", "--porcelain", "--untracked-files=all"]
+        ),
+        ""
+    );
+    let head = fixture.env.git(&second.root, ["symbolic-ref", "HEAD"]);
+    assert_eq!(
+        head.trim(),
+        format!("refs/heads/crew/{}-second", fixture.run_id)
+    );
+    let list = fixture.git(&["worktree", "list", "--porcelain"]);
+    assert!(
+        list.contains(&format!("worktree {}", second.root)),
+        "{list}"
+    );
+    assert!(
+        list.contains(&format!("branch refs/heads/crew/{}-second", fixture.run_id)),
+        "{list}"
+    );
+
+    // The first task's work is on its branch, untouched by the recycling.
+    let saved = fixture.git(&[
+        "show",
+        &format!("crew/{}-first:src/lib.txt", fixture.run_id),
+    ]);
+    assert_eq!(saved, "changed by first\n");
+    let fsck = fixture
+        .env
+        .git_output(&fixture.repo, ["fsck", "--no-progress"]);
+    assert!(fsck.status.success());
+}
+
+#[test]
+fn a_recycled_worktree_moves_to_another_base() {
+    let fixture = Fixture::new();
+    let first = fixture.allocate("first");
+    fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    // The leader moves on: files change, appear and disappear.
+    write(&fixture.repo.join("src/lib.txt"), "newer\n");
+    write(&fixture.repo.join("docs/new.md"), "# new\n");
+    fixture.git(&["rm", "-q", "README.md"]);
+    fixture.git(&["add", "-A"]);
+    fixture.git(&["commit", "-q", "-m", "move on"]);
+    let second = fixture.allocate("second");
+    assert_eq!(
+        std::fs::read_to_string(second.root.join("src/lib.txt")).unwrap(),
+        "newer\n"
+    );
+    assert!(second.root.join("docs/new.md").is_file());
+    assert!(!second.root.join("README.md").exists());
+    assert_eq!(
+        fixture.env.git(
+            &second.root,
+            ["status", "--porcelain", "--untracked-files=all"]
+        ),
+        ""
+    );
+    assert_eq!(
+        fixture.env.git(&second.root, ["rev-parse", "HEAD"]),
+        fixture.git(&["rev-parse", "HEAD"])
+    );
+}
+
+#[test]
+fn the_pool_is_bounded_by_size_and_age_and_prune_empties_it() {
+    let mut config = ProjectConfig::default();
+    config.worktree.pool_size = 2;
+    config.worktree.pool_max_age = crew_core::config::HumanDuration(Duration::from_millis(800));
+    let fixture = Fixture::with_config(config);
+    let workspaces: Vec<_> = (0..4)
+        .map(|index| fixture.allocate(&format!("t{index}")))
+        .collect();
+    for (index, workspace) in workspaces.iter().enumerate() {
+        fixture
+            .provider
+            .teardown(workspace, &fixture.teardown_request(&format!("t{index}")))
+            .unwrap();
+    }
+    assert_eq!(pooled_dirs(&fixture), 2, "never more than pool_size");
+
+    std::thread::sleep(Duration::from_secs(1));
+    let fresh = fixture.allocate("after-expiry");
+    assert_eq!(pooled_dirs(&fixture), 0, "too old: removed, not recycled");
+    fixture
+        .provider
+        .teardown(&fresh, &fixture.teardown_request("after-expiry"))
+        .unwrap();
+    assert_eq!(pooled_dirs(&fixture), 1);
+
+    let store = crew_core::StateStore::new(fixture.workspace.id(), fixture.workspace.repo_root());
+    let report =
+        crew_worktree::listing::prune(&fixture.repo, fixture.provider.settings(), &store, false)
+            .unwrap();
+    assert_eq!(report.emptied_pool, 1);
+    assert_eq!(pooled_dirs(&fixture), 0);
+    let list = fixture.git(&["worktree", "list", "--porcelain"]);
+    assert_eq!(list.matches("worktree ").count(), 1, "{list}");
+}
+
+#[test]
+fn pool_size_zero_turns_recycling_off() {
+    let mut config = ProjectConfig::default();
+    config.worktree.pool_size = 0;
+    let fixture = Fixture::with_config(config);
+    let workspace = fixture.allocate("only");
+    let report = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("only"))
+        .unwrap();
+    assert!(report.removed && !report.recycled);
+    assert_eq!(pooled_dirs(&fixture), 0);
+    let list = fixture.git(&["worktree", "list", "--porcelain"]);
+    assert_eq!(list.matches("worktree ").count(), 1, "{list}");
+}
