@@ -71,7 +71,7 @@ fn assert_work_saved(env: &TestEnv, repo: &Utf8Path, run: &str) {
         );
         assert_eq!(saved, format!("unsaved {task}\n"));
     }
-    assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
+    assert_eq!(env.task_worktrees(repo), Vec::<String>::new());
 }
 
 #[test]
