@@ -260,12 +260,27 @@ fn main() {
     };
     std::fs::create_dir_all(root.join("git-worktrees")).unwrap();
 
-    fresh_worktrees(&mut bench);
-    recycled(&mut bench);
-    eight_at_once(&mut bench);
-    linking(&bench);
-    agents_list(&bench);
-    many_agents(&bench);
+    // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents.
+    let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
+    let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
+    if wanted("eight") {
+        eight_at_once(&mut bench);
+    }
+    if wanted("fresh") {
+        fresh_worktrees(&mut bench);
+    }
+    if wanted("recycled") {
+        recycled(&mut bench);
+    }
+    if wanted("linking") {
+        linking(&bench);
+    }
+    if wanted("list") {
+        agents_list(&bench);
+    }
+    if wanted("agents") {
+        many_agents(&bench);
+    }
 
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -75,10 +75,18 @@ impl Context {
 
     /// The live hosts of this workspace, one per socket.
     pub fn live_hosts(&self) -> Vec<(RunId, HostRecord)> {
-        let mut hosts = crew_live::runner::live_hosts(&self.store);
-        hosts.sort_by(|a, b| a.1.socket.cmp(&b.1.socket));
-        hosts.dedup_by(|a, b| a.1.socket == b.1.socket);
-        hosts
+        dedup_hosts(crew_live::runner::live_hosts(&self.store))
+    }
+
+    /// The readable manifests of the workspace's runs, newest first.
+    pub fn manifests(&self) -> Result<Vec<RunManifest>, CliError> {
+        Ok(self
+            .store
+            .list_runs()
+            .map_err(CliError::internal)?
+            .into_iter()
+            .filter_map(|listing| listing.manifest.ok())
+            .collect())
     }
 
     /// Sends `op` to the host at `socket`, as this workspace.
@@ -88,11 +96,73 @@ impl Context {
         client.call(self.workspace.id(), op, REQUEST_TIMEOUT).await
     }
 
-    /// The live agents of this workspace across its hosts, with the host of each.
+    /// The live agents of this workspace across its hosts, with the host of each. The hosts
+    /// are asked at the same time.
     pub async fn live_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
+        self.live_agents_among(&self.manifests().unwrap_or_default())
+            .await
+    }
+
+    /// The live agents as their hosts last published them (within a second for output, at
+    /// once for status changes), asking a host over its socket only when its listing cannot be
+    /// used: what `crew agents list` shows, without waking every host.
+    pub async fn published_agents_among(
+        &self,
+        manifests: &[RunManifest],
+    ) -> Vec<(AgentSnapshot, HostRecord)> {
         let mut agents = Vec::new();
-        for (_, host) in self.live_hosts() {
-            let Ok(response) = self.call(&host, Op::List).await else {
+        let mut unpublished = Vec::new();
+        for (run_id, host) in dedup_hosts(crew_live::runner::live_hosts_of(manifests)) {
+            let socket = host.socket.as_deref().expect("live hosts serve a socket");
+            let path = crew_live::publish::listing_path(self.store.state_dir(), socket);
+            match crew_live::publish::read_listing(&path, host.identity.pid) {
+                Some(listed) => {
+                    agents.extend(listed.into_iter().map(|agent| (agent, host.clone())))
+                }
+                None => unpublished.push((run_id, host)),
+            }
+        }
+        if !unpublished.is_empty() {
+            agents.extend(self.ask_hosts(unpublished).await);
+        }
+        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
+        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
+        agents
+    }
+
+    /// [`Context::live_agents`] for runs already read.
+    pub async fn live_agents_among(
+        &self,
+        manifests: &[RunManifest],
+    ) -> Vec<(AgentSnapshot, HostRecord)> {
+        let mut agents = self
+            .ask_hosts(dedup_hosts(crew_live::runner::live_hosts_of(manifests)))
+            .await;
+        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
+        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
+        agents
+    }
+
+    /// Asks each host for its agents over its socket, all at the same time.
+    async fn ask_hosts(&self, hosts: Vec<(RunId, HostRecord)>) -> Vec<(AgentSnapshot, HostRecord)> {
+        let asked: Vec<_> = hosts
+            .into_iter()
+            .map(|(_, host)| {
+                let workspace = self.workspace.id().clone();
+                tokio::spawn(async move {
+                    let socket = host.socket.clone().expect("live hosts serve a socket");
+                    let response = async {
+                        let mut client = ControlClient::connect(&socket).await?;
+                        client.call(&workspace, Op::List, REQUEST_TIMEOUT).await
+                    }
+                    .await;
+                    (host, response)
+                })
+            })
+            .collect();
+        let mut agents = Vec::new();
+        for asked in asked {
+            let Ok((host, Ok(response))) = asked.await else {
                 continue;
             };
             let Some(listed) = response
@@ -107,10 +177,15 @@ impl Context {
                 }
             }
         }
-        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
-        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
         agents
     }
+}
+
+/// One entry per socket: a host serving several runs is asked once.
+fn dedup_hosts(mut hosts: Vec<(RunId, HostRecord)>) -> Vec<(RunId, HostRecord)> {
+    hosts.sort_by(|a, b| a.1.socket.cmp(&b.1.socket));
+    hosts.dedup_by(|a, b| a.1.socket == b.1.socket);
+    hosts
 }
 
 /// A configuration problem is the user's to fix: exit code 2, with the hint when there is one.

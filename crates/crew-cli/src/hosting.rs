@@ -24,6 +24,7 @@ use crate::{CliError, Outcome};
 pub struct Hosting {
     pub runner: Runner,
     pub server: ControlServer,
+    _publisher: crew_live::publish::Publisher,
 }
 
 impl Hosting {
@@ -33,9 +34,18 @@ impl Hosting {
             .await
             .map_err(CliError::internal)?;
         let provider = Arc::new(CrewWorkspaces::new(&ctx.config));
+        let publisher = crew_live::publish::Publisher::start(
+            host.clone(),
+            ctx.workspace.id().clone(),
+            crew_live::publish::listing_path(ctx.store.state_dir(), server.path()),
+        );
         let runner = Runner::new(host, provider, ctx.workspace.clone(), ctx.config.clone())
             .with_label(label);
-        Ok(Hosting { runner, server })
+        Ok(Hosting {
+            runner,
+            server,
+            _publisher: publisher,
+        })
     }
 
     pub fn socket(&self) -> Option<camino::Utf8PathBuf> {
@@ -55,9 +65,11 @@ impl Hosting {
         let (commands_tx, commands_rx) = mpsc::channel(16);
         self.server.attach_run(run_id.clone(), commands_tx);
         let signals = tokio::spawn(watch_signals(cancel_tx, ctx.ui.quiet));
+        let (finished, finish) = tokio::sync::oneshot::channel();
         let printer = progress.then(|| {
             tokio::spawn(print_progress(
                 self.runner.progress(),
+                finish,
                 ctx.clone(),
                 run_id.clone(),
             ))
@@ -68,9 +80,9 @@ impl Hosting {
             .await;
         signals.abort();
         if let Some(printer) = printer {
-            // Let the last lines out before the summary.
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            printer.abort();
+            // Every line of the run out before the summary.
+            let _ = finished.send(());
+            let _ = printer.await;
         }
         self.server.detach_run(run_id);
         crew_live::runner::forget_run(self.runner.host(), run_id);
@@ -135,10 +147,32 @@ pub fn run_error(error: crew_live::RunError) -> CliError {
 #[allow(clippy::print_stdout)]
 async fn print_progress(
     mut progress: tokio::sync::broadcast::Receiver<TaskProgress>,
+    mut finish: tokio::sync::oneshot::Receiver<()>,
     ctx: Context,
     run_id: RunId,
 ) {
-    while let Ok(change) = progress.recv().await {
+    let mut finishing = false;
+    loop {
+        let change = if finishing {
+            // The run is over: what is queued is all there is.
+            match progress.try_recv() {
+                Ok(change) => change,
+                Err(_) => return,
+            }
+        } else {
+            tokio::select! {
+                biased;
+                change = progress.recv() => match change {
+                    Ok(change) => change,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                _ = &mut finish => {
+                    finishing = true;
+                    continue;
+                }
+            }
+        };
         if change.run_id != run_id {
             continue;
         }

@@ -45,18 +45,20 @@ pub async fn run(cli: Cli) -> Result<Outcome, CliError> {
 /// `CREW_LOG` (a tracing filter such as `crew_live=debug`) wins when set.
 fn init_tracing(verbose: u8, quiet: bool) {
     let level = match (quiet, verbose) {
-        (true, _) => "error",
-        (false, 0) => "warn",
-        (false, 1) => "info",
-        (false, _) => "debug",
+        (true, _) => tracing::Level::ERROR,
+        (false, 0) => tracing::Level::WARN,
+        (false, 1) => tracing::Level::INFO,
+        (false, _) => tracing::Level::DEBUG,
     };
-    let filter = std::env::var(crew_core::env_vars::CREW_LOG)
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    // A filter is parsed only when asked for: most commands take a few milliseconds in all.
+    let _ = match std::env::var(crew_core::env_vars::CREW_LOG)
         .ok()
         .and_then(|filter| tracing_subscriber::EnvFilter::try_new(filter).ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    {
+        Some(filter) => builder.with_env_filter(filter).try_init(),
+        None => builder.with_max_level(level).try_init(),
+    };
 }

@@ -4,10 +4,14 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = crew_cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // Commands that host agents get every core; the others answer in a millisecond or two on
+    // the calling thread.
+    let mut builder = if cli.command.hosts_agents() {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return crew_cli::exit(Err(crew_cli::CliError::internal(error))),
     };

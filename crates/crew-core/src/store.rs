@@ -319,11 +319,10 @@ impl StateStore {
 
     fn write_manifest(&self, manifest: &RunManifest) -> Result<(), StateError> {
         let path = self.manifest_path(&manifest.run_id);
-        let mut json =
-            serde_json::to_vec_pretty(manifest).map_err(|source| StateError::Serialize {
-                path: path.clone(),
-                source,
-            })?;
+        let mut json = serde_json::to_vec(manifest).map_err(|source| StateError::Serialize {
+            path: path.clone(),
+            source,
+        })?;
         json.push(b'\n');
         write_atomic(&path, &json).map_err(|source| StateError::Write { path, source })
     }

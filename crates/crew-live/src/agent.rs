@@ -180,11 +180,8 @@ pub(crate) struct Started {
 pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
     let tail = Arc::new(Mutex::new(OutputTail::default()));
     let running = launch(&spec, &launcher, &tail, None).await?;
-    let _ = launcher.events.send(AgentEvent::Started {
-        agent_id: spec.agent_id.clone(),
-        pid: running.pid,
-        attempt: 1,
-    });
+    // The first `Started` event is sent by the host once the agent is registered, so that a
+    // subscriber reacting to it finds the agent.
     let status = AgentStatus {
         state: AgentState::Running,
         pid: Some(running.pid),

@@ -86,6 +86,11 @@ impl AgentHost {
                 agent_id: handle.info.agent_id.clone(),
             });
         }
+        let _ = self.inner.launcher.events.send(AgentEvent::Started {
+            agent_id: handle.info.agent_id.clone(),
+            pid: handle.status().pid.unwrap_or_default(),
+            attempt: 1,
+        });
         Ok(handle)
     }
 

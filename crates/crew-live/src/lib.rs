@@ -76,6 +76,7 @@ pub mod events;
 pub mod host;
 pub mod output;
 pub mod procscan;
+pub mod publish;
 pub mod registry;
 pub mod runner;
 pub mod spawn;

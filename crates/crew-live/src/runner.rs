@@ -1167,15 +1167,24 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
 /// Every run of the workspace whose host is alive and serves a socket: where other processes
 /// find the live agents of the workspace.
 pub fn live_hosts(store: &StateStore) -> Vec<(RunId, HostRecord)> {
-    store
+    let manifests: Vec<RunManifest> = store
         .list_runs()
         .unwrap_or_default()
         .into_iter()
         .filter_map(|listing| listing.manifest.ok())
+        .collect();
+    live_hosts_of(&manifests)
+}
+
+/// The live hosts among runs already read.
+pub fn live_hosts_of(manifests: &[RunManifest]) -> Vec<(RunId, HostRecord)> {
+    manifests
+        .iter()
         .filter(|manifest| manifest.status == RunStatus::Running)
         .filter_map(|manifest| {
-            let host = manifest.host?;
-            (host.socket.is_some() && host.identity.is_alive()).then_some((manifest.run_id, host))
+            let host = manifest.host.clone()?;
+            (host.socket.is_some() && host.identity.is_alive())
+                .then(|| (manifest.run_id.clone(), host))
         })
         .collect()
 }

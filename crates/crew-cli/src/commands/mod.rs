@@ -36,6 +36,22 @@ pub enum Command {
     Host(run::HostArgs),
 }
 
+impl Command {
+    /// Whether the command may host a run (and its agents) in this process.
+    pub fn hosts_agents(&self) -> bool {
+        match self {
+            Command::Run(_) | Command::Host(_) | Command::Demo(_) => true,
+            Command::Runs(command) => matches!(command, runs::RunsCommand::Resume(_)),
+            // A follow-up or resume whose run has no live host hosts it here.
+            Command::Agents(command) => matches!(
+                command,
+                agents::AgentsCommand::FollowUp(_) | agents::AgentsCommand::Resume(_)
+            ),
+            _ => false,
+        }
+    }
+}
+
 pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
     match command {
         Command::Run(args) => run::cmd_run(args, ui).await,

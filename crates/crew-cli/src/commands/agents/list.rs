@@ -52,13 +52,11 @@ pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcom
 }
 
 pub async fn rows(ctx: &Context, all_runs: bool) -> Result<Vec<AgentRow>, CliError> {
-    let live = ctx.live_agents().await;
+    let manifests = ctx.manifests()?;
+    let live = ctx.published_agents_among(&manifests).await;
     let mut rows: Vec<AgentRow> = Vec::new();
     let mut statuses = std::collections::HashMap::new();
-    for listing in ctx.store.list_runs().map_err(CliError::internal)? {
-        let Ok(manifest) = listing.manifest else {
-            continue;
-        };
+    for manifest in &manifests {
         for task in &manifest.tasks {
             statuses.insert(
                 AgentId::new(manifest.run_id.clone(), task.id.clone()),

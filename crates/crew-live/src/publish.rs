@@ -1,0 +1,127 @@
+//! Published listings: a host keeps a small file in the workspace's state with its agents, so
+//! that `crew agents list` in another process reads a file instead of waking every host over its
+//! socket.
+//!
+//! `.crew/state/live/<socket name>.json` holds `{schema_version, pid, written_at, agents}`. It is
+//! rewritten (atomically) as soon as an agent starts, changes status, asks a question or exits,
+//! and at most once a second for new output lines. A reader trusts it only while the host that
+//! wrote it is alive (the run's manifest says which host that is); otherwise, or when the file
+//! is missing or unreadable, it asks the host over its socket.
+
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crew_core::WorkspaceId;
+use crew_core::model::Timestamp;
+
+use crate::events::AgentEvent;
+use crate::host::AgentHost;
+use crate::registry::AgentSnapshot;
+
+/// The directory of published listings, under a workspace's state directory.
+pub const LIVE_DIR: &str = "live";
+const SCHEMA_VERSION: u32 = 1;
+/// How long new output lines may wait before they are published.
+const OUTPUT_DELAY: Duration = Duration::from_secs(1);
+
+/// A host's published listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishedAgents {
+    pub schema_version: u32,
+    /// The host process that wrote it.
+    pub pid: u32,
+    pub written_at: Timestamp,
+    pub agents: Vec<AgentSnapshot>,
+}
+
+/// Where the host serving `socket` publishes its listing for a workspace whose state directory
+/// is `state_dir`.
+pub fn listing_path(state_dir: &Utf8Path, socket: &Utf8Path) -> Utf8PathBuf {
+    let stem = socket.file_stem().unwrap_or("host");
+    state_dir.join(LIVE_DIR).join(format!("{stem}.json"))
+}
+
+/// Reads a published listing, when it exists, parses, and was written by `pid`.
+pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
+    let bytes = crew_core::fsutil::read_nofollow(path).ok()?;
+    let published: PublishedAgents = serde_json::from_slice(&bytes).ok()?;
+    (published.pid == pid && published.schema_version == SCHEMA_VERSION).then_some(published.agents)
+}
+
+/// Keeps the listing of `workspace`'s agents in `host` published at `path` until dropped; the
+/// file is removed then.
+#[derive(Debug)]
+pub struct Publisher {
+    path: Utf8PathBuf,
+    task: JoinHandle<()>,
+}
+
+impl Publisher {
+    pub fn start(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) -> Self {
+        let task = tokio::spawn(publish_loop(host, workspace, path.clone()));
+        Publisher { path, task }
+    }
+
+    pub fn path(&self) -> &Utf8Path {
+        &self.path
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) {
+    let mut events = host.subscribe();
+    if let Some(dir) = path.parent() {
+        let dir = dir.to_owned();
+        let _ = tokio::task::spawn_blocking(move || crew_core::fsutil::ensure_real_dir(&dir)).await;
+    }
+    write(&host, &workspace, &path).await;
+    let mut pending_output: Option<Instant> = None;
+    loop {
+        let deadline = pending_output.map(|since| since + OUTPUT_DELAY);
+        let urgent = tokio::select! {
+            // Events of every workspace of the host count: an agent of this workspace may not
+            // be registered yet when its first event is sent, and a spare write is cheap.
+            event = events.recv() => match event {
+                Ok(AgentEvent::Output { .. }) => {
+                    pending_output.get_or_insert_with(Instant::now);
+                    false
+                }
+                Ok(_) | Err(RecvError::Lagged(_)) => true,
+                Err(RecvError::Closed) => return,
+            },
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => true,
+        };
+        if urgent {
+            // A burst (a run starting its agents) becomes one write.
+            while events.try_recv().is_ok() {}
+            pending_output = None;
+            write(&host, &workspace, &path).await;
+        }
+    }
+}
+
+async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
+    let published = PublishedAgents {
+        schema_version: SCHEMA_VERSION,
+        pid: std::process::id(),
+        written_at: Timestamp::now(),
+        agents: host.registry().list(workspace),
+    };
+    let Ok(json) = serde_json::to_vec(&published) else {
+        return;
+    };
+    let path = path.to_owned();
+    let _ =
+        tokio::task::spawn_blocking(move || crew_core::fsutil::write_atomic(&path, &json)).await;
+}
