@@ -424,3 +424,25 @@ impl TestEnv {
             .collect()
     }
 }
+
+impl TestEnv {
+    /// Starts `crew args…` in `dir` in the background, its output discarded.
+    pub fn spawn_crew<I, S>(&self, dir: &Utf8Path, args: I) -> std::process::Child
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.crew_command(dir)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    /// `crew agents list --json` in `dir`, parsed; `None` while it cannot be read.
+    pub fn agents_json(&self, dir: &Utf8Path) -> Option<serde_json::Value> {
+        let output = self.crew(dir, ["agents", "list", "--json"]);
+        serde_json::from_slice(&output.stdout).ok()
+    }
+}

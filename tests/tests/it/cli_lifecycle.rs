@@ -187,16 +187,9 @@ agent = "shell"
 prompt = "if [ -z \"$CREW_MESSAGE\" ]; then echo draft > canvas.txt; crew ask 'which color?'; exit 0; fi; echo \"$CREW_MESSAGE\" >> canvas.txt"
 "#,
     );
-    let mut child = env
-        .crew_command(&repo)
-        .args(["run", "curious"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = env.spawn_crew(&repo, ["run", "curious"]);
     let agents = wait_until(30, "the question", || {
-        let output = env.crew(&repo, ["agents", "list", "--json"]);
-        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let agents = env.agents_json(&repo)?;
         (agents[0]["question"] == "which color?").then_some(agents)
     });
     let worktree = agents[0]["dir"].as_str().unwrap().to_owned();

@@ -1,8 +1,6 @@
 //! The rest of what the `crew` command promises: fail-fast, agent-authored plans, unanswered
 //! questions and `runs clean`, logs, listings, colors and neutralized escapes.
 
-use std::process::Stdio;
-
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
 use crate::cli_run::{manifest, run_ids};
@@ -112,23 +110,19 @@ crew submit --task 'build=echo built > build.txt' --task 'check=echo checked > c
 fn an_unanswered_question_keeps_its_worktree_until_the_run_is_cleaned() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let mut child = env
-        .crew_command(&repo)
-        .args([
+    let mut child = env.spawn_crew(
+        &repo,
+        [
             "run",
             "--agent",
             "shell",
             "--workspace-mode",
             "worktree",
             "echo draft > idea.txt; crew ask 'go on?'",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_until(30, "the question", || {
-        let output = env.crew(&repo, ["agents", "list", "--json"]);
-        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let agents = env.agents_json(&repo)?;
         (agents[0]["question"] == "go on?").then_some(())
     });
     rustix::process::kill_process(
@@ -172,12 +166,10 @@ fn an_unanswered_question_keeps_its_worktree_until_the_run_is_cleaned() {
 fn logs_follow_an_agent_to_its_end() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let mut run = env
-        .crew_command(&repo)
-        .args(["run", "--agent", "shell", "echo one; sleep 1; echo two"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run = env.spawn_crew(
+        &repo,
+        ["run", "--agent", "shell", "echo one; sleep 1; echo two"],
+    );
     wait_until(20, "the run to exist", || {
         (!run_ids(&env, &repo).is_empty()).then_some(())
     });
@@ -190,18 +182,15 @@ fn logs_follow_an_agent_to_its_end() {
 fn listings_neutralize_terminal_escapes_and_color_follows_the_settings() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let mut child = env
-        .crew_command(&repo)
-        .args([
+    let mut child = env.spawn_crew(
+        &repo,
+        [
             "run",
             "--agent",
             "shell",
             "printf 'evil \\033[2J\\033]0;title\\007 done\\n'; sleep 600",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let listed = wait_until(20, "the agent's output", || {
         let output = env.crew(&repo, ["agents", "list"]);
         let text = String::from_utf8(output.stdout).unwrap();

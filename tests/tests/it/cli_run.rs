@@ -1,7 +1,5 @@
 //! The `crew` binary end to end: what a user types and sees.
 
-use std::process::Stdio;
-
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
@@ -216,20 +214,17 @@ fn agents_are_listed_from_a_second_process_and_from_inside_a_worktree_only() {
     let env = TestEnv::new();
     let repo = env.repo("project");
     let other = env.repo("other");
-    let mut run = env
-        .crew_command(&repo)
-        .args([
+    let mut run = env.spawn_crew(
+        &repo,
+        [
             "run",
             "--agent",
             "shell",
             "--workspace-mode",
             "worktree",
             "echo started; sleep 600",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let list = |dir: &Utf8Path| -> serde_json::Value {
         let output = env.crew(dir, ["agents", "list", "--json"]);
         assert!(output.status.success(), "{}", render_output(&output));
