@@ -53,6 +53,32 @@ pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
     (published.pid == pid && published.schema_version == SCHEMA_VERSION).then_some(published.agents)
 }
 
+/// Removes the listings of hosts that are gone (a host killed before it could remove its own).
+pub fn remove_stale_listings(state_dir: &Utf8Path) {
+    let Ok(entries) = state_dir.join(LIVE_DIR).read_dir_utf8() else {
+        return;
+    };
+    for entry in entries.flatten() {
+        // Temp files of a write under way belong to their writer.
+        if crew_core::fsutil::is_atomic_temp_name(entry.file_name()) {
+            continue;
+        }
+        let path = entry.path();
+        let stale = crew_core::fsutil::read_nofollow(path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<PublishedAgents>(&bytes).ok())
+            .is_none_or(|published| {
+                crew_core::host::HostIdentity::of_pid(published.pid)
+                    .ok()
+                    .flatten()
+                    .is_none()
+            });
+        if stale {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// Keeps the listing of `workspace`'s agents in `host` published at `path` until dropped; the
 /// file is removed then.
 #[derive(Debug)]

@@ -1161,6 +1161,7 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
     for run_id in &interrupted {
         crate::procscan::kill_marked(&format!("{}={run_id}", crew_core::env_vars::CREW_RUN_ID));
     }
+    crate::publish::remove_stale_listings(store.state_dir());
     Ok(interrupted)
 }
 
