@@ -81,7 +81,6 @@ pub struct WorkspaceRequest {
 pub struct RunRequest {
     pub workspace: WorkspaceId,
     pub repo_root: Option<Utf8PathBuf>,
-    pub run_id: RunId,
     /// The commit or ref tasks start from; the leader's HEAD when absent.
     pub base: Option<String>,
     /// Every workspace mode the run's tasks ask for.

@@ -196,12 +196,10 @@ impl Runner {
             .collect();
         let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();
         modes.dedup();
-        let run_id_probe = RunId::generate();
         let provider = self.provider.clone();
         let request = RunRequest {
             workspace: self.workspace.id().clone(),
             repo_root: self.workspace.repo_root().map(Into::into),
-            run_id: run_id_probe,
             base: spec.base.clone(),
             modes,
         };

@@ -235,7 +235,6 @@ fn prepare_run_error(fixture: &Fixture) -> crew_core::provider::AllocateWorkspac
         .prepare_run(&RunRequest {
             workspace: fixture.workspace.id().clone(),
             repo_root: fixture.workspace.repo_root().map(Utf8Path::to_owned),
-            run_id: fixture.run_id.clone(),
             base: None,
             modes: vec![WorkspaceMode::Worktree],
         })
