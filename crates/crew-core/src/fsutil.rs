@@ -108,7 +108,7 @@ pub fn open_nofollow(path: &Utf8Path) -> Result<File, FileError> {
         .read(true)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
-        .map_err(|source| classify_open_error(path, source))
+        .map_err(|source| classify_open_error(path, source, false))
 }
 
 /// Reads a whole file without following a symlink at the last component.
@@ -130,7 +130,7 @@ pub fn open_append_nofollow(path: &Utf8Path) -> Result<File, FileError> {
         .mode(0o600)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
-        .map_err(|source| classify_open_error(path, source))
+        .map_err(|source| classify_open_error(path, source, true))
 }
 
 /// Opens (creating when missing, mode 0600) a file for reading and writing in place, refusing a
@@ -144,20 +144,18 @@ pub fn open_rw_nofollow(path: &Utf8Path) -> Result<File, FileError> {
         .mode(0o600)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
-        .map_err(|source| classify_open_error(path, source))
+        .map_err(|source| classify_open_error(path, source, true))
 }
 
-fn classify_open_error(path: &Utf8Path, source: io::Error) -> FileError {
-    // O_NOFOLLOW on a symlink fails with ELOOP.
+/// A failed open: a symlink refused by `O_NOFOLLOW` (ELOOP), or a read or write failure.
+fn classify_open_error(path: &Utf8Path, source: io::Error, writing: bool) -> FileError {
+    let path = path.to_owned();
     if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-        FileError::Symlink {
-            path: path.to_owned(),
-        }
+        FileError::Symlink { path }
+    } else if writing {
+        FileError::Write { path, source }
     } else {
-        FileError::Read {
-            path: path.to_owned(),
-            source,
-        }
+        FileError::Read { path, source }
     }
 }
 

@@ -74,10 +74,17 @@ impl HostIdentity {
     }
 }
 
+/// The boot id, read once per process: it cannot change while the process lives, and listings
+/// check the liveness of every host.
 fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|id| id.trim().to_owned())
-        .unwrap_or_default()
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|id| id.trim().to_owned())
+                .unwrap_or_default()
+        })
+        .clone()
 }
 
 /// The fields after the command name. The name sits in parentheses and may itself contain
