@@ -67,23 +67,11 @@ impl Ui {
     }
 
     pub fn task_status(&self, status: TaskStatus) -> String {
-        let style = match status {
-            TaskStatus::Succeeded => Style::Good,
-            TaskStatus::Failed | TaskStatus::Stopped => Style::Bad,
-            TaskStatus::Waiting | TaskStatus::Cancelled | TaskStatus::Skipped => Style::Warn,
-            _ => Style::Dim,
-        };
-        self.paint(status.as_str(), style)
+        self.paint(status.as_str(), task_style(status))
     }
 
     pub fn run_status(&self, status: RunStatus) -> String {
-        let style = match status {
-            RunStatus::Completed => Style::Good,
-            RunStatus::Failed => Style::Bad,
-            RunStatus::Cancelled | RunStatus::Interrupted => Style::Warn,
-            RunStatus::Running => Style::Dim,
-        };
-        self.paint(status.as_str(), style)
+        self.paint(status.as_str(), run_style(status))
     }
 }
 
@@ -207,6 +195,15 @@ pub fn cell(text: impl Into<String>) -> (String, Option<Style>) {
 /// A styled cell.
 pub fn styled(text: impl Into<String>, style: Style) -> (String, Option<Style>) {
     (text.into(), Some(style))
+}
+
+pub fn run_style(status: RunStatus) -> Style {
+    match status {
+        RunStatus::Completed => Style::Good,
+        RunStatus::Failed => Style::Bad,
+        RunStatus::Cancelled | RunStatus::Interrupted => Style::Warn,
+        RunStatus::Running => Style::Dim,
+    }
 }
 
 pub fn task_style(status: TaskStatus) -> Style {

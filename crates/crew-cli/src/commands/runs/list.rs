@@ -8,7 +8,7 @@ use crew_core::RunId;
 use crew_core::model::{RunStatus, Timestamp};
 
 use crate::context::Context;
-use crate::ui::{Style, Table, cell, sanitize, styled, truncate};
+use crate::ui::{Style, Table, cell, run_style, sanitize, styled, truncate};
 use crate::{CliError, Outcome};
 
 /// List the runs of this workspace, newest first.
@@ -95,15 +95,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     let mut table = Table::new(&["RUN", "STATUS", "TEAM", "MODE", "CREATED", "TASKS"]);
     for row in &rows {
         let status = match row.status {
-            Some(status) => styled(
-                status.as_str(),
-                match status {
-                    RunStatus::Completed => Style::Good,
-                    RunStatus::Failed => Style::Bad,
-                    RunStatus::Running => Style::Dim,
-                    _ => Style::Warn,
-                },
-            ),
+            Some(status) => styled(status.as_str(), run_style(status)),
             None => styled("unreadable", Style::Bad),
         };
         let tasks = match &row.error {
