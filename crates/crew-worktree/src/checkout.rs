@@ -37,7 +37,7 @@ const MAX_BATCH: usize = 16;
 /// Fills the worktree at `root` with the files of `commit` and writes its index.
 pub fn populate(root: &Utf8Path, common: &Utf8Path, commit: Oid) -> Result<(), git2::Error> {
     let repo = Repository::open(root)?;
-    if !fast_path_allowed(&repo, common, commit)? {
+    if !fast_path_allowed(&repo, common)? {
         drop(repo);
         return libgit2_checkout(root);
     }
@@ -51,12 +51,9 @@ fn libgit2_checkout(root: &Utf8Path) -> Result<(), git2::Error> {
     repo.checkout_head(Some(git2::build::CheckoutBuilder::new().force()))
 }
 
-/// The fast path writes files byte for byte: only when nothing would transform them.
-fn fast_path_allowed(
-    repo: &Repository,
-    common: &Utf8Path,
-    commit: Oid,
-) -> Result<bool, git2::Error> {
+/// The fast path writes files byte for byte: only when no configuration would transform them.
+/// (A `.gitattributes` in the commit is found when its tree is listed, in [`fill`].)
+fn fast_path_allowed(repo: &Repository, common: &Utf8Path) -> Result<bool, git2::Error> {
     let config = repo.config()?;
     let flag = |name: &str| config.get_bool(name).ok();
     let text = |name: &str| config.get_string(name).ok();
@@ -67,21 +64,18 @@ fn fast_path_allowed(
         || flag("core.sparseCheckout") == Some(true)
         || text("core.attributesFile").is_some()
         || text("filter.lfs.process").is_some();
-    if transforms || common.join("info/attributes").exists() || global_attributes_file().exists() {
-        return Ok(false);
-    }
-    let tree = repo.find_commit(commit)?.tree()?;
-    let mut has_attributes = false;
-    tree.walk(TreeWalkMode::PreOrder, |_, entry| {
-        if entry.name_bytes() == b".gitattributes" {
-            has_attributes = true;
-            TreeWalkResult::Abort
-        } else {
-            TreeWalkResult::Ok
-        }
-    })
-    .or_else(|error| if has_attributes { Ok(()) } else { Err(error) })?;
-    Ok(!has_attributes)
+    Ok(!(transforms
+        || common.join("info/attributes").exists()
+        || global_attributes_file().exists()))
+}
+
+/// What a batch did for one worktree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Filled {
+    Written,
+    /// The commit has attributes: libgit2 must check it out, with its filters.
+    NeedsFilters,
+    Failed(String),
 }
 
 fn global_attributes_file() -> Utf8PathBuf {
@@ -109,7 +103,7 @@ struct Batch {
 struct BatchState {
     targets: Vec<Utf8PathBuf>,
     closed: bool,
-    results: HashMap<Utf8PathBuf, Result<(), String>>,
+    results: HashMap<Utf8PathBuf, Filled>,
     done: bool,
 }
 
@@ -193,9 +187,12 @@ fn join_batch(common: &Utf8Path, commit: Oid, root: &Utf8Path) -> Result<(), git
             .wait(state)
             .unwrap_or_else(|poisoned| poisoned.into_inner());
     }
-    match state.results.remove(root) {
-        Some(Ok(())) => Ok(()),
-        Some(Err(message)) => Err(git2::Error::from_str(&message)),
+    let filled = state.results.remove(root);
+    drop(state);
+    match filled {
+        Some(Filled::Written) => Ok(()),
+        Some(Filled::NeedsFilters) => libgit2_checkout(root),
+        Some(Filled::Failed(message)) => Err(git2::Error::from_str(&message)),
         None => Err(git2::Error::from_str(
             "the checkout batch lost this worktree",
         )),
@@ -210,26 +207,28 @@ struct Entry {
 }
 
 /// Fills every target from one pass over the commit. One result per target.
-fn fill(
-    common: &Utf8Path,
-    commit: Oid,
-    targets: &[Utf8PathBuf],
-) -> HashMap<Utf8PathBuf, Result<(), String>> {
+fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8PathBuf, Filled> {
     static FAST_READS: Once = Once::new();
     // libgit2 re-hashes every object it reads; git does not. The objects come from crew's own
     // repository and are still checked by zlib and the pack's checksums.
     FAST_READS.call_once(|| git2::opts::strict_hash_verification(false));
 
-    let failure = |message: String| -> HashMap<Utf8PathBuf, Result<(), String>> {
+    let every = |filled: Filled| -> HashMap<Utf8PathBuf, Filled> {
         targets
             .iter()
-            .map(|target| (target.clone(), Err(message.clone())))
+            .map(|target| (target.clone(), filled.clone()))
             .collect()
     };
     let entries = match list_entries(common, commit) {
         Ok(entries) => entries,
-        Err(error) => return failure(error.to_string()),
+        Err(error) => return every(Filled::Failed(error.to_string())),
     };
+    let has_attributes = entries.iter().any(|entry| {
+        entry.path.rsplit(|&byte| byte == b'/').next() == Some(b".gitattributes".as_slice())
+    });
+    if has_attributes {
+        return every(Filled::NeedsFilters);
+    }
     let failed: Vec<Mutex<Option<String>>> = targets.iter().map(|_| Mutex::new(None)).collect();
     let fail = |target: usize, message: String| {
         let mut slot = failed[target]
@@ -380,7 +379,11 @@ fn fill(
                 }
             }
         };
-        results.insert(target.clone(), result);
+        let filled = match result {
+            Ok(()) => Filled::Written,
+            Err(message) => Filled::Failed(message),
+        };
+        results.insert(target.clone(), filled);
     }
     results
 }
