@@ -341,11 +341,8 @@ impl StateStore {
             source,
         })?;
         file.write_all(&line).map_err(|source| StateError::Write {
-            path,
-            source: FileError::Write {
-                path: self.events_path(run_id),
-                source,
-            },
+            path: path.clone(),
+            source: FileError::Write { path, source },
         })
     }
 

@@ -677,7 +677,8 @@ struct RunContext {
     base: Option<String>,
     invocation_dir: Utf8PathBuf,
     cancel: watch::Sender<CancelLevel>,
-    agents: std::sync::Mutex<HashMap<TaskId, AgentDef>>,
+    /// Agent definitions by name, loaded once per run.
+    agents: std::sync::Mutex<HashMap<String, AgentDef>>,
 }
 
 /// How a task's agent ended, before the task's status is decided.
@@ -727,23 +728,17 @@ impl RunContext {
     }
 
     fn agent_definition(&self, name: &str) -> Result<AgentDef, String> {
-        if let Some(found) = self
+        let mut agents = self
             .agents
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&TaskId::parse(name).map_err(|error| error.to_string())?)
-        {
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = agents.get(name) {
             return Ok(found.clone());
         }
         let definition = ConfigDir::new(self.runner.workspace.crew_dir())
             .load_agent(name)
             .map_err(|error| error.to_string())?;
-        if let Ok(key) = TaskId::parse(name) {
-            self.agents
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .insert(key, definition.clone());
-        }
+        agents.insert(name.to_owned(), definition.clone());
         Ok(definition)
     }
 
