@@ -176,10 +176,7 @@ async fn print_progress(
         if change.run_id != run_id {
             continue;
         }
-        let manifest = ctx.store.read_run(&run_id).ok();
-        let task = manifest
-            .as_ref()
-            .and_then(|manifest| manifest.task(&change.task_id));
+        let task = change.task.as_ref();
         let mut line = format!(
             "  {:<14} {}",
             truncate(change.task_id.as_str(), 14),

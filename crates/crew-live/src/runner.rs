@@ -88,12 +88,16 @@ impl RunError {
 }
 
 /// A task changed status: what a host shows while a run goes on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TaskProgress {
     pub run_id: RunId,
     pub task_id: TaskId,
     pub status: TaskStatus,
     pub reason: Option<String>,
+    /// The task's record as this change left it (its pid, workspace, teardown), so that a
+    /// listener need not read the manifest, which may already have moved on. `None` when the
+    /// change could not be saved.
+    pub task: Option<TaskRecord>,
 }
 
 /// Runs teams of agents in one workspace, on one host.
@@ -132,19 +136,32 @@ impl Runner {
         self.progress.subscribe()
     }
 
+    /// Logs a saved status change in the run's events and announces it to progress listeners.
     fn announce(
         &self,
         run_id: &RunId,
         task_id: &TaskId,
         status: TaskStatus,
         reason: Option<String>,
+        task: Option<TaskRecord>,
     ) {
         tracing::debug!(run = %run_id, task = %task_id, %status, reason = reason.as_deref().unwrap_or(""), "task status");
+        let _ = self.store.append_event(
+            run_id,
+            &RunEvent::new(
+                Some(task_id.clone()),
+                EventKind::TaskStatus {
+                    status,
+                    reason: reason.clone(),
+                },
+            ),
+        );
         let _ = self.progress.send(TaskProgress {
             run_id: run_id.clone(),
             task_id: task_id.clone(),
             status,
             reason,
+            task,
         });
     }
 
@@ -534,25 +551,21 @@ impl Runner {
     ) -> Result<(), RunError> {
         let store = self.store.clone();
         let (run, task, why) = (run_id.clone(), task_id.clone(), reason.to_owned());
-        blocking(move || {
+        let record = blocking(move || {
             store.update_run(&run, |manifest| {
                 let record = manifest.set_task_status(&task, status)?;
                 record.reason = Some(why);
-                Ok(())
+                Ok(record.clone())
             })
         })
         .await?;
-        let _ = self.store.append_event(
+        self.announce(
             run_id,
-            &RunEvent::new(
-                Some(task_id.clone()),
-                EventKind::TaskStatus {
-                    status,
-                    reason: Some(reason.to_owned()),
-                },
-            ),
+            task_id,
+            status,
+            Some(reason.to_owned()),
+            Some(record),
         );
-        self.announce(run_id, task_id, status, Some(reason.to_owned()));
         Ok(())
     }
 
@@ -701,26 +714,18 @@ impl RunContext {
 
     async fn record_status(&self, task_id: &TaskId, status: TaskStatus, reason: Option<String>) {
         let (task, why) = (task_id.clone(), reason.clone());
-        let _ = self
+        let record = self
             .update(move |manifest| {
                 let record = manifest.set_task_status(&task, status)?;
                 if why.is_some() {
                     record.reason = why;
                 }
-                Ok(())
+                Ok(record.clone())
             })
-            .await;
-        let _ = self.runner.store.append_event(
-            &self.run_id,
-            &RunEvent::new(
-                Some(task_id.clone()),
-                EventKind::TaskStatus {
-                    status,
-                    reason: reason.clone(),
-                },
-            ),
-        );
-        self.runner.announce(&self.run_id, task_id, status, reason);
+            .await
+            .ok();
+        self.runner
+            .announce(&self.run_id, task_id, status, reason, record);
     }
 
     fn cancel_level(&self) -> CancelLevel {
@@ -1036,31 +1041,24 @@ impl RunContext {
 
     async fn record_waiting(&self, task_id: &TaskId, question: &str) {
         let (task, asked) = (task_id.clone(), question.to_owned());
-        let _ = self
+        let record = self
             .update(move |manifest| {
                 let status = manifest.task(&task).map(|record| record.status);
                 if status != Some(TaskStatus::Waiting) {
                     manifest.set_task_status(&task, TaskStatus::Waiting)?;
                 }
-                manifest.task_mut(&task)?.question = Some(asked);
-                Ok(())
+                let record = manifest.task_mut(&task)?;
+                record.question = Some(asked);
+                Ok(record.clone())
             })
-            .await;
-        let _ = self.runner.store.append_event(
-            &self.run_id,
-            &RunEvent::new(
-                Some(task_id.clone()),
-                EventKind::TaskStatus {
-                    status: TaskStatus::Waiting,
-                    reason: Some(question.to_owned()),
-                },
-            ),
-        );
+            .await
+            .ok();
         self.runner.announce(
             &self.run_id,
             task_id,
             TaskStatus::Waiting,
             Some(question.to_owned()),
+            record,
         );
     }
 
