@@ -84,7 +84,9 @@ pub enum AgentState {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentStatus {
     pub state: AgentState,
-    /// The pid of the agent's process group (its warden), while alive.
+    /// The pid of the process group (its warden) of the agent's latest process, kept after it
+    /// exits so that whoever looks late still learns which process ran; `state` says whether
+    /// it is alive, [`AgentStatus::live_pid`] gives it only while it is.
     pub pid: Option<u32>,
     /// How many times a process of the agent was started.
     pub attempt: u32,
@@ -101,6 +103,11 @@ pub struct AgentStatus {
 impl AgentStatus {
     pub fn is_exited(&self) -> bool {
         self.state == AgentState::Exited
+    }
+
+    /// The pid of the agent's process group while it is alive.
+    pub fn live_pid(&self) -> Option<u32> {
+        self.pid.filter(|_| !self.is_exited())
     }
 }
 
@@ -438,7 +445,6 @@ impl Supervisor {
                 None => {
                     self.status.send_modify(|status| {
                         status.state = AgentState::Exited;
-                        status.pid = None;
                         status.exit = Some(ended.exit.clone());
                         status.queued_follow_ups = self.follow_ups.len();
                     });
@@ -517,10 +523,8 @@ impl Supervisor {
                     if let Some(reply) = follow_up_reply {
                         let _ = reply.send(Err(failure));
                     }
-                    self.status.send_modify(|status| {
-                        status.state = AgentState::Exited;
-                        status.pid = None;
-                    });
+                    self.status
+                        .send_modify(|status| status.state = AgentState::Exited);
                     self.publish_status();
                     next = self.idle().await;
                 }

@@ -93,7 +93,7 @@ impl AgentHandle {
             agent: self.info.agent.clone(),
             dir: self.info.dir.clone(),
             state: status.state,
-            pid: status.pid,
+            pid: status.live_pid(),
             attempt: status.attempt,
             started_at: status.started_at,
             exit: status.exit,

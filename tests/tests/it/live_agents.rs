@@ -222,11 +222,16 @@ async fn exit_codes_and_output_are_recorded() {
         .start(fixture.spec("failing", fake(&["exit", "7"], SteerMode::None)))
         .await
         .unwrap();
-    let exit = handle.wait_exited().await.exit.unwrap();
+    let status = handle.wait_exited().await;
+    let exit = status.exit.clone().unwrap();
     assert_eq!(
         (exit.code, exit.signal, exit.leaked_processes),
         (Some(7), None, false)
     );
+    // Whoever looks after the exit still learns which process ran; listings show no pid.
+    assert!(status.pid.is_some_and(|pid| pid > 0));
+    assert_eq!(status.live_pid(), None);
+    assert_eq!(handle.snapshot().pid, None);
 
     let spec = fixture.spec(
         "printer",
