@@ -48,9 +48,8 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
         }
         return Ok(Outcome::Success);
     };
-    let own_session = rustix::process::getsid(None).ok();
-    let host_session = rustix::process::Pid::from_raw(host.identity.pid as i32)
-        .and_then(|pid| rustix::process::getsid(Some(pid)).ok());
+    let own_session = crew_live::procscan::session_of(None);
+    let host_session = crew_live::procscan::session_of(Some(host.identity.pid));
     if !args.force && (own_session.is_none() || own_session != host_session) {
         let label = host.label.as_deref().unwrap_or("another process");
         return Err(CliError::user(format!(
