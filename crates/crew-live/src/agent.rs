@@ -326,7 +326,10 @@ async fn launch(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(false);
-    guard_with_warden(&mut command);
+    guard_with_warden(
+        &mut command,
+        &format!("{}={}", env_vars::CREW_AGENT_ID, spec.agent_id),
+    );
 
     let log = open_log(spec)?;
     let mut child =

@@ -9,7 +9,8 @@
 //! [`AgentHost::start`] launches the agent's command (a template filled argument by argument,
 //! never through a shell) in its workspace with an allow-listed environment ([`env`]). The
 //! process starts under a warden ([`spawn`]): a process group of its own that dies with the
-//! host even when the host is SIGKILLed. A supervisor task then owns it:
+//! host even when the host is SIGKILLed, along with any daemon that left the group but carries
+//! the agent's marker. A supervisor task then owns it:
 //!
 //! - stdout and stderr are drained continuously into `output.log`; only the last lines, each
 //!   capped, stay in memory ([`output`]);

@@ -7,8 +7,10 @@
 //!
 //! - When the agent exits, the warden exits the same way (same code, or the same signal), so
 //!   the host sees the agent's own exit status.
-//! - When the host dies, even by SIGKILL, the kernel signals the warden, whose handler sends
-//!   SIGKILL to the whole group: agent and grandchildren go at once.
+//! - When the host dies, even by SIGKILL, the kernel signals the warden, whose handler first
+//!   sweeps `/proc` for processes carrying the agent's marker (`CREW_AGENT_ID=<runId>:<taskId>`
+//!   in their environment) — daemons that left the group and the session with `setsid` — and
+//!   kills them, then sends SIGKILL to the whole group: agent and grandchildren go at once.
 //! - The warden ignores TERM and INT: a graceful stop (TERM to the group) reaches the agent, and
 //!   the warden simply reports how the agent ended.
 //!
@@ -22,6 +24,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use tokio::process::{Child, Command};
@@ -30,13 +33,28 @@ use tokio::sync::oneshot;
 /// The signal the kernel sends the warden when the host's spawner thread dies.
 const WARDEN_SIGNAL: libc::c_int = libc::SIGUSR2;
 
-/// Makes `command` start under a warden in a process group of its own.
-pub fn guard_with_warden(command: &mut Command) {
+/// The environment entry (`NAME=value`) that marks the guarded agent's processes. Set in the
+/// warden after the fork (the warden's own copy of these statics) and read by its parent-death
+/// handler; unset in the host.
+static MARKER: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static MARKER_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How many times the warden sweeps `/proc` on host death while the sweeps still find
+/// processes: a marked process may fork while a sweep passes it by.
+const SWEEPS: usize = 8;
+
+/// Makes `command` start under a warden in a process group of its own. `marker` is the
+/// environment entry the agent carries (`CREW_AGENT_ID=<id>`): on host death, the warden kills
+/// every process holding it, inside the group or not.
+pub fn guard_with_warden(command: &mut Command, marker: &str) {
     let host_pid = std::process::id() as libc::pid_t;
+    // Allocated here, before the fork; the warden only reads it.
+    let marker: Box<[u8]> = marker.as_bytes().into();
     // SAFETY: the closure only makes async-signal-safe calls (see `become_warden`), captures a
-    // plain integer, and is sound to run in the child between fork and exec.
+    // plain integer and a buffer it never frees, and is sound to run in the child between fork
+    // and exec.
     unsafe {
-        command.pre_exec(move || become_warden(host_pid));
+        command.pre_exec(move || become_warden(host_pid, &marker));
     }
 }
 
@@ -45,12 +63,15 @@ pub fn guard_with_warden(command: &mut Command) {
 ///
 /// # Safety
 /// Must only be called between fork and exec.
-unsafe fn become_warden(host_pid: libc::pid_t) -> io::Result<()> {
+unsafe fn become_warden(host_pid: libc::pid_t, marker: &[u8]) -> io::Result<()> {
     // SAFETY: every call below is async-signal-safe and operates on this process only.
     unsafe {
         if libc::setpgid(0, 0) != 0 {
             return Err(io::Error::last_os_error());
         }
+        // `marker` lives in the closure std keeps until exec, which the warden never reaches.
+        MARKER.store(marker.as_ptr().cast_mut(), Ordering::SeqCst);
+        MARKER_LEN.store(marker.len(), Ordering::SeqCst);
         let mut unblocked: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut unblocked);
         libc::sigprocmask(libc::SIG_SETMASK, &unblocked, std::ptr::null_mut());
@@ -136,11 +157,182 @@ unsafe fn warden(agent: libc::pid_t) -> ! {
     }
 }
 
-/// The warden's handler for its parent-death signal: the whole group goes, the warden too.
+/// The warden's handler for its parent-death signal: every process carrying the agent's marker
+/// goes, then the whole group, the warden too.
 extern "C" fn on_host_death(_signal: libc::c_int) {
+    let marker = MARKER.load(Ordering::SeqCst);
+    let len = MARKER_LEN.load(Ordering::SeqCst);
+    if !marker.is_null() && len > 0 {
+        // SAFETY: set by `become_warden` from a buffer that outlives this process.
+        let marker = unsafe { std::slice::from_raw_parts(marker, len) };
+        for _ in 0..SWEEPS {
+            if sweep_marked(marker) == 0 {
+                break;
+            }
+        }
+    }
     // SAFETY: kill is async-signal-safe; 0 addresses the caller's own process group.
     unsafe {
         libc::kill(0, libc::SIGKILL);
+    }
+}
+
+/// Sends SIGKILL to every process but this one whose environment holds `marker` as a whole
+/// entry; returns how many were signalled. Async-signal-safe: raw `open`, `getdents64`, `read`
+/// and `kill` over stack buffers, no allocation, no panicking index.
+fn sweep_marked(marker: &[u8]) -> usize {
+    // SAFETY: plain system calls on buffers owned by this frame.
+    unsafe {
+        let proc_dir = libc::open(
+            c"/proc".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
+        if proc_dir < 0 {
+            return 0;
+        }
+        let own_pid = libc::getpid();
+        let mut killed = 0;
+        let mut entries = [0u8; 4096];
+        loop {
+            let filled = libc::syscall(
+                libc::SYS_getdents64,
+                proc_dir,
+                entries.as_mut_ptr(),
+                entries.len(),
+            );
+            if filled <= 0 {
+                break;
+            }
+            let filled = &entries[..(filled as usize).min(entries.len())];
+            let mut offset = 0;
+            // Each record: inode (8 bytes), offset (8), record length (2), type (1), name.
+            while let Some(record) = filled.get(offset..) {
+                let Some(&[low, high]) = record.get(16..18) else {
+                    break;
+                };
+                let length = u16::from_ne_bytes([low, high]) as usize;
+                if length == 0 {
+                    break;
+                }
+                if let Some(pid) = record.get(19..length.min(record.len())).and_then(parse_pid)
+                    && pid != own_pid
+                    && environ_holds(pid, marker)
+                    && libc::kill(pid, libc::SIGKILL) == 0
+                {
+                    killed += 1;
+                }
+                offset += length;
+            }
+        }
+        libc::close(proc_dir);
+        killed
+    }
+}
+
+/// The pid a `/proc` entry names (its name up to the first NUL), if it is all digits.
+fn parse_pid(name: &[u8]) -> Option<libc::pid_t> {
+    let digits = name.split(|&byte| byte == 0).next()?;
+    if digits.is_empty() || digits.len() > 9 {
+        return None;
+    }
+    let mut pid: libc::pid_t = 0;
+    for &digit in digits {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        pid = pid * 10 + libc::pid_t::from(digit - b'0');
+    }
+    Some(pid)
+}
+
+/// Whether `/proc/<pid>/environ` holds `marker` as a whole entry, read in chunks.
+fn environ_holds(pid: libc::pid_t, marker: &[u8]) -> bool {
+    const PREFIX: &[u8] = b"/proc/";
+    const SUFFIX: &[u8] = b"/environ\0";
+    let mut path = [0u8; 32];
+    let mut digits = [0u8; 10];
+    let mut count = 0;
+    let mut rest = pid;
+    loop {
+        digits[count] = b'0' + (rest % 10) as u8;
+        count += 1;
+        rest /= 10;
+        if rest == 0 || count == digits.len() {
+            break;
+        }
+    }
+    for (slot, &byte) in path.iter_mut().zip(
+        PREFIX
+            .iter()
+            .chain(digits[..count].iter().rev())
+            .chain(SUFFIX),
+    ) {
+        *slot = byte;
+    }
+    // SAFETY: `path` is NUL-terminated; the descriptor is closed before returning.
+    unsafe {
+        let file = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if file < 0 {
+            return false;
+        }
+        let mut matcher = EntryMatcher::new(marker);
+        let mut chunk = [0u8; 4096];
+        let mut found = false;
+        loop {
+            let read = libc::read(file, chunk.as_mut_ptr().cast(), chunk.len());
+            if read <= 0 {
+                found = found || matcher.finish();
+                break;
+            }
+            if chunk[..(read as usize).min(chunk.len())]
+                .iter()
+                .any(|&byte| matcher.feed(byte))
+            {
+                found = true;
+                break;
+            }
+        }
+        libc::close(file);
+        found
+    }
+}
+
+/// Finds `marker` as a whole NUL-separated entry in a stream of bytes, one byte at a time.
+struct EntryMatcher<'a> {
+    marker: &'a [u8],
+    matched: usize,
+    /// Whether the entry read so far is still a prefix of the marker.
+    matching: bool,
+}
+
+impl<'a> EntryMatcher<'a> {
+    fn new(marker: &'a [u8]) -> Self {
+        EntryMatcher {
+            marker,
+            matched: 0,
+            matching: true,
+        }
+    }
+
+    /// Takes the next byte; true when it ends an entry equal to the marker.
+    fn feed(&mut self, byte: u8) -> bool {
+        if byte == 0 {
+            let found = self.finish();
+            self.matched = 0;
+            self.matching = true;
+            return found;
+        }
+        if self.matching && self.marker.get(self.matched) == Some(&byte) {
+            self.matched += 1;
+        } else {
+            self.matching = false;
+        }
+        false
+    }
+
+    /// Whether the entry read so far (at the end of the stream) equals the marker.
+    fn finish(&self) -> bool {
+        self.matching && !self.marker.is_empty() && self.matched == self.marker.len()
     }
 }
 
@@ -186,5 +378,62 @@ impl Spawner {
         answer
             .await
             .map_err(|_| io::Error::other("the spawner thread has stopped"))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::{EntryMatcher, environ_holds, parse_pid, sweep_marked};
+
+    fn holds(stream: &[u8], marker: &str) -> bool {
+        let mut matcher = EntryMatcher::new(marker.as_bytes());
+        stream.iter().any(|&byte| matcher.feed(byte)) || matcher.finish()
+    }
+
+    #[test]
+    fn only_a_whole_entry_matches() {
+        let marker = "CREW_AGENT_ID=r1:api";
+        assert!(holds(b"A=1\0CREW_AGENT_ID=r1:api\0B=2\0", marker));
+        assert!(holds(b"CREW_AGENT_ID=r1:api", marker));
+        assert!(!holds(b"CREW_AGENT_ID=r1:api2\0", marker));
+        assert!(!holds(b"XCREW_AGENT_ID=r1:api\0", marker));
+        assert!(!holds(b"CREW_AGENT_ID=r1:ap\0", marker));
+        assert!(!holds(b"", marker));
+        assert!(!holds(b"\0\0", ""));
+    }
+
+    #[test]
+    fn proc_names_that_are_pids() {
+        assert_eq!(parse_pid(b"1234\0\0\0"), Some(1234));
+        assert_eq!(parse_pid(b"self\0"), None);
+        assert_eq!(parse_pid(b"\0"), None);
+        assert_eq!(parse_pid(b"12a\0"), None);
+    }
+
+    #[test]
+    fn a_sweep_kills_the_marked_process_and_no_other() {
+        let marker = format!("CREW_AGENT_ID={}:sweep", std::process::id());
+        let spawn = |value: &str| {
+            Command::new("sleep")
+                .arg("30")
+                .env("CREW_AGENT_ID", value)
+                .spawn()
+                .unwrap()
+        };
+        let mut marked = spawn(&format!("{}:sweep", std::process::id()));
+        let mut other = spawn(&format!("{}:sweep-other", std::process::id()));
+        assert!(environ_holds(marked.id() as libc::pid_t, marker.as_bytes()));
+        assert!(!environ_holds(other.id() as libc::pid_t, marker.as_bytes()));
+        assert_eq!(sweep_marked(marker.as_bytes()), 1);
+        let status = marked.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert!(other.try_wait().unwrap().is_none());
+        other.kill().unwrap();
+        other.wait().unwrap();
     }
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crew_core::config::{AgentDef, SteerMode};
 use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
+use crew_live::procscan::session_of;
 use crew_live::{
     AgentEvent, AgentHost, AgentOpError, AgentSpec, AgentState, FollowUpOutcome, StopOutcome,
 };
@@ -593,8 +594,17 @@ async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along()
     std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
     assert_eq!(line, "started\n");
     let marker = format!("CREW_RUN_ID={run_id}");
-    // 5 agents, 10 sleepers (the escaped grandchildren are outside the groups, see below).
-    assert!(marked_processes(&marker).len() >= 15);
+    // 5 agents, 10 sleepers, and 5 daemons that left their agent's group and session (they
+    // start in the background, so they may come a moment after `started`).
+    let host_session = session_of(Some(host.id()));
+    crew_tests::wait_until(10, "the 5 daemons to have started", || {
+        let daemons = marked_processes(&marker)
+            .into_iter()
+            .filter(|&pid| session_of(Some(pid)) != host_session)
+            .count();
+        (daemons >= 5).then_some(())
+    });
+    assert!(marked_processes(&marker).len() >= 20);
 
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&host),
@@ -604,12 +614,9 @@ async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along()
     host.wait().unwrap();
     let started = Instant::now();
     loop {
-        // Only processes that stayed in their agent's group die with the host: a daemon that
-        // left it with setsid is beyond any group signal, and is killed by crew's stop sweep.
-        let left: Vec<u32> = marked_processes(&marker)
-            .into_iter()
-            .filter(|&pid| session_of(pid) == session_of(std::process::id()))
-            .collect();
+        // The daemons too: each warden sweeps /proc for its agent's marker before killing
+        // its group.
+        let left = marked_processes(&marker);
         if left.is_empty() {
             break;
         }
@@ -619,19 +626,6 @@ async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for pid in marked_processes(&marker) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
-}
-
-/// The session a process belongs to; daemons that called setsid are in one of their own.
-fn session_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.rfind(')')?;
-    // After the name: state, ppid, pgrp, session.
-    stat[close + 1..].split_whitespace().nth(3)?.parse().ok()
 }
 
 #[tokio::test(flavor = "multi_thread")]
