@@ -576,25 +576,39 @@ fn agents_list(bench: &Bench) {
         assert!(Instant::now() < deadline, "the 48 agents never showed up");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The hosts have just started 48 agents and written their listings; let them settle.
+    std::thread::sleep(Duration::from_secs(1));
     let mut crew_samples = Samples::default();
     let mut git_samples = Samples::default();
-    for _ in 0..bench.rounds * 10 {
+    let crew_list = || {
         let started = Instant::now();
         let output = Command::new(&crew)
             .args(["agents", "list"])
             .current_dir(&bench.repo)
             .output()
             .unwrap();
-        crew_samples.push(started.elapsed());
         assert!(output.status.success());
+        started.elapsed()
+    };
+    let git_list = || {
         let started = Instant::now();
         let output = Command::new("git")
             .args(["worktree", "list"])
             .current_dir(&bench.repo)
             .output()
             .unwrap();
-        git_samples.push(started.elapsed());
         assert!(output.status.success());
+        started.elapsed()
+    };
+    for round in 0..bench.rounds * 10 {
+        // Alternate who goes first, so that neither always runs right after the other.
+        if round % 2 == 0 {
+            crew_samples.push(crew_list());
+            git_samples.push(git_list());
+        } else {
+            git_samples.push(git_list());
+            crew_samples.push(crew_list());
+        }
     }
     Comparison {
         name: "crew agents list (3 runs × 16 agents)".into(),

@@ -99,20 +99,19 @@ impl Context {
     /// The live agents of this workspace across its hosts, with the host of each. The hosts
     /// are asked at the same time.
     pub async fn live_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
-        self.live_agents_among(&self.manifests().unwrap_or_default())
-            .await
+        let mut agents = self.ask_hosts(self.live_hosts()).await;
+        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
+        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
+        agents
     }
 
     /// The live agents as their hosts last published them (within a second for output, at
     /// once for status changes), asking a host over its socket only when its listing cannot be
     /// used: what `crew agents list` shows, without waking every host.
-    pub async fn published_agents_among(
-        &self,
-        manifests: &[RunManifest],
-    ) -> Vec<(AgentSnapshot, HostRecord)> {
+    pub async fn published_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
         let mut agents = Vec::new();
         let mut unpublished = Vec::new();
-        for (run_id, host) in dedup_hosts(crew_live::runner::live_hosts_of(manifests)) {
+        for (run_id, host) in self.live_hosts() {
             let socket = host.socket.as_deref().expect("live hosts serve a socket");
             let path = crew_live::publish::listing_path(self.store.state_dir(), socket);
             match crew_live::publish::read_listing(&path, host.identity.pid) {
@@ -125,19 +124,6 @@ impl Context {
         if !unpublished.is_empty() {
             agents.extend(self.ask_hosts(unpublished).await);
         }
-        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
-        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
-        agents
-    }
-
-    /// [`Context::live_agents`] for runs already read.
-    pub async fn live_agents_among(
-        &self,
-        manifests: &[RunManifest],
-    ) -> Vec<(AgentSnapshot, HostRecord)> {
-        let mut agents = self
-            .ask_hosts(dedup_hosts(crew_live::runner::live_hosts_of(manifests)))
-            .await;
         agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
         agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
         agents

@@ -338,6 +338,18 @@ pub struct RunManifest {
     pub tasks: Vec<TaskRecord>,
 }
 
+/// The part of a run manifest that says whether the run is live and who hosts it, read without
+/// the tasks: what finding the live hosts of a workspace needs from every run, finished ones
+/// included.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RunGlance {
+    pub run_id: RunId,
+    pub cwd: WorkspaceId,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub host: Option<HostRecord>,
+}
+
 impl RunManifest {
     /// A new `running` run of `cwd` with `tasks`, created now, hosted by nobody yet.
     pub fn new(

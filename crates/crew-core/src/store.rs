@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use camino::{Utf8Path, Utf8PathBuf};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::config::RetentionSettings;
 use crate::discovery::CREW_DIR;
@@ -29,7 +30,8 @@ use crate::fsutil::{
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
 use crate::model::{
-    MANIFEST_SCHEMA_VERSION, RunEvent, RunManifest, RunStatus, TaskStatus, TransitionError,
+    MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest, RunStatus, TaskStatus,
+    TransitionError,
 };
 use crate::paths::{RemoveError, remove_contained};
 
@@ -145,6 +147,23 @@ struct SchemaProbe {
     schema_version: u32,
 }
 
+/// What a manifest read as a whole or in part says about the workspace it belongs to.
+trait ManifestOf {
+    fn workspace(&self) -> &WorkspaceId;
+}
+
+impl ManifestOf for RunManifest {
+    fn workspace(&self) -> &WorkspaceId {
+        &self.cwd
+    }
+}
+
+impl ManifestOf for RunGlance {
+    fn workspace(&self) -> &WorkspaceId {
+        &self.cwd
+    }
+}
+
 impl StateStore {
     /// The store of `workspace`. Nothing is created until the first write.
     pub fn new(workspace: &WorkspaceId, repo_root: Option<&Utf8Path>) -> Self {
@@ -258,6 +277,29 @@ impl StateStore {
     /// Reads a run's manifest. A newer schema is returned when it parses (it is read-only: any
     /// update is refused); a corrupt file is an error naming it.
     pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
+        self.read_manifest_as(run_id)
+    }
+
+    /// Whether a run is live and who hosts it, without reading its tasks: cheaper than
+    /// [`StateStore::read_run`] for listings that look at every run.
+    pub fn glance_run(&self, run_id: &RunId) -> Result<RunGlance, StateError> {
+        self.read_manifest_as(run_id)
+    }
+
+    /// [`StateStore::glance_run`] for every run whose manifest is readable.
+    pub fn glance_runs(&self) -> Result<Vec<RunGlance>, StateError> {
+        Ok(self
+            .run_ids()?
+            .iter()
+            .filter_map(|run_id| self.glance_run(run_id).ok())
+            .collect())
+    }
+
+    /// Reads a run's manifest as `T` (the whole manifest, or a view of some of its fields).
+    fn read_manifest_as<T: DeserializeOwned + ManifestOf>(
+        &self,
+        run_id: &RunId,
+    ) -> Result<T, StateError> {
         let crew_dir = self.workspace.as_path().join(CREW_DIR);
         let run_dir = self.run_dir(run_id);
         for dir in [&crew_dir, &self.state_dir, &self.runs_dir(), &run_dir] {
@@ -271,7 +313,7 @@ impl StateStore {
             path: path.clone(),
             source,
         })?;
-        let manifest: RunManifest = match serde_json::from_slice(&bytes) {
+        let manifest: T = match serde_json::from_slice(&bytes) {
             Ok(manifest) => manifest,
             Err(source) => {
                 return Err(match serde_json::from_slice::<SchemaProbe>(&bytes) {
@@ -286,11 +328,11 @@ impl StateStore {
                 });
             }
         };
-        if manifest.cwd != self.workspace {
+        if manifest.workspace() != &self.workspace {
             return Err(StateError::ForeignManifest {
                 path,
                 expected: self.workspace.clone(),
-                found: manifest.cwd,
+                found: manifest.workspace().clone(),
             });
         }
         Ok(manifest)

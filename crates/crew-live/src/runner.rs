@@ -21,8 +21,8 @@ use crew_core::config::{
 };
 use crew_core::host::{HostIdentity, HostIdentityError};
 use crew_core::model::{
-    EventKind, ExitRecord, HostRecord, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus,
-    TransitionError, WorkspaceRecord,
+    EventKind, ExitRecord, HostRecord, RunEvent, RunGlance, RunManifest, RunStatus, TaskRecord,
+    TaskStatus, TransitionError, WorkspaceRecord,
 };
 use crew_core::provider::{
     AllocateWorkspaceError, RunRequest, TaskWorkspace, TeardownRequest, UpstreamWork,
@@ -1159,24 +1159,16 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
 /// Every run of the workspace whose host is alive and serves a socket: where other processes
 /// find the live agents of the workspace.
 pub fn live_hosts(store: &StateStore) -> Vec<(RunId, HostRecord)> {
-    let manifests: Vec<RunManifest> = store
-        .list_runs()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|listing| listing.manifest.ok())
-        .collect();
-    live_hosts_of(&manifests)
+    live_hosts_of(&store.glance_runs().unwrap_or_default())
 }
 
-/// The live hosts among runs already read.
-pub fn live_hosts_of(manifests: &[RunManifest]) -> Vec<(RunId, HostRecord)> {
-    manifests
-        .iter()
-        .filter(|manifest| manifest.status == RunStatus::Running)
-        .filter_map(|manifest| {
-            let host = manifest.host.clone()?;
-            (host.socket.is_some() && host.identity.is_alive())
-                .then(|| (manifest.run_id.clone(), host))
+/// The live hosts among runs already glanced at.
+pub fn live_hosts_of(runs: &[RunGlance]) -> Vec<(RunId, HostRecord)> {
+    runs.iter()
+        .filter(|run| run.status == RunStatus::Running)
+        .filter_map(|run| {
+            let host = run.host.clone()?;
+            (host.socket.is_some() && host.identity.is_alive()).then(|| (run.run_id.clone(), host))
         })
         .collect()
 }

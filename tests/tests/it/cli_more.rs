@@ -225,6 +225,56 @@ fn listings_neutralize_terminal_escapes_and_color_follows_the_settings() {
 }
 
 #[test]
+fn an_exited_agent_is_listed_with_its_tasks_status_beside_a_running_one() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut child = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--task",
+            "quick=echo done",
+            "--task",
+            "slow=echo waiting; sleep 600",
+        ],
+    );
+    let agents = wait_until(20, "the quick task to succeed", || {
+        let agents = env.agents_json(&repo)?;
+        let quick = agents
+            .as_array()?
+            .iter()
+            .find(|agent| agent["task_id"] == "quick")?;
+        (quick["task_status"] == "succeeded").then(|| agents.clone())
+    });
+    let slow = agents
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|agent| agent["task_id"] == "slow")
+        .unwrap();
+    assert_eq!(slow["state"], "running");
+    assert_eq!(slow["task_status"], "running");
+    let listed = String::from_utf8(env.crew(&repo, ["agents", "list"]).stdout).unwrap();
+    let line = |task: &str| {
+        listed
+            .lines()
+            .find(|line| line.contains(&format!(":{task} ")))
+            .unwrap_or_else(|| panic!("no line for {task} in {listed}"))
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(line("quick"), "succeeded", "{listed}");
+    assert_eq!(line("slow"), "running", "{listed}");
+    let stop = env.crew(&repo, ["agents", "stop", "slow"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    child.wait().unwrap();
+}
+
+#[test]
 fn worktree_listing_and_pruning_from_the_command_line() {
     let env = TestEnv::new();
     let repo = env.repo("project");

@@ -280,6 +280,15 @@ fn corrupt_manifest_is_reported_with_its_path_and_left_alone() {
             assert!(listing.manifest.is_ok());
         }
     }
+    // A glance (status and host only, for listings) is refused the same way, and skips it.
+    assert!(matches!(
+        store.glance_run(&bad.run_id),
+        Err(StateError::Corrupt { .. })
+    ));
+    let glances = store.glance_runs().unwrap();
+    assert_eq!(glances.len(), 1);
+    assert_eq!(glances[0].run_id, good.run_id);
+    assert_eq!(glances[0].status, good.status);
     assert!(store.update_run(&bad.run_id, |_| Ok(())).is_err());
     assert_eq!(
         std::fs::read(&bad_path).unwrap(),
@@ -317,6 +326,10 @@ fn newer_schema_is_read_only() {
     std::fs::write(&path, "{\"schema_version\": 7, \"tasks\": \"reshaped\"}").unwrap();
     assert!(matches!(
         store.read_run(&run.run_id),
+        Err(StateError::NewerSchema { found: 7, .. })
+    ));
+    assert!(matches!(
+        store.glance_run(&run.run_id),
         Err(StateError::NewerSchema { found: 7, .. })
     ));
 }
@@ -402,6 +415,10 @@ fn reconcile_marks_runs_of_dead_and_impersonated_hosts_interrupted() {
         store.read_run(&live_run).unwrap().status,
         RunStatus::Running
     );
+    let glance = store.glance_run(&live_run).unwrap();
+    assert_eq!(glance.status, RunStatus::Running);
+    assert_eq!(glance.host, store.read_run(&live_run).unwrap().host);
+    assert!(glance.host.is_some_and(|host| host.identity.is_alive()));
     assert_eq!(
         std::fs::read(other_store.manifest_path(&foreign_run)).unwrap(),
         foreign_manifest

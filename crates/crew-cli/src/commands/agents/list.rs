@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crew_core::model::{ExitRecord, Timestamp};
+use crew_core::model::{ExitRecord, RunManifest, TaskRecord, Timestamp};
 use crew_core::{AgentId, RunId, TaskId};
 
 use crate::context::Context;
@@ -46,26 +46,46 @@ pub struct AgentRow {
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let rows = rows(&ctx, args.all_runs).await?;
+    let rows = rows(&ctx, args.all_runs, args.json).await?;
     print(&ctx, &rows, args.json)?;
     Ok(Outcome::Success)
 }
 
-pub async fn rows(ctx: &Context, all_runs: bool) -> Result<Vec<AgentRow>, CliError> {
-    let manifests = ctx.manifests()?;
-    let live = ctx.published_agents_among(&manifests).await;
+/// The rows to list. Live agents come from their hosts' listings; task records are read from
+/// the manifests only where they show: every run with `all_runs`, the runs of the listed agents
+/// for JSON (`task_status`), and otherwise only the runs with an exited agent, whose status is
+/// its task's.
+pub async fn rows(ctx: &Context, all_runs: bool, json: bool) -> Result<Vec<AgentRow>, CliError> {
+    let live = ctx.published_agents().await;
+    let manifests: Vec<RunManifest> = if all_runs {
+        ctx.manifests()?
+    } else {
+        let mut wanted: Vec<&RunId> = live
+            .iter()
+            .filter(|(agent, _)| json || agent.state == crew_live::AgentState::Exited)
+            .map(|(agent, _)| &agent.run_id)
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        wanted
+            .into_iter()
+            .filter_map(|run_id| ctx.read_run(run_id).ok())
+            .collect()
+    };
+    let task_of = |agent_id: &AgentId| {
+        manifests
+            .iter()
+            .find(|manifest| &manifest.run_id == agent_id.run_id())
+            .and_then(|manifest| {
+                manifest
+                    .tasks
+                    .iter()
+                    .find(|task| &task.id == agent_id.task_id())
+            })
+    };
     let mut rows: Vec<AgentRow> = Vec::new();
-    let mut statuses = std::collections::HashMap::new();
-    for manifest in &manifests {
-        for task in &manifest.tasks {
-            statuses.insert(
-                AgentId::new(manifest.run_id.clone(), task.id.clone()),
-                (task.clone(), manifest.run_id.clone()),
-            );
-        }
-    }
     for (agent, _) in &live {
-        let task = statuses.get(&agent.agent_id).map(|(task, _)| task);
+        let task = task_of(&agent.agent_id);
         rows.push(AgentRow {
             agent_id: agent.agent_id.clone(),
             run_id: agent.run_id.clone(),
@@ -88,20 +108,21 @@ pub async fn rows(ctx: &Context, all_runs: bool) -> Result<Vec<AgentRow>, CliErr
         });
     }
     if all_runs {
-        let mut others: Vec<_> = statuses
-            .into_iter()
-            .filter(|(id, _)| !live.iter().any(|(agent, _)| &agent.agent_id == id))
+        let mut others: Vec<(&RunId, &TaskRecord)> = manifests
+            .iter()
+            .flat_map(|manifest| manifest.tasks.iter().map(|task| (&manifest.run_id, task)))
+            .filter(|(run_id, task)| {
+                !live
+                    .iter()
+                    .any(|(agent, _)| &agent.run_id == *run_id && agent.task_id == task.id)
+            })
             .collect();
-        others.sort_by(|a, b| {
-            b.0.run_id()
-                .cmp(a.0.run_id())
-                .then(a.0.task_id().cmp(b.0.task_id()))
-        });
-        for (agent_id, (task, run_id)) in others {
+        others.sort_by(|a, b| b.0.cmp(a.0).then(a.1.id.cmp(&b.1.id)));
+        for (run_id, task) in others {
             rows.push(AgentRow {
-                run_id,
+                agent_id: AgentId::new(run_id.clone(), task.id.clone()),
+                run_id: run_id.clone(),
                 task_id: task.id.clone(),
-                agent_id,
                 agent: task.agent.clone(),
                 live: false,
                 state: task.status.to_string(),
