@@ -62,3 +62,36 @@ fn init_tracing(verbose: u8, quiet: bool) {
         None => builder.with_max_level(level).try_init(),
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Subcommands are built lazily (`#[command(defer = true)]`): the one-line description a
+    /// parent lists comes from the variant, the subcommand's own help from its arguments'
+    /// struct. They must say the same.
+    fn check_listed_descriptions(parent: &clap::Command, path: &str) {
+        for listed in parent.get_subcommands() {
+            if listed.is_hide_set() {
+                continue;
+            }
+            let path = format!("{path} {}", listed.get_name());
+            let mut built = listed.clone();
+            built.build();
+            let shown = |command: &clap::Command| command.get_about().map(ToString::to_string);
+            assert!(
+                shown(listed).is_some(),
+                "`{path}` has no description in its parent's listing"
+            );
+            if built.get_about().is_some() {
+                assert_eq!(shown(listed), shown(&built), "`{path}`");
+            }
+            check_listed_descriptions(&built, &path);
+        }
+    }
+
+    #[test]
+    fn every_listed_subcommand_is_described_as_its_own_help_says() {
+        check_listed_descriptions(&super::Cli::command(), "crew");
+    }
+}

@@ -20,12 +20,21 @@ use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
 #[derive(Debug, clap::Subcommand)]
+// Each subcommand's arguments are built only when it is the one invoked: `crew agents list`
+// answers in a couple of milliseconds, and building the whole command tree was a tenth of that.
+#[command(defer = true)]
 pub enum AgentsCommand {
+    /// List the agents of this workspace.
     List(list::ListArgs),
+    /// Send a message to a running agent now, through its steer mode.
     Steer(steer::SteerArgs),
+    /// Send a message after the agent's current turn, or answer its question.
     FollowUp(follow_up::FollowUpArgs),
+    /// Stop a live agent: TERM to its process group, KILL after the grace period.
     Stop(stop::StopArgs),
+    /// Restart a stopped or finished agent in its workspace.
     Resume(resume::ResumeArgs),
+    /// Print an agent's output (stdout and stderr, as they came).
     Logs(logs::LogsArgs),
 }
 
