@@ -4,7 +4,9 @@
 //!
 //! `.crew/state/live/<socket name>.json` holds `{schema_version, pid, written_at, agents}`. It is
 //! rewritten (atomically) as soon as an agent starts, changes status, asks a question or exits,
-//! and at most once a second for new output lines. A reader trusts it only while the host that
+//! and at most once a second for new output lines. Each agent's `last_lines` holds only its
+//! newest line, what listings show: a busy agent's tail (up to 20 lines of 4 KiB) would make the
+//! file, its rewrites and every reader's parse many times larger. A reader trusts it only while the host that
 //! wrote it is alive (the run's manifest says which host that is); otherwise, or when the file
 //! is missing or unreadable, it asks the host over its socket.
 
@@ -138,11 +140,16 @@ async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf
 }
 
 async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
+    let mut agents = host.registry().list(workspace);
+    for agent in &mut agents {
+        let older = agent.last_lines.len().saturating_sub(1);
+        agent.last_lines.drain(..older);
+    }
     let published = PublishedAgents {
         schema_version: SCHEMA_VERSION,
         pid: std::process::id(),
         written_at: Timestamp::now(),
-        agents: host.registry().list(workspace),
+        agents,
     };
     let Ok(json) = serde_json::to_vec(&published) else {
         return;

@@ -735,3 +735,48 @@ async fn dropping_the_host_kills_its_agents() {
     assert_no_marked_processes(&marker, Duration::from_secs(5)).await;
     drop(env);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_published_listing_carries_each_agents_newest_line_only() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let agent = fixture
+        .host
+        .start(fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines)))
+        .await
+        .unwrap();
+    let registry = fixture.host.registry();
+    for line in ["one", "two", "three"] {
+        registry
+            .steer(&fixture.workspace, "api", line)
+            .await
+            .unwrap();
+    }
+    wait_for_line(&mut events, agent.agent_id(), "got: three").await;
+    let path = fixture.env.root().join("live/host.json");
+    let _publisher = crew_live::publish::Publisher::start(
+        fixture.host.clone(),
+        fixture.workspace.clone(),
+        path.clone(),
+    );
+    let published = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(agents) = crew_live::publish::read_listing(&path, std::process::id()) {
+                return agents;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the listing is published");
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].agent_id, *agent.agent_id());
+    assert_eq!(published[0].last_lines, ["got: three"]);
+    // The host itself keeps the whole tail.
+    let tail = &registry.list(&fixture.workspace)[0].last_lines;
+    assert_eq!(
+        tail[tail.len() - 3..],
+        ["got: one", "got: two", "got: three"]
+    );
+    registry.stop(&fixture.workspace, "api").await.unwrap();
+}
