@@ -309,42 +309,61 @@ fn du(dir: &Utf8Path) -> u64 {
 
 /// A fresh worktree workspace ready, against `git worktree add` (default and with parallel
 /// checkout), then the teardown of a clean one against `git worktree remove` + `git branch -D`.
+/// Waits until the file system has written out what earlier steps left dirty (`sync`), so that
+/// a timed step does not pay for the one before it.
+fn flush_writeback() {
+    let _ = Command::new("sync").status();
+}
+
 fn fresh_worktrees(bench: &mut Bench) {
     let mut crew = Samples::default();
     let mut git_default = Samples::default();
     let mut git_parallel = Samples::default();
     let mut crew_teardown = Samples::default();
     let mut git_teardown = Samples::default();
-    for _ in 0..bench.rounds {
+    for round in 0..bench.rounds {
         let run_id = RunId::generate();
-        let (took, workspace) = bench.crew_prepare(&run_id, "fresh");
-        crew.push(took);
-
         let name = bench.next_name();
         let path = bench.root.join("git-worktrees").join(&name);
-        git_default.push(bench.timed_git(&[
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            &name,
-            path.as_str(),
-            "HEAD",
-        ]));
         let name2 = bench.next_name();
         let path2 = bench.root.join("git-worktrees").join(&name2);
-        git_parallel.push(bench.timed_git(&[
-            "-c",
-            "checkout.workers=0",
-            "worktree",
-            "add",
-            "-q",
-            "-b",
-            &name2,
-            path2.as_str(),
-            "HEAD",
-        ]));
+        // The three take turns going first, and each starts with the file system's writeback
+        // done: the one right after the previous round's deletions would meet a disk still
+        // busy with them.
+        let mut workspace = None;
+        for turn in 0..3 {
+            flush_writeback();
+            match (round + turn) % 3 {
+                0 => {
+                    let (took, prepared) = bench.crew_prepare(&run_id, "fresh");
+                    crew.push(took);
+                    workspace = Some(prepared);
+                }
+                1 => git_default.push(bench.timed_git(&[
+                    "worktree",
+                    "add",
+                    "-q",
+                    "-b",
+                    &name,
+                    path.as_str(),
+                    "HEAD",
+                ])),
+                _ => git_parallel.push(bench.timed_git(&[
+                    "-c",
+                    "checkout.workers=0",
+                    "worktree",
+                    "add",
+                    "-q",
+                    "-b",
+                    &name2,
+                    path2.as_str(),
+                    "HEAD",
+                ])),
+            }
+        }
+        let workspace = workspace.expect("crew took its turn");
 
+        flush_writeback();
         let started = Instant::now();
         bench
             .provider

@@ -6,7 +6,9 @@
 //! sparse checkout — a checkout is only "inflate each blob, write it with its mode, record its
 //! stat in the index". crew does exactly that, over every core:
 //!
-//! - the blobs are inflated by worker threads, each with its own handle on the object database;
+//! - the blobs are inflated by worker threads, each with its own handle on the object database,
+//!   and written straight from libgit2's buffer; the workers make the directories as they reach
+//!   them, so that making them overlaps with writing files;
 //! - tasks that start from the same commit at the same moment (the tasks of one run) share one
 //!   pass: each blob is inflated once and written into every worktree of the batch;
 //! - the index is written with the stat data of the files just written, so `git status` in the
@@ -243,35 +245,6 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
             .unwrap_or(true)
     };
 
-    // Directories first, once per target.
-    let mut dirs: Vec<&[u8]> = entries
-        .iter()
-        .filter_map(|entry| {
-            entry
-                .path
-                .iter()
-                .rposition(|&byte| byte == b'/')
-                .map(|slash| &entry.path[..slash])
-        })
-        .collect();
-    dirs.sort();
-    dirs.dedup();
-    for (index, target) in targets.iter().enumerate() {
-        for dir in &dirs {
-            if let Err(error) = std::fs::create_dir_all(target.as_std_path().join(bytes_path(dir)))
-            {
-                fail(
-                    index,
-                    format!(
-                        "failed to create {}: {error}",
-                        target.join(String::from_utf8_lossy(dir).as_ref())
-                    ),
-                );
-                break;
-            }
-        }
-    }
-
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let workers = std::thread::available_parallelism()
@@ -299,6 +272,10 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
                     // Workers take runs of neighbouring entries: files of one directory go to
                     // one worker, and workers do not contend for the same directory.
                     let mut chunk = 0..0;
+                    // The directory the previous entry went to, made in every target already.
+                    // Workers make directories as they reach them, overlapping with the
+                    // writes; tree order puts a directory's files next to each other.
+                    let mut made_dir: Option<&[u8]> = None;
                     loop {
                         if stop.load(Ordering::Relaxed) {
                             break;
@@ -317,11 +294,35 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
                         let Some(entry) = entries.get(index) else {
                             break;
                         };
-                        let data = if entry.mode == i32::from(FileMode::Commit) {
+                        let parent = entry
+                            .path
+                            .iter()
+                            .rposition(|&byte| byte == b'/')
+                            .map(|slash| &entry.path[..slash]);
+                        if let Some(parent) = parent
+                            && made_dir != Some(parent)
+                        {
+                            for (target_index, target) in targets.iter().enumerate() {
+                                if is_failed(target_index) {
+                                    continue;
+                                }
+                                let dir = target.as_std_path().join(bytes_path(parent));
+                                // Another worker may be making the same one: that is fine.
+                                if let Err(error) = std::fs::create_dir_all(&dir) {
+                                    fail(
+                                        target_index,
+                                        format!("failed to create {}: {error}", dir.display()),
+                                    );
+                                }
+                            }
+                            made_dir = Some(parent);
+                        }
+                        // The blob is written straight from libgit2's buffer, never copied.
+                        let object = if entry.mode == i32::from(FileMode::Commit) {
                             None
                         } else {
                             match odb.read(entry.id) {
-                                Ok(object) => Some(object.data().to_vec()),
+                                Ok(object) => Some(object),
                                 Err(error) => {
                                     for target in 0..targets.len() {
                                         fail(target, error.to_string());
@@ -331,11 +332,12 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
                                 }
                             }
                         };
+                        let data = object.as_ref().map(git2::OdbObject::data);
                         for (target_index, target) in targets.iter().enumerate() {
                             if is_failed(target_index) {
                                 continue;
                             }
-                            match write_entry(target, entry, data.as_deref()) {
+                            match write_entry(target, entry, data) {
                                 Ok(index_entry) => done.push((target_index, index, index_entry)),
                                 Err(message) => fail(target_index, message),
                             }
