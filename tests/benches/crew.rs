@@ -199,9 +199,15 @@ impl Bench {
                 self.git(&["branch", "-D", branch]);
             }
         }
-        let _ = std::fs::remove_dir_all(self.root.join("git-worktrees"));
         let _ = std::fs::remove_dir_all(self.repo.join(".worktrees"));
-        std::fs::create_dir_all(self.root.join("git-worktrees")).unwrap();
+        std::fs::create_dir_all(self.git_worktrees()).unwrap();
+    }
+
+    /// Where the reference `git worktree add` puts its worktrees: beside crew's, under the
+    /// repository's `.worktrees`, so that both meet the same file-system placement (ext4 puts
+    /// a new directory's files near its parent; a sibling of the repository lands elsewhere).
+    fn git_worktrees(&self) -> Utf8PathBuf {
+        self.repo.join(".worktrees").join("git-reference")
     }
 }
 
@@ -260,7 +266,7 @@ fn main() {
         rounds,
         counter: 0,
     };
-    std::fs::create_dir_all(root.join("git-worktrees")).unwrap();
+    std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
@@ -324,9 +330,9 @@ fn fresh_worktrees(bench: &mut Bench) {
     for round in 0..bench.rounds {
         let run_id = RunId::generate();
         let name = bench.next_name();
-        let path = bench.root.join("git-worktrees").join(&name);
+        let path = bench.git_worktrees().join(&name);
         let name2 = bench.next_name();
-        let path2 = bench.root.join("git-worktrees").join(&name2);
+        let path2 = bench.git_worktrees().join(&name2);
         // The three take turns going first, and each starts with the file system's writeback
         // done: the one right after the previous round's deletions would meet a disk still
         // busy with them.
@@ -433,7 +439,7 @@ fn recycled(bench: &mut Bench) {
             .unwrap();
 
         let name = bench.next_name();
-        let path = bench.root.join("git-worktrees").join(&name);
+        let path = bench.git_worktrees().join(&name);
         git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
         bench.git(&["worktree", "remove", path.as_str()]);
         bench.git(&["branch", "-D", &name]);
@@ -483,7 +489,7 @@ fn eight_at_once(bench: &mut Bench) {
             let started = Instant::now();
             for _ in 0..8 {
                 let name = bench.next_name();
-                let path = bench.root.join("git-worktrees").join(&name);
+                let path = bench.git_worktrees().join(&name);
                 bench.git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]);
             }
             started.elapsed()
