@@ -415,16 +415,25 @@ mod tests {
     #[test]
     fn a_sweep_kills_the_marked_process_and_no_other() {
         let marker = format!("CREW_AGENT_ID={}:sweep", std::process::id());
-        let spawn = |value: &str| {
-            Command::new("sleep")
+        let other_marker = format!("CREW_AGENT_ID={}:sweep-other", std::process::id());
+        let spawn = |marker: &str| {
+            let (name, value) = marker.split_once('=').unwrap();
+            let child = Command::new("sleep")
                 .arg("30")
-                .env("CREW_AGENT_ID", value)
+                .env(name, value)
                 .spawn()
-                .unwrap()
+                .unwrap();
+            // `spawn` may return while the kernel is still setting up the new program's
+            // environment (a vfork parent wakes up early in exec): wait until it shows.
+            let started = std::time::Instant::now();
+            while !environ_holds(child.id() as libc::pid_t, marker.as_bytes()) {
+                assert!(started.elapsed() < std::time::Duration::from_secs(10));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            child
         };
-        let mut marked = spawn(&format!("{}:sweep", std::process::id()));
-        let mut other = spawn(&format!("{}:sweep-other", std::process::id()));
-        assert!(environ_holds(marked.id() as libc::pid_t, marker.as_bytes()));
+        let mut marked = spawn(&marker);
+        let mut other = spawn(&other_marker);
         assert!(!environ_holds(other.id() as libc::pid_t, marker.as_bytes()));
         assert_eq!(sweep_marked(marker.as_bytes()), 1);
         let status = marked.wait().unwrap();
