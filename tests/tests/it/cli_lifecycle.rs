@@ -188,9 +188,11 @@ prompt = "if [ -z \"$CREW_MESSAGE\" ]; then echo draft > canvas.txt; crew ask 'w
 "#,
     );
     let mut child = env.spawn_crew(&repo, ["run", "curious"]);
-    let agents = wait_until(30, "the question", || {
+    // The question shows as soon as it is asked; the agent's process ends just after.
+    let agents = wait_until(30, "the question, and the agent to stop for it", || {
         let agents = env.agents_json(&repo)?;
-        (agents[0]["question"] == "which color?").then_some(agents)
+        (agents[0]["question"] == "which color?" && agents[0]["state"] == "exited")
+            .then_some(agents)
     });
     let worktree = agents[0]["dir"].as_str().unwrap().to_owned();
     assert_eq!(

@@ -121,9 +121,9 @@ fn an_unanswered_question_keeps_its_worktree_until_the_run_is_cleaned() {
             "echo draft > idea.txt; crew ask 'go on?'",
         ],
     );
-    wait_until(30, "the question", || {
+    wait_until(30, "the question, and the agent to stop for it", || {
         let agents = env.agents_json(&repo)?;
-        (agents[0]["question"] == "go on?").then_some(())
+        (agents[0]["question"] == "go on?" && agents[0]["state"] == "exited").then_some(())
     });
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&child),

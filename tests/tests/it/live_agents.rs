@@ -70,21 +70,30 @@ pub async fn wait_for_line(
     agent_id: &AgentId,
     line: &str,
 ) {
+    wait_for_lines(events, &[(agent_id, line)]).await;
+}
+
+/// Waits until each agent has printed its line, in whatever order the agents run.
+pub async fn wait_for_lines(
+    events: &mut broadcast::Receiver<AgentEvent>,
+    expected: &[(&AgentId, &str)],
+) {
+    let mut missing: Vec<(&AgentId, &str)> = expected.to_vec();
     tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
+        while !missing.is_empty() {
             match events.recv().await {
                 Ok(AgentEvent::Output {
                     agent_id: id,
                     line: got,
                     ..
-                }) if &id == agent_id && got == line => return,
+                }) => missing.retain(|(agent_id, line)| !(**agent_id == id && *line == got)),
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                 Err(error) => panic!("events ended: {error}"),
             }
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("{agent_id} never printed {line:?}"));
+    .unwrap_or_else(|_| panic!("never printed: {missing:?}"));
 }
 
 /// Live processes whose environment carries `marker` (`NAME=value`), found through `/proc`.
@@ -645,8 +654,12 @@ async fn one_host_keeps_two_workspaces_apart() {
     theirs_spec.dir = other_dir.clone();
     theirs_spec.output_log = fixture.env.root().join("logs/other-api.log");
     let theirs = fixture.host.start(theirs_spec).await.unwrap();
-    wait_for_line(&mut events, ours.agent_id(), "ready").await;
-    wait_for_line(&mut events, theirs.agent_id(), "ready").await;
+    // The two start together: their lines may come in either order.
+    wait_for_lines(
+        &mut events,
+        &[(ours.agent_id(), "ready"), (theirs.agent_id(), "ready")],
+    )
+    .await;
 
     let registry = fixture.host.registry();
     let listed: Vec<AgentId> = registry
