@@ -240,22 +240,28 @@ fn an_exited_agent_is_listed_with_its_tasks_status_beside_a_running_one() {
             "slow=echo waiting; sleep 600",
         ],
     );
-    let agents = wait_until(20, "the quick task to succeed", || {
-        let agents = env.agents_json(&repo)?;
-        let quick = agents
-            .as_array()?
-            .iter()
-            .find(|agent| agent["task_id"] == "quick")?;
-        (quick["task_status"] == "succeeded").then(|| agents.clone())
-    });
-    let slow = agents
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|agent| agent["task_id"] == "slow")
-        .unwrap();
-    assert_eq!(slow["state"], "running");
-    assert_eq!(slow["task_status"], "running");
+    // The slow agent's task becomes `running` in the manifest a moment after its process
+    // starts: wait for both tasks to settle.
+    wait_until(
+        20,
+        "the quick task to succeed while the slow one runs",
+        || {
+            let agents = env.agents_json(&repo)?;
+            let task = |id: &str| {
+                agents
+                    .as_array()?
+                    .iter()
+                    .find(|agent| agent["task_id"] == id)
+                    .cloned()
+            };
+            let (quick, slow) = (task("quick")?, task("slow")?);
+            (quick["task_status"] == "succeeded"
+                && quick["state"] == "exited"
+                && slow["task_status"] == "running"
+                && slow["state"] == "running")
+                .then_some(())
+        },
+    );
     let listed = String::from_utf8(env.crew(&repo, ["agents", "list"]).stdout).unwrap();
     let line = |task: &str| {
         listed
