@@ -182,6 +182,10 @@ impl AgentHandle {
     }
 }
 
+/// How long a question from an agent the registry does not know yet waits for it to be
+/// registered: its process starts before the host records it.
+const REGISTRATION_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Every live agent of a host, across the workspaces it serves.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -340,7 +344,18 @@ impl Registry {
         agent_id: &AgentId,
         question: &str,
     ) -> Result<(), AgentOpError> {
-        let handle = self.resolve(workspace, &agent_id.to_string())?;
+        // Only an agent's own process asks, and it may ask the moment it starts: a little
+        // before its host has registered it. An agent not known yet is looked up again.
+        let deadline = tokio::time::Instant::now() + REGISTRATION_GRACE;
+        let handle = loop {
+            match self.resolve(workspace, &agent_id.to_string()) {
+                Ok(handle) => break handle,
+                Err(AgentOpError::NotFound { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         handle.ask(question).await
     }
 }

@@ -793,3 +793,30 @@ async fn a_published_listing_carries_each_agents_newest_line_only() {
     );
     registry.stop(&fixture.workspace, "api").await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_asked_before_the_host_registered_the_agent_reaches_it() {
+    let fixture = LiveFixture::new();
+    // The agent's process can ask the moment it runs, which may be before its host has
+    // recorded it: here the host registers it 300 ms after the question.
+    let host = fixture.host.clone();
+    let spec = fixture.spec("late", fake(&["echo-stdin"], SteerMode::StdinLines));
+    let starting = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        host.start(spec).await.unwrap()
+    });
+    let registry = fixture.host.registry();
+    registry
+        .ask(&fixture.workspace, &fixture.agent_id("late"), "which way?")
+        .await
+        .unwrap();
+    let agent = starting.await.unwrap();
+    assert_eq!(agent.status().question.as_deref(), Some("which way?"));
+    // An agent that never comes is still refused, after the grace.
+    let error = registry
+        .ask(&fixture.workspace, &fixture.agent_id("ghost"), "anyone?")
+        .await
+        .unwrap_err();
+    assert!(matches!(error, AgentOpError::NotFound { .. }), "{error}");
+    registry.stop(&fixture.workspace, "late").await.unwrap();
+}
