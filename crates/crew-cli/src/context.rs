@@ -99,10 +99,7 @@ impl Context {
     /// The live agents of this workspace across its hosts, with the host of each. The hosts
     /// are asked at the same time.
     pub async fn live_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
-        let mut agents = self.ask_hosts(self.live_hosts()).await;
-        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
-        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
-        agents
+        one_per_agent(self.ask_hosts(self.live_hosts()).await)
     }
 
     /// The live agents as their hosts last published them (within a second for output, at
@@ -124,9 +121,7 @@ impl Context {
         if !unpublished.is_empty() {
             agents.extend(self.ask_hosts(unpublished).await);
         }
-        agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
-        agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
-        agents
+        one_per_agent(agents)
     }
 
     /// Asks each host for its agents over its socket, all at the same time.
@@ -165,6 +160,14 @@ impl Context {
         }
         agents
     }
+}
+
+/// Sorted by agent id, each agent once (a host serving several runs lists its agents once per
+/// run it was asked for).
+fn one_per_agent(mut agents: Vec<(AgentSnapshot, HostRecord)>) -> Vec<(AgentSnapshot, HostRecord)> {
+    agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
+    agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
+    agents
 }
 
 /// One entry per socket: a host serving several runs is asked once.

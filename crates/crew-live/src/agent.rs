@@ -326,10 +326,7 @@ async fn launch(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(false);
-    guard_with_warden(
-        &mut command,
-        &format!("{}={}", env_vars::CREW_AGENT_ID, spec.agent_id),
-    );
+    guard_with_warden(&mut command, &procscan::agent_marker(&spec.agent_id));
 
     let log = open_log(spec)?;
     let mut child =
@@ -684,7 +681,7 @@ impl Supervisor {
             .await
             .is_ok();
         if !pipes_closed || stopped {
-            let marker = format!("{}={}", env_vars::CREW_AGENT_ID, self.spec.agent_id);
+            let marker = procscan::agent_marker(&self.spec.agent_id);
             let killed = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker))
                 .await
                 .unwrap_or(0);

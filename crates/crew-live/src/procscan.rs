@@ -2,6 +2,16 @@
 //! (`setsid`, double forks). Never by name: only a process whose environment holds exactly
 //! `CREW_AGENT_ID=<runId>:<taskId>` is touched, and only this user's processes are readable.
 
+/// The environment entry that marks every process of an agent: `CREW_AGENT_ID=<runId>:<taskId>`.
+pub fn agent_marker(agent_id: &crew_core::AgentId) -> String {
+    format!("{}={agent_id}", crew_core::env_vars::CREW_AGENT_ID)
+}
+
+/// The environment entry that marks every process of a run's agents: `CREW_RUN_ID=<runId>`.
+pub fn run_marker(run_id: &crew_core::RunId) -> String {
+    format!("{}={run_id}", crew_core::env_vars::CREW_RUN_ID)
+}
+
 /// Sends SIGKILL to every process whose environment contains `marker` (`NAME=value`) as a
 /// whole entry. Returns how many were signalled.
 pub fn kill_marked(marker: &str) -> usize {

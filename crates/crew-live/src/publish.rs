@@ -6,9 +6,9 @@
 //! rewritten (atomically) as soon as an agent starts, changes status, asks a question or exits,
 //! and at most once a second for new output lines. Each agent's `last_lines` holds only its
 //! newest line, what listings show: a busy agent's tail (up to 20 lines of 4 KiB) would make the
-//! file, its rewrites and every reader's parse many times larger. A reader trusts it only while the host that
-//! wrote it is alive (the run's manifest says which host that is); otherwise, or when the file
-//! is missing or unreadable, it asks the host over its socket.
+//! file, its rewrites and every reader's parse many times larger. A reader trusts it only while
+//! the host that wrote it is alive (the run's manifest says which host that is); otherwise, or
+//! when the file is missing or unreadable, it asks the host over its socket.
 
 use std::time::Duration;
 

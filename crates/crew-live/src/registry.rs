@@ -347,8 +347,9 @@ impl Registry {
         // Only an agent's own process asks, and it may ask the moment it starts: a little
         // before its host has registered it. An agent not known yet is looked up again.
         let deadline = tokio::time::Instant::now() + REGISTRATION_GRACE;
+        let agent = agent_id.to_string();
         let handle = loop {
-            match self.resolve(workspace, &agent_id.to_string()) {
+            match self.resolve(workspace, &agent) {
                 Ok(handle) => break handle,
                 Err(AgentOpError::NotFound { .. }) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -1150,7 +1150,7 @@ pub fn forget_run(host: &AgentHost, run_id: &RunId) {
 pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError> {
     let interrupted = store.reconcile()?;
     for run_id in &interrupted {
-        crate::procscan::kill_marked(&format!("{}={run_id}", crew_core::env_vars::CREW_RUN_ID));
+        crate::procscan::kill_marked(&crate::procscan::run_marker(run_id));
     }
     crate::publish::remove_stale_listings(store.state_dir());
     Ok(interrupted)

@@ -245,7 +245,8 @@ fn parse_pid(name: &[u8]) -> Option<libc::pid_t> {
     Some(pid)
 }
 
-/// Whether `/proc/<pid>/environ` holds `marker` as a whole entry, read in chunks.
+/// Whether `/proc/<pid>/environ` holds `marker` as a whole entry, read in chunks: the
+/// signal-handler twin of [`crate::procscan::carries_marker`], which allocates.
 fn environ_holds(pid: libc::pid_t, marker: &[u8]) -> bool {
     const PREFIX: &[u8] = b"/proc/";
     const SUFFIX: &[u8] = b"/environ\0";
