@@ -7,7 +7,7 @@
 //! # Supervisor lifecycle
 //!
 //! [`AgentHost::start`] launches the agent's command (a template filled argument by argument,
-//! never through a shell) in its workspace with an allow-listed environment ([`env`]). The
+//! never through a shell) in its workspace with an allow-listed environment ([`env`](mod@env)). The
 //! process starts under a warden ([`spawn`]): a process group of its own that dies with the
 //! host even when the host is SIGKILLed, along with any daemon that left the group but carries
 //! the agent's marker. A supervisor task then owns it:
