@@ -109,6 +109,26 @@ pub enum IsolationFallback {
     Temp,
 }
 
+/// Whether the kernel confines an agent (DESIGN §8a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// Confine every agent where the kernel can (Linux Landlock); say so where it cannot.
+    #[default]
+    Enforce,
+    /// Do not confine: the tripwire and teardown checks still hold.
+    Off,
+}
+
+impl SandboxMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Enforce => "enforce",
+            SandboxMode::Off => "off",
+        }
+    }
+}
+
 /// A duration written as `"30m"`, `"1h 30m"`, `"10s"` or a number of seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HumanDuration(pub Duration);
@@ -180,6 +200,7 @@ pub struct ProjectConfig {
     pub worktree: WorktreeSettings,
     pub isolation: IsolationSettings,
     pub retention: RetentionSettings,
+    pub sandbox: SandboxSettings,
 }
 
 /// `[run]`
@@ -257,6 +278,58 @@ pub struct IsolationSettings {
     pub fallback: IsolationFallback,
 }
 
+/// `[sandbox]` of `config.toml`: the project's word on confining agents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// `"off"` turns the sandbox off for every agent of the project.
+    pub mode: SandboxMode,
+}
+
+/// `[sandbox]` of an agent definition: what its program needs to write besides its workspace
+/// and its private temp dir.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AgentSandbox {
+    /// `"off"` turns the sandbox off for this agent.
+    pub mode: SandboxMode,
+    /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
+    /// write beneath. `~` is expanded with the `HOME` the agent sees.
+    pub write: Vec<String>,
+}
+
+impl AgentSandbox {
+    /// The `write` entries as absolute paths, `~` expanded with `home`; entries beneath a
+    /// missing home are left out.
+    pub fn write_paths(&self, home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
+        self.write
+            .iter()
+            .filter_map(|entry| match entry.strip_prefix('~') {
+                Some(rest) => home.map(|home| home.join(rest.trim_start_matches('/'))),
+                None => Some(Utf8PathBuf::from(entry)),
+            })
+            .collect()
+    }
+}
+
+/// Checks one `[sandbox] write` entry: absolute or `~/…`, no `..`.
+fn check_sandbox_path(entry: &str) -> Result<(), String> {
+    let rest = if entry == "~" {
+        ""
+    } else if let Some(rest) = entry.strip_prefix("~/") {
+        rest
+    } else if let Some(rest) = entry.strip_prefix('/') {
+        rest
+    } else {
+        return Err(format!(
+            "`{entry}` must be an absolute path or start with `~/` (the agent's home directory)"
+        ));
+    };
+    if rest.split('/').any(|segment| segment == "..") {
+        return Err(format!("`{entry}` must not contain `..`"));
+    }
+    Ok(())
+}
+
 /// `[retention]`
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -290,6 +363,8 @@ pub struct AgentDef {
     /// Variables of the user's environment the agent may see, besides the always-passed ones.
     /// A trailing `*` matches a prefix (`LC_*`).
     pub pass_env: Vec<String>,
+    /// What the agent may write besides its workspace, and whether it is confined at all.
+    pub sandbox: AgentSandbox,
     pub builtin: bool,
 }
 
@@ -304,6 +379,7 @@ impl AgentDef {
             resume: None,
             env: BTreeMap::new(),
             pass_env: Vec::new(),
+            sandbox: AgentSandbox::default(),
             builtin: true,
         }
     }
@@ -321,6 +397,17 @@ struct AgentFile {
     env: BTreeMap<Spanned<String>, String>,
     #[serde(default)]
     pass_env: Vec<Spanned<String>>,
+    #[serde(default)]
+    sandbox: AgentSandboxFile,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct AgentSandboxFile {
+    #[serde(default)]
+    mode: SandboxMode,
+    #[serde(default)]
+    write: Vec<Spanned<String>>,
 }
 
 /// A team: the tasks of a run, from `.crew/teams/<name>.toml` or built ad hoc.
@@ -1054,6 +1141,15 @@ fn parse_agent(path: &Utf8Path, source: &str, name: &str) -> Result<AgentDef, Lo
             .map_err(|message| invalid(entry.span(), "pass_env", message))?;
         pass_env.push(entry.into_inner());
     }
+    let mut sandbox = AgentSandbox {
+        mode: file.sandbox.mode,
+        write: Vec::new(),
+    };
+    for entry in file.sandbox.write {
+        check_sandbox_path(entry.get_ref())
+            .map_err(|message| invalid(entry.span(), "sandbox.write", message))?;
+        sandbox.write.push(entry.into_inner());
+    }
     Ok(AgentDef {
         name: name.to_owned(),
         description: file.description,
@@ -1062,6 +1158,7 @@ fn parse_agent(path: &Utf8Path, source: &str, name: &str) -> Result<AgentDef, Lo
         resume: file.resume.map(Spanned::into_inner),
         env,
         pass_env,
+        sandbox,
         builtin: false,
     })
 }
@@ -1204,6 +1301,25 @@ mod tests {
         );
         assert_eq!(find_cycle(&[vec![], vec![0], vec![0, 1]]), None);
         assert_eq!(find_cycle(&[vec![0]]), Some(vec![0]));
+    }
+
+    #[test]
+    fn sandbox_paths_are_absolute_or_home() {
+        for good in ["/var/cache/x", "~", "~/.claude", "~/a/b"] {
+            assert!(check_sandbox_path(good).is_ok(), "{good:?}");
+        }
+        for bad in ["", "rel", "~user/x", "~/../etc", "/a/../b", "./x"] {
+            assert!(check_sandbox_path(bad).is_err(), "{bad:?}");
+        }
+        let sandbox = AgentSandbox {
+            mode: SandboxMode::Enforce,
+            write: vec!["~/.claude".into(), "/opt/cache".into(), "~".into()],
+        };
+        assert_eq!(
+            sandbox.write_paths(Some(Utf8Path::new("/home/u"))),
+            ["/home/u/.claude", "/opt/cache", "/home/u"]
+        );
+        assert_eq!(sandbox.write_paths(None), ["/opt/cache"]);
     }
 
     #[test]

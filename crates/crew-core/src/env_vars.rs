@@ -27,3 +27,9 @@ pub const CREW_LOG: &str = "CREW_LOG";
 /// Set for an agent resumed with a follow-up: the message. Agents without a `resume` template
 /// are restarted with their `command`, and find the message here.
 pub const CREW_MESSAGE: &str = "CREW_MESSAGE";
+/// Set for every agent: its private temp dir, the one place outside its workspace it may
+/// always write.
+pub const TMPDIR: &str = "TMPDIR";
+/// Set for agents in `temp` and `dedicated` workspaces: the directory above the workspace, so
+/// that git run there never climbs up into a repository around it (the project's own).
+pub const GIT_CEILING_DIRECTORIES: &str = "GIT_CEILING_DIRECTORIES";

@@ -10,7 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::config::{HumanDuration, WorkspaceMode};
 use crate::host::HostIdentity;
 use crate::ids::{AgentId, RunId, TaskId, WorkspaceId};
-use crate::provider::{TeardownReport, WorkspaceKind};
+use crate::paths::DirIdentity;
+use crate::provider::{TaskWorkspace, TeardownReport, WorkspaceKind};
 
 /// The manifest format this crew writes. A newer manifest is read-only to this crew.
 pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
@@ -223,6 +224,86 @@ pub struct WorkspaceRecord {
     pub base_commit: Option<String>,
     #[serde(default)]
     pub reused: bool,
+    /// Which directory `root` was when crew made it (device and inode): teardown acts on
+    /// nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<DirIdentity>,
+    /// Besides `root`, what the agent was allowed to write (the shared git parts a commit needs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<Utf8PathBuf>,
+}
+
+impl WorkspaceRecord {
+    pub fn of(workspace: &TaskWorkspace) -> Self {
+        WorkspaceRecord {
+            kind: workspace.kind,
+            root: workspace.root.clone(),
+            dir: workspace.dir.clone(),
+            branch: workspace.branch.clone(),
+            base_commit: workspace.base_commit.clone(),
+            reused: workspace.reused,
+            identity: workspace.identity,
+            writable: workspace.writable.clone(),
+        }
+    }
+
+    /// The workspace as its provider described it, for a teardown after the host is gone.
+    pub fn to_task_workspace(&self) -> TaskWorkspace {
+        TaskWorkspace {
+            kind: self.kind,
+            root: self.root.clone(),
+            dir: self.dir.clone(),
+            branch: self.branch.clone(),
+            base_commit: self.base_commit.clone(),
+            reused: self.reused,
+            warnings: Vec::new(),
+            identity: self.identity,
+            writable: self.writable.clone(),
+        }
+    }
+}
+
+/// Whether an agent's processes were confined by the kernel (DESIGN §8a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Landlock confined it: it could write only what [`SandboxRecord::write`] lists.
+    Enforced,
+    /// The agent definition or the project turned the sandbox off.
+    Off,
+    /// The kernel cannot confine agents (no Landlock): it ran unconfined.
+    Unsupported,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Enforced => "enforced",
+            SandboxState::Off => "off",
+            SandboxState::Unsupported => "unsupported",
+        }
+    }
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How an agent was confined, as recorded on its task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub state: SandboxState,
+    /// The Landlock ABI version of the kernel, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abi: Option<u32>,
+    /// Everything the agent could write beneath (when enforced).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub write: Vec<Utf8PathBuf>,
+    /// Paths its definition allows that did not exist when it started, so were not granted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<Utf8PathBuf>,
 }
 
 /// A task of a run, with everything that happened to it.
@@ -262,6 +343,9 @@ pub struct TaskRecord {
     /// How many times the agent was started.
     #[serde(default)]
     pub attempts: u32,
+    /// How the kernel confined the agent's latest start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxRecord>,
 }
 
 impl TaskRecord {
@@ -290,6 +374,7 @@ impl TaskRecord {
             teardown: None,
             question: None,
             attempts: 0,
+            sandbox: None,
         }
     }
 }

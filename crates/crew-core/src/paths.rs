@@ -179,6 +179,49 @@ fn utf8(path: PathBuf) -> Result<Utf8PathBuf, ContainmentError> {
     })
 }
 
+/// Which directory a workspace is, recorded when crew creates it: its device and inode, read
+/// without following symlinks. A workspace whose path no longer names this directory (the agent
+/// renamed it, or replaced it with a link to somewhere else) is not crew's to commit into,
+/// clean or delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirIdentity {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl DirIdentity {
+    /// The identity of the real directory at `path`; a symlink or a file is an error.
+    pub fn of(path: &Utf8Path) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::symlink_metadata(path)?;
+        if !metadata.file_type().is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{path} is not a real directory"),
+            ));
+        }
+        Ok(DirIdentity {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+        })
+    }
+
+    /// Whether `path` still names this very directory (not a link to it, not another one).
+    /// Why not, when it does not.
+    pub fn check(&self, path: &Utf8Path) -> Result<(), String> {
+        match DirIdentity::of(path) {
+            Ok(found) if found == *self => Ok(()),
+            Ok(_) => Err(format!(
+                "{path} is no longer the directory crew created there (it was replaced)"
+            )),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Err(format!("{path} is gone")),
+            Err(error) => Err(format!(
+                "{path} is no longer the directory crew created there: {error}"
+            )),
+        }
+    }
+}
+
 /// What [`remove_contained`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removed {

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::WorkspaceMode;
 use crate::ids::{RunId, TaskId, WorkspaceId};
+use crate::paths::DirIdentity;
 
 /// What kind of directory a task actually got (after any fallback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -114,6 +115,15 @@ pub struct TaskWorkspace {
     /// Degradations and notes, such as a fallback to `temp`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Which directory `root` was when the provider made it; teardown acts on nothing else.
+    /// `None` for directories crew did not make (`single`: the project itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<DirIdentity>,
+    /// Besides `root`, what an agent working here must be able to write: for a worktree, the
+    /// parts of the shared git directory a commit needs (objects, refs, logs, its own admin
+    /// entry). The sandbox grants these and nothing else of the repository.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<Utf8PathBuf>,
 }
 
 /// Why a provider could not give a task its workspace.

@@ -22,7 +22,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use camino::Utf8PathBuf;
+use camino::{Utf8Path, Utf8PathBuf};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
@@ -30,9 +30,9 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crew_core::config::{AgentDef, SteerMode, fill_template};
+use crew_core::config::{AgentDef, SandboxMode, SteerMode, fill_template};
 use crew_core::env_vars;
-use crew_core::model::{ExitRecord, Timestamp};
+use crew_core::model::{ExitRecord, SandboxRecord, Timestamp};
 use crew_core::{AgentId, WorkspaceId};
 
 use crate::env::{BaseEnv, agent_env};
@@ -40,6 +40,7 @@ use crate::error::{AgentOpError, SpawnAgentError};
 use crate::events::{AgentEvent, OutputStream};
 use crate::output::{OutputSink, OutputTail, drain};
 use crate::procscan;
+use crate::sandbox::{self, SandboxPlan};
 use crate::spawn::{Spawner, guard_with_warden};
 
 /// The message a resume without one sends to agents whose `resume` template wants one.
@@ -68,6 +69,11 @@ pub struct AgentSpec {
     pub output_log: Utf8PathBuf,
     /// The control socket agents reach their host on (`crew ask`), passed as `CREW_SOCKET`.
     pub socket: Option<Utf8PathBuf>,
+    /// What the kernel lets the agent write.
+    pub sandbox: SandboxPlan,
+    /// Variables crew sets for this kind of workspace (such as `GIT_CEILING_DIRECTORIES`, so
+    /// that git in a workspace inside the project never finds the project's repository).
+    pub workspace_env: Vec<(String, String)>,
 }
 
 /// Whether the agent's process is alive.
@@ -98,6 +104,8 @@ pub struct AgentStatus {
     pub queued_follow_ups: usize,
     /// The runner tore the workspace down: the agent cannot be resumed here any more.
     pub closed: bool,
+    /// How the kernel confined its latest process.
+    pub sandbox: Option<SandboxRecord>,
 }
 
 impl AgentStatus {
@@ -173,6 +181,9 @@ struct Running {
     stdin: Option<ChildStdin>,
     readers: Vec<JoinHandle<()>>,
     turn_ended: mpsc::UnboundedReceiver<()>,
+    sandbox: SandboxRecord,
+    /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
+    _temp_dir: tempfile::TempDir,
 }
 
 /// The handle parts a new supervisor hands to the registry.
@@ -198,6 +209,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         question: None,
         queued_follow_ups: 0,
         closed: false,
+        sandbox: Some(running.sandbox.clone()),
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -220,6 +232,7 @@ pub(crate) fn start_idle(
         question,
         queued_follow_ups: 0,
         closed: false,
+        sandbox: None,
     };
     supervise_from(
         spec,
@@ -311,6 +324,33 @@ async fn launch(
     if let Some(message) = resume_message {
         crew_vars.push((env_vars::CREW_MESSAGE, message.to_owned()));
     }
+    let temp_dir = private_temp_dir(spec)?;
+    let temp_path = Utf8PathBuf::from_path_buf(temp_dir.path().to_owned()).map_err(|path| {
+        SpawnAgentError::TempDir {
+            agent_id: spec.agent_id.clone(),
+            source: std::io::Error::other(format!("{} is not UTF-8", path.display())),
+        }
+    })?;
+    crew_vars.push((env_vars::TMPDIR, temp_path.to_string()));
+    for (name, value) in &spec.workspace_env {
+        crew_vars.push((name.as_str(), value.clone()));
+    }
+    let home = launcher
+        .env
+        .get("HOME")
+        .and_then(|home| home.to_str())
+        .map(Utf8Path::new);
+    let mut extra_writes = definition.sandbox.write_paths(home);
+    extra_writes.push(temp_path);
+    let mut plan = spec.sandbox.clone();
+    if definition.sandbox.mode == SandboxMode::Off {
+        plan.mode = SandboxMode::Off;
+    }
+    let sandbox =
+        sandbox::prepare(&plan, &extra_writes).map_err(|source| SpawnAgentError::Sandbox {
+            agent_id: spec.agent_id.clone(),
+            source,
+        })?;
     let steerable = definition.steer != SteerMode::None;
     let mut command = Command::new(program);
     command
@@ -326,7 +366,11 @@ async fn launch(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(false);
-    guard_with_warden(&mut command, &procscan::agent_marker(&spec.agent_id));
+    guard_with_warden(
+        &mut command,
+        &procscan::agent_marker(&spec.agent_id),
+        sandbox.ruleset,
+    );
 
     let log = open_log(spec)?;
     let mut child =
@@ -369,7 +413,25 @@ async fn launch(
         pid,
         readers,
         turn_ended: turn_rx,
+        sandbox: sandbox.record,
+        _temp_dir: temp_dir,
     })
+}
+
+/// A temp dir of the agent's own (mode 0700) in the host's temp directory: its `TMPDIR`, and
+/// the one place outside its workspace the sandbox lets every agent write.
+fn private_temp_dir(spec: &AgentSpec) -> Result<tempfile::TempDir, SpawnAgentError> {
+    tempfile::Builder::new()
+        .prefix(&format!(
+            "crew-agent-{}-",
+            crew_core::safe_segment(spec.agent_id.task_id().as_str())
+        ))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|source| SpawnAgentError::TempDir {
+            agent_id: spec.agent_id.clone(),
+            source,
+        })
 }
 
 fn open_log(spec: &AgentSpec) -> Result<std::fs::File, SpawnAgentError> {
@@ -490,9 +552,11 @@ impl Supervisor {
             match launch(&self.spec, &self.launcher, &self.tail, message.as_deref()).await {
                 Ok(running) => {
                     let pid = running.pid;
+                    let sandbox = running.sandbox.clone();
                     self.status.send_modify(|status| {
                         status.state = AgentState::Running;
                         status.pid = Some(pid);
+                        status.sandbox = Some(sandbox);
                         status.attempt += 1;
                         status.question = None;
                         status.queued_follow_ups = self.follow_ups.len();

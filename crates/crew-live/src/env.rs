@@ -58,8 +58,9 @@ pub fn agent_env(
     crew: &[(&str, String)],
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = Vec::new();
-    let mut set = |name: OsString, value: OsString| {
-        if is_git_location(name.as_bytes()) {
+    // crew's own variables may name git's (`GIT_CEILING_DIRECTORIES`); the user's never do.
+    let mut set = |name: OsString, value: OsString, from_crew: bool| {
+        if !from_crew && is_git_location(name.as_bytes()) {
             return;
         }
         env.retain(|(existing, _)| existing != &name);
@@ -75,14 +76,14 @@ pub fn agent_env(
             .iter()
             .any(|pattern| matches(pattern, name.as_bytes()));
         if allowed {
-            set(name.clone(), value.clone());
+            set(name.clone(), value.clone(), false);
         }
     }
     for (name, value) in &definition.env {
-        set(name.into(), value.into());
+        set(name.into(), value.into(), false);
     }
     for (name, value) in crew {
-        set((*name).into(), value.into());
+        set((*name).into(), value.into(), true);
     }
     env
 }

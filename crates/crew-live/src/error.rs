@@ -25,6 +25,18 @@ pub enum SpawnAgentError {
     },
     #[error("agent {agent_id} is already live in this host")]
     Duplicate { agent_id: AgentId },
+    #[error("failed to make the private temp dir of agent {agent_id}")]
+    TempDir {
+        agent_id: AgentId,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to confine agent {agent_id}")]
+    Sandbox {
+        agent_id: AgentId,
+        #[source]
+        source: crate::sandbox::BuildSandboxError,
+    },
 }
 
 /// An operation on a live agent that was refused or failed. The agent received nothing unless

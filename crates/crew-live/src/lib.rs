@@ -35,7 +35,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use crew_core::{AgentId, RunId, TaskId, WorkspaceId, config::AgentDef};
-//! use crew_live::{AgentHost, AgentSpec, AgentEvent};
+//! use crew_live::{AgentHost, AgentSpec, AgentEvent, SandboxPlan};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let host = AgentHost::new()?;
@@ -52,6 +52,8 @@
 //!         stop_grace: Duration::from_secs(10),
 //!         output_log: "/tmp/hello.log".into(),
 //!         socket: None,
+//!         sandbox: SandboxPlan::confined_to(workspace.as_path()),
+//!         workspace_env: Vec::new(),
 //!     })
 //!     .await?;
 //! host.registry().steer(&workspace, "hello", "yes").await?;
@@ -80,6 +82,7 @@ pub mod procscan;
 pub mod publish;
 pub mod registry;
 pub mod runner;
+pub mod sandbox;
 pub mod spawn;
 
 pub use agent::{AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
@@ -89,3 +92,4 @@ pub use events::{AgentEvent, OutputStream};
 pub use host::AgentHost;
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
 pub use runner::{CancelLevel, RunError, RunSpec, Runner};
+pub use sandbox::SandboxPlan;

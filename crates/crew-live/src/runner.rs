@@ -26,7 +26,7 @@ use crew_core::model::{
 };
 use crew_core::provider::{
     AllocateWorkspaceError, RunRequest, TaskWorkspace, TeardownRequest, UpstreamWork,
-    WorkspaceProvider, WorkspaceRequest,
+    WorkspaceKind, WorkspaceProvider, WorkspaceRequest,
 };
 use crew_core::store::StateError;
 use crew_core::{AgentId, RunId, StateStore, TaskId, Team, Workspace};
@@ -35,6 +35,7 @@ use crate::agent::AgentSpec;
 use crate::control::{ErrorBody, RunCommand, SubmittedTask};
 use crate::host::AgentHost;
 use crate::registry::AgentHandle;
+use crate::sandbox::SandboxPlan;
 
 /// How far a cancellation goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -786,14 +787,7 @@ impl RunContext {
                 Some(hint) => format!("{}\nhint: {hint}", error.message),
                 None => error.message.clone(),
             })?;
-        let record = WorkspaceRecord {
-            kind: allocated.kind,
-            root: allocated.root.clone(),
-            dir: allocated.dir.clone(),
-            branch: allocated.branch.clone(),
-            base_commit: allocated.base_commit.clone(),
-            reused: allocated.reused,
-        };
+        let record = WorkspaceRecord::of(&allocated);
         let warnings = allocated.warnings.clone();
         let task_id = task.id.clone();
         let _ = self
@@ -828,6 +822,13 @@ impl RunContext {
             stop_grace: self.runner.config.run.stop_grace.0,
             output_log: store.output_log_path(&self.run_id, &task.id),
             socket: self.socket.clone(),
+            sandbox: SandboxPlan {
+                mode: self.runner.config.sandbox.mode,
+                write: std::iter::once(workspace.root.clone())
+                    .chain(workspace.writable.iter().cloned())
+                    .collect(),
+            },
+            workspace_env: workspace_env(workspace),
         }
     }
 
@@ -931,6 +932,7 @@ impl RunContext {
                 record.pid = status.pid;
                 record.attempts += 1;
                 record.question = None;
+                record.sandbox = status.sandbox;
                 Ok(())
             })
             .await;
@@ -1095,6 +1097,19 @@ impl RunContext {
                 Ok(())
             })
             .await;
+    }
+}
+
+/// What an agent's environment carries for its kind of workspace: in `temp` and `dedicated`
+/// workspaces (which may lie inside the project, as `.crew/state/ws/…` does), git must not
+/// climb above the workspace into a repository around it.
+fn workspace_env(workspace: &TaskWorkspace) -> Vec<(String, String)> {
+    match (workspace.kind, workspace.root.parent()) {
+        (WorkspaceKind::Temp | WorkspaceKind::Dedicated, Some(parent)) => vec![(
+            crew_core::env_vars::GIT_CEILING_DIRECTORIES.to_owned(),
+            parent.to_string(),
+        )],
+        _ => Vec::new(),
     }
 }
 

@@ -24,6 +24,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
@@ -46,15 +47,22 @@ const SWEEPS: usize = 8;
 /// Makes `command` start under a warden in a process group of its own. `marker` is the
 /// environment entry the agent carries (`CREW_AGENT_ID=<id>`): on host death, the warden kills
 /// every process holding it, inside the group or not.
-pub fn guard_with_warden(command: &mut Command, marker: &str) {
+///
+/// With a `ruleset` (a Landlock ruleset built by [`crate::sandbox`]), the agent restricts itself
+/// with it right before exec: the agent and everything it starts are confined, the warden is
+/// not.
+pub fn guard_with_warden(command: &mut Command, marker: &str, ruleset: Option<OwnedFd>) {
     let host_pid = std::process::id() as libc::pid_t;
     // Allocated here, before the fork; the warden only reads it.
     let marker: Box<[u8]> = marker.as_bytes().into();
     // SAFETY: the closure only makes async-signal-safe calls (see `become_warden`), captures a
-    // plain integer and a buffer it never frees, and is sound to run in the child between fork
-    // and exec.
+    // plain integer, a buffer it never frees and a descriptor it keeps open until the command
+    // is dropped, and is sound to run in the child between fork and exec.
     unsafe {
-        command.pre_exec(move || become_warden(host_pid, &marker));
+        command.pre_exec(move || {
+            let ruleset = ruleset.as_ref().map(AsRawFd::as_raw_fd);
+            become_warden(host_pid, &marker, ruleset)
+        });
     }
 }
 
@@ -63,7 +71,11 @@ pub fn guard_with_warden(command: &mut Command, marker: &str) {
 ///
 /// # Safety
 /// Must only be called between fork and exec.
-unsafe fn become_warden(host_pid: libc::pid_t, marker: &[u8]) -> io::Result<()> {
+unsafe fn become_warden(
+    host_pid: libc::pid_t,
+    marker: &[u8],
+    ruleset: Option<libc::c_int>,
+) -> io::Result<()> {
     // SAFETY: every call below is async-signal-safe and operates on this process only.
     unsafe {
         if libc::setpgid(0, 0) != 0 {
@@ -102,6 +114,9 @@ unsafe fn become_warden(host_pid: libc::pid_t, marker: &[u8]) -> io::Result<()> 
             // The agent: the parent-death signal is not inherited; restore the default action
             // of the warden's signal before exec clears the handler anyway.
             libc::signal(WARDEN_SIGNAL, libc::SIG_DFL);
+            if let Some(ruleset) = ruleset {
+                crate::sandbox::restrict_self(ruleset)?;
+            }
             return Ok(());
         }
         warden(agent)

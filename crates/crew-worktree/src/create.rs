@@ -13,6 +13,7 @@ use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::WorktreeSettings;
 use crew_core::fsutil::{FileLock, ensure_real_dir};
 use crew_core::git_exclude::ensure_excluded;
+use crew_core::paths::DirIdentity;
 use crew_core::provider::{TaskWorkspace, UpstreamWork, WorkspaceKind};
 use crew_core::{RunId, TaskId};
 use git2::{BranchType, Oid, Repository};
@@ -92,14 +93,17 @@ pub fn prepare_worktree(
         })?;
         drop(lock);
         let dir = task_dir(&names.root, request.invocation_dir)?;
+        let identity = identity_of(&names.root)?;
         return Ok(TaskWorkspace {
             kind: WorkspaceKind::Worktree,
-            root: names.root,
             dir,
             branch: Some(names.branch),
             base_commit: Some(request.base.to_string()),
             reused: true,
             warnings,
+            identity: Some(identity),
+            writable: agent_writable(&common, request.settings, &names.admin),
+            root: names.root,
         });
     }
 
@@ -107,22 +111,53 @@ pub fn prepare_worktree(
     let created = create_locked(&repo, &common, &names, request, &mut made);
     drop(lock);
     let result = created.and_then(|(base_commit, tip)| {
-        finish_outside_lock(&common, &names, request, tip, made.recycled).map(|(dir, warnings)| {
-            TaskWorkspace {
-                kind: WorkspaceKind::Worktree,
-                root: names.root.clone(),
-                dir,
-                branch: Some(names.branch.clone()),
-                base_commit: Some(base_commit.to_string()),
-                reused: !made.branch,
-                warnings,
-            }
+        let (dir, warnings) = finish_outside_lock(&common, &names, request, tip, made.recycled)?;
+        Ok(TaskWorkspace {
+            kind: WorkspaceKind::Worktree,
+            root: names.root.clone(),
+            dir,
+            branch: Some(names.branch.clone()),
+            base_commit: Some(base_commit.to_string()),
+            reused: !made.branch,
+            warnings,
+            identity: Some(identity_of(&names.root)?),
+            writable: agent_writable(&common, request.settings, &names.admin),
         })
     });
     if result.is_err() {
         rollback(&repo, &common, &names, &made);
     }
     result
+}
+
+/// The identity teardown checks a workspace against: a real directory, never a link.
+pub(crate) fn identity_of(root: &Utf8Path) -> Result<DirIdentity, PrepareWorktreeError> {
+    DirIdentity::of(root).map_err(|source| PrepareWorktreeError::Identity {
+        path: root.to_owned(),
+        source,
+    })
+}
+
+/// What an agent in this worktree must write in the shared git directory for its own `git add`
+/// and `git commit`: objects, crew's task branches and their reflogs, and its own admin entry —
+/// never the shared `config`, `hooks/`, `info/`, `packed-refs`, the user's branches and tags, or
+/// another worktree's entry. The branch directories are made when missing (as git would).
+pub fn agent_writable(
+    common: &Utf8Path,
+    settings: &WorktreeSettings,
+    admin: &str,
+) -> Vec<Utf8PathBuf> {
+    let branches = common.join("refs/heads").join(&settings.branch_prefix);
+    let reflogs = common.join("logs/refs/heads").join(&settings.branch_prefix);
+    for dir in [&branches, &reflogs] {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    vec![
+        common.join("objects"),
+        branches,
+        reflogs,
+        common.join("worktrees").join(admin),
+    ]
 }
 
 /// What this attempt created, so that a failure removes exactly that.

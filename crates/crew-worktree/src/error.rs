@@ -136,6 +136,12 @@ pub enum PrepareWorktreeError {
     },
     #[error("the temp directory {path} is not valid UTF-8")]
     NotUtf8 { path: String },
+    #[error("failed to record which directory the workspace {path} is")]
+    Identity {
+        path: Utf8PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn list_paths(paths: &[String]) -> String {
@@ -217,6 +223,26 @@ pub enum TeardownWorktreeError {
     NestedRepository { path: Utf8PathBuf, nested: String },
     #[error("HEAD of the worktree {path} is not on a branch; its commits would be lost with it")]
     DetachedHead { path: Utf8PathBuf },
+    #[error(
+        "the workspace {path} is not the directory crew created; nothing was committed, cleaned or removed: {problem}"
+    )]
+    Replaced { path: Utf8PathBuf, problem: String },
+    #[error(
+        "the worktree {path} points at the git directory {found}, not its own admin entry {expected}; crew commits nothing there"
+    )]
+    ForeignGitDir {
+        path: Utf8PathBuf,
+        found: String,
+        expected: Utf8PathBuf,
+    },
+    #[error(
+        "the worktree {path} is on branch {found}, not its task's branch {expected}; crew commits nothing onto another branch"
+    )]
+    OtherBranch {
+        path: Utf8PathBuf,
+        found: String,
+        expected: String,
+    },
     #[error("failed to stage the work in {path}")]
     Stage {
         path: Utf8PathBuf,

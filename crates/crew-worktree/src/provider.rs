@@ -11,7 +11,7 @@ use crew_core::provider::{
 use crew_core::{StateStore, safe_segment};
 use git2::Oid;
 
-use crate::create::{CreateWorktree, prepare_worktree};
+use crate::create::{CreateWorktree, identity_of, prepare_worktree};
 use crate::error::{PrepareWorktreeError, TeardownWorktreeError};
 use crate::leader;
 use crate::teardown::{TeardownWorktree, release_preserved, teardown_worktree};
@@ -52,6 +52,55 @@ impl CrewWorkspaces {
     /// Where temp workspaces are made (and the only place their removal may touch).
     pub fn temp_root(&self) -> &Utf8Path {
         &self.temp_root
+    }
+
+    /// Where a task's workspace of this kind must be, derived from its ids and crew's roots,
+    /// never taken from the record: a record pointing elsewhere (edited by hand, or by an
+    /// agent) is refused before anything is touched.
+    fn check_place(
+        &self,
+        workspace: &TaskWorkspace,
+        request: &TeardownRequest,
+    ) -> Result<(), String> {
+        let root = &workspace.root;
+        let expected_place = match workspace.kind {
+            WorkspaceKind::Single => return Ok(()),
+            WorkspaceKind::Dedicated => {
+                let store = StateStore::new(&request.workspace, request.repo_root.as_deref());
+                let expected = store.dedicated_dir(&request.run_id, &request.task_id);
+                (*root == expected)
+                    .then_some(())
+                    .ok_or(expected.to_string())
+            }
+            WorkspaceKind::Temp => {
+                let name_ok = root.file_name().is_some_and(|name| {
+                    name.starts_with(&format!(
+                        "crew-ws-{}-",
+                        safe_segment(request.task_id.as_str())
+                    ))
+                });
+                (name_ok && root.parent() == Some(self.temp_root.as_path()))
+                    .then_some(())
+                    .ok_or(format!("a crew-ws-* directory in {}", self.temp_root))
+            }
+            WorkspaceKind::Worktree => {
+                let Some(repo_root) = request.repo_root.as_deref() else {
+                    return Err("the repository root is unknown".to_owned());
+                };
+                let names = crate::names::TaskNames::new(
+                    repo_root,
+                    &self.settings,
+                    &request.run_id,
+                    &request.task_id,
+                );
+                (*root == names.root)
+                    .then_some(())
+                    .ok_or(names.root.to_string())
+            }
+        };
+        expected_place.map_err(|expected| {
+            format!("the recorded workspace {root} is not where this task's workspace belongs ({expected})")
+        })
     }
 
     /// The leader checks of a worktree run: a repository with a commit, clean unless the
@@ -130,12 +179,14 @@ impl CrewWorkspaces {
             })?;
         Ok(TaskWorkspace {
             kind: WorkspaceKind::Temp,
+            identity: Some(identity_of(&dir)?),
             root: dir.clone(),
             dir,
             branch: None,
             base_commit: None,
             reused: false,
             warnings: Vec::new(),
+            writable: Vec::new(),
         })
     }
 
@@ -152,12 +203,14 @@ impl CrewWorkspaces {
             .map_err(PrepareWorktreeError::Dedicated)?;
         Ok(TaskWorkspace {
             kind: WorkspaceKind::Dedicated,
+            identity: Some(identity_of(&dir)?),
             root: dir.clone(),
             dir,
             branch: None,
             base_commit: None,
             reused: existed,
             warnings: Vec::new(),
+            writable: Vec::new(),
         })
     }
 }
@@ -224,6 +277,8 @@ impl WorkspaceProvider for CrewWorkspaces {
                     base_commit: None,
                     reused: false,
                     warnings: Vec::new(),
+                    identity: None,
+                    writable: Vec::new(),
                 })
             }
             WorkspaceMode::Temp => self.allocate_temp(request),
@@ -255,6 +310,28 @@ impl WorkspaceProvider for CrewWorkspaces {
             report.preserved = Some(workspace.root.clone());
             report.preserved_reason = Some("the agent may still be running".to_owned());
             return Err(teardown_error(TeardownWorktreeError::AgentAlive, report));
+        }
+        let checked = self.check_place(workspace, request).and_then(|()| {
+            match workspace.kind {
+                WorkspaceKind::Temp | WorkspaceKind::Dedicated => {
+                    crate::teardown::check_identity(workspace).map_err(|error| error.to_string())
+                }
+                // Checked by the worktree teardown itself, which also checks its git directory.
+                WorkspaceKind::Single | WorkspaceKind::Worktree => Ok(()),
+            }
+        });
+        if let Err(problem) = checked {
+            // Left exactly as it is: not crew's directory (any more) to commit into, clean or
+            // remove.
+            report.preserved = Some(workspace.root.clone());
+            report.preserved_reason = Some(problem.clone());
+            return Err(teardown_error(
+                TeardownWorktreeError::Replaced {
+                    path: workspace.root.clone(),
+                    problem,
+                },
+                report,
+            ));
         }
         match workspace.kind {
             WorkspaceKind::Single => Ok(report),

@@ -58,11 +58,13 @@ pub fn teardown_worktree(
     let common = leader::common_dir(&leader_repo);
 
     let mut work_branch = Some(names.branch.clone());
-    if root.exists() {
+    if std::fs::symlink_metadata(root).is_ok() {
+        check_identity(request.workspace)?;
         let repo = Repository::open(root).map_err(|source| TeardownWorktreeError::Open {
             path: root.clone(),
             source,
         })?;
+        check_git_dir(&repo, root, &common, &names)?;
         let links = crew_links(request.settings, request.repo_root, root);
         work_branch = save_work(&repo, root, &links, request, report)?;
         let head = repo.head().ok().and_then(|head| head.target());
@@ -130,6 +132,47 @@ pub fn teardown_worktree(
         report,
     );
     Ok(())
+}
+
+/// The workspace must still be the very directory crew created (never a link, never another
+/// directory put in its place): otherwise nothing is committed into, cleaned or removed.
+pub(crate) fn check_identity(workspace: &TaskWorkspace) -> Result<(), TeardownWorktreeError> {
+    let checked = match &workspace.identity {
+        Some(identity) => identity.check(&workspace.root),
+        // Recorded before identities were: at least a real directory, not a link.
+        None => crew_core::paths::DirIdentity::of(&workspace.root)
+            .map(drop)
+            .map_err(|error| format!("{}: {error}", workspace.root)),
+    };
+    checked.map_err(|problem| TeardownWorktreeError::Replaced {
+        path: workspace.root.clone(),
+        problem,
+    })
+}
+
+/// The worktree's `.git` file must lead to its own admin entry: one rewritten to point at the
+/// leader's (or another) repository would make crew commit there.
+fn check_git_dir(
+    repo: &Repository,
+    root: &Utf8Path,
+    common: &Utf8Path,
+    names: &TaskNames,
+) -> Result<(), TeardownWorktreeError> {
+    let expected = common.join("worktrees").join(&names.admin);
+    let found = repo.path();
+    let same = match (found.canonicalize(), expected.as_std_path().canonicalize()) {
+        (Ok(found), Ok(expected)) => found == expected,
+        _ => false,
+    };
+    if same {
+        Ok(())
+    } else {
+        Err(TeardownWorktreeError::ForeignGitDir {
+            path: root.to_owned(),
+            found: found.display().to_string(),
+            expected,
+        })
+    }
 }
 
 /// The paths crew linked into this worktree (symlinks pointing at the leader's directories).
@@ -230,6 +273,18 @@ fn save_work(
     }
     let branch = head.shorthand().ok().map(str::to_owned);
     let branch_name = branch.clone().unwrap_or_default();
+    let expected = request
+        .workspace
+        .branch
+        .clone()
+        .unwrap_or_else(|| names_branch(request));
+    if branch_name != expected {
+        return Err(TeardownWorktreeError::OtherBranch {
+            path: root.to_owned(),
+            found: branch_name,
+            expected,
+        });
+    }
     if pending.is_empty() {
         return Ok(branch);
     }
@@ -291,6 +346,16 @@ fn save_work(
         });
     }
     Ok(branch)
+}
+
+fn names_branch(request: &TeardownWorktree<'_>) -> String {
+    TaskNames::new(
+        request.repo_root,
+        request.settings,
+        request.run_id,
+        request.task_id,
+    )
+    .branch
 }
 
 /// Reads the commit back from the object database: it must exist, be on HEAD and carry the

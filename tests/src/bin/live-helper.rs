@@ -52,6 +52,8 @@ fn host(args: &[String]) {
                 stop_grace: Duration::from_secs(10),
                 output_log: workspace.as_path().join(format!("agent-{index}.log")),
                 socket: None,
+                sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
+                workspace_env: Vec::new(),
             })
             .await
             .unwrap();
@@ -107,6 +109,8 @@ fn many(args: &[String]) {
                 stop_grace: grace,
                 output_log: camino::Utf8PathBuf::from_path_buf(logs.path().join(format!("a{index}.log"))).unwrap(),
                 socket: None,
+                sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
+                workspace_env: Vec::new(),
             })
             .await
             .unwrap();

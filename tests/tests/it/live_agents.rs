@@ -45,6 +45,8 @@ impl LiveFixture {
             stop_grace: Duration::from_millis(500),
             output_log: self.env.root().join("logs").join(format!("{task}.log")),
             socket: None,
+            sandbox: crew_live::SandboxPlan::confined_to(self.workspace.as_path()),
+            workspace_env: Vec::new(),
         }
     }
 
@@ -207,7 +209,7 @@ async fn a_second_stop_kills_at_once() {
 async fn an_agent_handling_term_exits_cleanly_without_kill() {
     let fixture = LiveFixture::new();
     let mut events = fixture.host.subscribe();
-    let done = fixture.env.root().join("cleaned.txt");
+    let done = fixture.workspace.as_path().join("cleaned.txt");
     let handle = fixture
         .host
         .start(fixture.spec(
@@ -329,7 +331,8 @@ async fn agents_see_only_their_allow_listed_environment() {
             "CREW_WORKSPACE",
             "HOME",
             "OPENAI_API_KEY",
-            "PATH"
+            "PATH",
+            "TMPDIR"
         ]
     );
     assert!(output.contains(&format!("CREW_AGENT_ID={}", fixture.agent_id("env"))));

@@ -715,7 +715,7 @@ fn temp_workspace_lifecycle() {
     assert!(
         error
             .message
-            .contains("failed to remove the temp workspace"),
+            .contains("is not where this task's workspace belongs"),
         "{}",
         error.message
     );

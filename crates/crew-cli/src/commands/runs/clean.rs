@@ -114,13 +114,9 @@ fn kept_workspaces(manifest: &RunManifest) -> Vec<(crew_core::TaskId, TaskWorksp
                 (
                     task.id.clone(),
                     TaskWorkspace {
-                        kind: record.kind,
                         root,
-                        dir: record.dir.clone(),
-                        branch: record.branch.clone(),
-                        base_commit: record.base_commit.clone(),
                         reused: true,
-                        warnings: Vec::new(),
+                        ..record.to_task_workspace()
                     },
                 )
             })

@@ -1,0 +1,233 @@
+//! The kernel's confinement of each agent (DESIGN §8a), with Linux Landlock.
+//!
+//! An agent is a program with a shell, driven by a model that can be wrong or manipulated. Before
+//! its program is executed, the agent's process (forked by its warden, see [`crate::spawn`])
+//! restricts itself with a Landlock ruleset that everything it starts inherits:
+//!
+//! - reading and executing stay open everywhere, and so does the network;
+//! - writing (creating, removing, renaming, truncating, linking) is allowed only beneath its
+//!   workspace, its private temp dir (its `TMPDIR`), what its provider says a commit from there
+//!   needs (for a worktree: the shared git objects, crew's task branches and their reflogs, its
+//!   own admin entry), the paths its agent definition adds (`[sandbox] write`), and a few device
+//!   files (`/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`, `/dev/shm`);
+//! - signals to processes outside its own sandbox are refused (Landlock ABI 6 and newer), so an
+//!   agent cannot kill its host or the user's other programs.
+//!
+//! The ruleset is built in the host before the fork (opening the paths allocates); the forked
+//! process only makes the two system calls that apply it, which are async-signal-safe.
+//!
+//! Where the kernel has no Landlock, or the user turned the sandbox off, agents run unconfined;
+//! the task's record says so, and crew's own checks (the tripwire on the shared git directory,
+//! teardown that acts only on the directory it created) still hold.
+#![allow(unsafe_code)]
+
+use std::os::fd::OwnedFd;
+use std::sync::OnceLock;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::config::SandboxMode;
+use crew_core::model::{SandboxRecord, SandboxState};
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    Scope, path_beneath_rules,
+};
+
+/// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`
+/// and `IoctlDev`). Older kernels get the subset they have.
+const FS_ABI: ABI = ABI::V5;
+/// The ABI that brought signal scoping.
+const SCOPE_ABI: ABI = ABI::V6;
+
+/// Device files every program may write to (or ioctl, for the random devices).
+const DEVICE_FILES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/shm",
+];
+
+/// What an agent may write, decided by whoever starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPlan {
+    /// `Off` runs the agent unconfined.
+    pub mode: SandboxMode,
+    /// Directories (or files) the agent may write beneath: its workspace root and what the
+    /// provider adds. The agent definition's `[sandbox] write` and the private temp dir are
+    /// added when it starts.
+    pub write: Vec<Utf8PathBuf>,
+}
+
+impl SandboxPlan {
+    /// Confined to `dir` (plus the agent's own temp dir and its definition's paths).
+    pub fn confined_to(dir: impl Into<Utf8PathBuf>) -> Self {
+        SandboxPlan {
+            mode: SandboxMode::Enforce,
+            write: vec![dir.into()],
+        }
+    }
+}
+
+/// A ruleset built for one start of an agent, ready to be applied in its process.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// The Landlock ruleset; `None` when the agent runs unconfined.
+    pub ruleset: Option<OwnedFd>,
+    pub record: SandboxRecord,
+}
+
+/// A ruleset the kernel refused to build.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to build the sandbox of the agent: {message}")]
+pub struct BuildSandboxError {
+    pub message: String,
+}
+
+/// The Landlock ABI version this kernel supports, or `None` without Landlock. Asked once.
+pub fn kernel_abi() -> Option<u32> {
+    static ABI_VERSION: OnceLock<Option<u32>> = OnceLock::new();
+    *ABI_VERSION.get_or_init(|| {
+        const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+        // SAFETY: with a null attribute and size 0, this flag only asks for the ABI version;
+        // no memory is read or written.
+        let version = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<u8>(),
+                0usize,
+                LANDLOCK_CREATE_RULESET_VERSION,
+            )
+        };
+        u32::try_from(version).ok().filter(|version| *version > 0)
+    })
+}
+
+/// Builds the ruleset of one start of an agent: writes beneath `plan.write`, `extra` (its
+/// definition's paths and its temp dir) and the device files; nothing else. Paths that do not
+/// exist cannot be granted and are listed as missing.
+pub(crate) fn prepare(
+    plan: &SandboxPlan,
+    extra: &[Utf8PathBuf],
+) -> Result<Prepared, BuildSandboxError> {
+    let abi = kernel_abi();
+    let state = match (plan.mode, abi) {
+        (SandboxMode::Off, _) => SandboxState::Off,
+        (SandboxMode::Enforce, None) => SandboxState::Unsupported,
+        (SandboxMode::Enforce, Some(_)) => SandboxState::Enforced,
+    };
+    let mut write: Vec<Utf8PathBuf> = Vec::new();
+    let mut missing = Vec::new();
+    for path in plan.write.iter().chain(extra) {
+        if write.contains(path) || missing.contains(path) {
+            continue;
+        }
+        // Never through a link the agent could have planted: the rule would follow it.
+        match std::fs::symlink_metadata(path) {
+            Ok(metadata) if !metadata.file_type().is_symlink() => write.push(path.clone()),
+            _ => missing.push(path.clone()),
+        }
+    }
+    if state != SandboxState::Enforced {
+        return Ok(Prepared {
+            ruleset: None,
+            record: SandboxRecord {
+                state,
+                abi,
+                write: Vec::new(),
+                missing: Vec::new(),
+            },
+        });
+    }
+    let build_error = |error: landlock::RulesetError| BuildSandboxError {
+        message: error.to_string(),
+    };
+    let devices = DEVICE_FILES
+        .iter()
+        .map(Utf8Path::new)
+        .filter(|path| path.exists());
+    let ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_write(FS_ABI))
+        .and_then(|ruleset| ruleset.scope(Scope::from_all(SCOPE_ABI)))
+        .and_then(|ruleset| ruleset.create())
+        .and_then(|ruleset| {
+            ruleset.add_rules(path_beneath_rules(
+                write.iter().map(|path| path.as_std_path()),
+                AccessFs::from_write(FS_ABI),
+            ))
+        })
+        .and_then(|ruleset| {
+            ruleset.add_rules(path_beneath_rules(
+                devices.map(Utf8Path::as_std_path),
+                AccessFs::from_write(FS_ABI),
+            ))
+        })
+        .map_err(build_error)?;
+    let ruleset: Option<OwnedFd> = ruleset.into();
+    Ok(Prepared {
+        record: SandboxRecord {
+            state: if ruleset.is_some() {
+                SandboxState::Enforced
+            } else {
+                SandboxState::Unsupported
+            },
+            abi,
+            write,
+            missing,
+        },
+        ruleset,
+    })
+}
+
+/// Applies a ruleset built by [`prepare`] to the calling process: no new privileges (setuid
+/// programs cannot lift the sandbox), then the ruleset.
+///
+/// # Safety
+/// Runs between fork and exec: only async-signal-safe system calls, no allocation.
+pub(crate) unsafe fn restrict_self(ruleset: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: plain system calls on this process.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_builds_nothing_and_says_so() {
+        let plan = SandboxPlan {
+            mode: SandboxMode::Off,
+            write: vec!["/tmp".into()],
+        };
+        let prepared = prepare(&plan, &[]).unwrap();
+        assert!(prepared.ruleset.is_none());
+        assert_eq!(prepared.record.state, SandboxState::Off);
+    }
+
+    #[test]
+    fn missing_and_linked_paths_are_not_granted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Utf8PathBuf::from_path_buf(dir.path().to_owned()).unwrap();
+        let link = root.join("link");
+        std::os::unix::fs::symlink("/", &link).unwrap();
+        let plan = SandboxPlan::confined_to(root.clone());
+        let prepared = prepare(&plan, &[root.join("absent"), link.clone()]).unwrap();
+        assert!(
+            kernel_abi().is_some(),
+            "crew's machines have Landlock (DESIGN §9); this kernel does not"
+        );
+        assert_eq!(prepared.record.state, SandboxState::Enforced);
+        assert!(prepared.ruleset.is_some());
+        assert_eq!(prepared.record.write, std::slice::from_ref(&root));
+        assert_eq!(prepared.record.missing, [root.join("absent"), link]);
+    }
+}
