@@ -240,9 +240,17 @@ pub fn relative(ctx: &Context, path: &camino::Utf8Path) -> String {
     }
 }
 
+/// Who reads a summary: the end of a run withholds the merge line of a task whose agent changed
+/// git's files until the user has read what it changed in `crew runs show`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryFor {
+    RunEnd,
+    Review,
+}
+
 /// The summary of a finished run: the task table, then where the work is and the commands to
 /// inspect or merge it.
-pub fn summary(ctx: &Context, manifest: &RunManifest) -> String {
+pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> String {
     let ui = &ctx.ui;
     let mut table = Table::new(&[
         "TASK", "STATUS", "DURATION", "EXIT", "BRANCH", "+/-", "WORK",
@@ -262,6 +270,7 @@ pub fn summary(ctx: &Context, manifest: &RunManifest) -> String {
             None => "-".into(),
         };
         let report = task.teardown.as_ref();
+        let findings = report.map_or(&[][..], |report| &report.security[..]);
         let branch = report.and_then(|report| report.branch.clone());
         let plus_minus = report
             .and_then(|report| report.diffstat)
@@ -306,7 +315,33 @@ pub fn summary(ctx: &Context, manifest: &RunManifest) -> String {
                 &base[..base.len().min(12)],
                 task.id
             ));
-            next.push(format!("git merge {branch}"));
+            if findings.is_empty() || reader == SummaryFor::Review {
+                next.push(format!("git merge {branch}"));
+            }
+        }
+        for finding in findings {
+            let restored = if finding.restored {
+                "crew put it back"
+            } else {
+                "crew could NOT put it back"
+            };
+            let saved = finding
+                .saved
+                .as_ref()
+                .map(|saved| format!("; the agent's version is kept at {}", relative(ctx, saved)))
+                .unwrap_or_default();
+            next.push(format!(
+                "# {}: SECURITY: the agent {} {} ({restored}{saved})",
+                task.id,
+                finding.change,
+                relative(ctx, &finding.path)
+            ));
+        }
+        if !findings.is_empty() && reader == SummaryFor::RunEnd {
+            next.push(format!(
+                "# {}: read `crew runs show {}` before merging its work",
+                task.id, manifest.run_id
+            ));
         }
         if let Some(question) = &task.question
             && task.status == TaskStatus::Waiting

@@ -206,6 +206,23 @@ pub struct TeardownReport {
     pub merge_hint: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Files git runs or trusts on the user's behalf (the shared `config`, `hooks/`, `info/`)
+    /// that changed while the task ran: put back, and the changed version kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security: Vec<SecurityFinding>,
+}
+
+/// A change to a file git runs or trusts on the user's behalf, found when a task ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityFinding {
+    pub path: Utf8PathBuf,
+    /// `added`, `modified` or `removed`.
+    pub change: String,
+    /// It was put back as it was before the task started.
+    pub restored: bool,
+    /// Where the changed version was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<Utf8PathBuf>,
 }
 
 /// A teardown that could not finish. Whatever it could not be sure of was kept in place.

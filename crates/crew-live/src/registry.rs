@@ -57,6 +57,9 @@ pub struct AgentSnapshot {
     pub queued_follow_ups: usize,
     /// The last lines of its output (each capped).
     pub last_lines: Vec<String>,
+    /// Whether the kernel confined its latest process.
+    #[serde(default)]
+    pub sandbox: Option<crew_core::SandboxState>,
 }
 
 impl AgentHandle {
@@ -100,6 +103,7 @@ impl AgentHandle {
             question: status.question,
             queued_follow_ups: status.queued_follow_ups,
             last_lines,
+            sandbox: status.sandbox.map(|record| record.state),
         }
     }
 

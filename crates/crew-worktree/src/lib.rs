@@ -29,6 +29,7 @@ pub mod names;
 pub mod pool;
 pub mod provider;
 pub mod teardown;
+pub mod tripwire;
 
 pub use error::{ListWorktreesError, PrepareWorktreeError, TeardownWorktreeError};
 pub use provider::{CrewWorkspaces, fallback_warning};

@@ -10,11 +10,17 @@ use crew_core::provider::{
 };
 use crew_core::{StateStore, safe_segment};
 use git2::Oid;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use crew_core::provider::SecurityFinding;
+use crew_core::{RunId, TaskId};
 
 use crate::create::{CreateWorktree, identity_of, prepare_worktree};
 use crate::error::{PrepareWorktreeError, TeardownWorktreeError};
 use crate::leader;
 use crate::teardown::{TeardownWorktree, release_preserved, teardown_worktree};
+use crate::tripwire::Baseline;
 
 /// crew's workspaces: `single`, `worktree`, `temp` and `dedicated`.
 #[derive(Debug, Clone)]
@@ -23,6 +29,16 @@ pub struct CrewWorkspaces {
     fallback: IsolationFallback,
     require_clean_leader: bool,
     temp_root: Utf8PathBuf,
+    /// The tripwire of each repository with tasks in this process, keyed by its common git dir.
+    tripwires: Arc<Mutex<HashMap<Utf8PathBuf, Tripwire>>>,
+}
+
+/// The files a repository's tasks must not change, as they were before the first of the tasks
+/// now active started.
+#[derive(Debug)]
+struct Tripwire {
+    baseline: Baseline,
+    active: HashSet<(RunId, TaskId)>,
 }
 
 impl CrewWorkspaces {
@@ -36,6 +52,7 @@ impl CrewWorkspaces {
             settings: config.worktree.clone(),
             fallback: config.isolation.fallback,
             temp_root,
+            tripwires: Arc::default(),
         }
     }
 
@@ -52,6 +69,79 @@ impl CrewWorkspaces {
     /// Where temp workspaces are made (and the only place their removal may touch).
     pub fn temp_root(&self) -> &Utf8Path {
         &self.temp_root
+    }
+
+    fn tripwires(&self) -> std::sync::MutexGuard<'_, HashMap<Utf8PathBuf, Tripwire>> {
+        self.tripwires
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts watching the repository's git files for this task: a fresh copy of them when no
+    /// other task of the repository is active in this process, the copy already taken
+    /// otherwise (it must predate every agent that could have changed them).
+    fn arm_tripwire(&self, request: &WorkspaceRequest) {
+        let Some(common) = repository_common_dir(request.repo_root.as_deref()) else {
+            return;
+        };
+        let mut tripwires = self.tripwires();
+        let tripwire = tripwires.entry(common.clone()).or_insert_with(|| Tripwire {
+            baseline: Baseline::of_repository(&common),
+            active: HashSet::new(),
+        });
+        if tripwire.active.is_empty() {
+            tripwire.baseline = Baseline::of_repository(&common);
+        }
+        tripwire
+            .active
+            .insert((request.run_id.clone(), request.task_id.clone()));
+    }
+
+    /// Puts back what changed since the tripwire was armed, keeps the changed versions in the
+    /// task's state directory, and reports each change.
+    fn check_tripwire(
+        &self,
+        workspace: &TaskWorkspace,
+        request: &TeardownRequest,
+    ) -> Vec<SecurityFinding> {
+        let Some(common) = repository_common_dir(request.repo_root.as_deref()) else {
+            return Vec::new();
+        };
+        let mut tripwires = self.tripwires();
+        let Some(tripwire) = tripwires.get_mut(&common) else {
+            return Vec::new();
+        };
+        // A worktree's own config, which crew never writes: any is the agent's.
+        let own = match workspace.kind {
+            WorkspaceKind::Worktree => {
+                let names = crate::names::TaskNames::new(
+                    request
+                        .repo_root
+                        .as_deref()
+                        .unwrap_or(request.workspace.as_path()),
+                    &self.settings,
+                    &request.run_id,
+                    &request.task_id,
+                );
+                vec![
+                    common
+                        .join("worktrees")
+                        .join(names.admin)
+                        .join("config.worktree"),
+                ]
+            }
+            _ => Vec::new(),
+        };
+        let evidence = StateStore::new(&request.workspace, request.repo_root.as_deref())
+            .task_dir(&request.run_id, &request.task_id)
+            .join("tripwire");
+        let findings = tripwire.baseline.restore(&own, &evidence);
+        if !request.keep {
+            tripwire
+                .active
+                .remove(&(request.run_id.clone(), request.task_id.clone()));
+        }
+        findings
     }
 
     /// Where a task's workspace of this kind must be, derived from its ids and crew's roots,
@@ -297,7 +387,9 @@ impl WorkspaceProvider for CrewWorkspaces {
                 other => other,
             },
         };
-        result.map_err(PrepareWorktreeError::into_allocate_error)
+        let workspace = result.map_err(PrepareWorktreeError::into_allocate_error)?;
+        self.arm_tripwire(request);
+        Ok(workspace)
     }
 
     fn teardown(
@@ -311,6 +403,7 @@ impl WorkspaceProvider for CrewWorkspaces {
             report.preserved_reason = Some("the agent may still be running".to_owned());
             return Err(teardown_error(TeardownWorktreeError::AgentAlive, report));
         }
+        report.security = self.check_tripwire(workspace, request);
         let checked = self.check_place(workspace, request).and_then(|()| {
             match workspace.kind {
                 WorkspaceKind::Temp | WorkspaceKind::Dedicated => {
@@ -404,6 +497,13 @@ impl WorkspaceProvider for CrewWorkspaces {
             }
         }
     }
+}
+
+/// The common git directory of the repository at `repo_root`, if there is one.
+fn repository_common_dir(repo_root: Option<&Utf8Path>) -> Option<Utf8PathBuf> {
+    let repo_root = repo_root?;
+    let repo = git2::Repository::open(repo_root).ok()?;
+    Some(leader::common_dir(&repo))
 }
 
 fn teardown_error(error: TeardownWorktreeError, report: TeardownReport) -> TeardownError {

@@ -16,6 +16,7 @@ mod core_discovery;
 mod core_ids;
 mod core_paths;
 mod core_state;
+mod hostile;
 mod live_agents;
 mod live_control;
 mod worktree_listing;

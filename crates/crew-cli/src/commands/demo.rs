@@ -8,7 +8,7 @@ use crew_core::{TaskId, Team, Workspace};
 use crew_live::RunSpec;
 
 use crate::context::Context;
-use crate::hosting::{Hosting, outcome, summary};
+use crate::hosting::{Hosting, SummaryFor, outcome, summary};
 use crate::ui::{Style, Ui};
 use crate::{CliError, Outcome};
 
@@ -121,7 +121,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     if ui.quiet {
         return Ok(outcome(&manifest));
     }
-    print!("{}", summary(&ctx, &manifest));
+    print!("{}", summary(&ctx, &manifest, SummaryFor::RunEnd));
     println!();
     for task in &manifest.tasks {
         let (Some(branch), Some(base)) = (

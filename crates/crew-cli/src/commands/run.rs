@@ -10,7 +10,7 @@ use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
 use crate::context::{Context, config_error};
-use crate::hosting::{Hosting, outcome, summary};
+use crate::hosting::{Hosting, SummaryFor, outcome, summary};
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
@@ -114,6 +114,21 @@ fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
     if let Some(reason) = &manifest.reason {
         println!("  {}", ctx.ui.paint(reason, crate::ui::Style::Warn));
     }
+    if let Some(warning) = sandbox_warning(ctx) {
+        println!("  {}", ctx.ui.paint(&warning, crate::ui::Style::Warn));
+    }
+}
+
+/// Said once per run when agents will not be confined by the kernel.
+pub fn sandbox_warning(ctx: &Context) -> Option<String> {
+    if ctx.config.sandbox.mode == crew_core::config::SandboxMode::Off {
+        return Some(
+            "agents are NOT sandboxed: [sandbox] mode = \"off\" in .crew/config.toml; crew still checks git's files and workspaces after each task".to_owned(),
+        );
+    }
+    crew_live::sandbox::kernel_abi().is_none().then(|| {
+        "agents are NOT contained: this kernel has no Landlock, so an agent can write anywhere you can; crew still checks git's files and workspaces after each task".to_owned()
+    })
 }
 
 #[allow(clippy::print_stdout)]
@@ -128,7 +143,7 @@ pub fn print_result(
             serde_json::to_string_pretty(manifest).map_err(CliError::internal)?
         );
     } else if !ctx.ui.quiet {
-        print!("{}", summary(ctx, manifest));
+        print!("{}", summary(ctx, manifest, SummaryFor::RunEnd));
     }
     Ok(())
 }

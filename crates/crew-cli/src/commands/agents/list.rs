@@ -42,6 +42,8 @@ pub struct AgentRow {
     pub question: Option<String>,
     pub exit: Option<ExitRecord>,
     pub last_line: Option<String>,
+    /// `enforced`, `off` or `unsupported`: whether the kernel confined it.
+    pub sandbox: Option<crew_core::SandboxState>,
 }
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
@@ -105,6 +107,10 @@ pub async fn rows(ctx: &Context, all_runs: bool, json: bool) -> Result<Vec<Agent
             question: agent.question.clone(),
             exit: agent.exit.clone(),
             last_line: agent.last_lines.last().cloned(),
+            sandbox: agent.sandbox.or_else(|| {
+                task.and_then(|task| task.sandbox.as_ref())
+                    .map(|sandbox| sandbox.state)
+            }),
         });
     }
     if all_runs {
@@ -136,6 +142,7 @@ pub async fn rows(ctx: &Context, all_runs: bool, json: bool) -> Result<Vec<Agent
                 question: task.question.clone(),
                 exit: task.exit.clone(),
                 last_line: None,
+                sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),
             });
         }
     }

@@ -1,7 +1,7 @@
 //! `crew runs show`
 
 use crate::context::Context;
-use crate::hosting::summary;
+use crate::hosting::{SummaryFor, summary};
 use crate::{CliError, Outcome};
 
 /// Show one run: its tasks, their outcome, and where their work is.
@@ -34,6 +34,6 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
     if let Some(reason) = &manifest.reason {
         println!("  {}", crate::ui::sanitize(reason));
     }
-    print!("{}", summary(&ctx, &manifest));
+    print!("{}", summary(&ctx, &manifest, SummaryFor::Review));
     Ok(Outcome::Success)
 }

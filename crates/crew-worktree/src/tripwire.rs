@@ -1,0 +1,239 @@
+//! The tripwire on what git runs or trusts on the user's behalf (DESIGN §8a).
+//!
+//! An agent that could write the shared git directory (its sandbox off or unsupported, or a
+//! `single` task working in the leader itself) could plant a command there: `core.fsmonitor` in
+//! `config` runs on the user's next `git status`, a `hooks/post-merge` on the `git merge` crew
+//! suggests, `objects/info/alternates` feeds objects from elsewhere. So while tasks of a
+//! repository run, crew keeps a copy of those files as they were before the first task started:
+//!
+//! - `config`, `objects/info/alternates`, everything under `hooks/` and `info/`;
+//! - each worktree task's own `config.worktree`.
+//!
+//! When a task ends, whatever differs is put back from the copy, the version the agent left is
+//! kept under the task's state directory (nothing is lost, a change the user made meanwhile
+//! included), and each change is reported as a security finding on the task.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::fsutil::write_atomic;
+use crew_core::provider::SecurityFinding;
+
+/// Files directly watched, relative to the common git directory.
+const WATCHED_FILES: &[&str] = &["config", "objects/info/alternates"];
+/// Directories whose whole content is watched.
+const WATCHED_DIRS: &[&str] = &["hooks", "info"];
+
+/// One watched file as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    File { contents: Vec<u8>, mode: u32 },
+    Link { target: Utf8PathBuf },
+}
+
+/// The watched files of a repository (and of one worktree task), as they were.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Baseline {
+    /// Keyed by absolute path; a path absent from the map did not exist.
+    entries: BTreeMap<Utf8PathBuf, Entry>,
+    /// The common git directory.
+    common: Utf8PathBuf,
+}
+
+impl Baseline {
+    /// Reads the watched files of the repository whose common git directory is `common`.
+    pub fn of_repository(common: &Utf8Path) -> Self {
+        let mut baseline = Baseline {
+            entries: BTreeMap::new(),
+            common: common.to_owned(),
+        };
+        for path in baseline.watched_now(&[]) {
+            baseline.add_file(&path);
+        }
+        baseline
+    }
+
+    /// Adds one more file to watch (a task's `config.worktree`), as it is now.
+    pub fn add_file(&mut self, path: &Utf8Path) {
+        if let Some(entry) = read_entry(path) {
+            self.entries.insert(path.to_owned(), entry);
+        } else {
+            self.entries.remove(path);
+        }
+    }
+
+    /// Every path this baseline watches now: its files, and whatever is under its directories.
+    fn watched_now(&self, extra: &[Utf8PathBuf]) -> Vec<Utf8PathBuf> {
+        let mut paths: Vec<Utf8PathBuf> = self.entries.keys().cloned().collect();
+        paths.extend(WATCHED_FILES.iter().map(|file| self.common.join(file)));
+        for dir in WATCHED_DIRS {
+            paths.extend(files_under(&self.common.join(dir)));
+        }
+        paths.extend(extra.iter().cloned());
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+
+    /// Puts every watched file that changed back as it was; the changed version goes to
+    /// `evidence` (keeping its path below `/` as its name). `extra` are files watched for this
+    /// task only (absent from the baseline when they did not exist).
+    pub fn restore(&self, extra: &[Utf8PathBuf], evidence: &Utf8Path) -> Vec<SecurityFinding> {
+        let mut findings = Vec::new();
+        for path in self.watched_now(extra) {
+            let before = self.entries.get(&path);
+            let now = read_entry(&path);
+            if before == now.as_ref() {
+                continue;
+            }
+            let change = match (before, &now) {
+                (None, _) => "added",
+                (Some(_), None) => "removed",
+                (Some(_), Some(_)) => "modified",
+            };
+            let saved = now.as_ref().and_then(|_| keep_evidence(&path, evidence));
+            let restored = match before {
+                Some(entry) => put_back(&path, entry),
+                None => std::fs::remove_file(&path).is_ok(),
+            };
+            findings.push(SecurityFinding {
+                path,
+                change: change.to_owned(),
+                restored,
+                saved,
+            });
+        }
+        findings
+    }
+}
+
+/// The regular files and links under `dir`, never through a link.
+fn files_under(dir: &Utf8Path) -> Vec<Utf8PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(current) = stack.pop() {
+        let Ok(read) = current.read_dir_utf8() else {
+            continue;
+        };
+        for entry in read.flatten() {
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => stack.push(entry.into_path()),
+                Ok(_) => files.push(entry.into_path()),
+                Err(_) => {}
+            }
+        }
+    }
+    files
+}
+
+fn read_entry(path: &Utf8Path) -> Option<Entry> {
+    let metadata = std::fs::symlink_metadata(path).ok()?;
+    if metadata.file_type().is_symlink() {
+        let target = std::fs::read_link(path).ok()?;
+        return Some(Entry::Link {
+            target: Utf8PathBuf::from_path_buf(target).ok()?,
+        });
+    }
+    if !metadata.is_file() {
+        return None;
+    }
+    Some(Entry::File {
+        contents: crew_core::fsutil::read_nofollow(path).ok()?,
+        mode: metadata.permissions().mode() & 0o7777,
+    })
+}
+
+/// Copies what is at `path` now into `evidence`, never following a link.
+fn keep_evidence(path: &Utf8Path, evidence: &Utf8Path) -> Option<Utf8PathBuf> {
+    let target = evidence.join(path.as_str().trim_start_matches('/'));
+    std::fs::create_dir_all(target.parent()?).ok()?;
+    match read_entry(path)? {
+        Entry::File { contents, .. } => write_atomic(&target, &contents).ok()?,
+        Entry::Link { target: link } => {
+            let _ = std::fs::remove_file(&target);
+            std::os::unix::fs::symlink(&link, &target).ok()?;
+        }
+    }
+    Some(target)
+}
+
+/// Writes `entry` back at `path`, replacing whatever is there (a link is replaced, never
+/// written through).
+fn put_back(path: &Utf8Path, entry: &Entry) -> bool {
+    if std::fs::symlink_metadata(path).is_ok_and(|metadata| !metadata.is_file()) {
+        let removed = std::fs::remove_file(path).is_ok() || std::fs::remove_dir_all(path).is_ok();
+        if !removed {
+            return false;
+        }
+    }
+    if let Some(parent) = path.parent()
+        && std::fs::create_dir_all(parent).is_err()
+    {
+        return false;
+    }
+    match entry {
+        Entry::File { contents, mode } => {
+            write_atomic(path, contents).is_ok()
+                && std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode)).is_ok()
+        }
+        Entry::Link { target } => std::os::unix::fs::symlink(target, path).is_ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_are_put_back_and_kept_as_evidence() {
+        let dir = tempfile::tempdir().unwrap();
+        let common = Utf8PathBuf::from_path_buf(dir.path().join("git")).unwrap();
+        let evidence = Utf8PathBuf::from_path_buf(dir.path().join("evidence")).unwrap();
+        std::fs::create_dir_all(common.join("hooks")).unwrap();
+        std::fs::write(common.join("config"), "[core]\n").unwrap();
+        std::fs::write(common.join("hooks/pre-commit.sample"), "#!/bin/sh\n").unwrap();
+        let baseline = Baseline::of_repository(&common);
+        assert!(baseline.restore(&[], &evidence).is_empty());
+
+        std::fs::write(common.join("config"), "[core]\nfsmonitor = evil\n").unwrap();
+        std::fs::write(common.join("hooks/post-merge"), "evil\n").unwrap();
+        std::fs::remove_file(common.join("hooks/pre-commit.sample")).unwrap();
+        std::fs::create_dir_all(common.join("info")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", common.join("info/attributes")).unwrap();
+        let mut findings = baseline.restore(&[], &evidence);
+        findings.sort_by(|a, b| a.path.cmp(&b.path));
+        let summary: Vec<(&str, &str, bool)> = findings
+            .iter()
+            .map(|finding| {
+                (
+                    finding.path.strip_prefix(&common).unwrap().as_str(),
+                    finding.change.as_str(),
+                    finding.restored,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("config", "modified", true),
+                ("hooks/post-merge", "added", true),
+                ("hooks/pre-commit.sample", "removed", true),
+                ("info/attributes", "added", true),
+            ]
+        );
+        assert_eq!(
+            std::fs::read_to_string(common.join("config")).unwrap(),
+            "[core]\n"
+        );
+        assert!(!common.join("hooks/post-merge").exists());
+        assert!(common.join("hooks/pre-commit.sample").exists());
+        assert!(std::fs::symlink_metadata(common.join("info/attributes")).is_err());
+        let saved = findings[0].saved.as_ref().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(saved).unwrap(),
+            "[core]\nfsmonitor = evil\n"
+        );
+        assert!(baseline.restore(&[], &evidence).is_empty());
+    }
+}

@@ -1,0 +1,309 @@
+//! Agents as the untrusted party (DESIGN §8a): an agent that tries each escape, against the
+//! real kernel sandbox and with the sandbox off, where crew's own checks must still hold.
+//!
+//! Each attempt prints `ESCAPED <what>` when it worked; the tests read the agent's output, the
+//! run's record, and fingerprints of everything outside crew's roots taken before and after.
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_tests::{TestEnv, render_output, tree_fingerprint, write};
+
+use crate::cli_run::{manifest, run_ids};
+
+/// What the world outside crew's roots looks like: the home directory, a sibling repository
+/// (worktree, `.git` included), the leader's own files and its git config and hooks.
+struct Canaries {
+    paths: Vec<Utf8PathBuf>,
+}
+
+impl Canaries {
+    fn new(env: &TestEnv, leader: &Utf8Path, sibling: &Utf8Path) -> Self {
+        write(&env.home().join("canary.txt"), "do not touch\n");
+        Canaries {
+            paths: vec![
+                env.home(),
+                sibling.to_owned(),
+                leader.join("README.md"),
+                leader.join("src"),
+                leader.join(".git/config"),
+                leader.join(".git/hooks"),
+                leader.join(".git/refs/heads/main"),
+            ],
+        }
+    }
+
+    fn fingerprint(&self) -> Vec<(Utf8PathBuf, Vec<(String, String)>)> {
+        self.paths
+            .iter()
+            .map(|path| {
+                let print = if path.is_dir() {
+                    tree_fingerprint(path.as_std_path())
+                } else {
+                    vec![(String::new(), std::fs::read_to_string(path).unwrap())]
+                };
+                (path.clone(), print)
+            })
+            .collect()
+    }
+}
+
+/// A sibling repository with a tracked file, an untracked one and an ignored `prod.env`.
+fn sibling_repo(env: &TestEnv) -> Utf8PathBuf {
+    let sibling = env.repo("sibling");
+    write(&sibling.join(".gitignore"), "prod.env\n");
+    env.git(&sibling, ["add", ".gitignore"]);
+    env.git(&sibling, ["commit", "-q", "-m", "ignore prod.env"]);
+    write(&sibling.join("prod.env"), "SECRET=1\n");
+    write(&sibling.join("untracked.txt"), "mine\n");
+    sibling
+}
+
+/// The escapes a hostile agent tries from its worktree; each prints `ESCAPED <what>` if it
+/// worked. Then it does its real work: a commit of its own and a file left uncommitted.
+fn escapes(sibling: &Utf8Path) -> String {
+    format!(
+        r##"
+warden=$PPID
+echo work > work.txt
+git add work.txt && git -c user.name=agent -c user.email=agent@example.com commit -q -m "agent's own commit"
+echo uncommitted > uncommitted.txt
+ln -s / root-link
+echo tmp > "$TMPDIR/scratch" && echo "TMPDIR OK"
+try() {{ name=$1; shift; if ( "$@" ) 2>/dev/null; then echo "ESCAPED $name"; fi; }}
+try home sh -c 'echo pwned >> "$HOME/canary.txt"'
+try home-new sh -c 'echo pwned > "$HOME/new.txt"'
+try sibling sh -c 'echo pwned >> {sibling}/README.md'
+try sibling-git sh -c 'echo "[core] fsmonitor = touch /tmp/x" >> {sibling}/.git/config'
+try leader-file sh -c 'echo pwned >> "$CREW_PROJECT_ROOT/README.md"'
+try leader-state sh -c 'echo pwned > "$CREW_PROJECT_ROOT/.crew/state/planted"'
+try git-config git config core.fsmonitor "touch $HOME/fsmonitor-ran"
+try git-hook sh -c 'printf "#!/bin/sh\ntouch $HOME/hook-ran\n" > "$CREW_PROJECT_ROOT/.git/hooks/post-merge"'
+try git-info sh -c 'echo "* filter=evil" > "$CREW_PROJECT_ROOT/.git/info/attributes"'
+try main-branch git update-ref refs/heads/main HEAD
+try new-branch git branch planted
+try rename-workspace mv "$PWD" "$PWD.moved"
+try grandchild sh -c 'sh -c "echo pwned > \"\$HOME/grandchild.txt\""'
+try signal-warden kill -0 "$warden"
+echo done
+"##
+    )
+}
+
+fn team(env: &TestEnv, repo: &Utf8Path, prompt: &str) {
+    write(
+        &repo.join(".crew/teams/hostile.toml"),
+        &format!(
+            "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"hostile\"\nagent = \"shell\"\nprompt = '''{prompt}'''\n"
+        ),
+    );
+    env.git(repo, ["add", ".crew"]);
+    env.git(repo, ["commit", "-q", "-m", "crew team"]);
+}
+
+fn output_log(repo: &Utf8Path, run: &str, task: &str) -> String {
+    std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
+        .unwrap()
+}
+
+fn task<'a>(manifest: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    manifest["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["id"] == id)
+        .unwrap()
+}
+
+#[test]
+fn a_hostile_agent_in_a_worktree_is_confined_and_its_work_kept() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let sibling = sibling_repo(&env);
+    team(&env, &repo, &escapes(&sibling));
+    // crew's own first run adds its exclude lines; the canaries are taken after that.
+    let warmup = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(warmup.status.success(), "{}", render_output(&warmup));
+    let canaries = Canaries::new(&env, &repo, &sibling);
+    let before = canaries.fingerprint();
+
+    let output = env.crew(&repo, ["run", "hostile"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)[0].clone();
+    let log = output_log(&repo, &run, "hostile");
+    assert!(!log.contains("ESCAPED"), "an escape worked:\n{log}");
+    assert!(log.contains("TMPDIR OK") && log.contains("done"), "{log}");
+    assert_eq!(
+        canaries.fingerprint(),
+        before,
+        "something outside crew's roots changed"
+    );
+    for planted in ["new.txt", "grandchild.txt", "fsmonitor-ran", "hook-ran"] {
+        assert!(!env.home().join(planted).exists(), "{planted}");
+    }
+    assert!(!repo.join(".crew/state/planted").exists());
+
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "hostile");
+    assert_eq!(record["sandbox"]["state"], "enforced", "{record:#}");
+    assert_eq!(record["status"], "succeeded");
+    assert!(
+        record["teardown"]["security"].is_null(),
+        "nothing to restore: {record:#}"
+    );
+    // The legitimate work, the agent's commit and what it left uncommitted, is on its branch;
+    // the link to `/` is committed as a link.
+    let branch = record["teardown"]["branch"].as_str().unwrap();
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", branch]);
+    for file in ["work.txt", "uncommitted.txt", "root-link"] {
+        assert!(files.lines().any(|line| line == file), "{file} in {files}");
+    }
+    let link = env.git(&repo, ["cat-file", "-p", &format!("{branch}:root-link")]);
+    assert_eq!(link, "/");
+    let log = env.git(&repo, ["log", "--format=%s", branch]);
+    assert!(log.contains("agent's own commit"), "{log}");
+    env.git(&repo, ["fsck", "--no-progress"]);
+}
+
+#[test]
+fn with_the_sandbox_off_crews_checks_still_hold() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let sibling = sibling_repo(&env);
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    let plant = r#"git config core.fsmonitor "touch $HOME/fsmonitor-ran"
+printf '#!/bin/sh\ntouch $HOME/hook-ran\n' > "$CREW_PROJECT_ROOT/.git/hooks/post-merge"
+chmod +x "$CREW_PROJECT_ROOT/.git/hooks/post-merge"
+echo planted > planted.txt"#;
+    // The agent swaps its worktree for a link to the sibling repository.
+    let swap = format!(
+        "echo work > work.txt; cd ..; mv \"$CREW_TASK_ID\" \"$CREW_TASK_ID.gone\"; ln -s {sibling} \"$CREW_TASK_ID\""
+    );
+    // The agent points its worktree's `.git` at the leader's repository.
+    let repoint = "echo work > work.txt; echo \"gitdir: $CREW_PROJECT_ROOT/.git\" > .git";
+    write(
+        &repo.join(".crew/teams/hostile.toml"),
+        &format!(
+            "workspace_mode = \"worktree\"\nmax_parallel = 1\n\
+             [[tasks]]\nid = \"plant\"\nagent = \"shell\"\nprompt = '''{plant}'''\n\
+             [[tasks]]\nid = \"swap\"\nagent = \"shell\"\nprompt = '''{swap}'''\n\
+             [[tasks]]\nid = \"repoint\"\nagent = \"shell\"\nprompt = '''{repoint}'''\n"
+        ),
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew team"]);
+    let warmup = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(warmup.status.success(), "{}", render_output(&warmup));
+    let sibling_before = tree_fingerprint(sibling.as_std_path());
+    let leader_head = env.git(&repo, ["rev-parse", "HEAD"]);
+    let config_before = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+
+    let output = env.crew(&repo, ["run", "hostile"]);
+    let shown = render_output(&output);
+    assert!(shown.contains("agents are NOT sandboxed"), "{shown}");
+    let run = run_ids(&env, &repo)[0].clone();
+    let manifest = manifest(&env, &repo, &run);
+
+    // The tripwire put git's files back, kept what the agent wrote, and the merge line waits.
+    let plant = task(&manifest, "plant");
+    assert_eq!(plant["sandbox"]["state"], "off");
+    let findings = plant["teardown"]["security"].as_array().unwrap();
+    let changed: Vec<&str> = findings
+        .iter()
+        .map(|finding| finding["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        changed.iter().any(|path| path.ends_with(".git/config"))
+            && changed
+                .iter()
+                .any(|path| path.ends_with("hooks/post-merge")),
+        "{findings:#?}"
+    );
+    assert!(findings.iter().all(|finding| finding["restored"] == true));
+    assert_eq!(
+        std::fs::read_to_string(repo.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert!(!repo.join(".git/hooks/post-merge").exists());
+    let plant_branch = plant["teardown"]["branch"].as_str().unwrap();
+    assert!(shown.contains("SECURITY"), "{shown}");
+    assert!(
+        !shown.contains(&format!("git merge {plant_branch}")),
+        "merge line withheld:\n{shown}"
+    );
+    let review = env.crew(&repo, ["runs", "show", &run]);
+    let review = render_output(&review);
+    assert!(
+        review.contains(&format!("git merge {plant_branch}")),
+        "{review}"
+    );
+    env.git(&repo, ["status"]);
+    assert!(!env.home().join("fsmonitor-ran").exists());
+
+    // The swapped workspace: nothing committed into the sibling, nothing of it deleted.
+    let swap = task(&manifest, "swap");
+    let reason = swap["teardown"]["preserved_reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("not the directory crew created") || reason.contains("replaced"),
+        "{swap:#}"
+    );
+    assert_eq!(tree_fingerprint(sibling.as_std_path()), sibling_before);
+    assert!(sibling.join("prod.env").exists());
+    assert_ne!(swap["teardown"]["branch"], "main");
+
+    // The repointed `.git`: nothing committed onto the leader's branch.
+    let repoint = task(&manifest, "repoint");
+    let warnings = repoint["warnings"].to_string();
+    assert!(warnings.contains("not its own admin entry"), "{repoint:#}");
+    assert_eq!(env.git(&repo, ["rev-parse", "HEAD"]), leader_head);
+    assert_eq!(
+        env.git(&repo, ["status", "--porcelain"]),
+        "",
+        "the leader's checkout is as it was"
+    );
+}
+
+#[test]
+fn a_dedicated_agent_cannot_commit_into_the_project() {
+    for sandbox in ["enforce", "off"] {
+        let env = TestEnv::new();
+        let repo = env.repo("project");
+        write(
+            &repo.join(".crew/config.toml"),
+            &format!("[sandbox]\nmode = \"{sandbox}\"\n"),
+        );
+        write(&repo.join("mine.txt"), "the user's untracked file\n");
+        let head = env.git(&repo, ["rev-parse", "HEAD"]);
+        let output = env.crew(
+            &repo,
+            [
+                "run",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                "dedicated",
+                "echo work > work.txt; git add -A && git -c user.name=a -c user.email=a@example.com commit -q -m agent && echo ESCAPED commit; true",
+            ],
+        );
+        assert!(output.status.success(), "{}", render_output(&output));
+        let run = run_ids(&env, &repo)[0].clone();
+        let log = output_log(&repo, &run, "shell");
+        assert!(!log.contains("ESCAPED"), "sandbox {sandbox}: {log}");
+        assert_eq!(
+            env.git(&repo, ["rev-parse", "HEAD"]),
+            head,
+            "sandbox {sandbox}"
+        );
+        let status = env.git(&repo, ["status", "--porcelain"]);
+        assert!(
+            status.contains("?? mine.txt"),
+            "sandbox {sandbox}: {status}"
+        );
+        let dedicated = repo.join(format!(".crew/state/ws/{run}/shell/work.txt"));
+        assert!(
+            dedicated.exists(),
+            "the agent's work stays in its workspace"
+        );
+    }
+}
