@@ -194,13 +194,35 @@ pub struct ExitRecord {
     /// How a stop ended it: `term` (exited after TERM), `kill` (needed KILL), or none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
-    /// Processes of the agent's group still alive (or holding its output) after it exited,
-    /// killed by crew.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub leaked_processes: bool,
+    /// How many processes the agent left behind when it exited (in its group, daemons that
+    /// left it, holders of its output), all killed by crew. Records written before counts were
+    /// kept say `true` (read as 1).
+    #[serde(
+        default,
+        skip_serializing_if = "is_zero",
+        deserialize_with = "count_or_flag"
+    )]
+    pub leaked_processes: u32,
     /// The agent was stopped because it ran longer than its timeout.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+}
+
+fn is_zero(count: &u32) -> bool {
+    *count == 0
+}
+
+fn count_or_flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum CountOrFlag {
+        Count(u32),
+        Flag(bool),
+    }
+    Ok(match CountOrFlag::deserialize(deserializer)? {
+        CountOrFlag::Count(count) => count,
+        CountOrFlag::Flag(flag) => u32::from(flag),
+    })
 }
 
 impl ExitRecord {

@@ -41,7 +41,7 @@ use crate::events::{AgentEvent, OutputStream};
 use crate::output::{OutputSink, OutputTail, drain};
 use crate::procscan;
 use crate::sandbox::{self, SandboxPlan};
-use crate::spawn::{Spawner, guard_with_warden};
+use crate::spawn::{LeftoverCount, Spawner, guard_with_warden};
 
 /// The message a resume without one sends to agents whose `resume` template wants one.
 pub const DEFAULT_RESUME_MESSAGE: &str = "Continue where you left off.";
@@ -182,6 +182,8 @@ struct Running {
     readers: Vec<JoinHandle<()>>,
     turn_ended: mpsc::UnboundedReceiver<()>,
     sandbox: SandboxRecord,
+    /// How many processes the warden killed after the agent exited.
+    leftovers: LeftoverCount,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
     _temp_dir: tempfile::TempDir,
 }
@@ -366,11 +368,16 @@ async fn launch(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(false);
-    guard_with_warden(
+    let leftovers = guard_with_warden(
         &mut command,
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
-    );
+    )
+    .map_err(|source| SpawnAgentError::Spawn {
+        agent_id: spec.agent_id.clone(),
+        program: program.clone(),
+        source,
+    })?;
 
     let log = open_log(spec)?;
     let mut child =
@@ -414,6 +421,7 @@ async fn launch(
         readers,
         turn_ended: turn_rx,
         sandbox: sandbox.record,
+        leftovers,
         _temp_dir: temp_dir,
     })
 }
@@ -702,7 +710,7 @@ impl Supervisor {
             code: None,
             signal: None,
             stopped_by: None,
-            leaked_processes: false,
+            leaked_processes: 0,
             timed_out,
         };
         match status {
@@ -715,9 +723,10 @@ impl Supervisor {
         if term_sent || kill_sent {
             exit.stopped_by = Some(if kill_sent { "kill" } else { "term" }.to_owned());
         }
-        exit.leaked_processes = self
-            .clean_up_leftovers(pid, &mut running.readers, term_sent || kill_sent)
-            .await;
+        exit.leaked_processes = running
+            .leftovers
+            .get()
+            .saturating_add(self.clean_up_leftovers(pid, &mut running.readers).await);
         Ended {
             exit,
             stop_waiters,
@@ -725,31 +734,28 @@ impl Supervisor {
         }
     }
 
-    /// After the agent exited: kills what is left of its group and what still holds its
-    /// pipes; after a stop, also what left the group but carries its marker. Returns whether
-    /// anything was left.
-    async fn clean_up_leftovers(
-        &self,
-        pid: u32,
-        readers: &mut Vec<JoinHandle<()>>,
-        stopped: bool,
-    ) -> bool {
-        let mut leaked = false;
+    /// After the agent exited (and its warden killed what it left beneath it): kills what is
+    /// still in its group, what carries its marker outside it, and what still holds its pipes.
+    /// Returns how many processes that was.
+    async fn clean_up_leftovers(&self, pid: u32, readers: &mut Vec<JoinHandle<()>>) -> u32 {
+        let mut leaked = 0;
         let group_alive = rustix::process::Pid::from_raw(pid as i32)
             .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok());
         if group_alive {
-            leaked = true;
+            leaked += 1;
             self.signal_group(pid, rustix::process::Signal::KILL);
         }
+        // At every end, not only after a stop: no process of the agent outlives its task.
+        let marker = procscan::agent_marker(&self.spec.agent_id);
+        let killed = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker))
+            .await
+            .unwrap_or(0);
+        leaked += u32::try_from(killed).unwrap_or(u32::MAX);
         let pipes_closed = tokio::time::timeout(PIPE_GRACE, join_all(readers))
             .await
             .is_ok();
-        if !pipes_closed || stopped {
-            let marker = procscan::agent_marker(&self.spec.agent_id);
-            let killed = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker))
-                .await
-                .unwrap_or(0);
-            leaked |= !pipes_closed || killed > 0;
+        if !pipes_closed {
+            leaked = leaked.max(1);
             self.signal_group(pid, rustix::process::Signal::KILL);
             if tokio::time::timeout(PIPE_GRACE, join_all(readers))
                 .await

@@ -984,7 +984,7 @@ impl RunContext {
                                 code: None,
                                 signal: None,
                                 stopped_by: None,
-                                leaked_processes: false,
+                                leaked_processes: 0,
                                 timed_out: false,
                             }));
                         }

@@ -25,7 +25,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use tokio::process::{Child, Command};
@@ -44,26 +44,88 @@ static MARKER_LEN: AtomicUsize = AtomicUsize::new(0);
 /// processes: a marked process may fork while a sweep passes it by.
 const SWEEPS: usize = 8;
 
+/// A memory page shared with one warden (mapped before the fork), in which the warden writes
+/// how many processes the agent left behind when it exited.
+#[derive(Debug)]
+pub struct LeftoverCount {
+    page: std::ptr::NonNull<AtomicU32>,
+}
+
+// SAFETY: the page is only ever accessed through the atomic it holds.
+unsafe impl Send for LeftoverCount {}
+// SAFETY: as above.
+unsafe impl Sync for LeftoverCount {}
+
+const PAGE: usize = 4096;
+
+impl LeftoverCount {
+    fn new() -> io::Result<Self> {
+        // SAFETY: a fresh anonymous shared mapping; zero-filled, so the counter starts at 0.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let page = std::ptr::NonNull::new(page.cast::<AtomicU32>())
+            .ok_or_else(|| io::Error::other("mmap returned a null page"))?;
+        Ok(LeftoverCount { page })
+    }
+
+    /// How many processes the warden killed after the agent exited (read once it exited).
+    pub fn get(&self) -> u32 {
+        // SAFETY: the page lives as long as `self`.
+        unsafe { self.page.as_ref() }.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LeftoverCount {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `new`, unmapped once; the warden has its own copy of the mapping.
+        unsafe {
+            libc::munmap(self.page.as_ptr().cast(), PAGE);
+        }
+    }
+}
+
 /// Makes `command` start under a warden in a process group of its own. `marker` is the
 /// environment entry the agent carries (`CREW_AGENT_ID=<id>`): on host death, the warden kills
 /// every process holding it, inside the group or not.
 ///
+/// The warden is a child subreaper: whatever the agent starts and leaves behind (daemons that
+/// left its group and session, even ones that cleared their environment) is re-parented to the
+/// warden, which kills it when the agent exits and counts it in the returned [`LeftoverCount`].
+///
 /// With a `ruleset` (a Landlock ruleset built by [`crate::sandbox`]), the agent restricts itself
 /// with it right before exec: the agent and everything it starts are confined, the warden is
 /// not.
-pub fn guard_with_warden(command: &mut Command, marker: &str, ruleset: Option<OwnedFd>) {
+pub fn guard_with_warden(
+    command: &mut Command,
+    marker: &str,
+    ruleset: Option<OwnedFd>,
+) -> io::Result<LeftoverCount> {
     let host_pid = std::process::id() as libc::pid_t;
     // Allocated here, before the fork; the warden only reads it.
     let marker: Box<[u8]> = marker.as_bytes().into();
-    // SAFETY: the closure only makes async-signal-safe calls (see `become_warden`), captures a
-    // plain integer, a buffer it never frees and a descriptor it keeps open until the command
+    let leftovers = LeftoverCount::new()?;
+    let counter = leftovers.page.as_ptr() as usize;
+    // SAFETY: the closure only makes async-signal-safe calls (see `become_warden`), captures
+    // plain integers, a buffer it never frees and a descriptor it keeps open until the command
     // is dropped, and is sound to run in the child between fork and exec.
     unsafe {
         command.pre_exec(move || {
             let ruleset = ruleset.as_ref().map(AsRawFd::as_raw_fd);
-            become_warden(host_pid, &marker, ruleset)
+            become_warden(host_pid, &marker, ruleset, counter)
         });
     }
+    Ok(leftovers)
 }
 
 /// Runs in the forked child, before exec. In the agent (the grandchild) it returns `Ok` and std
@@ -75,6 +137,7 @@ unsafe fn become_warden(
     host_pid: libc::pid_t,
     marker: &[u8],
     ruleset: Option<libc::c_int>,
+    counter: usize,
 ) -> io::Result<()> {
     // SAFETY: every call below is async-signal-safe and operates on this process only.
     unsafe {
@@ -101,6 +164,10 @@ unsafe fn become_warden(
         {
             return Err(io::Error::last_os_error());
         }
+        // Whatever the agent leaves behind becomes the warden's child, not init's.
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
         // The host may have died before the signal was armed.
         if libc::getppid() != host_pid {
             libc::kill(0, libc::SIGKILL);
@@ -119,7 +186,7 @@ unsafe fn become_warden(
             }
             return Ok(());
         }
-        warden(agent)
+        warden(agent, counter)
     }
 }
 
@@ -127,7 +194,7 @@ unsafe fn become_warden(
 ///
 /// # Safety
 /// Must only be called in the forked child, before exec.
-unsafe fn warden(agent: libc::pid_t) -> ! {
+unsafe fn warden(agent: libc::pid_t, counter: usize) -> ! {
     // SAFETY: async-signal-safe calls only; this process never returns into Rust code.
     unsafe {
         // Every inherited descriptor but stdio: above all std's exec-error pipe, which must
@@ -155,6 +222,22 @@ unsafe fn warden(agent: libc::pid_t) -> ! {
                 libc::_exit(127);
             }
         }
+        // Everything the agent left behind: kill what is alive, reap, and again, until no child
+        // is left (a killed daemon's own children become the warden's in turn).
+        let mut left_behind = 0;
+        loop {
+            left_behind += kill_children();
+            let mut ignored: libc::c_int = 0;
+            let reaped = libc::waitpid(-1, &mut ignored, 0);
+            if reaped < 0 && *libc::__errno_location() != libc::EINTR {
+                break;
+            }
+        }
+        // SAFETY: the shared page mapped by the host before the fork, holding one atomic.
+        (*(counter as *const AtomicU32)).store(
+            u32::try_from(left_behind).unwrap_or(u32::MAX),
+            Ordering::SeqCst,
+        );
         if libc::WIFEXITED(status) {
             libc::_exit(libc::WEXITSTATUS(status));
         }
@@ -193,9 +276,45 @@ extern "C" fn on_host_death(_signal: libc::c_int) {
 }
 
 /// Sends SIGKILL to every process but this one whose environment holds `marker` as a whole
-/// entry; returns how many were signalled. Async-signal-safe: raw `open`, `getdents64`, `read`
-/// and `kill` over stack buffers, no allocation, no panicking index.
+/// entry; returns how many were signalled. Async-signal-safe, like [`for_each_pid`].
 fn sweep_marked(marker: &[u8]) -> usize {
+    // SAFETY: getpid and kill are plain system calls.
+    let own_pid = unsafe { libc::getpid() };
+    let mut killed = 0;
+    for_each_pid(|pid| {
+        // SAFETY: kill is a plain system call.
+        if pid != own_pid
+            && environ_holds(pid, marker)
+            && unsafe { libc::kill(pid, libc::SIGKILL) } == 0
+        {
+            killed += 1;
+        }
+    });
+    killed
+}
+
+/// Kills every live child of this process (with the warden a subreaper, every process the
+/// agent left behind ends up its child) and returns how many there were. Async-signal-safe.
+fn kill_children() -> usize {
+    // SAFETY: getpid and kill are plain system calls.
+    let own_pid = unsafe { libc::getpid() };
+    let mut killed = 0;
+    for_each_pid(|pid| {
+        if let Some((state, parent)) = state_and_parent(pid)
+            && parent == own_pid
+            && state != b'Z'
+            // SAFETY: kill is a plain system call.
+            && unsafe { libc::kill(pid, libc::SIGKILL) } == 0
+        {
+            killed += 1;
+        }
+    });
+    killed
+}
+
+/// Calls `visit` with the pid of every process in `/proc`. Async-signal-safe: raw `open`,
+/// `getdents64` and `close` over a stack buffer, no allocation, no panicking index.
+fn for_each_pid(mut visit: impl FnMut(libc::pid_t)) {
     // SAFETY: plain system calls on buffers owned by this frame.
     unsafe {
         let proc_dir = libc::open(
@@ -203,10 +322,8 @@ fn sweep_marked(marker: &[u8]) -> usize {
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
         );
         if proc_dir < 0 {
-            return 0;
+            return;
         }
-        let own_pid = libc::getpid();
-        let mut killed = 0;
         let mut entries = [0u8; 4096];
         loop {
             let filled = libc::syscall(
@@ -229,18 +346,65 @@ fn sweep_marked(marker: &[u8]) -> usize {
                 if length == 0 {
                     break;
                 }
-                if let Some(pid) = record.get(19..length.min(record.len())).and_then(parse_pid)
-                    && pid != own_pid
-                    && environ_holds(pid, marker)
-                    && libc::kill(pid, libc::SIGKILL) == 0
-                {
-                    killed += 1;
+                if let Some(pid) = record.get(19..length.min(record.len())).and_then(parse_pid) {
+                    visit(pid);
                 }
                 offset += length;
             }
         }
         libc::close(proc_dir);
-        killed
+    }
+}
+
+/// The state letter and parent pid of `pid`, from `/proc/<pid>/stat` (`pid (comm) S ppid …`;
+/// the command name may hold spaces and parentheses, so the last `)` ends it).
+/// Async-signal-safe.
+fn state_and_parent(pid: libc::pid_t) -> Option<(u8, libc::pid_t)> {
+    let mut path = [0u8; 32];
+    proc_path(pid, b"/stat\0", &mut path);
+    let mut buffer = [0u8; 512];
+    // SAFETY: `path` is NUL-terminated; the descriptor is closed before returning.
+    let read = unsafe {
+        let file = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if file < 0 {
+            return None;
+        }
+        let read = libc::read(file, buffer.as_mut_ptr().cast(), buffer.len());
+        libc::close(file);
+        read
+    };
+    let stat = buffer.get(..usize::try_from(read).ok()?)?;
+    let after_name = stat.iter().rposition(|&byte| byte == b')')?;
+    // ") S 1234 …"
+    let rest = stat.get(after_name + 2..)?;
+    let state = *rest.first()?;
+    let digits = rest.get(2..)?;
+    let end = digits.iter().position(|&byte| byte == b' ')?;
+    let parent = parse_pid(digits.get(..end)?)?;
+    Some((state, parent))
+}
+
+/// Writes `/proc/<pid><suffix>` into `path`; `suffix` ends with a NUL.
+fn proc_path(pid: libc::pid_t, suffix: &[u8], path: &mut [u8; 32]) {
+    const PREFIX: &[u8] = b"/proc/";
+    let mut digits = [0u8; 10];
+    let mut count = 0;
+    let mut rest = pid;
+    loop {
+        digits[count] = b'0' + (rest % 10) as u8;
+        count += 1;
+        rest /= 10;
+        if rest == 0 || count == digits.len() {
+            break;
+        }
+    }
+    for (slot, &byte) in path.iter_mut().zip(
+        PREFIX
+            .iter()
+            .chain(digits[..count].iter().rev())
+            .chain(suffix),
+    ) {
+        *slot = byte;
     }
 }
 
@@ -263,28 +427,8 @@ fn parse_pid(name: &[u8]) -> Option<libc::pid_t> {
 /// Whether `/proc/<pid>/environ` holds `marker` as a whole entry, read in chunks: the
 /// signal-handler twin of [`crate::procscan::carries_marker`], which allocates.
 fn environ_holds(pid: libc::pid_t, marker: &[u8]) -> bool {
-    const PREFIX: &[u8] = b"/proc/";
-    const SUFFIX: &[u8] = b"/environ\0";
     let mut path = [0u8; 32];
-    let mut digits = [0u8; 10];
-    let mut count = 0;
-    let mut rest = pid;
-    loop {
-        digits[count] = b'0' + (rest % 10) as u8;
-        count += 1;
-        rest /= 10;
-        if rest == 0 || count == digits.len() {
-            break;
-        }
-    }
-    for (slot, &byte) in path.iter_mut().zip(
-        PREFIX
-            .iter()
-            .chain(digits[..count].iter().rev())
-            .chain(SUFFIX),
-    ) {
-        *slot = byte;
-    }
+    proc_path(pid, b"/environ\0", &mut path);
     // SAFETY: `path` is NUL-terminated; the descriptor is closed before returning.
     unsafe {
         let file = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);

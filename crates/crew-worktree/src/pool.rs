@@ -211,6 +211,24 @@ pub fn remove_ignored(
     Ok(removed)
 }
 
+/// Whether any process works inside `root` (its current directory is there): a worktree one
+/// of the previous task's processes still uses is never handed to the next task.
+pub fn has_live_process(root: &Utf8Path) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|entry| std::fs::read_link(entry.path().join("cwd")).ok())
+        .any(|cwd| cwd.starts_with(root.as_std_path()))
+}
+
 /// Returns a finished task's worktree to the pool, under the repository lock: the worktree is
 /// clean (its work was committed and verified), so only ignored files may be left, and they
 /// were removed by the caller. HEAD is detached at `commit` so that the task branch is free.
@@ -222,7 +240,7 @@ pub fn give_back(
     names: &TaskNames,
     commit: Oid,
 ) -> bool {
-    if settings.pool_size == 0 {
+    if settings.pool_size == 0 || has_live_process(&names.root) {
         return false;
     }
     let mut existing = pooled(common, repo_root, settings);

@@ -153,10 +153,60 @@ async fn stop_kills_whole_process_group_and_escaped_grandchildren() {
     assert_eq!(exit.signal, Some(libc::SIGTERM));
     assert_eq!(exit.stopped_by.as_deref(), Some("term"));
     assert!(
-        exit.leaked_processes,
-        "the sleepers outlived the agent and were killed"
+        exit.leaked_processes >= 1,
+        "the escaped sleeper outlived the agent and was killed"
     );
     assert_no_marked_processes(&marker, Duration::from_secs(3)).await;
+}
+
+/// The pids of processes whose command line is exactly `argv`.
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = argv
+        .iter()
+        .flat_map(|arg| [arg.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| line == wanted)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_process_outlives_an_agent_that_exits_on_its_own() {
+    let fixture = LiveFixture::new();
+    let mut definition = AgentDef::builtin_shell();
+    // Hostile: daemons that leave the group and the session, one with its environment (and so
+    // crew's marker) wiped, then a clean exit.
+    let sleep = format!("{}", 6000 + std::process::id() % 1000);
+    definition.command = vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "(setsid env -i sleep {sleep} </dev/null >/dev/null 2>&1 &); \
+             (setsid sh -c 'sleep {sleep}' </dev/null >/dev/null 2>&1 &); \
+             sleep 0.2; exit 0"
+        ),
+    ];
+    let handle = fixture
+        .host
+        .start(fixture.spec("daemons", definition))
+        .await
+        .unwrap();
+    let status = handle.wait_exited().await;
+    let exit = status.exit.unwrap();
+    assert_eq!(exit.code, Some(0));
+    assert!(
+        exit.leaked_processes >= 2,
+        "both daemons are counted: {exit:?}"
+    );
+    assert!(
+        processes_running(&["sleep", &sleep]).is_empty(),
+        "a daemon outlived its agent"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -238,7 +288,7 @@ async fn exit_codes_and_output_are_recorded() {
     let exit = status.exit.clone().unwrap();
     assert_eq!(
         (exit.code, exit.signal, exit.leaked_processes),
-        (Some(7), None, false)
+        (Some(7), None, 0)
     );
     // Whoever looks after the exit still learns which process ran; listings show no pid.
     assert!(status.pid.is_some_and(|pid| pid > 0));

@@ -202,3 +202,25 @@ fn pool_size_zero_turns_recycling_off() {
     let list = fixture.git(&["worktree", "list", "--porcelain"]);
     assert_eq!(list.matches("worktree ").count(), 1, "{list}");
 }
+
+#[test]
+fn a_worktree_a_leftover_process_still_uses_is_never_pooled() {
+    let fixture = Fixture::with_config(ProjectConfig::default());
+    let first = fixture.allocate("first");
+    write(&first.root.join("work.txt"), "work\n");
+    // A process of the old task that nothing killed, working inside the worktree.
+    let mut lingering = std::process::Command::new("sleep")
+        .arg("60")
+        .current_dir(first.root.join("src"))
+        .spawn()
+        .unwrap();
+    let report = fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    lingering.kill().unwrap();
+    lingering.wait().unwrap();
+    assert!(report.committed.is_some(), "the work is saved: {report:?}");
+    assert!(!report.recycled, "not handed to the next task: {report:?}");
+    assert_eq!(pooled_dirs(&fixture), 0);
+}
