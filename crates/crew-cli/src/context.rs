@@ -98,34 +98,39 @@ impl Context {
 
     /// The live agents of this workspace across its hosts, with the host of each. The hosts
     /// are asked at the same time.
-    pub async fn live_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
-        one_per_agent(self.ask_hosts(self.live_hosts()).await)
+    pub async fn live_agents(&self) -> LiveAgents {
+        let mut live = self.ask_hosts(self.live_hosts()).await;
+        live.agents = one_per_agent(live.agents);
+        live
     }
 
     /// The live agents as their hosts last published them (within a second for output, at
     /// once for status changes), asking a host over its socket only when its listing cannot be
-    /// used: what `crew agents list` shows, without waking every host.
-    pub async fn published_agents(&self) -> Vec<(AgentSnapshot, HostRecord)> {
-        let mut agents = Vec::new();
+    /// read.
+    pub async fn published_agents(&self) -> LiveAgents {
+        let mut live = LiveAgents::default();
         let mut unpublished = Vec::new();
         for (run_id, host) in self.live_hosts() {
             let socket = host.socket.as_deref().expect("live hosts serve a socket");
             let path = crew_live::publish::listing_path(self.store.state_dir(), socket);
             match crew_live::publish::read_listing(&path, host.identity.pid) {
-                Some(listed) => {
-                    agents.extend(listed.into_iter().map(|agent| (agent, host.clone())))
-                }
+                Some(listed) => live
+                    .agents
+                    .extend(listed.into_iter().map(|agent| (agent, host.clone()))),
                 None => unpublished.push((run_id, host)),
             }
         }
         if !unpublished.is_empty() {
-            agents.extend(self.ask_hosts(unpublished).await);
+            let asked = self.ask_hosts(unpublished).await;
+            live.agents.extend(asked.agents);
+            live.unanswered.extend(asked.unanswered);
         }
-        one_per_agent(agents)
+        live.agents = one_per_agent(live.agents);
+        live
     }
 
     /// Asks each host for its agents over its socket, all at the same time.
-    async fn ask_hosts(&self, hosts: Vec<(RunId, HostRecord)>) -> Vec<(AgentSnapshot, HostRecord)> {
+    async fn ask_hosts(&self, hosts: Vec<(RunId, HostRecord)>) -> LiveAgents {
         let asked: Vec<_> = hosts
             .into_iter()
             .map(|(_, host)| {
@@ -141,11 +146,28 @@ impl Context {
                 })
             })
             .collect();
-        let mut agents = Vec::new();
+        let mut live = LiveAgents::default();
         for asked in asked {
-            let Ok((host, Ok(response))) = asked.await else {
+            let Ok((host, response)) = asked.await else {
                 continue;
             };
+            let response = match response {
+                Ok(response) => response,
+                // Gone since its manifest was read: it has no agents to list.
+                Err(ControlError::HostGone { .. }) => continue,
+                Err(error) => {
+                    live.unanswered
+                        .push(format!("host pid {}: {error}", host.identity.pid));
+                    continue;
+                }
+            };
+            if let Some(error) = response.error.filter(|_| !response.ok) {
+                live.unanswered.push(format!(
+                    "host pid {}: {} ({})",
+                    host.identity.pid, error.message, error.code
+                ));
+                continue;
+            }
             let Some(listed) = response
                 .result
                 .and_then(|value| serde_json::from_value::<Vec<serde_json::Value>>(value).ok())
@@ -154,12 +176,20 @@ impl Context {
             };
             for value in listed {
                 if let Ok(snapshot) = serde_json::from_value::<AgentSnapshot>(value) {
-                    agents.push((snapshot, host.clone()));
+                    live.agents.push((snapshot, host.clone()));
                 }
             }
         }
-        agents
+        live
     }
+}
+
+/// The live agents found, and the hosts that did not answer (busy, too slow): their agents
+/// are missing, and whoever shows the list must say so.
+#[derive(Debug, Default)]
+pub struct LiveAgents {
+    pub agents: Vec<(AgentSnapshot, HostRecord)>,
+    pub unanswered: Vec<String>,
 }
 
 /// Sorted by agent id, each agent once (a host serving several runs lists its agents once per

@@ -66,6 +66,14 @@ impl Ui {
         format!("\x1b[{code}m{text}\x1b[0m")
     }
 
+    /// Prints `warning: <message>` on stderr, unless `-q` asked for errors only.
+    #[allow(clippy::print_stderr)]
+    pub fn warn(&self, message: &str) {
+        if !self.quiet {
+            eprintln!("{} {message}", self.paint("warning:", Style::Warn));
+        }
+    }
+
     pub fn task_status(&self, status: TaskStatus) -> String {
         self.paint(status.as_str(), task_style(status))
     }

@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::AgentOpError;
 use crate::host::AgentHost;
+use crate::procscan;
 
 /// The largest request line a server reads; longer ones are answered with an error.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -39,6 +40,14 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many connections a server serves at once; more are answered "busy".
 pub const MAX_CONNECTIONS: usize = 64;
+/// How many of those the agents of a host may hold together, so that agents can never lock the
+/// user out of their own host.
+pub const MAX_AGENT_CONNECTIONS: usize = 32;
+/// How many connections one agent (all its processes together) may hold at once.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// How long a whole request may take to arrive, from its first byte to its newline: a client
+/// trickling bytes cannot hold a connection longer.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// The protocol version in every message.
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest socket path the kernel accepts, minus its terminating NUL.
@@ -366,29 +375,111 @@ impl Drop for ControlServer {
     }
 }
 
+/// Who is on the other end of a connection, from the kernel's word on its process (never from
+/// what it claims): a process descending from one of this host's wardens is that agent; one
+/// descending from another crew host's warden is a foreign agent; anything else is the user.
+/// Wardens above this host (an agent that started this host itself) do not count: that agent
+/// is this host's user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Caller {
+    Person {
+        pid: u32,
+    },
+    /// An agent of this host, by the pid of its warden.
+    Agent {
+        warden: u32,
+    },
+    Foreign {
+        warden: u32,
+    },
+}
+
+impl Caller {
+    fn of(peer_pid: Option<u32>, own_wardens: &[u32]) -> Self {
+        let Some(pid) = peer_pid.filter(|pid| *pid > 0) else {
+            // A peer outside this pid namespace cannot be traced: trust it with nothing.
+            return Caller::Foreign { warden: 0 };
+        };
+        let host = std::process::id();
+        let nearest = procscan::warden_ancestors(pid)
+            .into_iter()
+            .find(|(warden, _)| !own_wardens.contains(warden));
+        match nearest {
+            None => Caller::Person { pid },
+            Some((warden, parent)) if parent == host => Caller::Agent { warden },
+            Some((warden, _)) => Caller::Foreign { warden },
+        }
+    }
+
+    fn is_agent(self) -> bool {
+        !matches!(self, Caller::Person { .. })
+    }
+}
+
+/// Connections held now, per caller.
+type PeerCounts = Arc<DashMap<Caller, usize>>;
+
+/// Counts a connection of `caller` while it lives.
+struct PeerSlot {
+    counts: PeerCounts,
+    caller: Caller,
+}
+
+impl PeerSlot {
+    fn take(counts: &PeerCounts, caller: Caller) -> Option<Self> {
+        let mut count = counts.entry(caller).or_insert(0);
+        if *count >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *count += 1;
+        drop(count);
+        Some(PeerSlot {
+            counts: counts.clone(),
+            caller,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let caller = self.caller;
+        let emptied = match self.counts.get_mut(&caller) {
+            Some(mut count) => {
+                *count = count.saturating_sub(1);
+                *count == 0
+            }
+            None => false,
+        };
+        if emptied {
+            self.counts.remove_if(&caller, |_, count| *count == 0);
+        }
+    }
+}
+
 async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let agent_permits = Arc::new(Semaphore::new(MAX_AGENT_CONNECTIONS));
+    let peers: PeerCounts = Arc::default();
     let uid = rustix::process::geteuid().as_raw();
+    let own_wardens: Arc<[u32]> = procscan::warden_ancestors(std::process::id())
+        .into_iter()
+        .map(|(warden, _)| warden)
+        .collect();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             // Out of descriptors or similar: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(
-                stream,
-                "busy",
-                "the host serves too many connections; retry",
-            ));
-            continue;
-        };
         let host = host.clone();
         let runs = runs.clone();
+        let permits = permits.clone();
+        let agent_permits = agent_permits.clone();
+        let peers = peers.clone();
+        let own_wardens = own_wardens.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let peer_uid = stream.peer_cred().map(|cred| cred.uid()).ok();
-            if peer_uid != Some(uid) {
+            let credentials = stream.peer_cred().ok();
+            if credentials.map(|cred| cred.uid()) != Some(uid) {
                 refuse(
                     stream,
                     "permission_denied",
@@ -397,7 +488,38 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
                 .await;
                 return;
             }
-            serve_connection(stream, host, runs).await;
+            let peer_pid = credentials
+                .and_then(|cred| cred.pid())
+                .and_then(|pid| u32::try_from(pid).ok());
+            let caller = Caller::of(peer_pid, &own_wardens);
+            // Agents are capped one by one and together; the user's own clients (an editor may
+            // hold many) only by the host's limit.
+            let mut _agent_slot = None;
+            if caller.is_agent() {
+                let (Some(slot), Ok(permit)) = (
+                    PeerSlot::take(&peers, caller),
+                    agent_permits.try_acquire_owned(),
+                ) else {
+                    refuse(
+                        stream,
+                        "busy",
+                        "this agent (or the host's agents together) holds too many connections; retry",
+                    )
+                    .await;
+                    return;
+                };
+                _agent_slot = Some((slot, permit));
+            }
+            let Ok(_permit) = permits.try_acquire_owned() else {
+                refuse(
+                    stream,
+                    "busy",
+                    "the host serves too many connections; retry",
+                )
+                .await;
+                return;
+            };
+            serve_connection(stream, host, runs, caller).await;
         });
     }
 }
@@ -424,13 +546,21 @@ enum Line {
     End,
 }
 
+/// Reads one request line: the connection may be idle for [`IDLE_TIMEOUT`] before it starts,
+/// and the whole line must then arrive within [`REQUEST_DEADLINE`].
 async fn read_line(reader: &mut BufReader<UnixStream>) -> io::Result<Line> {
     let mut line = Vec::new();
     let mut too_large = false;
+    let mut deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
+    let mut started = false;
     loop {
-        let buffer = tokio::time::timeout(IDLE_TIMEOUT, reader.fill_buf())
+        let buffer = tokio::time::timeout_at(deadline, reader.fill_buf())
             .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle connection"))??;
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle or slow connection"))??;
+        if !started && !buffer.is_empty() {
+            started = true;
+            deadline = tokio::time::Instant::now() + REQUEST_DEADLINE;
+        }
         if buffer.is_empty() {
             return Ok(if too_large {
                 Line::TooLarge
@@ -465,7 +595,7 @@ async fn read_line(reader: &mut BufReader<UnixStream>) -> io::Result<Line> {
     }
 }
 
-async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes) {
+async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes, caller: Caller) {
     let mut reader = BufReader::new(stream);
     loop {
         let response = match read_line(&mut reader).await {
@@ -476,7 +606,10 @@ async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes) 
                 format!("a request may be at most {MAX_REQUEST_BYTES} bytes"),
             ),
             Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
-                Ok(request) => handle(&host, &runs, request).await,
+                Ok(request) => match authorize(&host, caller, &request).await {
+                    Ok(()) => handle(&host, &runs, request).await,
+                    Err(refusal) => refusal,
+                },
                 Err(error) => Response::error(None, "invalid_request", error.to_string()),
             },
         };
@@ -488,6 +621,33 @@ async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes) 
 
 fn op_error(id: Option<u64>, error: &AgentOpError) -> Response {
     Response::error(id, error.code(), error.to_string())
+}
+
+/// What a caller may do: the user anything; an agent of this host only ask and submit for
+/// itself; an agent of another host nothing but ping.
+async fn authorize(host: &AgentHost, caller: Caller, request: &Request) -> Result<(), Response> {
+    let id = request.id;
+    let forbidden = |message: String| Err(Response::error(id, "forbidden", message));
+    match (caller, &request.op) {
+        (Caller::Person { .. }, _) | (_, Op::Ping) => Ok(()),
+        (Caller::Foreign { .. }, _) => {
+            forbidden("an agent of another crew host may not use this host's socket".to_owned())
+        }
+        (Caller::Agent { warden }, op) => {
+            let Some(own) = host.registry().agent_with_pid_soon(warden).await else {
+                return forbidden("the calling agent is not known to this host".to_owned());
+            };
+            match op {
+                Op::Ask { agent, .. } | Op::SubmitTasks { agent, .. } if *agent == own => Ok(()),
+                Op::Ask { .. } | Op::SubmitTasks { .. } => {
+                    forbidden(format!("agent {own} may only ask and submit for itself"))
+                }
+                _ => forbidden(format!(
+                    "agent {own} may only ask and submit for itself; listing, steering and stopping agents takes the user's own `crew`"
+                )),
+            }
+        }
+    }
 }
 
 async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Response {

@@ -12,6 +12,44 @@ pub fn run_marker(run_id: &crew_core::RunId) -> String {
     format!("{}={run_id}", crew_core::env_vars::CREW_RUN_ID)
 }
 
+/// The name every warden gives itself (`/proc/<pid>/comm`), so that a connection to a control
+/// socket can be traced to the agent it comes from. Only a process can name itself, so an agent
+/// cannot rename its warden away.
+pub const WARDEN_NAME: &str = "crew-warden";
+
+/// The parent pid and command name of `pid`, from `/proc/<pid>/stat` (`pid (comm) S ppid …`;
+/// the name may hold spaces and parentheses, so the last `)` ends it).
+pub fn parent_and_name(pid: u32) -> Option<(u32, String)> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let open = stat.iter().position(|&byte| byte == b'(')?;
+    let close = stat.iter().rposition(|&byte| byte == b')')?;
+    let name = String::from_utf8_lossy(stat.get(open + 1..close)?).into_owned();
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    let parent = rest.split(' ').nth(1)?.parse().ok()?;
+    Some((parent, name))
+}
+
+/// The wardens among the ancestors of `pid` (itself included), nearest first, each with its
+/// parent (the host that forked it).
+pub fn warden_ancestors(pid: u32) -> Vec<(u32, u32)> {
+    let mut wardens = Vec::new();
+    let mut current = pid;
+    // A pid chain is short; the bound only guards against a cycle read mid-change.
+    for _ in 0..256 {
+        if current <= 1 {
+            break;
+        }
+        let Some((parent, name)) = parent_and_name(current) else {
+            break;
+        };
+        if name == WARDEN_NAME {
+            wardens.push((current, parent));
+        }
+        current = parent;
+    }
+    wardens
+}
+
 /// Sends SIGKILL to every process whose environment contains `marker` (`NAME=value`) as a
 /// whole entry. Returns how many were signalled.
 pub fn kill_marked(marker: &str) -> usize {

@@ -237,6 +237,29 @@ impl Registry {
         self.agents.len()
     }
 
+    /// The agent whose latest process runs under the warden `pid`.
+    pub fn agent_with_pid(&self, pid: u32) -> Option<AgentId> {
+        self.agents
+            .iter()
+            .find(|entry| entry.status.borrow().pid == Some(pid))
+            .map(|entry| entry.key().clone())
+    }
+
+    /// [`Registry::agent_with_pid`], waiting a moment for an agent that is not registered yet
+    /// (its process starts before the host records it).
+    pub async fn agent_with_pid_soon(&self, pid: u32) -> Option<AgentId> {
+        let deadline = tokio::time::Instant::now() + REGISTRATION_GRACE;
+        loop {
+            if let Some(agent_id) = self.agent_with_pid(pid) {
+                return Some(agent_id);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.agents.is_empty()
     }

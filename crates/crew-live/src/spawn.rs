@@ -164,6 +164,8 @@ unsafe fn become_warden(
         {
             return Err(io::Error::last_os_error());
         }
+        // Named so that a connection from the agent can be traced to it (procscan::WARDEN_NAME).
+        libc::prctl(libc::PR_SET_NAME, c"crew-warden".as_ptr(), 0, 0, 0);
         // Whatever the agent leaves behind becomes the warden's child, not init's.
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());

@@ -16,6 +16,11 @@
 //! fake-agent env                       print its environment, sorted, one `NAME=value` per line
 //! fake-agent write <file> <text>       append a line to <file> (relative to its cwd), exit 0
 //! fake-agent pwd                       print its working directory
+//! fake-agent pipe-socket               send each stdin line to `$CREW_SOCKET` and print the
+//!                                      answer line
+//! fake-agent hold-socket <n> <seconds> open <n> connections to `$CREW_SOCKET`, send each a
+//!                                      request's first bytes and never its end, print how many
+//!                                      were accepted (not answered "busy"), hold them
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -139,6 +144,43 @@ fn main() {
             writeln!(file, "{}", args[2..].join(" ")).unwrap();
         }
         "pwd" => println!("{}", std::env::current_dir().unwrap().display()),
+        "pipe-socket" => {
+            let socket = std::env::var("CREW_SOCKET").unwrap();
+            let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            for line in std::io::stdin().lock().lines() {
+                writeln!(stream, "{}", line.unwrap()).unwrap();
+                let mut answer = String::new();
+                reader.read_line(&mut answer).unwrap();
+                print!("{answer}");
+            }
+        }
+        "hold-socket" => {
+            let count: usize = args[1].parse().unwrap();
+            let socket = std::env::var("CREW_SOCKET").unwrap();
+            let mut held = Vec::new();
+            for _ in 0..count {
+                let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&socket) else {
+                    continue;
+                };
+                let _ = stream.write_all(b"{\"workspace\":");
+                held.push(stream);
+            }
+            // A refused connection is answered "busy" at once and closed; a held one says nothing.
+            let mut accepted = 0;
+            for stream in &mut held {
+                stream
+                    .set_read_timeout(Some(Duration::from_millis(300)))
+                    .unwrap();
+                let mut byte = [0u8; 1];
+                if std::io::Read::read(stream, &mut byte).is_err() {
+                    accepted += 1;
+                }
+            }
+            println!("accepted {accepted}");
+            stdout.flush().unwrap();
+            std::thread::sleep(Duration::from_secs_f64(args[2].parse().unwrap()));
+        }
         other => panic!("unknown behaviour {other}"),
     }
 }

@@ -342,3 +342,130 @@ async fn five_thousand_concurrent_requests_while_agents_come_and_go() {
         .expect("no deadlock");
     eprintln!("5000 requests in {:?}", started.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_flooding_the_socket_cannot_lock_the_user_out() {
+    let fixture = LiveFixture::new();
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    let path = server.path().to_owned();
+    let mut events = fixture.host.subscribe();
+    let mut spec = fixture.spec(
+        "flooder",
+        fake(&["hold-socket", "70", "60"], SteerMode::None),
+    );
+    spec.socket = Some(path.clone());
+    let flooder = fixture.host.start(spec).await.unwrap();
+    // One agent holds at most its share of the connections.
+    wait_for_line(
+        &mut events,
+        flooder.agent_id(),
+        &format!("accepted {}", crew_live::control::MAX_CONNECTIONS_PER_PEER),
+    )
+    .await;
+    // The user's own clients, many at once, are all served while the agent holds its share.
+    let clients: Vec<_> = (0..40)
+        .map(|_| {
+            let path = path.clone();
+            let workspace = fixture.workspace.clone();
+            tokio::spawn(async move {
+                let mut client = ControlClient::connect(&path).await.unwrap();
+                let response = client
+                    .call(&workspace, Op::List, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                assert!(response.ok, "{response:?}");
+                (client, response)
+            })
+        })
+        .collect();
+    let mut listed = 0;
+    let mut held = Vec::new();
+    for client in clients {
+        let (client, response) = client.await.unwrap();
+        listed += usize::from(response.result.unwrap().as_array().unwrap().len() == 1);
+        held.push(client);
+    }
+    assert_eq!(listed, 40);
+    flooder.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_may_ask_for_itself_but_never_control_another() {
+    let fixture = LiveFixture::new();
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    let path = server.path().to_owned();
+    let mut events = fixture.host.subscribe();
+    let victim = fixture
+        .host
+        .start(fixture.spec("victim", fake(&["echo-stdin"], SteerMode::StdinLines)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, victim.agent_id(), "ready").await;
+    // The attacker speaks the protocol itself, as a hostile program would, from a grandchild.
+    let requests = [
+        r#"{"op":"stop","agent":"victim"}"#.to_owned(),
+        r#"{"op":"steer","agent":"victim","message":"rm -rf ~"}"#.to_owned(),
+        r#"{"op":"list"}"#.to_owned(),
+        format!(
+            r#"{{"op":"ask","agent":"{}","question":"may I?"}}"#,
+            fixture.agent_id("victim")
+        ),
+        format!(
+            r#"{{"op":"ask","agent":"{}","question":"which file?"}}"#,
+            fixture.agent_id("attacker")
+        ),
+    ];
+    let workspace = fixture.workspace.as_path().to_string();
+    let script: String = requests
+        .iter()
+        .map(|request| {
+            let request = request.replacen('{', &format!("{{\"workspace\":\"{workspace}\","), 1);
+            format!(
+                "printf '%s\\n' '{request}' | {} pipe-socket\n",
+                crate::live_agents::FAKE_AGENT
+            )
+        })
+        .collect();
+    let mut attacker_definition = crew_core::config::AgentDef::builtin_shell();
+    attacker_definition.command = vec!["sh".into(), "-c".into(), script];
+    let mut spec = fixture.spec("attacker", attacker_definition);
+    spec.socket = Some(path.clone());
+    let log = spec.output_log.clone();
+    let attacker = fixture.host.start(spec).await.unwrap();
+    attacker.wait_exited().await;
+    let answers: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("{line}")))
+        .collect();
+    let codes: Vec<&str> = answers
+        .iter()
+        .map(|answer| answer["error"]["code"].as_str().unwrap_or("ok"))
+        .collect();
+    assert_eq!(
+        codes,
+        ["forbidden", "forbidden", "forbidden", "forbidden", "ok"],
+        "{answers:#?}"
+    );
+    // The victim got nothing and runs on; the attacker's own question was taken.
+    assert_eq!(victim.status().state, crew_live::AgentState::Running);
+    assert!(victim.status().question.is_none());
+    assert_eq!(attacker.status().question.as_deref(), Some("which file?"));
+    // The user's own client may do all of it.
+    let mut client = ControlClient::connect(&path).await.unwrap();
+    let response = client
+        .call(
+            &fixture.workspace,
+            Op::Stop {
+                agent: "victim".into(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert!(response.ok, "{response:?}");
+}

@@ -48,8 +48,13 @@ pub struct AgentRow {
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let rows = rows(&ctx, args.all_runs, args.json).await?;
+    let (rows, unanswered) = rows(&ctx, args.all_runs, args.json).await?;
     print(&ctx, &rows, args.json)?;
+    for host in unanswered {
+        ctx.ui.warn(&format!(
+            "a host did not answer, so its agents are not listed: {host}"
+        ));
+    }
     Ok(Outcome::Success)
 }
 
@@ -57,8 +62,13 @@ pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcom
 /// the manifests only where they show: every run with `all_runs`, the runs of the listed agents
 /// for JSON (`task_status`), and otherwise only the runs with an exited agent, whose status is
 /// its task's.
-pub async fn rows(ctx: &Context, all_runs: bool, json: bool) -> Result<Vec<AgentRow>, CliError> {
-    let live = ctx.published_agents().await;
+pub async fn rows(
+    ctx: &Context,
+    all_runs: bool,
+    json: bool,
+) -> Result<(Vec<AgentRow>, Vec<String>), CliError> {
+    let published = ctx.published_agents().await;
+    let live = published.agents;
     let manifests: Vec<RunManifest> = if all_runs {
         ctx.manifests()?
     } else {
@@ -146,7 +156,7 @@ pub async fn rows(ctx: &Context, all_runs: bool, json: bool) -> Result<Vec<Agent
             });
         }
     }
-    Ok(rows)
+    Ok((rows, published.unanswered))
 }
 
 #[allow(clippy::print_stdout)]

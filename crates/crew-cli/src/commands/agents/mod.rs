@@ -90,8 +90,17 @@ pub async fn find_live(
     ctx: &Context,
     spec: &str,
 ) -> Result<Option<(AgentSnapshot, HostRecord)>, CliError> {
-    let agents = ctx.live_agents().await;
-    Ok(resolve_spec(&agents, |(agent, _)| &agent.agent_id, spec)?.cloned())
+    let live = ctx.live_agents().await;
+    let found = resolve_spec(&live.agents, |(agent, _)| &agent.agent_id, spec)?.cloned();
+    if found.is_none() && !live.unanswered.is_empty() {
+        return Err(CliError::user(format!(
+            "no live agent '{spec}' found, but {} host(s) of this workspace did not answer: {}",
+            live.unanswered.len(),
+            live.unanswered.join("; ")
+        ))
+        .with_hint("retry in a moment; a busy host answers again once its connections close"));
+    }
+    Ok(found)
 }
 
 /// A task of any run of the workspace, as `spec` names it.

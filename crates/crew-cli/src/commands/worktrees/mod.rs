@@ -6,7 +6,7 @@ pub mod prune;
 use crew_worktree::listing::{self, WorktreeListing};
 
 use crate::context::Context;
-use crate::ui::{Style, Ui};
+use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
 #[derive(Debug, clap::Subcommand)]
@@ -39,7 +39,6 @@ pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
 
 /// The one-line warning at the start of `crew run` and `crew runs list`: worktrees kept after
 /// their task and task branches whose work is not merged.
-#[allow(clippy::print_stderr)]
 pub fn warn_attention(ctx: &Context) {
     if ctx.ui.quiet {
         return;
@@ -71,9 +70,8 @@ pub fn warn_attention(ctx: &Context) {
             names.join(", ")
         ));
     }
-    eprintln!(
-        "{} {} — see `crew worktrees list`",
-        ctx.ui.paint("warning:", Style::Warn),
+    ctx.ui.warn(&format!(
+        "{} — see `crew worktrees list`",
         parts.join(" and ")
-    );
+    ));
 }
