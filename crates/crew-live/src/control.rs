@@ -251,6 +251,27 @@ pub fn socket_dir() -> Result<Utf8PathBuf, ControlError> {
     Err(last_error.unwrap_or(ControlError::NoSocketDir))
 }
 
+/// Whether a socket path read back from state (a run's manifest, which an agent working in the
+/// project could have edited) is one a crew host would have made: a socket of this user in a
+/// private directory of this user. Nothing else is ever connected to.
+pub fn is_plausible_socket(path: &Utf8Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let uid = rustix::process::geteuid().as_raw();
+    let normal = path.is_absolute()
+        && path
+            .components()
+            .all(|component| !matches!(component, camino::Utf8Component::ParentDir));
+    let Some(dir) = path.parent().filter(|_| normal) else {
+        return false;
+    };
+    let private_dir = std::fs::symlink_metadata(dir).is_ok_and(|metadata| {
+        metadata.is_dir() && metadata.uid() == uid && metadata.mode() & 0o077 == 0
+    });
+    private_dir
+        && std::fs::symlink_metadata(path)
+            .is_ok_and(|metadata| metadata.file_type().is_socket() && metadata.uid() == uid)
+}
+
 fn ensure_private_dir(dir: &Utf8Path, uid: u32) -> Result<(), ControlError> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {

@@ -1183,7 +1183,9 @@ pub fn live_hosts_of(runs: &[RunGlance]) -> Vec<(RunId, HostRecord)> {
         .filter(|run| run.status == RunStatus::Running)
         .filter_map(|run| {
             let host = run.host.clone()?;
-            (host.socket.is_some() && host.identity.is_alive()).then(|| (run.run_id.clone(), host))
+            let socket = host.socket.as_deref()?;
+            (host.identity.is_alive() && crate::control::is_plausible_socket(socket))
+                .then(|| (run.run_id.clone(), host))
         })
         .collect()
 }

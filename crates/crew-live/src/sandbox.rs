@@ -198,9 +198,68 @@ pub(crate) unsafe fn restrict_self(ruleset: libc::c_int) -> std::io::Result<()> 
     Ok(())
 }
 
+/// What a real confined process could and could not do on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Probe {
+    /// The kernel's Landlock ABI version, if it has Landlock.
+    pub abi: Option<u32>,
+    /// The confined process wrote inside the directory it was given.
+    pub inside_written: bool,
+    /// Its write beside that directory was refused.
+    pub outside_refused: bool,
+}
+
+impl Probe {
+    /// The sandbox works here as crew relies on it.
+    pub fn confines(&self) -> bool {
+        self.abi.is_some() && self.inside_written && self.outside_refused
+    }
+}
+
+/// Checks, with a real process, that this machine confines agents: `sh`, confined the way an
+/// agent is to a fresh temp dir, writes a file inside it and tries to write one beside it.
+pub fn probe() -> std::io::Result<Probe> {
+    use std::os::unix::process::CommandExt;
+    let scratch = tempfile::Builder::new().prefix("crew-probe-").tempdir()?;
+    let root = Utf8PathBuf::from_path_buf(scratch.path().to_owned())
+        .map_err(|_| std::io::Error::other("the temp dir is not UTF-8"))?;
+    let inside = root.join("inside");
+    let outside = root.join("outside");
+    std::fs::create_dir(&inside)?;
+    let prepared = prepare(&SandboxPlan::confined_to(inside.clone()), &[])
+        .map_err(|error| std::io::Error::other(error.to_string()))?;
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg("echo x > inside/file; echo x > outside")
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if let Some(ruleset) = prepared.ruleset {
+        // SAFETY: the closure makes only the two system calls of `restrict_self`, and keeps the
+        // ruleset open until the command is dropped.
+        unsafe {
+            command.pre_exec(move || restrict_self(std::os::fd::AsRawFd::as_raw_fd(&ruleset)));
+        }
+    }
+    command.status()?;
+    Ok(Probe {
+        abi: kernel_abi(),
+        inside_written: inside.join("file").exists(),
+        outside_refused: !outside.exists(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_probe_finds_this_machine_confines() {
+        let probe = probe().unwrap();
+        assert!(probe.confines(), "{probe:?}");
+    }
 
     #[test]
     fn off_builds_nothing_and_says_so() {

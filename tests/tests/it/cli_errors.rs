@@ -246,6 +246,7 @@ fn help_lists_the_commands() {
       agents       List and control the live agents of this workspace
       runs         Inspect and manage the runs of this workspace
       worktrees    crew's worktrees and task branches in this repository
+      sandbox      What the kernel lets agents write, and whether this machine can confine them
       ask          Ask the user a question from inside an agent, and stop for the answer
       submit       Add tasks to your own run, from inside an agent (an agent-authored plan)
       init         Write `.crew/` with a commented example of each configuration file

@@ -307,3 +307,40 @@ fn a_dedicated_agent_cannot_commit_into_the_project() {
         );
     }
 }
+
+#[test]
+fn sandbox_check_tries_the_kernel_and_shows_what_each_agent_may_write() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/agents/builder.toml"),
+        "command = [\"make\"]\n[sandbox]\nwrite = [\"~/.cache\", \"/opt/absent-cache\"]\n",
+    );
+    std::fs::create_dir_all(env.home().join(".cache")).unwrap();
+    let output = env.crew(&repo, ["sandbox", "check", "--json"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["confines"], true, "{report:#}");
+    let builder = &report["agents"][0];
+    assert_eq!(builder["agent"], "builder");
+    assert_eq!(builder["sandbox"], "enforced");
+    assert_eq!(
+        builder["write"],
+        serde_json::json!([
+            { "path": env.home().join(".cache"), "exists": true },
+            { "path": "/opt/absent-cache", "exists": false },
+        ])
+    );
+    assert_eq!(report["agents"][1]["agent"], "shell");
+
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    let output = env.crew(&repo, ["sandbox", "check", "builder"]);
+    let shown = render_output(&output);
+    assert!(
+        shown.contains("agent builder (off)") && shown.contains("mode = \"off\""),
+        "{shown}"
+    );
+}

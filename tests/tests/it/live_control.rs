@@ -469,3 +469,36 @@ async fn an_agent_may_ask_for_itself_but_never_control_another() {
         .unwrap();
     assert!(response.ok, "{response:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_sockets_a_host_would_make_are_trusted_from_state() {
+    use crew_live::control::is_plausible_socket;
+    let fixture = LiveFixture::new();
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    assert!(is_plausible_socket(server.path()));
+    // What an edited manifest could point at instead: a file, a link to the real socket, a
+    // socket in a directory others may enter, a path climbing out.
+    let open_dir = fixture.env.dir("open");
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open_socket = open_dir.join("other.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&open_socket).unwrap();
+    let link = fixture.env.root().join("link.sock");
+    std::os::unix::fs::symlink(server.path(), &link).unwrap();
+    let climbing = camino::Utf8PathBuf::from(format!(
+        "{}/../{}",
+        server.path().parent().unwrap(),
+        server.path().parent().unwrap().file_name().unwrap()
+    ))
+    .join(server.path().file_name().unwrap());
+    for forged in [
+        camino::Utf8Path::new("/etc/passwd"),
+        &open_socket,
+        &link,
+        &climbing,
+        camino::Utf8Path::new("relative.sock"),
+    ] {
+        assert!(!is_plausible_socket(forged), "{forged}");
+    }
+}

@@ -8,6 +8,7 @@ mod from_agent;
 pub mod init;
 pub mod run;
 pub mod runs;
+pub mod sandbox;
 pub mod submit;
 pub mod worktrees;
 
@@ -30,6 +31,9 @@ pub enum Command {
     /// crew's worktrees and task branches in this repository.
     #[command(subcommand)]
     Worktrees(worktrees::WorktreesCommand),
+    /// What the kernel lets agents write, and whether this machine can confine them.
+    #[command(subcommand)]
+    Sandbox(sandbox::SandboxCommand),
     /// Ask the user a question from inside an agent, and stop for the answer.
     Ask(ask::AskArgs),
     /// Add tasks to your own run, from inside an agent (an agent-authored plan).
@@ -67,6 +71,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Agents(command) => agents::run(command, ui).await,
         Command::Runs(command) => runs::run(command, ui).await,
         Command::Worktrees(command) => worktrees::run(command, ui).await,
+        Command::Sandbox(command) => sandbox::run(command, ui).await,
         Command::Ask(args) => ask::cmd_ask(args, ui).await,
         Command::Submit(args) => submit::cmd_submit(args, ui).await,
         Command::Init(args) => init::cmd_init(args, ui),

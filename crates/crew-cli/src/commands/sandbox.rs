@@ -1,0 +1,188 @@
+//! `crew sandbox`
+
+use camino::Utf8PathBuf;
+use crew_core::config::{AgentDef, SandboxMode};
+use serde::Serialize;
+
+use crate::context::{Context, config_error};
+use crate::ui::{Style, Ui};
+use crate::{CliError, Outcome};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SandboxCommand {
+    /// Say whether this machine confines agents (tried with a real process) and what each
+    /// agent of this project may write.
+    Check(CheckArgs),
+}
+
+/// Say whether this machine confines agents and what each agent may write.
+///
+/// An agent may write beneath its workspace, its private temp dir, what a commit from a
+/// worktree needs in the shared git directory, and its definition's `[sandbox] write` paths;
+/// everything else is read-only to it. The network stays open.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The agents to show (default: every agent of the project and `shell`).
+    pub agents: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `crew sandbox check --json`.
+#[derive(Debug, Serialize)]
+struct Report {
+    /// The kernel's Landlock ABI version; null without Landlock.
+    landlock_abi: Option<u32>,
+    /// A confined process wrote inside its directory and was refused beside it.
+    confines: bool,
+    /// The project's `[sandbox] mode`.
+    project_mode: SandboxMode,
+    agents: Vec<AgentReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct AgentReport {
+    agent: String,
+    /// `enforced`, `off` or `unsupported`.
+    sandbox: crew_core::SandboxState,
+    /// Besides the workspace and its private temp dir.
+    write: Vec<PathReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct PathReport {
+    path: Utf8PathBuf,
+    /// A path that does not exist when the agent starts is not granted.
+    exists: bool,
+}
+
+pub async fn run(command: SandboxCommand, ui: Ui) -> Result<Outcome, CliError> {
+    match command {
+        SandboxCommand::Check(args) => cmd_sandbox_check(args, ui).await,
+    }
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let config = ctx.config_dir();
+    let names = if args.agents.is_empty() {
+        let mut names = config.agent_names().map_err(config_error)?;
+        if !names
+            .iter()
+            .any(|name| name == crew_core::config::BUILTIN_SHELL_AGENT)
+        {
+            names.push(crew_core::config::BUILTIN_SHELL_AGENT.to_owned());
+        }
+        names
+    } else {
+        args.agents.clone()
+    };
+    let definitions: Vec<AgentDef> = names
+        .iter()
+        .map(|name| config.load_agent(name))
+        .collect::<Result<_, _>>()
+        .map_err(config_error)?;
+    let probe = tokio::task::spawn_blocking(crew_live::sandbox::probe)
+        .await
+        .map_err(CliError::internal)?
+        .map_err(CliError::internal)?;
+    let home = std::env::var("HOME").ok().map(Utf8PathBuf::from);
+    let agents = definitions
+        .iter()
+        .map(|definition| AgentReport {
+            agent: definition.name.clone(),
+            sandbox: match (
+                ctx.config.sandbox.mode,
+                definition.sandbox.mode,
+                probe.confines(),
+            ) {
+                (SandboxMode::Off, _, _) | (_, SandboxMode::Off, _) => crew_core::SandboxState::Off,
+                (_, _, true) => crew_core::SandboxState::Enforced,
+                (_, _, false) => crew_core::SandboxState::Unsupported,
+            },
+            write: definition
+                .sandbox
+                .write_paths(home.as_deref())
+                .into_iter()
+                .map(|path| PathReport {
+                    exists: std::fs::symlink_metadata(&path).is_ok(),
+                    path,
+                })
+                .collect(),
+        })
+        .collect();
+    let report = Report {
+        landlock_abi: probe.abi,
+        confines: probe.confines(),
+        project_mode: ctx.config.sandbox.mode,
+        agents,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(CliError::internal)?
+        );
+        return Ok(Outcome::Success);
+    }
+    print!("{}", render(&ctx, &report));
+    Ok(Outcome::Success)
+}
+
+fn render(ctx: &Context, report: &Report) -> String {
+    let ui = &ctx.ui;
+    let mut out = String::new();
+    match (report.landlock_abi, report.confines) {
+        (Some(abi), true) => out.push_str(&format!(
+            "kernel: Landlock ABI {abi}: {}\n",
+            ui.paint("agents are confined", Style::Good)
+        )),
+        (Some(abi), false) => out.push_str(&format!(
+            "kernel: Landlock ABI {abi}, but {}\n",
+            ui.paint(
+                "a confined test process could write outside its directory",
+                Style::Bad
+            )
+        )),
+        (None, _) => out.push_str(&format!(
+            "kernel: no Landlock: {}\n",
+            ui.paint(
+                "agents are NOT contained (crew's checks on git files and workspaces still hold)",
+                Style::Bad
+            )
+        )),
+    }
+    if report.project_mode == SandboxMode::Off {
+        out.push_str(&format!(
+            "project: {}\n",
+            ui.paint("[sandbox] mode = \"off\" in .crew/config.toml", Style::Warn)
+        ));
+    }
+    for agent in &report.agents {
+        out.push_str(&format!("\nagent {} ({})\n", agent.agent, agent.sandbox));
+        if agent.sandbox != crew_core::SandboxState::Enforced {
+            out.push_str("  may write anywhere you can\n");
+            continue;
+        }
+        out.push_str("  may write beneath:\n");
+        out.push_str("    its workspace (a worktree, a temp or dedicated dir, or the project itself in single mode)\n");
+        out.push_str("    its private temp dir (its TMPDIR)\n");
+        out.push_str("    for a worktree: the shared git objects, crew's task branches and their reflogs, its own admin entry\n");
+        for path in &agent.write {
+            let note = if path.exists {
+                String::new()
+            } else {
+                format!(
+                    "  {}",
+                    ui.paint("(missing: not granted until it exists)", Style::Warn)
+                )
+            };
+            out.push_str(&format!("    {}{note}\n", path.path));
+        }
+        out.push_str("    /dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/shm\n");
+        out.push_str("  everything else is read-only to it; the network stays open\n");
+    }
+    out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.cache\"]` in .crew/agents/<name>.toml\n");
+    out
+}
