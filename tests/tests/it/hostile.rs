@@ -83,6 +83,7 @@ try new-branch git branch planted
 try rename-workspace mv "$PWD" "$PWD.moved"
 try grandchild sh -c 'sh -c "echo pwned > \"\$HOME/grandchild.txt\""'
 try signal-warden kill -0 "$warden"
+(setsid env -i sh -c 'cd /; exec sleep 6131' </dev/null >/dev/null 2>&1 &)
 echo done
 "##
     )
@@ -145,6 +146,19 @@ fn a_hostile_agent_in_a_worktree_is_confined_and_its_work_kept() {
     let record = task(&manifest, "hostile");
     assert_eq!(record["sandbox"]["state"], "enforced", "{record:#}");
     assert_eq!(record["status"], "succeeded");
+    // The daemon it left, without its marker, went with the task and is on the record.
+    assert!(
+        record["exit"]["leaked_processes"].as_u64() >= Some(1),
+        "{record:#}"
+    );
+    let daemons = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            std::fs::read(entry.path().join("cmdline")).is_ok_and(|line| line == b"sleep\06131\0")
+        })
+        .count();
+    assert_eq!(daemons, 0, "a daemon outlived its task");
     assert!(
         record["teardown"]["security"].is_null(),
         "nothing to restore: {record:#}"
@@ -343,4 +357,66 @@ fn sandbox_check_tries_the_kernel_and_shows_what_each_agent_may_write() {
         shown.contains("agent builder (off)") && shown.contains("mode = \"off\""),
         "{shown}"
     );
+}
+
+/// A task waits on `crew ask`, its host is killed, and the run's manifest is edited (by an
+/// agent working in the project, or by hand) to name another directory as the task's
+/// workspace: `crew runs clean` must neither delete that directory nor commit into it.
+#[test]
+fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
+    for mode in ["temp", "worktree"] {
+        let env = TestEnv::new();
+        let repo = env.repo("project");
+        let victim = sibling_repo(&env);
+        let mut host = env.spawn_crew(
+            &repo,
+            [
+                "run",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                mode,
+                "echo draft > idea.txt; crew ask 'go on?'",
+            ],
+        );
+        crew_tests::wait_until(30, "the question", || {
+            let agents = env.agents_json(&repo)?;
+            (agents[0]["question"] == "go on?" && agents[0]["state"] == "exited").then_some(())
+        });
+        host.kill().unwrap();
+        host.wait().unwrap();
+        let run = run_ids(&env, &repo).remove(0);
+        let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
+        let mut forged: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let workspace = &mut forged["tasks"][0]["workspace"];
+        let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
+        workspace["root"] = victim.as_str().into();
+        workspace["dir"] = victim.as_str().into();
+        std::fs::write(&path, serde_json::to_vec_pretty(&forged).unwrap()).unwrap();
+        let victim_before = tree_fingerprint(victim.as_std_path());
+        let victim_head = env.git(&victim, ["rev-parse", "HEAD"]);
+
+        let clean = env.crew(&repo, ["runs", "clean", &run]);
+        let shown = render_output(&clean);
+        assert_eq!(clean.status.code(), Some(2), "{mode}: {shown}");
+        assert!(
+            shown.contains("is not where this task's workspace belongs"),
+            "{mode}: {shown}"
+        );
+        assert_eq!(
+            tree_fingerprint(victim.as_std_path()),
+            victim_before,
+            "{mode}"
+        );
+        assert_eq!(
+            env.git(&victim, ["rev-parse", "HEAD"]),
+            victim_head,
+            "{mode}"
+        );
+        assert!(
+            real_root.join("idea.txt").exists(),
+            "{mode}: the agent's real workspace is kept too"
+        );
+    }
 }
