@@ -268,7 +268,8 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents.
+    // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
+    // sandbox.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
     if wanted("eight") {
@@ -288,6 +289,9 @@ fn main() {
     }
     if wanted("agents") {
         many_agents(&bench);
+    }
+    if wanted("sandbox") {
+        sandboxed_starts(&bench);
     }
 
     let _ = std::fs::remove_dir_all(&root);
@@ -649,6 +653,55 @@ fn agents_list(bench: &Bench) {
             .current_dir(&bench.repo)
             .status();
     }
+}
+
+/// The sandbox's cost at start: 200 agents started one after another in a host of their own,
+/// each confined by Landlock, against the same starts unconfined; the two take turns.
+fn sandboxed_starts(bench: &Bench) {
+    const AGENTS: u32 = 200;
+    let start = |sandbox: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_live-helper"))
+            .args(["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let figures: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
+    };
+    let mut confined = Samples::default();
+    let mut unconfined = Samples::default();
+    for round in 0..bench.rounds.max(5) {
+        if round % 2 == 0 {
+            confined.push(start("on"));
+            unconfined.push(start("off"));
+        } else {
+            unconfined.push(start("off"));
+            confined.push(start("on"));
+        }
+    }
+    let per_agent = confined.median().saturating_sub(unconfined.median()) / AGENTS;
+    Comparison {
+        name: "200 agent starts, sandboxed".into(),
+        crew: confined,
+        reference: unconfined,
+        reference_name: "unsandboxed".into(),
+        target: Some(1.05),
+    }
+    .print();
+    println!(
+        "{:<44} {} per agent (≤ 1ms: {})",
+        "sandbox added at each start",
+        seconds(per_agent),
+        if per_agent <= Duration::from_millis(1) {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
 }
 
 /// 200 sleeping agents in one host process: its CPU while they sleep, its memory, and the time

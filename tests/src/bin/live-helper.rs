@@ -6,6 +6,10 @@
 //! live-helper many <dir> <count> <grace-seconds>
 //!     hosts <count> `sleep 600` agents, measures its own idle CPU share over 5 s and its RSS,
 //!     stops them all and prints `{"idle_cpu_share", "rss_kib", "stop_seconds"}`
+//! live-helper start <dir> <count> <on|off>
+//!     starts <count> `sleep 600` agents one after another, sandboxed or not, prints
+//!     `{"start_seconds"}` (from the first start to the last agent's process running), then
+//!     stops them all
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -24,6 +28,7 @@ fn main() {
         "host" => host(&args[1..]),
         "raw" => raw(&args[1], &args[2]),
         "many" => many(&args[1..]),
+        "start" => start(&args[1..]),
         other => panic!("unknown command {other}"),
     }
 }
@@ -134,6 +139,63 @@ fn many(args: &[String]) {
             "{}",
             serde_json::json!({ "idle_cpu_share": idle_cpu_share, "rss_kib": rss_kib, "stop_seconds": stop_seconds })
         );
+    });
+}
+
+fn start(args: &[String]) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
+        let count: usize = args[1].parse().unwrap();
+        let mode = match args[2].as_str() {
+            "on" => crew_core::config::SandboxMode::Enforce,
+            _ => crew_core::config::SandboxMode::Off,
+        };
+        let logs = tempfile::tempdir().unwrap();
+        let host = AgentHost::new().unwrap();
+        let run_id = RunId::generate();
+        let mut definition = AgentDef::builtin_shell();
+        definition.command = vec!["sleep".into(), "600".into()];
+        let started = std::time::Instant::now();
+        for index in 0..count {
+            let handle = host
+                .start(AgentSpec {
+                    agent_id: AgentId::new(
+                        run_id.clone(),
+                        TaskId::parse(&format!("a{index}")).unwrap(),
+                    ),
+                    workspace: workspace.clone(),
+                    dir: workspace.as_path().to_owned(),
+                    definition: definition.clone(),
+                    prompt: String::new(),
+                    timeout: None,
+                    stop_grace: Duration::from_secs(2),
+                    output_log: camino::Utf8PathBuf::from_path_buf(
+                        logs.path().join(format!("a{index}.log")),
+                    )
+                    .unwrap(),
+                    socket: None,
+                    sandbox: crew_live::SandboxPlan {
+                        mode,
+                        write: vec![workspace.as_path().to_owned()],
+                    },
+                    workspace_env: Vec::new(),
+                })
+                .await
+                .unwrap();
+            let expected = if mode == crew_core::config::SandboxMode::Enforce {
+                crew_core::SandboxState::Enforced
+            } else {
+                crew_core::SandboxState::Off
+            };
+            assert_eq!(
+                handle.status().sandbox.map(|record| record.state),
+                Some(expected)
+            );
+        }
+        let start_seconds = started.elapsed().as_secs_f64();
+        host.stop_all().await;
+        println!("{}", serde_json::json!({ "start_seconds": start_seconds }));
     });
 }
 
