@@ -155,7 +155,8 @@ fn a_hostile_agent_in_a_worktree_is_confined_and_its_work_kept() {
         .unwrap()
         .flatten()
         .filter(|entry| {
-            std::fs::read(entry.path().join("cmdline")).is_ok_and(|line| line == b"sleep\06131\0")
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|line| line == b"sleep\x006131\x00")
         })
         .count();
     assert_eq!(daemons, 0, "a daemon outlived its task");
