@@ -827,11 +827,23 @@ impl ControlClient {
             path: self.path.clone(),
             source,
         };
-        self.reader
-            .get_mut()
-            .write_all(&line)
-            .await
-            .map_err(io_error)?;
+        if let Err(error) = self.reader.get_mut().write_all(&line).await {
+            // A host that refuses a connection ("busy") answers and closes at once, so the
+            // request may not go out: its answer is still waiting to be read.
+            let mut refusal = String::new();
+            let pending = tokio::time::timeout(
+                Duration::from_millis(200),
+                self.reader.read_line(&mut refusal),
+            )
+            .await;
+            if let (Ok(Ok(read)), Ok(response)) =
+                (pending, serde_json::from_str::<Response>(&refusal))
+                && read > 0
+            {
+                return Ok(response);
+            }
+            return Err(io_error(error));
+        }
         let mut answer = String::new();
         let read = tokio::time::timeout(timeout, self.reader.read_line(&mut answer))
             .await

@@ -402,7 +402,8 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
         let shown = render_output(&clean);
         assert_eq!(clean.status.code(), Some(2), "{mode}: {shown}");
         assert!(
-            shown.contains("is not where this task's workspace belongs"),
+            shown.contains("is not where this task's workspace belongs")
+                && shown.contains(&format!("as recorded in {path}")),
             "{mode}: {shown}"
         );
         assert_eq!(

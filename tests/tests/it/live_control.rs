@@ -502,3 +502,29 @@ async fn only_sockets_a_host_would_make_are_trusted_from_state() {
         assert!(!is_plausible_socket(forged), "{forged}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_turned_away_learns_the_host_is_busy() {
+    let fixture = LiveFixture::new();
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    let path = server.path().to_owned();
+    let mut held = Vec::new();
+    for _ in 0..crew_live::control::MAX_CONNECTIONS {
+        let mut client = ControlClient::connect(&path).await.unwrap();
+        let response = client
+            .call(&fixture.workspace, Op::Ping, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(response.ok);
+        held.push(client);
+    }
+    let mut turned_away = ControlClient::connect(&path).await.unwrap();
+    let response = turned_away
+        .call(&fixture.workspace, Op::List, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(response.error.unwrap().code, "busy");
+    drop(held);
+}

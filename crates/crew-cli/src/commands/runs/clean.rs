@@ -66,7 +66,11 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                 }
             }
             Err(error) => {
-                println!("{task}: kept — {}", error.message);
+                println!(
+                    "{task}: kept — {} (as recorded in {})",
+                    error.message,
+                    ctx.store.manifest_path(&run_id)
+                );
                 kept.push(task);
             }
         }
