@@ -10,7 +10,10 @@
 //! never through a shell) in its workspace with an allow-listed environment ([`env`](mod@env)). The
 //! process starts under a warden ([`spawn`]): a process group of its own that dies with the
 //! host even when the host is SIGKILLed, along with any daemon that left the group but carries
-//! the agent's marker. A supervisor task then owns it:
+//! the agent's marker, and that kills whatever the agent leaves behind when it exits. Right
+//! before exec the agent confines itself with a Landlock ruleset the host built ([`sandbox`]):
+//! it may write only beneath its workspace and the few paths it needs. A supervisor task then
+//! owns it:
 //!
 //! - stdout and stderr are drained continuously into `output.log`; only the last lines, each
 //!   capped, stay in memory ([`output`]);

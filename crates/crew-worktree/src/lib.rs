@@ -15,6 +15,10 @@
 //! the ones that hold no work. git2 is the git library; worktree admin entries are written
 //! directly ([`admin`]) so that the admin part takes milliseconds under the repository lock.
 //!
+//! Agents are untrusted: teardown acts only on the directory crew created (its identity is
+//! recorded at creation), and a [`tripwire`] puts back any change an agent made to the files git
+//! runs or trusts on the user's behalf (`config`, `hooks/`, `info/`).
+//!
 //! It must not spawn agents or print.
 
 pub mod admin;

@@ -120,6 +120,16 @@ pub fn teardown_worktree(
             // Only when empty: other tasks of the run may still have theirs there.
             let _ = std::fs::remove_dir(run_dir);
         }
+    } else if request.workspace.identity.is_some() {
+        // crew made this directory and did not remove it: someone moved or deleted it (an
+        // agent renaming its own workspace). Its work may be wherever it went; the admin entry
+        // stays so that `git worktree repair <new place>` can reconnect it.
+        return Err(TeardownWorktreeError::Replaced {
+            path: root.clone(),
+            problem: format!(
+                "{root} is gone (moved or deleted); if it was moved, `git worktree repair <new place>` reconnects it to its branch"
+            ),
+        });
     } else {
         let _lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
         let _ = admin::remove_entry(&common, &names.admin);

@@ -422,3 +422,77 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
         );
     }
 }
+
+/// The same escapes with the sandbox off: the kernel stops none of them, and this test shows
+/// which ones crew's own checks still catch — git's files are put back and reported, the moved
+/// workspace is reported and nothing is committed or removed on a guess.
+#[test]
+fn with_the_sandbox_off_the_tripwire_and_teardown_catch_what_they_can() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let sibling = sibling_repo(&env);
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    team(&env, &repo, &escapes(&sibling));
+    let warmup = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(warmup.status.success(), "{}", render_output(&warmup));
+    let config_before = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+
+    let output = env.crew(&repo, ["run", "hostile"]);
+    let run = run_ids(&env, &repo)[0].clone();
+    let log = output_log(&repo, &run, "hostile");
+    let escaped: Vec<&str> = log
+        .lines()
+        .filter_map(|line| line.strip_prefix("ESCAPED "))
+        .collect();
+    assert!(
+        [
+            "home",
+            "sibling",
+            "git-config",
+            "git-hook",
+            "rename-workspace"
+        ]
+        .iter()
+        .all(|name| escaped.contains(name)),
+        "unconfined, the attempts work: {escaped:?}"
+    );
+
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "hostile");
+    assert_eq!(record["sandbox"]["state"], "off");
+    let restored: Vec<&str> = record["teardown"]["security"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|finding| finding["restored"] == true)
+        .map(|finding| finding["path"].as_str().unwrap())
+        .collect();
+    for file in [
+        ".git/config",
+        ".git/hooks/post-merge",
+        ".git/info/attributes",
+    ] {
+        assert!(
+            restored.iter().any(|path| path.ends_with(file)),
+            "{file} put back: {restored:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(repo.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert!(!repo.join(".git/hooks/post-merge").exists());
+    let reason = record["teardown"]["preserved_reason"]
+        .as_str()
+        .unwrap_or("");
+    assert!(reason.contains("is gone"), "{record:#}");
+    let moved = repo.join(format!(".worktrees/{run}/hostile.moved"));
+    assert!(
+        moved.join("uncommitted.txt").exists(),
+        "the moved workspace and its work are left where the agent put them"
+    );
+    assert!(render_output(&output).contains("SECURITY"));
+}
