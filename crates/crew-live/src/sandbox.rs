@@ -21,15 +21,15 @@
 //! teardown that acts only on the directory it created) still hold.
 #![allow(unsafe_code)]
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::OnceLock;
 
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::SandboxMode;
 use crew_core::model::{SandboxRecord, SandboxState};
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    Scope, path_beneath_rules,
+    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope,
 };
 
 /// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`
@@ -116,18 +116,6 @@ pub(crate) fn prepare(
         (SandboxMode::Enforce, None) => SandboxState::Unsupported,
         (SandboxMode::Enforce, Some(_)) => SandboxState::Enforced,
     };
-    let mut write: Vec<Utf8PathBuf> = Vec::new();
-    let mut missing = Vec::new();
-    for path in plan.write.iter().chain(extra) {
-        if write.contains(path) || missing.contains(path) {
-            continue;
-        }
-        // Never through a link the agent could have planted: the rule would follow it.
-        match std::fs::symlink_metadata(path) {
-            Ok(metadata) if !metadata.file_type().is_symlink() => write.push(path.clone()),
-            _ => missing.push(path.clone()),
-        }
-    }
     if state != SandboxState::Enforced {
         return Ok(Prepared {
             ruleset: None,
@@ -139,31 +127,35 @@ pub(crate) fn prepare(
             },
         });
     }
+    let mut write: Vec<Utf8PathBuf> = Vec::new();
+    let mut missing = Vec::new();
+    let mut opened = Vec::new();
+    for path in plan.write.iter().chain(extra) {
+        if write.contains(path) || missing.contains(path) {
+            continue;
+        }
+        match open_beneath(path) {
+            Some(beneath) => {
+                opened.push(beneath);
+                write.push(path.clone());
+            }
+            None => missing.push(path.clone()),
+        }
+    }
     let build_error = |error: landlock::RulesetError| BuildSandboxError {
         message: error.to_string(),
     };
-    let devices = DEVICE_FILES
-        .iter()
-        .map(Utf8Path::new)
-        .filter(|path| path.exists());
-    let ruleset = Ruleset::default()
+    let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_write(FS_ABI))
         .and_then(|ruleset| ruleset.scope(Scope::from_all(SCOPE_ABI)))
         .and_then(|ruleset| ruleset.create())
-        .and_then(|ruleset| {
-            ruleset.add_rules(path_beneath_rules(
-                write.iter().map(|path| path.as_std_path()),
-                AccessFs::from_write(FS_ABI),
-            ))
-        })
-        .and_then(|ruleset| {
-            ruleset.add_rules(path_beneath_rules(
-                devices.map(Utf8Path::as_std_path),
-                AccessFs::from_write(FS_ABI),
-            ))
-        })
         .map_err(build_error)?;
+    for beneath in opened.iter().chain(devices()) {
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(beneath.fd.as_fd(), beneath.access()))
+            .map_err(build_error)?;
+    }
     let ruleset: Option<OwnedFd> = ruleset.into();
     Ok(Prepared {
         record: SandboxRecord {
@@ -177,6 +169,55 @@ pub(crate) fn prepare(
             missing,
         },
         ruleset,
+    })
+}
+
+/// A path a rule is written for, opened once (`O_PATH`, never through a link).
+#[derive(Debug)]
+struct Beneath {
+    fd: OwnedFd,
+    is_dir: bool,
+}
+
+impl Beneath {
+    /// Every write right beneath a directory; on a file, those a file can have.
+    fn access(&self) -> landlock::BitFlags<AccessFs> {
+        if self.is_dir {
+            AccessFs::from_write(FS_ABI)
+        } else {
+            AccessFs::from_write(FS_ABI) & AccessFs::from_file(FS_ABI)
+        }
+    }
+}
+
+/// Opens `path` for a rule; `None` when it is missing or a link (a rule would follow a link the
+/// agent could have planted).
+fn open_beneath(path: &Utf8Path) -> Option<Beneath> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let fd = rustix::fs::open(
+        path.as_std_path(),
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd).ok()?.st_mode);
+    match kind {
+        FileType::Symlink => None,
+        _ => Some(Beneath {
+            fd,
+            is_dir: kind == FileType::Directory,
+        }),
+    }
+}
+
+/// The device files every agent may write, opened once per process.
+fn devices() -> &'static [Beneath] {
+    static DEVICES: OnceLock<Vec<Beneath>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        DEVICE_FILES
+            .iter()
+            .filter_map(|path| open_beneath(Utf8Path::new(path)))
+            .collect()
     })
 }
 
