@@ -676,21 +676,26 @@ fn agents_list(bench: &Bench) {
     }
 }
 
+/// Runs `live-helper args…` (a host process of its own) and returns the JSON it prints.
+fn live_helper(args: &[&str]) -> serde_json::Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_live-helper"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// The sandbox's cost at start: 200 agents started one after another in a host of their own,
 /// each confined by Landlock, against the same starts unconfined; the two take turns.
 fn sandboxed_starts(bench: &Bench) {
     const AGENTS: u32 = 200;
     let start = |sandbox: &str| {
-        let output = Command::new(env!("CARGO_BIN_EXE_live-helper"))
-            .args(["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox])
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let figures: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let figures = live_helper(&["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox]);
         Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
     };
     let mut confined = Samples::default();
@@ -737,16 +742,7 @@ fn sandboxed_starts(bench: &Bench) {
 /// to stop them all (against the grace period plus a second). The host is a process of its own
 /// so that its figures are its own.
 fn many_agents(bench: &Bench) {
-    let output = Command::new(env!("CARGO_BIN_EXE_live-helper"))
-        .args(["many", bench.repo.as_str(), "200", "2"])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let figures: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let figures = live_helper(&["many", bench.repo.as_str(), "200", "2"]);
     let cpu = figures["idle_cpu_share"].as_f64().unwrap();
     let rss_mb = figures["rss_kib"].as_u64().unwrap() / 1024;
     let stopped = Duration::from_secs_f64(figures["stop_seconds"].as_f64().unwrap());

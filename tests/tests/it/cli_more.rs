@@ -3,16 +3,7 @@
 
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
-use crate::cli_run::{manifest, run_ids};
-
-fn task<'a>(manifest: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
-    manifest["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["id"] == id)
-        .unwrap()
-}
+use crate::cli_run::{manifest, run_ids, task};
 
 #[test]
 fn fail_fast_cancels_the_rest_and_keep_going_skips_only_dependents() {

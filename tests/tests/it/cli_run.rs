@@ -44,6 +44,16 @@ pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
         .collect()
 }
 
+/// The record of task `id` in a run's manifest.
+pub fn task<'a>(manifest: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    manifest["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["id"] == id)
+        .unwrap()
+}
+
 pub fn manifest(env: &TestEnv, dir: &Utf8Path, run: &str) -> serde_json::Value {
     let output = env.crew(dir, ["runs", "show", run, "--json"]);
     assert!(output.status.success(), "{}", render_output(&output));

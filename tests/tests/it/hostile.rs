@@ -7,7 +7,7 @@
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output, tree_fingerprint, write};
 
-use crate::cli_run::{manifest, run_ids};
+use crate::cli_run::{manifest, run_ids, task};
 
 /// What the world outside crew's roots looks like: the home directory, a sibling repository
 /// (worktree, `.git` included), the leader's own files and its git config and hooks.
@@ -102,15 +102,6 @@ fn team(env: &TestEnv, repo: &Utf8Path, prompt: &str) {
 
 fn output_log(repo: &Utf8Path, run: &str, task: &str) -> String {
     std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
-        .unwrap()
-}
-
-fn task<'a>(manifest: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
-    manifest["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["id"] == id)
         .unwrap()
 }
 

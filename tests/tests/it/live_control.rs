@@ -15,6 +15,16 @@ use crate::live_agents::{LiveFixture, fake, wait_for_line};
 /// The uid the permission tests drop to when they run as root (CI does): `nobody`.
 const UNPRIVILEGED: u32 = 65534;
 
+/// A host serving its control socket, and the socket's path.
+async fn serving() -> (LiveFixture, ControlServer, camino::Utf8PathBuf) {
+    let fixture = LiveFixture::new();
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    let path = server.path().to_owned();
+    (fixture, server, path)
+}
+
 /// Sends raw bytes on a fresh connection and returns the answer line.
 fn raw_exchange(path: &camino::Utf8Path, bytes: &[u8]) -> serde_json::Value {
     let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
@@ -104,11 +114,7 @@ async fn another_user_is_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_input_gets_structured_errors_and_the_server_goes_on() {
-    let fixture = LiveFixture::new();
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
-    let path = server.path().to_owned();
+    let (fixture, _server, path) = serving().await;
     let workspace = fixture.workspace.clone();
     tokio::task::spawn_blocking(move || {
         let huge = vec![b'a'; 16 * 1024 * 1024];
@@ -280,11 +286,7 @@ async fn long_project_paths_still_get_a_socket() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn five_thousand_concurrent_requests_while_agents_come_and_go() {
-    let fixture = LiveFixture::new();
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
-    let path = server.path().to_owned();
+    let (fixture, _server, path) = serving().await;
     let host = fixture.host.clone();
     let churn_specs: Vec<_> = (0..40)
         .map(|index| {
@@ -345,11 +347,7 @@ async fn five_thousand_concurrent_requests_while_agents_come_and_go() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_flooding_the_socket_cannot_lock_the_user_out() {
-    let fixture = LiveFixture::new();
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
-    let path = server.path().to_owned();
+    let (fixture, _server, path) = serving().await;
     let mut events = fixture.host.subscribe();
     let mut spec = fixture.spec(
         "flooder",
@@ -393,11 +391,7 @@ async fn an_agent_flooding_the_socket_cannot_lock_the_user_out() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_may_ask_for_itself_but_never_control_another() {
-    let fixture = LiveFixture::new();
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
-    let path = server.path().to_owned();
+    let (fixture, _server, path) = serving().await;
     let mut events = fixture.host.subscribe();
     let victim = fixture
         .host
@@ -505,11 +499,7 @@ async fn only_sockets_a_host_would_make_are_trusted_from_state() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_turned_away_learns_the_host_is_busy() {
-    let fixture = LiveFixture::new();
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
-    let path = server.path().to_owned();
+    let (fixture, _server, path) = serving().await;
     let mut held = Vec::new();
     for _ in 0..crew_live::control::MAX_CONNECTIONS {
         let mut client = ControlClient::connect(&path).await.unwrap();
