@@ -28,11 +28,30 @@ impl Default for TestEnv {
 
 impl TestEnv {
     pub fn new() -> Self {
-        hermetic_libgit2();
         let dir = tempfile::Builder::new()
             .prefix("crew-test-")
             .tempdir()
             .unwrap();
+        Self::in_dir(dir)
+    }
+
+    /// An environment another user can reach, for the tests that drop to another uid: made in
+    /// `/tmp` (the user's `TMPDIR` may be private) and opened to others (the umask may be 077).
+    pub fn reachable_by_others() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix("crew-test-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let env = Self::in_dir(dir);
+        for path in [env.root.clone(), env.home(), env.tmp()] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        env
+    }
+
+    fn in_dir(dir: tempfile::TempDir) -> Self {
+        hermetic_libgit2();
         let root = Utf8PathBuf::from_path_buf(dir.path().canonicalize().unwrap()).unwrap();
         std::fs::create_dir(root.join("home")).unwrap();
         std::fs::create_dir(root.join("tmp")).unwrap();
@@ -219,7 +238,7 @@ pub fn crew_bin() -> Utf8PathBuf {
     let path = helper_bin("crew");
     assert!(
         path.exists(),
-        "{path} is missing: run the tests with `cargo nextest run --workspace`, which builds it"
+        "{path} is missing: run the tests with `cargo test --workspace`, which builds it"
     );
     path
 }

@@ -10,6 +10,10 @@
 //!     starts <count> `sleep 600` agents one after another, sandboxed or not, prints
 //!     `{"start_seconds"}` (from the first start to the last agent's process running), then
 //!     stops them all
+//! live-helper umask-socket <dir>
+//!     sets the process umask to 000, serves a control socket for <dir> and prints
+//!     `{"socket", "socket_mode", "dir_mode"}` (the umask is process-wide: a test thread must
+//!     never change it for the others)
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -29,6 +33,7 @@ fn main() {
         "raw" => raw(&args[1], &args[2]),
         "many" => many(&args[1..]),
         "start" => start(&args[1..]),
+        "umask-socket" => umask_socket(&args[1]),
         other => panic!("unknown command {other}"),
     }
 }
@@ -138,6 +143,41 @@ fn many(args: &[String]) {
         println!(
             "{}",
             serde_json::json!({ "idle_cpu_share": idle_cpu_share, "rss_kib": rss_kib, "stop_seconds": stop_seconds })
+        );
+    });
+}
+
+fn umask_socket(dir: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    rustix::process::umask(rustix::fs::Mode::empty());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = WorkspaceId::from_path(std::path::Path::new(dir)).unwrap();
+        let host = AgentHost::new().unwrap();
+        let server = crew_live::ControlServer::bind(host, &workspace)
+            .await
+            .unwrap();
+        let mode =
+            |path: &camino::Utf8Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let mut client = crew_live::ControlClient::connect(server.path())
+            .await
+            .unwrap();
+        let answer = client
+            .call(
+                &workspace,
+                crew_live::control::Op::Ping,
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        println!(
+            "{}",
+            serde_json::json!({
+                "socket": server.path(),
+                "socket_mode": mode(server.path()),
+                "dir_mode": mode(server.path().parent().unwrap()),
+                "ping_ok": answer.ok,
+            })
         );
     });
 }

@@ -371,13 +371,13 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
                 "echo draft > idea.txt; crew ask 'go on?'",
             ],
         );
-        crew_tests::wait_until(30, "the question", || {
-            let agents = env.agents_json(&repo)?;
-            (agents[0]["question"] == "go on?" && agents[0]["state"] == "exited").then_some(())
+        // Waiting in the run's record, not only in the live listing, which is told first.
+        let run = crew_tests::wait_until(30, "the task to wait for its answer", || {
+            let run = run_ids(&env, &repo).into_iter().next()?;
+            (task(&manifest(&env, &repo, &run), "shell")["status"] == "waiting").then_some(run)
         });
         host.kill().unwrap();
         host.wait().unwrap();
-        let run = run_ids(&env, &repo).remove(0);
         let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
         let mut forged: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -23,7 +23,10 @@ pub struct LiveFixture {
 
 impl LiveFixture {
     pub fn new() -> Self {
-        let env = TestEnv::new();
+        Self::in_env(TestEnv::new())
+    }
+
+    pub fn in_env(env: TestEnv) -> Self {
         let dir = env.dir("project");
         let workspace = WorkspaceId::from_path(dir.as_std_path()).unwrap();
         LiveFixture {

@@ -46,32 +46,32 @@ fn ping_line(workspace: &WorkspaceId) -> Vec<u8> {
     .into_bytes()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn socket_is_private_even_under_umask_000() {
-    rustix::process::umask(rustix::fs::Mode::empty());
-    let fixture = LiveFixture::new();
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
+#[test]
+fn socket_is_private_even_under_umask_000() {
+    // In a process of its own: the umask is the whole process's, and other tests run beside.
+    let env = crew_tests::TestEnv::new();
+    let output = std::process::Command::new(crew_tests::helper_bin("live-helper"))
+        .args(["umask-socket", env.dir("project").as_str()])
+        .env("TMPDIR", env.tmp())
+        .output()
         .unwrap();
-    let socket_mode = std::fs::metadata(server.path())
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    let dir_mode = std::fs::metadata(server.path().parent().unwrap())
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!((socket_mode, dir_mode), (0o600, 0o700));
-    assert!(server.path().as_str().len() < 108);
-    let answer = raw_exchange(server.path(), &ping_line(&fixture.workspace));
-    assert_eq!(answer["ok"], true);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        (&answer["socket_mode"], &answer["dir_mode"]),
+        (&serde_json::json!(0o600), &serde_json::json!(0o700))
+    );
+    assert!(answer["socket"].as_str().unwrap().len() < 108);
+    assert_eq!(answer["ping_ok"], true);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn another_user_is_refused() {
-    let fixture = LiveFixture::new();
+    let fixture = LiveFixture::in_env(crew_tests::TestEnv::reachable_by_others());
     let server = ControlServer::bind_in(
         fixture.host.clone(),
         &fixture.workspace,

@@ -231,7 +231,9 @@ const UNPRIVILEGED: u32 = 65534;
 fn unreadable_files_preserve_the_worktree() {
     // Root reads every file whatever its mode, so the teardown runs in a helper process as an
     // unprivileged user that owns the test's directories.
-    let fixture = Fixture::new();
+    let env = crew_tests::TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let fixture = Fixture::in_dir(env, repo, crew_core::config::ProjectConfig::default());
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_worktree-hammer"));
     fixture
         .env
