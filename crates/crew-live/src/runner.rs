@@ -375,6 +375,7 @@ impl Runner {
         let mut cancelled_by_user = false;
         let mut failed_fast = false;
         let mut commands_open = true;
+        let mut cancel_open = true;
 
         // Tasks that were waiting for an answer when their host went away wait again here.
         for task in manifest
@@ -465,11 +466,10 @@ impl Runner {
                         run_cancel.send_replace(CancelLevel::Graceful);
                     }
                 }
-                changed = cancel.changed() => {
-                    if changed.is_err() {
-                        // The canceller is gone; nothing more can come from it.
-                        cancel = watch::channel(CancelLevel::None).1;
-                    }
+                changed = cancel.changed(), if cancel_open => {
+                    // A canceller that is gone can send nothing more: stop listening to it (a
+                    // closed channel answers at once, and the loop would spin).
+                    cancel_open = changed.is_ok();
                 }
                 command = commands.recv(), if commands_open => match command {
                     Some(RunCommand::Cancel { workspace, reply }) => {

@@ -14,6 +14,10 @@
 //!     sets the process umask to 000, serves a control socket for <dir> and prints
 //!     `{"socket", "socket_mode", "dir_mode"}` (the umask is process-wide: a test thread must
 //!     never change it for the others)
+//! live-helper dropped-cancel <dir>
+//!     runs a one-task run (`sleep 1`, single mode) in the repository <dir> with the cancel
+//!     sender and the command sender dropped, as an embedder might, and prints
+//!     `{"status", "cpu_seconds"}`: this process's CPU time during the run
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -34,6 +38,7 @@ fn main() {
         "many" => many(&args[1..]),
         "start" => start(&args[1..]),
         "umask-socket" => umask_socket(&args[1]),
+        "dropped-cancel" => dropped_cancel(&args[1]),
         other => panic!("unknown command {other}"),
     }
 }
@@ -143,6 +148,57 @@ fn many(args: &[String]) {
         println!(
             "{}",
             serde_json::json!({ "idle_cpu_share": idle_cpu_share, "rss_kib": rss_kib, "stop_seconds": stop_seconds })
+        );
+    });
+}
+
+fn dropped_cancel(dir: &str) {
+    use crew_core::config::{TaskDef, TeamDef};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = crew_core::Workspace::at_root(std::path::Path::new(dir)).unwrap();
+        let config = crew_core::ProjectConfig::default();
+        let provider = std::sync::Arc::new(crew_worktree::CrewWorkspaces::new(&config));
+        let runner = crew_live::Runner::new(AgentHost::new().unwrap(), provider, workspace, config);
+        let team = crew_core::Team {
+            def: TeamDef {
+                name: "sleepy".into(),
+                description: None,
+                workspace_mode: None,
+                max_parallel: None,
+                fail_fast: None,
+                tasks: vec![TaskDef {
+                    id: TaskId::parse("sleepy").unwrap(),
+                    agent: "shell".into(),
+                    prompt: "sleep 1".into(),
+                    depends_on: Vec::new(),
+                    timeout: None,
+                    workspace_mode: None,
+                }],
+            },
+            agents: [("shell".to_owned(), AgentDef::builtin_shell())].into(),
+        };
+        let spec = crew_live::RunSpec {
+            team,
+            mode: None,
+            max_parallel: None,
+            base: None,
+            fail_fast: None,
+        };
+        let manifest = runner.create(&spec, None).await.unwrap();
+        let cancel = tokio::sync::watch::channel(crew_live::CancelLevel::None).1;
+        let commands = tokio::sync::mpsc::channel(1).1;
+        let cpu_before = cpu_time();
+        let finished = runner
+            .execute(&manifest.run_id, None, cancel, commands, Default::default())
+            .await
+            .unwrap();
+        println!(
+            "{}",
+            serde_json::json!({
+                "status": finished.status,
+                "cpu_seconds": cpu_time() - cpu_before,
+            })
         );
     });
 }

@@ -876,3 +876,29 @@ async fn a_question_asked_before_the_host_registered_the_agent_reaches_it() {
     assert!(matches!(error, AgentOpError::NotFound { .. }), "{error}");
     registry.stop(&fixture.workspace, "late").await.unwrap();
 }
+
+#[test]
+fn a_run_whose_canceller_is_dropped_does_not_spin() {
+    // An embedder that keeps no cancel sender: the runner must wait, not poll. Measured in a
+    // process of its own, whose CPU time is the run's alone.
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = std::process::Command::new(crew_tests::helper_bin("live-helper"))
+        .args(["dropped-cancel", repo.as_str()])
+        .env("TMPDIR", env.tmp())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["status"], "completed");
+    let cpu = result["cpu_seconds"].as_f64().unwrap();
+    // The agent sleeps for a second; a spinning runner burns most of that second on a core.
+    assert!(
+        cpu < 0.2,
+        "the runner used {cpu:.2} s of CPU during a 1 s run"
+    );
+}
