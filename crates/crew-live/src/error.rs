@@ -6,7 +6,10 @@ use crew_core::{AgentId, WorkspaceId};
 /// An agent could not be started. This fails that agent's task only.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnAgentError {
-    #[error("failed to start agent {agent_id}: cannot run `{program}`")]
+    #[error(
+        "failed to start agent {agent_id}: cannot run `{program}`: {}",
+        spawn_reason(program, source)
+    )]
     Spawn {
         agent_id: AgentId,
         program: String,
@@ -37,6 +40,27 @@ pub enum SpawnAgentError {
         #[source]
         source: crate::sandbox::BuildSandboxError,
     },
+}
+
+/// Why a program could not be started, in the words a user needs: the message of an `errno`
+/// alone does not say that a program missing from `PATH` is the agent's `PATH`.
+fn spawn_reason(program: &str, error: &std::io::Error) -> String {
+    match error.raw_os_error() {
+        Some(libc::ENOENT) if !program.contains('/') => {
+            "it is not on the agent's PATH (agents see the PATH crew was started with)".to_owned()
+        }
+        Some(libc::ENOENT) => "no such file".to_owned(),
+        Some(libc::EACCES) => {
+            "permission denied (is it executable, and its directory readable?)".to_owned()
+        }
+        Some(libc::ENOEXEC) => {
+            "not an executable this system can run (a script without `#!`?)".to_owned()
+        }
+        Some(libc::EAGAIN) => {
+            "the system refused another process (the user's process limit?)".to_owned()
+        }
+        _ => error.to_string(),
+    }
 }
 
 /// An operation on a live agent that was refused or failed. The agent received nothing unless

@@ -74,6 +74,13 @@
 //! # }
 //! ```
 
+// Agents are confined with Landlock, tied to their host with the parent-death signal and
+// found again through `/proc`: Linux only, said plainly rather than through a missing symbol.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "crew runs on Linux only: it relies on /proc, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER and Landlock"
+);
+
 pub mod agent;
 pub mod control;
 pub mod env;

@@ -319,23 +319,36 @@ async fn a_missing_command_fails_that_agent_only() {
         .start(fixture.spec("missing", missing))
         .await
         .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "failed to start agent {}: cannot run `/nonexistent/agent-binary`: no such file",
+            fixture.agent_id("missing")
+        )
+    );
+    let mut not_on_path = fake(&[], SteerMode::None);
+    not_on_path.command = vec!["crew-no-such-agent".into()];
+    let error = fixture
+        .host
+        .start(fixture.spec("not-on-path", not_on_path))
+        .await
+        .unwrap_err();
     assert!(
-        error
-            .to_string()
-            .contains("cannot run `/nonexistent/agent-binary`"),
+        error.to_string().ends_with(
+            "cannot run `crew-no-such-agent`: it is not on the agent's PATH (agents see the PATH crew was started with)"
+        ),
         "{error}"
     );
     let not_executable = fixture.env.root().join("not-executable");
     std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
     let mut denied = fake(&[], SteerMode::None);
     denied.command = vec![not_executable.to_string()];
-    assert!(
-        fixture
-            .host
-            .start(fixture.spec("denied", denied))
-            .await
-            .is_err()
-    );
+    let error = fixture
+        .host
+        .start(fixture.spec("denied", denied))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("permission denied"), "{error}");
 
     let fine = fixture
         .host
