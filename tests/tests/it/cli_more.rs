@@ -329,3 +329,40 @@ fn worktree_listing_and_pruning_from_the_command_line() {
         format!("crew/{run}-shell-2")
     );
 }
+
+#[test]
+fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[retention]\nmax_kept_runs = 0\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    let tasks: Vec<String> = (1..=5)
+        .flat_map(|index| {
+            [
+                "--task".to_owned(),
+                format!("t{index}=echo {index} > f{index}.txt"),
+            ]
+        })
+        .collect();
+    let mut args = vec!["run", "--agent", "shell", "--workspace-mode", "worktree"];
+    args.extend(tasks.iter().map(String::as_str));
+    let output = env.crew(&repo, &args);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+
+    let list = env.crew(&repo, ["runs", "list"]);
+    insta::assert_snapshot!(String::from_utf8_lossy(&list.stderr), @"warning: 5 unmerged task branch(es) — see `crew worktrees list`");
+
+    let dry = env.crew(&repo, ["runs", "prune", "--dry-run"]);
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&dry)), @"
+    would remove run [RUN_ID]
+    1 run(s) would be removed, 0 kept
+    [exit status: 0]
+    ");
+    assert_eq!(run_ids(&env, &repo), [run], "a dry run removes nothing");
+}

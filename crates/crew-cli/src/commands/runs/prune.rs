@@ -42,8 +42,13 @@ pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcom
         for run_id in &report.pruned {
             println!("{verb} run {run_id}");
         }
+        let summary = if args.dry_run {
+            "would be removed"
+        } else {
+            "removed"
+        };
         println!(
-            "{} run(s) {verb}, {} kept",
+            "{} run(s) {summary}, {} kept",
             report.pruned.len(),
             report.kept
         );

@@ -37,6 +37,9 @@ pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
         .map_err(CliError::internal)
 }
 
+/// How many kept worktrees or unmerged branches the warning names; beyond, it counts them.
+const ATTENTION_NAMES: usize = 3;
+
 /// The one-line warning at the start of `crew run` and `crew runs list`: worktrees kept after
 /// their task and task branches whose work is not merged.
 pub fn warn_attention(ctx: &Context) {
@@ -50,24 +53,30 @@ pub fn warn_attention(ctx: &Context) {
     if worktrees.is_empty() && branches.is_empty() {
         return;
     }
+    // One short line however many there are: names only while they fit.
+    let named = |count: usize, what: &str, names: Vec<String>| {
+        if count <= ATTENTION_NAMES {
+            format!("{count} {what} ({})", names.join(", "))
+        } else {
+            format!("{count} {what}")
+        }
+    };
     let mut parts = Vec::new();
     if !worktrees.is_empty() {
-        let names: Vec<String> = worktrees
-            .iter()
-            .map(|worktree| format!("{}:{}", worktree.run_id, worktree.task_id))
-            .collect();
-        parts.push(format!(
-            "{} kept worktree(s) ({})",
+        parts.push(named(
             worktrees.len(),
-            names.join(", ")
+            "kept worktree(s)",
+            worktrees
+                .iter()
+                .map(|worktree| format!("{}:{}", worktree.run_id, worktree.task_id))
+                .collect(),
         ));
     }
     if !branches.is_empty() {
-        let names: Vec<&str> = branches.iter().map(|branch| branch.name.as_str()).collect();
-        parts.push(format!(
-            "{} unmerged task branch(es) ({})",
+        parts.push(named(
             branches.len(),
-            names.join(", ")
+            "unmerged task branch(es)",
+            branches.iter().map(|branch| branch.name.clone()).collect(),
         ));
     }
     ctx.ui.warn(&format!(

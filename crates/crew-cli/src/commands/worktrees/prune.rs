@@ -74,6 +74,7 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
     if report.removed_worktrees.is_empty()
         && report.removed_admin_entries.is_empty()
         && report.deleted_branches.is_empty()
+        && report.emptied_pool == 0
     {
         println!("nothing to prune");
     }
