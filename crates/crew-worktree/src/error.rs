@@ -181,7 +181,7 @@ impl PrepareWorktreeError {
                 Some("worktrees start from a commit: commit something first".to_owned())
             }
             PrepareWorktreeError::DirtyLeader { .. } => Some(
-                "commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block".to_owned(),
+                "commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block. To start from a commit instead, pass `--base <ref>`; `[worktree] require_clean_leader = false` in .crew/config.toml turns this check off".to_owned(),
             ),
             PrepareWorktreeError::UpstreamConflict { .. } => Some(
                 "merge the upstream branches yourself, or make the task depend on one of them".to_owned(),

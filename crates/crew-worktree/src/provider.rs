@@ -204,8 +204,11 @@ impl CrewWorkspaces {
         let repo = leader::open(repo_root, workspace)?;
         let repo_root = repo_root.expect("leader::open refuses a missing repository root");
         // No commit at all comes first: it explains a dirty status of everything too.
+        let explicit_base = base.is_some();
         let base = leader::resolve_base(&repo, repo_root, base)?;
-        if self.require_clean_leader {
+        // Tasks start from the checkout's HEAD only when no base is named: then what the user
+        // sees must be what they start from. A named base does not depend on the checkout.
+        if self.require_clean_leader && !explicit_base {
             leader::check_clean(&repo, repo_root)?;
         }
         Ok(base)

@@ -90,13 +90,33 @@ fn dirty_leader() {
     error: the run cannot start
     caused by: the leader checkout $TEST_ENV/project has uncommitted changes to tracked files:
       README.md
-    hint: commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block
+    hint: commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block. To start from a commit instead, pass `--base <ref>`; `[worktree] require_clean_leader = false` in .crew/config.toml turns this check off
     [exit status: 2]
     ");
     assert_eq!(
         env.git(&repo, ["branch", "--list", "crew/*"]),
         "",
         "no branch was made"
+    );
+    // A named base does not depend on the checkout: the same run starts from it, and the
+    // user's edit stays where it is.
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--base",
+            "HEAD",
+            "echo work > work.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README.md")).unwrap(),
+        "edited but not committed\n"
     );
 }
 

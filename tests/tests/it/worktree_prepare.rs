@@ -254,7 +254,7 @@ fn run_refuses_dirty_leader() {
     the leader checkout $TEST_ENV/project has uncommitted changes to tracked files:
       README.md
       src/lib.txt
-    hint: commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block
+    hint: commit or stash these changes (`git stash`) so that every task starts from what you see; untracked files do not block. To start from a commit instead, pass `--base <ref>`; `[worktree] require_clean_leader = false` in .crew/config.toml turns this check off
     ");
     assert!(
         !fixture.repo.join(".worktrees").exists(),
