@@ -191,25 +191,18 @@ pub struct ExitRecord {
     pub code: Option<i32>,
     /// The signal that ended it, when one did.
     pub signal: Option<i32>,
-    /// How a stop ended it: `term` (exited after TERM), `kill` (needed KILL), or none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// How a stop ended it: `term` (exited after TERM), `kill` (needed KILL), or none. Like
+    /// every field of an exit, always written: the JSON output promises them.
+    #[serde(default)]
     pub stopped_by: Option<String>,
     /// How many processes the agent left behind when it exited (in its group, daemons that
     /// left it, holders of its output), all killed by crew. Records written before counts were
     /// kept say `true` (read as 1).
-    #[serde(
-        default,
-        skip_serializing_if = "is_zero",
-        deserialize_with = "count_or_flag"
-    )]
+    #[serde(default, deserialize_with = "count_or_flag")]
     pub leaked_processes: u32,
     /// The agent was stopped because it ran longer than its timeout.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub timed_out: bool,
-}
-
-fn is_zero(count: &u32) -> bool {
-    *count == 0
 }
 
 fn count_or_flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {

@@ -311,6 +311,16 @@ fn a_dedicated_agent_cannot_commit_into_the_project() {
             dedicated.exists(),
             "the agent's work stays in its workspace"
         );
+        // Every field of an exit is in the JSON, as the README promises, zero or not.
+        let listed = env.crew(&repo, ["agents", "list", "--all-runs", "--json"]);
+        let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+        assert_eq!(
+            listed[0]["exit"],
+            serde_json::json!({
+                "code": 0, "signal": null, "stopped_by": null,
+                "leaked_processes": 0, "timed_out": false
+            })
+        );
     }
 }
 
