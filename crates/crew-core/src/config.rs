@@ -141,17 +141,29 @@ impl<'de> Deserialize<'de> for HumanDuration {
             Seconds(u64),
             Text(String),
         }
-        match Raw::deserialize(deserializer)? {
-            Raw::Seconds(seconds) => Ok(HumanDuration(Duration::from_secs(seconds))),
-            Raw::Text(text) => humantime::parse_duration(&text)
-                .map(HumanDuration)
-                .map_err(|error| {
-                    serde::de::Error::custom(format!(
+        let (duration, written) = match Raw::deserialize(deserializer)? {
+            Raw::Seconds(seconds) => (Duration::from_secs(seconds), seconds.to_string()),
+            Raw::Text(text) => match humantime::parse_duration(&text) {
+                Ok(duration) => (duration, format!("`{text}`")),
+                Err(error) => {
+                    return Err(serde::de::Error::custom(format!(
                         "invalid duration `{text}` ({error}); write it like \"90s\", \"30m\" or \"1h 30m\""
-                    ))
-                }),
+                    )));
+                }
+            },
+        };
+        if duration.is_zero() || duration > HumanDuration::MAX.0 {
+            return Err(serde::de::Error::custom(format!(
+                "duration {written} is out of range: it must be longer than 0s and at most 365 days"
+            )));
         }
+        Ok(HumanDuration(duration))
     }
+}
+
+impl HumanDuration {
+    /// The longest duration any setting takes: a year.
+    pub const MAX: HumanDuration = HumanDuration(Duration::from_secs(365 * 86_400));
 }
 
 impl fmt::Display for HumanDuration {
@@ -177,20 +189,30 @@ impl Parallelism {
     }
 }
 
+impl Parallelism {
+    /// More agents at once than any machine serves.
+    pub const MAX: usize = 1000;
+}
+
 impl<'de> Deserialize<'de> for Parallelism {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = i64::deserialize(deserializer)?;
         usize::try_from(value)
             .ok()
+            .filter(|value| *value <= Parallelism::MAX)
             .and_then(NonZeroUsize::new)
             .map(Parallelism)
             .ok_or_else(|| {
                 serde::de::Error::custom(format!(
-                    "parallelism must be a whole number of at least 1, not {value}"
+                    "parallelism must be a whole number from 1 to {}, not {value}",
+                    Parallelism::MAX
                 ))
             })
     }
 }
+
+/// The longest `stop_grace`: `crew agents stop` waits this long for an agent that ignores TERM.
+pub const MAX_STOP_GRACE: HumanDuration = HumanDuration(Duration::from_secs(3600));
 
 /// `.crew/config.toml`. Every key is optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -1013,6 +1035,15 @@ fn validate_project_config(
         let offset = find_key_offset(source, key);
         invalid_at(path, source, offset..offset, Some(key.to_owned()), message)
     };
+    if config.run.stop_grace > MAX_STOP_GRACE {
+        return Err(invalid(
+            "run.stop_grace",
+            format!(
+                "a stop grace of {} is too long: it must be at most {MAX_STOP_GRACE} (an agent that ignores TERM is killed only after it)",
+                config.run.stop_grace
+            ),
+        ));
+    }
     let worktree = &config.worktree;
     check_relative_path(&worktree.dir)
         .map_err(|rule| invalid("worktree.dir", format!("`{}` {rule}", worktree.dir)))?;
@@ -1112,6 +1143,12 @@ fn check_branch_prefix(prefix: &str) -> Result<(), &'static str> {
             return Err("segments must not end with `.lock` or `.`");
         }
     }
+    let first = prefix.split('/').next().unwrap_or_default();
+    if first == "HEAD" || first == "refs" {
+        return Err(
+            "must not start with `HEAD` or `refs`: branches would read like git's own names",
+        );
+    }
     if prefix.contains("..") {
         return Err("must not contain `..`");
     }
@@ -1133,6 +1170,16 @@ fn parse_agent(path: &Utf8Path, source: &str, name: &str) -> Result<AgentDef, Lo
     for (key, value) in file.env {
         check_env_name(key.get_ref(), false)
             .map_err(|message| invalid(key.span(), "env", message))?;
+        if value.contains('\0') {
+            return Err(invalid(
+                key.span(),
+                "env",
+                format!(
+                    "the value of `{}` holds a NUL byte, which no environment can carry",
+                    key.get_ref()
+                ),
+            ));
+        }
         env.insert(key.into_inner(), value);
     }
     let mut pass_env = Vec::new();
@@ -1172,6 +1219,11 @@ fn check_template(argv: &[String], allowed: &[&str]) -> Result<(), String> {
         );
     }
     for arg in argv {
+        if arg.contains('\0') {
+            return Err(format!(
+                "argument {arg:?} holds a NUL byte, which no program argument can carry"
+            ));
+        }
         for placeholder in placeholders(arg) {
             if !allowed.contains(&placeholder) {
                 return Err(format!(
@@ -1326,7 +1378,19 @@ mod tests {
     fn branch_prefix_rules() {
         assert!(check_branch_prefix("crew").is_ok());
         assert!(check_branch_prefix("team/crew").is_ok());
-        for bad in ["", "/x", "x/", "a//b", "a..b", ".x", "x.lock", "a b", "-x"] {
+        for bad in [
+            "",
+            "/x",
+            "x/",
+            "a//b",
+            "a..b",
+            ".x",
+            "x.lock",
+            "a b",
+            "-x",
+            "HEAD",
+            "refs/tags/x",
+        ] {
             assert!(check_branch_prefix(bad).is_err(), "{bad:?}");
         }
     }

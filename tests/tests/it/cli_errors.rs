@@ -143,6 +143,11 @@ fn unknown_agent_and_bad_arguments() {
     hint: define it in $TEST_ENV/project/.crew/agents/<name>.toml; known agents: shell
     [exit status: 2]
     ");
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "shell", "--max-parallel", "1000000", "true"]), @"
+    ----- stderr -----
+    error: --max-parallel must be from 1 to 1000, not 1000000
+    [exit status: 2]
+    ");
     insta::assert_snapshot!(refused(&env, &repo, &["run", "--workspace-mode", "sandbox", "x"]), @"
     ----- stderr -----
     error: invalid value 'sandbox' for '--workspace-mode <MODE>': unknown workspace mode `sandbox`; use single, worktree, temp or dedicated

@@ -94,8 +94,8 @@ fn wrong_type_is_located() {
 
 #[test]
 fn zero_parallelism_is_refused() {
-    insta::assert_snapshot!(load_error("teams/t.toml", &format!("max_parallel = 0\n[[tasks]]\nid = \"a\"\n{TASK}")), @"error: $TEST_ENV/project/.crew/teams/t.toml:1:16: key `max_parallel`: parallelism must be a whole number of at least 1, not 0");
-    insta::assert_snapshot!(load_error("config.toml", "[run]\nmax_parallel = 0\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:16: key `run.max_parallel`: parallelism must be a whole number of at least 1, not 0");
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("max_parallel = 0\n[[tasks]]\nid = \"a\"\n{TASK}")), @"error: $TEST_ENV/project/.crew/teams/t.toml:1:16: key `max_parallel`: parallelism must be a whole number from 1 to 1000, not 0");
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nmax_parallel = 0\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:16: key `run.max_parallel`: parallelism must be a whole number from 1 to 1000, not 0");
 }
 
 #[test]
@@ -123,6 +123,19 @@ fn unknown_dependency_is_located() {
 #[test]
 fn bad_duration_is_explained() {
     insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}timeout = \"soon\"\n")), @r#"error: $TEST_ENV/project/.crew/teams/t.toml:5:11: key `tasks[0].timeout`: invalid duration `soon` (expected number at 0); write it like "90s", "30m" or "1h 30m""#);
+}
+
+#[test]
+fn absurd_values_are_refused_with_the_allowed_range() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}timeout = \"0s\"\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:11: key `tasks[0].timeout`: duration `0s` is out of range: it must be longer than 0s and at most 365 days");
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nstop_grace = \"1000000years\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:14: key `run.stop_grace`: duration `1000000years` is out of range: it must be longer than 0s and at most 365 days");
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nstop_grace = \"2h\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.stop_grace`: a stop grace of 2h is too long: it must be at most 1h (an agent that ignores TERM is killed only after it)");
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nstop_grace = 0\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:14: key `run.stop_grace`: duration 0 is out of range: it must be longer than 0s and at most 365 days");
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nmax_parallel = 1000000\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:16: key `run.max_parallel`: parallelism must be a whole number from 1 to 1000, not 1000000");
+    insta::assert_snapshot!(load_error("config.toml", "[worktree]\nbranch_prefix = \"HEAD\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `worktree.branch_prefix`: `HEAD` must not start with `HEAD` or `refs`: branches would read like git's own names");
+    insta::assert_snapshot!(load_error("config.toml", "[worktree]\nbranch_prefix = \"refs/tags/x\"\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `worktree.branch_prefix`: `refs/tags/x` must not start with `HEAD` or `refs`: branches would read like git's own names");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nenv = { MODE = \"a\\u0000b\" }\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `env`: the value of `MODE` holds a NUL byte, which no environment can carry");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\", \"a\\u0000b\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: argument \"a\\0b\" holds a NUL byte, which no program argument can carry");
 }
 
 #[test]

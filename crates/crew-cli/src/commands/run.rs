@@ -60,8 +60,13 @@ pub struct RunArgs {
 pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let team = build_team(&args, &ctx.config_dir())?;
-    if args.max_parallel == Some(0) {
-        return Err(CliError::user("--max-parallel must be at least 1"));
+    if let Some(parallel) = args.max_parallel
+        && !(1..=Parallelism::MAX).contains(&parallel)
+    {
+        return Err(CliError::user(format!(
+            "--max-parallel must be from 1 to {}, not {parallel}",
+            Parallelism::MAX
+        )));
     }
     ctx.reconcile()?;
     crate::commands::worktrees::warn_attention(&ctx);
