@@ -16,7 +16,9 @@ use crew_worktree::CrewWorkspaces;
 use tokio::sync::{mpsc, watch};
 
 use crate::context::Context;
-use crate::ui::{Style, Table, between, cell, duration, sanitize, styled, task_style, truncate};
+use crate::ui::{
+    Style, Table, between, cell, duration, sanitize, sanitize_lines, styled, task_style, truncate,
+};
 use crate::{CliError, Outcome};
 
 /// A host ready to run: agents, socket and runner.
@@ -220,7 +222,8 @@ async fn print_progress(
                     }
                 }
                 if let Some(reason) = &change.reason {
-                    let _ = write!(line, "  {}", ctx.ui.paint(&sanitize(reason), Style::Dim));
+                    let reason = sanitize_lines(reason, "      ");
+                    let _ = write!(line, "  {}", ctx.ui.paint(&reason, Style::Dim));
                 }
             }
             _ => {}
@@ -358,10 +361,18 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             .as_ref()
             .filter(|_| task.status != TaskStatus::Succeeded)
         {
-            next.push(format!("# {}: {}", task.id, sanitize(reason)));
+            next.push(format!(
+                "# {}: {}",
+                task.id,
+                sanitize_lines(reason, "  #   ")
+            ));
         }
         for warning in &task.warnings {
-            next.push(format!("# {}: {}", task.id, sanitize(warning)));
+            next.push(format!(
+                "# {}: {}",
+                task.id,
+                sanitize_lines(warning, "  #   ")
+            ));
         }
     }
     let mut out = format!(

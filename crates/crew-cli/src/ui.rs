@@ -99,6 +99,17 @@ pub fn sanitize(text: &str) -> String {
         .collect()
 }
 
+/// [`sanitize`] for text of several lines (a reason quoting an agent's output, a list of
+/// conflicting files): each line is sanitized on its own, and the lines after the first start
+/// with `continuation` instead of showing their newline as `�`.
+pub fn sanitize_lines(text: &str, continuation: &str) -> String {
+    text.trim_end_matches('\n')
+        .split('\n')
+        .map(|line| sanitize(line.trim_end_matches('\r')))
+        .collect::<Vec<_>>()
+        .join(&format!("\n{continuation}"))
+}
+
 /// Cuts `text` to `width` characters, marking the cut.
 pub fn truncate(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
@@ -226,6 +237,14 @@ pub fn task_style(status: TaskStatus) -> Style {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_stay_lines_and_escapes_stay_out() {
+        assert_eq!(
+            sanitize_lines("conflicts in:\n  a.txt\r\n  b\x1b[2J.txt\n", "    "),
+            "conflicts in:\n      a.txt\n      b\u{fffd}[2J.txt"
+        );
+    }
 
     #[test]
     fn escapes_never_reach_the_terminal() {

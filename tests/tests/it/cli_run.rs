@@ -205,13 +205,17 @@ depends_on = ["left", "right"]
     let copy = env.git(&repo, ["show", &format!("crew/{run}-read:copy.txt")]);
     assert_eq!(copy, "upstream\n");
     let manifest = manifest(&env, &repo, &run);
-    let both = manifest["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["id"] == "both")
-        .unwrap();
+    let both = task(&manifest, "both");
     assert_eq!(both["status"], "failed");
+    // The summary shows the reason's lines as lines, never as `�`.
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains(
+            "# both: the work of upstream tasks left, right conflicts in:\n  #     clash.txt\n"
+        ),
+        "{shown}"
+    );
+    assert!(!shown.contains('\u{fffd}'), "{shown}");
     insta::assert_snapshot!(both["reason"].as_str().unwrap(), @"
     the work of upstream tasks left, right conflicts in:
       clash.txt

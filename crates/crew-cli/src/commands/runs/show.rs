@@ -32,7 +32,7 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
         manifest.run_id, manifest.workspace_mode, manifest.created_at
     );
     if let Some(reason) = &manifest.reason {
-        println!("  {}", crate::ui::sanitize(reason));
+        println!("  {}", crate::ui::sanitize_lines(reason, "  "));
     }
     print!("{}", summary(&ctx, &manifest, SummaryFor::Review));
     Ok(Outcome::Success)
