@@ -443,6 +443,7 @@ pub struct RunManifest {
 /// included.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct RunGlance {
+    pub schema_version: u32,
     pub run_id: RunId,
     pub cwd: WorkspaceId,
     pub status: RunStatus,

@@ -81,6 +81,14 @@ pub enum StateError {
         found: u32,
         supported: u32,
     },
+    #[error(
+        "run manifest {path} has schema version {found}, which no crew writes (this one writes {supported}); it was left as it is"
+    )]
+    OlderSchema {
+        path: Utf8PathBuf,
+        found: u32,
+        supported: u32,
+    },
     #[error("run manifest {path} belongs to workspace {found}, not {expected}")]
     ForeignManifest {
         path: Utf8PathBuf,
@@ -150,17 +158,24 @@ struct SchemaProbe {
 /// What a manifest read as a whole or in part says about the workspace it belongs to.
 trait ManifestOf {
     fn workspace(&self) -> &WorkspaceId;
+    fn schema_version(&self) -> u32;
 }
 
 impl ManifestOf for RunManifest {
     fn workspace(&self) -> &WorkspaceId {
         &self.cwd
     }
+    fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
 }
 
 impl ManifestOf for RunGlance {
     fn workspace(&self) -> &WorkspaceId {
         &self.cwd
+    }
+    fn schema_version(&self) -> u32 {
+        self.schema_version
     }
 }
 
@@ -328,6 +343,13 @@ impl StateStore {
                 });
             }
         };
+        if manifest.schema_version() < MANIFEST_SCHEMA_VERSION {
+            return Err(StateError::OlderSchema {
+                path,
+                found: manifest.schema_version(),
+                supported: MANIFEST_SCHEMA_VERSION,
+            });
+        }
         if manifest.workspace() != &self.workspace {
             return Err(StateError::ForeignManifest {
                 path,
@@ -576,7 +598,8 @@ impl StateStore {
                 report.kept += 1;
                 continue;
             };
-            let prunable = manifest.status.is_finished()
+            let prunable = manifest.schema_version <= MANIFEST_SCHEMA_VERSION
+                && manifest.status.is_finished()
                 && !manifest
                     .tasks
                     .iter()
@@ -604,6 +627,21 @@ impl StateStore {
     /// `.crew/state`.
     pub fn remove_run(&self, run_id: &RunId) -> Result<(), StateError> {
         let _lock = self.lock()?;
+        // A run of another crew's format is not this crew's to remove: a newer crew may still
+        // need it, and its workspaces may hold what this crew cannot see.
+        match self.glance_run(run_id) {
+            Ok(glance) if glance.schema_version > MANIFEST_SCHEMA_VERSION => {
+                return Err(StateError::NewerSchema {
+                    path: self.manifest_path(run_id),
+                    found: glance.schema_version,
+                    supported: MANIFEST_SCHEMA_VERSION,
+                });
+            }
+            Err(error @ (StateError::NewerSchema { .. } | StateError::OlderSchema { .. })) => {
+                return Err(error);
+            }
+            _ => {}
+        }
         let roots = [self.state_dir.as_path()];
         remove_contained(&self.dedicated_root().join(run_id.as_str()), &roots).map_err(
             |source| StateError::Remove {

@@ -366,3 +366,45 @@ fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
     ");
     assert_eq!(run_ids(&env, &repo), [run], "a dry run removes nothing");
 }
+
+#[test]
+fn runs_of_a_newer_crew_are_never_cleaned_or_pruned() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "dedicated",
+            "echo work > work.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["schema_version"] = 99.into();
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let work = repo.join(format!(".crew/state/ws/{run}/shell/work.txt"));
+
+    let clean = env.crew(&repo, ["runs", "clean", &run]);
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&clean)), @"
+    ----- stderr -----
+    error: run [RUN_ID] was written by a newer crew (schema version 99); this crew leaves it as it is
+    hint: clean it with the crew that made it
+    [exit status: 2]
+    ");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[retention]\nmax_kept_runs = 0\n",
+    );
+    let prune = env.crew(&repo, ["runs", "prune"]);
+    assert!(prune.status.success(), "{}", render_output(&prune));
+    assert!(work.exists(), "the newer run's workspace is still there");
+    assert_eq!(run_ids(&env, &repo), [run]);
+}

@@ -334,6 +334,67 @@ fn newer_schema_is_read_only() {
     ));
 }
 
+#[test]
+fn a_newer_run_is_never_removed_and_an_older_one_never_read() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let mut versions = Vec::new();
+    for version in [99, 0] {
+        let run = new_run(&store, &workspace, &["api"]);
+        store
+            .update_run(&run.run_id, |manifest| {
+                manifest.set_status(RunStatus::Completed)
+            })
+            .unwrap();
+        let dedicated = store
+            .ensure_dedicated_dir(&run.run_id, &run.tasks[0].id)
+            .unwrap();
+        write(&dedicated.join("work.txt"), "kept\n");
+        let path = store.manifest_path(&run.run_id);
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        json["schema_version"] = version.into();
+        std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        versions.push((version, run.run_id, dedicated));
+    }
+    let retention = crew_core::config::RetentionSettings {
+        max_kept_runs: 0,
+        max_run_age_days: 0,
+    };
+    let report = store
+        .prune(&retention, std::time::SystemTime::now(), false)
+        .unwrap();
+    assert!(report.pruned.is_empty(), "{report:?}");
+    for (version, run_id, dedicated) in &versions {
+        assert!(dedicated.join("work.txt").exists(), "version {version}");
+        let removed = store.remove_run(run_id);
+        let read = store.read_run(run_id);
+        match version {
+            99 => {
+                assert!(matches!(
+                    removed,
+                    Err(StateError::NewerSchema { found: 99, .. })
+                ));
+                assert!(read.is_ok(), "still readable");
+            }
+            _ => {
+                assert!(matches!(
+                    removed,
+                    Err(StateError::OlderSchema { found: 0, .. })
+                ));
+                assert!(matches!(
+                    read,
+                    Err(StateError::OlderSchema { found: 0, .. })
+                ));
+            }
+        }
+    }
+    let (_, older, _) = &versions[1];
+    let error = store.read_run(older).unwrap_err();
+    insta::assert_snapshot!(env.redact(&error.to_string()).replace(older.as_str(), "[RUN_ID]"), @"run manifest $TEST_ENV/project/.crew/state/runs/[RUN_ID]/manifest.json has schema version 0, which no crew writes (this one writes 1); it was left as it is");
+}
+
 fn host_of(child: &std::process::Child) -> HostIdentity {
     HostIdentity::of_pid(child.id()).unwrap().unwrap()
 }

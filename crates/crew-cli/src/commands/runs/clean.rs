@@ -31,6 +31,13 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
     ctx.reconcile()?;
     let run_id = ctx.resolve_run(&args.run)?;
     let manifest = ctx.read_run(&run_id)?;
+    if manifest.schema_version > crew_core::model::MANIFEST_SCHEMA_VERSION {
+        return Err(CliError::user(format!(
+            "run {run_id} was written by a newer crew (schema version {}); this crew leaves it as it is",
+            manifest.schema_version
+        ))
+        .with_hint("clean it with the crew that made it"));
+    }
     if !manifest.status.is_finished() {
         return Err(CliError::user(format!("run {run_id} is still running"))
             .with_hint(format!("cancel it first: `crew runs cancel {run_id}`")));
