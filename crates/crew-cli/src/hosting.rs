@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crew_core::model::{RunManifest, RunStatus, TaskStatus};
 use crew_core::provider::WorkspaceKind;
 use crew_core::{RunId, TaskId};
+use crew_live::env::BaseEnv;
 use crew_live::runner::TaskProgress;
 use crew_live::{AgentHost, CancelLevel, ControlServer, Runner};
 use crew_worktree::CrewWorkspaces;
@@ -31,7 +32,16 @@ pub struct Hosting {
 
 impl Hosting {
     pub async fn start(ctx: &Context, label: &str) -> Result<Self, CliError> {
-        let host = AgentHost::new().map_err(CliError::internal)?;
+        // Agents reach their host with `crew ask` and `crew submit`: this very crew, even when
+        // it is not on the user's PATH (started through `cargo run`, or by its full path).
+        let mut env = BaseEnv::from_process();
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf))
+        {
+            env = env.with_path_first(&dir);
+        }
+        let host = AgentHost::with_env(env).map_err(CliError::internal)?;
         let server = ControlServer::bind(host.clone(), ctx.workspace.id())
             .await
             .map_err(CliError::internal)?;

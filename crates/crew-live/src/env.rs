@@ -29,6 +29,20 @@ impl BaseEnv {
         }
     }
 
+    /// The same variables with `dir` first on `PATH`: a host puts the directory of its own
+    /// `crew` there, so that agents find `crew ask` and `crew submit` however crew was started.
+    pub fn with_path_first(mut self, dir: &std::path::Path) -> Self {
+        let mut paths = vec![dir.to_path_buf()];
+        if let Some(path) = self.get("PATH") {
+            paths.extend(std::env::split_paths(path).filter(|entry| entry != dir));
+        }
+        if let Ok(joined) = std::env::join_paths(paths) {
+            self.vars.retain(|(name, _)| name != "PATH");
+            self.vars.push(("PATH".into(), joined));
+        }
+        self
+    }
+
     pub fn get(&self, name: &str) -> Option<&OsStr> {
         self.vars
             .iter()

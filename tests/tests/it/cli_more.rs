@@ -408,3 +408,23 @@ fn runs_of_a_newer_crew_are_never_cleaned_or_pruned() {
     assert!(work.exists(), "the newer run's workspace is still there");
     assert_eq!(run_ids(&env, &repo), [run]);
 }
+
+#[test]
+fn agents_find_the_crew_that_hosts_them_even_off_the_users_path() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // crew started by its full path, with a PATH that does not hold it (as `cargo run` does).
+    let output = env
+        .crew_command(&repo)
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--agent", "shell", "command -v crew"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log")),
+    )
+    .unwrap();
+    assert_eq!(log.trim(), crew_tests::crew_bin().as_str());
+}
