@@ -28,6 +28,8 @@ use crate::registry::AgentSnapshot;
 /// The directory of published listings, under a workspace's state directory.
 pub const LIVE_DIR: &str = "live";
 const SCHEMA_VERSION: u32 = 1;
+/// A listing's temp file older than this was left by a writer that died.
+const ABANDONED_TEMP_AGE: Duration = Duration::from_secs(60);
 /// How long new output lines may wait before they are published.
 const OUTPUT_DELAY: Duration = Duration::from_secs(1);
 
@@ -61,8 +63,18 @@ pub fn remove_stale_listings(state_dir: &Utf8Path) {
         return;
     };
     for entry in entries.flatten() {
-        // Temp files of a write under way belong to their writer.
+        // Temp files of a write under way belong to their writer; one left for a minute was
+        // left by a writer that died.
         if crew_core::fsutil::is_atomic_temp_name(entry.file_name()) {
+            let abandoned = entry
+                .metadata()
+                .and_then(|metadata| metadata.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok())
+                .is_some_and(|age| age > ABANDONED_TEMP_AGE);
+            if abandoned {
+                let _ = std::fs::remove_file(entry.path());
+            }
             continue;
         }
         let path = entry.path();
@@ -109,10 +121,6 @@ impl Drop for Publisher {
 
 async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) {
     let mut events = host.subscribe();
-    if let Some(dir) = path.parent() {
-        let dir = dir.to_owned();
-        let _ = tokio::task::spawn_blocking(move || crew_core::fsutil::ensure_real_dir(&dir)).await;
-    }
     write(&host, &workspace, &path).await;
     let mut pending_output: Option<Instant> = None;
     loop {
@@ -155,6 +163,17 @@ async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
         return;
     };
     let path = path.to_owned();
-    let _ =
-        tokio::task::spawn_blocking(move || crew_core::fsutil::write_atomic(&path, &json)).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        if crew_core::fsutil::write_atomic(&path, &json).is_ok() {
+            return;
+        }
+        // The state directory may not have existed when the host started (the first run of a
+        // project makes it): make the listing's directory now, and write again.
+        if let Some(dir) = path.parent()
+            && crew_core::fsutil::ensure_real_dir(dir).is_ok()
+        {
+            let _ = crew_core::fsutil::write_atomic(&path, &json);
+        }
+    })
+    .await;
 }

@@ -1166,6 +1166,14 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
     let interrupted = store.reconcile()?;
     for run_id in &interrupted {
         crate::procscan::kill_marked(&crate::procscan::run_marker(run_id));
+        // The socket its host never removed: only one a host would have made is touched.
+        if let Ok(glance) = store.glance_run(run_id)
+            && let Some(socket) = glance.host.and_then(|host| host.socket)
+            && crate::control::is_plausible_socket(&socket)
+            && std::os::unix::net::UnixStream::connect(&socket).is_err()
+        {
+            let _ = std::fs::remove_file(&socket);
+        }
     }
     crate::publish::remove_stale_listings(store.state_dir());
     Ok(interrupted)

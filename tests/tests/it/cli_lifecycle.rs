@@ -144,10 +144,37 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
         let manifest = manifest(&env, &repo, &run);
         (manifest["tasks"][0]["status"] == "succeeded").then_some(())
     });
+    // The first run of a fresh project publishes its listing too.
+    let listings = |repo: &camino::Utf8Path| -> Vec<String> {
+        std::fs::read_dir(repo.join(".crew/state/live"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_until(20, "the host's published listing", || {
+        (!listings(&repo).is_empty()).then_some(())
+    });
+    let socket = manifest(&env, &repo, &run)["host"]["socket"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     signal(&child, rustix::process::Signal::KILL);
     child.wait().unwrap();
+    assert!(
+        std::path::Path::new(&socket).exists(),
+        "a killed host leaves its socket"
+    );
 
     let list = env.crew(&repo, ["runs", "list"]);
+    assert!(
+        !std::path::Path::new(&socket).exists(),
+        "reconciliation removes the dead host's socket"
+    );
+    assert_eq!(listings(&repo), Vec::<String>::new(), "and its listing");
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&list)), @"
     RUN                 STATUS       TEAM  MODE      CREATED              TASKS

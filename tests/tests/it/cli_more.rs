@@ -428,3 +428,24 @@ fn agents_find_the_crew_that_hosts_them_even_off_the_users_path() {
     .unwrap();
     assert_eq!(log.trim(), crew_tests::crew_bin().as_str());
 }
+
+#[test]
+fn the_first_run_of_a_fresh_project_publishes_its_listing() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    assert!(!repo.join(".crew").exists());
+    let mut child = env.spawn_crew(
+        &repo,
+        ["run", "--agent", "shell", "echo started; sleep 600"],
+    );
+    let live = repo.join(".crew/state/live");
+    crew_tests::wait_until(20, "the host's published listing", || {
+        std::fs::read_dir(&live)
+            .ok()?
+            .flatten()
+            .any(|entry| entry.file_name().to_string_lossy().ends_with(".json"))
+            .then_some(())
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
