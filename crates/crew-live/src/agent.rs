@@ -38,7 +38,7 @@ use crew_core::{AgentId, WorkspaceId};
 use crate::env::{BaseEnv, agent_env};
 use crate::error::{AgentOpError, SpawnAgentError};
 use crate::events::{AgentEvent, OutputStream};
-use crate::output::{OutputSink, OutputTail, drain};
+use crate::output::{LogWriter, OutputSink, OutputTail, drain};
 use crate::procscan;
 use crate::sandbox::{self, SandboxPlan};
 use crate::spawn::{LeftoverCount, Spawner, guard_with_warden};
@@ -67,6 +67,9 @@ pub struct AgentSpec {
     pub stop_grace: Duration,
     /// `output.log`; its directory is created when missing.
     pub output_log: Utf8PathBuf,
+    /// How large `output.log` may grow before it starts over (the part before is kept as
+    /// `output.log.1`).
+    pub output_log_limit: u64,
     /// The control socket agents reach their host on (`crew ask`), passed as `CREW_SOCKET`.
     pub socket: Option<Utf8PathBuf>,
     /// What the kernel lets the agent write.
@@ -442,7 +445,7 @@ fn private_temp_dir(spec: &AgentSpec) -> Result<tempfile::TempDir, SpawnAgentErr
         })
 }
 
-fn open_log(spec: &AgentSpec) -> Result<std::fs::File, SpawnAgentError> {
+fn open_log(spec: &AgentSpec) -> Result<LogWriter, SpawnAgentError> {
     let log_error = |source| SpawnAgentError::OutputLog {
         path: spec.output_log.clone(),
         source,
@@ -450,7 +453,7 @@ fn open_log(spec: &AgentSpec) -> Result<std::fs::File, SpawnAgentError> {
     if let Some(parent) = spec.output_log.parent() {
         std::fs::create_dir_all(parent).map_err(log_error)?;
     }
-    crew_core::fsutil::open_append_nofollow(&spec.output_log)
+    LogWriter::open(&spec.output_log, spec.output_log_limit)
         .map_err(|error| log_error(std::io::Error::other(error.to_string())))
 }
 

@@ -54,6 +54,7 @@
 //!         timeout: Some(Duration::from_secs(60)),
 //!         stop_grace: Duration::from_secs(10),
 //!         output_log: "/tmp/hello.log".into(),
+//!         output_log_limit: 64 << 20,
 //!         socket: None,
 //!         sandbox: SandboxPlan::confined_to(workspace.as_path()),
 //!         workspace_env: Vec::new(),

@@ -5,6 +5,8 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
+
+use camino::{Utf8Path, Utf8PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -88,12 +90,70 @@ impl OutputTail {
     }
 }
 
+/// The suffix of the part of a log before its last rotation.
+pub const ROTATED_SUFFIX: &str = ".1";
+
+/// An agent's `output.log`, bounded: when the next write would take it past its limit, the log
+/// becomes `output.log.1` (replacing the one before) and a new `output.log` starts with a line
+/// saying so. The newest output is always kept, and the two files never hold much more than
+/// twice the limit.
+#[derive(Debug)]
+pub struct LogWriter {
+    file: File,
+    path: Utf8PathBuf,
+    written: u64,
+    limit: u64,
+}
+
+impl LogWriter {
+    /// Opens `path` to append (never through a link), counting what it already holds.
+    pub fn open(path: &Utf8Path, limit: u64) -> Result<Self, crew_core::fsutil::FileError> {
+        let file = crew_core::fsutil::open_append_nofollow(path)?;
+        let written = file.metadata().map(|metadata| metadata.len()).unwrap_or(0);
+        Ok(LogWriter {
+            file,
+            path: path.to_owned(),
+            written,
+            limit: limit.max(1),
+        })
+    }
+
+    /// The file the part before the last rotation went to.
+    pub fn rotated_path(path: &Utf8Path) -> Utf8PathBuf {
+        Utf8PathBuf::from(format!("{path}{ROTATED_SUFFIX}"))
+    }
+
+    pub fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        if self.written > 0 && self.written + chunk.len() as u64 > self.limit {
+            self.rotate()?;
+        }
+        self.file.write_all(chunk)?;
+        self.written += chunk.len() as u64;
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let rotated = Self::rotated_path(&self.path);
+        std::fs::rename(&self.path, &rotated)?;
+        self.file = crew_core::fsutil::open_append_nofollow(&self.path)
+            .map_err(|error| std::io::Error::other(error.to_string()))?;
+        let marker = format!(
+            "[crew: the log reached its limit of {}; the output before this line is in {}, and what came before that was dropped]\n",
+            crew_core::config::ByteSize(self.limit),
+            rotated.file_name().unwrap_or(ROTATED_SUFFIX)
+        );
+        self.file.write_all(marker.as_bytes())?;
+        self.written = marker.len() as u64;
+        Ok(())
+    }
+}
+
 /// Where one agent's output goes.
 #[derive(Debug, Clone)]
 pub struct OutputSink {
     pub agent_id: AgentId,
     /// `output.log`, shared by both streams; `None` once writing to it failed.
-    pub log: Arc<Mutex<Option<File>>>,
+    pub log: Arc<Mutex<Option<LogWriter>>>,
     pub tail: Arc<Mutex<OutputTail>>,
     pub events: broadcast::Sender<AgentEvent>,
     /// Told each time a line marks the end of the agent's turn (`stdin-json` agents).
@@ -114,8 +174,8 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
                 .log
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(file) = log.as_mut()
-                && file.write_all(chunk).is_err()
+            if let Some(writer) = log.as_mut()
+                && writer.write(chunk).is_err()
             {
                 // A full disk must not stop the agent: keep draining, stop logging.
                 *log = None;

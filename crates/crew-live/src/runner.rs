@@ -821,6 +821,7 @@ impl RunContext {
             timeout: task.timeout.map(|timeout| timeout.0),
             stop_grace: self.runner.config.run.stop_grace.0,
             output_log: store.output_log_path(&self.run_id, &task.id),
+            output_log_limit: self.runner.config.run.max_output_log.0,
             socket: self.socket.clone(),
             sandbox: SandboxPlan {
                 mode: self.runner.config.sandbox.mode,

@@ -66,6 +66,7 @@ fn host(args: &[String]) {
                 timeout: None,
                 stop_grace: Duration::from_secs(10),
                 output_log: workspace.as_path().join(format!("agent-{index}.log")),
+                output_log_limit: 64 << 20,
                 socket: None,
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
@@ -123,6 +124,7 @@ fn many(args: &[String]) {
                 timeout: None,
                 stop_grace: grace,
                 output_log: camino::Utf8PathBuf::from_path_buf(logs.path().join(format!("a{index}.log"))).unwrap(),
+                output_log_limit: 64 << 20,
                 socket: None,
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
@@ -270,6 +272,7 @@ fn start(args: &[String]) {
                         logs.path().join(format!("a{index}.log")),
                     )
                     .unwrap(),
+                    output_log_limit: 64 << 20,
                     socket: None,
                     sandbox: crew_live::SandboxPlan {
                         mode,

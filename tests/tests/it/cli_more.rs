@@ -449,3 +449,39 @@ fn the_first_run_of_a_fresh_project_publishes_its_listing() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn an_agents_log_keeps_its_newest_output_within_its_limit() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\nmax_output_log = \"64KiB\"\n",
+    );
+    // 3,000 numbered lines of 100 bytes: about 300 KB.
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "i=0; while [ $i -lt 3000 ]; do printf 'line %05d %090d\\n' $i 0; i=$((i+1)); done",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
+    let current = std::fs::read_to_string(&log).unwrap();
+    let before = std::fs::read_to_string(format!("{log}.1")).unwrap();
+    assert!(current.len() <= 64 * 1024 && before.len() <= 64 * 1024);
+    assert!(
+        current.starts_with("[crew: the log reached its limit of 64KiB;"),
+        "{}",
+        &current[..200]
+    );
+    assert!(current.ends_with(&format!("line 02999 {:090}\n", 0)));
+    // `crew agents logs` shows both parts, in order, ending with the newest line.
+    let logs = env.crew(&repo, ["agents", "logs", "shell"]);
+    let shown = String::from_utf8(logs.stdout).unwrap();
+    assert_eq!(shown, format!("{before}{current}"));
+}

@@ -47,6 +47,7 @@ impl LiveFixture {
             timeout: None,
             stop_grace: Duration::from_millis(500),
             output_log: self.env.root().join("logs").join(format!("{task}.log")),
+            output_log_limit: 64 << 20,
             socket: None,
             sandbox: crew_live::SandboxPlan::confined_to(self.workspace.as_path()),
             workspace_env: Vec::new(),
@@ -588,9 +589,23 @@ async fn gigabyte_without_newline_keeps_memory_bounded_and_never_blocks_the_agen
         rss_after < rss_before + 64 * 1024,
         "host RSS grew from {rss_before} KiB to {rss_after} KiB"
     );
-    let logged = std::fs::metadata(&log).unwrap().len();
-    assert_eq!(logged as usize, size + b"\xff\xfe\xfd not utf-8".len());
+    // The log kept the newest output within its limit (64 MiB here): the gigabyte's tail and
+    // its end, with the part before in output.log.1 and a line saying where it went.
+    let limit = 64u64 << 20;
+    let rotated = camino::Utf8PathBuf::from(format!("{log}.1"));
+    let (current, before) = (
+        std::fs::read(&log).unwrap(),
+        std::fs::metadata(&rotated).unwrap().len(),
+    );
+    assert!(
+        current.len() as u64 <= limit && before <= limit,
+        "{} and {before}",
+        current.len()
+    );
+    assert!(current.starts_with(b"[crew: the log reached its limit of 64MiB;"));
+    assert!(current.ends_with(b"\xff\xfe\xfd not utf-8"));
     std::fs::remove_file(&log).unwrap();
+    std::fs::remove_file(&rotated).unwrap();
     let lines = handle.snapshot().last_lines;
     assert_eq!(lines.len(), 1);
     assert!(lines[0].len() <= crew_live::output::MAX_LINE_BYTES + 3);

@@ -31,9 +31,21 @@ pub async fn cmd_agents_logs(args: LogsArgs, ui: Ui) -> Result<Outcome, CliError
         .with_hint("`crew agents list --all-runs` shows the agents of this workspace"));
     };
     let path = ctx.store.output_log_path(&manifest.run_id, &task_id);
+    let rotated = crew_live::output::LogWriter::rotated_path(&path);
+    // The part before the log's last rotation first, when it was kept.
+    print_from(&rotated, 0, ui.terminal, true)?;
     let mut offset = 0u64;
     loop {
-        offset = print_from(&path, offset, ui.terminal)?;
+        // A log shorter than what was printed of it started over: the rest of what was being
+        // followed is now the rotated part.
+        let length = std::fs::metadata(&path)
+            .map(|metadata| metadata.len())
+            .unwrap_or(0);
+        if length < offset {
+            print_from(&rotated, offset, ui.terminal, true)?;
+            offset = 0;
+        }
+        offset = print_from(&path, offset, ui.terminal, !args.follow)?;
         if !args.follow {
             break;
         }
@@ -48,7 +60,7 @@ pub async fn cmd_agents_logs(args: LogsArgs, ui: Ui) -> Result<Outcome, CliError
             })
             .unwrap_or(true);
         if finished {
-            print_from(&path, offset, ui.terminal)?;
+            print_from(&path, offset, ui.terminal, true)?;
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -56,8 +68,15 @@ pub async fn cmd_agents_logs(args: LogsArgs, ui: Ui) -> Result<Outcome, CliError
     Ok(Outcome::Success)
 }
 
-/// Prints the log from `offset` on, a chunk at a time; returns the new offset.
-fn print_from(path: &camino::Utf8Path, mut offset: u64, terminal: bool) -> Result<u64, CliError> {
+/// Prints the log from `offset` on, a chunk at a time; returns the offset of the first byte not
+/// printed. On a terminal a character cut by the end of a read waits for its other bytes
+/// (unless this is the last look, `at_end`), so it is never shown as two `�`.
+fn print_from(
+    path: &camino::Utf8Path,
+    mut offset: u64,
+    terminal: bool,
+    at_end: bool,
+) -> Result<u64, CliError> {
     let Ok(mut file) = crew_core::fsutil::open_nofollow(path) else {
         return Ok(offset);
     };
@@ -65,26 +84,61 @@ fn print_from(path: &camino::Utf8Path, mut offset: u64, terminal: bool) -> Resul
         .map_err(CliError::internal)?;
     let mut stdout = std::io::stdout().lock();
     let mut buffer = vec![0u8; 64 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
     loop {
         let read = file.read(&mut buffer).map_err(CliError::internal)?;
-        if read == 0 {
+        if read == 0 && (pending.is_empty() || !at_end) {
             break;
         }
-        let chunk = &buffer[..read];
+        let mut bytes = std::mem::take(&mut pending);
+        bytes.extend_from_slice(&buffer[..read]);
+        let printable = if terminal && read > 0 {
+            complete_characters(&bytes)
+        } else {
+            bytes.len()
+        };
+        let (shown, rest) = bytes.split_at(printable);
         let written = if terminal {
             // Control characters become `�`; newlines stay.
-            let text = String::from_utf8_lossy(chunk);
-            let shown: Vec<String> = text.split('\n').map(sanitize).collect();
-            stdout.write_all(shown.join("\n").as_bytes())
+            let text = String::from_utf8_lossy(shown);
+            let lines: Vec<String> = text.split('\n').map(sanitize).collect();
+            stdout.write_all(lines.join("\n").as_bytes())
         } else {
-            stdout.write_all(chunk)
+            stdout.write_all(shown)
         };
         if written.is_err() {
             // The reader went away (a closed pipe): nothing more to print.
             break;
         }
-        offset += read as u64;
+        offset += printable as u64;
+        pending = rest.to_vec();
+        if read == 0 {
+            break;
+        }
     }
     let _ = stdout.flush();
     Ok(offset)
+}
+
+/// How many of `bytes` end on a character boundary: all, unless they end inside a UTF-8
+/// sequence that more bytes would complete.
+fn complete_characters(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Err(error) if error.error_len().is_none() => error.valid_up_to(),
+        _ => bytes.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_characters;
+
+    #[test]
+    fn a_character_cut_by_a_read_waits_for_its_end() {
+        let text = "naïve 日本".as_bytes();
+        assert_eq!(complete_characters(text), text.len());
+        assert_eq!(complete_characters(&text[..text.len() - 1]), text.len() - 3);
+        assert_eq!(complete_characters(&text[..3]), 2);
+        assert_eq!(complete_characters(b"\xff\xfe"), 2);
+    }
 }
