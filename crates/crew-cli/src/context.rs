@@ -29,7 +29,7 @@ pub struct Context {
 impl Context {
     /// Discovers the workspace from the current directory and loads its `config.toml`.
     pub fn discover(ui: Ui) -> Result<Self, CliError> {
-        let cwd = std::env::current_dir().map_err(CliError::internal)?;
+        let cwd = current_dir()?;
         let workspace = Workspace::discover(&cwd).map_err(CliError::user)?;
         Self::for_workspace(workspace, ui)
     }
@@ -190,6 +190,15 @@ impl Context {
 pub struct LiveAgents {
     pub agents: Vec<(AgentSnapshot, HostRecord)>,
     pub unanswered: Vec<String>,
+}
+
+/// The current directory, or an error that says what happened to it.
+pub fn current_dir() -> Result<std::path::PathBuf, CliError> {
+    std::env::current_dir().map_err(|error| {
+        CliError::user(format!("cannot read the current directory: {error}")).with_hint(
+            "it may have been deleted (a removed worktree?): cd into your project and run crew again",
+        )
+    })
 }
 
 /// Sorted by agent id, each agent once (a host serving several runs lists its agents once per

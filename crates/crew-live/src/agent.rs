@@ -382,7 +382,17 @@ async fn launch(
         source,
     })?;
 
-    let log = open_log(spec)?;
+    let mut log = open_log(spec)?;
+    if log.written() > 0 {
+        // A resume or a follow-up appends to the same log: say where the new start begins.
+        let _ = log.write(
+            format!(
+                "\n[crew: the agent started again at {}]\n",
+                Timestamp::now()
+            )
+            .as_bytes(),
+        );
+    }
     let mut child =
         launcher
             .spawner

@@ -90,6 +90,23 @@ impl OutputTail {
     }
 }
 
+/// The last non-empty line of the log at `path` (read from its end, at most
+/// [`MAX_LINE_BYTES`]): what a listing shows for an agent that is no longer live.
+pub fn last_line_of(path: &Utf8Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = crew_core::fsutil::open_nofollow(path).ok()?;
+    let length = file.metadata().ok()?.len();
+    let start = length.saturating_sub(MAX_LINE_BYTES as u64);
+    file.seek(SeekFrom::Start(start)).ok()?;
+    let mut tail = Vec::new();
+    file.take(MAX_LINE_BYTES as u64)
+        .read_to_end(&mut tail)
+        .ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    let line = text.lines().rev().find(|line| !line.trim().is_empty())?;
+    Some(line.trim_end_matches('\r').to_owned())
+}
+
 /// The suffix of the part of a log before its last rotation.
 pub const ROTATED_SUFFIX: &str = ".1";
 
@@ -116,6 +133,11 @@ impl LogWriter {
             written,
             limit: limit.max(1),
         })
+    }
+
+    /// How many bytes the current file holds.
+    pub fn written(&self) -> u64 {
+        self.written
     }
 
     /// The file the part before the last rotation went to.

@@ -312,3 +312,22 @@ fn help_lists_the_commands() {
             .contains("_crew()")
     );
 }
+
+#[test]
+fn a_deleted_current_directory_is_named() {
+    let env = TestEnv::new();
+    let dir = env.dir("doomed");
+    // The shell removes its own current directory, then starts crew there.
+    let output = std::process::Command::new("sh")
+        .current_dir(&dir)
+        .env("CREW", crew_tests::crew_bin().as_str())
+        .args(["-c", "rmdir \"$PWD\" && exec \"$CREW\" agents list"])
+        .output()
+        .unwrap();
+    insta::assert_snapshot!(render_output(&output), @"
+    ----- stderr -----
+    error: cannot read the current directory: No such file or directory (os error 2)
+    hint: it may have been deleted (a removed worktree?): cd into your project and run crew again
+    [exit status: 2]
+    ");
+}

@@ -427,6 +427,10 @@ fn agents_find_the_crew_that_hosts_them_even_off_the_users_path() {
     )
     .unwrap();
     assert_eq!(log.trim(), crew_tests::crew_bin().as_str());
+    // A finished agent's newest line is listed too.
+    let listed = env.crew(&repo, ["agents", "list", "--all-runs", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["last_line"], crew_tests::crew_bin().as_str());
 }
 
 #[test]

@@ -930,3 +930,20 @@ fn a_run_whose_canceller_is_dropped_does_not_spin() {
         "the runner used {cpu:.2} s of CPU during a 1 s run"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_start_of_an_agent_is_marked_in_its_log() {
+    let fixture = LiveFixture::new();
+    let spec = fixture.spec("twice", fake(&["print", "hello"], SteerMode::None));
+    let log = spec.output_log.clone();
+    let handle = fixture.host.start(spec).await.unwrap();
+    handle.wait_exited().await;
+    handle.resume(None).await.unwrap();
+    handle.wait_exited().await;
+    let text = std::fs::read_to_string(log).unwrap();
+    let (first, second) = text
+        .split_once("\n[crew: the agent started again at ")
+        .unwrap();
+    assert_eq!(first, "hello\n");
+    assert!(second.ends_with("]\nhello\n"), "{text}");
+}

@@ -46,7 +46,7 @@ pub struct InitArgs {}
 
 #[allow(clippy::print_stdout)]
 pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
-    let cwd = std::env::current_dir().map_err(CliError::internal)?;
+    let cwd = crate::context::current_dir()?;
     let workspace = Workspace::discover(&cwd).map_err(CliError::user)?;
     let crew_dir = workspace.crew_dir();
     let mut written = Vec::new();

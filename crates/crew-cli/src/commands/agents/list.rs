@@ -151,7 +151,9 @@ pub async fn rows(
                 started_at: task.started_at,
                 question: task.question.clone(),
                 exit: task.exit.clone(),
-                last_line: None,
+                last_line: crew_live::output::last_line_of(
+                    &ctx.store.output_log_path(run_id, &task.id),
+                ),
                 sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),
             });
         }
