@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 
 use crew_core::model::{RunManifest, RunStatus, TaskStatus};
-use crew_core::provider::WorkspaceKind;
+use crew_core::provider::{TeardownReport, WorkspaceKind};
 use crew_core::{RunId, TaskId};
 use crew_live::env::BaseEnv;
 use crew_live::runner::TaskProgress;
@@ -332,6 +332,27 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 next.push(format!("git merge {branch}"));
             }
         }
+        if let Some(report) = report
+            && report.ignored_files > 0
+        {
+            let mut names = report.ignored_paths.join(", ");
+            if report.ignored_paths.len() < report.ignored_files as usize
+                && report.ignored_paths.len() == TeardownReport::NAMED
+            {
+                names.push_str(", …");
+            }
+            let place = match &report.ignored_kept_in {
+                Some(kept) => format!("kept in {}", relative(ctx, kept)),
+                None => "removed with the worktree".to_owned(),
+            };
+            next.push(format!(
+                "# {}: {} ignored file(s) the agent wrote ({}), {place}: {}",
+                task.id,
+                report.ignored_files,
+                bytes(report.ignored_bytes),
+                sanitize(&names)
+            ));
+        }
         for finding in findings {
             let restored = if finding.restored {
                 "crew put it back"
@@ -398,6 +419,17 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         }
     }
     out
+}
+
+/// A size for people: `812 B`, `4.2 KB`, `1.3 MB`, `2.0 GB`.
+fn bytes(size: u64) -> String {
+    const UNITS: [(f64, &str); 3] = [(1e9, "GB"), (1e6, "MB"), (1e3, "KB")];
+    let size_f = size as f64;
+    UNITS
+        .iter()
+        .find(|(unit, _)| size_f >= *unit)
+        .map(|(unit, name)| format!("{:.1} {name}", size_f / unit))
+        .unwrap_or_else(|| format!("{size} B"))
 }
 
 /// The exit outcome of a finished run.

@@ -351,6 +351,10 @@ pub struct WorktreeSettings {
     pub setup_timeout: HumanDuration,
     /// Ignored paths a recycled worktree keeps from its previous task (such as `target/`).
     pub keep_ignored: Vec<Utf8PathBuf>,
+    /// Keep the ignored files an agent wrote (`.env`, `build/`) with its run, under
+    /// `.crew/state/runs/<run>/tasks/<task>/ignored/`, until the run is pruned; `false` lets
+    /// them go with the worktree. Either way the teardown names them.
+    pub keep_agent_ignored: bool,
     /// How many finished worktrees crew keeps for recycling (0 turns recycling off).
     pub pool_size: usize,
     /// Pooled worktrees older than this are removed instead of recycled.
@@ -368,6 +372,7 @@ impl Default for WorktreeSettings {
             setup: None,
             setup_timeout: HumanDuration(Duration::from_secs(600)),
             keep_ignored: Vec::new(),
+            keep_agent_ignored: true,
             pool_size: 4,
             pool_max_age: HumanDuration(Duration::from_secs(24 * 3600)),
         }

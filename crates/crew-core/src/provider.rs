@@ -196,11 +196,17 @@ pub struct TeardownReport {
     /// The branch held no change from the base and was deleted.
     #[serde(default)]
     pub branch_deleted: bool,
-    /// Ignored files (build output, copied `.env`) that went with the workspace.
+    /// Ignored files the agent wrote (build output, an `.env`; not crew's links, copies or
+    /// `keep_ignored` paths): how many, how large, which (up to [`TeardownReport::NAMED`], a
+    /// directory as `dir/`), and where they were kept, if they were.
     #[serde(default)]
     pub ignored_files: u64,
     #[serde(default)]
     pub ignored_bytes: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored_paths: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignored_kept_in: Option<Utf8PathBuf>,
     /// The command that brings the work into the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_hint: Option<String>,
@@ -210,6 +216,11 @@ pub struct TeardownReport {
     /// that changed while the task ran: put back, and the changed version kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub security: Vec<SecurityFinding>,
+}
+
+impl TeardownReport {
+    /// How many ignored paths a report names; the counts cover all of them.
+    pub const NAMED: usize = 50;
 }
 
 /// A change to a file git runs or trusts on the user's behalf, found when a task ended.

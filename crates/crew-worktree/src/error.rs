@@ -223,6 +223,11 @@ pub enum TeardownWorktreeError {
     NestedRepository { path: Utf8PathBuf, nested: String },
     #[error("HEAD of the worktree {path} is not on a branch; its commits would be lost with it")]
     DetachedHead { path: Utf8PathBuf },
+    #[error("failed to keep the agent's ignored file {path} in {keep}; the worktree was kept")]
+    KeepIgnored {
+        path: Utf8PathBuf,
+        keep: Utf8PathBuf,
+    },
     #[error(
         "the workspace {path} is not the directory crew created; nothing was committed, cleaned or removed: {problem}"
     )]

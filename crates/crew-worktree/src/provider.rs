@@ -479,6 +479,11 @@ impl WorkspaceProvider for CrewWorkspaces {
                         repo_root,
                         run_id: &request.run_id,
                         task_id: &request.task_id,
+                        keep_ignored_in: self.settings.keep_agent_ignored.then(|| {
+                            StateStore::new(&request.workspace, request.repo_root.as_deref())
+                                .task_dir(&request.run_id, &request.task_id)
+                                .join("ignored")
+                        }),
                     },
                     &mut report,
                 ) {

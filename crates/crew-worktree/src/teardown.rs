@@ -35,6 +35,8 @@ pub struct TeardownWorktree<'a> {
     pub repo_root: &'a Utf8Path,
     pub run_id: &'a RunId,
     pub task_id: &'a TaskId,
+    /// Where the agent's ignored files go (`None`: they go with the worktree).
+    pub keep_ignored_in: Option<Utf8PathBuf>,
 }
 
 /// Saves the work, then removes the worktree. On error, the worktree is still in place and the
@@ -68,21 +70,15 @@ pub fn teardown_worktree(
         let links = crew_links(request.settings, request.repo_root, root);
         work_branch = save_work(&repo, root, &links, request, report)?;
         let head = repo.head().ok().and_then(|head| head.target());
+        set_aside_ignored(&repo, root, request, &links, report)?;
         // A pooled worktree keeps nothing of this task but the ignored paths the project
-        // allows; without the pool, every ignored file goes with the directory.
+        // allows (crew's links and copies go too).
         let cleaned = match head {
             Some(_) if request.settings.pool_size > 0 => {
                 pool::remove_ignored(root, request.settings, &links).ok()
             }
             _ => None,
         };
-        match cleaned {
-            Some((files, bytes)) => {
-                report.ignored_files = files;
-                report.ignored_bytes = bytes;
-            }
-            None => count_ignored(&repo, root, &links, report),
-        }
         drop(repo);
 
         let worktrees = worktrees_dir(request.repo_root, request.settings);
@@ -401,30 +397,77 @@ fn verify_commit(
     Ok(())
 }
 
-/// Counts the ignored files (build output, copied `.env`) that go with the worktree.
-fn count_ignored(
+/// The agent's ignored files — whatever git ignores that is not crew's (its links, its copies of
+/// `[worktree] copy`, the `keep_ignored` paths a recycled worktree keeps): named and counted in
+/// the report and, unless the project lets them go, moved out of the worktree to
+/// `keep_ignored_in`, so that they are neither lost with it nor handed to the next task. A file
+/// that cannot be moved keeps the worktree in place.
+fn set_aside_ignored(
     repo: &Repository,
     root: &Utf8Path,
+    request: &TeardownWorktree<'_>,
     links: &[String],
     report: &mut TeardownReport,
-) {
+) -> Result<(), TeardownWorktreeError> {
     let mut options = StatusOptions::new();
     options
         .include_untracked(false)
         .include_ignored(true)
         .recurse_ignored_dirs(false);
-    let Ok(statuses) = repo.statuses(Some(&mut options)) else {
-        return;
+    let statuses =
+        repo.statuses(Some(&mut options))
+            .map_err(|source| TeardownWorktreeError::Stage {
+                path: root.to_owned(),
+                source,
+            })?;
+    let settings = request.settings;
+    let crews = |relative: &str| {
+        let path = Utf8Path::new(relative);
+        is_link_path(links, relative)
+            || settings.copy.iter().any(|copy| path == copy)
+            || settings
+                .keep_ignored
+                .iter()
+                .any(|keep| path.starts_with(keep))
     };
-    for entry in statuses.iter().filter(|entry| entry.status().is_ignored()) {
-        let path = String::from_utf8_lossy(entry.path_bytes()).into_owned();
-        if is_link_path(links, &path) {
-            continue;
-        }
-        let (files, bytes) = tree_size(&root.join(path.trim_end_matches('/')));
+    let ignored: Vec<String> = statuses
+        .iter()
+        .filter(|entry| entry.status().is_ignored())
+        .map(|entry| String::from_utf8_lossy(entry.path_bytes()).into_owned())
+        .filter(|path| !crews(path.trim_end_matches('/')))
+        .collect();
+    for path in &ignored {
+        let relative = path.trim_end_matches('/');
+        let (files, bytes) = tree_size(&root.join(relative));
         report.ignored_files += files;
         report.ignored_bytes += bytes;
+        if report.ignored_paths.len() < TeardownReport::NAMED {
+            report.ignored_paths.push(path.clone());
+        }
     }
+    let Some(keep) = request
+        .keep_ignored_in
+        .as_ref()
+        .filter(|_| !ignored.is_empty())
+    else {
+        return Ok(());
+    };
+    for path in &ignored {
+        let relative = path.trim_end_matches('/');
+        let target = keep.join(relative);
+        let moved = target
+            .parent()
+            .is_some_and(|parent| std::fs::create_dir_all(parent).is_ok())
+            && std::fs::rename(root.join(relative), &target).is_ok();
+        if !moved {
+            return Err(TeardownWorktreeError::KeepIgnored {
+                path: root.join(relative),
+                keep: keep.clone(),
+            });
+        }
+    }
+    report.ignored_kept_in = Some(keep.clone());
+    Ok(())
 }
 
 /// Files and bytes below `path`, never following symlinks (a link counts as one small file).

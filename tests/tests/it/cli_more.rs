@@ -489,3 +489,88 @@ fn an_agents_log_keeps_its_newest_output_within_its_limit() {
     let shown = String::from_utf8(logs.stdout).unwrap();
     assert_eq!(shown, format!("{before}{current}"));
 }
+
+#[test]
+fn an_agents_ignored_files_are_named_and_kept_and_never_reach_the_next_task() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join(".gitignore"), ".env\nbuild/\n");
+    env.git(&repo, ["add", ".gitignore"]);
+    env.git(&repo, ["commit", "-q", "-m", "ignores"]);
+    // The user's own global excludes hide notes.md from git too.
+    write(&env.home().join("global-ignore"), "notes.md\n");
+    write(
+        &env.home().join(".gitconfig"),
+        &format!(
+            "[core]\n\texcludesFile = {}\n",
+            env.home().join("global-ignore")
+        ),
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "echo SECRET=1 > .env; mkdir build; echo o > build/out.o; echo n > notes.md; echo work > work.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &run), "shell").clone();
+    let mut named: Vec<&str> = record["teardown"]["ignored_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|path| path.as_str().unwrap())
+        .collect();
+    named.sort();
+    assert_eq!(named, [".env", "build/", "notes.md"]);
+    assert_eq!(record["teardown"]["ignored_files"], 3);
+    assert_eq!(record["teardown"]["recycled"], true, "{record:#}");
+    let kept = repo.join(format!(".crew/state/runs/{run}/tasks/shell/ignored"));
+    assert_eq!(
+        std::fs::read_to_string(kept.join("notes.md")).unwrap(),
+        "n\n",
+        "the file the global excludes hid is kept"
+    );
+    assert!(kept.join(".env").is_file() && kept.join("build/out.o").is_file());
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("3 ignored file(s) the agent wrote") && shown.contains("notes.md"),
+        "{shown}"
+    );
+
+    // The next task gets the recycled worktree: none of it is there.
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "ls -A",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let next = run_ids(&env, &repo).remove(0);
+    let pool = repo.join(".worktrees/.pool");
+    assert_eq!(
+        std::fs::read_dir(&pool).map_or(0, |entries| entries.count()),
+        1,
+        "the first worktree was taken from the pool and given back"
+    );
+    let listing = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{next}/tasks/shell/output.log")),
+    )
+    .unwrap();
+    for leftover in [".env", "build", "notes.md", "work.txt"] {
+        assert!(
+            !listing.lines().any(|line| line == leftover),
+            "{leftover} reached the next task: {listing}"
+        );
+    }
+}
