@@ -221,6 +221,13 @@ pub enum TeardownWorktreeError {
         "the worktree {path} holds a nested git repository at {nested}; crew cannot save its work to a branch"
     )]
     NestedRepository { path: Utf8PathBuf, nested: String },
+    #[error(
+        "the worktree {path} holds files in {submodule}, the directory of a submodule that is not initialized there; no commit can take them, so the worktree was kept"
+    )]
+    SubmoduleFiles {
+        path: Utf8PathBuf,
+        submodule: String,
+    },
     #[error("HEAD of the worktree {path} is not on a branch; its commits would be lost with it")]
     DetachedHead { path: Utf8PathBuf },
     #[error("failed to keep the agent's ignored file {path} in {keep}; the worktree was kept")]

@@ -268,6 +268,7 @@ fn save_work(
             });
         }
     }
+    check_submodule_dirs(repo, root)?;
     let head = repo.head().map_err(|source| TeardownWorktreeError::Open {
         path: root.to_owned(),
         source,
@@ -362,6 +363,34 @@ fn names_branch(request: &TeardownWorktree<'_>) -> String {
         request.task_id,
     )
     .branch
+}
+
+/// Files in the directory of a submodule that is not initialized there belong to no repository:
+/// git shows no change for them, so no commit can take them. A worktree holding some is kept.
+fn check_submodule_dirs(repo: &Repository, root: &Utf8Path) -> Result<(), TeardownWorktreeError> {
+    const GITLINK: u32 = 0o160000;
+    let Ok(index) = repo.index() else {
+        return Ok(());
+    };
+    for entry in index.iter().filter(|entry| entry.mode == GITLINK) {
+        let relative = String::from_utf8_lossy(&entry.path).into_owned();
+        let dir = root.join(&relative);
+        let is_real_dir = std::fs::symlink_metadata(&dir).is_ok_and(|metadata| metadata.is_dir());
+        // An initialized submodule (its own `.git`) keeps its own work.
+        if !is_real_dir || std::fs::symlink_metadata(dir.join(".git")).is_ok() {
+            continue;
+        }
+        let holds_files = dir
+            .read_dir_utf8()
+            .is_ok_and(|mut entries| entries.next().is_some());
+        if holds_files {
+            return Err(TeardownWorktreeError::SubmoduleFiles {
+                path: root.to_owned(),
+                submodule: relative,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Reads the commit back from the object database: it must exist, be on HEAD and carry the

@@ -133,7 +133,7 @@ fn clean_task_leaves_neither_worktree_nor_branch() {
 }
 
 #[test]
-fn ignored_byproducts_are_counted_then_go_with_the_worktree() {
+fn ignored_files_are_named_counted_and_kept_with_the_run() {
     let fixture = Fixture::new();
     write(&fixture.repo.join(".gitignore"), "target/\n*.log\n");
     fixture.git(&["add", ".gitignore"]);
@@ -147,10 +147,45 @@ fn ignored_byproducts_are_counted_then_go_with_the_worktree() {
         .teardown(&workspace, &fixture.teardown_request("build"))
         .unwrap();
     assert_eq!((report.ignored_files, report.ignored_bytes), (3, 1028));
+    let mut named = report.ignored_paths.clone();
+    named.sort();
+    assert_eq!(named, ["build.log", "target/"]);
+    let kept = report.ignored_kept_in.as_ref().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(kept.join("target/debug/app.d")).unwrap(),
+        "y".repeat(24)
+    );
+    assert!(kept.join("build.log").is_file());
     assert!(
         report.removed && report.branch_deleted,
-        "byproducts are not work"
+        "ignored files are not work on the branch"
     );
+}
+
+#[test]
+fn files_in_an_uninitialized_submodule_keep_the_worktree() {
+    let fixture = Fixture::new();
+    // A gitlink (a submodule entry) that is not initialized in worktrees.
+    let head = fixture.git(&["rev-parse", "HEAD"]);
+    let cacheinfo = format!("160000,{},vendor/lib", head.trim());
+    fixture.git(&["update-index", "--add", "--cacheinfo", &cacheinfo]);
+    fixture.git(&["commit", "-q", "-m", "vendor a submodule"]);
+    // As git leaves an uninitialized submodule: an empty directory.
+    std::fs::create_dir_all(fixture.repo.join("vendor/lib")).unwrap();
+    let workspace = fixture.allocate("sub");
+    write(&workspace.root.join("vendor/lib/patch.txt"), "edited\n");
+    let error = fixture
+        .provider
+        .teardown(&workspace, &fixture.teardown_request("sub"))
+        .unwrap_err();
+    assert!(
+        error.message.contains("holds files in vendor/lib"),
+        "{}",
+        error.message
+    );
+    assert_eq!(error.partial.preserved.as_ref(), Some(&workspace.root));
+    assert!(!error.partial.recycled);
+    assert!(workspace.root.join("vendor/lib/patch.txt").is_file());
 }
 
 #[test]
