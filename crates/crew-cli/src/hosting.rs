@@ -30,6 +30,10 @@ pub struct Hosting {
     _publisher: crew_live::publish::Publisher,
 }
 
+/// The label of a detached run's host (`crew run --detach`): a session of its own, with no
+/// terminal, started by this user for this user, so its run is theirs to cancel.
+pub const DETACHED_HOST_LABEL: &str = "crew run --detach";
+
 impl Hosting {
     pub async fn start(ctx: &Context, label: &str) -> Result<Self, CliError> {
         // Agents reach their host with `crew ask` and `crew submit`: this very crew, even when

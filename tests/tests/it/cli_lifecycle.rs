@@ -275,9 +275,44 @@ fn detach_returns_the_run_id_at_once_and_the_run_goes_on() {
 }
 
 #[test]
-fn cancel_of_another_sessions_run_needs_force() {
+fn cancel_of_another_sessions_run_needs_force_but_a_detached_run_is_yours() {
     let env = TestEnv::new();
     let repo = env.repo("project");
+    // A run in the foreground of another terminal session (setsid: a session of its own).
+    let mut other = env.crew_command(&repo);
+    other
+        .args(["run", "--agent", "shell", "echo ready; sleep 600"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: setsid is async-signal-safe and only affects the child.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut other, || {
+            rustix::process::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut other = other.spawn().unwrap();
+    let run = wait_until(30, "the other session's run", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        (manifest(&env, &repo, &run)["tasks"][0]["status"] == "running").then_some(run)
+    });
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    let refused = env.crew(&repo, ["runs", "cancel", &run]);
+    insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @"
+    ----- stderr -----
+    error: run [RUN_ID] is hosted by another session (crew run, pid [PID])
+    hint: cancel it anyway with `crew runs cancel [RUN_ID] --force`
+    [exit status: 2]
+    ");
+    let forced = env.crew(&repo, ["runs", "cancel", &run, "--force"]);
+    assert!(forced.status.success(), "{}", render_output(&forced));
+    wait_until(30, "the run to be cancelled", || {
+        (manifest(&env, &repo, &run)["status"] == "cancelled").then_some(())
+    });
+    other.wait().unwrap();
+
+    // A detached run is the user's own: no --force needed.
     let output = env.crew(
         &repo,
         [
@@ -289,18 +324,10 @@ fn cancel_of_another_sessions_run_needs_force() {
         ],
     );
     assert!(output.status.success(), "{}", render_output(&output));
-    let run = String::from_utf8(output.stdout).unwrap().trim().to_owned();
-    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
-    let refused = env.crew(&repo, ["runs", "cancel", &run]);
-    insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @"
-    ----- stderr -----
-    error: run [RUN_ID] is hosted by another session (crew run --detach, pid [PID])
-    hint: cancel it anyway with `crew runs cancel [RUN_ID] --force`
-    [exit status: 2]
-    ");
-    let forced = env.crew(&repo, ["runs", "cancel", &run, "--force"]);
-    assert!(forced.status.success(), "{}", render_output(&forced));
-    wait_until(30, "the run to be cancelled", || {
-        (manifest(&env, &repo, &run)["status"] == "cancelled").then_some(())
+    let detached = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    let cancelled = env.crew(&repo, ["runs", "cancel", &detached]);
+    assert!(cancelled.status.success(), "{}", render_output(&cancelled));
+    wait_until(30, "the detached run to be cancelled", || {
+        (manifest(&env, &repo, &detached)["status"] == "cancelled").then_some(())
     });
 }

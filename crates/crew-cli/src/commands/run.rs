@@ -10,7 +10,7 @@ use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
 use crate::context::{Context, config_error};
-use crate::hosting::{Hosting, SummaryFor, outcome, summary};
+use crate::hosting::{DETACHED_HOST_LABEL, Hosting, SummaryFor, outcome, summary};
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
@@ -240,7 +240,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
 /// host and prints its id as soon as that host has taken it.
 #[allow(clippy::print_stdout)]
 async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
-    let hosting = Hosting::start(ctx, "crew run --detach").await?;
+    let hosting = Hosting::start(ctx, DETACHED_HOST_LABEL).await?;
     let manifest = hosting
         .runner
         .create(spec, None)
@@ -302,11 +302,11 @@ pub struct HostArgs {
 }
 
 pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
-    // A session of its own: no terminal, so neither Ctrl-C nor a closed terminal reaches it,
-    // and `crew runs cancel` asks for --force as for any other session's run.
+    // A session of its own: no terminal, so neither Ctrl-C nor a closed terminal reaches it;
+    // `crew runs cancel` knows it by its label and cancels it without --force.
     let _ = rustix::process::setsid();
     let ctx = Context::discover(ui)?;
-    let hosting = Hosting::start(&ctx, "crew run --detach").await?;
+    let hosting = Hosting::start(&ctx, DETACHED_HOST_LABEL).await?;
     hosting
         .runner
         .take_over(&args.run, hosting.socket())

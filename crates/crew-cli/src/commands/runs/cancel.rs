@@ -8,8 +8,8 @@ use crate::{CliError, Outcome};
 
 /// Cancel a run: its agents are stopped gracefully and their work is kept.
 ///
-/// A run hosted by another terminal session (another `crew run`, a detached host, an editor)
-/// is only cancelled with --force. A run whose host is gone is marked cancelled.
+/// A run hosted by another terminal session (another `crew run`, an editor) is only cancelled
+/// with --force; a run started with `crew run --detach` is yours to cancel. A run whose host is gone is marked cancelled.
 #[derive(Debug, clap::Args)]
 pub struct CancelArgs {
     /// The run id, or a unique prefix of it.
@@ -50,7 +50,8 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
     };
     let own_session = crew_live::procscan::session_of(None);
     let host_session = crew_live::procscan::session_of(Some(host.identity.pid));
-    if !args.force && (own_session.is_none() || own_session != host_session) {
+    let detached = host.label.as_deref() == Some(crate::hosting::DETACHED_HOST_LABEL);
+    if !args.force && !detached && (own_session.is_none() || own_session != host_session) {
         let label = host.label.as_deref().unwrap_or("another process");
         return Err(CliError::user(format!(
             "run {run_id} is hosted by another session ({label}, pid {})",
