@@ -83,6 +83,13 @@ impl RunError {
                 "use `crew agents list` to see its agents, or `crew runs cancel` to stop it"
                     .to_owned(),
             ),
+            RunError::NotResumable {
+                status: RunStatus::Completed,
+                ..
+            } => Some(
+                "every task of it succeeded; for more work, start a new run (its branches are where the work is)"
+                    .to_owned(),
+            ),
             _ => None,
         }
     }

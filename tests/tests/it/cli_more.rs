@@ -574,3 +574,20 @@ fn an_agents_ignored_files_are_named_and_kept_and_never_reach_the_next_task() {
         );
     }
 }
+
+#[test]
+fn resuming_an_agent_of_a_completed_run_is_refused_before_anything_is_said() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(&repo, ["run", "--agent", "shell", "echo done"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let resumed = env.crew(&repo, ["agents", "resume", "shell", "go on"]);
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&resumed)), @"
+    ----- stderr -----
+    error: run [RUN_ID] is completed; only an interrupted, failed or cancelled run can be resumed
+    hint: every task of it succeeded; for more work, start a new run (its branches are where the work is)
+    [exit status: 2]
+    ");
+}

@@ -166,18 +166,19 @@ pub async fn host_again(
             manifest.run_id
         )));
     }
-    if !ctx.ui.quiet {
-        println!(
-            "crew: run {} has no live host; hosting it here until it ends (Ctrl-C stops it and keeps the work)",
-            manifest.run_id
-        );
-    }
     let hosting = Hosting::start(ctx, "crew agents").await?;
     hosting
         .runner
         .prepare_resume(&manifest.run_id, hosting.socket())
         .await
         .map_err(crate::hosting::run_error)?;
+    // Said once the run is really taken up, never before a refusal.
+    if !ctx.ui.quiet {
+        println!(
+            "crew: run {} has no live host; hosting it here until it ends (Ctrl-C stops it and keeps the work)",
+            manifest.run_id
+        );
+    }
     let mut answers = HashMap::new();
     if let Some(answer) = answer {
         answers.insert(task_id, answer);
