@@ -11,7 +11,7 @@ use crew_core::config::WorktreeSettings;
 use crew_core::model::{RunStatus, TaskStatus};
 use crew_core::paths::remove_contained;
 use crew_core::{RunId, StateStore, TaskId};
-use git2::{BranchType, Repository};
+use git2::{BranchType, Oid, Repository};
 use serde::Serialize;
 
 use crate::admin::{self, AdminEntry};
@@ -233,12 +233,17 @@ pub fn list(
             let Some(tip) = branch.get().target() else {
                 continue;
             };
-            let merged = head.is_some_and(|head| {
-                head == tip || repo.graph_descendant_of(head, tip).unwrap_or(false)
-            });
             let checked_out = entries
                 .iter()
                 .any(|entry| entry.branch.as_deref() == Some(name.as_str()));
+            // A worktree still holding uncommitted work on the branch (or whose status cannot
+            // be read): never merged. One whose directory is gone holds nothing.
+            let unsaved = found.values().any(|worktree| {
+                worktree.branch.as_deref() == Some(name.as_str())
+                    && worktree.state != WorktreeState::MissingDirectory
+                    && worktree.uncommitted != Some(0)
+            });
+            let merged = !unsaved && head.is_some_and(|head| is_merged(&repo, head, tip));
             branches.push(TaskBranch {
                 name,
                 run_id,
@@ -255,6 +260,27 @@ pub fn list(
         branches,
         pooled,
     })
+}
+
+/// Whether the changes of the branch at `tip` are all in `head`: merged (`head` contains `tip`),
+/// or squashed or rebased in (merging `tip` into `head` would change nothing).
+fn is_merged(repo: &Repository, head: Oid, tip: Oid) -> bool {
+    if head == tip || repo.graph_descendant_of(head, tip).unwrap_or(false) {
+        return true;
+    }
+    let merged_tree = || -> Result<bool, git2::Error> {
+        let base = repo.merge_base(head, tip)?;
+        let trees =
+            [base, head, tip].map(|id| repo.find_commit(id).and_then(|commit| commit.tree()));
+        let [base, ours, theirs] = trees;
+        let (base, ours, theirs) = (base?, ours?, theirs?);
+        let mut merged = repo.merge_trees(&base, &ours, &theirs, None)?;
+        if merged.has_conflicts() {
+            return Ok(false);
+        }
+        Ok(merged.write_tree_to(repo)? == ours.id())
+    };
+    merged_tree().unwrap_or(false)
 }
 
 /// Removes what holds no work: admin entries of vanished directories; worktrees of finished

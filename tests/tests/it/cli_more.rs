@@ -285,7 +285,7 @@ fn worktree_listing_and_pruning_from_the_command_line() {
             "worktree",
             "--fan-out",
             "2",
-            "echo work > work.txt",
+            "echo work > \"$CREW_TASK_ID.txt\"",
         ],
     );
     assert!(output.status.success(), "{}", render_output(&output));

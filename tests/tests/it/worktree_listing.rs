@@ -137,3 +137,40 @@ fn orphans_are_found_and_only_work_free_ones_are_pruned() {
         .git_output(&fixture.repo, ["fsck", "--no-progress"]);
     assert!(fsck.status.success());
 }
+
+#[test]
+fn merged_means_the_work_is_in_head_and_none_is_left_unsaved() {
+    let fixture = Fixture::new();
+    let store = StateStore::new(fixture.workspace.id(), fixture.workspace.repo_root());
+    let settings = fixture.provider.settings().clone();
+    let repo_root = fixture.workspace.repo_root().unwrap().to_owned();
+    let merged = |name: &str| {
+        let listed = listing::list(&repo_root, &settings, &store).unwrap();
+        listed
+            .branches
+            .iter()
+            .find(|branch| branch.name.ends_with(name))
+            .unwrap_or_else(|| panic!("no branch {name}: {listed:?}"))
+            .merged
+    };
+
+    // A branch still at its base, whose worktree holds uncommitted work: not merged.
+    let busy = fixture.allocate("busy");
+    write(&busy.root.join("draft.txt"), "unsaved\n");
+    assert!(!merged("-busy"));
+
+    // A branch whose work was squashed into the leader: merged, and prune deletes it.
+    let squashed = fixture.allocate("squashed");
+    write(&squashed.root.join("feature.txt"), "feature\n");
+    let report = fixture
+        .provider
+        .teardown(&squashed, &fixture.teardown_request("squashed"))
+        .unwrap();
+    let branch = report.branch.unwrap();
+    assert!(!merged("-squashed"), "not yet in the leader");
+    fixture.git(&["merge", "-q", "--squash", &branch]);
+    fixture.git(&["commit", "-q", "-m", "squash the feature"]);
+    assert!(merged("-squashed"), "squashed in");
+    let pruned = listing::prune(&repo_root, &settings, &store, false).unwrap();
+    assert!(pruned.deleted_branches.contains(&branch), "{pruned:?}");
+}
