@@ -98,6 +98,19 @@ pub enum SteerMode {
     None,
 }
 
+/// How `[worktree] link` paths reach a worktree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkMode {
+    /// A symlink to the leader's directory: instant, shared. An agent's write inside it lands in
+    /// the leader's (and a sandboxed agent may not write there at all).
+    #[default]
+    Symlink,
+    /// A copy of the leader's directory (links inside kept as links): slower to make, the
+    /// worktree's own.
+    Copy,
+}
+
 /// What to do when a task's workspace mode cannot be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -343,6 +356,8 @@ pub struct WorktreeSettings {
     pub require_clean_leader: bool,
     /// Paths symlinked from the leader into each worktree when present there.
     pub link: Vec<Utf8PathBuf>,
+    /// Whether `link` paths are symlinks to the leader's (shared) or copies (the worktree's own).
+    pub link_mode: LinkMode,
     /// Paths copied from the leader into each worktree (ignored files such as `.env`).
     pub copy: Vec<Utf8PathBuf>,
     /// A command run in each new worktree before its agent starts, without a shell.
@@ -368,6 +383,7 @@ impl Default for WorktreeSettings {
             branch_prefix: "crew".to_owned(),
             require_clean_leader: true,
             link: vec![Utf8PathBuf::from("node_modules")],
+            link_mode: LinkMode::Symlink,
             copy: Vec::new(),
             setup: None,
             setup_timeout: HumanDuration(Duration::from_secs(600)),

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use camino::{Utf8Path, Utf8PathBuf};
-use crew_core::config::{GIT_LOCATION_VARIABLES, WorktreeSettings};
+use crew_core::config::{GIT_LOCATION_VARIABLES, LinkMode, WorktreeSettings};
 
 use crate::error::PrepareWorktreeError;
 
@@ -36,12 +36,14 @@ pub fn link_paths(
         if !parent_ok {
             continue;
         }
-        std::os::unix::fs::symlink(&source, &target).map_err(|error| {
-            PrepareWorktreeError::Link {
-                source_path: source.clone(),
-                target: target.clone(),
-                source: error,
-            }
+        let linked = match settings.link_mode {
+            LinkMode::Symlink => std::os::unix::fs::symlink(&source, &target),
+            LinkMode::Copy => copy_keeping_links(&source, &target),
+        };
+        linked.map_err(|error| PrepareWorktreeError::Link {
+            source_path: source.clone(),
+            target: target.clone(),
+            source: error,
         })?;
         made.push(target);
     }
@@ -103,6 +105,25 @@ fn copy_tree(
         }
     } else {
         warnings.push(format!("not copied: {source} is not a regular file"));
+    }
+    Ok(())
+}
+
+/// Copies the directory `source` to `target` as it is: files, directories, and symlinks as
+/// symlinks (a package manager's `.bin` links keep pointing where they did).
+fn copy_keeping_links(source: &Utf8Path, target: &Utf8Path) -> std::io::Result<()> {
+    std::fs::create_dir(target)?;
+    for entry in source.read_dir_utf8()? {
+        let entry = entry?;
+        let to = target.join(entry.file_name());
+        let kind = entry.file_type()?;
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?;
+        } else if kind.is_dir() {
+            copy_keeping_links(entry.path(), &to)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &to)?;
+        }
     }
     Ok(())
 }

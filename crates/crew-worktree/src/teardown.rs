@@ -14,7 +14,7 @@
 //! cannot be read) keeps the worktree in place and says where and why.
 
 use camino::{Utf8Path, Utf8PathBuf};
-use crew_core::config::WorktreeSettings;
+use crew_core::config::{LinkMode, WorktreeSettings};
 use crew_core::paths::remove_contained;
 use crew_core::provider::{DiffStat, TaskWorkspace, TeardownReport};
 use crew_core::{RunId, TaskId};
@@ -181,7 +181,8 @@ fn check_git_dir(
     }
 }
 
-/// The paths crew linked into this worktree (symlinks pointing at the leader's directories).
+/// The paths crew linked into this worktree: symlinks pointing at the leader's directories, or
+/// with `link_mode = "copy"`, the real directories crew copied there.
 pub(crate) fn crew_links(
     settings: &WorktreeSettings,
     leader_root: &Utf8Path,
@@ -191,16 +192,28 @@ pub(crate) fn crew_links(
         .link
         .iter()
         .filter(|relative| {
-            std::fs::read_link(root.join(relative))
-                .is_ok_and(|target| target == leader_root.join(relative).as_std_path())
+            let path = root.join(relative);
+            match settings.link_mode {
+                LinkMode::Symlink => std::fs::read_link(&path)
+                    .is_ok_and(|target| target == leader_root.join(relative).as_std_path()),
+                LinkMode::Copy => {
+                    std::fs::symlink_metadata(&path).is_ok_and(|metadata| metadata.is_dir())
+                }
+            }
         })
         .map(|relative| relative.to_string())
         .collect()
 }
 
+/// Whether `path` is one of crew's links, or inside one (a copied directory's files).
 fn is_link_path(links: &[String], path: &str) -> bool {
     let path = path.trim_end_matches('/');
-    links.iter().any(|link| link == path)
+    links.iter().any(|link| {
+        path == link
+            || path
+                .strip_prefix(link.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+    })
 }
 
 /// crew's own view of what is not committed: untracked files are always included, ignored

@@ -1,7 +1,7 @@
 //! The rest of what the `crew` command promises: fail-fast, agent-authored plans, unanswered
 //! questions and `runs clean`, logs, listings, colors and neutralized escapes.
 
-use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
+use crew_tests::{Redactor, TestEnv, render_output, tree_fingerprint, wait_until, write};
 
 use crate::cli_run::{manifest, run_ids, task};
 
@@ -590,4 +590,54 @@ fn resuming_an_agent_of_a_completed_run_is_refused_before_anything_is_said() {
     hint: every task of it succeeded; for more work, start a new run (its branches are where the work is)
     [exit status: 2]
     ");
+}
+
+#[test]
+fn node_modules_copied_is_the_worktrees_own_and_never_the_agents_work() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join(".gitignore"), "node_modules/\n");
+    for index in 0..20 {
+        write(
+            &repo.join(format!("node_modules/pkg{index}/index.js")),
+            &format!("module {index}\n"),
+        );
+    }
+    std::os::unix::fs::symlink("../pkg1/index.js", repo.join("node_modules/pkg0/bin")).unwrap();
+    write(
+        &repo.join(".crew/config.toml"),
+        "[worktree]\nlink_mode = \"copy\"\n",
+    );
+    env.git(&repo, ["add", ".gitignore", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "ignore node_modules"]);
+    let leader = tree_fingerprint(repo.join("node_modules").as_std_path());
+    // A sandboxed agent installs into its own node_modules, then does its work.
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "test ! -L node_modules && test -L node_modules/pkg0/bin && echo patched > node_modules/pkg1/index.js && echo app > app.js",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    assert_eq!(
+        tree_fingerprint(repo.join("node_modules").as_std_path()),
+        leader,
+        "the leader's node_modules is untouched"
+    );
+    let branch = record["teardown"]["branch"].as_str().unwrap();
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", branch]);
+    assert!(!files.contains("node_modules"), "{files}");
+    assert!(files.lines().any(|line| line == "app.js"));
+    assert!(
+        record["teardown"]["ignored_paths"].is_null(),
+        "the copy is crew's, not the agent's ignored files: {record:#}"
+    );
 }
