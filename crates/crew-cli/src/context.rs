@@ -219,7 +219,17 @@ fn dedup_hosts(mut hosts: Vec<(RunId, HostRecord)>) -> Vec<(RunId, HostRecord)> 
 /// A configuration problem is the user's to fix: exit code 2, with the hint when there is one.
 pub fn config_error(error: LoadConfigError) -> CliError {
     let hint = error.hint();
-    let error = CliError::user(error);
+    // Every problem of a file on a line of its own, each read like a single one.
+    let error = match error {
+        LoadConfigError::Several(problems) => CliError::user(
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\nerror: "),
+        ),
+        error => CliError::user(error),
+    };
     match hint {
         Some(hint) => error.with_hint(hint),
         None => error,

@@ -604,6 +604,9 @@ pub enum LoadConfigError {
         key: Option<String>,
         message: String,
     },
+    /// Every problem of one file, in the order they appear.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<LoadConfigError>),
     #[error("unknown team `{name}`")]
     UnknownTeam {
         name: String,
@@ -743,10 +746,13 @@ impl ConfigDir {
         let invalid = |span: Range<usize>, key: String, message: String| {
             invalid_at(&path, &source, span, Some(key), message)
         };
+        // Every problem of the file at once: unknown agents, then the task graph's.
+        let mut problems = Vec::new();
         let mut agents = BTreeMap::new();
+        let mut unknown: Vec<&String> = Vec::new();
         for (index, task) in file.tasks.get_ref().iter().enumerate() {
             let agent_name = task.agent.get_ref();
-            if agents.contains_key(agent_name) {
+            if agents.contains_key(agent_name) || unknown.contains(&agent_name) {
                 continue;
             }
             match self.load_agent(agent_name) {
@@ -758,7 +764,8 @@ impl ConfigDir {
                     available,
                     ..
                 }) => {
-                    return Err(invalid(
+                    unknown.push(agent_name);
+                    problems.push(invalid(
                         task.agent.span(),
                         format!("tasks[{index}].agent"),
                         format!(
@@ -768,7 +775,8 @@ impl ConfigDir {
                     ));
                 }
                 Err(LoadConfigError::InvalidName { rule, .. }) => {
-                    return Err(invalid(
+                    unknown.push(agent_name);
+                    problems.push(invalid(
                         task.agent.span(),
                         format!("tasks[{index}].agent"),
                         format!("invalid agent name `{agent_name}`: {rule}"),
@@ -788,8 +796,27 @@ impl ConfigDir {
                 depends_on: task.depends_on.clone(),
             })
             .collect::<Vec<_>>();
-        let ids = validate_task_graph(&specs)
-            .map_err(|error| invalid(error.span, error.key, error.message))?;
+        let ids = match validate_task_graph(&specs) {
+            Ok(ids) => ids,
+            Err(errors) => {
+                problems.extend(
+                    errors
+                        .into_iter()
+                        .map(|error| invalid(error.span, error.key, error.message)),
+                );
+                Vec::new()
+            }
+        };
+        problems.sort_by_key(|problem| match problem {
+            LoadConfigError::Invalid { line, column, .. } => (*line, *column),
+            _ => (usize::MAX, usize::MAX),
+        });
+        if problems.len() == 1 {
+            return Err(problems.remove(0));
+        }
+        if !problems.is_empty() {
+            return Err(LoadConfigError::Several(problems));
+        }
         if ids.is_empty() {
             return Err(invalid(
                 file.tasks.span(),
@@ -841,43 +868,54 @@ pub struct GraphError {
     pub message: String,
 }
 
-/// Checks ids (rules, case-insensitive uniqueness), dependencies (known, not self) and cycles.
-/// Returns each task's parsed id and dependencies, in order.
-pub fn validate_task_graph(tasks: &[TaskSpec]) -> Result<Vec<(TaskId, Vec<TaskId>)>, GraphError> {
+/// Checks ids (rules, case-insensitive uniqueness), dependencies (known, not twice) and cycles.
+/// Returns each task's parsed id and dependencies, in order, or every problem found (a cycle is
+/// looked for only in a graph without other problems).
+pub fn validate_task_graph(
+    tasks: &[TaskSpec],
+) -> Result<Vec<(TaskId, Vec<TaskId>)>, Vec<GraphError>> {
+    let mut errors = Vec::new();
     let mut seen: HashMap<String, &str> = HashMap::new();
-    let mut ids = Vec::with_capacity(tasks.len());
+    let mut ids: Vec<Option<TaskId>> = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let id = TaskId::parse(task.id.get_ref()).map_err(|error| GraphError {
-            span: task.id.span(),
-            key: format!("tasks[{}].id", task.index),
-            message: error.to_string(),
-        })?;
-        if let Some(first) = seen.insert(id.collision_key(), task.id.get_ref()) {
-            return Err(GraphError {
-                span: task.id.span(),
-                key: format!("tasks[{}].id", task.index),
-                message: format!(
-                    "duplicate task id `{}`: task `{first}` already uses it (task ids must be unique ignoring case)",
-                    task.id.get_ref()
-                ),
-            });
+        let key = format!("tasks[{}].id", task.index);
+        match TaskId::parse(task.id.get_ref()) {
+            Ok(id) => {
+                if let Some(first) = seen.insert(id.collision_key(), task.id.get_ref()) {
+                    errors.push(GraphError {
+                        span: task.id.span(),
+                        key,
+                        message: format!(
+                            "duplicate task id `{}`: task `{first}` already uses it (task ids must be unique ignoring case)",
+                            task.id.get_ref()
+                        ),
+                    });
+                }
+                ids.push(Some(id));
+            }
+            Err(error) => {
+                errors.push(GraphError {
+                    span: task.id.span(),
+                    key,
+                    message: error.to_string(),
+                });
+                ids.push(None);
+            }
         }
-        ids.push(id);
     }
-    let position: HashMap<&str, usize> = ids
+    let position: HashMap<&str, usize> = tasks
         .iter()
         .enumerate()
-        .map(|(index, id)| (id.as_str(), index))
+        .map(|(index, task)| (task.id.get_ref().as_str(), index))
         .collect();
     let mut edges: Vec<Vec<usize>> = Vec::with_capacity(tasks.len());
-    let mut parsed = Vec::with_capacity(tasks.len());
-    for (task, id) in tasks.iter().zip(&ids) {
+    for task in tasks {
         let mut deps = Vec::new();
-        let mut dep_ids = Vec::new();
         for (dep_index, dep) in task.depends_on.iter().enumerate() {
             let key = format!("tasks[{}].depends_on[{dep_index}]", task.index);
+            let id = task.id.get_ref();
             let Some(&target) = position.get(dep.get_ref().as_str()) else {
-                return Err(GraphError {
+                errors.push(GraphError {
                     span: dep.span(),
                     key,
                     message: format!(
@@ -885,26 +923,31 @@ pub fn validate_task_graph(tasks: &[TaskSpec]) -> Result<Vec<(TaskId, Vec<TaskId
                         dep.get_ref()
                     ),
                 });
+                continue;
             };
             if deps.contains(&target) {
-                return Err(GraphError {
+                errors.push(GraphError {
                     span: dep.span(),
                     key,
                     message: format!("task `{id}` lists `{}` twice", dep.get_ref()),
                 });
+                continue;
             }
             deps.push(target);
-            dep_ids.push(ids[target].clone());
         }
         edges.push(deps);
-        parsed.push((id.clone(), dep_ids));
     }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let ids: Vec<TaskId> = ids.into_iter().flatten().collect();
     if let Some(cycle) = find_cycle(&edges) {
         let first = cycle[0];
         let closing = cycle[1 % cycle.len()];
-        let dep_index = edges[first]
+        let dep_index = tasks[first]
+            .depends_on
             .iter()
-            .position(|&target| target == closing)
+            .position(|dep| position.get(dep.get_ref().as_str()) == Some(&closing))
             .expect("a cycle follows existing edges");
         let path = cycle
             .iter()
@@ -912,13 +955,23 @@ pub fn validate_task_graph(tasks: &[TaskSpec]) -> Result<Vec<(TaskId, Vec<TaskId
             .map(|&index| ids[index].as_str())
             .collect::<Vec<_>>()
             .join(" -> ");
-        return Err(GraphError {
+        return Err(vec![GraphError {
             span: tasks[first].depends_on[dep_index].span(),
             key: format!("tasks[{}].depends_on[{dep_index}]", tasks[first].index),
             message: format!("dependency cycle: {path}"),
-        });
+        }]);
     }
-    Ok(parsed)
+    Ok(tasks
+        .iter()
+        .zip(&ids)
+        .zip(&edges)
+        .map(|((_, id), deps)| {
+            (
+                id.clone(),
+                deps.iter().map(|&dep| ids[dep].clone()).collect(),
+            )
+        })
+        .collect())
 }
 
 /// [`validate_task_graph`] for tasks that come from elsewhere than a file (submitted by an
@@ -938,7 +991,13 @@ pub fn validate_plain_task_graph(
                 .collect(),
         })
         .collect();
-    validate_task_graph(&specs).map_err(|error| error.message)
+    validate_task_graph(&specs).map_err(|errors| {
+        errors
+            .into_iter()
+            .map(|error| error.message)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
 }
 
 /// A cycle in the graph, as the list of nodes along it, when there is one.

@@ -331,3 +331,30 @@ fn a_deleted_current_directory_is_named() {
     [exit status: 2]
     ");
 }
+
+#[test]
+fn every_problem_of_a_team_file_is_reported_at_once() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/messy.toml"),
+        r#"[[tasks]]
+id = "x"
+agent = "shell"
+prompt = "true"
+
+[[tasks]]
+id = "X"
+agent = "robot"
+prompt = "true"
+depends_on = ["nope"]
+"#,
+    );
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "messy"]), @"
+    ----- stderr -----
+    error: $TEST_ENV/project/.crew/teams/messy.toml:7:6: key `tasks[1].id`: duplicate task id `X`: task `x` already uses it (task ids must be unique ignoring case)
+    error: $TEST_ENV/project/.crew/teams/messy.toml:8:9: key `tasks[1].agent`: unknown agent `robot`; define it in $TEST_ENV/project/.crew/agents/robot.toml or use one of: shell
+    error: $TEST_ENV/project/.crew/teams/messy.toml:10:15: key `tasks[1].depends_on[0]`: task `X` depends on `nope`, which is not a task of this team
+    [exit status: 2]
+    ");
+}
