@@ -563,7 +563,9 @@ impl Supervisor {
             else {
                 return None;
             };
-            let message = message.or_else(|| {
+            // A resume without a message delivers the oldest follow-up still queued (one sent
+            // before a stop), else the default message of a `resume` template.
+            let message = message.or_else(|| self.follow_ups.pop_front()).or_else(|| {
                 self.spec
                     .definition
                     .resume

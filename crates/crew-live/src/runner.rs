@@ -363,6 +363,17 @@ impl Runner {
             invocation_dir: manifest.invocation_dir.clone(),
             cancel: run_cancel.clone(),
             agents: std::sync::Mutex::new(HashMap::new()),
+            resume_messages: std::sync::Mutex::new(
+                answers
+                    .iter()
+                    .filter(|(task_id, _)| {
+                        manifest
+                            .task(task_id)
+                            .is_some_and(|task| task.status != TaskStatus::Waiting)
+                    })
+                    .map(|(task_id, message)| (task_id.clone(), message.clone()))
+                    .collect(),
+            ),
         });
         let mut statuses: BTreeMap<TaskId, TaskStatus> = manifest
             .tasks
@@ -700,6 +711,9 @@ struct RunContext {
     cancel: watch::Sender<CancelLevel>,
     /// Agent definitions by name, loaded once per run.
     agents: std::sync::Mutex<HashMap<String, AgentDef>>,
+    /// Messages to resume tasks with (`crew agents resume|follow-up` on a run whose host was
+    /// gone): such a task starts through its agent's `resume` template, with the message.
+    resume_messages: std::sync::Mutex<HashMap<TaskId, String>>,
 }
 
 /// How a task's agent ended, before the task's status is decided.
@@ -884,6 +898,14 @@ impl RunContext {
             return TaskStatus::Cancelled;
         }
         let spec = self.agent_spec(&task, definition, &workspace);
+        let resume_message = self
+            .resume_messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&task_id);
+        if let Some(message) = resume_message {
+            return self.resume_with(task, workspace, spec, &message).await;
+        }
         let handle = match self.runner.host.start(spec).await {
             Ok(handle) => handle,
             Err(error) => {
@@ -925,6 +947,36 @@ impl RunContext {
         };
         if let Some(answer) = answer {
             let _ = handle.follow_up(&answer).await;
+        }
+        let attempt = task.attempts;
+        self.follow_through(task, workspace, handle, false, attempt)
+            .await
+    }
+
+    /// Starts a task's agent by resuming it with `message`: its `resume` template (or its
+    /// command, with the message in `CREW_MESSAGE`), as a follow-up to its last start.
+    async fn resume_with(
+        &self,
+        task: TaskRecord,
+        workspace: TaskWorkspace,
+        spec: AgentSpec,
+        message: &str,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let handle = match self.runner.host.adopt(spec, None, task.attempts) {
+            Ok(handle) => handle,
+            Err(error) => {
+                self.teardown(&task_id, &workspace, false).await;
+                self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        if let Err(error) = handle.follow_up(message).await {
+            self.teardown(&task_id, &workspace, false).await;
+            self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                .await;
+            return TaskStatus::Failed;
         }
         let attempt = task.attempts;
         self.follow_through(task, workspace, handle, false, attempt)

@@ -641,3 +641,29 @@ fn node_modules_copied_is_the_worktrees_own_and_never_the_agents_work() {
         "the copy is crew's, not the agent's ignored files: {record:#}"
     );
 }
+
+#[test]
+fn resuming_an_agent_of_a_finished_run_uses_its_resume_template_and_the_message() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/agents/retry.toml"),
+        "command = [\"sh\", \"-c\", \"echo first try; exit 1\"]\nresume = [\"sh\", \"-c\", \"echo resumed with: {message} / $CREW_MESSAGE\"]\n",
+    );
+    let output = env.crew(&repo, ["run", "--agent", "retry", "do it"]);
+    assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let resumed = env.crew(&repo, ["agents", "resume", "retry", "try again"]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    let record = task(&manifest(&env, &repo, &run), "retry").clone();
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/retry/output.log")),
+    )
+    .unwrap();
+    assert!(log.starts_with("first try\n"), "{log}");
+    assert!(
+        log.ends_with("resumed with: try again / try again\n"),
+        "{log}"
+    );
+}

@@ -957,3 +957,28 @@ async fn each_start_of_an_agent_is_marked_in_its_log() {
     assert_eq!(first, "hello\n");
     assert!(second.ends_with("]\nhello\n"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follow_up_queued_before_a_stop_is_delivered_by_the_next_resume() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let mut definition = AgentDef::builtin_shell();
+    definition.steer = SteerMode::None;
+    definition.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "echo \"msg=$CREW_MESSAGE\"; exec sleep 30".into(),
+    ];
+    let handle = fixture
+        .host
+        .start(fixture.spec("patient", definition))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "msg=").await;
+    handle.follow_up("then the docs").await.unwrap();
+    handle.stop().await.unwrap();
+    assert_eq!(handle.wait_exited().await.queued_follow_ups, 1);
+    handle.resume(None).await.unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "msg=then the docs").await;
+    handle.stop().await.unwrap();
+}
