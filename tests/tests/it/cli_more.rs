@@ -3,7 +3,7 @@
 
 use crew_tests::{Redactor, TestEnv, render_output, tree_fingerprint, wait_until, write};
 
-use crate::cli_run::{manifest, run_ids, task};
+use crate::cli_run::{finished_run, manifest, run_ids, task};
 
 #[test]
 fn fail_fast_cancels_the_rest_and_keep_going_skips_only_dependents() {
@@ -275,9 +275,10 @@ fn an_exited_agent_is_listed_with_its_tasks_status_beside_a_running_one() {
 fn worktree_listing_and_pruning_from_the_command_line() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let run = finished_run(
+        &env,
         &repo,
-        [
+        &[
             "run",
             "--agent",
             "shell",
@@ -288,8 +289,6 @@ fn worktree_listing_and_pruning_from_the_command_line() {
             "echo work > \"$CREW_TASK_ID.txt\"",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let listing = env.crew(&repo, ["worktrees", "list", "--json"]);
     let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
     assert_eq!(listing["worktrees"], serde_json::json!([]));
@@ -371,9 +370,10 @@ fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
 fn runs_of_a_newer_crew_are_never_cleaned_or_pruned() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let run = finished_run(
+        &env,
         &repo,
-        [
+        &[
             "run",
             "--agent",
             "shell",
@@ -382,8 +382,6 @@ fn runs_of_a_newer_crew_are_never_cleaned_or_pruned() {
             "echo work > work.txt",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
     let mut json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -463,17 +461,16 @@ fn an_agents_log_keeps_its_newest_output_within_its_limit() {
         "[run]\nmax_output_log = \"64KiB\"\n",
     );
     // 3,000 numbered lines of 100 bytes: about 300 KB.
-    let output = env.crew(
+    let run = finished_run(
+        &env,
         &repo,
-        [
+        &[
             "run",
             "--agent",
             "shell",
             "i=0; while [ $i -lt 3000 ]; do printf 'line %05d %090d\\n' $i 0; i=$((i+1)); done",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
     let current = std::fs::read_to_string(&log).unwrap();
     let before = std::fs::read_to_string(format!("{log}.1")).unwrap();
@@ -506,9 +503,10 @@ fn an_agents_ignored_files_are_named_and_kept_and_never_reach_the_next_task() {
             env.home().join("global-ignore")
         ),
     );
-    let output = env.crew(
+    let run = finished_run(
+        &env,
         &repo,
-        [
+        &[
             "run",
             "--agent",
             "shell",
@@ -517,8 +515,6 @@ fn an_agents_ignored_files_are_named_and_kept_and_never_reach_the_next_task() {
             "echo SECRET=1 > .env; mkdir build; echo o > build/out.o; echo n > notes.md; echo work > work.txt",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let record = task(&manifest(&env, &repo, &run), "shell").clone();
     let mut named: Vec<&str> = record["teardown"]["ignored_paths"]
         .as_array()
@@ -537,7 +533,8 @@ fn an_agents_ignored_files_are_named_and_kept_and_never_reach_the_next_task() {
         "the file the global excludes hid is kept"
     );
     assert!(kept.join(".env").is_file() && kept.join("build/out.o").is_file());
-    let shown = String::from_utf8_lossy(&output.stdout);
+    let shown = env.crew(&repo, ["runs", "show", &run]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(
         shown.contains("3 ignored file(s) the agent wrote") && shown.contains("notes.md"),
         "{shown}"
@@ -612,9 +609,10 @@ fn node_modules_copied_is_the_worktrees_own_and_never_the_agents_work() {
     env.git(&repo, ["commit", "-q", "-m", "ignore node_modules"]);
     let leader = tree_fingerprint(repo.join("node_modules").as_std_path());
     // A sandboxed agent installs into its own node_modules, then does its work.
-    let output = env.crew(
+    let run = finished_run(
+        &env,
         &repo,
-        [
+        &[
             "run",
             "--agent",
             "shell",
@@ -623,8 +621,6 @@ fn node_modules_copied_is_the_worktrees_own_and_never_the_agents_work() {
             "test ! -L node_modules && test -L node_modules/pkg0/bin && echo patched > node_modules/pkg1/index.js && echo app > app.js",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let record = task(&manifest(&env, &repo, &run), "shell").clone();
     assert_eq!(record["status"], "succeeded", "{record:#}");
     assert_eq!(

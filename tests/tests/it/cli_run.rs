@@ -32,6 +32,13 @@ prompt = "echo 'from gamma' >> notes.txt"
     repo
 }
 
+/// Runs `crew args…` in `dir` to its end, which must be a success, and returns the new run's id.
+pub fn finished_run(env: &TestEnv, dir: &Utf8Path, args: &[&str]) -> String {
+    let output = env.crew(dir, args);
+    assert!(output.status.success(), "{}", render_output(&output));
+    run_ids(env, dir).remove(0)
+}
+
 /// The ids of the runs of the workspace at `dir`, newest first.
 pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
     let output = env.crew(dir, ["runs", "list", "--json"]);

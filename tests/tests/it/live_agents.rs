@@ -921,17 +921,7 @@ fn a_run_whose_canceller_is_dropped_does_not_spin() {
     // process of its own, whose CPU time is the run's alone.
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = std::process::Command::new(crew_tests::helper_bin("live-helper"))
-        .args(["dropped-cancel", repo.as_str()])
-        .env("TMPDIR", env.tmp())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let result = live_helper_json(&env, &["dropped-cancel", repo.as_str()]);
     assert_eq!(result["status"], "completed");
     let cpu = result["cpu_seconds"].as_f64().unwrap();
     // The agent sleeps for a second; a spinning runner burns most of that second on a core.
@@ -981,4 +971,20 @@ async fn a_follow_up_queued_before_a_stop_is_delivered_by_the_next_resume() {
     handle.resume(None).await.unwrap();
     wait_for_line(&mut events, handle.agent_id(), "msg=then the docs").await;
     handle.stop().await.unwrap();
+}
+
+/// Runs `live-helper args…` in a process of its own (with the test's temp dir) and returns the
+/// JSON it prints.
+pub fn live_helper_json(env: &TestEnv, args: &[&str]) -> serde_json::Value {
+    let output = std::process::Command::new(crew_tests::helper_bin("live-helper"))
+        .args(args)
+        .env("TMPDIR", env.tmp())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }

@@ -50,17 +50,8 @@ fn ping_line(workspace: &WorkspaceId) -> Vec<u8> {
 fn socket_is_private_even_under_umask_000() {
     // In a process of its own: the umask is the whole process's, and other tests run beside.
     let env = crew_tests::TestEnv::new();
-    let output = std::process::Command::new(crew_tests::helper_bin("live-helper"))
-        .args(["umask-socket", env.dir("project").as_str()])
-        .env("TMPDIR", env.tmp())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let answer =
+        crate::live_agents::live_helper_json(&env, &["umask-socket", env.dir("project").as_str()]);
     assert_eq!(
         (&answer["socket_mode"], &answer["dir_mode"]),
         (&serde_json::json!(0o600), &serde_json::json!(0o700))
