@@ -70,7 +70,19 @@ impl Context {
 
     /// Marks runs whose host died as interrupted (and kills what is left of their agents).
     pub fn reconcile(&self) -> Result<Vec<RunId>, CliError> {
-        crew_live::runner::reconcile_workspace(&self.store).map_err(CliError::internal)
+        let interrupted =
+            crew_live::runner::reconcile_workspace(&self.store).map_err(CliError::internal)?;
+        // Their worktrees still claim to be in use by the dead host: say what became of them.
+        if let Some(repo_root) = self.workspace.repo_root() {
+            for run_id in &interrupted {
+                let _ = crew_worktree::listing::mark_interrupted(
+                    repo_root,
+                    &self.config.worktree,
+                    run_id,
+                );
+            }
+        }
+        Ok(interrupted)
     }
 
     /// The live hosts of this workspace, one per socket.

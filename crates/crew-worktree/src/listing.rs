@@ -77,8 +77,9 @@ pub struct WorktreeListing {
 }
 
 impl WorktreeListing {
-    /// Worktrees kept after their task, and task branches whose work is not merged: what the
-    /// one-line warning at the start of `crew run` names.
+    /// Worktrees kept after their task (with work or not: a clean one still takes room until
+    /// `crew worktrees prune`), and task branches whose work is not merged: what the one-line
+    /// warning at the start of `crew run` names.
     pub fn needs_attention(&self) -> (Vec<&CrewWorktree>, Vec<&TaskBranch>) {
         let worktrees = self
             .worktrees
@@ -87,8 +88,7 @@ impl WorktreeListing {
                 matches!(
                     worktree.state,
                     WorktreeState::Preserved | WorktreeState::Waiting | WorktreeState::UnknownRun
-                ) && worktree.uncommitted.is_none_or(|count| count > 0)
-                    || worktree.state == WorktreeState::Waiting
+                )
             })
             .collect();
         let branches = self
@@ -141,6 +141,37 @@ fn known_tasks(store: &StateStore) -> HashMap<(RunId, TaskId), TaskInfo> {
         }
     }
     tasks
+}
+
+/// After a run's host died, its worktrees still say they are "in use by run … (pid …)" of a
+/// process that is gone: each one crew locked for the run now says what became of it and what
+/// to do. A lock the user set is left as it is.
+pub fn mark_interrupted(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    run_id: &RunId,
+) -> Result<usize, ListWorktreesError> {
+    let repo = leader::open(Some(repo_root), repo_root)?;
+    let common = leader::common_dir(&repo);
+    let prefix = format!("{}-{run_id}-", admin_prefix(settings));
+    let _lock = repo_lock(&common).map_err(ListWorktreesError::Lock)?;
+    let reason = format!(
+        "crew: kept after run {run_id} was interrupted (its host died); `crew runs resume {run_id}` goes on, `crew runs clean {run_id}` saves the work and removes it"
+    );
+    let mut marked = 0;
+    for entry in admin::read_entries(&common) {
+        let crews_lock = entry
+            .locked
+            .as_deref()
+            .is_some_and(|locked| locked.starts_with("crew: in use by run"));
+        if entry.name.starts_with(&prefix)
+            && crews_lock
+            && admin::set_lock(&common, &entry.name, Some(&reason)).is_ok()
+        {
+            marked += 1;
+        }
+    }
+    Ok(marked)
 }
 
 /// Lists crew's worktrees and task branches of the repository holding the workspace of

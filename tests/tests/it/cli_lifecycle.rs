@@ -175,6 +175,15 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
         "reconciliation removes the dead host's socket"
     );
     assert_eq!(listings(&repo), Vec::<String>::new(), "and its listing");
+    // The interrupted task's worktree no longer claims to be in use by the dead host.
+    let worktrees = env.git(&repo, ["worktree", "list", "--porcelain"]);
+    assert!(
+        worktrees.contains(&format!(
+            "locked crew: kept after run {run} was interrupted (its host died)"
+        )),
+        "{worktrees}"
+    );
+    assert!(!worktrees.contains("in use by run"), "{worktrees}");
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&list)), @"
     RUN                 STATUS       TEAM  MODE      CREATED              TASKS

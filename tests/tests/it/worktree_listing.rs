@@ -54,6 +54,17 @@ fn orphans_are_found_and_only_work_free_ones_are_pruned() {
     std::fs::remove_dir_all(&vanished.root).unwrap();
 
     let listed = listing::list(&repo_root, &settings, &store).unwrap();
+    // Clean or not, a worktree left behind is named in the start-of-run warning.
+    let named: Vec<_> = listed
+        .needs_attention()
+        .0
+        .iter()
+        .map(|worktree| worktree.path.clone())
+        .collect();
+    assert!(
+        named.contains(&idle.root) && named.contains(&busy.root),
+        "{named:?}"
+    );
     let state_of = |task: &str| {
         listed
             .worktrees
