@@ -390,6 +390,12 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 task.id,
                 sanitize(question)
             ));
+            if manifest.status.is_finished() {
+                next.push(format!(
+                    "crew runs clean {}   # or save {}'s work and remove its workspace",
+                    manifest.run_id, task.id
+                ));
+            }
         }
         if let Some(reason) = task
             .reason

@@ -130,6 +130,20 @@ fn an_unanswered_question_keeps_its_worktree_until_the_run_is_cleaned() {
     assert!(worktree.join("idea.txt").is_file(), "kept for the answer");
 
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    // Not stranded: crew says what waits, and what can be done with it.
+    let stop = env.crew(&repo, ["agents", "stop", "shell"]);
+    insta::assert_snapshot!(redactor.redact(&render_output(&stop)), @r#"
+    ----- stderr -----
+    error: agent [RUN_ID]:shell is not running: it waits for an answer in run [RUN_ID], which no process hosts any more
+    hint: answer it with `crew agents follow-up shell "<answer>"` (crew hosts the run again), or `crew runs clean [RUN_ID]` to save its work and remove its workspace
+    [exit status: 2]
+    "#);
+    let show = env.crew(&repo, ["runs", "show", &run]);
+    assert!(
+        String::from_utf8_lossy(&show.stdout).contains(&format!("crew runs clean {run}")),
+        "{}",
+        render_output(&show)
+    );
     let list = env.crew(&repo, ["runs", "list"]);
     insta::assert_snapshot!(redactor.redact(&String::from_utf8_lossy(&list.stderr)), @"warning: 1 kept worktree(s) ([RUN_ID]:shell) — see `crew worktrees list`");
     assert_eq!(env.crew(&repo, ["runs", "prune"]).status.code(), Some(0));

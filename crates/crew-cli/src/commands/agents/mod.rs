@@ -136,6 +136,21 @@ pub async fn send(
     op: impl FnOnce(String) -> Op,
 ) -> Result<(AgentSnapshot, Response), CliError> {
     let Some((agent, host)) = find_live(ctx, spec).await? else {
+        // A task waiting for an answer in a run nobody hosts any more (cancelled, or its host
+        // died): say so, and what can be done with it.
+        if let Some((manifest, task_id)) = find_task(ctx, spec)?
+            && manifest
+                .task(&task_id)
+                .is_some_and(|task| task.status == TaskStatus::Waiting)
+        {
+            let run_id = &manifest.run_id;
+            return Err(CliError::user(format!(
+                "agent {run_id}:{task_id} is not running: it waits for an answer in run {run_id}, which no process hosts any more"
+            ))
+            .with_hint(format!(
+                "answer it with `crew agents follow-up {task_id} \"<answer>\"` (crew hosts the run again), or `crew runs clean {run_id}` to save its work and remove its workspace"
+            )));
+        }
         return Err(not_live(ctx, spec));
     };
     let response = ctx
