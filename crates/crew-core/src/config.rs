@@ -134,6 +134,15 @@ pub enum SandboxMode {
 }
 
 impl SandboxMode {
+    /// The mode when two settings apply (the project's and an agent's): off when either is.
+    pub fn and(self, other: SandboxMode) -> SandboxMode {
+        if self == SandboxMode::Off || other == SandboxMode::Off {
+            SandboxMode::Off
+        } else {
+            SandboxMode::Enforce
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             SandboxMode::Enforce => "enforce",

@@ -30,7 +30,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crew_core::config::{AgentDef, SandboxMode, SteerMode, fill_template};
+use crew_core::config::{AgentDef, SteerMode, fill_template};
 use crew_core::env_vars;
 use crew_core::model::{ExitRecord, SandboxRecord, Timestamp};
 use crew_core::{AgentId, WorkspaceId};
@@ -348,9 +348,7 @@ async fn launch(
     let mut extra_writes = definition.sandbox.write_paths(home);
     extra_writes.push(temp_path);
     let mut plan = spec.sandbox.clone();
-    if definition.sandbox.mode == SandboxMode::Off {
-        plan.mode = SandboxMode::Off;
-    }
+    plan.mode = plan.mode.and(definition.sandbox.mode);
     let sandbox =
         sandbox::prepare(&plan, &extra_writes).map_err(|source| SpawnAgentError::Sandbox {
             agent_id: spec.agent_id.clone(),
@@ -738,10 +736,10 @@ impl Supervisor {
         if term_sent || kill_sent {
             exit.stopped_by = Some(if kill_sent { "kill" } else { "term" }.to_owned());
         }
-        exit.leaked_processes = running
-            .leftovers
-            .get()
-            .saturating_add(self.clean_up_leftovers(pid, &mut running.readers).await);
+        exit.leaked_processes = running.leftovers.get().saturating_add(
+            self.clean_up_leftovers(pid, &mut running.readers, kill_sent)
+                .await,
+        );
         Ended {
             exit,
             stop_waiters,
@@ -750,9 +748,15 @@ impl Supervisor {
     }
 
     /// After the agent exited (and its warden killed what it left beneath it): kills what is
-    /// still in its group, what carries its marker outside it, and what still holds its pipes.
-    /// Returns how many processes that was.
-    async fn clean_up_leftovers(&self, pid: u32, readers: &mut Vec<JoinHandle<()>>) -> u32 {
+    /// still in its group and what still holds its pipes, and — when the warden itself was
+    /// killed (`warden_killed`, a KILL to the group), so nothing was left beneath it to catch
+    /// daemons — what carries the agent's marker anywhere. Returns how many processes that was.
+    async fn clean_up_leftovers(
+        &self,
+        pid: u32,
+        readers: &mut Vec<JoinHandle<()>>,
+        warden_killed: bool,
+    ) -> u32 {
         let mut leaked = 0;
         let group_alive = rustix::process::Pid::from_raw(pid as i32)
             .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok());
@@ -760,15 +764,16 @@ impl Supervisor {
             leaked += 1;
             self.signal_group(pid, rustix::process::Signal::KILL);
         }
-        // At every end, not only after a stop: no process of the agent outlives its task.
-        let marker = procscan::agent_marker(&self.spec.agent_id);
-        let killed = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker))
-            .await
-            .unwrap_or(0);
-        leaked += u32::try_from(killed).unwrap_or(u32::MAX);
         let pipes_closed = tokio::time::timeout(PIPE_GRACE, join_all(readers))
             .await
             .is_ok();
+        if warden_killed || !pipes_closed {
+            let marker = procscan::agent_marker(&self.spec.agent_id);
+            let killed = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker))
+                .await
+                .unwrap_or(0);
+            leaked += u32::try_from(killed).unwrap_or(u32::MAX);
+        }
         if !pipes_closed {
             leaked = leaked.max(1);
             self.signal_group(pid, rustix::process::Signal::KILL);

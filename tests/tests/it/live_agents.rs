@@ -988,3 +988,34 @@ pub fn live_helper_json(env: &TestEnv, args: &[&str]) -> serde_json::Value {
     );
     serde_json::from_slice(&output.stdout).unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_kill_the_daemons_of_an_agent_ignoring_term_are_found_by_their_marker() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let sleep = format!("{}", 7000 + std::process::id() % 1000);
+    let mut definition = AgentDef::builtin_shell();
+    definition.steer = SteerMode::None;
+    // The KILL that ends the grace kills the warden too: nothing is left beneath it to catch
+    // the daemon, so the host must find it by its marker.
+    definition.command = vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "trap '' TERM; (setsid sh -c 'exec sleep {sleep}' </dev/null >/dev/null 2>&1 &); echo ready; while :; do sleep 1; done"
+        ),
+    ];
+    let handle = fixture
+        .host
+        .start(fixture.spec("stubborn-daemon", definition))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    assert_eq!(handle.stop().await.unwrap(), StopOutcome::Killed);
+    let exit = handle.status().exit.unwrap();
+    assert!(exit.leaked_processes >= 1, "{exit:?}");
+    assert!(
+        processes_running(&["sleep", &sleep]).is_empty(),
+        "the daemon outlived its agent"
+    );
+}

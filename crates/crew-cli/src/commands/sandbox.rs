@@ -94,13 +94,12 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         .map(|definition| AgentReport {
             agent: definition.name.clone(),
             sandbox: match (
-                ctx.config.sandbox.mode,
-                definition.sandbox.mode,
+                ctx.config.sandbox.mode.and(definition.sandbox.mode),
                 probe.confines(),
             ) {
-                (SandboxMode::Off, _, _) | (_, SandboxMode::Off, _) => crew_core::SandboxState::Off,
-                (_, _, true) => crew_core::SandboxState::Enforced,
-                (_, _, false) => crew_core::SandboxState::Unsupported,
+                (SandboxMode::Off, _) => crew_core::SandboxState::Off,
+                (SandboxMode::Enforce, true) => crew_core::SandboxState::Enforced,
+                (SandboxMode::Enforce, false) => crew_core::SandboxState::Unsupported,
             },
             write: definition
                 .sandbox
