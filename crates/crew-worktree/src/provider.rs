@@ -10,6 +10,7 @@ use crew_core::provider::{
 };
 use crew_core::{StateStore, safe_segment};
 use git2::Oid;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -29,7 +30,7 @@ pub struct CrewWorkspaces {
     fallback: IsolationFallback,
     require_clean_leader: bool,
     temp_root: Utf8PathBuf,
-    /// The tripwire of each repository with tasks in this process, keyed by its common git dir.
+    /// The tripwire of each repository with tasks in this process, keyed by its root.
     tripwires: Arc<Mutex<HashMap<Utf8PathBuf, Tripwire>>>,
 }
 
@@ -37,6 +38,8 @@ pub struct CrewWorkspaces {
 /// now active started.
 #[derive(Debug)]
 struct Tripwire {
+    /// The repository's common git directory.
+    common: Utf8PathBuf,
     baseline: Baseline,
     active: HashSet<(RunId, TaskId)>,
 }
@@ -81,17 +84,29 @@ impl CrewWorkspaces {
     /// other task of the repository is active in this process, the copy already taken
     /// otherwise (it must predate every agent that could have changed them).
     fn arm_tripwire(&self, request: &WorkspaceRequest) {
-        let Some(common) = repository_common_dir(request.repo_root.as_deref()) else {
+        let Some(repo_root) = request.repo_root.as_deref() else {
             return;
         };
         let mut tripwires = self.tripwires();
-        let tripwire = tripwires.entry(common.clone()).or_insert_with(|| Tripwire {
-            baseline: Baseline::of_repository(&common),
-            active: HashSet::new(),
-        });
-        if tripwire.active.is_empty() {
-            tripwire.baseline = Baseline::of_repository(&common);
-        }
+        let tripwire = match tripwires.entry(repo_root.to_owned()) {
+            Entry::Occupied(entry) => {
+                let tripwire = entry.into_mut();
+                if tripwire.active.is_empty() {
+                    tripwire.baseline = Baseline::of_repository(&tripwire.common);
+                }
+                tripwire
+            }
+            Entry::Vacant(entry) => {
+                let Some(common) = repository_common_dir(repo_root) else {
+                    return;
+                };
+                entry.insert(Tripwire {
+                    baseline: Baseline::of_repository(&common),
+                    common,
+                    active: HashSet::new(),
+                })
+            }
+        };
         tripwire
             .active
             .insert((request.run_id.clone(), request.task_id.clone()));
@@ -104,21 +119,19 @@ impl CrewWorkspaces {
         workspace: &TaskWorkspace,
         request: &TeardownRequest,
     ) -> Vec<SecurityFinding> {
-        let Some(common) = repository_common_dir(request.repo_root.as_deref()) else {
+        let Some(repo_root) = request.repo_root.as_deref() else {
             return Vec::new();
         };
         let mut tripwires = self.tripwires();
-        let Some(tripwire) = tripwires.get_mut(&common) else {
+        let Some(tripwire) = tripwires.get_mut(repo_root) else {
             return Vec::new();
         };
+        let common = &tripwire.common;
         // A worktree's own config, which crew never writes: any is the agent's.
         let own = match workspace.kind {
             WorkspaceKind::Worktree => {
                 let names = crate::names::TaskNames::new(
-                    request
-                        .repo_root
-                        .as_deref()
-                        .unwrap_or(request.workspace.as_path()),
+                    repo_root,
                     &self.settings,
                     &request.run_id,
                     &request.task_id,
@@ -508,8 +521,7 @@ impl WorkspaceProvider for CrewWorkspaces {
 }
 
 /// The common git directory of the repository at `repo_root`, if there is one.
-fn repository_common_dir(repo_root: Option<&Utf8Path>) -> Option<Utf8PathBuf> {
-    let repo_root = repo_root?;
+fn repository_common_dir(repo_root: &Utf8Path) -> Option<Utf8PathBuf> {
     let repo = git2::Repository::open(repo_root).ok()?;
     Some(leader::common_dir(&repo))
 }
