@@ -403,9 +403,7 @@ impl Drop for ControlServer {
 /// is this host's user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Caller {
-    Person {
-        pid: u32,
-    },
+    Person,
     /// An agent of this host, by the pid of its warden.
     Agent {
         warden: u32,
@@ -426,14 +424,14 @@ impl Caller {
             .into_iter()
             .find(|(warden, _)| !own_wardens.contains(warden));
         match nearest {
-            None => Caller::Person { pid },
+            None => Caller::Person,
             Some((warden, parent)) if parent == host => Caller::Agent { warden },
             Some((warden, _)) => Caller::Foreign { warden },
         }
     }
 
     fn is_agent(self) -> bool {
-        !matches!(self, Caller::Person { .. })
+        self != Caller::Person
     }
 }
 
@@ -650,7 +648,7 @@ async fn authorize(host: &AgentHost, caller: Caller, request: &Request) -> Resul
     let id = request.id;
     let forbidden = |message: String| Err(Response::error(id, "forbidden", message));
     match (caller, &request.op) {
-        (Caller::Person { .. }, _) | (_, Op::Ping) => Ok(()),
+        (Caller::Person, _) | (_, Op::Ping) => Ok(()),
         (Caller::Foreign { .. }, _) => {
             forbidden("an agent of another crew host may not use this host's socket".to_owned())
         }

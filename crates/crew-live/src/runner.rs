@@ -909,10 +909,9 @@ impl RunContext {
         let handle = match self.runner.host.start(spec).await {
             Ok(handle) => handle,
             Err(error) => {
-                self.teardown(&task_id, &workspace, false).await;
-                self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                return self
+                    .fail_to_start(&task_id, &workspace, error.to_string())
                     .await;
-                return TaskStatus::Failed;
             }
         };
         self.note_started(&task_id, &handle).await;
@@ -953,6 +952,20 @@ impl RunContext {
             .await
     }
 
+    /// A task whose agent could not be started: its workspace is torn down (what is there is
+    /// saved), and it fails with `reason`.
+    async fn fail_to_start(
+        &self,
+        task_id: &TaskId,
+        workspace: &TaskWorkspace,
+        reason: String,
+    ) -> TaskStatus {
+        self.teardown(task_id, workspace, false).await;
+        self.record_status(task_id, TaskStatus::Failed, Some(reason))
+            .await;
+        TaskStatus::Failed
+    }
+
     /// Starts a task's agent by resuming it with `message`: its `resume` template (or its
     /// command, with the message in `CREW_MESSAGE`), as a follow-up to its last start.
     async fn resume_with(
@@ -966,17 +979,15 @@ impl RunContext {
         let handle = match self.runner.host.adopt(spec, None, task.attempts) {
             Ok(handle) => handle,
             Err(error) => {
-                self.teardown(&task_id, &workspace, false).await;
-                self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                return self
+                    .fail_to_start(&task_id, &workspace, error.to_string())
                     .await;
-                return TaskStatus::Failed;
             }
         };
         if let Err(error) = handle.follow_up(message).await {
-            self.teardown(&task_id, &workspace, false).await;
-            self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+            return self
+                .fail_to_start(&task_id, &workspace, error.to_string())
                 .await;
-            return TaskStatus::Failed;
         }
         let attempt = task.attempts;
         self.follow_through(task, workspace, handle, false, attempt)
