@@ -151,7 +151,7 @@ pub fn switch(
     commit: Oid,
     settings: &WorktreeSettings,
 ) -> Result<(), git2::Error> {
-    remove_ignored(root, settings, &[])?;
+    remove_ignored(root, settings)?;
     let repo = Repository::open(root)?;
     let tree = repo.find_commit(commit)?.tree()?;
     repo.checkout_tree(
@@ -171,13 +171,9 @@ pub fn switch(
     Ok(())
 }
 
-/// Removes the ignored paths of a worktree, except those `keep_ignored` names. Returns how many
-/// files and bytes went, crew's own `links` (removed too) aside.
-pub fn remove_ignored(
-    root: &Utf8Path,
-    settings: &WorktreeSettings,
-    links: &[String],
-) -> Result<(u64, u64), git2::Error> {
+/// Removes the ignored paths of a worktree (crew's own links and copies included), except those
+/// `keep_ignored` names.
+pub fn remove_ignored(root: &Utf8Path, settings: &WorktreeSettings) -> Result<(), git2::Error> {
     let repo = Repository::open(root)?;
     let mut options = StatusOptions::new();
     options
@@ -185,7 +181,6 @@ pub fn remove_ignored(
         .include_ignored(true)
         .recurse_ignored_dirs(false);
     let statuses = repo.statuses(Some(&mut options))?;
-    let mut removed = (0, 0);
     for entry in statuses.iter().filter(|entry| entry.status().is_ignored()) {
         let relative = String::from_utf8_lossy(entry.path_bytes())
             .trim_end_matches('/')
@@ -194,21 +189,11 @@ pub fn remove_ignored(
             .keep_ignored
             .iter()
             .any(|keep| Utf8Path::new(&relative).starts_with(keep));
-        if kept {
-            continue;
-        }
-        let path = root.join(&relative);
-        let (files, bytes) = if links.contains(&relative) {
-            (0, 0)
-        } else {
-            crate::teardown::tree_size(&path)
-        };
-        if remove_contained(&path, &[root]).is_ok() {
-            removed.0 += files;
-            removed.1 += bytes;
+        if !kept {
+            let _ = remove_contained(&root.join(&relative), &[root]);
         }
     }
-    Ok(removed)
+    Ok(())
 }
 
 /// Whether any process works inside `root` (its current directory is there): a worktree one

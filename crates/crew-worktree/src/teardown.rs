@@ -75,7 +75,7 @@ pub fn teardown_worktree(
         // allows (crew's links and copies go too).
         let cleaned = match head {
             Some(_) if request.settings.pool_size > 0 => {
-                pool::remove_ignored(root, request.settings, &links).ok()
+                pool::remove_ignored(root, request.settings).ok()
             }
             _ => None,
         };
