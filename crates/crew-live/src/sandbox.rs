@@ -39,7 +39,7 @@ const FS_ABI: ABI = ABI::V5;
 const SCOPE_ABI: ABI = ABI::V6;
 
 /// Device files every program may write to (or ioctl, for the random devices).
-const DEVICE_FILES: &[&str] = &[
+pub const DEVICE_FILES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
     "/dev/full",

@@ -179,7 +179,10 @@ fn render(ctx: &Context, report: &Report) -> String {
             };
             out.push_str(&format!("    {}{note}\n", path.path));
         }
-        out.push_str("    /dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/shm\n");
+        out.push_str(&format!(
+            "    {}\n",
+            crew_live::sandbox::DEVICE_FILES.join(", ")
+        ));
         out.push_str("  everything else is read-only to it; the network stays open\n");
     }
     out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.cache\"]` in .crew/agents/<name>.toml\n");
