@@ -74,7 +74,7 @@ impl Hosting {
         &self,
         ctx: &Context,
         run_id: &RunId,
-        answers: HashMap<TaskId, String>,
+        resumes: HashMap<TaskId, Option<String>>,
         progress: bool,
     ) -> Result<RunManifest, CliError> {
         let (cancel_tx, cancel_rx) = watch::channel(CancelLevel::None);
@@ -92,7 +92,7 @@ impl Hosting {
         });
         let result = self
             .runner
-            .execute(run_id, self.socket(), cancel_rx, commands_rx, answers)
+            .execute(run_id, self.socket(), cancel_rx, commands_rx, resumes)
             .await;
         signals.abort();
         if let Some(printer) = printer {

@@ -89,7 +89,8 @@ impl RunStatus {
 }
 
 /// `pending → preparing → running (⇄ waiting) → succeeded | failed | stopped | cancelled |
-/// skipped`; a finished task goes back to `pending` or `preparing` when it is resumed.
+/// skipped`; a finished task goes back to `pending` or `preparing` when it is resumed, and a
+/// stopped one whose workspace its run still holds back to `running`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskStatus {
@@ -132,6 +133,8 @@ impl TaskStatus {
             (Preparing, Running | Failed | Cancelled | Stopped) => true,
             (Running, Waiting | Succeeded | Failed | Stopped | Cancelled) => true,
             (Waiting, Running | Succeeded | Failed | Stopped | Cancelled) => true,
+            // A stopped agent resumed in the workspace its task kept while the run went on.
+            (Stopped, Running) => true,
             // Resume: a finished task is prepared again, or queued again with its run.
             (Succeeded | Failed | Stopped | Cancelled | Skipped, Pending | Preparing) => true,
             _ => false,

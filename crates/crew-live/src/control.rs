@@ -26,7 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use crew_core::{AgentId, RunId, WorkspaceId};
+use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
 use dashmap::DashMap;
 use tokio::sync::{mpsc, oneshot};
 
@@ -128,6 +128,14 @@ pub enum RunCommand {
         workspace: WorkspaceId,
         agent: AgentId,
         tasks: Vec<SubmittedTask>,
+        reply: oneshot::Sender<Result<Value, ErrorBody>>,
+    },
+    /// Starts a finished task of the run again by resuming its agent (its workspace was torn
+    /// down, so the task is prepared anew).
+    Resume {
+        workspace: WorkspaceId,
+        task: TaskId,
+        message: Option<String>,
         reply: oneshot::Sender<Result<Value, ErrorBody>>,
     },
 }
@@ -693,6 +701,13 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Respons
                 Ok((agent_id, outcome)) => json(Ok(
                     serde_json::json!({ "agent_id": agent_id, "follow_up": outcome }),
                 )),
+                Err(AgentOpError::Closed { agent_id }) => {
+                    let mut response = requeue(id, runs, workspace, &agent_id, Some(message)).await;
+                    if let Some(result) = &mut response.result {
+                        result["follow_up"] = serde_json::json!({ "outcome": "requeued" });
+                    }
+                    response
+                }
                 Err(error) => op_error(id, &error),
             }
         }
@@ -708,6 +723,9 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Respons
         {
             Ok((agent_id, pid)) => {
                 json(Ok(serde_json::json!({ "agent_id": agent_id, "pid": pid })))
+            }
+            Err(AgentOpError::Closed { agent_id }) => {
+                requeue(id, runs, workspace, &agent_id, message).await
             }
             Err(error) => op_error(id, &error),
         },
@@ -733,6 +751,31 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Respons
             .await
         }
     }
+}
+
+/// An agent whose task has finished in a run that goes on: its runner starts the task again.
+/// A run not hosted here leaves the agent closed, as the registry said.
+async fn requeue(
+    id: Option<u64>,
+    runs: &RunRoutes,
+    workspace: WorkspaceId,
+    agent_id: &AgentId,
+    message: Option<String>,
+) -> Response {
+    let run = agent_id.run_id();
+    if !runs.contains_key(run) {
+        let closed = AgentOpError::Closed {
+            agent_id: agent_id.clone(),
+        };
+        return op_error(id, &closed);
+    }
+    route(id, runs, run, |reply| RunCommand::Resume {
+        workspace,
+        task: agent_id.task_id().clone(),
+        message,
+        reply,
+    })
+    .await
 }
 
 /// Hands a run command to the runner of `run` and relays its answer.

@@ -56,12 +56,7 @@ impl AgentHost {
     /// Starts an agent and registers it. A program that cannot be started fails this agent
     /// only.
     pub async fn start(&self, spec: AgentSpec) -> Result<AgentHandle, SpawnAgentError> {
-        if self
-            .inner
-            .registry
-            .resolve(&spec.workspace, &spec.agent_id.to_string())
-            .is_ok()
-        {
+        if self.inner.registry.is_live(&spec.agent_id) {
             return Err(SpawnAgentError::Duplicate {
                 agent_id: spec.agent_id,
             });

@@ -197,14 +197,29 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// Registers an agent; `false` when one of the same id is live. A closed one (its task
+    /// finished, and is now started again) gives way.
     pub(crate) fn insert(&self, handle: AgentHandle) -> bool {
         match self.agents.entry(handle.info.agent_id.clone()) {
-            dashmap::mapref::entry::Entry::Occupied(_) => false,
+            dashmap::mapref::entry::Entry::Occupied(mut slot) => {
+                if !slot.get().status().closed {
+                    return false;
+                }
+                slot.insert(handle);
+                true
+            }
             dashmap::mapref::entry::Entry::Vacant(slot) => {
                 slot.insert(handle);
                 true
             }
         }
+    }
+
+    /// Whether an agent of this id is registered and not closed.
+    pub(crate) fn is_live(&self, agent_id: &AgentId) -> bool {
+        self.agents
+            .get(agent_id)
+            .is_some_and(|handle| !handle.status().closed)
     }
 
     /// Forgets an agent (after its task is done). Its supervisor ends once it has exited.

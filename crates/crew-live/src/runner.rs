@@ -344,17 +344,21 @@ impl Runner {
     }
 
     /// Runs the tasks of `run_id` to the end. `cancel` is watched for Ctrl-C; `commands` brings
-    /// requests from the control channel. `answers` resumes waiting tasks with their answers.
+    /// requests from the control channel. `resumes` names tasks to resume and the message for
+    /// each: a waiting task goes on with it as its answer, a finished one starts through its
+    /// agent's `resume` template (`None`: the template's default message).
     pub async fn execute(
         &self,
         run_id: &RunId,
         socket: Option<Utf8PathBuf>,
         mut cancel: watch::Receiver<CancelLevel>,
         mut commands: mpsc::Receiver<RunCommand>,
-        answers: HashMap<TaskId, String>,
+        resumes: HashMap<TaskId, Option<String>>,
     ) -> Result<RunManifest, RunError> {
         let manifest = self.read(run_id).await?;
         let (run_cancel, _) = watch::channel(CancelLevel::None);
+        let (holds, mut hold_changes) = mpsc::unbounded_channel();
+        let (release, _) = watch::channel(false);
         let context = Arc::new(RunContext {
             runner: self.clone(),
             run_id: run_id.clone(),
@@ -364,7 +368,7 @@ impl Runner {
             cancel: run_cancel.clone(),
             agents: std::sync::Mutex::new(HashMap::new()),
             resume_messages: std::sync::Mutex::new(
-                answers
+                resumes
                     .iter()
                     .filter(|(task_id, _)| {
                         manifest
@@ -374,6 +378,8 @@ impl Runner {
                     .map(|(task_id, message)| (task_id.clone(), message.clone()))
                     .collect(),
             ),
+            holds,
+            release: release.clone(),
         });
         let mut statuses: BTreeMap<TaskId, TaskStatus> = manifest
             .tasks
@@ -390,6 +396,9 @@ impl Runner {
         let fail_fast = manifest.fail_fast;
         let mut running: JoinSet<(TaskId, TaskStatus)> = JoinSet::new();
         let mut active: HashSet<TaskId> = HashSet::new();
+        // Active tasks whose agent a person stopped: they take no slot, and keep the run going
+        // only while something else is.
+        let mut held: HashSet<TaskId> = HashSet::new();
         let mut cancelled_by_user = false;
         let mut failed_fast = false;
         let mut commands_open = true;
@@ -403,7 +412,7 @@ impl Runner {
         {
             let context = context.clone();
             let task = task.clone();
-            let answer = answers.get(&task.id).cloned();
+            let answer = resumes.get(&task.id).cloned().flatten();
             active.insert(task.id.clone());
             running.spawn(async move {
                 let id = task.id.clone();
@@ -453,7 +462,7 @@ impl Runner {
                 let ready = deps
                     .iter()
                     .all(|dep| statuses.get(dep) == Some(&TaskStatus::Succeeded));
-                if ready && active.len() < max_parallel {
+                if ready && active.len() - held.len() < max_parallel {
                     active.insert(task_id.clone());
                     statuses.insert(task_id.clone(), TaskStatus::Preparing);
                     let context = context.clone();
@@ -463,6 +472,12 @@ impl Runner {
                     });
                 }
             }
+            // Nothing left but stopped tasks (every ready task was started above): they let
+            // go, and the run ends.
+            release.send_if_modified(|released| {
+                let now = !active.is_empty() && active.is_subset(&held);
+                std::mem::replace(released, now) != now
+            });
             if running.is_empty() {
                 let pending = statuses
                     .values()
@@ -478,10 +493,18 @@ impl Runner {
                         Err(error) => panic!("a task of run {run_id} panicked: {error}"),
                     };
                     active.remove(&task_id);
+                    held.remove(&task_id);
                     statuses.insert(task_id, status);
                     if fail_fast && matches!(status, TaskStatus::Failed | TaskStatus::Stopped) && !failed_fast {
                         failed_fast = true;
                         run_cancel.send_replace(CancelLevel::Graceful);
+                    }
+                }
+                Some((task_id, stopped)) = hold_changes.recv() => {
+                    if !stopped {
+                        held.remove(&task_id);
+                    } else if active.contains(&task_id) {
+                        held.insert(task_id);
                     }
                 }
                 changed = cancel.changed(), if cancel_open => {
@@ -516,6 +539,29 @@ impl Runner {
                         }
                         let _ = reply.send(result.map(|added| serde_json::json!({
                             "accepted": added.iter().map(|task| task.id.as_str()).collect::<Vec<_>>()
+                        })));
+                    }
+                    Some(RunCommand::Resume { workspace, task, message, reply }) => {
+                        let result = if &workspace != self.workspace.id() {
+                            Err(foreign_run(run_id, &workspace))
+                        } else if stopping {
+                            Err(ErrorBody { code: "run_stopping".into(), message: format!("run {run_id} is stopping; it starts no task again") })
+                        } else if active.contains(&task) {
+                            Err(ErrorBody { code: "already_running".into(), message: format!("task {task} of run {run_id} is still going") })
+                        } else {
+                            self.requeue(run_id, &task).await
+                        };
+                        if result.is_ok() {
+                            statuses.insert(task.clone(), TaskStatus::Pending);
+                            context
+                                .resume_messages
+                                .lock()
+                                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                                .insert(task.clone(), message);
+                        }
+                        let _ = reply.send(result.map(|()| serde_json::json!({
+                            "agent_id": AgentId::new(run_id.clone(), task),
+                            "requeued": true,
                         })));
                     }
                     None => commands_open = false,
@@ -585,6 +631,48 @@ impl Runner {
             Some(reason.to_owned()),
             Some(record),
         );
+        Ok(())
+    }
+
+    /// Queues a finished task of this live run again, to be resumed in a workspace of its own
+    /// (its worktree branch is taken up again). A task that succeeded is done.
+    async fn requeue(&self, run_id: &RunId, task_id: &TaskId) -> Result<(), ErrorBody> {
+        let store = self.store.clone();
+        let (run, task) = (run_id.clone(), task_id.clone());
+        let requeued = blocking(move || {
+            store.update_run(&run, |manifest| {
+                let Some(record) = manifest.task(&task) else {
+                    return Ok(Err(ErrorBody {
+                        code: "not_found".into(),
+                        message: format!("run {run} has no task {task}"),
+                    }));
+                };
+                if record.status == TaskStatus::Succeeded {
+                    return Ok(Err(ErrorBody {
+                        code: "succeeded".into(),
+                        message: format!(
+                            "task {task} of run {run} already succeeded; for more work, start a new run (its branch is where the work is)"
+                        ),
+                    }));
+                }
+                if !record.status.is_finished() {
+                    return Ok(Err(ErrorBody {
+                        code: "already_running".into(),
+                        message: format!("task {task} of run {run} is {}", record.status),
+                    }));
+                }
+                let record = manifest.set_task_status(&task, TaskStatus::Pending)?;
+                record.reason = None;
+                record.exit = None;
+                Ok(Ok(record.clone()))
+            })
+        })
+        .await
+        .map_err(|error| ErrorBody {
+            code: "state".into(),
+            message: error.to_string(),
+        })??;
+        self.announce(run_id, task_id, TaskStatus::Pending, None, Some(requeued));
         Ok(())
     }
 
@@ -711,9 +799,16 @@ struct RunContext {
     cancel: watch::Sender<CancelLevel>,
     /// Agent definitions by name, loaded once per run.
     agents: std::sync::Mutex<HashMap<String, AgentDef>>,
-    /// Messages to resume tasks with (`crew agents resume|follow-up` on a run whose host was
-    /// gone): such a task starts through its agent's `resume` template, with the message.
-    resume_messages: std::sync::Mutex<HashMap<TaskId, String>>,
+    /// Tasks to start by resuming their agent (`crew agents resume|follow-up` on a task that
+    /// has finished): through the agent's `resume` template, with the message (`None`: the
+    /// template's default message).
+    resume_messages: std::sync::Mutex<HashMap<TaskId, Option<String>>>,
+    /// Tasks tell the scheduler when their agent was stopped by a person (`true`: the task
+    /// holds its workspace for a resume) and when it was resumed (`false`).
+    holds: mpsc::UnboundedSender<(TaskId, bool)>,
+    /// Set by the scheduler when nothing but stopped tasks is left: they let go of their
+    /// workspaces and the run ends.
+    release: watch::Sender<bool>,
 }
 
 /// How a task's agent ended, before the task's status is decided.
@@ -722,6 +817,18 @@ enum Ending {
     /// The agent asked a question and the run stopped before an answer came: the workspace is
     /// kept for it.
     StillWaiting,
+    /// A person stopped the agent, and the run ended without a resume: the task stays
+    /// `stopped`.
+    Stopped,
+}
+
+/// Where a task's agent is, as its task follows it.
+enum Phase {
+    Running,
+    /// Exited with a question, waiting for an answer.
+    Waiting,
+    /// Stopped by a person: the workspace is held for a resume while the run goes on.
+    Held,
 }
 
 impl RunContext {
@@ -904,7 +1011,9 @@ impl RunContext {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&task_id);
         if let Some(message) = resume_message {
-            return self.resume_with(task, workspace, spec, &message).await;
+            return self
+                .resume_with(task, workspace, spec, message.as_deref())
+                .await;
         }
         let handle = match self.runner.host.start(spec).await {
             Ok(handle) => handle,
@@ -967,13 +1076,13 @@ impl RunContext {
     }
 
     /// Starts a task's agent by resuming it with `message`: its `resume` template (or its
-    /// command, with the message in `CREW_MESSAGE`), as a follow-up to its last start.
+    /// command, with the message in `CREW_MESSAGE`), as the attempt after its last one.
     async fn resume_with(
         &self,
         task: TaskRecord,
         workspace: TaskWorkspace,
         spec: AgentSpec,
-        message: &str,
+        message: Option<&str>,
     ) -> TaskStatus {
         let task_id = task.id.clone();
         let handle = match self.runner.host.adopt(spec, None, task.attempts) {
@@ -984,7 +1093,7 @@ impl RunContext {
                     .await;
             }
         };
-        if let Err(error) = handle.follow_up(message).await {
+        if let Err(error) = handle.resume(message).await {
             return self
                 .fail_to_start(&task_id, &workspace, error.to_string())
                 .await;
@@ -1009,8 +1118,8 @@ impl RunContext {
             .await;
     }
 
-    /// Waits for the agent through questions and restarts, then tears down and records the
-    /// outcome.
+    /// Waits for the agent through questions, stops and restarts, then tears down and records
+    /// the outcome.
     async fn follow_through(
         &self,
         task: TaskRecord,
@@ -1021,68 +1130,97 @@ impl RunContext {
     ) -> TaskStatus {
         let task_id = task.id.clone();
         let mut cancel = self.cancel.subscribe();
+        let mut release = self.release.subscribe();
         let mut stop_requests = 0;
-        let mut running = started;
-        // The attempt that asked the question being waited on: any later attempt answers it.
-        let mut asked_in_attempt = waiting_since;
+        let mut phase = if started {
+            Phase::Running
+        } else {
+            Phase::Waiting
+        };
+        // The attempt that last exited (asked, or was stopped): any later attempt goes on.
+        let mut exited_attempt = waiting_since;
         let ending = loop {
-            if running {
-                // Checked on every turn, not only on a change: a cancel may have come before
-                // this task was listening.
-                let level = *cancel.borrow_and_update();
-                // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
-                let wanted = match level {
-                    CancelLevel::None => 0,
-                    CancelLevel::Graceful => 1,
-                    CancelLevel::Kill => 2,
-                };
-                while stop_requests < wanted {
-                    stop_requests += 1;
-                    let handle = handle.clone();
-                    tokio::spawn(async move { handle.stop().await });
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                tokio::select! {
-                    status = handle.wait_exited() => {
-                        if let Some(question) = status.question.clone() {
-                            self.record_waiting(&task_id, &question).await;
-                            asked_in_attempt = status.attempt;
-                            running = false;
-                            continue;
-                        }
-                        if handle.close().await {
-                            break Ending::Exited(status.exit.unwrap_or(ExitRecord {
+            match phase {
+                Phase::Running => {
+                    // Checked on every turn, not only on a change: a cancel may have come
+                    // before this task was listening.
+                    let level = *cancel.borrow_and_update();
+                    // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
+                    let wanted = match level {
+                        CancelLevel::None => 0,
+                        CancelLevel::Graceful => 1,
+                        CancelLevel::Kill => 2,
+                    };
+                    while stop_requests < wanted {
+                        stop_requests += 1;
+                        let handle = handle.clone();
+                        tokio::spawn(async move { handle.stop().await });
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    tokio::select! {
+                        status = handle.wait_exited() => {
+                            exited_attempt = status.attempt;
+                            if let Some(question) = status.question.clone() {
+                                self.record_waiting(&task_id, &question).await;
+                                phase = Phase::Waiting;
+                                continue;
+                            }
+                            let exit = status.exit.unwrap_or(ExitRecord {
                                 code: None,
                                 signal: None,
                                 stopped_by: None,
                                 leaked_processes: 0,
                                 timed_out: false,
-                            }));
+                            });
+                            if exit.stopped_by.is_some()
+                                && !exit.timed_out
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                self.hold(&task_id, exit).await;
+                                phase = Phase::Held;
+                                continue;
+                            }
+                            if handle.close().await {
+                                break Ending::Exited(exit);
+                            }
                         }
-                    }
-                    changed = cancel.changed() => {
-                        if changed.is_err() {
-                            // The run is over for this task's purposes; its exit decides.
-                            let _ = handle.wait_exited().await;
+                        changed = cancel.changed() => {
+                            if changed.is_err() {
+                                // The run is over for this task's purposes; its exit decides.
+                                let _ = handle.wait_exited().await;
+                            }
                         }
                     }
                 }
-            } else {
-                // Waiting for an answer: a follow-up restarts the agent.
-                if self.cancel_level() > CancelLevel::None {
-                    break Ending::StillWaiting;
-                }
-                tokio::select! {
-                    restarted = handle.wait_restarted(asked_in_attempt) => {
-                        if restarted.is_some() {
-                            self.note_started(&task_id, &handle).await;
-                            self.record_status(&task_id, TaskStatus::Running, None).await;
-                            running = true;
-                        } else {
+                Phase::Waiting | Phase::Held => {
+                    let held = matches!(phase, Phase::Held);
+                    if self.cancel_level() > CancelLevel::None {
+                        if !held {
                             break Ending::StillWaiting;
                         }
+                        if handle.close().await {
+                            break Ending::Stopped;
+                        }
+                    } else if held && *release.borrow_and_update() && handle.close().await {
+                        break Ending::Stopped;
                     }
-                    _ = cancel.changed() => {}
+                    // A follow-up (to a question) or a resume (after a stop) starts the agent
+                    // again.
+                    tokio::select! {
+                        restarted = handle.wait_restarted(exited_attempt) => {
+                            if restarted.is_none() {
+                                break if held { Ending::Stopped } else { Ending::StillWaiting };
+                            }
+                            if held {
+                                let _ = self.holds.send((task_id.clone(), false));
+                            }
+                            self.note_started(&task_id, &handle).await;
+                            self.record_status(&task_id, TaskStatus::Running, None).await;
+                            phase = Phase::Running;
+                        }
+                        _ = release.changed(), if held => {}
+                        _ = cancel.changed() => {}
+                    }
                 }
             }
         };
@@ -1091,25 +1229,52 @@ impl RunContext {
                 self.teardown(&task_id, &workspace, true).await;
                 TaskStatus::Waiting
             }
+            Ending::Stopped => {
+                self.teardown(&task_id, &workspace, false).await;
+                let task = task_id.clone();
+                let _ = self
+                    .update(move |manifest| {
+                        manifest.task_mut(&task)?.reason = Some(STOPPED_BY_REQUEST.to_owned());
+                        Ok(())
+                    })
+                    .await;
+                TaskStatus::Stopped
+            }
             Ending::Exited(exit) => {
                 let cancelled = self.cancel_level() > CancelLevel::None;
                 let (status, reason) =
                     outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
-                let exit_record = exit.clone();
-                let task = task_id.clone();
-                let _ = self
-                    .update(move |manifest| {
-                        let record = manifest.task_mut(&task)?;
-                        record.exit = Some(exit_record);
-                        record.pid = None;
-                        Ok(())
-                    })
-                    .await;
+                self.record_exit(&task_id, exit).await;
                 self.teardown(&task_id, &workspace, false).await;
                 self.record_status(&task_id, status, reason).await;
                 status
             }
         }
+    }
+
+    /// A person stopped the task's agent while the run goes on: the task is `stopped`, and
+    /// holds its workspace so that `crew agents resume` starts the agent again in it.
+    async fn hold(&self, task_id: &TaskId, exit: ExitRecord) {
+        self.record_exit(task_id, exit).await;
+        let reason = format!(
+            "{STOPPED_BY_REQUEST}; its workspace is kept while the run goes on (`crew agents resume {}:{task_id}` starts it again)",
+            self.run_id
+        );
+        self.record_status(task_id, TaskStatus::Stopped, Some(reason))
+            .await;
+        let _ = self.holds.send((task_id.clone(), true));
+    }
+
+    async fn record_exit(&self, task_id: &TaskId, exit: ExitRecord) {
+        let task = task_id.clone();
+        let _ = self
+            .update(move |manifest| {
+                let record = manifest.task_mut(&task)?;
+                record.exit = Some(exit);
+                record.pid = None;
+                Ok(())
+            })
+            .await;
     }
 
     async fn record_waiting(&self, task_id: &TaskId, question: &str) {
@@ -1184,6 +1349,8 @@ fn workspace_env(workspace: &TaskWorkspace) -> Vec<(String, String)> {
     }
 }
 
+const STOPPED_BY_REQUEST: &str = "stopped by request";
+
 /// The task status an exit means, and why.
 fn outcome(
     exit: &ExitRecord,
@@ -1203,7 +1370,7 @@ fn outcome(
         return (TaskStatus::Failed, Some(format!("timed out{limit}")));
     }
     if exit.stopped_by.is_some() {
-        return (TaskStatus::Stopped, Some("stopped by request".to_owned()));
+        return (TaskStatus::Stopped, Some(STOPPED_BY_REQUEST.to_owned()));
     }
     match (exit.code, exit.signal) {
         (Some(0), _) => (TaskStatus::Succeeded, None),

@@ -1,6 +1,7 @@
 //! The rest of what the `crew` command promises: fail-fast, agent-authored plans, unanswered
 //! questions and `runs clean`, logs, listings, colors and neutralized escapes.
 
+use camino::Utf8Path;
 use crew_tests::{Redactor, TestEnv, render_output, tree_fingerprint, wait_until, write};
 
 use crate::cli_run::{finished_run, manifest, run_ids, task};
@@ -597,8 +598,8 @@ fn resuming_an_agent_of_a_completed_run_is_refused_before_anything_is_said() {
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&resumed)), @"
     ----- stderr -----
-    error: run [RUN_ID] is completed; only an interrupted, failed or cancelled run can be resumed
-    hint: every task of it succeeded; for more work, start a new run (its branches are where the work is)
+    error: task shell of run [RUN_ID] already succeeded
+    hint: for more work, start a new run (its branch is where the work is)
     [exit status: 2]
     ");
 }
@@ -676,4 +677,170 @@ fn resuming_an_agent_of_a_finished_run_uses_its_resume_template_and_the_message(
         log.ends_with("resumed with: try again / try again\n"),
         "{log}"
     );
+}
+
+#[test]
+fn an_agent_stopped_while_its_run_goes_on_resumes_in_the_workspace_it_left() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut child = start_twice(
+        &env,
+        &repo,
+        &[
+            "--task",
+            "keep=echo keeping; sleep 600",
+            "--task",
+            "victim=echo draft > draft.txt; echo started; sleep 600",
+        ],
+    );
+    let agent_state = |id: &str| listed_agent(&env, &repo, id);
+    wait_until(20, "both agents to run", || {
+        let running = |id| agent_state(id) == Some(("running".into(), "running".into()));
+        let log = std::fs::read_to_string(
+            repo.join(".crew/state/runs")
+                .join(run_ids(&env, &repo).first()?.as_str())
+                .join("tasks/victim/output.log"),
+        )
+        .ok()?;
+        (running("keep") && running("victim") && log.contains("started")).then_some(())
+    });
+    let run = run_ids(&env, &repo).remove(0);
+
+    let stop = env.crew(&repo, ["agents", "stop", "victim"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    wait_until(20, "the stopped task to be recorded", || {
+        (agent_state("victim")?.0 == "stopped").then_some(())
+    });
+    let stopped = task(&manifest(&env, &repo, &run), "victim").clone();
+    assert!(
+        stopped["teardown"].is_null(),
+        "the workspace is held: {stopped:#}"
+    );
+    assert!(
+        stopped["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("crew agents resume {run}:victim")),
+        "{stopped:#}"
+    );
+
+    let resumed = env.crew(&repo, ["agents", "resume", "victim", "go on"]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    wait_until(20, "the resumed task to succeed", || {
+        (agent_state("victim")?.0 == "succeeded").then_some(())
+    });
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/victim/output.log")),
+    )
+    .unwrap();
+    assert!(
+        log.ends_with("resumed with draft: go on\n"),
+        "the resume ran in the workspace the agent left: {log}"
+    );
+    assert_eq!(
+        agent_state("keep"),
+        Some(("running".into(), "running".into())),
+        "the other agent never noticed"
+    );
+
+    // Once nothing but stopped tasks is left, the run ends.
+    let stop = env.crew(&repo, ["agents", "stop", "keep"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    child.wait().unwrap();
+    let finished = manifest(&env, &repo, &run);
+    assert_eq!(task(&finished, "keep")["status"], "stopped", "{finished:#}");
+    assert_eq!(task(&finished, "keep")["reason"], "stopped by request");
+    assert!(
+        !task(&finished, "keep")["teardown"].is_null(),
+        "{finished:#}"
+    );
+    let victim = task(&finished, "victim");
+    let branch = victim["teardown"]["branch"].as_str().unwrap();
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", branch]);
+    assert!(files.lines().any(|line| line == "draft.txt"), "{files}");
+}
+
+#[test]
+fn a_finished_task_of_a_live_run_is_resumed_on_its_branch_while_the_run_goes_on() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut child = start_twice(
+        &env,
+        &repo,
+        &[
+            "--keep-going",
+            "--task",
+            "keep=sleep 600",
+            "--task",
+            "broken=echo draft > draft.txt; exit 3",
+            "--task",
+            "fine=true",
+        ],
+    );
+    let status = |id: &str| listed_agent(&env, &repo, id).map(|(status, _)| status);
+    wait_until(20, "the broken task to fail while the run goes on", || {
+        (status("broken")? == "failed" && status("fine")? == "succeeded").then_some(())
+    });
+    let run = run_ids(&env, &repo).remove(0);
+
+    let done = env.crew(&repo, ["agents", "resume", "fine"]);
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&done)), @"
+    ----- stderr -----
+    error: task fine of run [RUN_ID] already succeeded; for more work, start a new run (its branch is where the work is)
+    [exit status: 2]
+    ");
+
+    let resumed = env.crew(&repo, ["agents", "resume", "broken", "fix it"]);
+    insta::assert_snapshot!(redactor.redact(&render_output(&resumed)), @"
+    resuming [RUN_ID]:broken: its task starts again in a new workspace on its branch
+    [exit status: 0]
+    ");
+    wait_until(20, "the resumed task to succeed", || {
+        (status("broken")? == "succeeded").then_some(())
+    });
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/broken/output.log")),
+    )
+    .unwrap();
+    assert!(
+        log.ends_with("resumed with draft: fix it\n"),
+        "the resume took up the branch the failed attempt left: {log}"
+    );
+    let stop = env.crew(&repo, ["agents", "stop", "keep"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    child.wait().unwrap();
+    let finished = manifest(&env, &repo, &run);
+    assert_eq!(
+        task(&finished, "broken")["status"],
+        "succeeded",
+        "{finished:#}"
+    );
+    assert_eq!(task(&finished, "broken")["attempts"], 2, "{finished:#}");
+}
+
+/// Starts `crew run` in the background with an agent `twice` whose resume prints the message
+/// and the `draft.txt` of its workspace, in worktree mode, with `tasks` (`--task id=prompt`…).
+fn start_twice(env: &TestEnv, repo: &Utf8Path, tasks: &[&str]) -> std::process::Child {
+    write(
+        &repo.join(".crew/agents/twice.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\nresume = [\"sh\", \"-c\", \"echo resumed with $(cat draft.txt): {message}\"]\n",
+    );
+    let mut args = vec!["run", "--agent", "twice", "--workspace-mode", "worktree"];
+    args.extend_from_slice(tasks);
+    env.spawn_crew(repo, args)
+}
+
+/// The task status and agent state `crew agents list --json` gives for task `id`.
+fn listed_agent(env: &TestEnv, repo: &Utf8Path, id: &str) -> Option<(String, String)> {
+    let agents = env.agents_json(repo)?;
+    let agent = agents
+        .as_array()?
+        .iter()
+        .find(|agent| agent["task_id"] == id)?
+        .clone();
+    Some((
+        agent["task_status"].as_str()?.to_owned(),
+        agent["state"].as_str()?.to_owned(),
+    ))
 }

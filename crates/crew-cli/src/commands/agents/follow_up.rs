@@ -33,16 +33,18 @@ pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome,
     let (agent, response) =
         super::send(&ctx, &args.agent, |agent| Op::FollowUp { agent, message }).await?;
     if !ui.quiet {
-        let resumed = response
+        let outcome = response
             .result
             .as_ref()
             .and_then(|result| result.pointer("/follow_up/outcome"))
-            .and_then(|outcome| outcome.as_str())
-            == Some("resumed");
-        if resumed {
-            println!("resumed {} with the message", agent.agent_id);
-        } else {
-            println!("queued for {} after its current turn", agent.agent_id);
+            .and_then(|outcome| outcome.as_str());
+        match outcome {
+            Some("resumed") => println!("resumed {} with the message", agent.agent_id),
+            Some("requeued") => println!(
+                "resuming {} with the message: its task starts again in a new workspace on its branch",
+                agent.agent_id
+            ),
+            _ => println!("queued for {} after its current turn", agent.agent_id),
         }
     }
     Ok(Outcome::Success)

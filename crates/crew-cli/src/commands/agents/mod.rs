@@ -175,11 +175,12 @@ pub async fn host_again(
     let task = manifest
         .task(&task_id)
         .expect("the task was found in this manifest");
-    if task.status == TaskStatus::Succeeded && answer.is_none() {
+    if task.status == TaskStatus::Succeeded {
         return Err(CliError::user(format!(
             "task {task_id} of run {} already succeeded",
             manifest.run_id
-        )));
+        ))
+        .with_hint("for more work, start a new run (its branch is where the work is)"));
     }
     let hosting = Hosting::start(ctx, "crew agents").await?;
     hosting
@@ -194,12 +195,9 @@ pub async fn host_again(
             manifest.run_id
         );
     }
-    let mut answers = HashMap::new();
-    if let Some(answer) = answer {
-        answers.insert(task_id, answer);
-    }
+    let resumes = HashMap::from([(task_id, answer)]);
     let finished = hosting
-        .execute(ctx, &manifest.run_id, answers, !ctx.ui.quiet)
+        .execute(ctx, &manifest.run_id, resumes, !ctx.ui.quiet)
         .await?;
     crate::commands::run::print_result(ctx, &finished, false)?;
     Ok(outcome(&finished))

@@ -29,9 +29,21 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
         return Err(super::not_live(&ctx, &args.agent));
     }
     let message = args.message;
-    let (agent, _) = super::send(&ctx, &args.agent, |agent| Op::Resume { agent, message }).await?;
+    let (agent, response) =
+        super::send(&ctx, &args.agent, |agent| Op::Resume { agent, message }).await?;
     if !ui.quiet {
-        println!("resumed {}", agent.agent_id);
+        let requeued = response
+            .result
+            .as_ref()
+            .is_some_and(|result| result["requeued"] == true);
+        if requeued {
+            println!(
+                "resuming {}: its task starts again in a new workspace on its branch",
+                agent.agent_id
+            );
+        } else {
+            println!("resumed {}", agent.agent_id);
+        }
     }
     Ok(Outcome::Success)
 }
