@@ -17,20 +17,38 @@ pub const TASK_ID_MAX_LEN: usize = 64;
 /// The longest string `safe_segment` returns.
 pub const SAFE_SEGMENT_MAX_LEN: usize = 100;
 
-/// Width of the base-36 millisecond timestamp at the start of a run id: 36^9 ms reach the year
-/// 5000, so ids stay fixed-width and sort by creation time as plain strings.
+/// Width of the base-36 millisecond timestamp in a run id: 36^9 ms reach the year 5000, so ids
+/// stay fixed-width.
 const RUN_ID_TIME_WIDTH: usize = 9;
 /// Width of the random part: 36^8 ≈ 2^41 values, drawn fresh for every id.
 const RUN_ID_RANDOM_WIDTH: usize = 8;
 
-/// Identifies one run: `<time>-<random>`, lowercase base 36, e.g. `mfk2x9a1c-4k2j9x0p`.
+/// Identifies one run: `<random>-<time>`, lowercase base 36, e.g. `4k2j9x0p-mfk2x9a1c`.
 ///
-/// Ids sort by creation time as strings. Two processes creating runs in the same millisecond
-/// still get different ids (the random part), and the state store creates each run directory
-/// exclusively, so a collision is retried rather than shared.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// The random part comes first so that a few leading characters tell runs apart even when
+/// they started seconds apart (a prefix is what people type). Ids still order by creation time
+/// (see the `Ord` impl), also the `<time>-<random>` ids of earlier crews. Two processes
+/// creating runs in the same millisecond get different ids, and the state store creates each
+/// run directory exclusively, so a collision is retried rather than shared.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct RunId(String);
+
+/// Oldest first: by the time part of the id (`<random>-<time>`, or `<time>-<random>` as
+/// earlier crews wrote them), then by the whole id.
+impl Ord for RunId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.created_key()
+            .cmp(other.created_key())
+            .then_with(|| self.0.cmp(&other.0))
+    }
+}
+
+impl PartialOrd for RunId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl RunId {
     /// A new id for a run created now.
@@ -40,10 +58,28 @@ impl RunId {
             .map(|elapsed| elapsed.as_millis())
             .unwrap_or(0);
         let random = u128::from_le_bytes(*uuid::Uuid::new_v4().as_bytes());
-        let mut id = base36(millis, RUN_ID_TIME_WIDTH);
+        let mut id = base36(random, RUN_ID_RANDOM_WIDTH);
         id.push('-');
-        id.push_str(&base36(random, RUN_ID_RANDOM_WIDTH));
+        id.push_str(&base36(millis, RUN_ID_TIME_WIDTH));
         RunId(id)
+    }
+
+    /// The part of the id that orders runs by creation: the fixed-width timestamp of a
+    /// generated id, wherever it stands; the whole id otherwise.
+    fn created_key(&self) -> &str {
+        match self.0.split_once('-') {
+            Some((random, time))
+                if random.len() == RUN_ID_RANDOM_WIDTH && time.len() == RUN_ID_TIME_WIDTH =>
+            {
+                time
+            }
+            Some((time, random))
+                if time.len() == RUN_ID_TIME_WIDTH && random.len() == RUN_ID_RANDOM_WIDTH =>
+            {
+                time
+            }
+            _ => &self.0,
+        }
     }
 
     /// Checks a run id given from outside (a directory name, a manifest, a socket message).
@@ -358,9 +394,24 @@ mod tests {
     }
 
     #[test]
-    fn run_ids_generated_together_differ() {
-        let ids: std::collections::HashSet<_> = (0..10_000).map(|_| RunId::generate()).collect();
-        assert_eq!(ids.len(), 10_000);
+    fn run_ids_generated_together_differ_in_their_first_characters() {
+        let ids: Vec<RunId> = (0..10_000).map(|_| RunId::generate()).collect();
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), 10_000);
+        // Runs started together are told apart by a short prefix, as people type them.
+        let prefixes: std::collections::HashSet<_> =
+            ids.iter().take(100).map(|id| &id.as_str()[..4]).collect();
+        assert!(prefixes.len() >= 95, "{prefixes:?}");
+    }
+
+    #[test]
+    fn run_ids_of_earlier_crews_order_among_new_ones_by_time() {
+        let old = RunId::parse("0mx3pd5k2-4k2j9x0p").unwrap();
+        let new_later = RunId::parse("00000000-0mx3pd5k3").unwrap();
+        let new_earlier = RunId::parse("zzzzzzzz-0mx3pd5k1").unwrap();
+        let mut ids = vec![new_later.clone(), old.clone(), new_earlier.clone()];
+        ids.sort();
+        assert_eq!(ids, vec![new_earlier, old, new_later]);
     }
 
     #[test]

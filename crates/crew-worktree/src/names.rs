@@ -59,7 +59,8 @@ pub fn parse_task_branch(settings: &WorktreeSettings, branch: &str) -> Option<(R
     split_run_task(rest)
 }
 
-/// Splits `<runId>-<taskId>`. Run ids are `<9 chars>-<8 chars>`, so the split is unambiguous.
+/// Splits `<runId>-<taskId>`. Run ids are 18 characters (`<8>-<9>`, or `<9>-<8>` from earlier
+/// crews), so the split is unambiguous.
 pub fn split_run_task(value: &str) -> Option<(RunId, TaskId)> {
     let run_len = 9 + 1 + 8;
     if value.len() <= run_len + 1 || value.as_bytes()[run_len] != b'-' {

@@ -284,3 +284,21 @@ fn agents_are_listed_from_a_second_process_and_from_inside_a_worktree_only() {
     let status = run.wait().unwrap();
     assert_eq!(status.code(), Some(1), "a stopped task fails the run");
 }
+
+#[test]
+fn runs_started_moments_apart_are_told_apart_by_a_short_prefix() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    for word in ["first", "second", "third"] {
+        let output = env.crew(&repo, ["run", "--agent", "shell", &format!("echo {word}")]);
+        assert!(output.status.success(), "{}", render_output(&output));
+    }
+    let runs = run_ids(&env, &repo);
+    assert_eq!(runs.len(), 3);
+    // Newest first, though the leading characters are random.
+    for (run, word) in runs.iter().zip(["third", "second", "first"]) {
+        let logs = env.crew(&repo, ["agents", "logs", &format!("{}:shell", &run[..4])]);
+        assert!(logs.status.success(), "{}", render_output(&logs));
+        assert_eq!(String::from_utf8(logs.stdout).unwrap(), format!("{word}\n"));
+    }
+}

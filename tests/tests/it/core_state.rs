@@ -566,9 +566,18 @@ fn run_prefixes_resolve_like_git_hashes() {
     let env = TestEnv::new();
     let root = env.repo("project");
     let (workspace, store) = store_at(&root);
-    let first = new_run(&store, &workspace, &["api"]).run_id;
-    std::thread::sleep(Duration::from_millis(2));
-    let second = new_run(&store, &workspace, &["api"]).run_id;
+    // Two runs whose ids share a first character (37 runs always hold such a pair).
+    let mut runs: Vec<crew_core::RunId> = Vec::new();
+    let (first, second) = loop {
+        let run = new_run(&store, &workspace, &["api"]).run_id;
+        if let Some(twin) = runs
+            .iter()
+            .find(|other| other.as_str()[..1] == run.as_str()[..1])
+        {
+            break (twin.clone(), run);
+        }
+        runs.push(run);
+    };
     assert_eq!(store.resolve_run(first.as_str()).unwrap(), first);
     let unique_len = (1..=first.as_str().len())
         .find(|&len| !second.as_str().starts_with(&first.as_str()[..len]))
