@@ -705,9 +705,7 @@ impl ConfigDir {
         let Some(source) = read_optional(&path)? else {
             return Ok(ProjectConfig::default());
         };
-        let config: ProjectConfig = parse_toml(&path, &source)?;
-        validate_project_config(&path, &source, &config)?;
-        Ok(config)
+        parse_toml_checked(&path, &source, validate_project_config)
     }
 
     /// The agent `name`: its file when present, else a built-in agent of that name.
@@ -816,15 +814,8 @@ impl ConfigDir {
                 Vec::new()
             }
         };
-        problems.sort_by_key(|problem| match problem {
-            LoadConfigError::Invalid { line, column, .. } => (*line, *column),
-            _ => (usize::MAX, usize::MAX),
-        });
-        if problems.len() == 1 {
-            return Err(problems.remove(0));
-        }
         if !problems.is_empty() {
-            return Err(LoadConfigError::Several(problems));
+            return Err(several(problems));
         }
         if ids.is_empty() {
             return Err(invalid(
@@ -1103,21 +1094,142 @@ fn list_toml_stems(dir: &Utf8Path) -> Result<Vec<String>, LoadConfigError> {
     Ok(names)
 }
 
+/// Reads a TOML file into `T`. When it does not fit, every key that fails on its own is
+/// named, not only the first.
 fn parse_toml<T: serde::de::DeserializeOwned>(
     path: &Utf8Path,
     source: &str,
 ) -> Result<T, LoadConfigError> {
-    toml::from_str(source).map_err(|error| {
-        let span = error.span().unwrap_or(0..0);
-        let key = key_at(source, span.start);
-        invalid_at(
+    parse_toml_checked(path, source, |_, _, _| Vec::new())
+}
+
+/// Reads a TOML file into `T` and runs `check` (whose problems are placed by key in the
+/// source) on it. When some keys do not fit, `check` still runs on the rest of the file, so
+/// that every problem is named at once.
+fn parse_toml_checked<T: serde::de::DeserializeOwned>(
+    path: &Utf8Path,
+    source: &str,
+    check: impl Fn(&Utf8Path, &str, &T) -> Vec<LoadConfigError>,
+) -> Result<T, LoadConfigError> {
+    let error = match toml::from_str(source) {
+        Ok(value) => {
+            let problems = check(path, source, &value);
+            return if problems.is_empty() {
+                Ok(value)
+            } else {
+                Err(several(problems))
+            };
+        }
+        Err(error) => error,
+    };
+    let span = error.span().unwrap_or(0..0);
+    let key = key_at(source, span.start);
+    let first = invalid_at(
+        path,
+        source,
+        span,
+        key.clone(),
+        error.message().trim_end().to_owned(),
+    );
+    let mut problems = problems_by_key::<T>(path, source);
+    if let Some(rest) = without_keys::<T>(source, &problems) {
+        problems.extend(check(path, source, &rest));
+    }
+    if problems.len() <= 1 {
+        return Err(first);
+    }
+    // The first problem as the parser saw it, with its exact place.
+    problems.retain(
+        |problem| !matches!(problem, LoadConfigError::Invalid { key: other, .. } if *other == key),
+    );
+    problems.push(first);
+    Err(several(problems))
+}
+
+/// Each key of `source` (each key of a table, one level down) read into `T` on its own: the
+/// problems of those that do not fit, placed at their key. Arrays of tables are read whole by
+/// the caller's first pass only; a file that is not TOML at all has no keys to try.
+fn problems_by_key<T: serde::de::DeserializeOwned>(
+    path: &Utf8Path,
+    source: &str,
+) -> Vec<LoadConfigError> {
+    let Ok(table) = source.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let alone = |key: &str, value: toml::Value| toml::Table::from_iter([(key.to_owned(), value)]);
+    let mut entries = Vec::new();
+    for (key, value) in table {
+        match value {
+            toml::Value::Table(inner) => {
+                for (sub, value) in inner {
+                    let dotted = format!("{key}.{sub}");
+                    entries.push((dotted, alone(&key, toml::Value::Table(alone(&sub, value)))));
+                }
+            }
+            toml::Value::Array(items) if items.iter().any(toml::Value::is_table) => {}
+            value => entries.push((key.clone(), alone(&key, value))),
+        }
+    }
+    let mut problems = Vec::new();
+    for (dotted, entry) in entries {
+        let Ok(text) = toml::to_string(&entry) else {
+            continue;
+        };
+        let Err(error) = toml::from_str::<T>(&text) else {
+            continue;
+        };
+        let message = error.message().trim_end();
+        // Alone, a key misses the file's other required keys: not its problem.
+        if message.starts_with("missing field") {
+            continue;
+        }
+        let offset = find_key_offset(source, &dotted);
+        problems.push(invalid_at(
             path,
             source,
-            span,
-            key,
-            error.message().trim_end().to_owned(),
-        )
-    })
+            offset..offset,
+            Some(dotted),
+            message.to_owned(),
+        ));
+    }
+    problems
+}
+
+/// `source` read into `T` without the keys `problems` name; `None` when even that fails.
+fn without_keys<T: serde::de::DeserializeOwned>(
+    source: &str,
+    problems: &[LoadConfigError],
+) -> Option<T> {
+    let mut table = source.parse::<toml::Table>().ok()?;
+    for problem in problems {
+        let LoadConfigError::Invalid { key: Some(key), .. } = problem else {
+            continue;
+        };
+        match key.split_once('.') {
+            Some((outer, inner)) => {
+                if let Some(toml::Value::Table(outer)) = table.get_mut(outer) {
+                    outer.remove(inner);
+                }
+            }
+            None => {
+                table.remove(key);
+            }
+        }
+    }
+    toml::from_str(&toml::to_string(&table).ok()?).ok()
+}
+
+/// One error for a file's problems, in the order they appear in it.
+fn several(mut problems: Vec<LoadConfigError>) -> LoadConfigError {
+    problems.sort_by_key(|problem| match problem {
+        LoadConfigError::Invalid { line, column, .. } => (*line, *column),
+        _ => (usize::MAX, usize::MAX),
+    });
+    if problems.len() == 1 {
+        problems.remove(0)
+    } else {
+        LoadConfigError::Several(problems)
+    }
 }
 
 fn invalid_at(
@@ -1199,54 +1311,63 @@ fn validate_project_config(
     path: &Utf8Path,
     source: &str,
     config: &ProjectConfig,
-) -> Result<(), LoadConfigError> {
+) -> Vec<LoadConfigError> {
     // The values have no spans once deserialized; locate the offending key in the text.
-    let invalid = |key: &str, message: String| {
+    let mut problems = Vec::new();
+    let mut invalid = |key: &str, message: String| {
         let offset = find_key_offset(source, key);
-        invalid_at(path, source, offset..offset, Some(key.to_owned()), message)
+        problems.push(invalid_at(
+            path,
+            source,
+            offset..offset,
+            Some(key.to_owned()),
+            message,
+        ));
     };
     if config.run.stop_grace > MAX_STOP_GRACE {
-        return Err(invalid(
+        invalid(
             "run.stop_grace",
             format!(
                 "a stop grace of {} is too long: it must be at most {MAX_STOP_GRACE} (an agent that ignores TERM is killed only after it)",
                 config.run.stop_grace
             ),
-        ));
+        );
     }
     let worktree = &config.worktree;
-    check_relative_path(&worktree.dir)
-        .map_err(|rule| invalid("worktree.dir", format!("`{}` {rule}", worktree.dir)))?;
-    if worktree.dir == Utf8Path::new(".git") || worktree.dir.starts_with(".git") {
-        return Err(invalid(
+    if let Err(rule) = check_relative_path(&worktree.dir) {
+        invalid("worktree.dir", format!("`{}` {rule}", worktree.dir));
+    } else if worktree.dir == Utf8Path::new(".git") || worktree.dir.starts_with(".git") {
+        invalid(
             "worktree.dir",
             "worktrees cannot live inside `.git`".to_owned(),
-        ));
+        );
     }
-    check_branch_prefix(&worktree.branch_prefix).map_err(|rule| {
+    if let Err(rule) = check_branch_prefix(&worktree.branch_prefix) {
         invalid(
             "worktree.branch_prefix",
             format!("`{}` {rule}", worktree.branch_prefix),
-        )
-    })?;
+        );
+    }
     for (key, list) in [
         ("worktree.link", &worktree.link),
         ("worktree.copy", &worktree.copy),
         ("worktree.keep_ignored", &worktree.keep_ignored),
     ] {
         for entry in list {
-            check_relative_path(entry).map_err(|rule| invalid(key, format!("`{entry}` {rule}")))?;
+            if let Err(rule) = check_relative_path(entry) {
+                invalid(key, format!("`{entry}` {rule}"));
+            }
         }
     }
     if let Some(setup) = &worktree.setup
         && setup.first().is_none_or(|program| program.is_empty())
     {
-        return Err(invalid(
+        invalid(
             "worktree.setup",
             "the setup command needs a program: write it as [\"npm\", \"ci\"]".to_owned(),
-        ));
+        );
     }
-    Ok(())
+    problems
 }
 
 /// The byte offset of `table.key` in a TOML source, or 0 when it cannot be found.
@@ -1327,35 +1448,45 @@ fn check_branch_prefix(prefix: &str) -> Result<(), &'static str> {
 
 fn parse_agent(path: &Utf8Path, source: &str, name: &str) -> Result<AgentDef, LoadConfigError> {
     let file: AgentFile = parse_toml(path, source)?;
-    let invalid = |span: Range<usize>, key: &str, message: String| {
-        invalid_at(path, source, span, Some(key.to_owned()), message)
+    let mut problems = Vec::new();
+    let mut invalid = |span: Range<usize>, key: &str, message: String| {
+        problems.push(invalid_at(
+            path,
+            source,
+            span,
+            Some(key.to_owned()),
+            message,
+        ));
     };
-    check_template(file.command.get_ref(), COMMAND_PLACEHOLDERS)
-        .map_err(|message| invalid(file.command.span(), "command", message))?;
-    if let Some(resume) = &file.resume {
-        check_template(resume.get_ref(), RESUME_PLACEHOLDERS)
-            .map_err(|message| invalid(resume.span(), "resume", message))?;
+    if let Err(message) = check_template(file.command.get_ref(), COMMAND_PLACEHOLDERS) {
+        invalid(file.command.span(), "command", message);
+    }
+    if let Some(resume) = &file.resume
+        && let Err(message) = check_template(resume.get_ref(), RESUME_PLACEHOLDERS)
+    {
+        invalid(resume.span(), "resume", message);
     }
     let mut env = BTreeMap::new();
     for (key, value) in file.env {
-        check_env_name(key.get_ref(), false)
-            .map_err(|message| invalid(key.span(), "env", message))?;
-        if value.contains('\0') {
-            return Err(invalid(
+        if let Err(message) = check_env_name(key.get_ref(), false) {
+            invalid(key.span(), "env", message);
+        } else if value.contains('\0') {
+            invalid(
                 key.span(),
                 "env",
                 format!(
                     "the value of `{}` holds a NUL byte, which no environment can carry",
                     key.get_ref()
                 ),
-            ));
+            );
         }
         env.insert(key.into_inner(), value);
     }
     let mut pass_env = Vec::new();
     for entry in file.pass_env {
-        check_env_name(entry.get_ref(), true)
-            .map_err(|message| invalid(entry.span(), "pass_env", message))?;
+        if let Err(message) = check_env_name(entry.get_ref(), true) {
+            invalid(entry.span(), "pass_env", message);
+        }
         pass_env.push(entry.into_inner());
     }
     let mut sandbox = AgentSandbox {
@@ -1363,9 +1494,13 @@ fn parse_agent(path: &Utf8Path, source: &str, name: &str) -> Result<AgentDef, Lo
         write: Vec::new(),
     };
     for entry in file.sandbox.write {
-        check_sandbox_path(entry.get_ref())
-            .map_err(|message| invalid(entry.span(), "sandbox.write", message))?;
+        if let Err(message) = check_sandbox_path(entry.get_ref()) {
+            invalid(entry.span(), "sandbox.write", message);
+        }
         sandbox.write.push(entry.into_inner());
+    }
+    if !problems.is_empty() {
+        return Err(several(problems));
     }
     Ok(AgentDef {
         name: name.to_owned(),

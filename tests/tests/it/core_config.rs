@@ -180,3 +180,32 @@ fn project_config_mistakes_are_located() {
     insta::assert_snapshot!(load_error("config.toml", "[retention]\nmax_kept_runs = -1\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:17: key `retention.max_kept_runs`: invalid value: integer `-1`, expected usize");
     insta::assert_snapshot!(load_error("config.toml", "[run\nmax_parallel = 2\n"), @"error: $TEST_ENV/project/.crew/config.toml:1:5: unclosed table, expected `]`");
 }
+
+#[test]
+fn every_problem_of_a_file_is_reported_at_once() {
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nmax_parallel = 1000000\nstop_grace = \"0s\"\ntask_timeout = \"soon\"\n\n[worktree]\nbranch_prefix = \"HEAD\"\nlink_mode = \"hardlink\"\n"), @r#"
+    error: $TEST_ENV/project/.crew/config.toml:2:16: key `run.max_parallel`: parallelism must be a whole number from 1 to 1000, not 1000000
+    $TEST_ENV/project/.crew/config.toml:3:1: key `run.stop_grace`: duration `0s` is out of range: it must be longer than 0s and at most 365 days
+    $TEST_ENV/project/.crew/config.toml:4:1: key `run.task_timeout`: invalid duration `soon` (expected number at 0); write it like "90s", "30m" or "1h 30m"
+    $TEST_ENV/project/.crew/config.toml:7:1: key `worktree.branch_prefix`: `HEAD` must not start with `HEAD` or `refs`: branches would read like git's own names
+    $TEST_ENV/project/.crew/config.toml:8:1: key `worktree.link_mode`: unknown variant `hardlink`, expected `symlink` or `copy`
+    "#);
+    insta::assert_snapshot!(load_error("config.toml", "[run]\nstop_grace = \"2h\"\n\n[worktree]\ndir = \".git/wt\"\nbranch_prefix = \"refs/x\"\nlink = [\"../up\"]\n"), @"
+    error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.stop_grace`: a stop grace of 2h is too long: it must be at most 1h (an agent that ignores TERM is killed only after it)
+    $TEST_ENV/project/.crew/config.toml:5:1: key `worktree.dir`: worktrees cannot live inside `.git`
+    $TEST_ENV/project/.crew/config.toml:6:1: key `worktree.branch_prefix`: `refs/x` must not start with `HEAD` or `refs`: branches would read like git's own names
+    $TEST_ENV/project/.crew/config.toml:7:1: key `worktree.link`: `../up` must not contain `..`
+    ");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\", \"{promt}\"]\nresume = [\"x\", \"{mesage}\"]\npass_env = [\"GIT_DIR\"]\nenv = { \"BAD NAME\" = \"1\" }\n[sandbox]\nwrite = [\"relative\"]\n"), @"
+    error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: unknown placeholder `{promt}`; available: {prompt}, {workspace}, {run_id}, {task_id}
+    $TEST_ENV/project/.crew/agents/a.toml:2:10: key `resume`: unknown placeholder `{mesage}`; available: {prompt}, {workspace}, {run_id}, {task_id}, {message}
+    $TEST_ENV/project/.crew/agents/a.toml:3:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace
+    $TEST_ENV/project/.crew/agents/a.toml:4:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)
+    $TEST_ENV/project/.crew/agents/a.toml:6:10: key `sandbox.write`: `relative` must be an absolute path or start with `~/` (the agent's home directory)
+    ");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = \"x\"\nsteer = \"telepathy\"\n[sandbox]\nmode = \"loose\"\n"), @r#"
+    error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: invalid type: string "x", expected a sequence
+    $TEST_ENV/project/.crew/agents/a.toml:2:1: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`
+    $TEST_ENV/project/.crew/agents/a.toml:4:1: key `sandbox.mode`: unknown variant `loose`, expected `enforce` or `off`
+    "#);
+}
