@@ -147,6 +147,7 @@ pub fn run_error(error: crew_live::RunError) -> CliError {
         crew_live::RunError::Prepare(_)
             | crew_live::RunError::NotResumable { .. }
             | crew_live::RunError::AlreadyHosted { .. }
+            | crew_live::RunError::State(crew_core::store::StateError::NameTaken { .. })
     );
     let error = if user {
         CliError::user(error)

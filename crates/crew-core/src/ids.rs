@@ -64,22 +64,82 @@ impl RunId {
         RunId(id)
     }
 
-    /// The part of the id that orders runs by creation: the fixed-width timestamp of a
-    /// generated id, wherever it stands; the whole id otherwise.
-    fn created_key(&self) -> &str {
+    /// A run id a person chose (`crew run --name refund-fix`): lowercase letters, digits and
+    /// single `-` between them, at most 26 characters, and not shaped like a generated id.
+    pub fn named(name: &str) -> Result<Self, InvalidIdError> {
+        let invalid = |rule: &'static str| InvalidIdError {
+            field: "run name",
+            value: name.to_owned(),
+            rule,
+        };
+        if name.is_empty() {
+            return Err(invalid("must not be empty"));
+        }
+        if name.len() > RUN_ID_MAX_LEN {
+            return Err(invalid("must be at most 26 characters"));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(invalid(
+                "may only contain lowercase letters, digits and `-`",
+            ));
+        }
+        if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
+            return Err(invalid(
+                "must start and end with a letter or digit, with single `-` between words",
+            ));
+        }
+        let id = RunId(name.to_owned());
+        if id.time_part().is_some() {
+            return Err(invalid(
+                "must not look like a generated run id (8 and 9 characters around a `-`)",
+            ));
+        }
+        Ok(id)
+    }
+
+    /// When the run was created, in milliseconds since the epoch, read from a generated id;
+    /// `None` for a run a person named.
+    pub fn created_millis(&self) -> Option<u64> {
+        self.time_part()?.bytes().try_fold(0u64, |millis, digit| {
+            let value = (digit as char).to_digit(36)?;
+            millis.checked_mul(36)?.checked_add(u64::from(value))
+        })
+    }
+
+    /// The timestamp of a generated id, wherever it stands.
+    fn time_part(&self) -> Option<&str> {
         match self.0.split_once('-') {
             Some((random, time))
                 if random.len() == RUN_ID_RANDOM_WIDTH && time.len() == RUN_ID_TIME_WIDTH =>
             {
-                time
+                Some(time)
             }
             Some((time, random))
                 if time.len() == RUN_ID_TIME_WIDTH && random.len() == RUN_ID_RANDOM_WIDTH =>
             {
-                time
+                Some(time)
             }
-            _ => &self.0,
+            _ => None,
         }
+    }
+
+    /// Whether one of the two ids is the other followed by `-…`: their task branches
+    /// (`<runId>-<taskId>`) could then be the same.
+    pub fn overlaps(&self, other: &RunId) -> bool {
+        let dash_prefix = |short: &str, long: &str| {
+            long.strip_prefix(short)
+                .is_some_and(|rest| rest.starts_with('-'))
+        };
+        self == other || dash_prefix(&self.0, &other.0) || dash_prefix(&other.0, &self.0)
+    }
+
+    /// The part of the id that orders runs by creation: the fixed-width timestamp of a
+    /// generated id, wherever it stands; the whole id otherwise.
+    fn created_key(&self) -> &str {
+        self.time_part().unwrap_or(&self.0)
     }
 
     /// Checks a run id given from outside (a directory name, a manifest, a socket message).
@@ -402,6 +462,31 @@ mod tests {
         let prefixes: std::collections::HashSet<_> =
             ids.iter().take(100).map(|id| &id.as_str()[..4]).collect();
         assert!(prefixes.len() >= 95, "{prefixes:?}");
+    }
+
+    #[test]
+    fn run_names_are_checked_and_never_pass_for_generated_ids() {
+        assert_eq!(RunId::named("refund-fix").unwrap().as_str(), "refund-fix");
+        assert_eq!(RunId::named("refund-fix").unwrap().created_millis(), None);
+        for bad in [
+            "",
+            "Refund",
+            "refund_fix",
+            "-x",
+            "x-",
+            "a--b",
+            "abcdefgh-abcdefghi",
+            "abcdefghi-abcdefgh",
+            &"x".repeat(27),
+        ] {
+            assert!(RunId::named(bad).is_err(), "{bad:?} must be refused");
+        }
+        let generated = RunId::generate();
+        assert!(generated.created_millis().is_some());
+        let refund = RunId::named("refund").unwrap();
+        assert!(refund.overlaps(&RunId::named("refund-fix").unwrap()));
+        assert!(RunId::named("refund-fix").unwrap().overlaps(&refund));
+        assert!(!refund.overlaps(&RunId::named("refunds").unwrap()));
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub struct RunRequest {
     pub base: Option<String>,
     /// Every workspace mode the run's tasks ask for.
     pub modes: Vec<WorkspaceMode>,
+    /// The run's id when a person chose it: no branch of its tasks may exist yet.
+    pub name: Option<RunId>,
+    /// The run's task ids.
+    pub tasks: Vec<TaskId>,
 }
 
 /// What the provider fixed for the whole run.

@@ -105,6 +105,8 @@ pub enum StateError {
         prefix: String,
         candidates: Vec<RunId>,
     },
+    #[error("the run name `{name}` is taken: {}", if name == taken_by { "a run of this workspace has it".to_owned() } else { format!("its branches could be those of run {taken_by}") })]
+    NameTaken { name: RunId, taken_by: RunId },
     #[error("failed to list {path}")]
     List {
         path: Utf8PathBuf,
@@ -285,6 +287,40 @@ impl StateStore {
             }
         };
         let manifest = build(run_id);
+        self.write_manifest(&manifest)?;
+        Ok(manifest)
+    }
+
+    /// [`StateStore::create_run`] for a run a person named: refused when a run of the
+    /// workspace has that name, or one whose task branches could be this run's (`refund` and
+    /// `refund-fix`: `refund-fix-api` would be both's).
+    pub fn create_named_run(
+        &self,
+        name: &RunId,
+        build: impl FnOnce(RunId) -> RunManifest,
+    ) -> Result<RunManifest, StateError> {
+        let _lock = self.lock()?;
+        let taken = |taken_by: RunId| StateError::NameTaken {
+            name: name.clone(),
+            taken_by,
+        };
+        if let Some(other) = self.run_ids()?.into_iter().find(|id| id.overlaps(name)) {
+            return Err(taken(other));
+        }
+        let dir = self.run_dir(name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(taken(name.clone()));
+            }
+            Err(source) => {
+                return Err(StateError::Layout(FileError::CreateDir {
+                    path: dir,
+                    source,
+                }));
+            }
+        }
+        let manifest = build(name.clone());
         self.write_manifest(&manifest)?;
         Ok(manifest)
     }
@@ -494,11 +530,16 @@ impl StateStore {
             if let Ok(run_id) = RunId::parse(entry.file_name())
                 && entry.file_type().is_ok_and(|kind| kind.is_dir())
             {
-                ids.push(run_id);
+                // A named run has no time in its id: its directory's birth says when.
+                let created = run_id
+                    .created_millis()
+                    .or_else(|| created_millis(entry.path()))
+                    .unwrap_or(0);
+                ids.push((created, run_id));
             }
         }
         ids.sort_by(|a, b| b.cmp(a));
-        Ok(ids)
+        Ok(ids.into_iter().map(|(_, run_id)| run_id).collect())
     }
 
     /// Every run of the workspace, newest first; unreadable ones carry their error.
@@ -662,4 +703,13 @@ fn host_alive(manifest: &RunManifest) -> bool {
         .host
         .as_ref()
         .is_some_and(|host| host.identity.is_alive())
+}
+
+/// When a directory was made (its birth time, or its last change where the filesystem keeps
+/// no birth time), in milliseconds since the epoch.
+fn created_millis(dir: &Utf8Path) -> Option<u64> {
+    let metadata = std::fs::symlink_metadata(dir).ok()?;
+    let time = metadata.created().or_else(|_| metadata.modified()).ok()?;
+    let since = time.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_millis()).ok()
 }

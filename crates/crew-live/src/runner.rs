@@ -56,6 +56,8 @@ pub struct RunSpec {
     pub max_parallel: Option<usize>,
     pub base: Option<String>,
     pub fail_fast: Option<bool>,
+    /// `--name`: the run's id, chosen by a person, so that branches read `crew/<name>-<task>`.
+    pub name: Option<RunId>,
 }
 
 /// A run that could not be created, resumed or finished.
@@ -79,6 +81,9 @@ impl RunError {
     pub fn hint(&self) -> Option<String> {
         match self {
             RunError::Prepare(error) => error.hint.clone(),
+            RunError::State(StateError::NameTaken { .. }) => Some(
+                "pick another name (`crew runs list` shows the runs of this project)".to_owned(),
+            ),
             RunError::AlreadyHosted { .. } => Some(
                 "use `crew agents list` to see its agents, or `crew runs cancel` to stop it"
                     .to_owned(),
@@ -227,6 +232,8 @@ impl Runner {
             repo_root: self.workspace.repo_root().map(Into::into),
             base: spec.base.clone(),
             modes,
+            name: spec.name.clone(),
+            tasks: team.tasks.iter().map(|task| task.id.clone()).collect(),
         };
         let plan = tokio::task::spawn_blocking(move || provider.prepare_run(&request))
             .await
@@ -245,8 +252,9 @@ impl Runner {
             .or(team.fail_fast)
             .unwrap_or(self.config.run.fail_fast);
         let team_name = team.name.clone();
+        let name = spec.name.clone();
         let manifest = blocking(move || {
-            store.create_run(|run_id| {
+            let build = |run_id| {
                 let mut manifest =
                     RunManifest::new(run_id, workspace.id().clone(), run_mode, tasks);
                 manifest.invocation_dir = workspace.relative_invocation_dir();
@@ -259,7 +267,11 @@ impl Runner {
                     manifest.reason = Some(plan.warnings.join("; "));
                 }
                 manifest
-            })
+            };
+            match &name {
+                Some(name) => store.create_named_run(name, build),
+                None => store.create_run(build),
+            }
         })
         .await?;
         let event = RunEvent::new(None, EventKind::RunCreated);

@@ -160,10 +160,9 @@ pub fn mark_interrupted(
     );
     let mut marked = 0;
     for entry in admin::read_entries(&common) {
-        let crews_lock = entry
-            .locked
-            .as_deref()
-            .is_some_and(|locked| locked.starts_with("crew: in use by run"));
+        let crews_lock = entry.locked.as_deref().is_some_and(|locked| {
+            locked.starts_with(&format!("crew: in use by run {run_id} task "))
+        });
         if entry.name.starts_with(&prefix)
             && crews_lock
             && admin::set_lock(&common, &entry.name, Some(&reason)).is_ok()
@@ -184,6 +183,9 @@ pub fn list(
     let repo = leader::open(Some(repo_root), repo_root)?;
     let common = leader::common_dir(&repo);
     let tasks = known_tasks(store);
+    let mut runs: Vec<RunId> = tasks.keys().map(|(run_id, _)| run_id.clone()).collect();
+    runs.sort();
+    runs.dedup();
     let root = worktrees_dir(repo_root, settings);
     let prefix = format!("{}-", admin_prefix(settings));
 
@@ -258,7 +260,7 @@ pub fn list(
             let Some(name) = branch.name().ok().flatten().map(str::to_owned) else {
                 continue;
             };
-            let Some((run_id, task_id)) = parse_task_branch(settings, &name) else {
+            let Some((run_id, task_id)) = parse_task_branch(settings, &name, &runs) else {
                 continue;
             };
             let Some(tip) = branch.get().target() else {

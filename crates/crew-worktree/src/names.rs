@@ -51,12 +51,22 @@ pub fn admin_prefix(settings: &WorktreeSettings) -> String {
     settings.branch_prefix.replace('/', "-")
 }
 
-/// Splits a task branch name `<prefix>/<runId>-<taskId>` into its ids.
-pub fn parse_task_branch(settings: &WorktreeSettings, branch: &str) -> Option<(RunId, TaskId)> {
+/// Splits a task branch name `<prefix>/<runId>-<taskId>` into its ids. A run a person named
+/// (`refund-fix`) is recognised among `known` runs; no two of those can claim the same branch
+/// (the state store refuses overlapping names).
+pub fn parse_task_branch(
+    settings: &WorktreeSettings,
+    branch: &str,
+    known: &[RunId],
+) -> Option<(RunId, TaskId)> {
     let rest = branch
         .strip_prefix(&settings.branch_prefix)?
         .strip_prefix('/')?;
-    split_run_task(rest)
+    let named = known.iter().find_map(|run_id| {
+        let task = rest.strip_prefix(run_id.as_str())?.strip_prefix('-')?;
+        Some((run_id.clone(), TaskId::parse(task).ok()?))
+    });
+    named.or_else(|| split_run_task(rest))
 }
 
 /// Splits `<runId>-<taskId>`. Run ids are 18 characters (`<8>-<9>`, or `<9>-<8>` from earlier
@@ -89,9 +99,29 @@ mod tests {
         assert!(!names.admin.contains('/'));
         assert_eq!(names.root, format!("/repo/.worktrees/{run_id}/api.v2"));
         assert_eq!(
-            parse_task_branch(&settings, &names.branch),
+            parse_task_branch(&settings, &names.branch, &[]),
             Some((run_id, task_id))
         );
-        assert_eq!(parse_task_branch(&settings, "team/crew/short-x"), None);
+        assert_eq!(parse_task_branch(&settings, "team/crew/short-x", &[]), None);
+    }
+
+    #[test]
+    fn a_named_runs_branches_are_recognised_among_known_runs() {
+        let settings = WorktreeSettings::default();
+        let named = RunId::named("refund-fix").unwrap();
+        let other = RunId::generate();
+        let known = [other, named.clone()];
+        assert_eq!(
+            parse_task_branch(&settings, "crew/refund-fix-api-v2", &known),
+            Some((named, TaskId::parse("api-v2").unwrap()))
+        );
+        assert_eq!(
+            parse_task_branch(&settings, "crew/refund-fix-api", &[]),
+            None
+        );
+        assert_eq!(
+            parse_task_branch(&settings, "crew/refund-api", &known),
+            None
+        );
     }
 }

@@ -208,6 +208,40 @@ impl CrewWorkspaces {
 
     /// The leader checks of a worktree run: a repository with a commit, clean unless the
     /// project allows otherwise. Returns the base commit.
+    /// A named run's task branches must be new: one left by an earlier run of that name would
+    /// be taken up as this task's own work.
+    fn check_name_free(
+        &self,
+        repo_root: &Utf8Path,
+        name: &RunId,
+        tasks: &[TaskId],
+    ) -> Result<(), AllocateWorkspaceError> {
+        let Ok(repo) = git2::Repository::open(repo_root) else {
+            // Not a repository: the leader check says so.
+            return Ok(());
+        };
+        let taken: Vec<String> = tasks
+            .iter()
+            .map(|task| crate::names::TaskNames::new(repo_root, &self.settings, name, task).branch)
+            .filter(|branch| repo.find_branch(branch, git2::BranchType::Local).is_ok())
+            .collect();
+        if taken.is_empty() {
+            return Ok(());
+        }
+        Err(AllocateWorkspaceError {
+            kind: AllocateErrorKind::Failed,
+            message: format!(
+                "the run name `{name}` is taken: branch {} exists from an earlier run",
+                taken.join(", ")
+            ),
+            hint: Some(
+                "pick another name, or merge or delete the branch first (`crew worktrees list` shows crew's branches)"
+                    .to_owned(),
+            ),
+            source: None,
+        })
+    }
+
     fn check_leader(
         &self,
         workspace: &Utf8Path,
@@ -340,6 +374,9 @@ impl WorkspaceProvider for CrewWorkspaces {
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
         if !request.modes.contains(&WorkspaceMode::Worktree) {
             return Ok(RunPlan::default());
+        }
+        if let (Some(name), Some(repo_root)) = (&request.name, request.repo_root.as_deref()) {
+            self.check_name_free(repo_root, name, &request.tasks)?;
         }
         match self.check_leader(
             request.workspace.as_path(),

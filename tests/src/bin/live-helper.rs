@@ -186,6 +186,7 @@ fn dropped_cancel(dir: &str) {
             max_parallel: None,
             base: None,
             fail_fast: None,
+            name: None,
         };
         let manifest = runner.create(&spec, None).await.unwrap();
         let cancel = tokio::sync::watch::channel(crew_live::CancelLevel::None).1;

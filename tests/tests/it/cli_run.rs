@@ -302,3 +302,86 @@ fn runs_started_moments_apart_are_told_apart_by_a_short_prefix() {
         assert_eq!(String::from_utf8(logs.stdout).unwrap(), format!("{word}\n"));
     }
 }
+
+#[test]
+fn a_named_run_reads_by_its_name_and_the_name_is_never_shared() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let named = |name: &str, prompt: &str| {
+        env.crew(
+            &repo,
+            [
+                "run",
+                "--name",
+                name,
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                "worktree",
+                "--task",
+                &format!("api={prompt}"),
+            ],
+        )
+    };
+    let output = named("refund-fix", "echo fixed > fix.txt");
+    assert!(output.status.success(), "{}", render_output(&output));
+    assert_eq!(run_ids(&env, &repo), ["refund-fix"]);
+    let files = env.git(
+        &repo,
+        ["ls-tree", "-r", "--name-only", "crew/refund-fix-api"],
+    );
+    assert!(files.lines().any(|line| line == "fix.txt"), "{files}");
+    let logs = env.crew(&repo, ["agents", "logs", "refund-fix:api"]);
+    assert!(logs.status.success(), "{}", render_output(&logs));
+    let listing = env.crew(&repo, ["worktrees", "list", "--json"]);
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    assert_eq!(
+        listing["branches"][0]["run_id"], "refund-fix",
+        "{listing:#}"
+    );
+    assert_eq!(listing["branches"][0]["task_id"], "api", "{listing:#}");
+
+    // Taken, overlapping (`refund` + `-fix-api` would be the same branch), or malformed: each
+    // refused before anything starts.
+    let again = named("refund-fix", "echo again > again.txt");
+    let overlapping = named("refund", "true");
+    let malformed = named("Refund_Fix", "true");
+    let redactor = Redactor::new(&env);
+    insta::assert_snapshot!(redactor.redact(&render_output(&again)), @"
+    ----- stderr -----
+    warning: 1 unmerged task branch(es) (crew/refund-fix-api) — see `crew worktrees list`
+    error: the run cannot start
+    caused by: the run name `refund-fix` is taken: branch crew/refund-fix-api exists from an earlier run
+    hint: pick another name, or merge or delete the branch first (`crew worktrees list` shows crew's branches)
+    [exit status: 2]
+    ");
+    insta::assert_snapshot!(redactor.redact(&render_output(&overlapping)), @"
+    ----- stderr -----
+    warning: 1 unmerged task branch(es) (crew/refund-fix-api) — see `crew worktrees list`
+    error: the run name `refund` is taken: its branches could be those of run refund-fix
+    hint: pick another name (`crew runs list` shows the runs of this project)
+    [exit status: 2]
+    ");
+    insta::assert_snapshot!(redactor.redact(&render_output(&malformed)), @r#"
+    ----- stderr -----
+    error: invalid value 'Refund_Fix' for '--name <NAME>': invalid run name "Refund_Fix": may only contain lowercase letters, digits and `-`
+
+    For more information, try '--help'.
+    [exit status: 2]
+    "#);
+    assert_eq!(run_ids(&env, &repo), ["refund-fix"]);
+
+    // The run is pruned, its unmerged branch stays: the name still cannot take it over.
+    std::fs::remove_dir_all(repo.join(".crew/state/runs/refund-fix")).unwrap();
+    let over_branch = named("refund-fix", "true");
+    insta::assert_snapshot!(redactor.redact(&render_output(&over_branch)), @"
+    ----- stderr -----
+    error: the run cannot start
+    caused by: the run name `refund-fix` is taken: branch crew/refund-fix-api exists from an earlier run
+    hint: pick another name, or merge or delete the branch first (`crew worktrees list` shows crew's branches)
+    [exit status: 2]
+    ");
+    assert!(run_ids(&env, &repo).is_empty());
+    let later = named("refund-fix-2", "true");
+    assert!(later.status.success(), "{}", render_output(&later));
+}

@@ -237,6 +237,8 @@ fn prepare_run_error(fixture: &Fixture) -> crew_core::provider::AllocateWorkspac
             repo_root: fixture.workspace.repo_root().map(Utf8Path::to_owned),
             base: None,
             modes: vec![WorkspaceMode::Worktree],
+            name: None,
+            tasks: Vec::new(),
         })
         .unwrap_err()
 }

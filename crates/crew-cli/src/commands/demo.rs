@@ -109,6 +109,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         max_parallel: Some(3),
         base: None,
         fail_fast: None,
+        name: None,
     };
     let manifest = hosting
         .runner

@@ -49,12 +49,20 @@ pub struct RunArgs {
     /// Let the other tasks go on when one fails (only its dependents are skipped).
     #[arg(long)]
     pub keep_going: bool,
+    /// Name the run: its id, so that branches read `crew/<name>-<task>` and agents
+    /// `<name>:<task>`. Lowercase letters, digits and `-`; unique in the project.
+    #[arg(long, value_name = "NAME", value_parser = parse_run_name)]
+    pub name: Option<RunId>,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
     /// Print the final run manifest as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_run_name(value: &str) -> Result<RunId, String> {
+    RunId::named(value).map_err(|error| error.to_string())
 }
 
 pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
@@ -82,6 +90,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         } else {
             None
         },
+        name: args.name.clone(),
     };
     if args.detach {
         return detach(&ctx, &spec).await;
