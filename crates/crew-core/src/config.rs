@@ -1599,6 +1599,26 @@ pub const GIT_LOCATION_VARIABLES: &[&str] = &[
     "GIT_PREFIX",
 ];
 
+/// git's variables that say who commits and when, not where: an agent may have them (through
+/// `pass_env` or `env`), so that its own `git commit` works where the identity lives only in
+/// the environment. Globs may name them too (`GIT_AUTHOR_*`).
+pub const GIT_IDENTITY_VARIABLES: &[&str] = &[
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_AUTHOR_DATE",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+    "GIT_COMMITTER_DATE",
+];
+
+/// Whether `name` (or the glob `prefix*`) names only git identity variables.
+fn is_git_identity(name: &str) -> bool {
+    match name.strip_suffix('*') {
+        Some(prefix) => prefix == "GIT_AUTHOR_" || prefix == "GIT_COMMITTER_",
+        None => GIT_IDENTITY_VARIABLES.contains(&name),
+    }
+}
+
 fn check_env_name(name: &str, allow_prefix_glob: bool) -> Result<(), String> {
     let base = if allow_prefix_glob {
         name.strip_suffix('*').unwrap_or(name)
@@ -1613,11 +1633,11 @@ fn check_env_name(name: &str, allow_prefix_glob: bool) -> Result<(), String> {
             "`{name}` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)"
         ));
     }
-    if base.starts_with("GIT_")
-        || (allow_prefix_glob && name.ends_with('*') && "GIT_".starts_with(base))
-    {
+    let names_git = base.starts_with("GIT_")
+        || (allow_prefix_glob && name.ends_with('*') && "GIT_".starts_with(base));
+    if names_git && !is_git_identity(name) {
         return Err(format!(
-            "`{name}`: git's own variables never reach an agent, so each agent works on the repository of its workspace"
+            "`{name}`: git's own variables never reach an agent, so each agent works on the repository of its workspace (only its identity may: GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME, … or GIT_AUTHOR_*, GIT_COMMITTER_*)"
         ));
     }
     if base.starts_with("CREW_") {

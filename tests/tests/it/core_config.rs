@@ -163,12 +163,37 @@ fn unknown_team_lists_the_known_ones() {
 fn agent_mistakes_are_located() {
     insta::assert_snapshot!(load_error("agents/a.toml", "command = []\n"), @r#"error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: needs a program as its first element, e.g. ["claude", "-p", "{prompt}"]"#);
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\", \"{promt}\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: unknown placeholder `{promt}`; available: {prompt}, {workspace}, {run_id}, {task_id}");
-    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\npass_env = [\"GIT_DIR\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\npass_env = [\"GIT_DIR\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace (only its identity may: GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME, … or GIT_AUTHOR_*, GIT_COMMITTER_*)");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox]\nwrite = [\"~/.claude\", \"build/cache\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:23: key `sandbox.write`: `build/cache` must be an absolute path or start with `~/` (the agent's home directory)");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox]\nmode = \"loose\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:8: key `sandbox.mode`: unknown variant `loose`, expected `enforce` or `off`");
     insta::assert_snapshot!(load_error("config.toml", "[sandbox]\nwrite = [\"/tmp\"]\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `sandbox.write`: unknown field `write`, expected `mode`");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nsteer = \"telepathy\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nenv = { \"BAD NAME\" = \"1\" }\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)");
+}
+
+#[test]
+fn git_identity_variables_may_reach_an_agent_and_no_other_of_gits() {
+    let env = TestEnv::new();
+    let crew_dir = env.dir("project").join(".crew");
+    write(
+        &crew_dir.join("agents/a.toml"),
+        "command = [\"x\"]\npass_env = [\"GIT_AUTHOR_*\", \"GIT_COMMITTER_EMAIL\"]\nenv = { GIT_COMMITTER_NAME = \"Bot\" }\n",
+    );
+    let agent = ConfigDir::new(&crew_dir).load_agent("a").unwrap();
+    assert_eq!(agent.pass_env, ["GIT_AUTHOR_*", "GIT_COMMITTER_EMAIL"]);
+    for refused in [
+        "GIT_*",
+        "GIT_A*",
+        "GIT_CONFIG_GLOBAL",
+        "GIT_SSH_COMMAND",
+        "GIT_COMMITTER",
+    ] {
+        let error = load_error(
+            "agents/a.toml",
+            &format!("command = [\"x\"]\npass_env = [\"{refused}\"]\n"),
+        );
+        assert!(error.contains("git's own variables"), "{refused}: {error}");
+    }
 }
 
 #[test]
@@ -199,7 +224,7 @@ fn every_problem_of_a_file_is_reported_at_once() {
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\", \"{promt}\"]\nresume = [\"x\", \"{mesage}\"]\npass_env = [\"GIT_DIR\"]\nenv = { \"BAD NAME\" = \"1\" }\n[sandbox]\nwrite = [\"relative\"]\n"), @"
     error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: unknown placeholder `{promt}`; available: {prompt}, {workspace}, {run_id}, {task_id}
     $TEST_ENV/project/.crew/agents/a.toml:2:10: key `resume`: unknown placeholder `{mesage}`; available: {prompt}, {workspace}, {run_id}, {task_id}, {message}
-    $TEST_ENV/project/.crew/agents/a.toml:3:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace
+    $TEST_ENV/project/.crew/agents/a.toml:3:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace (only its identity may: GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME, … or GIT_AUTHOR_*, GIT_COMMITTER_*)
     $TEST_ENV/project/.crew/agents/a.toml:4:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)
     $TEST_ENV/project/.crew/agents/a.toml:6:10: key `sandbox.write`: `relative` must be an absolute path or start with `~/` (the agent's home directory)
     ");

@@ -19,6 +19,7 @@ mod core_state;
 mod hostile;
 mod live_agents;
 mod live_control;
+mod run_records;
 mod worktree_listing;
 mod worktree_pool;
 mod worktree_prepare;
