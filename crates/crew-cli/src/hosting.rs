@@ -408,7 +408,30 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 sanitize_lines(reason, "  #   ")
             ));
         }
+        if let Some(report) = report
+            && let Some(kept) = &report.preserved
+        {
+            let reason = report.preserved_reason.as_deref().unwrap_or("unknown");
+            next.push(format!(
+                "# {}: WORK NOT ON ITS BRANCH, kept in its worktree at {}: {}",
+                task.id,
+                relative(ctx, kept),
+                sanitize_lines(reason, "  #   ")
+            ));
+            if manifest.status.is_finished() && task.status != TaskStatus::Waiting {
+                next.push(format!(
+                    "crew runs clean {}   # once that is fixed: saves {}'s work on its branch, then removes the run",
+                    manifest.run_id, task.id
+                ));
+            }
+        }
+        let preserved_reason = report
+            .and_then(|report| report.preserved_reason.as_deref())
+            .map(|reason| format!("teardown: {reason}"));
         for warning in &task.warnings {
+            if Some(warning) == preserved_reason.as_ref() {
+                continue;
+            }
             next.push(format!(
                 "# {}: {}",
                 task.id,
@@ -416,8 +439,30 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             ));
         }
     }
+    let kept = manifest
+        .tasks
+        .iter()
+        .filter(|task| {
+            task.status != TaskStatus::Waiting
+                && task
+                    .teardown
+                    .as_ref()
+                    .is_some_and(|report| report.preserved.is_some())
+        })
+        .count();
+    let kept = if kept > 0 {
+        format!(
+            " — {}",
+            ui.paint(
+                &format!("{kept} worktree(s) kept with work not on a branch"),
+                crate::ui::Style::Warn
+            )
+        )
+    } else {
+        String::new()
+    };
     let mut out = format!(
-        "\nrun {} {}\n",
+        "\nrun {} {}{kept}\n",
         manifest.run_id,
         ui.run_status(manifest.status)
     );

@@ -547,7 +547,7 @@ impl WorkspaceProvider for CrewWorkspaces {
                                 &request.task_id,
                             );
                             report.preserved = Some(kept);
-                            report.preserved_reason = Some(error.to_string());
+                            report.preserved_reason = Some(with_cause(&error));
                         }
                         Err(teardown_error(error, report))
                     }
@@ -563,9 +563,22 @@ fn repository_common_dir(repo_root: &Utf8Path) -> Option<Utf8PathBuf> {
     Some(leader::common_dir(&repo))
 }
 
+/// An error with what caused it, as one line: git's own message for a git error (`index is
+/// locked` says more than "failed to stage").
+fn with_cause(error: &TeardownWorktreeError) -> String {
+    let Some(source) = std::error::Error::source(error) else {
+        return error.to_string();
+    };
+    let cause = match source.downcast_ref::<git2::Error>() {
+        Some(git) => git.message().to_owned(),
+        None => source.to_string(),
+    };
+    format!("{error}: {cause}")
+}
+
 fn teardown_error(error: TeardownWorktreeError, report: TeardownReport) -> TeardownError {
     TeardownError {
-        message: error.to_string(),
+        message: with_cause(&error),
         partial: Box::new(report),
         source: std::error::Error::source(&error).map(|source| source.to_string().into()),
     }

@@ -1,7 +1,7 @@
 //! What a run records beyond the agent's work: setup output, git identity, who cancelled, how
 //! far the base moved.
 
-use crew_tests::{TestEnv, render_output, write};
+use crew_tests::{Redactor, TestEnv, render_output, write};
 
 use crate::cli_run::{manifest, run_ids, task};
 
@@ -44,4 +44,53 @@ fn an_agent_commits_with_an_identity_that_lives_only_in_the_environment() {
         log.trim(),
         "CI Robot <robot@ci.example> / CI Robot / agent-commit"
     );
+}
+
+#[test]
+fn a_worktree_kept_because_git_was_interrupted_is_a_warning_in_the_summary() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // An agent whose git command died holding the worktree's index lock.
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "t=echo work > work.txt && touch \"$(git rev-parse --git-dir)/index.lock\"",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    let summary = stdout[stdout.find("\nrun ").unwrap() + 1..].to_owned();
+    insta::assert_snapshot!(redactor.redact(&summary), @"
+    run [RUN_ID] completed — 1 worktree(s) kept with work not on a branch
+    TASK  STATUS     DURATION  EXIT  BRANCH  +/-  WORK
+    t     succeeded  [DURATION]      0     -       -    kept at .worktrees/[RUN_ID]/t
+
+      # t: WORK NOT ON ITS BRANCH, kept in its worktree at .worktrees/[RUN_ID]/t: failed to stage the work in $TEST_ENV/project/.worktrees/[RUN_ID]/t: the index is locked; this might be due to a concurrent or crashed process
+      crew runs clean [RUN_ID]   # once that is fixed: saves t's work on its branch, then removes the run
+    ");
+    assert!(
+        stdout.ends_with('\n'),
+        "the summary ends its last line: {stdout:?}"
+    );
+
+    // Once the lock is gone, `runs clean` saves the work on the branch.
+    let record = task(&manifest(&env, &repo, &run), "t").clone();
+    let kept = record["teardown"]["preserved"].as_str().unwrap();
+    let git_dir = env.git(&repo.join(kept), ["rev-parse", "--absolute-git-dir"]);
+    std::fs::remove_file(format!("{}/index.lock", git_dir.trim())).unwrap();
+    let clean = env.crew(&repo, ["runs", "clean", &run]);
+    assert!(clean.status.success(), "{}", render_output(&clean));
+    let files = env.git(
+        &repo,
+        ["ls-tree", "-r", "--name-only", &format!("crew/{run}-t")],
+    );
+    assert!(files.lines().any(|line| line == "work.txt"), "{files}");
 }
