@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crew_core::model::{RunManifest, RunStatus, TaskStatus};
 use crew_core::provider::{TeardownReport, WorkspaceKind};
-use crew_core::{RunId, TaskId};
+use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
 use crew_live::env::BaseEnv;
 use crew_live::runner::TaskProgress;
 use crew_live::{AgentHost, CancelLevel, ControlServer, Runner};
@@ -80,7 +80,12 @@ impl Hosting {
         let (cancel_tx, cancel_rx) = watch::channel(CancelLevel::None);
         let (commands_tx, commands_rx) = mpsc::channel(16);
         self.server.attach_run(run_id.clone(), commands_tx);
-        let signals = tokio::spawn(watch_signals(cancel_tx, ctx.ui.quiet));
+        let signals = tokio::spawn(watch_signals(
+            cancel_tx,
+            ctx.ui.quiet,
+            self.runner.clone(),
+            run_id.clone(),
+        ));
         let (finished, finish) = tokio::sync::oneshot::channel();
         let printer = progress.then(|| {
             tokio::spawn(print_progress(
@@ -107,7 +112,12 @@ impl Hosting {
 }
 
 /// Turns SIGINT and SIGTERM into cancel levels: the first is graceful, the second kills.
-async fn watch_signals(cancel: watch::Sender<CancelLevel>, quiet: bool) {
+async fn watch_signals(
+    cancel: watch::Sender<CancelLevel>,
+    quiet: bool,
+    runner: Runner,
+    run_id: RunId,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),
@@ -119,14 +129,19 @@ async fn watch_signals(cancel: watch::Sender<CancelLevel>, quiet: bool) {
     // terminal.
     let _hangup = signal(SignalKind::hangup());
     loop {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
+        let cause = tokio::select! {
+            _ = interrupt.recv() => CancelCause::Interrupt,
+            _ = terminate.recv() => CancelCause::Terminate,
+        };
         let next = match *cancel.borrow() {
             CancelLevel::None => CancelLevel::Graceful,
             _ => CancelLevel::Kill,
         };
+        if next == CancelLevel::Graceful {
+            runner
+                .record_cancel(&run_id, CancelRecord::by_this_process(cause))
+                .await;
+        }
         if !quiet {
             #[allow(clippy::print_stderr)]
             match next {
@@ -466,6 +481,13 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         manifest.run_id,
         ui.run_status(manifest.status)
     );
+    if let Some(by) = manifest
+        .cancelled_by
+        .as_ref()
+        .filter(|by| manifest.status == RunStatus::Cancelled || by.cause == CancelCause::FailFast)
+    {
+        let _ = writeln!(out, "cancelled {by}");
+    }
     out.push_str(&table.render(ui));
     if !next.is_empty() {
         out.push('\n');

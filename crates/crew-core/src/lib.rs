@@ -23,5 +23,8 @@ pub mod store;
 pub use config::{AgentDef, ConfigDir, ProjectConfig, Team, TeamDef, WorkspaceMode};
 pub use discovery::Workspace;
 pub use ids::{AgentId, RunId, TaskId, WorkspaceId, safe_segment};
-pub use model::{RunManifest, RunStatus, SandboxRecord, SandboxState, TaskRecord, TaskStatus};
+pub use model::{
+    CancelCause, CancelRecord, RunManifest, RunStatus, SandboxRecord, SandboxState, TaskRecord,
+    TaskStatus,
+};
 pub use store::StateStore;

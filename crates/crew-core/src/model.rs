@@ -438,7 +438,106 @@ pub struct RunManifest {
     pub max_parallel: usize,
     #[serde(default)]
     pub fail_fast: bool,
+    /// Who cancelled the run and why: the first request, when there were several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_by: Option<CancelRecord>,
     pub tasks: Vec<TaskRecord>,
+}
+
+/// Who asked for a run to be cancelled, from where, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRecord {
+    pub cause: CancelCause,
+    /// The process that asked (for a signal: the host that received it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Whether it asked from another terminal session than the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_session: Option<bool>,
+    /// `crew runs cancel --force`.
+    #[serde(default)]
+    pub forced: bool,
+    /// The task whose failure cancelled the run (`fail_fast`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskId>,
+    pub at: Timestamp,
+}
+
+/// Why a run was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelCause {
+    /// Ctrl-C (SIGINT) in the host's terminal.
+    Interrupt,
+    /// SIGTERM to the host.
+    Terminate,
+    /// `crew runs cancel`, through the host's socket.
+    RunsCancel,
+    /// A task failed and the run has `fail_fast`.
+    FailFast,
+    /// `crew runs cancel` of a run whose host was gone.
+    HostGone,
+}
+
+impl CancelRecord {
+    pub fn new(cause: CancelCause) -> Self {
+        CancelRecord {
+            cause,
+            pid: None,
+            uid: None,
+            other_session: None,
+            forced: false,
+            task: None,
+            at: Timestamp::now(),
+        }
+    }
+
+    /// Asked by this process.
+    pub fn by_this_process(cause: CancelCause) -> Self {
+        CancelRecord {
+            pid: Some(std::process::id()),
+            uid: Some(rustix::process::getuid().as_raw()),
+            ..CancelRecord::new(cause)
+        }
+    }
+}
+
+impl fmt::Display for CancelRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.cause {
+            CancelCause::Interrupt => f.write_str("by Ctrl-C in the host's terminal")?,
+            CancelCause::Terminate => f.write_str("by a TERM signal to the host")?,
+            CancelCause::RunsCancel if self.forced => {
+                f.write_str("by `crew runs cancel --force`")?
+            }
+            CancelCause::RunsCancel => f.write_str("by `crew runs cancel`")?,
+            CancelCause::FailFast => match &self.task {
+                Some(task) => write!(f, "because task {task} failed (fail_fast)")?,
+                None => f.write_str("because a task failed (fail_fast)")?,
+            },
+            CancelCause::HostGone => {
+                f.write_str("by `crew runs cancel` after its host was gone")?
+            }
+        }
+        let mut who = Vec::new();
+        if let Some(pid) = self.pid {
+            who.push(format!("pid {pid}"));
+        }
+        if let Some(uid) = self.uid {
+            who.push(format!("uid {uid}"));
+        }
+        match self.other_session {
+            Some(true) => who.push("from another session".to_owned()),
+            Some(false) => who.push("from the host's session".to_owned()),
+            None => {}
+        }
+        if !who.is_empty() {
+            write!(f, " ({})", who.join(", "))?;
+        }
+        write!(f, " at {}", self.at)
+    }
 }
 
 /// The part of a run manifest that says whether the run is live and who hosts it, read without
@@ -479,6 +578,7 @@ impl RunManifest {
             base: None,
             max_parallel: 1,
             fail_fast: false,
+            cancelled_by: None,
             tasks,
         }
     }
@@ -587,6 +687,10 @@ pub enum EventKind {
     },
     Message {
         text: String,
+    },
+    /// Someone asked for the run to be cancelled.
+    CancelRequested {
+        by: CancelRecord,
     },
 }
 

@@ -26,7 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
+use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId, WorkspaceId};
 use dashmap::DashMap;
 use tokio::sync::{mpsc, oneshot};
 
@@ -94,6 +94,9 @@ pub enum Op {
     /// Cancels a run hosted here: its agents are stopped gracefully and their work kept.
     CancelRun {
         run: RunId,
+        /// The caller's `--force` (recorded: it cancels a run of another session).
+        #[serde(default)]
+        force: bool,
     },
     /// Tasks an agent submits to its own run (an agent-authored plan). They carry no
     /// workspace mode and no path: they run in the mode the run chose.
@@ -122,6 +125,8 @@ pub struct SubmittedTask {
 pub enum RunCommand {
     Cancel {
         workspace: WorkspaceId,
+        /// Who asked, as the socket's peer credentials say.
+        by: CancelRecord,
         reply: oneshot::Sender<Result<Value, ErrorBody>>,
     },
     Submit {
@@ -546,7 +551,8 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
                 .await;
                 return;
             };
-            serve_connection(stream, host, runs, caller).await;
+            let peer = Peer { pid: peer_pid, uid };
+            serve_connection(stream, host, runs, caller, peer).await;
         });
     }
 }
@@ -622,7 +628,20 @@ async fn read_line(reader: &mut BufReader<UnixStream>) -> io::Result<Line> {
     }
 }
 
-async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes, caller: Caller) {
+/// The process on the other end of a connection, from the kernel.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    pid: Option<u32>,
+    uid: u32,
+}
+
+async fn serve_connection(
+    stream: UnixStream,
+    host: AgentHost,
+    runs: RunRoutes,
+    caller: Caller,
+    peer: Peer,
+) {
     let mut reader = BufReader::new(stream);
     loop {
         let response = match read_line(&mut reader).await {
@@ -634,7 +653,7 @@ async fn serve_connection(stream: UnixStream, host: AgentHost, runs: RunRoutes, 
             ),
             Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
                 Ok(request) => match authorize(&host, caller, &request).await {
-                    Ok(()) => handle(&host, &runs, request).await,
+                    Ok(()) => handle(&host, &runs, request, peer).await,
                     Err(refusal) => refusal,
                 },
                 Err(error) => Response::error(None, "invalid_request", error.to_string()),
@@ -677,7 +696,7 @@ async fn authorize(host: &AgentHost, caller: Caller, request: &Request) -> Resul
     }
 }
 
-async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Response {
+async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request, peer: Peer) -> Response {
     let id = request.id;
     // Every spelling of a directory (symlink, `..`, trailing slash) is the same workspace.
     let workspace = match WorkspaceId::from_path(request.workspace.as_std_path()) {
@@ -733,9 +752,21 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request) -> Respons
             Ok(()) => json(Ok(serde_json::json!({ "agent_id": agent }))),
             Err(error) => op_error(id, &error),
         },
-        Op::CancelRun { run } => {
+        Op::CancelRun { run, force } => {
+            let host_session = procscan::session_of(None);
+            let caller_session = peer.pid.and_then(|pid| procscan::session_of(Some(pid)));
+            let by = CancelRecord {
+                pid: peer.pid,
+                uid: Some(peer.uid),
+                other_session: host_session
+                    .zip(caller_session)
+                    .map(|(host, caller)| host != caller),
+                forced: force,
+                ..CancelRecord::new(CancelCause::RunsCancel)
+            };
             route(id, runs, &run, |reply| RunCommand::Cancel {
                 workspace,
+                by,
                 reply,
             })
             .await

@@ -29,7 +29,7 @@ use crew_core::provider::{
     WorkspaceKind, WorkspaceProvider, WorkspaceRequest,
 };
 use crew_core::store::StateError;
-use crew_core::{AgentId, RunId, StateStore, TaskId, Team, Workspace};
+use crew_core::{AgentId, CancelCause, CancelRecord, RunId, StateStore, TaskId, Team, Workspace};
 
 use crate::agent::AgentSpec;
 use crate::control::{ErrorBody, RunCommand, SubmittedTask};
@@ -316,6 +316,8 @@ impl Runner {
                 }
                 manifest.set_status(RunStatus::Running)?;
                 manifest.reason = None;
+                // The events keep who cancelled it before.
+                manifest.cancelled_by = None;
                 manifest.host = Some(host);
                 let again: Vec<TaskId> = manifest
                     .tasks
@@ -506,8 +508,10 @@ impl Runner {
                     };
                     active.remove(&task_id);
                     held.remove(&task_id);
-                    statuses.insert(task_id, status);
+                    statuses.insert(task_id.clone(), status);
                     if fail_fast && matches!(status, TaskStatus::Failed | TaskStatus::Stopped) && !failed_fast {
+                        let by = CancelRecord { task: Some(task_id.clone()), ..CancelRecord::new(CancelCause::FailFast) };
+                        self.record_cancel(run_id, by).await;
                         failed_fast = true;
                         run_cancel.send_replace(CancelLevel::Graceful);
                     }
@@ -525,10 +529,11 @@ impl Runner {
                     cancel_open = changed.is_ok();
                 }
                 command = commands.recv(), if commands_open => match command {
-                    Some(RunCommand::Cancel { workspace, reply }) => {
+                    Some(RunCommand::Cancel { workspace, by, reply }) => {
                         if &workspace != self.workspace.id() {
                             let _ = reply.send(Err(foreign_run(run_id, &workspace)));
                         } else {
+                            self.record_cancel(run_id, by).await;
                             cancelled_by_user = true;
                             run_cancel.send_replace(CancelLevel::Graceful);
                             let _ = reply.send(Ok(serde_json::json!({ "run_id": run_id, "cancelled": true })));
@@ -611,6 +616,25 @@ impl Runner {
             ),
         );
         Ok(manifest)
+    }
+
+    /// Records who asked for the run to be cancelled, and why: in the manifest (the first
+    /// request only) and as an event. The request itself goes to the run through its cancel
+    /// watch or a [`RunCommand::Cancel`].
+    pub async fn record_cancel(&self, run_id: &RunId, by: CancelRecord) {
+        let store = self.store.clone();
+        let (run, record) = (run_id.clone(), by.clone());
+        let _ = blocking(move || {
+            store.update_run(&run, |manifest| {
+                manifest.cancelled_by.get_or_insert(record);
+                Ok(())
+            })
+        })
+        .await;
+        let _ = self.store.append_event(
+            run_id,
+            &RunEvent::new(None, EventKind::CancelRequested { by }),
+        );
     }
 
     async fn read(&self, run_id: &RunId) -> Result<RunManifest, RunError> {

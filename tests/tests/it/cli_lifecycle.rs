@@ -86,6 +86,8 @@ fn ctrl_c_once_stops_gracefully_and_keeps_the_work() {
     let run = run_ids(&env, &repo).remove(0);
     let manifest = manifest(&env, &repo, &run);
     assert_eq!(manifest["status"], "cancelled");
+    assert_eq!(manifest["cancelled_by"]["cause"], "interrupt");
+    assert_eq!(manifest["cancelled_by"]["pid"], child.id());
     for task in manifest["tasks"].as_array().unwrap() {
         assert_eq!(task["status"], "cancelled");
         assert_eq!(task["exit"]["stopped_by"], "term");
@@ -320,6 +322,29 @@ fn cancel_of_another_sessions_run_needs_force_but_a_detached_run_is_yours() {
         (manifest(&env, &repo, &run)["status"] == "cancelled").then_some(())
     });
     other.wait().unwrap();
+    // Who cancelled it, from where, and how: in the manifest, the events and `runs show`.
+    let by = manifest(&env, &repo, &run)["cancelled_by"].clone();
+    assert_eq!(by["cause"], "runs_cancel", "{by:#}");
+    assert_eq!(by["forced"], true, "{by:#}");
+    assert_eq!(by["other_session"], true, "{by:#}");
+    assert_eq!(by["uid"], rustix::process::getuid().as_raw(), "{by:#}");
+    assert!(by["pid"].as_u64().is_some_and(|pid| pid > 0), "{by:#}");
+    let events =
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/events.jsonl"))).unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|line| line.contains("\"cancel_requested\"") && line.contains("\"forced\":true")),
+        "{events}"
+    );
+    let show = env.crew(&repo, ["runs", "show", &run]);
+    let show = String::from_utf8(show.stdout).unwrap();
+    let line = show
+        .lines()
+        .find(|line| line.starts_with("cancelled "))
+        .unwrap_or_default();
+    let uid = format!("uid {}", rustix::process::getuid().as_raw());
+    insta::assert_snapshot!(redactor.redact(&line.replace(&uid, "uid [UID]")), @"cancelled by `crew runs cancel --force` (pid [PID], uid [UID], from another session) at [TIMESTAMP]");
 
     // A detached run is the user's own: no --force needed.
     let output = env.crew(
@@ -339,4 +364,10 @@ fn cancel_of_another_sessions_run_needs_force_but_a_detached_run_is_yours() {
     wait_until(30, "the detached run to be cancelled", || {
         (manifest(&env, &repo, &detached)["status"] == "cancelled").then_some(())
     });
+    let by = manifest(&env, &repo, &detached)["cancelled_by"].clone();
+    assert_eq!(by["forced"], false, "{by:#}");
+    assert_eq!(
+        by["other_session"], true,
+        "a detached host has a session of its own: {by:#}"
+    );
 }

@@ -50,6 +50,14 @@ prompt = "sleep 2; echo done"
     let failed_fast = manifest(&env, &repo, &run);
     assert_eq!(failed_fast["status"], "failed");
     assert_eq!(task(&failed_fast, "slow")["status"], "cancelled");
+    assert_eq!(failed_fast["cancelled_by"]["cause"], "fail_fast");
+    assert_eq!(failed_fast["cancelled_by"]["task"], "broken");
+    assert!(
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .contains("\ncancelled because task broken failed (fail_fast) at "),
+        "the summary says why the rest was cancelled"
+    );
 }
 
 #[test]

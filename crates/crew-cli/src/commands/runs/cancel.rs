@@ -36,13 +36,20 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
                 manifest.status
             )));
         }
+        let by = crew_core::CancelRecord::by_this_process(crew_core::CancelCause::HostGone);
+        let event = crew_core::model::RunEvent::new(
+            None,
+            crew_core::model::EventKind::CancelRequested { by: by.clone() },
+        );
         ctx.store
             .update_run(&run_id, |manifest| {
                 manifest.set_status(RunStatus::Cancelled)?;
                 manifest.reason = Some("cancelled after its host was gone".into());
+                manifest.cancelled_by.get_or_insert(by);
                 Ok(())
             })
             .map_err(CliError::internal)?;
+        let _ = ctx.store.append_event(&run_id, &event);
         if !ui.quiet {
             println!("run {run_id} cancelled (its host was gone)");
         }
@@ -66,6 +73,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
             &host,
             Op::CancelRun {
                 run: run_id.clone(),
+                force: args.force,
             },
         )
         .await
