@@ -454,6 +454,36 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             ));
         }
     }
+    if let Some((branch, moved)) = base_movement(ctx, manifest) {
+        let base = manifest.base.as_deref().unwrap_or_default();
+        let how = if moved.diverged {
+            format!(
+                "was rewritten since this run started from {} (that commit is no longer on it; {} commit(s) there now are not in the run's base)",
+                &base[..base.len().min(12)],
+                moved.gained
+            )
+        } else {
+            format!(
+                "gained {} commit(s) since this run started from {}: its task branches are {} behind",
+                moved.gained,
+                &base[..base.len().min(12)],
+                moved.gained
+            )
+        };
+        next.push(format!("# {branch} {how}"));
+        for task in &manifest.tasks {
+            if let Some(task_branch) = task
+                .teardown
+                .as_ref()
+                .and_then(|report| report.branch.as_ref())
+            {
+                next.push(format!(
+                    "git rebase {branch} {task_branch}   # brings {} up to date",
+                    task.id
+                ));
+            }
+        }
+    }
     let kept = manifest
         .tasks
         .iter()
@@ -496,6 +526,24 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         }
     }
     out
+}
+
+/// How far the branch the run started from moved on since, when it did and the project wants
+/// to hear it (`[run] base_moved`).
+pub fn base_movement(
+    ctx: &Context,
+    manifest: &RunManifest,
+) -> Option<(String, crew_worktree::leader::BaseMovement)> {
+    if ctx.config.run.base_moved == crew_core::config::BaseMoved::Off {
+        return None;
+    }
+    let branch = manifest.base_branch.as_ref()?;
+    let moved = crew_worktree::leader::base_movement(
+        ctx.workspace.repo_root()?,
+        manifest.base.as_deref()?,
+        branch,
+    )?;
+    (moved.gained > 0 || moved.diverged).then(|| (branch.clone(), moved))
 }
 
 /// A size for people: `812 B`, `4.2 KB`, `1.3 MB`, `2.0 GB`.

@@ -339,6 +339,22 @@ pub struct RunSettings {
     /// How large an agent's `output.log` may grow; past it the log starts over and keeps the
     /// part before as `output.log.1`, so the newest output is always there.
     pub max_output_log: ByteSize,
+    /// What a run's end says when the branch it started from has moved on meanwhile.
+    pub base_moved: BaseMoved,
+}
+
+/// `[run] base_moved`: what to do when the branch a run started from gained commits (or was
+/// rewritten) while it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseMoved {
+    /// Say so in the summary and `crew runs show`, with the command that catches a task up.
+    #[default]
+    Warn,
+    /// The same, and `crew run` exits with an error (a gate for scripts and CI).
+    Fail,
+    /// Say nothing.
+    Off,
 }
 
 impl Default for RunSettings {
@@ -349,6 +365,7 @@ impl Default for RunSettings {
             task_timeout: None,
             fail_fast: false,
             max_output_log: ByteSize(64 * 1024 * 1024),
+            base_moved: BaseMoved::Warn,
         }
     }
 }

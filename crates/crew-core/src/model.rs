@@ -435,6 +435,9 @@ pub struct RunManifest {
     /// The commit or ref worktree tasks start from; the leader's HEAD when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
+    /// The branch `base` was the tip of when the run started (`main`), when it was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_branch: Option<String>,
     pub max_parallel: usize,
     #[serde(default)]
     pub fail_fast: bool,
@@ -576,6 +579,7 @@ impl RunManifest {
             finished_at: None,
             host: None,
             base: None,
+            base_branch: None,
             max_parallel: 1,
             fail_fast: false,
             cancelled_by: None,

@@ -97,6 +97,9 @@ pub struct RunRequest {
 pub struct RunPlan {
     /// The commit every task without upstream work starts from.
     pub base_commit: Option<String>,
+    /// The branch that commit was the tip of (`main`, `origin/main`), when it was one: what
+    /// the run's end compares with, to say how far it moved on.
+    pub base_branch: Option<String>,
     /// Degradations that apply to the run (such as a fallback to `temp`).
     pub warnings: Vec<String>,
 }

@@ -261,6 +261,7 @@ impl Runner {
                 manifest.team = Some(team_name);
                 manifest.host = Some(host);
                 manifest.base = plan.base_commit.clone();
+                manifest.base_branch = plan.base_branch.clone();
                 manifest.max_parallel = max_parallel;
                 manifest.fail_fast = fail_fast;
                 if !plan.warnings.is_empty() {

@@ -129,6 +129,49 @@ pub fn resolve_base(
     }
 }
 
+/// The branch a run starts from: the one `spec` names (local, or remote-tracking such as
+/// `origin/main`), or the leader's current branch when no base is named. `None` for a commit, a
+/// tag or a detached HEAD: nothing to follow.
+pub fn base_branch(repo: &Repository, spec: Option<&str>) -> Option<String> {
+    match spec {
+        Some(spec) => [BranchType::Local, BranchType::Remote]
+            .into_iter()
+            .any(|kind| repo.find_branch(spec, kind).is_ok())
+            .then(|| spec.to_owned()),
+        None => {
+            let head = repo.head().ok()?;
+            head.is_branch()
+                .then(|| head.shorthand().ok().map(str::to_owned))
+                .flatten()
+        }
+    }
+}
+
+/// How far `branch` moved on from `base`: the commits it gained, and whether `base` is no
+/// longer on it (the branch was rewritten).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseMovement {
+    pub gained: usize,
+    pub diverged: bool,
+}
+
+/// [`BaseMovement`] of `branch` since `base` in the repository at `repo_root`; `None` when
+/// either cannot be read (the branch was deleted, the repository is gone).
+pub fn base_movement(repo_root: &Utf8Path, base: &str, branch: &str) -> Option<BaseMovement> {
+    let repo = Repository::open(repo_root).ok()?;
+    let base = Oid::from_str(base).ok()?;
+    let tip = [BranchType::Local, BranchType::Remote]
+        .into_iter()
+        .find_map(|kind| repo.find_branch(branch, kind).ok())?
+        .get()
+        .target()?;
+    let (gained, behind) = repo.graph_ahead_behind(tip, base).ok()?;
+    Some(BaseMovement {
+        gained,
+        diverged: behind > 0,
+    })
+}
+
 /// The commit a dependent task starts from: the run's base when no upstream left a branch;
 /// the branch when one did; their merge when several did. A conflict fails with its paths.
 pub fn upstream_base(

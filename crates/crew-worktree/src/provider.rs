@@ -385,6 +385,12 @@ impl WorkspaceProvider for CrewWorkspaces {
         ) {
             Ok(base) => Ok(RunPlan {
                 base_commit: Some(base.to_string()),
+                base_branch: leader::open(
+                    request.repo_root.as_deref(),
+                    request.workspace.as_path(),
+                )
+                .ok()
+                .and_then(|repo| leader::base_branch(&repo, request.base.as_deref())),
                 warnings: Vec::new(),
             }),
             Err(error)
@@ -393,6 +399,7 @@ impl WorkspaceProvider for CrewWorkspaces {
             {
                 Ok(RunPlan {
                     base_commit: None,
+                    base_branch: None,
                     warnings: vec![fallback_warning(&error)],
                 })
             }

@@ -1,7 +1,7 @@
 //! What a run records beyond the agent's work: setup output, git identity, who cancelled, how
 //! far the base moved.
 
-use crew_tests::{Redactor, TestEnv, render_output, write};
+use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
 use crate::cli_run::{manifest, run_ids, task};
 
@@ -93,4 +93,102 @@ fn a_worktree_kept_because_git_was_interrupted_is_a_warning_in_the_summary() {
         ["ls-tree", "-r", "--name-only", &format!("crew/{run}-t")],
     );
     assert!(files.lines().any(|line| line == "work.txt"), "{files}");
+}
+
+#[test]
+fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let started = |marker: &str| {
+        let marker = env.root().join(marker);
+        env.crew_command(&repo)
+            .args([
+                "run",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                "worktree",
+                "--task",
+                &format!("t=while [ ! -e {marker} ]; do sleep 0.05; done; echo work > work.txt"),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = started("go");
+    let run = wait_until(30, "the run to start its agent", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        (task(&manifest(&env, &repo, &run), "t")["status"] == "running").then_some(run)
+    });
+    env.git(
+        &repo,
+        [
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "someone else's first",
+        ],
+    );
+    env.git(
+        &repo,
+        [
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "someone else's second",
+        ],
+    );
+    write(&env.root().join("go"), "");
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let base = manifest(&env, &repo, &run)["base"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let redactor = Redactor::new(&env)
+        .literal(run.clone(), "[RUN_ID]")
+        .literal(base[..12].to_owned(), "[BASE]");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let tail: Vec<&str> = stdout.lines().rev().take(2).collect();
+    insta::assert_snapshot!(redactor.redact(&format!("{}\n{}", tail[1], tail[0])), @"
+    # main gained 2 commit(s) since this run started from [BASE]: its task branches are 2 behind
+    git rebase main crew/[RUN_ID]-t   # brings t up to date
+    ");
+    let show = env.crew(&repo, ["runs", "show", &run]);
+    assert!(
+        String::from_utf8(show.stdout)
+            .unwrap()
+            .contains("# main gained 2 commit(s) since this run started from"),
+        "runs show says it too"
+    );
+
+    // As a gate: the run's command fails.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\nbase_moved = \"fail\"\n",
+    );
+    env.git(&repo, ["add", ".crew/config.toml"]);
+    env.git(&repo, ["commit", "-q", "-m", "gate on a moved base"]);
+    let first = run.clone();
+    let child = started("go-again");
+    let second = wait_until(30, "the second run to start its agent", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        (run != first && task(&manifest(&env, &repo, &run), "t")["status"] == "running")
+            .then_some(run)
+    });
+    env.git(&repo, ["commit", "-q", "--allow-empty", "-m", "one more"]);
+    write(&env.root().join("go-again"), "");
+    let output = child.wait_with_output().unwrap();
+    let redactor = Redactor::new(&env)
+        .literal(second, "[RUN_ID]")
+        .literal(first, "[FIRST_RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&String::from_utf8(output.stderr).unwrap()), @r#"
+    warning: 1 unmerged task branch(es) (crew/[FIRST_RUN_ID]-t) — see `crew worktrees list`
+    error: main gained 1 commit(s) while run [RUN_ID] went on ([run] base_moved = "fail")
+    hint: bring the task branches up to date (`git rebase main <branch>`, listed above) before merging them
+    "#);
+    assert_eq!(output.status.code(), Some(2));
 }

@@ -113,7 +113,31 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         )
         .await?;
     print_result(&ctx, &manifest, args.json)?;
+    check_base_moved(&ctx, &manifest)?;
     Ok(outcome(&manifest))
+}
+
+/// With `[run] base_moved = "fail"`, a run whose starting branch moved on ends in an error, so
+/// that a script or CI does not take work made against an old base.
+fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<(), CliError> {
+    if ctx.config.run.base_moved != crew_core::config::BaseMoved::Fail {
+        return Ok(());
+    }
+    let Some((branch, moved)) = crate::hosting::base_movement(ctx, manifest) else {
+        return Ok(());
+    };
+    let how = if moved.diverged {
+        "was rewritten".to_owned()
+    } else {
+        format!("gained {} commit(s)", moved.gained)
+    };
+    Err(CliError::user(format!(
+        "{branch} {how} while run {} went on ([run] base_moved = \"fail\")",
+        manifest.run_id
+    ))
+    .with_hint(format!(
+        "bring the task branches up to date (`git rebase {branch} <branch>`, listed above) before merging them"
+    )))
 }
 
 #[allow(clippy::print_stdout)]
