@@ -117,30 +117,18 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
             .unwrap()
     };
     let child = started("go");
-    let run = wait_until(30, "the run to start its agent", || {
-        let run = run_ids(&env, &repo).into_iter().next()?;
-        (task(&manifest(&env, &repo, &run), "t")["status"] == "running").then_some(run)
-    });
-    env.git(
-        &repo,
-        [
-            "commit",
-            "-q",
-            "--allow-empty",
-            "-m",
-            "someone else's first",
-        ],
-    );
-    env.git(
-        &repo,
-        [
-            "commit",
-            "-q",
-            "--allow-empty",
-            "-m",
-            "someone else's second",
-        ],
-    );
+    // The newest run, once its agent runs.
+    let running = |after: Option<&String>| {
+        wait_until(30, "the run to start its agent", || {
+            let run = run_ids(&env, &repo).into_iter().next()?;
+            (Some(&run) != after && task(&manifest(&env, &repo, &run), "t")["status"] == "running")
+                .then_some(run)
+        })
+    };
+    let run = running(None);
+    let commit = |message: &str| env.git(&repo, ["commit", "-q", "--allow-empty", "-m", message]);
+    commit("someone else's first");
+    commit("someone else's second");
     write(&env.root().join("go"), "");
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "{}", render_output(&output));
@@ -174,12 +162,8 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
     env.git(&repo, ["commit", "-q", "-m", "gate on a moved base"]);
     let first = run.clone();
     let child = started("go-again");
-    let second = wait_until(30, "the second run to start its agent", || {
-        let run = run_ids(&env, &repo).into_iter().next()?;
-        (run != first && task(&manifest(&env, &repo, &run), "t")["status"] == "running")
-            .then_some(run)
-    });
-    env.git(&repo, ["commit", "-q", "--allow-empty", "-m", "one more"]);
+    let second = running(Some(&first));
+    commit("one more");
     write(&env.root().join("go-again"), "");
     let output = child.wait_with_output().unwrap();
     let redactor = Redactor::new(&env)
