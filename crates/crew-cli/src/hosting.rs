@@ -372,6 +372,19 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 sanitize(&names)
             ));
         }
+        if let Some(report) = report
+            && !report.setup_paths.is_empty()
+        {
+            let mut names = report.setup_paths.join(", ");
+            if report.setup_paths.len() == TeardownReport::NAMED {
+                names.push_str(", …");
+            }
+            next.push(format!(
+                "# {}: left out of its work, as the worktree's setup made them: {}",
+                task.id,
+                sanitize(&names)
+            ));
+        }
         for finding in findings {
             let restored = if finding.restored {
                 "crew put it back"

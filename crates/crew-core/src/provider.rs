@@ -214,6 +214,10 @@ pub struct TeardownReport {
     pub ignored_paths: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignored_kept_in: Option<Utf8PathBuf>,
+    /// Paths the worktree's `setup` made that the agent left as they were: not its work, so
+    /// never committed (at most [`TeardownReport::NAMED`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup_paths: Vec<String>,
     /// The command that brings the work into the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_hint: Option<String>,

@@ -19,6 +19,7 @@ use crew_core::{RunId, TaskId};
 use git2::{BranchType, Oid, Repository};
 
 use crate::admin;
+use crate::baseline::SetupBaseline;
 use crate::checkout;
 use crate::envsetup;
 use crate::error::PrepareWorktreeError;
@@ -54,6 +55,8 @@ pub struct CreateWorktree<'a> {
     pub upstream: &'a [UpstreamWork],
     /// Where the run was started, relative to the repository root.
     pub invocation_dir: &'a Utf8Path,
+    /// Where to record what `setup` (and crew's copies) left: the task's baseline.
+    pub baseline_file: Option<Utf8PathBuf>,
 }
 
 /// Gives the task its worktree: an existing one of the same task, or a new one on its branch.
@@ -292,6 +295,18 @@ fn finish_outside_lock(
     let warnings = envsetup::copy_paths(request.settings, request.repo_root, &names.root)?;
     let dir = task_dir(&names.root, request.invocation_dir)?;
     envsetup::run_setup(request.settings, &names.root)?;
+    let mut warnings = warnings;
+    if let Some(file) = &request.baseline_file {
+        let links = crate::teardown::crew_links(request.settings, request.repo_root, &names.root);
+        let recorded = SetupBaseline::take(&names.root, &links)
+            .map_err(|error| error.message().to_owned())
+            .and_then(|baseline| baseline.save(file).map_err(|error| error.to_string()));
+        if let Err(problem) = recorded {
+            warnings.push(format!(
+                "workspace:worktree — what setup made could not be recorded ({problem}); it may be counted as the agent's work"
+            ));
+        }
+    }
     Ok((dir, warnings))
 }
 

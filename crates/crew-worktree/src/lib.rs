@@ -22,6 +22,7 @@
 //! It must not spawn agents or print.
 
 pub mod admin;
+pub mod baseline;
 pub mod checkout;
 pub mod create;
 pub mod envsetup;

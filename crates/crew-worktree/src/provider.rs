@@ -293,7 +293,23 @@ impl CrewWorkspaces {
             base,
             upstream: &request.upstream,
             invocation_dir: &request.invocation_dir,
+            baseline_file: self.baseline_file(request, repo_root),
         })
+    }
+
+    /// Where a task's setup baseline goes, when the project has a setup (or copies) to record.
+    fn baseline_file(
+        &self,
+        request: &WorkspaceRequest,
+        repo_root: &Utf8Path,
+    ) -> Option<Utf8PathBuf> {
+        if self.settings.setup.is_none() && self.settings.copy.is_empty() {
+            return None;
+        }
+        StateStore::new(&request.workspace, Some(repo_root))
+            .ensure_task_dir(&request.run_id, &request.task_id)
+            .ok()
+            .map(|task_dir| crate::baseline::file_in(&task_dir))
     }
 
     fn allocate_temp(
@@ -529,6 +545,8 @@ impl WorkspaceProvider for CrewWorkspaces {
                     report.preserved_reason = Some("the repository root is unknown".to_owned());
                     return Ok(report);
                 };
+                let task_dir = StateStore::new(&request.workspace, Some(repo_root))
+                    .task_dir(&request.run_id, &request.task_id);
                 match teardown_worktree(
                     &TeardownWorktree {
                         workspace,
@@ -536,11 +554,11 @@ impl WorkspaceProvider for CrewWorkspaces {
                         repo_root,
                         run_id: &request.run_id,
                         task_id: &request.task_id,
-                        keep_ignored_in: self.settings.keep_agent_ignored.then(|| {
-                            StateStore::new(&request.workspace, request.repo_root.as_deref())
-                                .task_dir(&request.run_id, &request.task_id)
-                                .join("ignored")
-                        }),
+                        keep_ignored_in: self
+                            .settings
+                            .keep_agent_ignored
+                            .then(|| task_dir.join("ignored")),
+                        baseline_file: Some(crate::baseline::file_in(&task_dir)),
                     },
                     &mut report,
                 ) {

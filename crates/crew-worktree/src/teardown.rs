@@ -4,7 +4,8 @@
 //! 2. Collect uncommitted work with crew's own status options (untracked files included
 //!    whatever `status.showUntrackedFiles` says): tracked changes, untracked files and
 //!    directories, deletions, renames, mode changes and symlinks (as links). crew's own linked
-//!    paths are never part of it.
+//!    paths are never part of it, nor what the worktree's setup made while it is still as setup
+//!    left it (the task's baseline, see `baseline`).
 //! 3. Commit it onto the branch HEAD is on (author "crew") and read it back: the commit's tree
 //!    must be what was staged and a fresh status must show nothing left.
 //! 4. Only then remove the directory (never following symlinks) and the admin entry, delete
@@ -21,6 +22,7 @@ use crew_core::{RunId, TaskId};
 use git2::{BranchType, IndexAddOption, Oid, Repository, Status, StatusOptions};
 
 use crate::admin;
+use crate::baseline::SetupBaseline;
 use crate::create::repo_lock;
 use crate::error::TeardownWorktreeError;
 use crate::leader::{self, crew_signature};
@@ -37,6 +39,8 @@ pub struct TeardownWorktree<'a> {
     pub task_id: &'a TaskId,
     /// Where the agent's ignored files go (`None`: they go with the worktree).
     pub keep_ignored_in: Option<Utf8PathBuf>,
+    /// Where the task's setup baseline was recorded, if anywhere.
+    pub baseline_file: Option<Utf8PathBuf>,
 }
 
 /// Saves the work, then removes the worktree. On error, the worktree is still in place and the
@@ -68,13 +72,26 @@ pub fn teardown_worktree(
         })?;
         check_git_dir(&repo, root, &common, &names)?;
         let links = crew_links(request.settings, request.repo_root, root);
-        work_branch = save_work(&repo, root, &links, request, report)?;
+        let baseline = request
+            .baseline_file
+            .as_deref()
+            .map(SetupBaseline::load)
+            .unwrap_or_default();
+        // What setup made and the agent left as it was: the task's baseline, not its work.
+        let untouched = baseline.untouched(root);
+        work_branch = save_work(&repo, root, &links, &untouched, request, report)?;
+        report.setup_paths = untouched
+            .iter()
+            .take(TeardownReport::NAMED)
+            .cloned()
+            .collect();
         let head = repo.head().ok().and_then(|head| head.target());
-        set_aside_ignored(&repo, root, request, &links, report)?;
+        set_aside_ignored(&repo, root, request, &links, &baseline, report)?;
         // A pooled worktree keeps nothing of this task but the ignored paths the project
-        // allows (crew's links and copies go too).
+        // allows (crew's links and copies go too). One still holding setup's files is not
+        // pooled: the next task would find them.
         let cleaned = match head {
-            Some(_) if request.settings.pool_size > 0 => {
+            Some(_) if request.settings.pool_size > 0 && untouched.is_empty() => {
                 pool::remove_ignored(root, request.settings).ok()
             }
             _ => None,
@@ -206,7 +223,7 @@ pub(crate) fn crew_links(
 }
 
 /// Whether `path` is one of crew's links, or inside one (a copied directory's files).
-fn is_link_path(links: &[String], path: &str) -> bool {
+pub(crate) fn is_link_path(links: &[String], path: &str) -> bool {
     let path = path.trim_end_matches('/');
     links.iter().any(|link| {
         path == link
@@ -263,10 +280,13 @@ fn save_work(
     repo: &Repository,
     root: &Utf8Path,
     links: &[String],
+    untouched: &[String],
     request: &TeardownWorktree<'_>,
     report: &mut TeardownReport,
 ) -> Result<Option<String>, TeardownWorktreeError> {
-    let pending = uncommitted(repo, root, links)?;
+    // Neither crew's links nor what setup made (and the agent left alone) is the agent's work.
+    let left_out: Vec<String> = links.iter().chain(untouched).cloned().collect();
+    let pending = uncommitted(repo, root, &left_out)?;
     // A nested repository (or an initialized submodule) holds work git cannot take into this
     // branch; removing it would lose that work.
     for (path, _) in &pending {
@@ -313,14 +333,22 @@ fn save_work(
         path: root.to_owned(),
         source,
     };
+    if !untouched.is_empty() {
+        // As HEAD has them, whatever the agent staged: setup's version is not its work.
+        let head_commit = head.peel_to_commit().map_err(stage_error)?;
+        repo.reset_default(Some(head_commit.as_object()), untouched)
+            .map_err(stage_error)?;
+    }
     let mut index = repo.index().map_err(stage_error)?;
     let mut skip_links = |path: &std::path::Path, _spec: &[u8]| -> i32 {
-        i32::from(is_link_path(links, &path.to_string_lossy()))
+        i32::from(is_link_path(&left_out, &path.to_string_lossy()))
     };
     index
         .add_all(["*"], IndexAddOption::DEFAULT, Some(&mut skip_links))
         .map_err(stage_error)?;
-    index.update_all(["*"], None).map_err(stage_error)?;
+    index
+        .update_all(["*"], Some(&mut skip_links))
+        .map_err(stage_error)?;
     for link in links {
         // Never part of the work, even if the agent staged it itself.
         let _ = index.remove_path(std::path::Path::new(link));
@@ -354,7 +382,7 @@ fn save_work(
         verify_commit(repo, root, commit_id, tree_id)?;
         report.committed = Some(commit_id.to_string());
     }
-    let left = uncommitted(repo, root, links)?;
+    let left = uncommitted(repo, root, &left_out)?;
     if !left.is_empty() {
         return Err(TeardownWorktreeError::Verify {
             path: root.to_owned(),
@@ -449,6 +477,7 @@ fn set_aside_ignored(
     root: &Utf8Path,
     request: &TeardownWorktree<'_>,
     links: &[String],
+    baseline: &SetupBaseline,
     report: &mut TeardownReport,
 ) -> Result<(), TeardownWorktreeError> {
     let mut options = StatusOptions::new();
@@ -466,6 +495,7 @@ fn set_aside_ignored(
     let crews = |relative: &str| {
         let path = Utf8Path::new(relative);
         is_link_path(links, relative)
+            || baseline.made_ignored(relative)
             || settings.copy.iter().any(|copy| path == copy)
             || settings
                 .keep_ignored

@@ -176,3 +176,77 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
     "#);
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[test]
+fn what_setup_made_is_never_the_agents_work_unless_the_agent_changes_it() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join(".gitignore"), "build/\n");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[worktree]\nsetup = [\"sh\", \"-c\", \"echo generated > generated.txt && echo setup >> README.md && mkdir -p build && echo out > build/out.o\"]\n",
+    );
+    env.git(&repo, ["add", ".gitignore", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a setup"]);
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "idle=true",
+            "--task",
+            "edits=echo more >> generated.txt",
+            "--task",
+            "writes=echo work > work.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let finished = manifest(&env, &repo, &run);
+    let files_of = |task_id: &str| -> Vec<String> {
+        let record = task(&finished, task_id);
+        let Some(branch) = record["teardown"]["branch"].as_str() else {
+            return Vec::new();
+        };
+        let base = record["workspace"]["base_commit"].as_str().unwrap();
+        env.git(&repo, ["diff", "--name-only", &format!("{base}..{branch}")])
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(files_of("idle"), Vec::<String>::new(), "{finished:#}");
+    assert!(
+        task(&finished, "idle")["teardown"]["branch"].is_null(),
+        "no work, no branch"
+    );
+    assert_eq!(files_of("edits"), ["generated.txt"]);
+    assert_eq!(files_of("writes"), ["work.txt"]);
+    let idle = &task(&finished, "idle")["teardown"];
+    assert_eq!(
+        idle["setup_paths"],
+        serde_json::json!(["README.md", "generated.txt"])
+    );
+    assert!(
+        idle["ignored_paths"].is_null(),
+        "build/ is setup's: {idle:#}"
+    );
+    let show = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();
+    assert!(
+        show.contains("# writes: left out of its work, as the worktree's setup made them: README.md, generated.txt"),
+        "{show}"
+    );
+    // Nothing of setup's counts as unmerged work.
+    let listing = env.crew(&repo, ["worktrees", "list", "--json"]);
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    let branches: Vec<&str> = listing["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|branch| branch["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(branches, ["edits", "writes"], "{listing:#}");
+}
