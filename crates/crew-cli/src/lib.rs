@@ -5,7 +5,8 @@
 pub mod commands;
 mod context;
 mod error;
-mod hosting;
+mod foreground;
+mod summary;
 pub mod ui;
 
 pub use error::{CliError, ErrorKind, Outcome, exit, exit_code};

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use camino::Utf8PathBuf;
+use camino::{Utf8Path, Utf8PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::WorkspaceMode;
@@ -279,4 +279,10 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         workspace: &TaskWorkspace,
         request: &TeardownRequest,
     ) -> Result<TeardownReport, TeardownError>;
+
+    /// The host of `run_id` died: its workspaces may still say they are in use, and should
+    /// now say what became of them. The default does nothing.
+    fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {
+        let _ = (repo_root, run_id);
+    }
 }

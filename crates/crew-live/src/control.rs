@@ -397,6 +397,12 @@ impl ControlServer {
         self.runs.remove(run_id);
     }
 
+    /// The run routes this server hands requests through, shared: a run going on in the
+    /// background detaches itself when it ends.
+    pub fn routes(&self) -> RunRoutes {
+        self.runs.clone()
+    }
+
     pub fn path(&self) -> &Utf8Path {
         &self.path
     }

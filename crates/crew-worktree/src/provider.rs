@@ -387,6 +387,10 @@ pub fn fallback_warning(error: &PrepareWorktreeError) -> String {
 }
 
 impl WorkspaceProvider for CrewWorkspaces {
+    fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {
+        let _ = crate::listing::mark_interrupted(repo_root, &self.settings, run_id);
+    }
+
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
         if !request.modes.contains(&WorkspaceMode::Worktree) {
             return Ok(RunPlan::default());

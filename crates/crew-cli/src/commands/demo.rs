@@ -8,7 +8,8 @@ use crew_core::{TaskId, Team, Workspace};
 use crew_live::RunSpec;
 
 use crate::context::Context;
-use crate::hosting::{Hosting, SummaryFor, outcome, summary};
+use crate::foreground::start_host;
+use crate::summary::{SummaryFor, outcome, summary};
 use crate::ui::{Style, Ui};
 use crate::{CliError, Outcome};
 
@@ -102,7 +103,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
             "\nthree shell agents edit greeting.txt at the same time, each in its own worktree:\n"
         );
     }
-    let hosting = Hosting::start(&ctx, "crew demo").await?;
+    let host = start_host(&ctx, "crew demo").await?;
     let spec = RunSpec {
         team,
         mode: None,
@@ -111,14 +112,13 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         fail_fast: None,
         name: None,
     };
-    let manifest = hosting
-        .runner
-        .create(&spec, hosting.socket())
+    let manifest = host
+        .create(&spec)
         .await
-        .map_err(crate::hosting::run_error)?;
-    let manifest = hosting
-        .execute(&ctx, &manifest.run_id, HashMap::new(), !ui.quiet)
-        .await?;
+        .map_err(crate::foreground::run_error)?;
+    let manifest =
+        crate::foreground::run_here(&ctx, &host, &manifest.run_id, HashMap::new(), !ui.quiet)
+            .await?;
     if ui.quiet {
         return Ok(outcome(&manifest));
     }

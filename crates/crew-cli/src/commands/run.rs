@@ -10,7 +10,8 @@ use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
 use crate::context::{Context, config_error};
-use crate::hosting::{DETACHED_HOST_LABEL, Hosting, SummaryFor, outcome, summary};
+use crate::foreground::{DETACHED_HOST_LABEL, start_host};
+use crate::summary::{SummaryFor, outcome, summary};
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
@@ -95,23 +96,22 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
     if args.detach {
         return detach(&ctx, &spec).await;
     }
-    let hosting = Hosting::start(&ctx, "crew run").await?;
-    let manifest = hosting
-        .runner
-        .create(&spec, hosting.socket())
+    let host = start_host(&ctx, "crew run").await?;
+    let manifest = host
+        .create(&spec)
         .await
-        .map_err(crate::hosting::run_error)?;
+        .map_err(crate::foreground::run_error)?;
     if !ctx.ui.quiet && !args.json {
         print_header(&ctx, &manifest);
     }
-    let manifest = hosting
-        .execute(
-            &ctx,
-            &manifest.run_id,
-            HashMap::new(),
-            !ctx.ui.quiet && !args.json,
-        )
-        .await?;
+    let manifest = crate::foreground::run_here(
+        &ctx,
+        &host,
+        &manifest.run_id,
+        HashMap::new(),
+        !ctx.ui.quiet && !args.json,
+    )
+    .await?;
     print_result(&ctx, &manifest, args.json)?;
     check_base_moved(&ctx, &manifest)?;
     Ok(outcome(&manifest))
@@ -120,10 +120,10 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
 /// With `[run] base_moved = "fail"`, a run whose starting branch moved on ends in an error, so
 /// that a script or CI does not take work made against an old base.
 fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<(), CliError> {
-    if ctx.config.run.base_moved != crew_core::config::BaseMoved::Fail {
+    if ctx.config().run.base_moved != crew_core::config::BaseMoved::Fail {
         return Ok(());
     }
-    let Some((branch, moved)) = crate::hosting::base_movement(ctx, manifest) else {
+    let Some((branch, moved)) = crate::summary::base_movement(ctx, manifest) else {
         return Ok(());
     };
     let how = if moved.diverged {
@@ -159,7 +159,7 @@ fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
 
 /// Said once per run when agents will not be confined by the kernel.
 pub fn sandbox_warning(ctx: &Context) -> Option<String> {
-    if ctx.config.sandbox.mode == crew_core::config::SandboxMode::Off {
+    if ctx.config().sandbox.mode == crew_core::config::SandboxMode::Off {
         return Some(
             "agents are NOT sandboxed: [sandbox] mode = \"off\" in .crew/config.toml; crew still checks git's files and workspaces after each task".to_owned(),
         );
@@ -273,15 +273,15 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
 /// host and prints its id as soon as that host has taken it.
 #[allow(clippy::print_stdout)]
 async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
-    let hosting = Hosting::start(ctx, DETACHED_HOST_LABEL).await?;
-    let manifest = hosting
-        .runner
+    let host = start_host(ctx, DETACHED_HOST_LABEL).await?;
+    let manifest = host
+        .runner()
         .create(spec, None)
         .await
-        .map_err(crate::hosting::run_error)?;
-    drop(hosting);
+        .map_err(crate::foreground::run_error)?;
+    drop(host);
     let run_id = manifest.run_id.clone();
-    let log_path = ctx.store.run_dir(&run_id).join("host.log");
+    let log_path = ctx.store().run_dir(&run_id).join("host.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -299,7 +299,7 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let started = std::time::Instant::now();
     loop {
         let taken = ctx
-            .store
+            .store()
             .read_run(&run_id)
             .ok()
             .and_then(|manifest| manifest.host)
@@ -339,15 +339,12 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
     // `crew runs cancel` knows it by its label and cancels it without --force.
     let _ = rustix::process::setsid();
     let ctx = Context::discover(ui)?;
-    let hosting = Hosting::start(&ctx, DETACHED_HOST_LABEL).await?;
-    hosting
-        .runner
-        .take_over(&args.run, hosting.socket())
+    let host = start_host(&ctx, DETACHED_HOST_LABEL).await?;
+    host.take_over(&args.run)
         .await
-        .map_err(crate::hosting::run_error)?;
-    let manifest = hosting
-        .execute(&ctx, &args.run, HashMap::new(), true)
-        .await?;
+        .map_err(crate::foreground::run_error)?;
+    let manifest =
+        crate::foreground::run_here(&ctx, &host, &args.run, HashMap::new(), true).await?;
     print_result(&ctx, &manifest, false)?;
     Ok(outcome(&manifest))
 }

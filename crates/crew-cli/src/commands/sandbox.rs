@@ -94,7 +94,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         .map(|definition| AgentReport {
             agent: definition.name.clone(),
             sandbox: match (
-                ctx.config.sandbox.mode.and(definition.sandbox.mode),
+                ctx.config().sandbox.mode.and(definition.sandbox.mode),
                 probe.confines(),
             ) {
                 (SandboxMode::Off, _) => crew_core::SandboxState::Off,
@@ -115,7 +115,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
     let report = Report {
         landlock_abi: probe.abi,
         confines: probe.confines(),
-        project_mode: ctx.config.sandbox.mode,
+        project_mode: ctx.config().sandbox.mode,
         agents,
     };
     if args.json {

@@ -152,7 +152,7 @@ pub async fn rows(
                 question: task.question.clone(),
                 exit: task.exit.clone(),
                 last_line: crew_live::output::last_line_of(
-                    &ctx.store.output_log_path(run_id, &task.id),
+                    &ctx.store().output_log_path(run_id, &task.id),
                 ),
                 sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),
             });
@@ -171,7 +171,7 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no live agents in {}", ctx.workspace.id());
+        println!("no live agents in {}", ctx.workspace().id());
         return Ok(());
     }
     let mut table = Table::new(&["AGENT", "STATUS", "PID", "AGE", "CMD", "LAST"]);

@@ -26,11 +26,11 @@ pub async fn cmd_agents_logs(args: LogsArgs, ui: Ui) -> Result<Outcome, CliError
         return Err(CliError::user(format!(
             "no agent '{}' in workspace {}",
             args.agent,
-            ctx.workspace.id()
+            ctx.workspace().id()
         ))
         .with_hint("`crew agents list --all-runs` shows the agents of this workspace"));
     };
-    let path = ctx.store.output_log_path(&manifest.run_id, &task_id);
+    let path = ctx.store().output_log_path(&manifest.run_id, &task_id);
     let rotated = crew_live::output::LogWriter::rotated_path(&path);
     // The part before the log's last rotation first, when it was kept.
     print_from(&rotated, 0, ui.terminal, true)?;
@@ -50,7 +50,7 @@ pub async fn cmd_agents_logs(args: LogsArgs, ui: Ui) -> Result<Outcome, CliError
             break;
         }
         let finished = ctx
-            .store
+            .store()
             .read_run(&manifest.run_id)
             .ok()
             .and_then(|manifest| {

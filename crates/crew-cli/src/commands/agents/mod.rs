@@ -15,7 +15,8 @@ use crew_live::AgentSnapshot;
 use crew_live::control::{Op, Response};
 
 use crate::context::Context;
-use crate::hosting::{Hosting, outcome};
+use crate::foreground::start_host;
+use crate::summary::outcome;
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
@@ -106,7 +107,7 @@ pub async fn find_live(
 /// A task of any run of the workspace, as `spec` names it.
 pub fn find_task(ctx: &Context, spec: &str) -> Result<Option<(RunManifest, TaskId)>, CliError> {
     let mut tasks: Vec<(AgentId, RunManifest)> = Vec::new();
-    for listing in ctx.store.list_runs().map_err(CliError::internal)? {
+    for listing in ctx.store().list_runs().map_err(CliError::internal)? {
         let Ok(manifest) = listing.manifest else {
             continue;
         };
@@ -124,7 +125,7 @@ pub fn find_task(ctx: &Context, spec: &str) -> Result<Option<(RunManifest, TaskI
 pub fn not_live(ctx: &Context, spec: &str) -> CliError {
     CliError::user(format!(
         "no live agent '{spec}' in workspace {}",
-        ctx.workspace.id()
+        ctx.workspace().id()
     ))
     .with_hint("`crew agents list --all-runs` shows the agents of this workspace, live or not")
 }
@@ -182,12 +183,10 @@ pub async fn host_again(
         ))
         .with_hint("for more work, start a new run (its branch is where the work is)"));
     }
-    let hosting = Hosting::start(ctx, "crew agents").await?;
-    hosting
-        .runner
-        .prepare_resume(&manifest.run_id, hosting.socket())
+    let host = start_host(ctx, "crew agents").await?;
+    host.prepare_resume(&manifest.run_id)
         .await
-        .map_err(crate::hosting::run_error)?;
+        .map_err(crate::foreground::run_error)?;
     // Said once the run is really taken up, never before a refusal.
     if !ctx.ui.quiet {
         println!(
@@ -196,9 +195,8 @@ pub async fn host_again(
         );
     }
     let resumes = HashMap::from([(task_id, answer)]);
-    let finished = hosting
-        .execute(ctx, &manifest.run_id, resumes, !ctx.ui.quiet)
-        .await?;
+    let finished =
+        crate::foreground::run_here(ctx, &host, &manifest.run_id, resumes, !ctx.ui.quiet).await?;
     crate::commands::run::print_result(ctx, &finished, false)?;
     Ok(outcome(&finished))
 }

@@ -41,7 +41,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
             None,
             crew_core::model::EventKind::CancelRequested { by: by.clone() },
         );
-        ctx.store
+        ctx.store()
             .update_run(&run_id, |manifest| {
                 manifest.set_status(RunStatus::Cancelled)?;
                 manifest.reason = Some("cancelled after its host was gone".into());
@@ -49,7 +49,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
                 Ok(())
             })
             .map_err(CliError::internal)?;
-        let _ = ctx.store.append_event(&run_id, &event);
+        let _ = ctx.store().append_event(&run_id, &event);
         if !ui.quiet {
             println!("run {run_id} cancelled (its host was gone)");
         }
@@ -57,7 +57,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
     };
     let own_session = crew_live::procscan::session_of(None);
     let host_session = crew_live::procscan::session_of(Some(host.identity.pid));
-    let detached = host.label.as_deref() == Some(crate::hosting::DETACHED_HOST_LABEL);
+    let detached = host.label.as_deref() == Some(crate::foreground::DETACHED_HOST_LABEL);
     if !args.force && !detached && (own_session.is_none() || own_session != host_session) {
         let label = host.label.as_deref().unwrap_or("another process");
         return Err(CliError::user(format!(

@@ -42,7 +42,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
         return Err(CliError::user(format!("run {run_id} is still running"))
             .with_hint(format!("cancel it first: `crew runs cancel {run_id}`")));
     }
-    let provider = CrewWorkspaces::new(&ctx.config);
+    let provider = CrewWorkspaces::new(ctx.config());
     let mut kept = Vec::new();
     for (task, workspace) in kept_workspaces(&manifest) {
         if args.dry_run {
@@ -50,8 +50,8 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
             continue;
         }
         let request = TeardownRequest {
-            workspace: ctx.workspace.id().clone(),
-            repo_root: ctx.workspace.repo_root().map(Into::into),
+            workspace: ctx.workspace().id().clone(),
+            repo_root: ctx.workspace().repo_root().map(Into::into),
             run_id: run_id.clone(),
             task_id: task.clone(),
             agent_alive: false,
@@ -76,7 +76,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                 println!(
                     "{task}: kept — {} (as recorded in {})",
                     error.message,
-                    ctx.store.manifest_path(&run_id)
+                    ctx.store().manifest_path(&run_id)
                 );
                 kept.push(task);
             }
@@ -93,7 +93,9 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
         ))
         .with_hint("see `crew worktrees list`; `--force` removes the run's state anyway (the workspaces stay)"));
     }
-    ctx.store.remove_run(&run_id).map_err(CliError::internal)?;
+    ctx.store()
+        .remove_run(&run_id)
+        .map_err(CliError::internal)?;
     if !ui.quiet {
         println!("removed run {run_id}");
     }

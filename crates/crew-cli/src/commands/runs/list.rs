@@ -44,7 +44,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         crate::commands::worktrees::warn_attention(&ctx);
     }
     let mut rows = Vec::new();
-    for listing in ctx.store.list_runs().map_err(CliError::internal)? {
+    for listing in ctx.store().list_runs().map_err(CliError::internal)? {
         rows.push(match listing.manifest {
             Ok(manifest) => {
                 let mut tasks = BTreeMap::new();
@@ -89,7 +89,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         return Ok(Outcome::Success);
     }
     if rows.is_empty() {
-        println!("no runs in {}", ctx.workspace.id());
+        println!("no runs in {}", ctx.workspace().id());
         return Ok(Outcome::Success);
     }
     let mut table = Table::new(&["RUN", "STATUS", "TEAM", "MODE", "CREATED", "TASKS"]);

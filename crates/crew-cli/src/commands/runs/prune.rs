@@ -24,8 +24,8 @@ pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcom
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
     let report = ctx
-        .store
-        .prune(&ctx.config.retention, SystemTime::now(), args.dry_run)
+        .store()
+        .prune(&ctx.config().retention, SystemTime::now(), args.dry_run)
         .map_err(CliError::internal)?;
     if args.json {
         let json = serde_json::json!({ "pruned": report.pruned, "kept": report.kept, "dry_run": args.dry_run });

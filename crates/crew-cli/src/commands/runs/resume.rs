@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use crate::context::Context;
-use crate::hosting::{Hosting, outcome};
+use crate::foreground::start_host;
+use crate::summary::outcome;
 use crate::{CliError, Outcome};
 
 /// Resume a run whose host is gone (interrupted, failed or cancelled).
@@ -23,15 +24,18 @@ pub async fn cmd_runs_resume(args: ResumeArgs, ui: crate::ui::Ui) -> Result<Outc
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
     let run_id = ctx.resolve_run(&args.run)?;
-    let hosting = Hosting::start(&ctx, "crew runs resume").await?;
-    hosting
-        .runner
-        .prepare_resume(&run_id, hosting.socket())
+    let host = start_host(&ctx, "crew runs resume").await?;
+    host.prepare_resume(&run_id)
         .await
-        .map_err(crate::hosting::run_error)?;
-    let manifest = hosting
-        .execute(&ctx, &run_id, HashMap::new(), !ctx.ui.quiet && !args.json)
-        .await?;
+        .map_err(crate::foreground::run_error)?;
+    let manifest = crate::foreground::run_here(
+        &ctx,
+        &host,
+        &run_id,
+        HashMap::new(),
+        !ctx.ui.quiet && !args.json,
+    )
+    .await?;
     crate::commands::run::print_result(&ctx, &manifest, args.json)?;
     Ok(outcome(&manifest))
 }

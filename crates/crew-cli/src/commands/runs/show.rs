@@ -1,7 +1,7 @@
 //! `crew runs show`
 
 use crate::context::Context;
-use crate::hosting::{SummaryFor, summary};
+use crate::summary::{SummaryFor, summary};
 use crate::{CliError, Outcome};
 
 /// Show one run: its tasks, their outcome, and where their work is.

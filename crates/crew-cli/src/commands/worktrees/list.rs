@@ -3,7 +3,7 @@
 use crew_worktree::listing::WorktreeState;
 
 use crate::context::Context;
-use crate::hosting::relative;
+use crate::summary::relative;
 use crate::ui::{Style, Table, cell, styled};
 use crate::{CliError, Outcome};
 
@@ -26,7 +26,7 @@ pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Out
     let Some(listing) = super::listing(&ctx)? else {
         return Err(CliError::user(format!(
             "{} is not inside a git repository",
-            ctx.workspace.root()
+            ctx.workspace().root()
         )));
     };
     if args.json {

@@ -29,10 +29,10 @@ pub async fn run(command: WorktreesCommand, ui: Ui) -> Result<Outcome, CliError>
 
 /// crew's worktrees and branches of the repository holding this workspace.
 pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
-    let Some(repo_root) = ctx.workspace.repo_root() else {
+    let Some(repo_root) = ctx.workspace().repo_root() else {
         return Ok(None);
     };
-    listing::list(repo_root, &ctx.config.worktree, &ctx.store)
+    listing::list(repo_root, &ctx.config().worktree, ctx.store())
         .map(Some)
         .map_err(CliError::internal)
 }

@@ -25,13 +25,13 @@ pub struct PruneArgs {
 pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
-    let Some(repo_root) = ctx.workspace.repo_root() else {
+    let Some(repo_root) = ctx.workspace().repo_root() else {
         return Err(CliError::user(format!(
             "{} is not inside a git repository",
-            ctx.workspace.root()
+            ctx.workspace().root()
         )));
     };
-    let report = listing::prune(repo_root, &ctx.config.worktree, &ctx.store, args.dry_run)
+    let report = listing::prune(repo_root, &ctx.config().worktree, ctx.store(), args.dry_run)
         .map_err(CliError::internal)?;
     if args.json {
         println!(

@@ -1,271 +1,22 @@
-//! Hosting a run in this process: the agent host, the control socket, Ctrl-C, progress lines
-//! and the summary. Shared by `crew run`, its detached host, `crew runs resume` and answering
-//! a question whose host is gone.
+//! The summary of a run: its task table, then where the work is and the commands to inspect,
+//! merge or catch it up.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::sync::Arc;
 
+use crew_core::CancelCause;
 use crew_core::model::{RunManifest, RunStatus, TaskStatus};
 use crew_core::provider::{TeardownReport, WorkspaceKind};
-use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
-use crew_live::env::BaseEnv;
-use crew_live::runner::TaskProgress;
-use crew_live::{AgentHost, CancelLevel, ControlServer, Runner};
-use crew_worktree::CrewWorkspaces;
-use tokio::sync::{mpsc, watch};
 
+use crate::Outcome;
 use crate::context::Context;
-use crate::ui::{
-    Style, Table, between, cell, duration, sanitize, sanitize_lines, styled, task_style, truncate,
-};
-use crate::{CliError, Outcome};
-
-/// A host ready to run: agents, socket and runner.
-#[derive(Debug)]
-pub struct Hosting {
-    pub runner: Runner,
-    pub server: ControlServer,
-    _publisher: crew_live::publish::Publisher,
-}
-
-/// The label of a detached run's host (`crew run --detach`): a session of its own, with no
-/// terminal, started by this user for this user, so its run is theirs to cancel.
-pub const DETACHED_HOST_LABEL: &str = "crew run --detach";
-
-impl Hosting {
-    pub async fn start(ctx: &Context, label: &str) -> Result<Self, CliError> {
-        // Agents reach their host with `crew ask` and `crew submit`: this very crew, even when
-        // it is not on the user's PATH (started through `cargo run`, or by its full path).
-        let mut env = BaseEnv::from_process();
-        if let Some(dir) = std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf))
-        {
-            env = env.with_path_first(&dir);
-        }
-        let host = AgentHost::with_env(env).map_err(CliError::internal)?;
-        let server = ControlServer::bind(host.clone(), ctx.workspace.id())
-            .await
-            .map_err(CliError::internal)?;
-        let provider = Arc::new(CrewWorkspaces::new(&ctx.config));
-        let publisher = crew_live::publish::Publisher::start(
-            host.clone(),
-            ctx.workspace.id().clone(),
-            crew_live::publish::listing_path(ctx.store.state_dir(), server.path()),
-        );
-        let runner = Runner::new(host, provider, ctx.workspace.clone(), ctx.config.clone())
-            .with_label(label);
-        Ok(Hosting {
-            runner,
-            server,
-            _publisher: publisher,
-        })
-    }
-
-    pub fn socket(&self) -> Option<camino::Utf8PathBuf> {
-        Some(self.server.path().to_owned())
-    }
-
-    /// Executes `run_id` here until it ends, printing progress unless quiet. The first Ctrl-C
-    /// (or TERM) stops the agents gracefully, the second kills them; work is kept either way.
-    pub async fn execute(
-        &self,
-        ctx: &Context,
-        run_id: &RunId,
-        resumes: HashMap<TaskId, Option<String>>,
-        progress: bool,
-    ) -> Result<RunManifest, CliError> {
-        let (cancel_tx, cancel_rx) = watch::channel(CancelLevel::None);
-        let (commands_tx, commands_rx) = mpsc::channel(16);
-        self.server.attach_run(run_id.clone(), commands_tx);
-        let signals = tokio::spawn(watch_signals(
-            cancel_tx,
-            ctx.ui.quiet,
-            self.runner.clone(),
-            run_id.clone(),
-        ));
-        let (finished, finish) = tokio::sync::oneshot::channel();
-        let printer = progress.then(|| {
-            tokio::spawn(print_progress(
-                self.runner.progress(),
-                finish,
-                ctx.clone(),
-                run_id.clone(),
-            ))
-        });
-        let result = self
-            .runner
-            .execute(run_id, self.socket(), cancel_rx, commands_rx, resumes)
-            .await;
-        signals.abort();
-        if let Some(printer) = printer {
-            // Every line of the run out before the summary.
-            let _ = finished.send(());
-            let _ = printer.await;
-        }
-        self.server.detach_run(run_id);
-        crew_live::runner::forget_run(self.runner.host(), run_id);
-        result.map_err(run_error)
-    }
-}
-
-/// Turns SIGINT and SIGTERM into cancel levels: the first is graceful, the second kills.
-async fn watch_signals(
-    cancel: watch::Sender<CancelLevel>,
-    quiet: bool,
-    runner: Runner,
-    run_id: RunId,
-) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return;
-    };
-    // Handling SIGHUP at all replaces its default action: a detached host outlives its
-    // terminal.
-    let _hangup = signal(SignalKind::hangup());
-    loop {
-        let cause = tokio::select! {
-            _ = interrupt.recv() => CancelCause::Interrupt,
-            _ = terminate.recv() => CancelCause::Terminate,
-        };
-        let next = match *cancel.borrow() {
-            CancelLevel::None => CancelLevel::Graceful,
-            _ => CancelLevel::Kill,
-        };
-        if next == CancelLevel::Graceful {
-            runner
-                .record_cancel(&run_id, CancelRecord::by_this_process(cause))
-                .await;
-        }
-        if !quiet {
-            #[allow(clippy::print_stderr)]
-            match next {
-                CancelLevel::Graceful => eprintln!(
-                    "crew: stopping the agents gracefully and keeping their work (Ctrl-C again to kill them at once)"
-                ),
-                _ => eprintln!("crew: killing the agents; their work is still saved"),
-            }
-        }
-        cancel.send_replace(next);
-    }
-}
-
-pub fn run_error(error: crew_live::RunError) -> CliError {
-    let hint = error.hint();
-    let user = matches!(
-        error,
-        crew_live::RunError::Prepare(_)
-            | crew_live::RunError::NotResumable { .. }
-            | crew_live::RunError::AlreadyHosted { .. }
-            | crew_live::RunError::State(crew_core::store::StateError::NameTaken { .. })
-    );
-    let error = if user {
-        CliError::user(error)
-    } else {
-        CliError::internal(error)
-    };
-    match hint {
-        Some(hint) => error.with_hint(hint),
-        None => error,
-    }
-}
-
-/// One line per task status change, as the run goes.
-#[allow(clippy::print_stdout)]
-async fn print_progress(
-    mut progress: tokio::sync::broadcast::Receiver<TaskProgress>,
-    mut finish: tokio::sync::oneshot::Receiver<()>,
-    ctx: Context,
-    run_id: RunId,
-) {
-    let mut finishing = false;
-    loop {
-        let change = if finishing {
-            // The run is over: what is queued is all there is.
-            match progress.try_recv() {
-                Ok(change) => change,
-                Err(_) => return,
-            }
-        } else {
-            tokio::select! {
-                biased;
-                change = progress.recv() => match change {
-                    Ok(change) => change,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                },
-                _ = &mut finish => {
-                    finishing = true;
-                    continue;
-                }
-            }
-        };
-        if change.run_id != run_id {
-            continue;
-        }
-        let task = change.task.as_ref();
-        let mut line = format!(
-            "  {:<14} {}",
-            truncate(change.task_id.as_str(), 14),
-            ctx.ui.task_status(change.status)
-        );
-        match change.status {
-            TaskStatus::Running => {
-                if let Some(task) = task {
-                    if let Some(pid) = task.pid {
-                        let _ = write!(line, "  pid {pid}");
-                    }
-                    if let Some(workspace) = &task.workspace {
-                        let _ = write!(
-                            line,
-                            "  {}",
-                            ctx.ui.paint(&relative(&ctx, &workspace.dir), Style::Dim)
-                        );
-                    }
-                }
-            }
-            TaskStatus::Waiting => {
-                let _ = write!(
-                    line,
-                    "  asks: {}  (answer with `crew agents follow-up {} \"…\"`)",
-                    sanitize(change.reason.as_deref().unwrap_or("")),
-                    change.task_id
-                );
-            }
-            status if status.is_finished() => {
-                if let Some(task) = task {
-                    if let Some(elapsed) = between(task.started_at, task.finished_at) {
-                        let _ = write!(line, "  {}", duration(elapsed));
-                    }
-                    if let Some(report) = &task.teardown
-                        && let Some(branch) = &report.branch
-                    {
-                        let _ = write!(line, "  {branch}");
-                        if let Some(stat) = report.diffstat {
-                            let _ = write!(line, " (+{} -{})", stat.insertions, stat.deletions);
-                        }
-                    }
-                }
-                if let Some(reason) = &change.reason {
-                    let reason = sanitize_lines(reason, "      ");
-                    let _ = write!(line, "  {}", ctx.ui.paint(&reason, Style::Dim));
-                }
-            }
-            _ => {}
-        }
-        println!("{line}");
-        let _ = std::io::stdout().flush();
-    }
-}
+use crate::ui::{Table, between, cell, duration, sanitize, sanitize_lines, styled, task_style};
 
 /// `path` relative to the workspace root when inside it.
 pub fn relative(ctx: &Context, path: &camino::Utf8Path) -> String {
-    let base = ctx.workspace.repo_root().unwrap_or(ctx.workspace.root());
+    let base = ctx
+        .workspace()
+        .repo_root()
+        .unwrap_or(ctx.workspace().root());
     match path.strip_prefix(base) {
         Ok(rest) if rest.as_str().is_empty() => ".".to_owned(),
         Ok(rest) => rest.to_string(),
@@ -547,12 +298,12 @@ pub fn base_movement(
     ctx: &Context,
     manifest: &RunManifest,
 ) -> Option<(String, crew_worktree::leader::BaseMovement)> {
-    if ctx.config.run.base_moved == crew_core::config::BaseMoved::Off {
+    if ctx.config().run.base_moved == crew_core::config::BaseMoved::Off {
         return None;
     }
     let branch = manifest.base_branch.as_ref()?;
     let moved = crew_worktree::leader::base_movement(
-        ctx.workspace.repo_root()?,
+        ctx.workspace().repo_root()?,
         manifest.base.as_deref()?,
         branch,
     )?;

@@ -1,0 +1,200 @@
+//! A run hosted in the foreground of this process, as `crew run` (and its detached host,
+//! `crew runs resume`, answering a question whose host is gone) shows it: the library's
+//! [`Host`] does the hosting; here SIGINT and SIGTERM become its cancels and its events become
+//! progress lines.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+use crew_core::model::{RunManifest, TaskStatus};
+use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
+use crew_live::{CancelLevel, Canceller, Host, HostEvent, HostEvents, HostOptions};
+
+use crate::CliError;
+use crate::context::Context;
+use crate::summary::relative;
+use crate::ui::{Style, between, duration, sanitize, sanitize_lines, truncate};
+
+/// The label of a detached run's host (`crew run --detach`): a session of its own, with no
+/// terminal, started by this user for this user, so its run is theirs to cancel.
+pub const DETACHED_HOST_LABEL: &str = "crew run --detach";
+
+/// A host for this project in this process. Agents reach it with `crew ask` and `crew
+/// submit`: this very crew, even when it is not on the user's PATH (started through `cargo
+/// run`, or by its full path).
+pub async fn start_host(ctx: &Context, label: &str) -> Result<Host, CliError> {
+    let crew_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+    let options = HostOptions {
+        label: label.to_owned(),
+        crew_dir,
+    };
+    Host::start(ctx.project(), options)
+        .await
+        .map_err(CliError::internal)
+}
+
+/// Runs `run_id` on `host` until it ends, printing progress unless quiet. The first Ctrl-C
+/// (or TERM) stops the agents gracefully, the second kills them; work is kept either way.
+pub async fn run_here(
+    ctx: &Context,
+    host: &Host,
+    run_id: &RunId,
+    resumes: HashMap<TaskId, Option<String>>,
+    progress: bool,
+) -> Result<RunManifest, CliError> {
+    let events = host.events();
+    let running = host.start_run(run_id, resumes);
+    let signals = tokio::spawn(watch_signals(running.canceller(), ctx.ui.quiet));
+    let (finished, finish) = tokio::sync::oneshot::channel();
+    let printer =
+        progress.then(|| tokio::spawn(print_progress(events, finish, ctx.clone(), run_id.clone())));
+    let result = running.finish().await;
+    signals.abort();
+    if let Some(printer) = printer {
+        // Every line of the run out before the summary.
+        let _ = finished.send(());
+        let _ = printer.await;
+    }
+    result.map_err(run_error)
+}
+
+/// Turns SIGINT and SIGTERM into cancels: the first is graceful, the second kills.
+async fn watch_signals(canceller: Canceller, quiet: bool) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    // Handling SIGHUP at all replaces its default action: a detached host outlives its
+    // terminal.
+    let _hangup = signal(SignalKind::hangup());
+    loop {
+        let cause = tokio::select! {
+            _ = interrupt.recv() => CancelCause::Interrupt,
+            _ = terminate.recv() => CancelCause::Terminate,
+        };
+        let level = canceller.cancel(CancelRecord::by_this_process(cause)).await;
+        if !quiet {
+            #[allow(clippy::print_stderr)]
+            match level {
+                CancelLevel::Graceful => eprintln!(
+                    "crew: stopping the agents gracefully and keeping their work (Ctrl-C again to kill them at once)"
+                ),
+                _ => eprintln!("crew: killing the agents; their work is still saved"),
+            }
+        }
+    }
+}
+
+pub fn run_error(error: crew_live::RunError) -> CliError {
+    let hint = error.hint();
+    let user = matches!(
+        error,
+        crew_live::RunError::Prepare(_)
+            | crew_live::RunError::NotResumable { .. }
+            | crew_live::RunError::AlreadyHosted { .. }
+            | crew_live::RunError::State(crew_core::store::StateError::NameTaken { .. })
+    );
+    let error = if user {
+        CliError::user(error)
+    } else {
+        CliError::internal(error)
+    };
+    match hint {
+        Some(hint) => error.with_hint(hint),
+        None => error,
+    }
+}
+
+/// One line per task status change, as the run goes.
+#[allow(clippy::print_stdout)]
+async fn print_progress(
+    mut events: HostEvents,
+    mut finish: tokio::sync::oneshot::Receiver<()>,
+    ctx: Context,
+    run_id: RunId,
+) {
+    let mut finishing = false;
+    loop {
+        let change = if finishing {
+            // The run is over: what is queued is all there is.
+            match events.try_next_task() {
+                Some(change) => change,
+                None => return,
+            }
+        } else {
+            tokio::select! {
+                biased;
+                event = events.next() => match event {
+                    Some(Ok(HostEvent::Task(change))) => *change,
+                    Some(_) => continue,
+                    None => return,
+                },
+                _ = &mut finish => {
+                    finishing = true;
+                    continue;
+                }
+            }
+        };
+        if change.run_id != run_id {
+            continue;
+        }
+        let task = change.task.as_ref();
+        let mut line = format!(
+            "  {:<14} {}",
+            truncate(change.task_id.as_str(), 14),
+            ctx.ui.task_status(change.status)
+        );
+        match change.status {
+            TaskStatus::Running => {
+                if let Some(task) = task {
+                    if let Some(pid) = task.pid {
+                        let _ = write!(line, "  pid {pid}");
+                    }
+                    if let Some(workspace) = &task.workspace {
+                        let _ = write!(
+                            line,
+                            "  {}",
+                            ctx.ui.paint(&relative(&ctx, &workspace.dir), Style::Dim)
+                        );
+                    }
+                }
+            }
+            TaskStatus::Waiting => {
+                let _ = write!(
+                    line,
+                    "  asks: {}  (answer with `crew agents follow-up {} \"…\"`)",
+                    sanitize(change.reason.as_deref().unwrap_or("")),
+                    change.task_id
+                );
+            }
+            status if status.is_finished() => {
+                if let Some(task) = task {
+                    if let Some(elapsed) = between(task.started_at, task.finished_at) {
+                        let _ = write!(line, "  {}", duration(elapsed));
+                    }
+                    if let Some(report) = &task.teardown
+                        && let Some(branch) = &report.branch
+                    {
+                        let _ = write!(line, "  {branch}");
+                        if let Some(stat) = report.diffstat {
+                            let _ = write!(line, " (+{} -{})", stat.insertions, stat.deletions);
+                        }
+                    }
+                }
+                if let Some(reason) = &change.reason {
+                    let reason = sanitize_lines(reason, "      ");
+                    let _ = write!(line, "  {}", ctx.ui.paint(&reason, Style::Dim));
+                }
+            }
+            _ => {}
+        }
+        println!("{line}");
+        let _ = std::io::stdout().flush();
+    }
+}

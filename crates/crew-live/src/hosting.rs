@@ -1,0 +1,249 @@
+//! Hosting runs in this process, for one project folder: the agent host, the control socket
+//! other processes reach it through, the listing they read, cancellation, and one stream of
+//! what happens.
+//!
+//! ```text
+//! Host::start(&project, options)   agents, socket, published listing, runner
+//!   .create(&spec) / .prepare_resume(&run) / .take_over(&run)
+//!   .start_run(&run, resumes)  -> RunningRun
+//!        .cancel(by)            first: graceful (work kept); again: kill (work still kept)
+//!        .finish().await        the run's manifest once it ended
+//!   .events()                  task status changes and agent events, as they happen
+//! ```
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use camino::Utf8PathBuf;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crew_core::model::RunManifest;
+use crew_core::{CancelRecord, RunId, TaskId};
+
+use crate::control::{ControlError, ControlServer};
+use crate::env::BaseEnv;
+use crate::events::AgentEvent;
+use crate::host::AgentHost;
+use crate::project::Project;
+use crate::publish::{Publisher, listing_path};
+use crate::runner::{CancelLevel, RunError, RunSpec, Runner, TaskProgress};
+
+/// How a host presents itself.
+#[derive(Debug, Clone, Default)]
+pub struct HostOptions {
+    /// Says who hosts a run, in listings and refusals (`crew run`, an editor's name).
+    pub label: String,
+    /// A directory put first on every agent's `PATH`: the one holding the `crew` binary that
+    /// agents call for `crew ask` and `crew submit`.
+    pub crew_dir: Option<PathBuf>,
+}
+
+/// A host that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("failed to start the agent host")]
+    Agents(#[source] std::io::Error),
+    #[error(transparent)]
+    Socket(#[from] ControlError),
+}
+
+/// Runs of one project, hosted in this process.
+#[derive(Debug)]
+pub struct Host {
+    runner: Runner,
+    server: ControlServer,
+    _publisher: Publisher,
+}
+
+/// Something that happened in a run hosted here.
+#[derive(Debug, Clone)]
+pub enum HostEvent {
+    /// A task changed status (its record tells its workspace, teardown and findings).
+    Task(Box<TaskProgress>),
+    /// An agent started, wrote a line, asked, changed state or exited.
+    Agent(Box<AgentEvent>),
+}
+
+/// The events of a host, as they happen. A listener that falls far behind loses the oldest
+/// (and is told how many, as `Lagged`).
+#[derive(Debug)]
+pub struct HostEvents {
+    tasks: broadcast::Receiver<TaskProgress>,
+    agents: broadcast::Receiver<AgentEvent>,
+}
+
+impl HostEvents {
+    /// The next event; `None` once the host is gone.
+    pub async fn next(&mut self) -> Option<Result<HostEvent, broadcast::error::RecvError>> {
+        use broadcast::error::RecvError;
+        let event = tokio::select! {
+            biased;
+            task = self.tasks.recv() => task.map(|task| HostEvent::Task(Box::new(task))),
+            agent = self.agents.recv() => agent.map(|agent| HostEvent::Agent(Box::new(agent))),
+        };
+        match event {
+            Err(RecvError::Closed) => None,
+            other => Some(other),
+        }
+    }
+
+    /// A task status change already queued, without waiting.
+    pub fn try_next_task(&mut self) -> Option<TaskProgress> {
+        loop {
+            match self.tasks.try_recv() {
+                Ok(change) => return Some(change),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+impl Host {
+    /// Starts the agent host of `project`, binds its control socket and publishes its listing.
+    pub async fn start(project: &Project, options: HostOptions) -> Result<Self, HostError> {
+        let mut env = BaseEnv::from_process();
+        if let Some(dir) = &options.crew_dir {
+            env = env.with_path_first(dir);
+        }
+        let host = AgentHost::with_env(env).map_err(HostError::Agents)?;
+        let server = ControlServer::bind(host.clone(), project.workspace().id()).await?;
+        let publisher = Publisher::start(
+            host.clone(),
+            project.workspace().id().clone(),
+            listing_path(project.store().state_dir(), server.path()),
+        );
+        let runner = Runner::new(
+            host,
+            project.provider().clone(),
+            project.workspace().clone(),
+            project.config().clone(),
+        )
+        .with_label(options.label);
+        Ok(Host {
+            runner,
+            server,
+            _publisher: publisher,
+        })
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// The control socket other processes reach this host through.
+    pub fn socket(&self) -> Utf8PathBuf {
+        self.server.path().to_owned()
+    }
+
+    /// Records a new run of `spec`, hosted here (nothing starts until [`Host::start_run`]).
+    pub async fn create(&self, spec: &RunSpec) -> Result<RunManifest, RunError> {
+        self.runner.create(spec, Some(self.socket())).await
+    }
+
+    /// Takes up a run whose host is gone (see [`Runner::prepare_resume`]).
+    pub async fn prepare_resume(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
+        self.runner
+            .prepare_resume(run_id, Some(self.socket()))
+            .await
+    }
+
+    /// Records this host as the host of a run another process created for it.
+    pub async fn take_over(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
+        self.runner.take_over(run_id, Some(self.socket())).await
+    }
+
+    /// Subscribes to what happens in the runs hosted here from now on.
+    pub fn events(&self) -> HostEvents {
+        HostEvents {
+            tasks: self.runner.progress(),
+            agents: self.runner.host().subscribe(),
+        }
+    }
+
+    /// Runs `run_id` here until it ends, in the background. `resumes` names tasks to resume
+    /// and the message for each (see [`Runner::execute`]).
+    pub fn start_run(
+        &self,
+        run_id: &RunId,
+        resumes: HashMap<TaskId, Option<String>>,
+    ) -> RunningRun {
+        let (cancel, cancel_rx) = watch::channel(CancelLevel::None);
+        let (commands_tx, commands_rx) = mpsc::channel(16);
+        self.server.attach_run(run_id.clone(), commands_tx);
+        let routes = self.server.routes();
+        let runner = self.runner.clone();
+        let socket = self.socket();
+        let id = run_id.clone();
+        let task = tokio::spawn(async move {
+            let result = runner
+                .execute(&id, Some(socket), cancel_rx, commands_rx, resumes)
+                .await;
+            routes.remove(&id);
+            crate::runner::forget_run(runner.host(), &id);
+            result
+        });
+        RunningRun {
+            run_id: run_id.clone(),
+            runner: self.runner.clone(),
+            cancel: Arc::new(cancel),
+            task,
+        }
+    }
+}
+
+/// A run going on in a [`Host`].
+#[derive(Debug)]
+pub struct RunningRun {
+    run_id: RunId,
+    runner: Runner,
+    cancel: Arc<watch::Sender<CancelLevel>>,
+    task: JoinHandle<Result<RunManifest, RunError>>,
+}
+
+/// Cancels a [`RunningRun`] from elsewhere (a signal handler, an editor's cancel).
+#[derive(Debug, Clone)]
+pub struct Canceller {
+    run_id: RunId,
+    runner: Runner,
+    cancel: Arc<watch::Sender<CancelLevel>>,
+}
+
+impl Canceller {
+    /// The first call stops every agent gracefully (TERM, grace, KILL) and keeps their work,
+    /// recording who asked; the next kills them at once (the work is still saved). Returns the
+    /// level reached.
+    pub async fn cancel(&self, by: CancelRecord) -> CancelLevel {
+        let next = match *self.cancel.borrow() {
+            CancelLevel::None => CancelLevel::Graceful,
+            _ => CancelLevel::Kill,
+        };
+        if next == CancelLevel::Graceful {
+            self.runner.record_cancel(&self.run_id, by).await;
+        }
+        self.cancel.send_replace(next);
+        next
+    }
+}
+
+impl RunningRun {
+    pub fn run_id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    /// A handle that cancels this run, for whoever decides when.
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            run_id: self.run_id.clone(),
+            runner: self.runner.clone(),
+            cancel: self.cancel.clone(),
+        }
+    }
+
+    /// Waits for the run to end; its manifest as it ended.
+    pub async fn finish(self) -> Result<RunManifest, RunError> {
+        self.task.await.expect("a run's task does not panic")
+    }
+}

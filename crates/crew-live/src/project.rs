@@ -1,0 +1,228 @@
+//! The front door for one project folder: its configuration and state, the runs recorded
+//! there, and the live agents of its hosts — only this folder's, whichever process hosts them.
+//!
+//! A program holding several project folders (an editor) opens a [`Project`] for each; one
+//! never sees another's runs or agents. Hosting runs in this process is [`crate::hosting`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crew_core::config::{ConfigDir, LoadConfigError, ProjectConfig};
+use crew_core::discovery::DiscoverWorkspaceError;
+use crew_core::model::{HostRecord, RunManifest};
+use crew_core::provider::WorkspaceProvider;
+use crew_core::store::StateError;
+use crew_core::{RunId, StateStore, Workspace};
+
+use crate::control::{ControlClient, ControlError, Op, Response};
+use crate::registry::AgentSnapshot;
+
+/// How long a request to a live host may take (a stop waits for the grace period).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One project folder.
+#[derive(Debug, Clone)]
+pub struct Project {
+    workspace: Workspace,
+    config: ProjectConfig,
+    store: Arc<StateStore>,
+    provider: Arc<dyn WorkspaceProvider>,
+}
+
+/// A project folder that could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenProjectError {
+    #[error(transparent)]
+    Discover(#[from] DiscoverWorkspaceError),
+    #[error(transparent)]
+    Config(#[from] LoadConfigError),
+}
+
+/// The live agents found, and the hosts that did not answer (busy, too slow): their agents
+/// are missing, and whoever shows the list must say so.
+#[derive(Debug, Default)]
+pub struct LiveAgents {
+    pub agents: Vec<(AgentSnapshot, HostRecord)>,
+    pub unanswered: Vec<String>,
+}
+
+impl Project {
+    /// The project folder `dir` belongs to (see DESIGN §2), with its configuration.
+    /// `provider` gives the workspaces of its tasks, from that configuration.
+    pub fn open(
+        dir: &Path,
+        provider: impl FnOnce(&ProjectConfig) -> Arc<dyn WorkspaceProvider>,
+    ) -> Result<Self, OpenProjectError> {
+        let workspace = Workspace::discover(dir)?;
+        Ok(Self::for_workspace(workspace, provider)?)
+    }
+
+    /// [`Project::open`] for a workspace already discovered.
+    pub fn for_workspace(
+        workspace: Workspace,
+        provider: impl FnOnce(&ProjectConfig) -> Arc<dyn WorkspaceProvider>,
+    ) -> Result<Self, LoadConfigError> {
+        let config = ConfigDir::new(workspace.crew_dir()).load_project_config()?;
+        let store = Arc::new(StateStore::new(workspace.id(), workspace.repo_root()));
+        let provider = provider(&config);
+        Ok(Project {
+            workspace,
+            config,
+            store,
+            provider,
+        })
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
+    pub fn config(&self) -> &ProjectConfig {
+        &self.config
+    }
+
+    pub fn config_dir(&self) -> ConfigDir {
+        ConfigDir::new(self.workspace.crew_dir())
+    }
+
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+
+    pub fn provider(&self) -> &Arc<dyn WorkspaceProvider> {
+        &self.provider
+    }
+
+    /// Marks runs whose host died as interrupted (and kills what is left of their agents);
+    /// their workspaces are told so through the provider.
+    pub fn reconcile(&self) -> Result<Vec<RunId>, StateError> {
+        let interrupted = crate::runner::reconcile_workspace(&self.store)?;
+        if let Some(repo_root) = self.workspace.repo_root() {
+            for run_id in &interrupted {
+                self.provider.run_interrupted(repo_root, run_id);
+            }
+        }
+        Ok(interrupted)
+    }
+
+    /// The readable manifests of the project's runs, newest first.
+    pub fn manifests(&self) -> Result<Vec<RunManifest>, StateError> {
+        Ok(self
+            .store
+            .list_runs()?
+            .into_iter()
+            .filter_map(|listing| listing.manifest.ok())
+            .collect())
+    }
+
+    /// The live hosts of this project, one per socket.
+    pub fn live_hosts(&self) -> Vec<(RunId, HostRecord)> {
+        let mut hosts = crate::runner::live_hosts(&self.store);
+        hosts.sort_by(|a, b| a.1.socket.cmp(&b.1.socket));
+        hosts.dedup_by(|a, b| a.1.socket == b.1.socket);
+        hosts
+    }
+
+    /// Sends `op` to the host at `socket`, as this project.
+    pub async fn call(&self, host: &HostRecord, op: Op) -> Result<Response, ControlError> {
+        let socket = host.socket.as_deref().expect("live hosts serve a socket");
+        let mut client = ControlClient::connect(socket).await?;
+        client.call(self.workspace.id(), op, REQUEST_TIMEOUT).await
+    }
+
+    /// The live agents of this project across its hosts, with the host of each. The hosts
+    /// are asked at the same time.
+    pub async fn live_agents(&self) -> LiveAgents {
+        let mut live = self.ask_hosts(self.live_hosts()).await;
+        live.agents = one_per_agent(live.agents);
+        live
+    }
+
+    /// The live agents as their hosts last published them (within a second for output, at
+    /// once for status changes), asking a host over its socket only when its listing cannot be
+    /// read.
+    pub async fn published_agents(&self) -> LiveAgents {
+        let mut live = LiveAgents::default();
+        let mut unpublished = Vec::new();
+        for (run_id, host) in self.live_hosts() {
+            let socket = host.socket.as_deref().expect("live hosts serve a socket");
+            let path = crate::publish::listing_path(self.store.state_dir(), socket);
+            match crate::publish::read_listing(&path, host.identity.pid) {
+                Some(listed) => live
+                    .agents
+                    .extend(listed.into_iter().map(|agent| (agent, host.clone()))),
+                None => unpublished.push((run_id, host)),
+            }
+        }
+        if !unpublished.is_empty() {
+            let asked = self.ask_hosts(unpublished).await;
+            live.agents.extend(asked.agents);
+            live.unanswered.extend(asked.unanswered);
+        }
+        live.agents = one_per_agent(live.agents);
+        live
+    }
+
+    /// Asks each host for its agents over its socket, all at the same time.
+    async fn ask_hosts(&self, hosts: Vec<(RunId, HostRecord)>) -> LiveAgents {
+        let asked: Vec<_> = hosts
+            .into_iter()
+            .map(|(_, host)| {
+                let workspace = self.workspace.id().clone();
+                tokio::spawn(async move {
+                    let socket = host.socket.clone().expect("live hosts serve a socket");
+                    let response = async {
+                        let mut client = ControlClient::connect(&socket).await?;
+                        client.call(&workspace, Op::List, REQUEST_TIMEOUT).await
+                    }
+                    .await;
+                    (host, response)
+                })
+            })
+            .collect();
+        let mut live = LiveAgents::default();
+        for asked in asked {
+            let Ok((host, response)) = asked.await else {
+                continue;
+            };
+            let response = match response {
+                Ok(response) => response,
+                // Gone since its manifest was read: it has no agents to list.
+                Err(ControlError::HostGone { .. }) => continue,
+                Err(error) => {
+                    live.unanswered
+                        .push(format!("host pid {}: {error}", host.identity.pid));
+                    continue;
+                }
+            };
+            if let Some(error) = response.error.filter(|_| !response.ok) {
+                live.unanswered.push(format!(
+                    "host pid {}: {} ({})",
+                    host.identity.pid, error.message, error.code
+                ));
+                continue;
+            }
+            let Some(listed) = response
+                .result
+                .and_then(|value| serde_json::from_value::<Vec<serde_json::Value>>(value).ok())
+            else {
+                continue;
+            };
+            for value in listed {
+                if let Ok(snapshot) = serde_json::from_value::<AgentSnapshot>(value) {
+                    live.agents.push((snapshot, host.clone()));
+                }
+            }
+        }
+        live
+    }
+}
+
+/// Sorted by agent id, each agent once (a host serving several runs lists its agents once per
+/// run it was asked for).
+fn one_per_agent(mut agents: Vec<(AgentSnapshot, HostRecord)>) -> Vec<(AgentSnapshot, HostRecord)> {
+    agents.sort_by(|a, b| a.0.agent_id.cmp(&b.0.agent_id));
+    agents.dedup_by(|a, b| a.0.agent_id == b.0.agent_id);
+    agents
+}
