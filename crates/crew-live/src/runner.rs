@@ -60,6 +60,20 @@ pub struct RunSpec {
     pub name: Option<RunId>,
 }
 
+impl RunSpec {
+    /// `team` as its files and the project's configuration say, nothing overridden.
+    pub fn of(team: Team) -> Self {
+        RunSpec {
+            team,
+            mode: None,
+            max_parallel: None,
+            base: None,
+            fail_fast: None,
+            name: None,
+        }
+    }
+}
+
 /// A run that could not be created, resumed or finished.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -180,14 +180,7 @@ fn dropped_cancel(dir: &str) {
             },
             agents: [("shell".to_owned(), AgentDef::builtin_shell())].into(),
         };
-        let spec = crew_live::RunSpec {
-            team,
-            mode: None,
-            max_parallel: None,
-            base: None,
-            fail_fast: None,
-            name: None,
-        };
+        let spec = crew_live::RunSpec::of(team);
         let manifest = runner.create(&spec, None).await.unwrap();
         let cancel = tokio::sync::watch::channel(crew_live::CancelLevel::None).1;
         let commands = tokio::sync::mpsc::channel(1).1;

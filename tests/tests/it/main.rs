@@ -17,6 +17,7 @@ mod core_ids;
 mod core_paths;
 mod core_state;
 mod hostile;
+mod library;
 mod live_agents;
 mod live_control;
 mod run_records;

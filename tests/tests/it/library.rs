@@ -1,0 +1,162 @@
+//! The library's front door as a program embedding crew uses it: its examples, and two
+//! project folders held by one process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crew_core::{CancelCause, CancelRecord, RunStatus};
+use crew_live::control::Op;
+use crew_live::{Host, HostOptions, Project, RunSpec};
+use crew_tests::{TestEnv, helper_bin, render_output, write};
+use crew_worktree::CrewWorkspaces;
+
+#[test]
+fn the_examples_run_and_show_what_they_say() {
+    let env = TestEnv::new();
+    for (example, expected) in [
+        (
+            "run_team",
+            &[
+                "task greet succeeded",
+                "task count succeeded",
+                ":greet: said hello",
+                "run completed",
+                "greet: its work is on crew/",
+            ][..],
+        ),
+        (
+            "two_projects",
+            &[
+                ":left",
+                ":right",
+                "refused: live agent",
+                "does not belong to workspace",
+                "cancelled",
+            ][..],
+        ),
+    ] {
+        let bin = helper_bin(&format!("examples/{example}"));
+        assert!(
+            bin.exists(),
+            "{bin} is missing: run the tests with `cargo test --workspace`, which builds the examples"
+        );
+        let output = env
+            .hermetic(&mut std::process::Command::new(&bin))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{example}: {}",
+            render_output(&output)
+        );
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        for line in expected {
+            assert!(
+                stdout.contains(line),
+                "{example} printed no {line:?}:\n{stdout}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_project_folders_in_one_process_each_see_and_control_only_their_own() {
+    let env = TestEnv::new();
+    let mut projects = Vec::new();
+    let mut hosts = Vec::new();
+    let mut runs = Vec::new();
+    for name in ["left", "right"] {
+        let repo = env.repo(name);
+        write(
+            &repo.join(".crew/teams/work.toml"),
+            &format!(
+                "[[tasks]]\nid = \"{name}\"\nagent = \"shell\"\nprompt = \"echo {name} > {name}.txt; sleep 600\"\nworkspace_mode = \"worktree\"\n"
+            ),
+        );
+        env.git(&repo, ["add", ".crew"]);
+        env.git(&repo, ["commit", "-q", "-m", "a team"]);
+        let project = Project::open(repo.as_std_path(), |config| {
+            Arc::new(CrewWorkspaces::new(config))
+        })
+        .unwrap();
+        let options = HostOptions {
+            label: format!("test host of {name}"),
+            crew_dir: None,
+        };
+        let host = Host::start(&project, options).await.unwrap();
+        let spec = RunSpec::of(project.config_dir().load_team("work").unwrap());
+        let manifest = host.create(&spec).await.unwrap();
+        runs.push(host.start_run(&manifest.run_id, Default::default()));
+        projects.push(project);
+        hosts.push(host);
+    }
+    let mut seen = Vec::new();
+    for project in &projects {
+        let agents = loop {
+            let live = project.live_agents().await;
+            if !live.agents.is_empty() {
+                break live.agents;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let ids: Vec<String> = agents
+            .iter()
+            .map(|(agent, _)| agent.agent_id.task_id().to_string())
+            .collect();
+        seen.push((ids, agents));
+    }
+    assert_eq!(seen[0].0, ["left"]);
+    assert_eq!(seen[1].0, ["right"]);
+
+    // The left folder reaches the right host's socket, and is refused there for every
+    // operation on the right folder's agent: the agent receives nothing.
+    let (right_agent, right_host) = &seen[1].1[0];
+    let right = right_agent.agent_id.to_string();
+    for op in [
+        Op::Stop {
+            agent: right.clone(),
+        },
+        Op::Steer {
+            agent: right.clone(),
+            message: "from the left".into(),
+        },
+        Op::FollowUp {
+            agent: right.clone(),
+            message: "from the left".into(),
+        },
+        Op::Resume {
+            agent: right.clone(),
+            message: None,
+        },
+    ] {
+        let response = projects[0].call(right_host, op).await.unwrap();
+        let error = response.error.expect("refused");
+        assert_eq!(error.code, "foreign_workspace", "{}", error.message);
+    }
+    let listed = projects[0].call(right_host, Op::List).await.unwrap();
+    assert_eq!(
+        listed.result,
+        Some(serde_json::json!([])),
+        "the right host lists nothing for the left folder"
+    );
+
+    for (run, project) in runs.into_iter().zip(&projects) {
+        run.canceller()
+            .cancel(CancelRecord::new(CancelCause::Interrupt))
+            .await;
+        let finished = run.finish().await.unwrap();
+        assert_eq!(finished.status, RunStatus::Cancelled);
+        let task = &finished.tasks[0];
+        let branch = task
+            .teardown
+            .as_ref()
+            .and_then(|report| report.branch.clone())
+            .unwrap();
+        let repo = project.workspace().root();
+        let files = env.git(repo, ["ls-tree", "-r", "--name-only", &branch]);
+        assert!(
+            files.contains(&format!("{}.txt", task.id)),
+            "the work is on its branch: {files}"
+        );
+    }
+}
