@@ -24,8 +24,8 @@ use serde::de::DeserializeOwned;
 use crate::config::RetentionSettings;
 use crate::discovery::CREW_DIR;
 use crate::fsutil::{
-    FileError, FileLock, LockError, ensure_real_dir, open_append_nofollow, open_rw_nofollow,
-    read_nofollow, real_dir_exists, write_atomic,
+    FileError, FileLock, LockError, ensure_real_dir, open_append_nofollow, open_nofollow,
+    open_rw_nofollow, read_nofollow, real_dir_exists, write_atomic,
 };
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
@@ -466,6 +466,45 @@ impl StateStore {
             }
         }
         Ok((events, unreadable))
+    }
+
+    /// The events of a run written from byte `offset` of its log on, complete lines only, and
+    /// the offset after the last of them: reading again from there gives what came since
+    /// (`crew events --follow`). A line that cannot be parsed is skipped.
+    pub fn read_events_since(
+        &self,
+        run_id: &RunId,
+        offset: u64,
+    ) -> Result<(Vec<RunEvent>, u64), StateError> {
+        let path = self.events_path(run_id);
+        let mut file = match open_nofollow(&path) {
+            Ok(file) => file,
+            Err(FileError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok((Vec::new(), offset));
+            }
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        let read_error = |source| StateError::Read {
+            path: path.clone(),
+            source: FileError::Read {
+                path: path.clone(),
+                source,
+            },
+        };
+        io::Seek::seek(&mut file, io::SeekFrom::Start(offset)).map_err(read_error)?;
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut file, &mut bytes).map_err(read_error)?;
+        // A line still being written waits for the next read.
+        let complete = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |end| end + 1);
+        let events = bytes[..complete]
+            .split(|&b| b == b'\n')
+            .filter(|line| !line.is_empty())
+            .filter_map(|line| serde_json::from_slice(line).ok())
+            .collect();
+        Ok((events, offset + complete as u64))
     }
 
     /// Creates `runs/<runId>/tasks/<taskId>/` and returns it.

@@ -250,3 +250,70 @@ fn what_setup_made_is_never_the_agents_work_unless_the_agent_changes_it() {
         .collect();
     assert_eq!(branches, ["edits", "writes"], "{listing:#}");
 }
+
+#[test]
+fn events_follow_a_run_as_it_happens_every_change_in_order() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let marker = env.root().join("go");
+    let mut run = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--task",
+            "quick=echo quick",
+            "--task",
+            &format!("slow=while [ ! -e {marker} ]; do sleep 0.05; done; echo slow"),
+        ],
+    );
+    let run_id = wait_until(30, "the run to start", || {
+        run_ids(&env, &repo).into_iter().next()
+    });
+    let follower = env
+        .crew_command(&repo)
+        .args(["events", "--follow", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The follower has started reading before the slow task goes on.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    write(&marker, "");
+    run.wait().unwrap();
+    let output = follower.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let events: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .all(|event| event["run_id"] == run_id.as_str())
+    );
+    let of = |task: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|event| event["task"] == task && event["event"] == "task_status")
+            .map(|event| event["status"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(of("quick"), ["preparing", "running", "succeeded"]);
+    assert_eq!(of("slow"), ["preparing", "running", "succeeded"]);
+    assert_eq!(events.first().unwrap()["event"], "run_created");
+    let last = events.last().unwrap();
+    assert_eq!(
+        (&last["event"], &last["status"]),
+        (
+            &serde_json::json!("run_status"),
+            &serde_json::json!("completed")
+        )
+    );
+    // Exactly what the run recorded, in the same order.
+    let recorded =
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run_id}/events.jsonl")))
+            .unwrap();
+    assert_eq!(recorded.lines().count(), events.len());
+}

@@ -1,0 +1,119 @@
+//! `crew events`
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use crew_core::RunStatus;
+use crew_core::model::{EventKind, RunEvent};
+
+use crate::context::Context;
+use crate::ui::{Ui, sanitize};
+use crate::{CliError, Outcome};
+
+/// What happened in a run, in order (`--follow` as it happens, `--json` for scripts).
+///
+/// Its status, each task's status changes (with the reason), cancel requests and messages.
+/// Without --run, the newest run of this workspace. With --follow, new events are printed as
+/// they are recorded until the run ends.
+#[derive(Debug, clap::Args)]
+pub struct EventsArgs {
+    /// The run id, or a unique prefix of it.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Keep printing events as they come, until the run ends.
+    #[arg(long, short)]
+    pub follow: bool,
+    /// One JSON object a line: the recorded event, with its `run_id`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How often a followed run's log is read again.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    let run_id = match &args.run {
+        Some(prefix) => ctx.resolve_run(prefix)?,
+        None => ctx
+            .store()
+            .run_ids()
+            .map_err(CliError::internal)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                CliError::user("this workspace has no runs yet")
+                    .with_hint("start one with `crew run`")
+            })?,
+    };
+    let mut offset = 0;
+    let mut stdout = std::io::stdout().lock();
+    loop {
+        // Whether the run was over before this read: then this read holds its last events.
+        let ended = !args.follow || run_ended(&ctx, &run_id)?;
+        let (events, next) = ctx
+            .store()
+            .read_events_since(&run_id, offset)
+            .map_err(CliError::internal)?;
+        offset = next;
+        for event in &events {
+            let line = if args.json {
+                let mut value = serde_json::to_value(event).map_err(CliError::internal)?;
+                value["run_id"] = serde_json::Value::String(run_id.to_string());
+                value.to_string()
+            } else {
+                human(event)
+            };
+            if writeln!(stdout, "{line}").is_err() {
+                // The reader went away (`| head`): nothing more to say.
+                return Ok(Outcome::Success);
+            }
+        }
+        let _ = stdout.flush();
+        if ended {
+            return Ok(Outcome::Success);
+        }
+        tokio::time::sleep(FOLLOW_INTERVAL).await;
+    }
+}
+
+/// Whether `run_id` is over: finished, or its host is gone (it is then marked interrupted).
+fn run_ended(ctx: &Context, run_id: &crew_core::RunId) -> Result<bool, CliError> {
+    let glance = ctx.store().glance_run(run_id).map_err(CliError::internal)?;
+    if glance.status != RunStatus::Running {
+        return Ok(true);
+    }
+    let host_alive = glance
+        .host
+        .as_ref()
+        .is_some_and(|host| host.identity.is_alive());
+    if !host_alive {
+        ctx.reconcile()?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn with_reason(status: &str, reason: &Option<String>) -> String {
+    match reason {
+        Some(reason) => format!("{status}  {}", sanitize(reason)),
+        None => status.to_owned(),
+    }
+}
+
+/// `12:03:04.567  api  running`, `12:03:09.001  run  completed`.
+fn human(event: &RunEvent) -> String {
+    let at = event.at.to_string();
+    let time = at.split('T').nth(1).unwrap_or(&at).trim_end_matches('Z');
+    let subject = event.task.as_ref().map_or("run", |task| task.as_str());
+    let what = match &event.kind {
+        EventKind::RunCreated => "created".to_owned(),
+        EventKind::RunStatus { status, reason } => with_reason(status.as_str(), reason),
+        EventKind::TaskStatus { status, reason } => with_reason(status.as_str(), reason),
+        EventKind::Message { text } => sanitize(text),
+        EventKind::CancelRequested { by } => format!("cancel requested {by}"),
+    };
+    format!("{time}  {subject:<14}  {what}")
+}
