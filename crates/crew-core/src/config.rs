@@ -611,6 +611,16 @@ pub struct Team {
     pub agents: BTreeMap<String, AgentDef>,
 }
 
+/// An ad hoc team that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum AdHocTeamError {
+    #[error(transparent)]
+    Agent(#[from] LoadConfigError),
+    /// The task ids break a rule; the message says which.
+    #[error("{0}")]
+    Tasks(String),
+}
+
 /// A configuration file that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadConfigError {
@@ -748,6 +758,44 @@ impl ConfigDir {
         }
         names.sort();
         Ok(names)
+    }
+
+    /// A team made on the spot: each `(id, prompt)` a task of agent `agent_name`, none
+    /// depending on another (`crew run --agent`, an editor's prompt).
+    pub fn ad_hoc_team(
+        &self,
+        agent_name: &str,
+        tasks: Vec<(String, String)>,
+    ) -> Result<Team, AdHocTeamError> {
+        let agent = self.load_agent(agent_name)?;
+        let graph: Vec<(String, Vec<String>)> = tasks
+            .iter()
+            .map(|(id, _)| (id.clone(), Vec::new()))
+            .collect();
+        let ids = validate_plain_task_graph(&graph).map_err(AdHocTeamError::Tasks)?;
+        let tasks = ids
+            .into_iter()
+            .zip(tasks)
+            .map(|((id, _), (_, prompt))| TaskDef {
+                id,
+                agent: agent_name.to_owned(),
+                prompt,
+                depends_on: Vec::new(),
+                timeout: None,
+                workspace_mode: None,
+            })
+            .collect();
+        Ok(Team {
+            def: TeamDef {
+                name: format!("adhoc-{agent_name}"),
+                description: None,
+                workspace_mode: None,
+                max_parallel: None,
+                fail_fast: None,
+                tasks,
+            },
+            agents: BTreeMap::from([(agent_name.to_owned(), agent)]),
+        })
     }
 
     /// Names of the teams defined in files, sorted.

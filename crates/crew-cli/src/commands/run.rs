@@ -1,11 +1,9 @@
 //! `crew run`
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
-use crew_core::config::{
-    ConfigDir, Parallelism, TaskDef, TeamDef, WorkspaceMode, validate_plain_task_graph,
-};
+use crew_core::config::{AdHocTeamError, ConfigDir, Parallelism, WorkspaceMode};
 use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
@@ -210,7 +208,6 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
         };
         return config_dir.load_team(team).map_err(config_error);
     };
-    let agent = config_dir.load_agent(agent_name).map_err(config_error)?;
     let mut tasks: Vec<(String, String)> = Vec::new();
     for task in &args.tasks {
         let Some((id, prompt)) = task.split_once('=') else {
@@ -238,35 +235,12 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
             "what should {agent_name} do? Give a prompt: crew run --agent {agent_name} \"…\""
         )));
     }
-    let graph: Vec<(String, Vec<String>)> = tasks
-        .iter()
-        .map(|(id, _)| (id.clone(), Vec::new()))
-        .collect();
-    let ids = validate_plain_task_graph(&graph)
-        .map_err(|message| CliError::user(format!("--task: {message}")))?;
-    let tasks = ids
-        .into_iter()
-        .zip(tasks)
-        .map(|((id, _), (_, prompt))| TaskDef {
-            id,
-            agent: agent_name.clone(),
-            prompt,
-            depends_on: Vec::new(),
-            timeout: None,
-            workspace_mode: None,
+    config_dir
+        .ad_hoc_team(agent_name, tasks)
+        .map_err(|error| match error {
+            AdHocTeamError::Agent(error) => config_error(error),
+            AdHocTeamError::Tasks(message) => CliError::user(format!("--task: {message}")),
         })
-        .collect();
-    Ok(Team {
-        def: TeamDef {
-            name: format!("adhoc-{agent_name}"),
-            description: None,
-            workspace_mode: None,
-            max_parallel: None::<Parallelism>,
-            fail_fast: None,
-            tasks,
-        },
-        agents: BTreeMap::from([(agent_name.clone(), agent)]),
-    })
 }
 
 /// Creates the run here (so that a refusal reaches the user), then hands it to a background
