@@ -341,6 +341,9 @@ pub struct RunSettings {
     pub max_output_log: ByteSize,
     /// What a run's end says when the branch it started from has moved on meanwhile.
     pub base_moved: BaseMoved,
+    /// The agent of a task made from an editor's plain prompt (`crew serve`); none: such a
+    /// prompt is refused with what to write instead.
+    pub default_agent: Option<String>,
 }
 
 /// `[run] base_moved`: what to do when the branch a run started from gained commits (or was
@@ -366,6 +369,7 @@ impl Default for RunSettings {
             fail_fast: false,
             max_output_log: ByteSize(64 * 1024 * 1024),
             base_moved: BaseMoved::Warn,
+            default_agent: None,
         }
     }
 }

@@ -482,6 +482,8 @@ pub enum CancelCause {
     FailFast,
     /// `crew runs cancel` of a run whose host was gone.
     HostGone,
+    /// The editor's `session/cancel` (`crew serve`).
+    Editor,
 }
 
 impl CancelRecord {
@@ -523,6 +525,7 @@ impl fmt::Display for CancelRecord {
             CancelCause::HostGone => {
                 f.write_str("by `crew runs cancel` after its host was gone")?
             }
+            CancelCause::Editor => f.write_str("by the editor (session/cancel)")?,
         }
         let mut who = Vec::new();
         if let Some(pid) = self.pid {

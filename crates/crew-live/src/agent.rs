@@ -801,11 +801,7 @@ impl Supervisor {
             return Err(AgentOpError::SteerUnsupported { agent_id });
         };
         let mut line = match mode {
-            SteerMode::StdinJson => serde_json::json!({
-                "type": "user",
-                "message": { "role": "user", "content": message },
-            })
-            .to_string(),
+            SteerMode::StdinJson => user_message_line(message),
             _ => message.to_owned(),
         };
         line.push('\n');
@@ -874,6 +870,29 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// A `stdin-json` agent's user message, `{"type":"user","message":{"role":"user","content":…}}`:
+/// built from structs, so its keys come in this order however serde_json is configured.
+fn user_message_line(content: &str) -> String {
+    #[derive(serde::Serialize)]
+    struct Message<'a> {
+        role: &'static str,
+        content: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        r#type: &'static str,
+        message: Message<'a>,
+    }
+    let line = Line {
+        r#type: "user",
+        message: Message {
+            role: "user",
+            content,
+        },
+    };
+    serde_json::to_string(&line).expect("a user message serializes")
 }
 
 /// Waits for the readers, dropping each as it finishes, so that a wait cut short by a timeout

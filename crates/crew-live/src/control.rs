@@ -660,7 +660,7 @@ async fn serve_connection(
             Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
                 Ok(request) => match authorize(&host, caller, &request).await {
                     Ok(()) => handle(&host, &runs, request, peer).await,
-                    Err(refusal) => refusal,
+                    Err(refusal) => *refusal,
                 },
                 Err(error) => Response::error(None, "invalid_request", error.to_string()),
             },
@@ -677,9 +677,13 @@ fn op_error(id: Option<u64>, error: &AgentOpError) -> Response {
 
 /// What a caller may do: the user anything; an agent of this host only ask and submit for
 /// itself; an agent of another host nothing but ping.
-async fn authorize(host: &AgentHost, caller: Caller, request: &Request) -> Result<(), Response> {
+async fn authorize(
+    host: &AgentHost,
+    caller: Caller,
+    request: &Request,
+) -> Result<(), Box<Response>> {
     let id = request.id;
-    let forbidden = |message: String| Err(Response::error(id, "forbidden", message));
+    let forbidden = |message: String| Err(Box::new(Response::error(id, "forbidden", message)));
     match (caller, &request.op) {
         (Caller::Person, _) | (_, Op::Ping) => Ok(()),
         (Caller::Foreign { .. }, _) => {

@@ -176,7 +176,7 @@ fn broken_config_file() {
     write(&repo.join(".crew/config.toml"), "[run]\nmax_paralel = 3\n");
     insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "shell", "true"]), @"
     ----- stderr -----
-    error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.max_paralel`: unknown field `max_paralel`, expected one of `max_parallel`, `stop_grace`, `task_timeout`, `fail_fast`, `max_output_log`, `base_moved`
+    error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.max_paralel`: unknown field `max_paralel`, expected one of `max_parallel`, `stop_grace`, `task_timeout`, `fail_fast`, `max_output_log`, `base_moved`, `default_agent`
     [exit status: 2]
     ");
 }
@@ -275,6 +275,7 @@ fn help_lists_the_commands() {
       sandbox      What the kernel lets agents write, and whether this machine can confine them
       ask          Ask the user a question from inside an agent, and stop for the answer
       submit       Add tasks to your own run, from inside an agent (an agent-authored plan)
+      serve        Serve the Agent Client Protocol on stdio, for editors
       init         Write `.crew/` with a commented example of each configuration file
       demo         See crew at work in ten seconds: three agents, three worktrees, one file
       completions  Print shell completions for crew

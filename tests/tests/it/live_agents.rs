@@ -457,7 +457,7 @@ async fn steer_writes_lines_json_or_is_refused() {
     wait_for_line(
         &mut events,
         json.agent_id(),
-        r#"echo: {"message":{"content":"hi \"there\"","role":"user"},"type":"user"}"#,
+        r#"echo: {"type":"user","message":{"role":"user","content":"hi \"there\""}}"#,
     )
     .await;
 
@@ -504,13 +504,13 @@ async fn follow_ups_wait_for_the_turn_or_resume_an_exited_agent() {
     wait_for_line(
         &mut events,
         json.agent_id(),
-        r#"echo: {"message":{"content":"first","role":"user"},"type":"user"}"#,
+        r#"echo: {"type":"user","message":{"role":"user","content":"first"}}"#,
     )
     .await;
     wait_for_line(
         &mut events,
         json.agent_id(),
-        r#"echo: {"message":{"content":"second","role":"user"},"type":"user"}"#,
+        r#"echo: {"type":"user","message":{"role":"user","content":"second"}}"#,
     )
     .await;
     json.stop().await.unwrap();

@@ -16,6 +16,7 @@ mod core_discovery;
 mod core_ids;
 mod core_paths;
 mod core_state;
+mod editor_protocol;
 mod hostile;
 mod library;
 mod live_agents;

@@ -1,0 +1,370 @@
+//! `crew serve --stdio`: crew as an Agent Client Protocol agent, for editors.
+//!
+//! Each ACP session is one project folder (the editor's `cwd`): its prompts start runs there,
+//! and it never sees another folder's runs or agents. A prompt is `/run <team>`, `/task <id>
+//! <prompt>` or plain text (one task of `[run] default_agent`); the run's tasks are the
+//! session's plan, their status changes and output lines stream as agent message chunks, and
+//! the prompt ends with the run (`cancelled` after `session/cancel`, which stops it gracefully
+//! with the work saved). stdout carries protocol messages only; logs go to stderr.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
+    InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, Plan, PlanEntry,
+    PlanEntryPriority, PlanEntryStatus, PromptRequest, PromptResponse, SessionId,
+    SessionNotification, SessionUpdate, StopReason, TextContent,
+};
+use agent_client_protocol::{
+    Agent, Client, Error, Stdio, on_receive_notification, on_receive_request,
+};
+use crew_core::config::AdHocTeamError;
+use crew_core::model::{RunManifest, TaskStatus};
+use crew_core::{CancelCause, CancelRecord, Team, Workspace};
+use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
+
+use crate::context::Context;
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Serve the Agent Client Protocol on stdio, for editors.
+///
+/// Zed, JetBrains IDEs and Neovim clients run it as an agent.
+///
+/// Each session works in the project folder the editor names; prompts are `/run <team>`,
+/// `/task <id> <prompt>`, or plain text for `[run] default_agent`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Speak ACP on stdin and stdout (the only transport so far).
+    #[arg(long, required = true)]
+    pub stdio: bool,
+}
+
+/// A session: one project folder, at most one run at a time.
+struct Session {
+    ctx: Context,
+    host: Option<Arc<Host>>,
+    running: Option<Canceller>,
+}
+
+#[derive(Default)]
+struct Sessions {
+    next: u64,
+    by_id: HashMap<String, Session>,
+}
+
+type Shared = Arc<Mutex<Sessions>>;
+
+pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let _ = args.stdio;
+    let sessions: Shared = Arc::default();
+    let on_new = sessions.clone();
+    let on_prompt = sessions.clone();
+    let on_cancel = sessions.clone();
+    Agent
+        .v1()
+        .name("crew")
+        .on_receive_request(
+            async |request: InitializeRequest, responder, _cx| {
+                responder.respond(
+                    InitializeResponse::new(request.protocol_version)
+                        .agent_capabilities(AgentCapabilities::new())
+                        .agent_info(Implementation::new("crew", env!("CARGO_PKG_VERSION"))),
+                )
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: NewSessionRequest, responder, _cx| match new_session(
+                &on_new, &request, ui,
+            ) {
+                Ok(id) => responder.respond(NewSessionResponse::new(id)),
+                Err(error) => responder.respond_with_error(error),
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: PromptRequest, responder, cx| {
+                let sessions = on_prompt.clone();
+                let connection = cx.clone();
+                cx.spawn(async move {
+                    match prompt(&sessions, &request, &connection).await {
+                        Ok(stop) => responder.respond(PromptResponse::new(stop)),
+                        Err(error) => responder.respond_with_error(error),
+                    }
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |notification: CancelNotification, _cx| {
+                let canceller = on_cancel
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .by_id
+                    .get(notification.session_id.0.as_ref())
+                    .and_then(|session| session.running.clone());
+                if let Some(canceller) = canceller {
+                    tokio::spawn(async move {
+                        canceller
+                            .cancel(CancelRecord::by_this_process(CancelCause::Editor))
+                            .await
+                    });
+                }
+                Ok(())
+            },
+            on_receive_notification!(),
+        )
+        .connect_to(Stdio::new())
+        .await
+        .map_err(|error| CliError::internal(format!("the ACP connection failed: {error}")))?;
+    Ok(Outcome::Success)
+}
+
+/// A session in the project folder the editor names.
+fn new_session(sessions: &Shared, request: &NewSessionRequest, ui: Ui) -> Result<SessionId, Error> {
+    let invalid =
+        |message: String| Error::invalid_params().data(serde_json::json!({ "message": message }));
+    let workspace = Workspace::discover(&request.cwd)
+        .map_err(|error| invalid(format!("cwd {}: {error}", request.cwd.display())))?;
+    let ctx = Context::for_workspace(workspace, ui)
+        .map_err(|error| invalid(error.render().trim_end().to_owned()))?;
+    let mut sessions = sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    sessions.next += 1;
+    let id = format!("crew-{}-{}", std::process::id(), sessions.next);
+    sessions.by_id.insert(
+        id.clone(),
+        Session {
+            ctx,
+            host: None,
+            running: None,
+        },
+    );
+    Ok(SessionId::new(id))
+}
+
+/// Runs what the prompt asks in the session's folder, reporting as it goes; how the turn ended.
+async fn prompt(
+    sessions: &Shared,
+    request: &PromptRequest,
+    cx: &ConnectionTo<Client>,
+) -> Result<StopReason, Error> {
+    let session_id = request.session_id.clone();
+    let text: String = request
+        .prompt
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text(text) => Some(text.text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ctx = {
+        let sessions = sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let session = sessions.by_id.get(session_id.0.as_ref()).ok_or_else(|| {
+            Error::invalid_params()
+                .data(serde_json::json!({ "message": format!("unknown session {}", session_id.0) }))
+        })?;
+        if session.running.is_some() {
+            return Err(Error::invalid_request().data(serde_json::json!({ "message": "this session's run is still going: cancel it or wait" })));
+        }
+        session.ctx.clone()
+    };
+    let say = |text: String| {
+        cx.send_notification(SessionNotification::new(
+            session_id.clone(),
+            SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::Text(
+                TextContent::new(text),
+            ))),
+        ))
+    };
+    let team = match team_for(&ctx, text.trim()) {
+        Ok(team) => team,
+        Err(message) => {
+            say(format!("{message}\n"))?;
+            return Ok(StopReason::EndTurn);
+        }
+    };
+    let host = host_of(sessions, &session_id, &ctx).await?;
+    let manifest = host.create(&RunSpec::of(team)).await.map_err(|error| {
+        Error::internal_error()
+            .data(serde_json::json!({ "message": error.to_string(), "hint": error.hint() }))
+    })?;
+    let mut plan: Vec<(String, PlanEntryStatus)> = manifest
+        .tasks
+        .iter()
+        .map(|task| (task.id.to_string(), PlanEntryStatus::Pending))
+        .collect();
+    send_plan(cx, &session_id, &plan)?;
+    say(format!(
+        "run {} started: {} task(s)\n",
+        manifest.run_id,
+        plan.len()
+    ))?;
+    let mut events = host.events();
+    let running = host.start_run(&manifest.run_id, HashMap::new());
+    set_running(sessions, &session_id, Some(running.canceller()));
+    let mut finish = std::pin::pin!(running.finish());
+    let finished = loop {
+        tokio::select! {
+            biased;
+            Some(event) = events.next() => match event {
+                Ok(HostEvent::Task(change)) if change.run_id == manifest.run_id => {
+                    let status = match change.status {
+                        TaskStatus::Pending => PlanEntryStatus::Pending,
+                        status if status.is_finished() => PlanEntryStatus::Completed,
+                        _ => PlanEntryStatus::InProgress,
+                    };
+                    if let Some(entry) = plan.iter_mut().find(|(id, _)| *id == change.task_id.as_str()) {
+                        entry.1 = status;
+                    }
+                    send_plan(cx, &session_id, &plan)?;
+                    let reason = change.reason.map(|reason| format!(": {reason}")).unwrap_or_default();
+                    say(format!("{} {}{reason}\n", change.task_id, change.status))?;
+                }
+                Ok(HostEvent::Agent(agent)) => {
+                    if let AgentEvent::Output { agent_id, line, .. } = *agent
+                        && agent_id.run_id() == &manifest.run_id
+                    {
+                        say(format!("[{}] {line}\n", agent_id.task_id()))?;
+                    }
+                }
+                _ => {}
+            },
+            result = &mut finish => break result,
+        }
+    };
+    set_running(sessions, &session_id, None);
+    let finished = finished.map_err(|error| {
+        Error::internal_error().data(serde_json::json!({ "message": error.to_string() }))
+    })?;
+    say(summary_text(&finished))?;
+    Ok(
+        if finished.cancelled_by.is_some() && finished.status == crew_core::RunStatus::Cancelled {
+            StopReason::Cancelled
+        } else {
+            StopReason::EndTurn
+        },
+    )
+}
+
+/// The team a prompt asks for: `/run <team>`, `/task <id> <prompt>`, or plain text for the
+/// default agent. The message says what to write instead.
+fn team_for(ctx: &Context, text: &str) -> Result<Team, String> {
+    let config = ctx.config_dir();
+    if let Some(name) = text.strip_prefix("/run ") {
+        return config
+            .load_team(name.trim())
+            .map_err(|error| error.to_string());
+    }
+    let (id, prompt) = match text.strip_prefix("/task ") {
+        Some(rest) => match rest.trim().split_once(char::is_whitespace) {
+            Some((id, prompt)) => (id.to_owned(), prompt.trim().to_owned()),
+            None => return Err("write it as `/task <id> <prompt>`".to_owned()),
+        },
+        None => ("task".to_owned(), text.to_owned()),
+    };
+    let Some(agent) = ctx.config().run.default_agent.clone() else {
+        return Err("this project has no default agent: name one with `[run] default_agent = \"<agent>\"` in .crew/config.toml, or write `/run <team>`".to_owned());
+    };
+    config
+        .ad_hoc_team(&agent, vec![(id, prompt)])
+        .map_err(|error| match error {
+            AdHocTeamError::Agent(error) => error.to_string(),
+            AdHocTeamError::Tasks(message) => message,
+        })
+}
+
+/// The session's host, started on its first run.
+async fn host_of(
+    sessions: &Shared,
+    session_id: &SessionId,
+    ctx: &Context,
+) -> Result<Arc<Host>, Error> {
+    let existing = sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .by_id
+        .get(session_id.0.as_ref())
+        .and_then(|session| session.host.clone());
+    if let Some(host) = existing {
+        return Ok(host);
+    }
+    let crew_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+    let host = Host::start(
+        ctx.project(),
+        HostOptions {
+            label: "crew serve".to_owned(),
+            crew_dir,
+        },
+    )
+    .await
+    .map(Arc::new)
+    .map_err(|error| {
+        Error::internal_error().data(serde_json::json!({ "message": error.to_string() }))
+    })?;
+    if let Some(session) = sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .by_id
+        .get_mut(session_id.0.as_ref())
+    {
+        session.host = Some(host.clone());
+    }
+    Ok(host)
+}
+
+fn set_running(sessions: &Shared, session_id: &SessionId, running: Option<Canceller>) {
+    if let Some(session) = sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .by_id
+        .get_mut(session_id.0.as_ref())
+    {
+        session.running = running;
+    }
+}
+
+fn send_plan(
+    cx: &ConnectionTo<Client>,
+    session_id: &SessionId,
+    plan: &[(String, PlanEntryStatus)],
+) -> Result<(), Error> {
+    let entries = plan
+        .iter()
+        .map(|(id, status)| PlanEntry::new(id.clone(), PlanEntryPriority::Medium, status.clone()))
+        .collect();
+    cx.send_notification(SessionNotification::new(
+        session_id.clone(),
+        SessionUpdate::Plan(Plan::new(entries)),
+    ))
+}
+
+/// Where each task's work is, as the end of the turn says it.
+fn summary_text(manifest: &RunManifest) -> String {
+    let mut text = format!("run {} {}\n", manifest.run_id, manifest.status);
+    for task in &manifest.tasks {
+        let place = task
+            .teardown
+            .as_ref()
+            .and_then(|report| {
+                report.branch.clone().or_else(|| {
+                    report
+                        .preserved
+                        .as_ref()
+                        .map(|kept| format!("kept at {kept}"))
+                })
+            })
+            .unwrap_or_else(|| "no changes".to_owned());
+        text.push_str(&format!("{}: {} — {place}\n", task.id, task.status));
+    }
+    text
+}

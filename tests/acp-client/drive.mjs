@@ -1,0 +1,146 @@
+// Drives `crew serve --stdio` with the official ACP TypeScript SDK, as an editor would.
+//
+//   node drive.mjs <crew binary> <project A> <project B>
+//
+// Project A has a team `pair`; project B has `[run] default_agent = "shell"`. Prints one JSON
+// line with what it saw, and exits non-zero (with the reason on stderr) when the agent did
+// not behave as an ACP agent must.
+
+import { spawn } from "node:child_process";
+import { Readable, Writable } from "node:stream";
+import { client, methods, ndJsonStream } from "@agentclientprotocol/sdk";
+
+const [crew, projectA, projectB] = process.argv.slice(2);
+
+function fail(message) {
+  process.stderr.write(`drive.mjs: ${message}\n`);
+  process.exit(1);
+}
+
+function check(condition, message) {
+  if (!condition) fail(message);
+}
+
+// A flow that never ends is a failure, not a hang.
+const deadline = setTimeout(() => {
+  child.kill("SIGKILL");
+  fail("timed out after 60 s");
+}, 60_000);
+
+const child = spawn(crew, ["serve", "--stdio"], {
+  cwd: projectA,
+  stdio: ["pipe", "pipe", "inherit"],
+});
+child.on("error", (error) => fail(`cannot start crew: ${error}`));
+const stream = ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
+
+// Every session/update, by session.
+const updates = new Map();
+const waiters = [];
+function record(params) {
+  const list = updates.get(params.sessionId) ?? [];
+  list.push(params.update);
+  updates.set(params.sessionId, list);
+  for (const waiter of [...waiters]) {
+    if (waiter.sessionId === params.sessionId && waiter.test(params.update)) {
+      waiters.splice(waiters.indexOf(waiter), 1);
+      waiter.resolve();
+    }
+  }
+}
+function waitFor(sessionId, test) {
+  if ((updates.get(sessionId) ?? []).some(test)) return Promise.resolve();
+  return new Promise((resolve) => waiters.push({ sessionId, test, resolve }));
+}
+const text = (update) =>
+  update.sessionUpdate === "agent_message_chunk" && update.content.type === "text"
+    ? update.content.text
+    : "";
+const transcript = (sessionId) => (updates.get(sessionId) ?? []).map(text).join("");
+
+const app = client({ name: "crew-acp-test" }).onNotification(
+  methods.client.session.update,
+  (context) => record(context.params),
+);
+
+const seen = await app.connectWith(stream, async (ctx) => {
+  const init = await ctx.request(methods.agent.initialize, {
+    protocolVersion: 1,
+    clientCapabilities: {},
+  });
+  check(init.protocolVersion === 1, `protocol version ${init.protocolVersion}`);
+  check(init.agentInfo?.name === "crew", `agent info ${JSON.stringify(init.agentInfo)}`);
+
+  // A team run in project A: a plan, progress, output, and the end of the turn.
+  const a = await ctx.request(methods.agent.session.new, { cwd: projectA, mcpServers: [] });
+  const paired = await ctx.request(methods.agent.session.prompt, {
+    sessionId: a.sessionId,
+    prompt: [{ type: "text", text: "/run pair" }],
+  });
+  check(paired.stopReason === "end_turn", `/run pair stopped with ${paired.stopReason}`);
+  const plans = (updates.get(a.sessionId) ?? []).filter((u) => u.sessionUpdate === "plan");
+  check(plans.length >= 2, `${plans.length} plan updates`);
+  const lastPlan = plans[plans.length - 1].entries;
+  check(
+    JSON.stringify(lastPlan.map((e) => [e.content, e.status]).sort()) ===
+      JSON.stringify([["left", "completed"], ["right", "completed"]]),
+    `last plan ${JSON.stringify(lastPlan)}`,
+  );
+  const pairText = transcript(a.sessionId);
+  for (const expected of ["[left] hello from left", "[right] hello from right", "left succeeded", "right succeeded", "completed"]) {
+    check(pairText.includes(expected), `no ${JSON.stringify(expected)} in ${JSON.stringify(pairText)}`);
+  }
+
+  // A second folder: its session sees its own task only.
+  const b = await ctx.request(methods.agent.session.new, { cwd: projectB, mcpServers: [] });
+  const solo = await ctx.request(methods.agent.session.prompt, {
+    sessionId: b.sessionId,
+    prompt: [{ type: "text", text: "echo solo > solo.txt && echo solo done" }],
+  });
+  check(solo.stopReason === "end_turn", `plain prompt stopped with ${solo.stopReason}`);
+  const soloText = transcript(b.sessionId);
+  check(soloText.includes("[task] solo done"), `no solo output in ${JSON.stringify(soloText)}`);
+  check(!/left|right/.test(soloText), `project B saw project A: ${JSON.stringify(soloText)}`);
+
+  // Cancel mid-run: the turn ends `cancelled`, the work is kept on the task's branch.
+  const slow = ctx.request(methods.agent.session.prompt, {
+    sessionId: a.sessionId,
+    prompt: [{ type: "text", text: "/run slow" }],
+  });
+  await waitFor(a.sessionId, (u) => text(u).includes("[slow] started"));
+  await ctx.notify(methods.agent.session.cancel, { sessionId: a.sessionId });
+  const cancelled = await slow;
+  check(cancelled.stopReason === "cancelled", `cancel: stopped with ${cancelled.stopReason}`);
+
+  // Bad input gets JSON-RPC errors, and the connection goes on.
+  let unknown;
+  try {
+    await ctx.request("crew/no_such_method", {});
+  } catch (error) {
+    unknown = error;
+  }
+  check(unknown?.code === -32601, `unknown method: ${JSON.stringify(unknown)}`);
+  let badSession;
+  try {
+    await ctx.request(methods.agent.session.prompt, {
+      sessionId: "no-such-session",
+      prompt: [{ type: "text", text: "/run pair" }],
+    });
+  } catch (error) {
+    badSession = error;
+  }
+  check(badSession?.code === -32602, `unknown session: ${JSON.stringify(badSession)}`);
+  const again = await ctx.request(methods.agent.session.new, { cwd: projectB, mcpServers: [] });
+  check(typeof again.sessionId === "string", "the connection still works after errors");
+
+  return {
+    sessionA: a.sessionId,
+    sessionB: b.sessionId,
+    cancelledTranscript: transcript(a.sessionId).split("\n").filter((l) => l.includes("slow")),
+  };
+});
+
+child.stdin.end();
+await new Promise((resolve) => child.on("exit", resolve));
+clearTimeout(deadline);
+process.stdout.write(JSON.stringify({ ok: true, ...seen }) + "\n");
