@@ -2,7 +2,7 @@
 //
 //   node drive.mjs <crew binary> <project A> <project B>
 //
-// Project A has a team `pair`; project B has `[run] default_agent = "shell"`. Prints one JSON
+// Project A has teams `pair`, `ask` and `slow`; project B has `[run] default_agent = "shell"`. Prints one JSON
 // line with what it saw, and exits non-zero (with the reason on stderr) when the agent did
 // not behave as an ACP agent must.
 
@@ -58,10 +58,18 @@ const text = (update) =>
     : "";
 const transcript = (sessionId) => (updates.get(sessionId) ?? []).map(text).join("");
 
-const app = client({ name: "crew-acp-test" }).onNotification(
-  methods.client.session.update,
-  (context) => record(context.params),
-);
+// An agent's question reaches the person as a permission request; they pick "yes".
+const questions = [];
+const app = client({ name: "crew-acp-test" })
+  .onNotification(methods.client.session.update, (context) => record(context.params))
+  .onRequest(methods.client.session.requestPermission, (context) => {
+    questions.push({
+      sessionId: context.params.sessionId,
+      title: context.params.toolCall.title,
+      options: context.params.options.map((option) => option.optionId),
+    });
+    return { outcome: { outcome: "selected", optionId: "yes" } };
+  });
 
 const seen = await app.connectWith(stream, async (ctx) => {
   const init = await ctx.request(methods.agent.initialize, {
@@ -90,6 +98,20 @@ const seen = await app.connectWith(stream, async (ctx) => {
   for (const expected of ["[left] hello from left", "[right] hello from right", "left succeeded", "right succeeded", "completed"]) {
     check(pairText.includes(expected), `no ${JSON.stringify(expected)} in ${JSON.stringify(pairText)}`);
   }
+
+  // An agent asks (`crew ask`): the editor answers, the agent goes on with the answer.
+  const asked = await ctx.request(methods.agent.session.prompt, {
+    sessionId: a.sessionId,
+    prompt: [{ type: "text", text: "/run ask" }],
+  });
+  check(asked.stopReason === "end_turn", `/run ask stopped with ${asked.stopReason}`);
+  check(questions.length === 1, `questions: ${JSON.stringify(questions)}`);
+  check(questions[0].sessionId === a.sessionId, "the question came in its session");
+  check(questions[0].title.includes("ship it?"), `question ${JSON.stringify(questions[0])}`);
+  check(JSON.stringify(questions[0].options) === JSON.stringify(["yes", "no"]), "yes or no");
+  const askText = transcript(a.sessionId);
+  check(askText.includes("[asker] answer: yes"), `no answer in ${JSON.stringify(askText)}`);
+  check(askText.includes("asker succeeded"), `asker did not succeed: ${JSON.stringify(askText)}`);
 
   // A second folder: its session sees its own task only.
   const b = await ctx.request(methods.agent.session.new, { cwd: projectB, mcpServers: [] });

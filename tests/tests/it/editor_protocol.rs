@@ -40,6 +40,10 @@ fn an_acp_client_runs_teams_sees_only_its_folder_and_cancels() {
         "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"left\"\nagent = \"shell\"\nprompt = \"echo hello from left > left.txt && cat left.txt\"\n\n[[tasks]]\nid = \"right\"\nagent = \"shell\"\nprompt = \"echo hello from right > right.txt && cat right.txt\"\n",
     );
     write(
+        &a.join(".crew/teams/ask.toml"),
+        "[[tasks]]\nid = \"asker\"\nagent = \"shell\"\nprompt = \"if [ -z \\\"$CREW_MESSAGE\\\" ]; then crew ask 'ship it?'; exit 0; fi; echo \\\"answer: $CREW_MESSAGE\\\"\"\n",
+    );
+    write(
         &a.join(".crew/teams/slow.toml"),
         "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"slow\"\nagent = \"shell\"\nprompt = \"echo work > slow.txt && echo started && sleep 600\"\n",
     );

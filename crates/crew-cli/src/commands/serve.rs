@@ -13,16 +13,18 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
-    InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, Plan, PlanEntry,
-    PlanEntryPriority, PlanEntryStatus, PromptRequest, PromptResponse, SessionId,
-    SessionNotification, SessionUpdate, StopReason, TextContent,
+    InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
+    PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, PromptRequest,
+    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId,
+    SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallUpdate,
+    ToolCallUpdateFields,
 };
 use agent_client_protocol::{
     Agent, Client, Error, Stdio, on_receive_notification, on_receive_request,
 };
 use crew_core::config::AdHocTeamError;
 use crew_core::model::{RunManifest, TaskStatus};
-use crew_core::{CancelCause, CancelRecord, Team, Workspace};
+use crew_core::{AgentId, CancelCause, CancelRecord, Team, Workspace, WorkspaceId};
 use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
 
 use crate::context::Context;
@@ -225,6 +227,18 @@ async fn prompt(
                         entry.1 = status;
                     }
                     send_plan(cx, &session_id, &plan)?;
+                    if change.status == TaskStatus::Waiting {
+                        // Asked away from the loop: the run's events go on meanwhile.
+                        let question = Question {
+                            cx: cx.clone(),
+                            session_id: session_id.clone(),
+                            host: host.clone(),
+                            workspace: ctx.workspace().id().clone(),
+                            agent_id: AgentId::new(change.run_id.clone(), change.task_id.clone()),
+                            text: change.reason.clone().unwrap_or_default(),
+                        };
+                        tokio::spawn(question.ask());
+                    }
                     let reason = change.reason.map(|reason| format!(": {reason}")).unwrap_or_default();
                     say(format!("{} {}{reason}\n", change.task_id, change.status))?;
                 }
@@ -252,6 +266,50 @@ async fn prompt(
             StopReason::EndTurn
         },
     )
+}
+
+/// A task's agent asked (`crew ask`): the editor is asked for permission, and the option the
+/// person picks (`yes` or `no`) is the answer the agent resumes with. A request the editor
+/// cancels leaves the agent waiting, as a question nobody answered.
+struct Question {
+    cx: ConnectionTo<Client>,
+    session_id: SessionId,
+    host: Arc<Host>,
+    workspace: WorkspaceId,
+    agent_id: AgentId,
+    text: String,
+}
+
+impl Question {
+    async fn ask(self) {
+        let options = vec![
+            PermissionOption::new("yes", "yes", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("no", "no", PermissionOptionKind::RejectOnce),
+        ];
+        let call = ToolCallUpdate::new(
+            format!("ask-{}", self.agent_id),
+            ToolCallUpdateFields::new().title(format!(
+                "{} asks: {}",
+                self.agent_id.task_id(),
+                self.text
+            )),
+        );
+        let request = RequestPermissionRequest::new(self.session_id.clone(), call, options);
+        let Ok(response) = self.cx.send_request(request).block_task().await else {
+            return;
+        };
+        let RequestPermissionOutcome::Selected(selected) = response.outcome else {
+            return;
+        };
+        let answer = selected.option_id.0.to_string();
+        let registry = self.host.runner().host().registry();
+        if let Err(error) = registry
+            .follow_up(&self.workspace, &self.agent_id.to_string(), &answer)
+            .await
+        {
+            tracing::warn!(agent = %self.agent_id, %error, "the answer did not reach the agent");
+        }
+    }
 }
 
 /// The team a prompt asks for: `/run <team>`, `/task <id> <prompt>`, or plain text for the
