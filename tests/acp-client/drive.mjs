@@ -130,6 +130,30 @@ const seen = await app.connectWith(stream, async (ctx) => {
     prompt: [{ type: "text", text: "/run slow" }],
   });
   await waitFor(a.sessionId, (u) => text(u).includes("[slow] started"));
+
+  // crew's own operations, as extension methods, scoped to the session's folder.
+  const listedA = await ctx.request("_crew/agents", { sessionId: a.sessionId });
+  const idsA = listedA.agents.map((agent) => agent.task_id);
+  check(idsA.includes("slow"), `_crew/agents in A: ${JSON.stringify(idsA)}`);
+  const listedB = await ctx.request("_crew/agents", { sessionId: b.sessionId });
+  check(
+    !listedB.agents.some((agent) => ["slow", "left", "right"].includes(agent.task_id)),
+    `_crew/agents in B shows A's: ${JSON.stringify(listedB)}`,
+  );
+  const steered = await ctx.request("_crew/steer", {
+    sessionId: a.sessionId,
+    agent: "slow",
+    message: "keep going",
+  });
+  check(typeof steered.agent_id === "string" && steered.agent_id.endsWith(":slow"), `steer: ${JSON.stringify(steered)}`);
+  let foreign;
+  try {
+    await ctx.request("_crew/stop", { sessionId: b.sessionId, agent: "slow" });
+  } catch (error) {
+    foreign = error;
+  }
+  check(foreign?.code === -32602, `B stopping A's agent: ${JSON.stringify(foreign)}`);
+
   await ctx.notify(methods.agent.session.cancel, { sessionId: a.sessionId });
   const cancelled = await slow;
   check(cancelled.stopReason === "cancelled", `cancel: stopped with ${cancelled.stopReason}`);

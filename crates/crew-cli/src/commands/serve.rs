@@ -20,12 +20,15 @@ use agent_client_protocol::v1::schema::{
     ToolCallUpdateFields,
 };
 use agent_client_protocol::{
-    Agent, Client, Error, Stdio, on_receive_notification, on_receive_request,
+    Agent, Client, Error, JsonRpcRequest, JsonRpcResponse, Responder, Stdio, V1,
+    on_receive_notification, on_receive_request,
 };
 use crew_core::config::AdHocTeamError;
 use crew_core::model::{RunManifest, TaskStatus};
 use crew_core::{AgentId, CancelCause, CancelRecord, Team, Workspace, WorkspaceId};
+use crew_live::control::Op;
 use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
+use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::ui::Ui;
@@ -43,6 +46,44 @@ pub struct ServeArgs {
     #[arg(long, required = true)]
     pub stdio: bool,
 }
+
+/// `_crew/agents`: the live agents of the session's folder (never another folder's).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonRpcRequest)]
+#[request(method = "_crew/agents", response = CrewResult)]
+#[serde(rename_all = "camelCase")]
+struct ListAgents {
+    session_id: String,
+}
+
+/// `_crew/steer`, `_crew/follow_up`, `_crew/stop`, `_crew/resume`: one of the folder's agents
+/// (`<run>:<task>`, `<runPrefix>:<task>`, or `<task>`), with a message where it takes one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentOp {
+    session_id: String,
+    agent: String,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+macro_rules! agent_op_method {
+    ($name:ident, $method:literal) => {
+        #[derive(Debug, Clone, Serialize, Deserialize, JsonRpcRequest)]
+        #[request(method = $method, response = CrewResult)]
+        #[serde(transparent)]
+        struct $name(AgentOp);
+    };
+}
+agent_op_method!(Steer, "_crew/steer");
+agent_op_method!(FollowUp, "_crew/follow_up");
+agent_op_method!(Stop, "_crew/stop");
+agent_op_method!(Resume, "_crew/resume");
+
+/// What a `_crew/…` method answers: the same JSON as `crew agents … --json` and the control
+/// socket.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonRpcResponse)]
+#[serde(transparent)]
+struct CrewResult(serde_json::Value);
 
 /// A session: one project folder, at most one run at a time.
 struct Session {
@@ -119,10 +160,124 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             },
             on_receive_notification!(),
         )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |request: ListAgents, responder, cx| {
+                    let ctx = session_context(&sessions, &request.session_id);
+                    cx.spawn(async move {
+                        match ctx {
+                            Ok(ctx) => {
+                                let live = ctx.live_agents().await;
+                                let agents: Vec<_> =
+                                    live.agents.into_iter().map(|(agent, _)| agent).collect();
+                                responder.respond(CrewResult(serde_json::json!({
+                                    "agents": agents,
+                                    "unanswered": live.unanswered,
+                                })))
+                            }
+                            Err(error) => responder.respond_with_error(error),
+                        }
+                    })
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |Steer(request), responder, cx| {
+                    spawn_agent_op(&sessions, &cx, request, responder, |agent, message| {
+                        Op::Steer {
+                            agent,
+                            message: message.unwrap_or_default(),
+                        }
+                    })
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |FollowUp(request), responder, cx| {
+                    spawn_agent_op(&sessions, &cx, request, responder, |agent, message| {
+                        Op::FollowUp {
+                            agent,
+                            message: message.unwrap_or_default(),
+                        }
+                    })
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |Stop(request), responder, cx| {
+                    spawn_agent_op(&sessions, &cx, request, responder, |agent, _| Op::Stop {
+                        agent,
+                    })
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |Resume(request), responder, cx| {
+                    spawn_agent_op(&sessions, &cx, request, responder, |agent, message| {
+                        Op::Resume { agent, message }
+                    })
+                }
+            },
+            on_receive_request!(),
+        )
         .connect_to(Stdio::new())
         .await
         .map_err(|error| CliError::internal(format!("the ACP connection failed: {error}")))?;
     Ok(Outcome::Success)
+}
+
+/// The folder of session `id`.
+fn session_context(sessions: &Shared, id: &str) -> Result<Context, Error> {
+    sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .by_id
+        .get(id)
+        .map(|session| session.ctx.clone())
+        .ok_or_else(|| {
+            Error::invalid_params()
+                .data(serde_json::json!({ "message": format!("unknown session {id}") }))
+        })
+}
+
+/// Sends `op` to one of the session folder's agents, answering from a task of its own (a stop
+/// waits out the grace period).
+fn spawn_agent_op(
+    sessions: &Shared,
+    cx: &ConnectionTo<Client>,
+    request: AgentOp,
+    responder: Responder<CrewResult, V1>,
+    op: impl FnOnce(String, Option<String>) -> Op + Send + 'static,
+) -> Result<(), Error> {
+    let ctx = session_context(sessions, &request.session_id);
+    cx.spawn(async move {
+        let ctx = match ctx {
+            Ok(ctx) => ctx,
+            Err(error) => return responder.respond_with_error(error),
+        };
+        let message = request.message;
+        match crate::commands::agents::send(&ctx, &request.agent, |agent| op(agent, message)).await
+        {
+            Ok((_, response)) => responder.respond(CrewResult(response.result.unwrap_or_default())),
+            Err(error) => responder.respond_with_error(
+                Error::invalid_params()
+                    .data(serde_json::json!({ "message": error.render().trim_end() })),
+            ),
+        }
+    })
 }
 
 /// A session in the project folder the editor names.
