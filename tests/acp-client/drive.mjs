@@ -6,7 +6,7 @@
 // line with what it saw, and exits non-zero (with the reason on stderr) when the agent did
 // not behave as an ACP agent must.
 
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { Readable, Writable } from "node:stream";
 import { client, methods, ndJsonStream } from "@agentclientprotocol/sdk";
 
@@ -178,6 +178,44 @@ const seen = await app.connectWith(stream, async (ctx) => {
   check(badSession?.code === -32602, `unknown session: ${JSON.stringify(badSession)}`);
   const again = await ctx.request(methods.agent.session.new, { cwd: projectB, mcpServers: [] });
   check(typeof again.sessionId === "string", "the connection still works after errors");
+
+  // Each folder's runs are its sessions to list and load; another folder's are not there.
+  check(init.agentCapabilities?.loadSession === true, "loadSession capability");
+  const listA = await ctx.request(methods.agent.session.list, { cwd: projectA });
+  const titlesA = listA.sessions.map((session) => session.title).sort();
+  check(
+    JSON.stringify(titlesA) === JSON.stringify(["ask — completed", "pair — completed", "slow — cancelled"]),
+    `sessions of A: ${JSON.stringify(titlesA)}`,
+  );
+  const listB = await ctx.request(methods.agent.session.list, { cwd: projectB });
+  check(listB.sessions.length === 1, `sessions of B: ${JSON.stringify(listB)}`);
+  check(
+    !listB.sessions.some((session) => listA.sessions.some((other) => other.sessionId === session.sessionId)),
+    "B lists none of A's runs",
+  );
+  const pairRun = listA.sessions.find((session) => session.title.startsWith("pair")).sessionId;
+  await ctx.request(methods.agent.session.load, { sessionId: pairRun, cwd: projectA, mcpServers: [] });
+  const replayed = transcript(pairRun);
+  check(replayed.includes("left succeeded") && replayed.includes("right succeeded"), `replay: ${JSON.stringify(replayed)}`);
+  const replayedPlans = (updates.get(pairRun) ?? []).filter((u) => u.sessionUpdate === "plan");
+  check(replayedPlans.length === 1 && replayedPlans[0].entries.every((e) => e.status === "completed"), "replayed plan");
+  // A run going on in another process: loading it replays what happened and follows the rest.
+  const detached = execFileSync(crew, ["run", "--detach", "--agent", "shell", "sleep 1; echo late"], {
+    cwd: projectB,
+    encoding: "utf8",
+  }).trim();
+  const liveRun = `run:${detached}`;
+  await ctx.request(methods.agent.session.load, { sessionId: liveRun, cwd: projectB, mcpServers: [] });
+  await waitFor(liveRun, (u) => text(u).includes(`run ${detached} completed`));
+  check(transcript(liveRun).includes("shell succeeded"), `followed: ${JSON.stringify(transcript(liveRun))}`);
+
+  let crossLoad;
+  try {
+    await ctx.request(methods.agent.session.load, { sessionId: pairRun, cwd: projectB, mcpServers: [] });
+  } catch (error) {
+    crossLoad = error;
+  }
+  check(crossLoad?.code === -32602, `loading A's run from B: ${JSON.stringify(crossLoad)}`);
 
   return {
     sessionA: a.sessionId,

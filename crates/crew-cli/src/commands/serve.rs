@@ -13,11 +13,12 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
-    InitializeRequest, InitializeResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
-    PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, PromptRequest,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId,
-    SessionNotification, SessionUpdate, StopReason, TextContent, ToolCallUpdate,
-    ToolCallUpdateFields,
+    InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PermissionOption, PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
+    PromptRequest, PromptResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    SessionCapabilities, SessionId, SessionInfo, SessionListCapabilities, SessionNotification,
+    SessionUpdate, StopReason, TextContent, ToolCallUpdate, ToolCallUpdateFields,
 };
 use agent_client_protocol::{
     Agent, Client, Error, JsonRpcRequest, JsonRpcResponse, Responder, Stdio, V1,
@@ -113,7 +114,13 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             async |request: InitializeRequest, responder, _cx| {
                 responder.respond(
                     InitializeResponse::new(request.protocol_version)
-                        .agent_capabilities(AgentCapabilities::new())
+                        .agent_capabilities(
+                            AgentCapabilities::new()
+                                .load_session(true)
+                                .session_capabilities(
+                                    SessionCapabilities::new().list(SessionListCapabilities::new()),
+                                ),
+                        )
                         .agent_info(Implementation::new("crew", env!("CARGO_PKG_VERSION"))),
                 )
             },
@@ -125,6 +132,33 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             ) {
                 Ok(id) => responder.respond(NewSessionResponse::new(id)),
                 Err(error) => responder.respond_with_error(error),
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ListSessionsRequest, responder, _cx| match list_sessions(
+                &request, ui,
+            ) {
+                Ok(sessions) => responder.respond(ListSessionsResponse::new(sessions)),
+                Err(error) => responder.respond_with_error(error),
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |request: LoadSessionRequest, responder, cx| match load_session(
+                    &sessions, &request, ui, &cx,
+                ) {
+                    Ok(follow) => {
+                        responder.respond(LoadSessionResponse::new())?;
+                        if let Some(follow) = follow {
+                            cx.spawn(follow)?;
+                        }
+                        Ok(())
+                    }
+                    Err(error) => responder.respond_with_error(error),
+                }
             },
             on_receive_request!(),
         )
@@ -239,6 +273,167 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
     Ok(Outcome::Success)
 }
 
+/// A session id that names a run of the folder: `run:<runId>`.
+const RUN_SESSION_PREFIX: &str = "run:";
+
+/// The runs of the folder `cwd` names, newest first, each a session `session/load` takes up.
+fn list_sessions(request: &ListSessionsRequest, ui: Ui) -> Result<Vec<SessionInfo>, Error> {
+    let Some(cwd) = &request.cwd else {
+        return Ok(Vec::new());
+    };
+    let ctx = folder(cwd, ui)?;
+    let root = ctx.workspace().root().to_owned();
+    let manifests = ctx.manifests().map_err(|error| invalid(error.render()))?;
+    Ok(manifests
+        .into_iter()
+        .map(|manifest| {
+            let title = format!(
+                "{} — {}",
+                manifest.team.as_deref().unwrap_or("run"),
+                manifest.status
+            );
+            SessionInfo::new(
+                format!("{RUN_SESSION_PREFIX}{}", manifest.run_id),
+                root.as_std_path(),
+            )
+            .title(title)
+            .updated_at(manifest.updated_at.to_string())
+        })
+        .collect())
+}
+
+/// Takes up a run of the folder as a session: its plan and recorded events are replayed, and a
+/// run still going is followed (the returned task) until it ends.
+fn load_session(
+    sessions: &Shared,
+    request: &LoadSessionRequest,
+    ui: Ui,
+    cx: &ConnectionTo<Client>,
+) -> Result<Option<impl std::future::Future<Output = Result<(), Error>> + Send + 'static>, Error> {
+    let id = request.session_id.0.to_string();
+    let ctx = folder(&request.cwd, ui)?;
+    let run_id = id
+        .strip_prefix(RUN_SESSION_PREFIX)
+        .and_then(|run| crew_core::RunId::parse(run).ok())
+        .ok_or_else(|| {
+            invalid(format!(
+                "unknown session {id}: crew's sessions to load are `run:<runId>`"
+            ))
+        })?;
+    // Only this folder's runs are there to be found.
+    let manifest = ctx
+        .store()
+        .read_run(&run_id)
+        .map_err(|_| invalid(format!("no run {run_id} in {}", ctx.workspace().root())))?;
+    let session_id = request.session_id.clone();
+    let plan: Vec<(String, PlanEntryStatus)> = manifest
+        .tasks
+        .iter()
+        .map(|task| (task.id.to_string(), plan_status(task.status)))
+        .collect();
+    send_plan(cx, &session_id, &plan)?;
+    let (events, offset) = ctx
+        .store()
+        .read_events_since(&run_id, 0)
+        .map_err(|error| invalid(error.to_string()))?;
+    for event in &events {
+        say(cx, &session_id, event_line(event))?;
+    }
+    let live = manifest.status == crew_core::RunStatus::Running;
+    sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .by_id
+        .insert(
+            id,
+            Session {
+                ctx: ctx.clone(),
+                host: None,
+                running: None,
+            },
+        );
+    if !live {
+        say(cx, &session_id, summary_text(&manifest))?;
+        return Ok(None);
+    }
+    let cx = cx.clone();
+    Ok(Some(async move {
+        let mut offset = offset;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let ended = ctx
+                .store()
+                .glance_run(&run_id)
+                .map(|glance| glance.status != crew_core::RunStatus::Running)
+                .unwrap_or(true);
+            let Ok((events, next)) = ctx.store().read_events_since(&run_id, offset) else {
+                return Ok(());
+            };
+            offset = next;
+            for event in &events {
+                say(&cx, &session_id, event_line(event))?;
+            }
+            if ended {
+                if let Ok(manifest) = ctx.store().read_run(&run_id) {
+                    say(&cx, &session_id, summary_text(&manifest))?;
+                }
+                return Ok(());
+            }
+        }
+    }))
+}
+
+/// One recorded event as a line of the conversation.
+fn event_line(event: &crew_core::model::RunEvent) -> String {
+    use crew_core::model::EventKind;
+    let subject = event.task.as_ref().map_or("run", |task| task.as_str());
+    let what = match &event.kind {
+        EventKind::RunCreated => "created".to_owned(),
+        EventKind::RunStatus { status, reason } => with_reason(status.as_str(), reason.as_deref()),
+        EventKind::TaskStatus { status, reason } => with_reason(status.as_str(), reason.as_deref()),
+        EventKind::Message { text } => text.clone(),
+        EventKind::CancelRequested { by } => format!("cancel requested {by}"),
+    };
+    format!("{subject} {what}\n")
+}
+
+fn with_reason(status: &str, reason: Option<&str>) -> String {
+    match reason {
+        Some(reason) => format!("{status}: {reason}"),
+        None => status.to_owned(),
+    }
+}
+
+fn plan_status(status: TaskStatus) -> PlanEntryStatus {
+    match status {
+        TaskStatus::Pending => PlanEntryStatus::Pending,
+        status if status.is_finished() => PlanEntryStatus::Completed,
+        _ => PlanEntryStatus::InProgress,
+    }
+}
+
+/// Sends a line of text to the session's conversation.
+fn say(cx: &ConnectionTo<Client>, session_id: &SessionId, text: String) -> Result<(), Error> {
+    cx.send_notification(SessionNotification::new(
+        session_id.clone(),
+        SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::Text(TextContent::new(
+            text,
+        )))),
+    ))
+}
+
+/// The project folder `cwd` belongs to.
+fn folder(cwd: &std::path::Path, ui: Ui) -> Result<Context, Error> {
+    let workspace = Workspace::discover(cwd)
+        .map_err(|error| invalid(format!("cwd {}: {error}", cwd.display())))?;
+    Context::for_workspace(workspace, ui).map_err(|error| invalid(error.render()))
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    let message: String = message.into();
+    Error::invalid_params().data(serde_json::json!({ "message": message.trim_end() }))
+}
+
 /// The folder of session `id`.
 fn session_context(sessions: &Shared, id: &str) -> Result<Context, Error> {
     sessions
@@ -282,12 +477,7 @@ fn spawn_agent_op(
 
 /// A session in the project folder the editor names.
 fn new_session(sessions: &Shared, request: &NewSessionRequest, ui: Ui) -> Result<SessionId, Error> {
-    let invalid =
-        |message: String| Error::invalid_params().data(serde_json::json!({ "message": message }));
-    let workspace = Workspace::discover(&request.cwd)
-        .map_err(|error| invalid(format!("cwd {}: {error}", request.cwd.display())))?;
-    let ctx = Context::for_workspace(workspace, ui)
-        .map_err(|error| invalid(error.render().trim_end().to_owned()))?;
+    let ctx = folder(&request.cwd, ui)?;
     let mut sessions = sessions
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -333,14 +523,7 @@ async fn prompt(
         }
         session.ctx.clone()
     };
-    let say = |text: String| {
-        cx.send_notification(SessionNotification::new(
-            session_id.clone(),
-            SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::Text(
-                TextContent::new(text),
-            ))),
-        ))
-    };
+    let say = |text: String| say(cx, &session_id, text);
     let team = match team_for(&ctx, text.trim()) {
         Ok(team) => team,
         Err(message) => {
@@ -373,11 +556,7 @@ async fn prompt(
             biased;
             Some(event) = events.next() => match event {
                 Ok(HostEvent::Task(change)) if change.run_id == manifest.run_id => {
-                    let status = match change.status {
-                        TaskStatus::Pending => PlanEntryStatus::Pending,
-                        status if status.is_finished() => PlanEntryStatus::Completed,
-                        _ => PlanEntryStatus::InProgress,
-                    };
+                    let status = plan_status(change.status);
                     if let Some(entry) = plan.iter_mut().find(|(id, _)| *id == change.task_id.as_str()) {
                         entry.1 = status;
                     }
