@@ -34,28 +34,20 @@ fn an_acp_client_runs_teams_sees_only_its_folder_and_cancels() {
         }
     };
     let env = TestEnv::new();
-    let a = env.repo("editor-a");
-    write(
-        &a.join(".crew/teams/pair.toml"),
-        "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"left\"\nagent = \"shell\"\nprompt = \"echo hello from left > left.txt && cat left.txt\"\n\n[[tasks]]\nid = \"right\"\nagent = \"shell\"\nprompt = \"echo hello from right > right.txt && cat right.txt\"\n",
+    let (a, b) = editor_folders(
+        &env,
+        "editor",
+        &[
+            (
+                "pair",
+                "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"left\"\nagent = \"shell\"\nprompt = \"echo hello from left > left.txt && cat left.txt\"\n\n[[tasks]]\nid = \"right\"\nagent = \"shell\"\nprompt = \"echo hello from right > right.txt && cat right.txt\"\n",
+            ),
+            (
+                "ask",
+                "[[tasks]]\nid = \"asker\"\nagent = \"shell\"\nprompt = \"if [ -z \\\"$CREW_MESSAGE\\\" ]; then crew ask 'ship it?'; exit 0; fi; echo \\\"answer: $CREW_MESSAGE\\\"\"\n",
+            ),
+        ],
     );
-    write(
-        &a.join(".crew/teams/ask.toml"),
-        "[[tasks]]\nid = \"asker\"\nagent = \"shell\"\nprompt = \"if [ -z \\\"$CREW_MESSAGE\\\" ]; then crew ask 'ship it?'; exit 0; fi; echo \\\"answer: $CREW_MESSAGE\\\"\"\n",
-    );
-    write(
-        &a.join(".crew/teams/slow.toml"),
-        "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"slow\"\nagent = \"shell\"\nprompt = \"echo work > slow.txt && echo started && sleep 600\"\n",
-    );
-    let b = env.repo("editor-b");
-    write(
-        &b.join(".crew/config.toml"),
-        "[run]\ndefault_agent = \"shell\"\n",
-    );
-    for repo in [&a, &b] {
-        env.git(repo, ["add", ".crew"]);
-        env.git(repo, ["commit", "-q", "-m", "crew files"]);
-    }
     let output = env
         .hermetic(&mut std::process::Command::new("node"))
         .arg(&script)
@@ -105,4 +97,201 @@ fn an_acp_client_runs_teams_sees_only_its_folder_and_cancels() {
         "solo\n"
     );
     assert!(!a.join("solo.txt").exists());
+}
+
+/// The same flows through the Rust SDK's client side: a team run reported as a plan and
+/// messages, an agent's question answered through the client, a second folder that sees
+/// nothing of the first, and a cancel mid-run that ends the turn `cancelled` with the work on
+/// its branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_acp_client_runs_answers_and_cancels() {
+    use agent_client_protocol::schema::ProtocolVersion;
+    use agent_client_protocol::v1::schema::{
+        CancelNotification, ContentBlock, InitializeRequest, NewSessionRequest, PromptRequest,
+        RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+        SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
+    };
+    use agent_client_protocol::{Client, Lines, on_receive_notification, on_receive_request};
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    let env = TestEnv::new();
+    let (a, b) = editor_folders(
+        &env,
+        "rust",
+        &[(
+            "work",
+            "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"asker\"\nagent = \"shell\"\nprompt = \"if [ -z \\\"$CREW_MESSAGE\\\" ]; then crew ask 'merge?'; exit 0; fi; echo \\\"got $CREW_MESSAGE\\\" > answer.txt; cat answer.txt\"\n",
+        )],
+    );
+    let mut command = tokio::process::Command::from({
+        let mut command = env.crew_command(&a);
+        command.args(["serve", "--stdio"]);
+        command
+    });
+    let mut crew = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdin = crew.stdin.take().unwrap();
+    let stdout = tokio::io::BufReader::new(crew.stdout.take().unwrap()).lines();
+    let outgoing = futures::sink::unfold(stdin, |mut stdin, line: String| async move {
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        Ok::<_, std::io::Error>(stdin)
+    });
+    let incoming = futures::stream::unfold(stdout, |mut lines| async move {
+        match lines.next_line().await {
+            Ok(Some(line)) => Some((Ok(line), lines)),
+            Ok(None) => None,
+            Err(error) => Some((Err(error), lines)),
+        }
+    });
+
+    // What each session was told, as text.
+    let told: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (told_in, asked_in) = (told.clone(), asked.clone());
+    let transcript = move |session: &str| -> String {
+        told.lock()
+            .unwrap()
+            .iter()
+            .filter(|(id, _)| id == session)
+            .map(|(_, text)| text.as_str())
+            .collect()
+    };
+    let result = Client
+        .v1()
+        .name("crew-rust-test")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx| {
+                if let SessionUpdate::AgentMessageChunk(chunk) = notification.update
+                    && let ContentBlock::Text(text) = chunk.content
+                {
+                    told_in
+                        .lock()
+                        .unwrap()
+                        .push((notification.session_id.0.to_string(), text.text));
+                }
+                Ok(())
+            },
+            on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: RequestPermissionRequest, responder, _cx| {
+                asked_in
+                    .lock()
+                    .unwrap()
+                    .push(request.tool_call.fields.title.unwrap_or_default());
+                responder.respond(RequestPermissionResponse::new(
+                    RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new("yes")),
+                ))
+            },
+            on_receive_request!(),
+        )
+        .connect_with(Lines::new(outgoing, incoming), async |cx| {
+            let text = |text: &str| vec![ContentBlock::Text(TextContent::new(text))];
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            let session_a = cx
+                .send_request(NewSessionRequest::new(a.as_std_path()))
+                .block_task()
+                .await?
+                .session_id;
+            let done = cx
+                .send_request(PromptRequest::new(session_a.clone(), text("/run work")))
+                .block_task()
+                .await?;
+            assert_eq!(done.stop_reason, StopReason::EndTurn);
+            let told_a = transcript(&session_a.0);
+            assert!(told_a.contains("[asker] got yes"), "{told_a}");
+            assert!(told_a.contains("asker succeeded"), "{told_a}");
+
+            let session_b = cx
+                .send_request(NewSessionRequest::new(b.as_std_path()))
+                .block_task()
+                .await?
+                .session_id;
+            let solo = cx
+                .send_request(PromptRequest::new(session_b.clone(), text("echo from b")))
+                .block_task()
+                .await?;
+            assert_eq!(solo.stop_reason, StopReason::EndTurn);
+            let told_b = transcript(&session_b.0);
+            assert!(told_b.contains("[task] from b"), "{told_b}");
+            assert!(
+                !told_b.contains("asker"),
+                "folder B heard of folder A: {told_b}"
+            );
+
+            let slow = cx.send_request(PromptRequest::new(session_a.clone(), text("/run slow")));
+            let (sender, started) = futures::channel::oneshot::channel();
+            let watch = transcript.clone();
+            let watched = session_a.0.to_string();
+            tokio::spawn(async move {
+                while !watch(&watched).contains("[slow] started") {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                let _ = sender.send(());
+            });
+            let (cancelled, ()) = futures::join!(slow.block_task(), async {
+                let _ = started.await;
+                cx.send_notification(CancelNotification::new(session_a.clone()))
+                    .unwrap();
+            });
+            assert_eq!(cancelled?.stop_reason, StopReason::Cancelled);
+            Ok(())
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    assert!(asked.lock().unwrap()[0].contains("merge?"));
+    drop(crew);
+    let files = |branch_suffix: &str| {
+        let branch = env
+            .git(
+                &a,
+                [
+                    "for-each-ref",
+                    "--format=%(refname:short)",
+                    "refs/heads/crew/",
+                ],
+            )
+            .lines()
+            .find(|branch| branch.ends_with(branch_suffix))
+            .unwrap_or_else(|| panic!("no branch for {branch_suffix}"))
+            .to_owned();
+        env.git(&a, ["ls-tree", "-r", "--name-only", &branch])
+    };
+    assert!(files("-asker").contains("answer.txt"));
+    assert!(
+        files("-slow").contains("slow.txt"),
+        "the cancelled task's work is on its branch"
+    );
+}
+
+/// Two project folders for an editor: `<name>-a` with the given teams and a team `slow` (one
+/// worktree task that says `started` and sleeps), and `<name>-b` whose plain prompts go to
+/// the `shell` agent; each with its `.crew/` committed.
+fn editor_folders(env: &TestEnv, name: &str, teams: &[(&str, &str)]) -> (Utf8PathBuf, Utf8PathBuf) {
+    let a = env.repo(&format!("{name}-a"));
+    for (team, contents) in teams {
+        write(&a.join(format!(".crew/teams/{team}.toml")), contents);
+    }
+    write(
+        &a.join(".crew/teams/slow.toml"),
+        "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"slow\"\nagent = \"shell\"\nprompt = \"echo work > slow.txt && echo started && sleep 600\"\n",
+    );
+    let b = env.repo(&format!("{name}-b"));
+    write(
+        &b.join(".crew/config.toml"),
+        "[run]\ndefault_agent = \"shell\"\n",
+    );
+    for repo in [&a, &b] {
+        env.git(repo, ["add", ".crew"]);
+        env.git(repo, ["commit", "-q", "-m", "crew files"]);
+    }
+    (a, b)
 }
