@@ -295,3 +295,51 @@ fn editor_folders(env: &TestEnv, name: &str, teams: &[(&str, &str)]) -> (Utf8Pat
     }
     (a, b)
 }
+
+/// What an editor may send by mistake gets a JSON-RPC error, never a crash, and stdout carries
+/// protocol messages only.
+#[test]
+fn malformed_messages_get_json_rpc_errors_and_the_server_goes_on() {
+    use std::io::{BufRead, Write};
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut crew = env
+        .crew_command(&repo)
+        .args(["serve", "--stdio"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = crew.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(crew.stdout.take().unwrap()).lines();
+    let mut exchange = |line: &str| -> serde_json::Value {
+        writeln!(stdin, "{line}").unwrap();
+        let answer = lines.next().expect("an answer").unwrap();
+        serde_json::from_str(&answer).unwrap_or_else(|_| panic!("not JSON-RPC: {answer}"))
+    };
+    let garbage = exchange("this is not json");
+    assert_eq!(garbage["error"]["code"], -32700, "{garbage}");
+    let init = exchange(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#,
+    );
+    assert_eq!(init["result"]["agentInfo"]["name"], "crew", "{init}");
+    let relative = exchange(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"relative","mcpServers":[]}}}}"#
+    ));
+    assert_eq!(relative["error"]["code"], -32602, "{relative}");
+    let mistyped =
+        exchange(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":5}}"#);
+    assert_eq!(mistyped["error"]["code"], -32602, "{mistyped}");
+    let unknown = exchange(r#"{"jsonrpc":"2.0","id":4,"method":"_crew/nothing","params":{}}"#);
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    let session = exchange(&format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"session/new","params":{{"cwd":"{repo}","mcpServers":[]}}}}"#
+    ));
+    assert!(session["result"]["sessionId"].is_string(), "{session}");
+    drop(stdin);
+    assert!(
+        crew.wait().unwrap().success(),
+        "the server ends cleanly when its input does"
+    );
+}

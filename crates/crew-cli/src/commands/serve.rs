@@ -424,6 +424,12 @@ fn say(cx: &ConnectionTo<Client>, session_id: &SessionId, text: String) -> Resul
 
 /// The project folder `cwd` belongs to.
 fn folder(cwd: &std::path::Path, ui: Ui) -> Result<Context, Error> {
+    if !cwd.is_absolute() {
+        return Err(invalid(format!(
+            "cwd {} is not an absolute path (ACP sessions name their folder absolutely)",
+            cwd.display()
+        )));
+    }
     let workspace = Workspace::discover(cwd)
         .map_err(|error| invalid(format!("cwd {}: {error}", cwd.display())))?;
     Context::for_workspace(workspace, ui).map_err(|error| invalid(error.render()))
