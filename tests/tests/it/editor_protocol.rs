@@ -324,9 +324,9 @@ fn malformed_messages_get_json_rpc_errors_and_the_server_goes_on() {
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#,
     );
     assert_eq!(init["result"]["agentInfo"]["name"], "crew", "{init}");
-    let relative = exchange(&format!(
-        r#"{{"jsonrpc":"2.0","id":2,"method":"session/new","params":{{"cwd":"relative","mcpServers":[]}}}}"#
-    ));
+    let relative = exchange(
+        r#"{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"relative","mcpServers":[]}}"#,
+    );
     assert_eq!(relative["error"]["code"], -32602, "{relative}");
     let mistyped =
         exchange(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":5}}"#);
