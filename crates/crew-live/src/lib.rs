@@ -104,7 +104,9 @@ pub use error::{AgentOpError, SpawnAgentError};
 pub use events::{AgentEvent, OutputStream};
 pub use host::AgentHost;
 pub use hosting::{Canceller, Host, HostError, HostEvent, HostEvents, HostOptions, RunningRun};
-pub use project::{LiveAgents, OpenProjectError, Project};
+pub use project::{
+    ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project, resolve_spec,
+};
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
 pub use runner::{CancelLevel, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use crew_core::config::{ConfigDir, LoadConfigError, ProjectConfig};
 use crew_core::discovery::DiscoverWorkspaceError;
-use crew_core::model::{HostRecord, RunManifest};
+use crew_core::model::{HostRecord, RunManifest, TaskStatus};
 use crew_core::provider::WorkspaceProvider;
 use crew_core::store::StateError;
-use crew_core::{RunId, StateStore, Workspace};
+use crew_core::{AgentId, RunId, StateStore, TaskId, Workspace};
 
 use crate::control::{ControlClient, ControlError, Op, Response};
 use crate::registry::AgentSnapshot;
@@ -37,6 +37,74 @@ pub enum OpenProjectError {
     Discover(#[from] DiscoverWorkspaceError),
     #[error(transparent)]
     Config(#[from] LoadConfigError),
+}
+
+/// An agent (or task) a person named could not be told apart or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum FindAgentError {
+    #[error("'{spec}' matches several agents: {}", candidates.join(", "))]
+    Ambiguous {
+        spec: String,
+        candidates: Vec<String>,
+    },
+    #[error("no live agent '{spec}' found, but {} host(s) of this workspace did not answer: {}", unanswered.len(), unanswered.join("; "))]
+    Unanswered {
+        spec: String,
+        unanswered: Vec<String>,
+    },
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// An operation on an agent that did not happen; the agent received nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlAgentError {
+    #[error(transparent)]
+    Find(#[from] FindAgentError),
+    #[error("no live agent '{spec}' in workspace {workspace}")]
+    NotLive {
+        spec: String,
+        workspace: crew_core::WorkspaceId,
+        /// The task `spec` names, when it waits for an answer in a run no process hosts.
+        waiting_in: Option<RunId>,
+    },
+    #[error(transparent)]
+    Host(#[from] ControlError),
+    /// The host refused (see the code: `foreign_workspace`, `steer_unsupported`, …).
+    #[error("{message}")]
+    Refused { code: String, message: String },
+}
+
+/// The one item `spec` names among `items`: `<runId>:<taskId>`, `<runPrefix>:<taskId>`, or a
+/// bare `<taskId>` when only one run has it.
+pub fn resolve_spec<'a, T>(
+    items: &'a [T],
+    id_of: impl Fn(&T) -> &AgentId,
+    spec: &str,
+) -> Result<Option<&'a T>, FindAgentError> {
+    if let Some(exact) = items.iter().find(|item| id_of(item).to_string() == spec) {
+        return Ok(Some(exact));
+    }
+    let (run_prefix, task) = match spec.split_once(':') {
+        Some((run, task)) => (Some(run), task),
+        None => (None, spec),
+    };
+    let matches: Vec<&T> = items
+        .iter()
+        .filter(|item| {
+            let id = id_of(item);
+            id.task_id().as_str() == task
+                && run_prefix.is_none_or(|prefix| id.run_id().as_str().starts_with(prefix))
+        })
+        .collect();
+    match matches.len() {
+        0 => Ok(None),
+        1 => Ok(Some(matches[0])),
+        _ => Err(FindAgentError::Ambiguous {
+            spec: spec.to_owned(),
+            candidates: matches.iter().map(|item| id_of(item).to_string()).collect(),
+        }),
+    }
 }
 
 /// The live agents found, and the hosts that did not answer (busy, too slow): their agents
@@ -162,6 +230,68 @@ impl Project {
         }
         live.agents = one_per_agent(live.agents);
         live
+    }
+
+    /// The live agent `spec` names, with its host.
+    pub async fn find_live(
+        &self,
+        spec: &str,
+    ) -> Result<Option<(AgentSnapshot, HostRecord)>, FindAgentError> {
+        let live = self.live_agents().await;
+        let found = resolve_spec(&live.agents, |(agent, _)| &agent.agent_id, spec)?.cloned();
+        if found.is_none() && !live.unanswered.is_empty() {
+            return Err(FindAgentError::Unanswered {
+                spec: spec.to_owned(),
+                unanswered: live.unanswered,
+            });
+        }
+        Ok(found)
+    }
+
+    /// The task `spec` names among every run of the project, with its run.
+    pub fn find_task(&self, spec: &str) -> Result<Option<(RunManifest, TaskId)>, FindAgentError> {
+        let mut tasks: Vec<(AgentId, RunManifest)> = Vec::new();
+        for manifest in self.manifests()? {
+            for task in &manifest.tasks {
+                tasks.push((
+                    AgentId::new(manifest.run_id.clone(), task.id.clone()),
+                    manifest.clone(),
+                ));
+            }
+        }
+        Ok(resolve_spec(&tasks, |(id, _)| id, spec)?
+            .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
+    }
+
+    /// Sends `op` (made for the agent's exact id) to the host of the live agent `spec` names.
+    pub async fn control(
+        &self,
+        spec: &str,
+        op: impl FnOnce(String) -> Op,
+    ) -> Result<(AgentSnapshot, Response), ControlAgentError> {
+        let Some((agent, host)) = self.find_live(spec).await? else {
+            let waiting_in = self
+                .find_task(spec)?
+                .filter(|(manifest, task_id)| {
+                    manifest
+                        .task(task_id)
+                        .is_some_and(|task| task.status == TaskStatus::Waiting)
+                })
+                .map(|(manifest, _)| manifest.run_id);
+            return Err(ControlAgentError::NotLive {
+                spec: spec.to_owned(),
+                workspace: self.workspace.id().clone(),
+                waiting_in,
+            });
+        };
+        let response = self.call(&host, op(agent.agent_id.to_string())).await?;
+        if let Some(error) = &response.error {
+            return Err(ControlAgentError::Refused {
+                code: error.code.clone(),
+                message: error.message.clone(),
+            });
+        }
+        Ok((agent, response))
     }
 
     /// Asks each host for its agents over its socket, all at the same time.

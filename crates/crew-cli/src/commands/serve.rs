@@ -470,13 +470,9 @@ fn spawn_agent_op(
             Err(error) => return responder.respond_with_error(error),
         };
         let message = request.message;
-        match crate::commands::agents::send(&ctx, &request.agent, |agent| op(agent, message)).await
-        {
+        match ctx.project().control(&request.agent, |agent| op(agent, message)).await {
             Ok((_, response)) => responder.respond(CrewResult(response.result.unwrap_or_default())),
-            Err(error) => responder.respond_with_error(
-                Error::invalid_params()
-                    .data(serde_json::json!({ "message": error.render().trim_end() })),
-            ),
+            Err(error) => responder.respond_with_error(invalid(error.to_string())),
         }
     })
 }

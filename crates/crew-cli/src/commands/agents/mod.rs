@@ -9,9 +9,9 @@ pub mod stop;
 
 use std::collections::HashMap;
 
+use crew_core::TaskId;
 use crew_core::model::{HostRecord, RunManifest, TaskStatus};
-use crew_core::{AgentId, TaskId};
-use crew_live::AgentSnapshot;
+use crew_live::{AgentSnapshot, ControlAgentError, FindAgentError};
 use crew_live::control::{Op, Response};
 
 use crate::context::Context;
@@ -50,76 +50,17 @@ pub async fn run(command: AgentsCommand, ui: Ui) -> Result<Outcome, CliError> {
     }
 }
 
-/// The one item `spec` names among `ids`: `<runId>:<taskId>`, `<runPrefix>:<taskId>`, or a
-/// bare `<taskId>` when only one run has it.
-pub fn resolve_spec<'a, T>(
-    items: &'a [T],
-    id_of: impl Fn(&T) -> &AgentId,
-    spec: &str,
-) -> Result<Option<&'a T>, CliError> {
-    if let Some(exact) = items.iter().find(|item| id_of(item).to_string() == spec) {
-        return Ok(Some(exact));
-    }
-    let (run_prefix, task) = match spec.split_once(':') {
-        Some((run, task)) => (Some(run), task),
-        None => (None, spec),
-    };
-    let matches: Vec<&T> = items
-        .iter()
-        .filter(|item| {
-            let id = id_of(item);
-            id.task_id().as_str() == task
-                && run_prefix.is_none_or(|prefix| id.run_id().as_str().starts_with(prefix))
-        })
-        .collect();
-    match matches.len() {
-        0 => Ok(None),
-        1 => Ok(Some(matches[0])),
-        _ => {
-            let ids: Vec<String> = matches.iter().map(|item| id_of(item).to_string()).collect();
-            Err(CliError::user(format!(
-                "'{spec}' matches several agents: {}",
-                ids.join(", ")
-            ))
-            .with_hint("name one as <runId>:<taskId>; a unique prefix of the run id is enough"))
-        }
-    }
-}
-
 /// The live agent `spec` names, with its host.
 pub async fn find_live(
     ctx: &Context,
     spec: &str,
 ) -> Result<Option<(AgentSnapshot, HostRecord)>, CliError> {
-    let live = ctx.live_agents().await;
-    let found = resolve_spec(&live.agents, |(agent, _)| &agent.agent_id, spec)?.cloned();
-    if found.is_none() && !live.unanswered.is_empty() {
-        return Err(CliError::user(format!(
-            "no live agent '{spec}' found, but {} host(s) of this workspace did not answer: {}",
-            live.unanswered.len(),
-            live.unanswered.join("; ")
-        ))
-        .with_hint("retry in a moment; a busy host answers again once its connections close"));
-    }
-    Ok(found)
+    ctx.project().find_live(spec).await.map_err(find_error)
 }
 
 /// A task of any run of the workspace, as `spec` names it.
 pub fn find_task(ctx: &Context, spec: &str) -> Result<Option<(RunManifest, TaskId)>, CliError> {
-    let mut tasks: Vec<(AgentId, RunManifest)> = Vec::new();
-    for listing in ctx.store().list_runs().map_err(CliError::internal)? {
-        let Ok(manifest) = listing.manifest else {
-            continue;
-        };
-        for task in &manifest.tasks {
-            tasks.push((
-                AgentId::new(manifest.run_id.clone(), task.id.clone()),
-                manifest.clone(),
-            ));
-        }
-    }
-    Ok(resolve_spec(&tasks, |(id, _)| id, spec)?
-        .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
+    ctx.project().find_task(spec).map_err(find_error)
 }
 
 pub fn not_live(ctx: &Context, spec: &str) -> CliError {
@@ -136,32 +77,40 @@ pub async fn send(
     spec: &str,
     op: impl FnOnce(String) -> Op,
 ) -> Result<(AgentSnapshot, Response), CliError> {
-    let Some((agent, host)) = find_live(ctx, spec).await? else {
-        // A task waiting for an answer in a run nobody hosts any more (cancelled, or its host
-        // died): say so, and what can be done with it.
-        if let Some((manifest, task_id)) = find_task(ctx, spec)?
-            && manifest
-                .task(&task_id)
-                .is_some_and(|task| task.status == TaskStatus::Waiting)
-        {
-            let run_id = &manifest.run_id;
-            return Err(CliError::user(format!(
-                "agent {run_id}:{task_id} is not running: it waits for an answer in run {run_id}, which no process hosts any more"
-            ))
-            .with_hint(format!(
-                "answer it with `crew agents follow-up {task_id} \"<answer>\"` (crew hosts the run again), or `crew runs clean {run_id}` to save its work and remove its workspace"
-            )));
-        }
-        return Err(not_live(ctx, spec));
-    };
-    let response = ctx
-        .call(&host, op(agent.agent_id.to_string()))
+    ctx.project()
+        .control(spec, op)
         .await
-        .map_err(CliError::internal)?;
-    if let Some(error) = &response.error {
-        return Err(CliError::user(error.message.clone()));
+        .map_err(|error| match error {
+            ControlAgentError::Find(error) => find_error(error),
+            // A task waiting for an answer in a run nobody hosts any more (cancelled, or its
+            // host died): say so, and what can be done with it.
+            ControlAgentError::NotLive {
+                waiting_in: Some(run_id),
+                spec,
+                ..
+            } => {
+                let task = spec.rsplit(':').next().unwrap_or(&spec).to_owned();
+                CliError::user(format!(
+                    "agent {run_id}:{task} is not running: it waits for an answer in run {run_id}, which no process hosts any more"
+                ))
+                .with_hint(format!(
+                    "answer it with `crew agents follow-up {task} \"<answer>\"` (crew hosts the run again), or `crew runs clean {run_id}` to save its work and remove its workspace"
+                ))
+            }
+            ControlAgentError::NotLive { spec, .. } => not_live(ctx, &spec),
+            ControlAgentError::Host(error) => CliError::internal(error),
+            ControlAgentError::Refused { message, .. } => CliError::user(message),
+        })
+}
+
+fn find_error(error: FindAgentError) -> CliError {
+    match error {
+        FindAgentError::Ambiguous { .. } => CliError::user(error)
+            .with_hint("name one as <runId>:<taskId>; a unique prefix of the run id is enough"),
+        FindAgentError::Unanswered { .. } => CliError::user(error)
+            .with_hint("retry in a moment; a busy host answers again once its connections close"),
+        FindAgentError::State(error) => CliError::internal(error),
     }
-    Ok((agent, response))
 }
 
 /// Hosts the run of a task that has no live host, here, going on with `answer` for it when it
