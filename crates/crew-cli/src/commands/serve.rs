@@ -470,7 +470,11 @@ fn spawn_agent_op(
             Err(error) => return responder.respond_with_error(error),
         };
         let message = request.message;
-        match ctx.project().control(&request.agent, |agent| op(agent, message)).await {
+        match ctx
+            .project()
+            .control(&request.agent, |agent| op(agent, message))
+            .await
+        {
             Ok((_, response)) => responder.respond(CrewResult(response.result.unwrap_or_default())),
             Err(error) => responder.respond_with_error(invalid(error.to_string())),
         }

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use crew_core::TaskId;
 use crew_core::model::{HostRecord, RunManifest, TaskStatus};
-use crew_live::{AgentSnapshot, ControlAgentError, FindAgentError};
 use crew_live::control::{Op, Response};
+use crew_live::{AgentSnapshot, ControlAgentError, FindAgentError};
 
 use crate::context::Context;
 use crate::foreground::start_host;
