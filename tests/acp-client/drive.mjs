@@ -113,6 +113,11 @@ const seen = await app.connectWith(stream, async (ctx) => {
   check(askText.includes("[asker] answer: yes"), `no answer in ${JSON.stringify(askText)}`);
   check(askText.includes("asker succeeded"), `asker did not succeed: ${JSON.stringify(askText)}`);
 
+  // The work of a task of this folder, as git diff shows it; another folder has no such task.
+  const diff = await ctx.request("_crew/diff", { sessionId: a.sessionId, agent: "left" });
+  check(diff.patch.includes("+hello from left"), `_crew/diff: ${JSON.stringify(diff)}`);
+  check(diff.branch.endsWith("-left"), `diff branch ${diff.branch}`);
+
   // A second folder: its session sees its own task only.
   const b = await ctx.request(methods.agent.session.new, { cwd: projectB, mcpServers: [] });
   const solo = await ctx.request(methods.agent.session.prompt, {
@@ -146,6 +151,13 @@ const seen = await app.connectWith(stream, async (ctx) => {
     message: "keep going",
   });
   check(typeof steered.agent_id === "string" && steered.agent_id.endsWith(":slow"), `steer: ${JSON.stringify(steered)}`);
+  let foreignDiff;
+  try {
+    await ctx.request("_crew/diff", { sessionId: b.sessionId, agent: "left" });
+  } catch (error) {
+    foreignDiff = error;
+  }
+  check(foreignDiff?.code === -32602, `B reading A's diff: ${JSON.stringify(foreignDiff)}`);
   let foreign;
   try {
     await ctx.request("_crew/stop", { sessionId: b.sessionId, agent: "slow" });

@@ -80,6 +80,15 @@ agent_op_method!(FollowUp, "_crew/follow_up");
 agent_op_method!(Stop, "_crew/stop");
 agent_op_method!(Resume, "_crew/resume");
 
+/// `_crew/diff`: the work of one of the folder's tasks, as `git diff <base>..<branch>` prints it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonRpcRequest)]
+#[request(method = "_crew/diff", response = CrewResult)]
+#[serde(rename_all = "camelCase")]
+struct Diff {
+    session_id: String,
+    agent: String,
+}
+
 /// What a `_crew/…` method answers: the same JSON as `crew agents … --json` and the control
 /// socket.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonRpcResponse)]
@@ -267,6 +276,21 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             },
             on_receive_request!(),
         )
+        .on_receive_request(
+            {
+                let sessions = sessions.clone();
+                async move |request: Diff, responder, _cx| match session_context(
+                    &sessions,
+                    &request.session_id,
+                )
+                .and_then(|ctx| task_diff(&ctx, &request.agent))
+                {
+                    Ok(diff) => responder.respond(CrewResult(diff)),
+                    Err(error) => responder.respond_with_error(error),
+                }
+            },
+            on_receive_request!(),
+        )
         .connect_to(Stdio::new())
         .await
         .map_err(|error| CliError::internal(format!("the ACP connection failed: {error}")))?;
@@ -438,6 +462,40 @@ fn folder(cwd: &std::path::Path, ui: Ui) -> Result<Context, Error> {
 fn invalid(message: impl Into<String>) -> Error {
     let message: String = message.into();
     Error::invalid_params().data(serde_json::json!({ "message": message.trim_end() }))
+}
+
+/// `{agent_id, branch, base, patch}` of the task `spec` names in the session's folder; a task
+/// whose work is on no branch says so.
+fn task_diff(ctx: &Context, spec: &str) -> Result<serde_json::Value, Error> {
+    let (manifest, task_id) = ctx
+        .project()
+        .find_task(spec)
+        .map_err(|error| invalid(error.to_string()))?
+        .ok_or_else(|| invalid(format!("no task '{spec}' in {}", ctx.workspace().root())))?;
+    let task = manifest.task(&task_id).expect("found in this manifest");
+    let branch = task
+        .teardown
+        .as_ref()
+        .and_then(|report| report.branch.clone());
+    let base = task
+        .workspace
+        .as_ref()
+        .and_then(|workspace| workspace.base_commit.clone());
+    let (Some(branch), Some(base), Some(repo_root)) = (branch, base, ctx.workspace().repo_root())
+    else {
+        return Err(invalid(format!(
+            "task {}:{task_id} has no branch with work (it is {})",
+            manifest.run_id, task.status
+        )));
+    };
+    let patch = crew_worktree::inspect::branch_patch(repo_root, &base, &branch)
+        .map_err(|error| invalid(format!("cannot read {branch}: {}", error.message())))?;
+    Ok(serde_json::json!({
+        "agent_id": format!("{}:{task_id}", manifest.run_id),
+        "branch": branch,
+        "base": base,
+        "patch": patch,
+    }))
 }
 
 /// The folder of session `id`.
