@@ -465,3 +465,28 @@ impl TestEnv {
         serde_json::from_slice(&output.stdout).ok()
     }
 }
+
+/// The script `tests/<dir>/drive.mjs` of a protocol client crew did not write, when Node and
+/// its npm `package` are installed (`npm ci` in `tests/<dir>`). Otherwise the test says it was
+/// skipped and gets `None` — except where `CREW_TESTS_REQUIRE_NODE` is set (CI): there a
+/// missing client fails the test.
+pub fn node_client(dir: &str, package: &str, test: &str) -> Option<Utf8PathBuf> {
+    let dir = Utf8PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let node = std::process::Command::new("node").arg("--version").output();
+    let why = if !node.is_ok_and(|output| output.status.success()) {
+        "node is not installed".to_owned()
+    } else if !dir.join("node_modules").join(package).exists() {
+        format!("{package} is not installed: run `npm ci` in {dir}")
+    } else {
+        return Some(dir.join("drive.mjs"));
+    };
+    assert!(
+        std::env::var_os("CREW_TESTS_REQUIRE_NODE").is_none(),
+        "{test} cannot run: {why}"
+    );
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("SKIPPED {test}: {why}");
+    }
+    None
+}

@@ -615,6 +615,16 @@ pub struct Team {
     pub agents: BTreeMap<String, AgentDef>,
 }
 
+/// A task of a team made on the spot: what a lead agent may say about it, and no more (no
+/// workspace mode, path or sandbox setting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedTask {
+    pub id: String,
+    pub agent: String,
+    pub prompt: String,
+    pub depends_on: Vec<String>,
+}
+
 /// An ad hoc team that could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum AdHocTeamError {
@@ -771,34 +781,58 @@ impl ConfigDir {
         agent_name: &str,
         tasks: Vec<(String, String)>,
     ) -> Result<Team, AdHocTeamError> {
-        let agent = self.load_agent(agent_name)?;
+        let planned = tasks
+            .into_iter()
+            .map(|(id, prompt)| PlannedTask {
+                id,
+                agent: agent_name.to_owned(),
+                prompt,
+                depends_on: Vec::new(),
+            })
+            .collect();
+        self.planned_team(&format!("adhoc-{agent_name}"), planned)
+    }
+
+    /// A team from tasks planned elsewhere than a file (a lead agent over MCP): each with its
+    /// agent and dependencies, checked by the same rules as a team file.
+    pub fn planned_team(
+        &self,
+        name: &str,
+        tasks: Vec<PlannedTask>,
+    ) -> Result<Team, AdHocTeamError> {
+        let mut agents = BTreeMap::new();
+        for task in &tasks {
+            if !agents.contains_key(&task.agent) {
+                agents.insert(task.agent.clone(), self.load_agent(&task.agent)?);
+            }
+        }
         let graph: Vec<(String, Vec<String>)> = tasks
             .iter()
-            .map(|(id, _)| (id.clone(), Vec::new()))
+            .map(|task| (task.id.clone(), task.depends_on.clone()))
             .collect();
         let ids = validate_plain_task_graph(&graph).map_err(AdHocTeamError::Tasks)?;
         let tasks = ids
             .into_iter()
             .zip(tasks)
-            .map(|((id, _), (_, prompt))| TaskDef {
+            .map(|((id, depends_on), task)| TaskDef {
                 id,
-                agent: agent_name.to_owned(),
-                prompt,
-                depends_on: Vec::new(),
+                agent: task.agent,
+                prompt: task.prompt,
+                depends_on,
                 timeout: None,
                 workspace_mode: None,
             })
             .collect();
         Ok(Team {
             def: TeamDef {
-                name: format!("adhoc-{agent_name}"),
+                name: name.to_owned(),
                 description: None,
                 workspace_mode: None,
                 max_parallel: None,
                 fail_fast: None,
                 tasks,
             },
-            agents: BTreeMap::from([(agent_name.to_owned(), agent)]),
+            agents,
         })
     }
 

@@ -367,6 +367,14 @@ pub struct TaskRecord {
 }
 
 impl TaskRecord {
+    /// The commit the task started from and the branch holding its work, when its work is on
+    /// a branch: what `git diff <base>..<branch>` shows.
+    pub fn work_range(&self) -> Option<(String, String)> {
+        let base = self.workspace.as_ref()?.base_commit.clone()?;
+        let branch = self.teardown.as_ref()?.branch.clone()?;
+        Some((base, branch))
+    }
+
     pub fn new(
         id: TaskId,
         agent: String,

@@ -275,6 +275,7 @@ fn help_lists_the_commands() {
       sandbox      What the kernel lets agents write, and whether this machine can confine them
       ask          Ask the user a question from inside an agent, and stop for the answer
       submit       Add tasks to your own run, from inside an agent (an agent-authored plan)
+      mcp          Serve the Model Context Protocol on stdio, for lead agents
       serve        Serve the Agent Client Protocol on stdio, for editors
       init         Write `.crew/` with a commented example of each configuration file
       demo         See crew at work in ten seconds: three agents, three worktrees, one file

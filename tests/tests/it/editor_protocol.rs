@@ -4,34 +4,14 @@
 use camino::Utf8PathBuf;
 use crew_tests::{TestEnv, render_output, write};
 
-/// The ACP client, when Node and its npm package are installed (`npm ci` in
-/// `tests/acp-client`); `None` says why not. CI sets `CREW_TESTS_REQUIRE_NODE`: there a missing
-/// client fails the test instead of skipping it.
-fn acp_client() -> Result<Utf8PathBuf, String> {
-    let dir = Utf8PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("acp-client");
-    let node = std::process::Command::new("node").arg("--version").output();
-    if !node.is_ok_and(|output| output.status.success()) {
-        return Err("node is not installed".to_owned());
-    }
-    if !dir.join("node_modules/@agentclientprotocol/sdk").exists() {
-        return Err(format!(
-            "the ACP SDK is not installed: run `npm ci` in {dir}"
-        ));
-    }
-    Ok(dir.join("drive.mjs"))
-}
-
 #[test]
 fn an_acp_client_runs_teams_sees_only_its_folder_and_cancels() {
-    let script = match acp_client() {
-        Ok(script) => script,
-        Err(why) if std::env::var_os("CREW_TESTS_REQUIRE_NODE").is_some() => {
-            panic!("the editor-protocol test cannot run: {why}")
-        }
-        Err(why) => {
-            eprintln!("SKIPPED an_acp_client_runs_teams_sees_only_its_folder_and_cancels: {why}");
-            return;
-        }
+    let Some(script) = crew_tests::node_client(
+        "acp-client",
+        "@agentclientprotocol/sdk",
+        "an_acp_client_runs_teams_sees_only_its_folder_and_cancels",
+    ) else {
+        return;
     };
     let env = TestEnv::new();
     let (a, b) = editor_folders(

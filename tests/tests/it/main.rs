@@ -18,6 +18,7 @@ mod core_paths;
 mod core_state;
 mod editor_protocol;
 mod hostile;
+mod lead_agents;
 mod library;
 mod live_agents;
 mod live_control;

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod events;
 mod from_agent;
 pub mod init;
+pub mod mcp;
 pub mod run;
 pub mod runs;
 pub mod sandbox;
@@ -42,6 +43,8 @@ pub enum Command {
     Ask(ask::AskArgs),
     /// Add tasks to your own run, from inside an agent (an agent-authored plan).
     Submit(submit::SubmitArgs),
+    /// Serve the Model Context Protocol on stdio, for lead agents.
+    Mcp(mcp::McpArgs),
     /// Serve the Agent Client Protocol on stdio, for editors.
     Serve(serve::ServeArgs),
     /// Write `.crew/` with a commented example of each configuration file.
@@ -59,7 +62,11 @@ impl Command {
     /// Whether the command may host a run (and its agents) in this process.
     pub fn hosts_agents(&self) -> bool {
         match self {
-            Command::Run(_) | Command::Host(_) | Command::Demo(_) | Command::Serve(_) => true,
+            Command::Run(_)
+            | Command::Host(_)
+            | Command::Demo(_)
+            | Command::Serve(_)
+            | Command::Mcp(_) => true,
             Command::Runs(command) => matches!(command, runs::RunsCommand::Resume(_)),
             // A follow-up or resume whose run has no live host hosts it here.
             Command::Agents(command) => matches!(
@@ -82,6 +89,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Ask(args) => ask::cmd_ask(args, ui).await,
         Command::Submit(args) => submit::cmd_submit(args, ui).await,
         Command::Serve(args) => serve::cmd_serve(args, ui).await,
+        Command::Mcp(args) => mcp::cmd_mcp(args, ui).await,
         Command::Init(args) => init::cmd_init(args, ui),
         Command::Demo(args) => demo::cmd_demo(args, ui).await,
         Command::Completions(args) => completions::cmd_completions(args),

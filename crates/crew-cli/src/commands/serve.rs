@@ -473,15 +473,7 @@ fn task_diff(ctx: &Context, spec: &str) -> Result<serde_json::Value, Error> {
         .map_err(|error| invalid(error.to_string()))?
         .ok_or_else(|| invalid(format!("no task '{spec}' in {}", ctx.workspace().root())))?;
     let task = manifest.task(&task_id).expect("found in this manifest");
-    let branch = task
-        .teardown
-        .as_ref()
-        .and_then(|report| report.branch.clone());
-    let base = task
-        .workspace
-        .as_ref()
-        .and_then(|workspace| workspace.base_commit.clone());
-    let (Some(branch), Some(base), Some(repo_root)) = (branch, base, ctx.workspace().repo_root())
+    let (Some((base, branch)), Some(repo_root)) = (task.work_range(), ctx.workspace().repo_root())
     else {
         return Err(invalid(format!(
             "task {}:{task_id} has no branch with work (it is {})",

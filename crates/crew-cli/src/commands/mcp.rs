@@ -1,0 +1,530 @@
+//! `crew mcp`: crew as a Model Context Protocol server, so that a lead agent fans work out into
+//! isolated, supervised, recorded sub-tasks.
+//!
+//! Scoped to the project folder it starts in: it lists, reads and controls only that folder's
+//! runs. A run it starts is an ordinary run of the folder (`crew agents list` and `crew runs
+//! show` see it), hosted by this process; when the client goes away the server keeps hosting
+//! until its runs end, so a lead agent's crash never loses a sub-agent's work. A lead agent
+//! says what to do (ids, prompts, agents, dependencies), never where: workspace modes, paths
+//! and sandbox settings are the project's.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crew_core::config::{AdHocTeamError, PlannedTask};
+use crew_core::model::{RunManifest, TaskStatus};
+use crew_core::{RunId, RunStatus};
+use crew_live::control::Op;
+use crew_live::{Host, HostOptions, RunSpec};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::{ErrorData, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::context::Context;
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Serve the Model Context Protocol on stdio, for lead agents.
+///
+/// Tools: run_tasks, status, wait, answer, steer, stop, diff — on this project folder's runs
+/// only.
+#[derive(Debug, clap::Args)]
+pub struct McpArgs {}
+
+/// Patches longer than this are cut (the rest is in `git diff`).
+const MAX_PATCH_BYTES: usize = 64 * 1024;
+
+#[derive(Clone)]
+struct CrewMcp {
+    ctx: Context,
+    host: Arc<tokio::sync::OnceCell<Arc<Host>>>,
+    /// The runs this server hosts, to wait for before it exits.
+    runs: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    tool_router: ToolRouter<Self>,
+}
+
+/// One task of `run_tasks`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TaskArg {
+    /// The task's id: letters, digits, `.`, `_`, `-`; unique in the run.
+    id: String,
+    /// What the agent is asked to do.
+    prompt: String,
+    /// The agent definition (`.crew/agents/<name>.toml`, or `shell`); default: the project's
+    /// `[run] default_agent`.
+    #[serde(default)]
+    agent: Option<String>,
+    /// Ids of tasks of this call that must succeed first.
+    #[serde(default)]
+    depends_on: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunTasksArgs {
+    /// The tasks to run, each in its own isolated workspace.
+    #[serde(default)]
+    tasks: Vec<TaskArg>,
+    /// Instead of `tasks`: a team of `.crew/teams/`.
+    #[serde(default)]
+    team: Option<String>,
+    /// Return only when the run has ended (or a task asks a question).
+    #[serde(default)]
+    wait: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct StatusArgs {
+    /// A run id or a unique prefix; default: the newest runs of the folder.
+    #[serde(default)]
+    run: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct WaitArgs {
+    /// A run id or a unique prefix.
+    run: String,
+    /// How long to wait at most, in seconds (default 600).
+    #[serde(default)]
+    timeout_s: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TaskRef {
+    /// A run id or a unique prefix.
+    run: String,
+    /// The task's id.
+    task: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct MessageArgs {
+    /// A run id or a unique prefix.
+    run: String,
+    /// The task's id.
+    task: String,
+    /// The answer (`answer`) or message (`steer`).
+    message: String,
+}
+
+/// A run as the tools report it.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct RunReport {
+    run_id: String,
+    status: String,
+    tasks: Vec<TaskReport>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct TaskReport {
+    id: String,
+    status: String,
+    /// Where its work is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    branch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "count_schema")]
+    lines_added: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "count_schema")]
+    lines_removed: Option<usize>,
+    /// The question it waits on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    question: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct StatusReport {
+    runs: Vec<RunReport>,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct DoneReport {
+    agent_id: String,
+    /// What the host did (`queued`, `resumed`, `terminated`, …).
+    result: String,
+}
+
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct DiffReport {
+    agent_id: String,
+    branch: String,
+    base: String,
+    patch: String,
+    /// Whether `patch` was cut at 64 KiB.
+    truncated: bool,
+}
+
+/// A count of lines: a plain non-negative integer (no `format`, which clients' validators may
+/// not know).
+fn count_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "integer", "minimum": 0 })
+}
+
+fn report(manifest: &RunManifest) -> RunReport {
+    RunReport {
+        run_id: manifest.run_id.to_string(),
+        status: manifest.status.to_string(),
+        tasks: manifest
+            .tasks
+            .iter()
+            .map(|task| {
+                let teardown = task.teardown.as_ref();
+                TaskReport {
+                    id: task.id.to_string(),
+                    status: task.status.to_string(),
+                    branch: teardown.and_then(|report| report.branch.clone()),
+                    lines_added: teardown
+                        .and_then(|report| report.diffstat)
+                        .map(|stat| stat.insertions),
+                    lines_removed: teardown
+                        .and_then(|report| report.diffstat)
+                        .map(|stat| stat.deletions),
+                    question: task
+                        .question
+                        .clone()
+                        .filter(|_| task.status == TaskStatus::Waiting),
+                    reason: task.reason.clone(),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> ErrorData {
+    ErrorData::invalid_params(message.into(), None)
+}
+
+#[tool_router]
+impl CrewMcp {
+    fn new(ctx: Context) -> Self {
+        CrewMcp {
+            ctx,
+            host: Arc::default(),
+            runs: Arc::default(),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        description = "Start a run of tasks, each in its own isolated workspace (usually a git worktree on its own branch), under this project's configuration. Returns the run id; with `wait`, the outcome."
+    )]
+    async fn run_tasks(
+        &self,
+        Parameters(args): Parameters<RunTasksArgs>,
+    ) -> Result<Json<RunReport>, ErrorData> {
+        let config = self.ctx.config_dir();
+        let team = match (&args.team, args.tasks.is_empty()) {
+            (Some(team), true) => config
+                .load_team(team)
+                .map_err(|error| invalid(format!("team: {error}")))?,
+            (None, false) => {
+                let default_agent = self.ctx.config().run.default_agent.clone();
+                let mut planned = Vec::new();
+                for (index, task) in args.tasks.into_iter().enumerate() {
+                    let agent = task.agent.or_else(|| default_agent.clone()).ok_or_else(|| {
+                        invalid(format!(
+                            "tasks[{index}].agent: none given, and the project has no `[run] default_agent`"
+                        ))
+                    })?;
+                    planned.push(PlannedTask {
+                        id: task.id,
+                        agent,
+                        prompt: task.prompt,
+                        depends_on: task.depends_on,
+                    });
+                }
+                let mut team =
+                    config
+                        .planned_team("mcp", planned)
+                        .map_err(|error| match error {
+                            AdHocTeamError::Agent(error) => invalid(format!("tasks: {error}")),
+                            AdHocTeamError::Tasks(message) => invalid(format!("tasks: {message}")),
+                        })?;
+                // Sub-agents work in parallel: each in a worktree of its own where the folder
+                // is a git repository.
+                if self.ctx.workspace().repo_root().is_some() {
+                    team.def.workspace_mode = Some(crew_core::WorkspaceMode::Worktree);
+                }
+                team
+            }
+            (Some(_), false) => return Err(invalid("give either `tasks` or `team`, not both")),
+            (None, true) => return Err(invalid("tasks: give at least one task, or a `team`")),
+        };
+        let host = self.host().await?;
+        let manifest = host
+            .create(&RunSpec::of(team))
+            .await
+            .map_err(|error| invalid(error.to_string()))?;
+        let running = host.start_run(&manifest.run_id, Default::default());
+        let finished = tokio::spawn(async move {
+            if let Err(error) = running.finish().await {
+                tracing::warn!(%error, "a run started over MCP failed");
+            }
+        });
+        self.runs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(finished);
+        if args.wait {
+            return self
+                .wait_for(&manifest.run_id, Duration::from_secs(3600))
+                .await;
+        }
+        Ok(Json(report(&manifest)))
+    }
+
+    #[tool(
+        description = "The runs of this project folder (or one run) with each task's status, branch, lines changed and question."
+    )]
+    async fn status(
+        &self,
+        Parameters(args): Parameters<StatusArgs>,
+    ) -> Result<Json<StatusReport>, ErrorData> {
+        let runs = match &args.run {
+            Some(prefix) => vec![report(&self.read(prefix)?)],
+            None => self
+                .ctx
+                .manifests()
+                .map_err(|error| invalid(error.render()))?
+                .iter()
+                .take(10)
+                .map(report)
+                .collect(),
+        };
+        Ok(Json(StatusReport { runs }))
+    }
+
+    #[tool(
+        description = "Wait until a run ends or one of its tasks asks a question (whichever comes first), at most timeout_s seconds."
+    )]
+    async fn wait(
+        &self,
+        Parameters(args): Parameters<WaitArgs>,
+    ) -> Result<Json<RunReport>, ErrorData> {
+        let run_id = self.resolve(&args.run)?;
+        let timeout = Duration::from_secs(args.timeout_s.unwrap_or(600));
+        self.wait_for(&run_id, timeout).await
+    }
+
+    #[tool(description = "Answer the question a task asks; its agent goes on with the answer.")]
+    async fn answer(
+        &self,
+        Parameters(args): Parameters<MessageArgs>,
+    ) -> Result<Json<DoneReport>, ErrorData> {
+        let message = args.message.clone();
+        let done = self
+            .control(&args.run, &args.task, |agent| Op::FollowUp {
+                agent,
+                message,
+            })
+            .await?;
+        // Answered once the task no longer waits: a `wait` right after sees it go on, not the
+        // question just answered.
+        let run_id = self.resolve(&args.run)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            let waits = self.ctx.read_run(&run_id).is_ok_and(|manifest| {
+                manifest
+                    .tasks
+                    .iter()
+                    .any(|task| task.id.as_str() == args.task && task.status == TaskStatus::Waiting)
+            });
+            if !waits {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(done)
+    }
+
+    #[tool(description = "Send a message to a task's running agent now.")]
+    async fn steer(
+        &self,
+        Parameters(args): Parameters<MessageArgs>,
+    ) -> Result<Json<DoneReport>, ErrorData> {
+        let message = args.message.clone();
+        self.control(&args.run, &args.task, |agent| Op::Steer { agent, message })
+            .await
+    }
+
+    #[tool(description = "Stop a task's agent (TERM, grace, KILL); its work is kept.")]
+    async fn stop(
+        &self,
+        Parameters(args): Parameters<TaskRef>,
+    ) -> Result<Json<DoneReport>, ErrorData> {
+        self.control(&args.run, &args.task, |agent| Op::Stop { agent })
+            .await
+    }
+
+    #[tool(description = "A task's work against its base, as git diff prints it (cut at 64 KiB).")]
+    async fn diff(
+        &self,
+        Parameters(args): Parameters<TaskRef>,
+    ) -> Result<Json<DiffReport>, ErrorData> {
+        let manifest = self.read(&args.run)?;
+        let task = crew_core::TaskId::parse(&args.task)
+            .ok()
+            .and_then(|id| manifest.task(&id).cloned())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "task: run {} has no task {:?}",
+                    manifest.run_id, args.task
+                ))
+            })?;
+        let (Some((base, branch)), Some(repo_root)) =
+            (task.work_range(), self.ctx.workspace().repo_root())
+        else {
+            return Err(invalid(format!(
+                "task: {} has no branch with work (it is {})",
+                task.id, task.status
+            )));
+        };
+        let mut patch = crew_worktree::inspect::branch_patch(repo_root, &base, &branch)
+            .map_err(|error| invalid(format!("cannot read {branch}: {}", error.message())))?;
+        let truncated = patch.len() > MAX_PATCH_BYTES;
+        if truncated {
+            let mut end = MAX_PATCH_BYTES;
+            while !patch.is_char_boundary(end) {
+                end -= 1;
+            }
+            patch.truncate(end);
+        }
+        Ok(Json(DiffReport {
+            agent_id: format!("{}:{}", manifest.run_id, task.id),
+            branch,
+            base,
+            patch,
+            truncated,
+        }))
+    }
+}
+
+impl CrewMcp {
+    /// The host of the runs this server starts, started with the first.
+    async fn host(&self) -> Result<Arc<Host>, ErrorData> {
+        self.host
+            .get_or_try_init(|| async {
+                let crew_dir = std::env::current_exe()
+                    .ok()
+                    .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+                let options = HostOptions {
+                    label: "crew mcp".to_owned(),
+                    crew_dir,
+                };
+                Host::start(self.ctx.project(), options)
+                    .await
+                    .map(Arc::new)
+                    .map_err(|error| ErrorData::internal_error(error.to_string(), None))
+            })
+            .await
+            .cloned()
+    }
+
+    fn resolve(&self, prefix: &str) -> Result<RunId, ErrorData> {
+        self.ctx
+            .resolve_run(prefix)
+            .map_err(|error| invalid(format!("run: {}", error.render().trim_end())))
+    }
+
+    fn read(&self, prefix: &str) -> Result<RunManifest, ErrorData> {
+        let run_id = self.resolve(prefix)?;
+        self.ctx
+            .read_run(&run_id)
+            .map_err(|error| invalid(format!("run: {}", error.render().trim_end())))
+    }
+
+    async fn wait_for(
+        &self,
+        run_id: &RunId,
+        timeout: Duration,
+    ) -> Result<Json<RunReport>, ErrorData> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let manifest = self
+                .ctx
+                .read_run(run_id)
+                .map_err(|error| invalid(error.render()))?;
+            let asks = manifest
+                .tasks
+                .iter()
+                .any(|task| task.status == TaskStatus::Waiting);
+            if manifest.status != RunStatus::Running
+                || asks
+                || tokio::time::Instant::now() >= deadline
+            {
+                return Ok(Json(report(&manifest)));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn control(
+        &self,
+        run: &str,
+        task: &str,
+        op: impl FnOnce(String) -> Op,
+    ) -> Result<Json<DoneReport>, ErrorData> {
+        let run_id = self.resolve(run)?;
+        let spec = format!("{run_id}:{task}");
+        let (agent, response) = self
+            .ctx
+            .project()
+            .control(&spec, op)
+            .await
+            .map_err(|error| invalid(error.to_string()))?;
+        let result = response.result.unwrap_or_default();
+        let what = ["follow_up", "stop"]
+            .iter()
+            .find_map(|key| {
+                result
+                    .pointer(&format!("/{key}/outcome"))
+                    .or_else(|| result.get(*key))
+            })
+            .and_then(|value| value.as_str())
+            .unwrap_or("done")
+            .to_owned();
+        Ok(Json(DoneReport {
+            agent_id: agent.agent_id.to_string(),
+            result: what,
+        }))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CrewMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+            "crew runs coding agents in parallel, each task in its own isolated workspace (a git worktree on its own branch), supervised and recorded. run_tasks fans work out; wait, status and diff follow it; answer, steer and stop act on one task.",
+        )
+    }
+}
+
+pub async fn cmd_mcp(_args: McpArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    ctx.reconcile()?;
+    let server = CrewMcp::new(ctx);
+    let runs = server.runs.clone();
+    let service = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|error| CliError::internal(format!("the MCP connection failed: {error}")))?;
+    // The client went away (or closed its end): the runs it started go on to their end here.
+    let _ = service.waiting().await;
+    let pending: Vec<JoinHandle<()>> =
+        std::mem::take(&mut *runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    for run in pending {
+        let _ = run.await;
+    }
+    Ok(Outcome::Success)
+}

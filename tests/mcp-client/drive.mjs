@@ -1,0 +1,132 @@
+// Drives `crew mcp` with the official MCP TypeScript SDK, as a lead agent's client would.
+//
+//   node drive.mjs flows <crew> <project A> <project B>
+//       every tool, a question answered, a stop, malformed arguments, another folder;
+//       prints one JSON line with what it saw
+//   node drive.mjs orphan <crew> <project A>
+//       starts a run, prints its id, and waits to be killed
+//
+// Exits non-zero (with the reason on stderr) when crew does not behave as it must.
+
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+
+const [mode, crew, projectA, projectB] = process.argv.slice(2);
+
+function fail(message) {
+  process.stderr.write(`drive.mjs: ${message}\n`);
+  process.exit(1);
+}
+function check(condition, message) {
+  if (!condition) fail(message);
+}
+setTimeout(() => fail("timed out after 90 s"), 90_000).unref();
+
+async function connect(cwd) {
+  const transport = new StdioClientTransport({ command: crew, args: ["mcp"], cwd, stderr: "inherit" });
+  const client = new Client({ name: "crew-mcp-test", version: "1.0.0" });
+  await client.connect(transport);
+  return client;
+}
+async function call(client, name, args) {
+  const result = await client.callTool({ name, arguments: args });
+  check(!result.isError, `${name} failed: ${JSON.stringify(result)}`);
+  check(result.structuredContent, `${name} gave no structured result: ${JSON.stringify(result)}`);
+  return result.structuredContent;
+}
+async function refused(client, name, args) {
+  try {
+    const result = await client.callTool({ name, arguments: args });
+    return result.isError ? JSON.stringify(result.content) : null;
+  } catch (error) {
+    return String(error.message ?? error);
+  }
+}
+const task = (run, id) => run.tasks.find((t) => t.id === id);
+
+if (mode === "orphan") {
+  const client = await connect(projectA);
+  const started = await call(client, "run_tasks", {
+    tasks: [{ id: "orphan", prompt: "echo kept > kept.txt && sleep 2", agent: "shell" }],
+  });
+  process.stdout.write(started.run_id + "\n");
+  await new Promise(() => {});
+}
+
+const a = await connect(projectA);
+const tools = (await a.listTools()).tools;
+const names = tools.map((t) => t.name).sort();
+check(
+  JSON.stringify(names) === JSON.stringify(["answer", "diff", "run_tasks", "status", "steer", "stop", "wait"]),
+  `tools: ${names}`,
+);
+const runTasks = tools.find((t) => t.name === "run_tasks");
+check(runTasks.inputSchema.properties.tasks.type === "array", `run_tasks schema: ${JSON.stringify(runTasks.inputSchema)}`);
+check(tools.every((t) => t.description && t.outputSchema), "every tool has a description and an output schema");
+
+// Three tasks, one after another's success; wait, status, diff.
+const started = await call(a, "run_tasks", {
+  tasks: [
+    { id: "a", prompt: "echo alpha > a.txt", agent: "shell" },
+    { id: "b", prompt: "echo beta > b.txt", agent: "shell" },
+    { id: "c", prompt: "echo gamma > c.txt", agent: "shell", depends_on: ["a"] },
+  ],
+});
+check(typeof started.run_id === "string", `run_tasks: ${JSON.stringify(started)}`);
+const done = await call(a, "wait", { run: started.run_id, timeout_s: 60 });
+check(done.status === "completed", `wait: ${JSON.stringify(done)}`);
+check(["a", "b", "c"].every((id) => task(done, id).status === "succeeded" && task(done, id).branch), `tasks: ${JSON.stringify(done)}`);
+const status = await call(a, "status", { run: started.run_id });
+check(status.runs.length === 1 && status.runs[0].run_id === started.run_id, `status: ${JSON.stringify(status)}`);
+const diff = await call(a, "diff", { run: started.run_id, task: "c" });
+check(diff.patch.includes("+gamma") && !diff.truncated, `diff: ${JSON.stringify(diff)}`);
+
+// A task asks; the answer reaches it.
+const asking = await call(a, "run_tasks", {
+  tasks: [{
+    id: "asker",
+    agent: "shell",
+    prompt: "if [ -z \"$CREW_MESSAGE\" ]; then crew ask 'which color?'; exit 0; fi; echo \"$CREW_MESSAGE\" > color.txt",
+  }],
+  wait: true,
+});
+check(task(asking, "asker").question === "which color?", `question: ${JSON.stringify(asking)}`);
+await call(a, "answer", { run: asking.run_id, task: "asker", message: "blue" });
+const answered = await call(a, "wait", { run: asking.run_id, timeout_s: 60 });
+check(answered.status === "completed", `after the answer: ${JSON.stringify(answered)}`);
+check((await call(a, "diff", { run: asking.run_id, task: "asker" })).patch.includes("+blue"), "the answer is in the work");
+
+// Stop one task: its work is kept.
+const long = await call(a, "run_tasks", {
+  tasks: [{ id: "long", agent: "shell", prompt: "echo partial > partial.txt && echo started && sleep 600" }],
+});
+for (let i = 0; i < 100; i++) {
+  const now = await call(a, "status", { run: long.run_id });
+  if (task(now.runs[0], "long").status === "running") break;
+  await new Promise((r) => setTimeout(r, 50));
+}
+const stopped = await call(a, "stop", { run: long.run_id, task: "long" });
+check(stopped.agent_id.endsWith(":long"), `stop: ${JSON.stringify(stopped)}`);
+const afterStop = await call(a, "wait", { run: long.run_id, timeout_s: 60 });
+check(task(afterStop, "long").status === "stopped" && task(afterStop, "long").branch, `stopped: ${JSON.stringify(afterStop)}`);
+
+// Malformed arguments: an error naming the field, and nothing starts.
+const before = (await call(a, "status", {})).runs.length;
+const missing = await refused(a, "run_tasks", { tasks: [{ id: "x", agent: "shell" }] });
+check(missing && missing.includes("prompt"), `missing prompt: ${missing}`);
+const badId = await refused(a, "run_tasks", { tasks: [{ id: "a/b", prompt: "true", agent: "shell" }] });
+check(badId && badId.includes("tasks"), `bad id: ${badId}`);
+const unknownField = await refused(a, "run_tasks", { tasks: [{ id: "y", prompt: "true", agent: "shell", workspace_mode: "single" }] });
+check(unknownField && unknownField.includes("workspace_mode"), `a lead agent choosing a mode: ${unknownField}`);
+check((await call(a, "status", {})).runs.length === before, "nothing started");
+
+// Another folder's server sees none of it, and cannot act on it.
+const b = await connect(projectB);
+const elsewhere = await call(b, "status", {});
+check(elsewhere.runs.length === 0, `B sees A's runs: ${JSON.stringify(elsewhere)}`);
+const foreign = await refused(b, "stop", { run: long.run_id, task: "long" });
+check(foreign !== null, "B refused A's run");
+
+await a.close();
+await b.close();
+process.stdout.write(JSON.stringify({ ok: true, runs: [started.run_id, asking.run_id, long.run_id] }) + "\n");

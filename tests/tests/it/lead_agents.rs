@@ -1,0 +1,100 @@
+//! `crew mcp` driven by a Model Context Protocol client crew did not write: the official
+//! TypeScript SDK (`tests/mcp-client/drive.mjs`), as a lead agent's client would drive it.
+
+use std::io::BufRead;
+
+use camino::Utf8PathBuf;
+use crew_tests::{TestEnv, render_output, wait_until};
+
+use crate::cli_run::{manifest, task};
+
+fn mcp_client(test: &str) -> Option<Utf8PathBuf> {
+    crew_tests::node_client("mcp-client", "@modelcontextprotocol/sdk", test)
+}
+
+#[test]
+fn a_lead_agent_fans_out_waits_answers_stops_and_sees_only_its_folder() {
+    let Some(script) =
+        mcp_client("a_lead_agent_fans_out_waits_answers_stops_and_sees_only_its_folder")
+    else {
+        return;
+    };
+    let env = TestEnv::new();
+    let a = env.repo("lead-a");
+    let b = env.repo("lead-b");
+    let output = env
+        .hermetic(&mut std::process::Command::new("node"))
+        .arg(&script)
+        .args([
+            "flows",
+            crew_tests::crew_bin().as_str(),
+            a.as_str(),
+            b.as_str(),
+        ])
+        .current_dir(script.parent().unwrap())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let seen: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    // The runs are ordinary runs of the folder: listed, recorded, their work on branches.
+    let runs: Vec<String> = seen["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|run| run.as_str().unwrap().to_owned())
+        .collect();
+    let listed = String::from_utf8(env.crew(&a, ["runs", "list"]).stdout).unwrap();
+    for run in &runs {
+        assert!(listed.contains(run.as_str()), "{run} not in {listed}");
+    }
+    let fanned = manifest(&env, &a, &runs[0]);
+    for (id, file) in [("a", "a.txt"), ("b", "b.txt"), ("c", "c.txt")] {
+        let branch = task(&fanned, id)["teardown"]["branch"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let files = env.git(&a, ["ls-tree", "-r", "--name-only", &branch]);
+        assert!(files.lines().any(|line| line == file), "{id}: {files}");
+        assert_eq!(task(&fanned, id)["workspace_mode"], "worktree");
+    }
+    assert!(
+        String::from_utf8(env.crew(&b, ["runs", "list", "--json"]).stdout)
+            .unwrap()
+            .trim()
+            == "[]",
+        "folder B holds none of A's runs"
+    );
+}
+
+#[test]
+fn a_lead_agent_killed_mid_run_loses_no_sub_agents_work() {
+    let Some(script) = mcp_client("a_lead_agent_killed_mid_run_loses_no_sub_agents_work") else {
+        return;
+    };
+    let env = TestEnv::new();
+    let a = env.repo("orphaned");
+    let mut client = env
+        .hermetic(&mut std::process::Command::new("node"))
+        .arg(&script)
+        .args(["orphan", crew_tests::crew_bin().as_str(), a.as_str()])
+        .current_dir(script.parent().unwrap())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(client.stdout.take().unwrap()).lines();
+    let run = lines.next().expect("the run id").unwrap();
+    // The lead agent's client dies at once; the server it started keeps hosting the run.
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let finished = wait_until(30, "the orphaned run to end", || {
+        let record = manifest(&env, &a, &run);
+        (record["status"] != "running").then_some(record)
+    });
+    assert_eq!(finished["status"], "completed", "{finished:#}");
+    let branch = task(&finished, "orphan")["teardown"]["branch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let files = env.git(&a, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(files.lines().any(|line| line == "kept.txt"), "{files}");
+}
