@@ -23,7 +23,8 @@ function check(condition, message) {
 setTimeout(() => fail("timed out after 90 s"), 90_000).unref();
 
 async function connect(cwd) {
-  const transport = new StdioClientTransport({ command: crew, args: ["mcp"], cwd, stderr: "inherit" });
+  // The whole environment: inside a crew agent, crew's own variables say whose run it is.
+  const transport = new StdioClientTransport({ command: crew, args: ["mcp"], cwd, env: process.env, stderr: "inherit" });
   const client = new Client({ name: "crew-mcp-test", version: "1.0.0" });
   await client.connect(transport);
   return client;
@@ -43,6 +44,23 @@ async function refused(client, name, args) {
   }
 }
 const task = (run, id) => run.tasks.find((t) => t.id === id);
+
+if (mode === "nested") {
+  // Run as a crew agent: the tasks join this agent's own run.
+  const client = await connect(projectA);
+  const joined = await call(client, "run_tasks", {
+    tasks: [
+      { id: "sub1", prompt: "echo one > one.txt", agent: "shell" },
+      { id: "sub2", prompt: "echo two > two.txt", agent: "shell", depends_on: ["sub1"] },
+    ],
+    wait: true,
+  });
+  check(joined.run_id === process.env.CREW_RUN_ID, `joined ${joined.run_id}, not ${process.env.CREW_RUN_ID}`);
+  check(["sub1", "sub2"].every((id) => task(joined, id)?.status === "succeeded"), `sub-tasks: ${JSON.stringify(joined)}`);
+  await client.close();
+  process.stdout.write(JSON.stringify({ ok: true, run: joined.run_id }) + "\n");
+  process.exit(0);
+}
 
 if (mode === "orphan") {
   const client = await connect(projectA);

@@ -98,3 +98,40 @@ fn a_lead_agent_killed_mid_run_loses_no_sub_agents_work() {
     let files = env.git(&a, ["ls-tree", "-r", "--name-only", &branch]);
     assert!(files.lines().any(|line| line == "kept.txt"), "{files}");
 }
+
+#[test]
+fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
+    let Some(script) =
+        mcp_client("a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run")
+    else {
+        return;
+    };
+    let env = TestEnv::new();
+    let repo = env.repo("nested");
+    let lead = format!("node {script} nested {} .", crew_tests::crew_bin());
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            &format!("lead={lead}"),
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let runs = crate::cli_run::run_ids(&env, &repo);
+    assert_eq!(runs.len(), 1, "no run inside the run: {runs:?}");
+    let record = manifest(&env, &repo, &runs[0]);
+    for id in ["lead", "sub1", "sub2"] {
+        assert_eq!(task(&record, id)["status"], "succeeded", "{record:#}");
+    }
+    let branch = task(&record, "sub2")["teardown"]["branch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(files.lines().any(|line| line == "two.txt"), "{files}");
+}

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crew_core::config::{AdHocTeamError, PlannedTask};
 use crew_core::model::{RunManifest, TaskStatus};
-use crew_core::{RunId, RunStatus};
-use crew_live::control::Op;
+use crew_core::{AgentId, RunId, RunStatus};
+use crew_live::control::{Op, SubmittedTask};
 use crew_live::{Host, HostOptions, RunSpec};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
@@ -165,6 +165,13 @@ struct DiffReport {
     truncated: bool,
 }
 
+/// The crew agent this server runs inside, when a crew agent started it (its environment says).
+fn nested_caller() -> Option<AgentId> {
+    std::env::var(crew_core::env_vars::CREW_AGENT_ID)
+        .ok()
+        .and_then(|id| AgentId::parse(&id).ok())
+}
+
 /// A count of lines: a plain non-negative integer (no `format`, which clients' validators may
 /// not know).
 fn count_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -261,6 +268,9 @@ impl CrewMcp {
             (Some(_), false) => return Err(invalid("give either `tasks` or `team`, not both")),
             (None, true) => return Err(invalid("tasks: give at least one task, or a `team`")),
         };
+        if let Some(caller) = nested_caller() {
+            return self.submit_into_own_run(caller, team, args.wait).await;
+        }
         let host = self.host().await?;
         let manifest = host
             .create(&RunSpec::of(team))
@@ -431,6 +441,50 @@ impl CrewMcp {
             .cloned()
     }
 
+    /// A lead agent that is itself a crew agent adds its tasks to its own run (no run, and no
+    /// worktree, inside another): the run's mode is theirs.
+    async fn submit_into_own_run(
+        &self,
+        caller: AgentId,
+        team: crew_core::Team,
+        wait: bool,
+    ) -> Result<Json<RunReport>, ErrorData> {
+        let tasks = team
+            .def
+            .tasks
+            .iter()
+            .map(|task| SubmittedTask {
+                id: task.id.to_string(),
+                agent: Some(task.agent.clone()),
+                prompt: task.prompt.clone(),
+                depends_on: task.depends_on.iter().map(ToString::to_string).collect(),
+            })
+            .collect();
+        let (agent, workspace, mut client) = super::from_agent::connect("mcp")
+            .await
+            .map_err(|error| invalid(error.render()))?;
+        let response = client
+            .call(
+                &workspace,
+                Op::SubmitTasks { agent, tasks },
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        if let Some(error) = response.error {
+            return Err(invalid(format!("tasks: {}", error.message)));
+        }
+        let run_id = caller.run_id().clone();
+        if wait {
+            return self.wait_for(&run_id, Duration::from_secs(3600)).await;
+        }
+        let manifest = self
+            .ctx
+            .read_run(&run_id)
+            .map_err(|error| invalid(error.render()))?;
+        Ok(Json(report(&manifest)))
+    }
+
     fn resolve(&self, prefix: &str) -> Result<RunId, ErrorData> {
         self.ctx
             .resolve_run(prefix)
@@ -444,25 +498,35 @@ impl CrewMcp {
             .map_err(|error| invalid(format!("run: {}", error.render().trim_end())))
     }
 
+    /// Waits until the run ends or a task asks — within a lead agent's own run, until every
+    /// task but the lead's own has finished (the run cannot end while the lead waits in it).
     async fn wait_for(
         &self,
         run_id: &RunId,
         timeout: Duration,
     ) -> Result<Json<RunReport>, ErrorData> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let own = nested_caller().filter(|caller| caller.run_id() == run_id);
         loop {
             let manifest = self
                 .ctx
                 .read_run(run_id)
                 .map_err(|error| invalid(error.render()))?;
-            let asks = manifest
+            let others: Vec<_> = manifest
                 .tasks
                 .iter()
-                .any(|task| task.status == TaskStatus::Waiting);
-            if manifest.status != RunStatus::Running
-                || asks
-                || tokio::time::Instant::now() >= deadline
-            {
+                .filter(|task| {
+                    own.as_ref()
+                        .is_none_or(|caller| caller.task_id() != &task.id)
+                })
+                .collect();
+            let asks = others.iter().any(|task| task.status == TaskStatus::Waiting);
+            let ended = if own.is_some() {
+                others.iter().all(|task| task.status.is_finished())
+            } else {
+                manifest.status != RunStatus::Running
+            };
+            if ended || asks || tokio::time::Instant::now() >= deadline {
                 return Ok(Json(report(&manifest)));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
