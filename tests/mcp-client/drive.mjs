@@ -91,7 +91,15 @@ const started = await call(a, "run_tasks", {
   ],
 });
 check(typeof started.run_id === "string", `run_tasks: ${JSON.stringify(started)}`);
-const done = await call(a, "wait", { run: started.run_id, timeout_s: 60 });
+const progress = [];
+const waited = await a.callTool(
+  { name: "wait", arguments: { run: started.run_id, timeout_s: 60 } },
+  undefined,
+  { onprogress: (note) => progress.push(note) },
+);
+const done = waited.structuredContent;
+const last = progress[progress.length - 1];
+check(last && last.progress === 3 && last.total === 3, `progress while waiting: ${JSON.stringify(progress)}`);
 check(done.status === "completed", `wait: ${JSON.stringify(done)}`);
 check(["a", "b", "c"].every((id) => task(done, id).status === "succeeded" && task(done, id).branch), `tasks: ${JSON.stringify(done)}`);
 const status = await call(a, "status", { run: started.run_id });

@@ -18,8 +18,11 @@ use crew_live::control::{Op, SubmittedTask};
 use crew_live::{Host, HostOptions, RunSpec};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{ServerCapabilities, ServerConfig};
-use rmcp::{ErrorData, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
+use rmcp::model::{ProgressNotificationParam, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router,
+};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
@@ -229,6 +232,7 @@ impl CrewMcp {
     async fn run_tasks(
         &self,
         Parameters(args): Parameters<RunTasksArgs>,
+        context: RequestContext<RoleServer>,
     ) -> Result<Json<RunReport>, ErrorData> {
         let config = self.ctx.config_dir();
         let team = match (&args.team, args.tasks.is_empty()) {
@@ -269,7 +273,9 @@ impl CrewMcp {
             (None, true) => return Err(invalid("tasks: give at least one task, or a `team`")),
         };
         if let Some(caller) = nested_caller() {
-            return self.submit_into_own_run(caller, team, args.wait).await;
+            return self
+                .submit_into_own_run(caller, team, args.wait.then_some(&context))
+                .await;
         }
         let host = self.host().await?;
         let manifest = host
@@ -288,7 +294,7 @@ impl CrewMcp {
             .push(finished);
         if args.wait {
             return self
-                .wait_for(&manifest.run_id, Duration::from_secs(3600))
+                .wait_for(&manifest.run_id, Duration::from_secs(3600), Some(&context))
                 .await;
         }
         Ok(Json(report(&manifest)))
@@ -321,10 +327,11 @@ impl CrewMcp {
     async fn wait(
         &self,
         Parameters(args): Parameters<WaitArgs>,
+        context: RequestContext<RoleServer>,
     ) -> Result<Json<RunReport>, ErrorData> {
         let run_id = self.resolve(&args.run)?;
         let timeout = Duration::from_secs(args.timeout_s.unwrap_or(600));
-        self.wait_for(&run_id, timeout).await
+        self.wait_for(&run_id, timeout, Some(&context)).await
     }
 
     #[tool(description = "Answer the question a task asks; its agent goes on with the answer.")]
@@ -447,7 +454,7 @@ impl CrewMcp {
         &self,
         caller: AgentId,
         team: crew_core::Team,
-        wait: bool,
+        wait: Option<&RequestContext<RoleServer>>,
     ) -> Result<Json<RunReport>, ErrorData> {
         let tasks = team
             .def
@@ -475,8 +482,10 @@ impl CrewMcp {
             return Err(invalid(format!("tasks: {}", error.message)));
         }
         let run_id = caller.run_id().clone();
-        if wait {
-            return self.wait_for(&run_id, Duration::from_secs(3600)).await;
+        if let Some(context) = wait {
+            return self
+                .wait_for(&run_id, Duration::from_secs(3600), Some(context))
+                .await;
         }
         let manifest = self
             .ctx
@@ -500,13 +509,20 @@ impl CrewMcp {
 
     /// Waits until the run ends or a task asks — within a lead agent's own run, until every
     /// task but the lead's own has finished (the run cannot end while the lead waits in it).
+    /// A client that sent a progress token hears how many tasks have finished, at each change.
     async fn wait_for(
         &self,
         run_id: &RunId,
         timeout: Duration,
+        context: Option<&RequestContext<RoleServer>>,
     ) -> Result<Json<RunReport>, ErrorData> {
         let deadline = tokio::time::Instant::now() + timeout;
         let own = nested_caller().filter(|caller| caller.run_id() == run_id);
+        let progress = context.and_then(|context| {
+            let token = context.meta.get_progress_token()?;
+            Some((context.peer.clone(), token))
+        });
+        let mut reported = None;
         loop {
             let manifest = self
                 .ctx
@@ -521,6 +537,20 @@ impl CrewMcp {
                 })
                 .collect();
             let asks = others.iter().any(|task| task.status == TaskStatus::Waiting);
+            let finished = others
+                .iter()
+                .filter(|task| task.status.is_finished())
+                .count();
+            if let Some((peer, token)) = &progress
+                && reported != Some(finished)
+            {
+                reported = Some(finished);
+                let mut note = ProgressNotificationParam::new(token.clone(), finished as f64);
+                note.total = Some(others.len() as f64);
+                note.message = Some(format!("{finished} of {} task(s) finished", others.len()));
+                // A client that stopped listening does not stop the wait.
+                let _ = peer.notify_progress(note).await;
+            }
             let ended = if own.is_some() {
                 others.iter().all(|task| task.status.is_finished())
             } else {
