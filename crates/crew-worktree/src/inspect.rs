@@ -27,6 +27,28 @@ pub fn branch_patch(repo_root: &Utf8Path, base: &str, branch: &str) -> Result<St
     Ok(patch)
 }
 
+/// `git diff --stat base..branch`: one line per file and a summary, `width` columns wide, and
+/// the counts (files, insertions, deletions).
+pub fn branch_stat(
+    repo_root: &Utf8Path,
+    base: &str,
+    branch: &str,
+    width: usize,
+) -> Result<(String, [usize; 3]), git2::Error> {
+    let repo = Repository::open(repo_root)?;
+    let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
+    let tip_tree = repo
+        .find_branch(branch, BranchType::Local)?
+        .get()
+        .peel_to_commit()?
+        .tree()?;
+    let diff = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)?;
+    let stats = diff.stats()?;
+    let text = stats.to_buf(git2::DiffStatsFormat::FULL, width)?;
+    let counts = [stats.files_changed(), stats.insertions(), stats.deletions()];
+    Ok((String::from_utf8_lossy(&text).into_owned(), counts))
+}
+
 /// A new repository at `dir` (which must exist) on branch `main`, with `files` committed by
 /// crew's own identity: needs no git configuration at all.
 pub fn create_repository(dir: &Utf8Path, files: &[(&str, &str)]) -> Result<Oid, git2::Error> {

@@ -270,6 +270,7 @@ fn help_lists_the_commands() {
       run          Run a team of agents, each task in its own workspace
       agents       List and control the live agents of this workspace
       runs         Inspect and manage the runs of this workspace
+      diff         A task's work against its base, as git diff prints it (a run: each of its tasks)
       events       What happened in a run, in order (`--follow` as it happens, `--json` for scripts)
       worktrees    crew's worktrees and task branches in this repository
       sandbox      What the kernel lets agents write, and whether this machine can confine them

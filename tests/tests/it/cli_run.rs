@@ -385,3 +385,63 @@ fn a_named_run_reads_by_its_name_and_the_name_is_never_shared() {
     let later = named("refund-fix-2", "true");
     assert!(later.status.success(), "{}", render_output(&later));
 }
+
+#[test]
+fn diff_prints_what_git_diff_prints_for_a_task_and_each_task_of_a_run() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "edit=printf 'one\\n2\\nthree\\nfour\\n' > src/lib.txt && echo new > new.txt",
+            "--task",
+            "idle=true",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &run), "edit").clone();
+    let base = record["workspace"]["base_commit"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let branch = record["teardown"]["branch"].as_str().unwrap().to_owned();
+    let range = format!("{base}..{branch}");
+    for (crew_args, git_args) in [
+        (vec!["diff", "edit"], vec!["diff", range.as_str()]),
+        (
+            vec!["diff", "edit", "--stat"],
+            vec!["diff", "--stat", range.as_str()],
+        ),
+    ] {
+        let ours = env.crew(&repo, &crew_args);
+        assert!(ours.status.success(), "{}", render_output(&ours));
+        assert_eq!(
+            String::from_utf8(ours.stdout).unwrap(),
+            env.git(&repo, &git_args),
+            "crew {crew_args:?} ≠ git {git_args:?}"
+        );
+    }
+    // A run: each task with work, under a line naming it; the idle task has none.
+    let whole = String::from_utf8(env.crew(&repo, ["diff", &run]).stdout).unwrap();
+    assert_eq!(
+        whole,
+        format!(
+            "# {run}:edit  {range}\n{}",
+            env.git(&repo, ["diff", &range])
+        )
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.crew(&repo, ["diff", &run, "--json"]).stdout).unwrap();
+    assert_eq!(json["tasks"][0]["files_changed"], 2, "{json:#}");
+    assert_eq!(json["tasks"][0]["insertions"], 3, "{json:#}");
+    assert_eq!(json["tasks"][0]["deletions"], 1, "{json:#}");
+    let idle = env.crew(&repo, ["diff", &format!("{run}:idle")]);
+    assert_eq!(idle.status.code(), Some(2), "{}", render_output(&idle));
+}

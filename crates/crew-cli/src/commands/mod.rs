@@ -4,6 +4,7 @@ pub mod agents;
 pub mod ask;
 pub mod completions;
 pub mod demo;
+pub mod diff;
 pub mod events;
 mod from_agent;
 pub mod init;
@@ -31,6 +32,8 @@ pub enum Command {
     /// Inspect and manage the runs of this workspace.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// A task's work against its base, as git diff prints it (a run: each of its tasks).
+    Diff(diff::DiffArgs),
     /// What happened in a run, in order (`--follow` as it happens, `--json` for scripts).
     Events(events::EventsArgs),
     /// crew's worktrees and task branches in this repository.
@@ -83,6 +86,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Run(args) => run::cmd_run(args, ui).await,
         Command::Agents(command) => agents::run(command, ui).await,
         Command::Runs(command) => runs::run(command, ui).await,
+        Command::Diff(args) => diff::cmd_diff(args, ui).await,
         Command::Events(args) => events::cmd_events(args, ui).await,
         Command::Worktrees(command) => worktrees::run(command, ui).await,
         Command::Sandbox(command) => sandbox::run(command, ui).await,

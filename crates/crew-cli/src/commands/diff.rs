@@ -1,0 +1,101 @@
+//! `crew diff`
+
+use std::io::Write as _;
+
+use crew_core::model::RunManifest;
+
+use crate::context::Context;
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// A task's work against its base, as git diff prints it (a run: each of its tasks).
+///
+/// The same output as `git diff <base>..<branch>`; for a run, each task with work after a line
+/// naming it.
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    /// A task (`<run>:<task>`, `<runPrefix>:<task>`, `<task>`) or a run (its id or a prefix).
+    pub target: String,
+    /// Files changed and lines added and removed, as `git diff --stat`.
+    #[arg(long)]
+    pub stat: bool,
+    /// `{tasks: [{agent_id, base, branch, files_changed, insertions, deletions, patch}]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let repo_root = ctx.workspace().repo_root().ok_or_else(|| {
+        CliError::user("this workspace is not in a git repository: its tasks have no branches")
+    })?;
+    // A task first (`api`, `run:api`), then a run.
+    let found = ctx
+        .project()
+        .find_task(&args.target)
+        .map_err(CliError::user)?;
+    let (manifest, only) = match found {
+        Some((manifest, task)) => (manifest, Some(task)),
+        None => (ctx.read_run(&ctx.resolve_run(&args.target)?)?, None),
+    };
+    let tasks: Vec<_> = manifest
+        .tasks
+        .iter()
+        .filter(|task| only.as_ref().is_none_or(|only| *only == task.id))
+        .collect();
+    let mut ranges = Vec::new();
+    for task in &tasks {
+        match task.work_range() {
+            Some(range) => ranges.push((task.id.clone(), range)),
+            None if only.is_some() => {
+                return Err(no_work(&manifest, task));
+            }
+            None => {}
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let mut json = Vec::new();
+    for (task_id, (base, branch)) in &ranges {
+        let (stat, [files, insertions, deletions]) =
+            crew_worktree::inspect::branch_stat(repo_root, base, branch, 80)
+                .map_err(|error| CliError::internal(error.message().to_owned()))?;
+        let patch = crew_worktree::inspect::branch_patch(repo_root, base, branch)
+            .map_err(|error| CliError::internal(error.message().to_owned()))?;
+        let text = if args.stat { stat } else { patch.clone() };
+        if args.json {
+            json.push(serde_json::json!({
+                "agent_id": format!("{}:{task_id}", manifest.run_id),
+                "base": base,
+                "branch": branch,
+                "files_changed": files,
+                "insertions": insertions,
+                "deletions": deletions,
+                "patch": patch,
+            }));
+            continue;
+        }
+        if only.is_none() {
+            let header = format!("# {}:{task_id}  {base}..{branch}\n", manifest.run_id);
+            if out.write_all(header.as_bytes()).is_err() {
+                return Ok(Outcome::Success);
+            }
+        }
+        if out.write_all(text.as_bytes()).is_err() {
+            // The reader went away (`| head`): nothing more to say.
+            return Ok(Outcome::Success);
+        }
+    }
+    if args.json {
+        let value = serde_json::json!({ "tasks": json });
+        let _ = writeln!(out, "{value:#}");
+    }
+    Ok(Outcome::Success)
+}
+
+fn no_work(manifest: &RunManifest, task: &crew_core::TaskRecord) -> CliError {
+    CliError::user(format!(
+        "task {}:{} has no branch with work (it is {})",
+        manifest.run_id, task.id, task.status
+    ))
+    .with_hint("a task in `single` mode works in the project itself, and one whose work is kept in its worktree has it there (`crew runs show`)")
+}
