@@ -33,6 +33,7 @@ pub mod listing;
 pub mod names;
 pub mod pool;
 pub mod provider;
+pub mod radar;
 pub mod teardown;
 pub mod tripwire;
 

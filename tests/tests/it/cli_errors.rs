@@ -270,6 +270,7 @@ fn help_lists_the_commands() {
       run          Run a team of agents, each task in its own workspace
       agents       List and control the live agents of this workspace
       runs         Inspect and manage the runs of this workspace
+      conflicts    Which task branches of a run would conflict, and in which files
       diff         A task's work against its base, as git diff prints it (a run: each of its tasks)
       events       What happened in a run, in order (`--follow` as it happens, `--json` for scripts)
       worktrees    crew's worktrees and task branches in this repository

@@ -445,3 +445,67 @@ fn diff_prints_what_git_diff_prints_for_a_task_and_each_task_of_a_run() {
     let idle = env.crew(&repo, ["diff", &format!("{run}:idle")]);
     assert_eq!(idle.status.code(), Some(2), "{}", render_output(&idle));
 }
+
+#[test]
+fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_nothing() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
+            "--task",
+            "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
+            "--task",
+            "docs=echo more >> README.md",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let refs_before = env.git(&repo, ["show-ref"]);
+    let status_before = env.git(&repo, ["status", "--porcelain"]);
+    let listed = env.crew(&repo, ["conflicts", &run]);
+    insta::assert_snapshot!(render_output(&listed), @"
+    red ↔ blue: src/lib.txt
+    [exit status: 0]
+    ");
+    // main gains a change to the README line the docs task also appends after.
+    write(&repo.join("README.md"), "# test repository\nfrom main\n");
+    env.git(&repo, ["commit", "-q", "-am", "main moves on"]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.crew(&repo, ["conflicts", &run, "--json"]).stdout).unwrap();
+    let pairs: Vec<(String, String)> = json["overlaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|overlap| {
+            (
+                overlap["left"].as_str().unwrap().to_owned(),
+                overlap["right"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("red".to_owned(), "blue".to_owned()),
+            ("docs".to_owned(), "main".to_owned())
+        ],
+        "{json:#}"
+    );
+    // Nothing was checked out, no branch moved (but main's own commit).
+    let refs_after = env.git(&repo, ["show-ref"]);
+    let moved: Vec<&str> = refs_after
+        .lines()
+        .filter(|line| !refs_before.lines().any(|before| before == *line))
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(moved[0].ends_with("refs/heads/main"));
+    assert_eq!(env.git(&repo, ["status", "--porcelain"]), status_before);
+}

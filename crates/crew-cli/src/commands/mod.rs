@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod ask;
 pub mod completions;
+pub mod conflicts;
 pub mod demo;
 pub mod diff;
 pub mod events;
@@ -32,6 +33,8 @@ pub enum Command {
     /// Inspect and manage the runs of this workspace.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// Which task branches of a run would conflict, and in which files.
+    Conflicts(conflicts::ConflictsArgs),
     /// A task's work against its base, as git diff prints it (a run: each of its tasks).
     Diff(diff::DiffArgs),
     /// What happened in a run, in order (`--follow` as it happens, `--json` for scripts).
@@ -86,6 +89,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Run(args) => run::cmd_run(args, ui).await,
         Command::Agents(command) => agents::run(command, ui).await,
         Command::Runs(command) => runs::run(command, ui).await,
+        Command::Conflicts(args) => conflicts::cmd_conflicts(args, ui).await,
         Command::Diff(args) => diff::cmd_diff(args, ui).await,
         Command::Events(args) => events::cmd_events(args, ui).await,
         Command::Worktrees(command) => worktrees::run(command, ui).await,

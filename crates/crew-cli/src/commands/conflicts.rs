@@ -1,0 +1,74 @@
+//! `crew conflicts`
+
+use crate::context::Context;
+use crate::ui::{Ui, sanitize};
+use crate::{CliError, Outcome};
+
+/// Which task branches of a run would conflict, and in which files.
+///
+/// With each other, and with the branch the run started from. The branches are merged in memory: nothing is checked out and no branch moves. Without a
+/// run, the newest run of this workspace.
+#[derive(Debug, clap::Args)]
+pub struct ConflictsArgs {
+    /// The run id, or a unique prefix of it.
+    pub run: Option<String>,
+    /// `{run_id, target, branches, overlaps: [{left, right, files}]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let repo_root = ctx.workspace().repo_root().ok_or_else(|| {
+        CliError::user("this workspace is not in a git repository: its tasks have no branches")
+    })?;
+    let run_id = match &args.run {
+        Some(prefix) => ctx.resolve_run(prefix)?,
+        None => ctx
+            .store()
+            .run_ids()
+            .map_err(CliError::internal)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| CliError::user("this workspace has no runs yet"))?,
+    };
+    let manifest = ctx.read_run(&run_id)?;
+    let branches: Vec<(String, String)> = manifest
+        .tasks
+        .iter()
+        .filter_map(|task| Some((task.id.to_string(), task.work_range()?.1)))
+        .collect();
+    let target = manifest.base_branch.as_deref();
+    let overlaps = crew_worktree::radar::overlaps(repo_root, &branches, target)
+        .map_err(|error| CliError::internal(error.message().to_owned()))?;
+    if args.json {
+        let value = serde_json::json!({
+            "run_id": run_id,
+            "target": target,
+            "branches": branches.iter().map(|(task, branch)| serde_json::json!({ "task": task, "branch": branch })).collect::<Vec<_>>(),
+            "overlaps": overlaps,
+        });
+        println!("{value:#}");
+        return Ok(Outcome::Success);
+    }
+    if overlaps.is_empty() {
+        let against = target
+            .map(|target| format!(" and {target}"))
+            .unwrap_or_default();
+        println!(
+            "no conflicts among the {} task branch(es) of run {run_id}{against}",
+            branches.len()
+        );
+        return Ok(Outcome::Success);
+    }
+    for overlap in &overlaps {
+        println!(
+            "{} ↔ {}: {}",
+            overlap.left,
+            overlap.right,
+            sanitize(&overlap.files.join(", "))
+        );
+    }
+    Ok(Outcome::Success)
+}
