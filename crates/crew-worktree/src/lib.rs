@@ -28,6 +28,7 @@ pub mod create;
 pub mod envsetup;
 pub mod error;
 pub mod inspect;
+pub mod land;
 pub mod leader;
 pub mod listing;
 pub mod names;

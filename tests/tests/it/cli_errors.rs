@@ -272,6 +272,7 @@ fn help_lists_the_commands() {
       runs         Inspect and manage the runs of this workspace
       conflicts    Which task branches of a run would conflict, and in which files
       diff         A task's work against its base, as git diff prints it (a run: each of its tasks)
+      land         Land tasks' work on a branch, in dependency order: all of them, or none
       events       What happened in a run, in order (`--follow` as it happens, `--json` for scripts)
       worktrees    crew's worktrees and task branches in this repository
       sandbox      What the kernel lets agents write, and whether this machine can confine them

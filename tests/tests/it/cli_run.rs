@@ -509,3 +509,87 @@ fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_noth
     assert!(moved[0].ends_with("refs/heads/main"));
     assert_eq!(env.git(&repo, ["status", "--porcelain"]), status_before);
 }
+
+#[test]
+fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
+            "--task",
+            "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
+            "--task",
+            "docs=echo more >> README.md",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let snapshot = || {
+        (
+            env.git(&repo, ["rev-parse", "main"]),
+            env.git(&repo, ["status", "--porcelain"]),
+            std::fs::read_to_string(repo.join("src/lib.txt")).unwrap(),
+        )
+    };
+
+    // The whole run: red would land, blue conflicts with it — nothing moves.
+    let before = snapshot();
+    let refused = env.crew(&repo, ["land", &run]);
+    let redactor = Redactor::new(&env);
+    insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @"
+    ----- stderr -----
+    error: blue conflicts with what lands before it on main, in: src/lib.txt
+    hint: land the others without blue, or bring blue's branch up to date with main first (`crew diff blue` shows its work)
+    [exit status: 2]
+    ");
+    assert_eq!(snapshot(), before, "main and the checkout are as they were");
+
+    // The clean ones land, in order; the checkout of main follows.
+    let landed = env.crew(&repo, ["land", "red", "docs"]);
+    assert!(landed.status.success(), "{}", render_output(&landed));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/lib.txt")).unwrap(),
+        "one\nred\nthree\n"
+    );
+    assert!(
+        std::fs::read_to_string(repo.join("README.md"))
+            .unwrap()
+            .ends_with("more\n")
+    );
+    assert_eq!(env.git(&repo, ["status", "--porcelain"]), "");
+    let parents = env.git(&repo, ["log", "--format=%p", "-2", "main"]);
+    assert!(
+        parents.lines().all(|line| line.split(' ').count() == 2),
+        "merge commits: {parents}"
+    );
+
+    // A dirty checkout of the target: refused, the user's edit untouched.
+    write(&repo.join("src/lib.txt"), "my own edit\n");
+    let main = env.git(&repo, ["rev-parse", "main"]);
+    let dirty = env.crew(&repo, ["land", "blue", "--squash"]);
+    assert_eq!(dirty.status.code(), Some(2), "{}", render_output(&dirty));
+    assert!(String::from_utf8_lossy(&dirty.stderr).contains("uncommitted changes"));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/lib.txt")).unwrap(),
+        "my own edit\n"
+    );
+    assert_eq!(env.git(&repo, ["rev-parse", "main"]), main);
+
+    // Into another branch, squashed: one commit with the task's change.
+    env.git(&repo, ["branch", "integration", "main"]);
+    let squashed = env.crew(&repo, ["land", "docs", "--into", "integration", "--squash"]);
+    assert!(squashed.status.success(), "{}", render_output(&squashed));
+    assert_eq!(
+        env.git(&repo, ["rev-parse", "integration"]),
+        main,
+        "docs was already there"
+    );
+}

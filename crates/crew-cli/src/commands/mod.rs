@@ -9,6 +9,7 @@ pub mod diff;
 pub mod events;
 mod from_agent;
 pub mod init;
+pub mod land;
 pub mod mcp;
 pub mod run;
 pub mod runs;
@@ -37,6 +38,8 @@ pub enum Command {
     Conflicts(conflicts::ConflictsArgs),
     /// A task's work against its base, as git diff prints it (a run: each of its tasks).
     Diff(diff::DiffArgs),
+    /// Land tasks' work on a branch, in dependency order: all of them, or none.
+    Land(land::LandArgs),
     /// What happened in a run, in order (`--follow` as it happens, `--json` for scripts).
     Events(events::EventsArgs),
     /// crew's worktrees and task branches in this repository.
@@ -92,6 +95,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Conflicts(args) => conflicts::cmd_conflicts(args, ui).await,
         Command::Diff(args) => diff::cmd_diff(args, ui).await,
         Command::Events(args) => events::cmd_events(args, ui).await,
+        Command::Land(args) => land::cmd_land(args, ui).await,
         Command::Worktrees(command) => worktrees::run(command, ui).await,
         Command::Sandbox(command) => sandbox::run(command, ui).await,
         Command::Ask(args) => ask::cmd_ask(args, ui).await,

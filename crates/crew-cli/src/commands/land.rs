@@ -1,0 +1,151 @@
+//! `crew land`
+
+use crew_core::TaskId;
+use crew_core::model::RunManifest;
+use crew_worktree::land::{LandError, LandMode, Landing};
+
+use crate::context::Context;
+use crate::ui::Ui;
+use crate::{CliError, Outcome};
+
+/// Land tasks' work on a branch, in dependency order: all of them, or none.
+///
+/// Each result is made away from your checkout; the target moves only when every task landed
+/// cleanly. On the first conflict nothing changes, and crew says which task and which files.
+/// When the target is checked out here, it moves only if your working tree is clean, and its
+/// files are brought up to date as `git merge --ff-only` would.
+#[derive(Debug, clap::Args)]
+pub struct LandArgs {
+    /// Tasks (`<run>:<task>`, `<runPrefix>:<task>`, `<task>`), or one run (all its tasks with work).
+    #[arg(required = true)]
+    pub targets: Vec<String>,
+    /// The branch to land on (default: the branch the run started from).
+    #[arg(long, value_name = "BRANCH")]
+    pub into: Option<String>,
+    /// One commit per task, with its whole change.
+    #[arg(long, group = "mode")]
+    pub squash: bool,
+    /// Each task's commits replayed on the target.
+    #[arg(long, group = "mode")]
+    pub rebase: bool,
+    /// A merge commit per task (the default).
+    #[arg(long, group = "mode")]
+    pub merge: bool,
+}
+
+#[allow(clippy::print_stdout)]
+pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let repo_root = ctx.workspace().repo_root().ok_or_else(|| {
+        CliError::user("this workspace is not in a git repository: its tasks have no branches")
+    })?;
+    let picked = pick(&ctx, &args.targets)?;
+    let into = match &args.into {
+        Some(branch) => branch.clone(),
+        None => picked
+            .first()
+            .and_then(|(manifest, _)| manifest.base_branch.clone())
+            .ok_or_else(|| {
+                CliError::user("the run started from no branch: name one with --into BRANCH")
+            })?,
+    };
+    let mut landings = Vec::new();
+    for (manifest, task_id) in &picked {
+        let task = manifest.task(task_id).expect("picked from this manifest");
+        let Some((_, branch)) = task.work_range() else {
+            return Err(CliError::user(format!(
+                "task {}:{task_id} has no branch with work (it is {})",
+                manifest.run_id, task.status
+            )));
+        };
+        landings.push(Landing {
+            name: task_id.to_string(),
+            branch,
+        });
+    }
+    let mode = if args.squash {
+        LandMode::Squash
+    } else if args.rebase {
+        LandMode::Rebase
+    } else {
+        LandMode::Merge
+    };
+    let landed = crew_worktree::land::land(repo_root, &into, &landings, mode).map_err(|error| {
+        let hint = match &error {
+            LandError::Conflict { task, .. } => Some(format!(
+                "land the others without {task}, or bring {task}'s branch up to date with {into} first (`crew diff {task}` shows its work)"
+            )),
+            LandError::DirtyCheckout { .. } => Some(format!(
+                "commit or stash your changes, or land into another branch: crew land … --into <branch>, then merge it into {into} yourself"
+            )),
+            _ => None,
+        };
+        let error = CliError::user(error);
+        match hint {
+            Some(hint) => error.with_hint(hint),
+            None => error,
+        }
+    })?;
+    if !ctx.ui.quiet {
+        let names: Vec<&str> = landings
+            .iter()
+            .map(|landing| landing.name.as_str())
+            .collect();
+        if landed.from == landed.to {
+            println!(
+                "nothing to land on {into}: {} already there",
+                names.join(", ")
+            );
+        } else {
+            println!(
+                "landed {} on {into}: {}..{}",
+                names.join(", "),
+                &landed.from[..12],
+                &landed.to[..12]
+            );
+            if landed.checkout_updated {
+                println!("your checkout of {into} is up to date");
+            }
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+/// The tasks the arguments name, in dependency order: a run's tasks with work, or each task.
+fn pick(ctx: &Context, targets: &[String]) -> Result<Vec<(RunManifest, TaskId)>, CliError> {
+    let project = ctx.project();
+    let mut picked: Vec<(RunManifest, TaskId)> = Vec::new();
+    for target in targets {
+        match project.find_task(target).map_err(CliError::user)? {
+            Some(found) => picked.push(found),
+            None => {
+                let manifest = ctx.read_run(&ctx.resolve_run(target)?)?;
+                for task in &manifest.tasks {
+                    if task.work_range().is_some() {
+                        picked.push((manifest.clone(), task.id.clone()));
+                    }
+                }
+            }
+        }
+    }
+    // A task after those it depends on (stable otherwise).
+    let mut ordered: Vec<(RunManifest, TaskId)> = Vec::new();
+    while !picked.is_empty() {
+        let ready = picked
+            .iter()
+            .position(|(manifest, id)| {
+                let depends_on = manifest
+                    .task(id)
+                    .map(|task| task.depends_on.clone())
+                    .unwrap_or_default();
+                depends_on.iter().all(|dep| {
+                    !picked
+                        .iter()
+                        .any(|(other, other_id)| other.run_id == manifest.run_id && other_id == dep)
+                })
+            })
+            .unwrap_or(0);
+        ordered.push(picked.remove(ready));
+    }
+    Ok(ordered)
+}

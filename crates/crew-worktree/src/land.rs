@@ -1,0 +1,231 @@
+//! Landing task branches on a target branch, all or nothing.
+//!
+//! 1. Each task's result is made in memory on top of the result before it (the target's tip for
+//!    the first): a merge commit, one squashed commit, or its commits replayed (rebase). Nothing
+//!    is checked out, and no ref moves while this goes on.
+//! 2. The first task that would conflict stops the landing: the target is left as it was, and
+//!    the error names the task and the files.
+//! 3. Only when every task landed cleanly does the target move, from the tip it was read at (a
+//!    target that moved meanwhile is not overwritten). When the target is checked out in the
+//!    repository's own working tree, it moves only when that tree holds no uncommitted change,
+//!    and its files are brought up to date, as `git merge --ff-only` would.
+
+use camino::Utf8Path;
+use git2::{BranchType, Commit, Oid, Repository, Sort};
+
+use crate::leader::{crew_signature, dirty_paths};
+
+/// How each task's work goes onto the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LandMode {
+    /// A merge commit per task: its branch's history is kept.
+    #[default]
+    Merge,
+    /// One commit per task with the task's whole change.
+    Squash,
+    /// The task's commits replayed one by one on the target.
+    Rebase,
+}
+
+/// One task to land: its name (for messages) and its branch.
+#[derive(Debug, Clone)]
+pub struct Landing {
+    pub name: String,
+    pub branch: String,
+}
+
+/// What moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Landed {
+    pub target: String,
+    pub from: String,
+    pub to: String,
+    /// Whether the target's files in the user's working tree were brought up to date.
+    pub checkout_updated: bool,
+}
+
+/// A landing that did not happen: the target is as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum LandError {
+    #[error("{task} conflicts with what lands before it on {target}, in: {}", files.join(", "))]
+    Conflict {
+        task: String,
+        target: String,
+        files: Vec<String>,
+    },
+    #[error("{target} is checked out in {path} with uncommitted changes: {}", paths.join(", "))]
+    DirtyCheckout {
+        target: String,
+        path: String,
+        paths: Vec<String>,
+    },
+    #[error("{target} moved while the landing was prepared (from {expected}); nothing was changed")]
+    TargetMoved { target: String, expected: String },
+    #[error("{0}")]
+    Git(String),
+}
+
+impl From<git2::Error> for LandError {
+    fn from(error: git2::Error) -> Self {
+        LandError::Git(error.message().to_owned())
+    }
+}
+
+/// Lands `tasks`, in this order, on the local branch `target` of the repository at
+/// `repo_root`: all of them, or none.
+pub fn land(
+    repo_root: &Utf8Path,
+    target: &str,
+    tasks: &[Landing],
+    mode: LandMode,
+) -> Result<Landed, LandError> {
+    let repo = Repository::open(repo_root)?;
+    let target_ref = repo
+        .find_branch(target, BranchType::Local)?
+        .into_reference();
+    let start = target_ref
+        .target()
+        .ok_or_else(|| LandError::Git(format!("{target} points at no commit")))?;
+    let checked_out = repo
+        .head()
+        .ok()
+        .and_then(|head| head.name().ok().map(str::to_owned))
+        .is_some_and(|head| Some(head.as_str()) == target_ref.name().ok())
+        && !repo.is_bare();
+    if checked_out {
+        let paths =
+            dirty_paths(&repo, repo_root).map_err(|error| LandError::Git(error.to_string()))?;
+        if !paths.is_empty() {
+            return Err(LandError::DirtyCheckout {
+                target: target.to_owned(),
+                path: repo_root.to_string(),
+                paths,
+            });
+        }
+    }
+    let signature = crew_signature()?;
+    let mut tip = start;
+    for task in tasks {
+        let branch_tip = repo
+            .find_branch(&task.branch, BranchType::Local)?
+            .get()
+            .peel_to_commit()?;
+        let onto = repo.find_commit(tip)?;
+        tip = match mode {
+            LandMode::Merge | LandMode::Squash => {
+                let mut index = repo.merge_commits(&onto, &branch_tip, None)?;
+                if index.has_conflicts() {
+                    return Err(conflict(&index, task, target));
+                }
+                let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
+                if tree.id() == onto.tree_id() {
+                    // Nothing of it is missing from the target (landed before): skip it.
+                    continue;
+                }
+                let (message, parents): (String, Vec<&Commit>) = match mode {
+                    LandMode::Merge => (
+                        format!("Merge {} ({})", task.branch, task.name),
+                        vec![&onto, &branch_tip],
+                    ),
+                    _ => (
+                        format!("{} (squashed from {})", task.name, task.branch),
+                        vec![&onto],
+                    ),
+                };
+                repo.commit(None, &signature, &signature, &message, &tree, &parents)?
+            }
+            LandMode::Rebase => replay(&repo, &onto, &branch_tip, task, target)?,
+        };
+    }
+    if tip == start {
+        return Ok(Landed {
+            target: target.to_owned(),
+            from: start.to_string(),
+            to: start.to_string(),
+            checkout_updated: false,
+        });
+    }
+    let mut checkout_updated = false;
+    if checked_out {
+        // The files first (only what differs; a clean tree has nothing to lose), then the ref.
+        let tree = repo.find_commit(tip)?.tree()?;
+        let mut options = git2::build::CheckoutBuilder::new();
+        options.safe();
+        repo.checkout_tree(tree.as_object(), Some(&mut options))?;
+        checkout_updated = true;
+    }
+    let message = format!("crew land: {} task(s)", tasks.len());
+    repo.reference_matching(
+        target_ref.name().unwrap_or_default(),
+        tip,
+        true,
+        start,
+        &message,
+    )
+    .map_err(|_| LandError::TargetMoved {
+        target: target.to_owned(),
+        expected: start.to_string(),
+    })?;
+    Ok(Landed {
+        target: target.to_owned(),
+        from: start.to_string(),
+        to: tip.to_string(),
+        checkout_updated,
+    })
+}
+
+/// The task's commits (from where it left the target's history) replayed onto `onto`.
+fn replay(
+    repo: &Repository,
+    onto: &Commit,
+    branch_tip: &Commit,
+    task: &Landing,
+    target: &str,
+) -> Result<Oid, LandError> {
+    let base = repo.merge_base(onto.id(), branch_tip.id())?;
+    let mut walk = repo.revwalk()?;
+    walk.push(branch_tip.id())?;
+    walk.hide(base)?;
+    walk.set_sorting(Sort::TOPOLOGICAL | Sort::REVERSE)?;
+    let mut tip = onto.clone();
+    for oid in walk {
+        let commit = repo.find_commit(oid?)?;
+        let mut index = repo.cherrypick_commit(&commit, &tip, 0, None)?;
+        if index.has_conflicts() {
+            return Err(conflict(&index, task, target));
+        }
+        let tree = repo.find_tree(index.write_tree_to(repo)?)?;
+        let id = repo.commit(
+            None,
+            &commit.author(),
+            &crew_signature()?,
+            commit.message().unwrap_or_default(),
+            &tree,
+            &[&tip],
+        )?;
+        tip = repo.find_commit(id)?;
+    }
+    Ok(tip.id())
+}
+
+fn conflict(index: &git2::Index, task: &Landing, target: &str) -> LandError {
+    let mut files: Vec<String> = index
+        .conflicts()
+        .map(|conflicts| {
+            conflicts
+                .flatten()
+                .filter_map(|conflict| {
+                    let entry = conflict.our.or(conflict.their).or(conflict.ancestor)?;
+                    Some(String::from_utf8_lossy(&entry.path).into_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files.dedup();
+    LandError::Conflict {
+        task: task.name.clone(),
+        target: target.to_owned(),
+        files,
+    }
+}
