@@ -218,6 +218,17 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             ));
         }
     }
+    if reader == SummaryFor::Review {
+        for overlap in overlaps(ctx, manifest) {
+            next.push(format!(
+                "# conflict: {} ↔ {} in {}   (`crew conflicts {}`)",
+                overlap.left,
+                overlap.right,
+                sanitize(&overlap.files.join(", ")),
+                manifest.run_id
+            ));
+        }
+    }
     if let Some((branch, moved)) = base_movement(ctx, manifest) {
         let base = manifest.base.as_deref().unwrap_or_default();
         let how = if moved.diverged {
@@ -308,6 +319,24 @@ pub fn base_movement(
         branch,
     )?;
     (moved.gained > 0 || moved.diverged).then(|| (branch.clone(), moved))
+}
+
+/// The run's task branches that would conflict with each other or with the branch it started
+/// from (the conflict radar); none when that cannot be read.
+fn overlaps(ctx: &Context, manifest: &RunManifest) -> Vec<crew_worktree::radar::Overlap> {
+    let Some(repo_root) = ctx.workspace().repo_root() else {
+        return Vec::new();
+    };
+    let branches: Vec<(String, String)> = manifest
+        .tasks
+        .iter()
+        .filter_map(|task| Some((task.id.to_string(), task.work_range()?.1)))
+        .collect();
+    if branches.is_empty() {
+        return Vec::new();
+    }
+    crew_worktree::radar::overlaps(repo_root, &branches, manifest.base_branch.as_deref())
+        .unwrap_or_default()
 }
 
 /// A size for people: `812 B`, `4.2 KB`, `1.3 MB`, `2.0 GB`.

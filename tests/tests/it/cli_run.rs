@@ -120,6 +120,9 @@ fn newcomer_flow_three_agents_three_branches_leader_untouched() {
       git merge crew/[RUN_ID]-beta
       git diff [HASH]..crew/[RUN_ID]-gamma   # gamma
       git merge crew/[RUN_ID]-gamma
+      # conflict: alpha ↔ beta in notes.txt   (`crew conflicts [RUN_ID]`)
+      # conflict: alpha ↔ gamma in notes.txt   (`crew conflicts [RUN_ID]`)
+      # conflict: beta ↔ gamma in notes.txt   (`crew conflicts [RUN_ID]`)
     [exit status: 0]
     ");
 }
@@ -470,6 +473,13 @@ fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_noth
     let run = run_ids(&env, &repo).remove(0);
     let refs_before = env.git(&repo, ["show-ref"]);
     let status_before = env.git(&repo, ["status", "--porcelain"]);
+    let shown = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();
+    assert!(
+        shown.contains(&format!(
+            "# conflict: red ↔ blue in src/lib.txt   (`crew conflicts {run}`)"
+        )),
+        "{shown}"
+    );
     let listed = env.crew(&repo, ["conflicts", &run]);
     insta::assert_snapshot!(render_output(&listed), @"
     red ↔ blue: src/lib.txt
