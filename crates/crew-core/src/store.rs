@@ -583,14 +583,22 @@ impl StateStore {
 
     /// Every run of the workspace, newest first; unreadable ones carry their error.
     pub fn list_runs(&self) -> Result<Vec<RunListing>, StateError> {
-        Ok(self
-            .run_ids()?
+        Ok(self.list_newest_runs(usize::MAX)?.0)
+    }
+
+    /// The `limit` newest runs, reading no other run's manifest, and how many runs there are.
+    pub fn list_newest_runs(&self, limit: usize) -> Result<(Vec<RunListing>, usize), StateError> {
+        let ids = self.run_ids()?;
+        let total = ids.len();
+        let listed = ids
             .into_iter()
+            .take(limit)
             .map(|run_id| RunListing {
                 manifest: self.read_run(&run_id),
                 run_id,
             })
-            .collect())
+            .collect();
+        Ok((listed, total))
     }
 
     /// The run a user means by `prefix`: an exact id, or a prefix only one run has.

@@ -852,3 +852,39 @@ fn listed_agent(env: &TestEnv, repo: &Utf8Path, id: &str) -> Option<(String, Str
         agent["state"].as_str()?.to_owned(),
     ))
 }
+
+#[test]
+fn runs_list_shows_the_newest_runs_and_says_how_many_more_there_are() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    for index in 0..22 {
+        let output = env.crew(&repo, ["run", "--agent", "shell", &format!("echo {index}")]);
+        assert!(output.status.success(), "{}", render_output(&output));
+    }
+    let ids = |args: &[&str]| -> Vec<String> {
+        let output = env.crew(&repo, args);
+        assert!(output.status.success(), "{}", render_output(&output));
+        serde_json::from_slice::<serde_json::Value>(&output.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|run| run["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let all = ids(&["runs", "list", "--all", "--json"]);
+    assert_eq!(all.len(), 22);
+    assert_eq!(ids(&["runs", "list", "--json"]), all[..20]);
+    assert_eq!(ids(&["runs", "list", "--limit", "2", "--json"]), all[..2]);
+    let table = env.crew(&repo, ["runs", "list"]);
+    let stdout = String::from_utf8(table.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 21, "a header and 20 runs: {stdout}");
+    assert!(
+        stdout.lines().nth(1).unwrap().starts_with(all[0].as_str()),
+        "newest first"
+    );
+    assert_eq!(
+        String::from_utf8(table.stderr).unwrap(),
+        "(the 20 newest of 22 runs; `--all` lists every one, `--limit N` the N newest)\n"
+    );
+}

@@ -12,11 +12,19 @@ use crate::ui::{Style, Table, cell, run_style, sanitize, styled, truncate};
 use crate::{CliError, Outcome};
 
 /// List the runs of this workspace, newest first.
+///
+/// The newest 20 unless told otherwise: only the runs shown are read.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
     /// Print JSON (an array of runs; see the README for the schema).
     #[arg(long)]
     pub json: bool,
+    /// Show the N newest runs.
+    #[arg(long, value_name = "N", default_value_t = 20, conflicts_with = "all")]
+    pub limit: usize,
+    /// Show every run.
+    #[arg(long)]
+    pub all: bool,
 }
 
 /// One run as `crew runs list --json` prints it.
@@ -43,8 +51,14 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     if !args.json {
         crate::commands::worktrees::warn_attention(&ctx);
     }
+    let limit = if args.all { usize::MAX } else { args.limit };
+    let (listings, total) = ctx
+        .store()
+        .list_newest_runs(limit)
+        .map_err(CliError::internal)?;
+    let shown = listings.len();
     let mut rows = Vec::new();
-    for listing in ctx.store().list_runs().map_err(CliError::internal)? {
+    for listing in listings {
         rows.push(match listing.manifest {
             Ok(manifest) => {
                 let mut tasks = BTreeMap::new();
@@ -120,5 +134,13 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         ]);
     }
     print!("{}", table.render(&ctx.ui));
+    if shown < total {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "(the {shown} newest of {total} runs; `--all` lists every one, `--limit N` the N newest)"
+            );
+        }
+    }
     Ok(Outcome::Success)
 }
