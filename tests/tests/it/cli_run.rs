@@ -39,6 +39,16 @@ pub fn finished_run(env: &TestEnv, dir: &Utf8Path, args: &[&str]) -> String {
     run_ids(env, dir).remove(0)
 }
 
+/// `crew run --agent shell --workspace-mode worktree --task <task>…` in `dir`, to its end (it
+/// must succeed); the run's id.
+pub fn shell_worktree_run(env: &TestEnv, dir: &Utf8Path, tasks: &[&str]) -> String {
+    let mut args = vec!["run", "--agent", "shell", "--workspace-mode", "worktree"];
+    for task in tasks {
+        args.extend(["--task", task]);
+    }
+    finished_run(env, dir, &args)
+}
+
 /// The ids of the runs of the workspace at `dir`, newest first.
 pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
     let output = env.crew(dir, ["runs", "list", "--json"]);
@@ -393,22 +403,14 @@ fn a_named_run_reads_by_its_name_and_the_name_is_never_shared() {
 fn diff_prints_what_git_diff_prints_for_a_task_and_each_task_of_a_run() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let run = shell_worktree_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--task",
+        &[
             "edit=printf 'one\\n2\\nthree\\nfour\\n' > src/lib.txt && echo new > new.txt",
-            "--task",
             "idle=true",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let record = task(&manifest(&env, &repo, &run), "edit").clone();
     let base = record["workspace"]["base_commit"]
         .as_str()
@@ -453,24 +455,15 @@ fn diff_prints_what_git_diff_prints_for_a_task_and_each_task_of_a_run() {
 fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_nothing() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let run = shell_worktree_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--task",
+        &[
             "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
-            "--task",
             "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
-            "--task",
             "docs=echo more >> README.md",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let refs_before = env.git(&repo, ["show-ref"]);
     let status_before = env.git(&repo, ["status", "--porcelain"]);
     let shown = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();
@@ -524,24 +517,15 @@ fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_noth
 fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let run = shell_worktree_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--task",
+        &[
             "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
-            "--task",
             "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
-            "--task",
             "docs=echo more >> README.md",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let snapshot = || {
         (
             env.git(&repo, ["rev-parse", "main"]),

@@ -3,7 +3,7 @@
 
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
-use crate::cli_run::{manifest, run_ids, task};
+use crate::cli_run::{manifest, run_ids, shell_worktree_run, task};
 
 #[test]
 fn an_agent_commits_with_an_identity_that_lives_only_in_the_environment() {
@@ -188,24 +188,15 @@ fn what_setup_made_is_never_the_agents_work_unless_the_agent_changes_it() {
     );
     env.git(&repo, ["add", ".gitignore", ".crew"]);
     env.git(&repo, ["commit", "-q", "-m", "a setup"]);
-    let output = env.crew(
+    let run = shell_worktree_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--task",
+        &[
             "idle=true",
-            "--task",
             "edits=echo more >> generated.txt",
-            "--task",
             "writes=echo work > work.txt",
         ],
     );
-    assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
     let finished = manifest(&env, &repo, &run);
     let files_of = |task_id: &str| -> Vec<String> {
         let record = task(&finished, task_id);
