@@ -309,13 +309,16 @@ impl CrewMcp {
     ) -> Result<Json<StatusReport>, ErrorData> {
         let runs = match &args.run {
             Some(prefix) => vec![report(&self.read(prefix)?)],
+            // The newest ten, reading no other run.
             None => self
                 .ctx
-                .manifests()
-                .map_err(|error| invalid(error.render()))?
-                .iter()
-                .take(10)
-                .map(report)
+                .store()
+                .list_newest_runs(10)
+                .map_err(|error| invalid(error.to_string()))?
+                .0
+                .into_iter()
+                .filter_map(|listing| listing.manifest.ok())
+                .map(|manifest| report(&manifest))
                 .collect(),
         };
         Ok(Json(StatusReport { runs }))
