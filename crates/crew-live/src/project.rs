@@ -212,6 +212,11 @@ impl Project {
     /// read.
     pub async fn published_agents(&self) -> LiveAgents {
         let mut live = LiveAgents::default();
+        // No listing at all: no host is live, and no run needs reading (a project with
+        // thousands of finished runs answers at once).
+        if !crate::publish::any_listing(self.store.state_dir()) {
+            return live;
+        }
         let mut unpublished = Vec::new();
         for (run_id, host) in self.live_hosts() {
             let socket = host.socket.as_deref().expect("live hosts serve a socket");

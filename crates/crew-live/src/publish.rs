@@ -50,6 +50,18 @@ pub fn listing_path(state_dir: &Utf8Path, socket: &Utf8Path) -> Utf8PathBuf {
     state_dir.join(LIVE_DIR).join(format!("{stem}.json"))
 }
 
+/// Whether any host has a listing in `state_dir` (live or left by one that died). Every host
+/// publishes one as it starts, so none means no host is live: nothing else needs reading.
+pub fn any_listing(state_dir: &Utf8Path) -> bool {
+    let Ok(entries) = state_dir.join(LIVE_DIR).read_dir_utf8() else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        entry.file_name().ends_with(".json")
+            && !crew_core::fsutil::is_atomic_temp_name(entry.file_name())
+    })
+}
+
 /// Reads a published listing, when it exists, parses, and was written by `pid`.
 pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
     let bytes = crew_core::fsutil::read_nofollow(path).ok()?;
