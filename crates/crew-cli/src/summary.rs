@@ -327,11 +327,7 @@ fn overlaps(ctx: &Context, manifest: &RunManifest) -> Vec<crew_worktree::radar::
     let Some(repo_root) = ctx.workspace().repo_root() else {
         return Vec::new();
     };
-    let branches: Vec<(String, String)> = manifest
-        .tasks
-        .iter()
-        .filter_map(|task| Some((task.id.to_string(), task.work_range()?.1)))
-        .collect();
+    let branches = manifest.task_branches();
     if branches.is_empty() {
         return Vec::new();
     }

@@ -598,6 +598,14 @@ impl RunManifest {
         }
     }
 
+    /// `(task id, branch)` of each task whose work is on a branch, in task order.
+    pub fn task_branches(&self) -> Vec<(String, String)> {
+        self.tasks
+            .iter()
+            .filter_map(|task| Some((task.id.to_string(), task.work_range()?.1)))
+            .collect()
+    }
+
     pub fn task(&self, id: &TaskId) -> Option<&TaskRecord> {
         self.tasks.iter().find(|task| &task.id == id)
     }

@@ -174,6 +174,24 @@ impl Project {
         Ok(interrupted)
     }
 
+    /// Whether `run_id` is over: finished, or its host is gone (the run is then marked
+    /// interrupted). What following a run (`crew events --follow`, an editor, a lead agent's
+    /// `wait`) stops on.
+    pub fn run_ended(&self, run_id: &RunId) -> Result<bool, StateError> {
+        let glance = self.store.glance_run(run_id)?;
+        if glance.status != crew_core::RunStatus::Running {
+            return Ok(true);
+        }
+        let host_alive = glance
+            .host
+            .as_ref()
+            .is_some_and(|host| host.identity.is_alive());
+        if !host_alive {
+            self.reconcile()?;
+        }
+        Ok(!host_alive)
+    }
+
     /// The readable manifests of the project's runs, newest first.
     pub fn manifests(&self) -> Result<Vec<RunManifest>, StateError> {
         Ok(self

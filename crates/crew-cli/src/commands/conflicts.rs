@@ -34,11 +34,7 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
             .ok_or_else(|| CliError::user("this workspace has no runs yet"))?,
     };
     let manifest = ctx.read_run(&run_id)?;
-    let branches: Vec<(String, String)> = manifest
-        .tasks
-        .iter()
-        .filter_map(|task| Some((task.id.to_string(), task.work_range()?.1)))
-        .collect();
+    let branches = manifest.task_branches();
     let target = manifest.base_branch.as_deref();
     let overlaps = crew_worktree::radar::overlaps(repo_root, &branches, target)
         .map_err(|error| CliError::internal(error.message().to_owned()))?;

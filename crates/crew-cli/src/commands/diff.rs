@@ -92,6 +92,39 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
     Ok(Outcome::Success)
 }
 
+/// A task's work as `git diff <base>..<branch>` prints it.
+#[derive(Debug)]
+pub struct TaskPatch {
+    pub agent_id: String,
+    pub base: String,
+    pub branch: String,
+    pub patch: String,
+}
+
+/// The patch of `task` of `manifest`; the message says why there is none (no branch with work,
+/// a branch git cannot read). `crew diff`, and the editor's and lead agents' `diff`.
+pub fn task_patch(
+    ctx: &Context,
+    manifest: &RunManifest,
+    task: &crew_core::TaskRecord,
+) -> Result<TaskPatch, String> {
+    let (Some((base, branch)), Some(repo_root)) = (task.work_range(), ctx.workspace().repo_root())
+    else {
+        return Err(format!(
+            "task {}:{} has no branch with work (it is {})",
+            manifest.run_id, task.id, task.status
+        ));
+    };
+    let patch = crew_worktree::inspect::branch_patch(repo_root, &base, &branch)
+        .map_err(|error| format!("cannot read {branch}: {}", error.message()))?;
+    Ok(TaskPatch {
+        agent_id: format!("{}:{}", manifest.run_id, task.id),
+        base,
+        branch,
+        patch,
+    })
+}
+
 fn no_work(manifest: &RunManifest, task: &crew_core::TaskRecord) -> CliError {
     CliError::user(format!(
         "task {}:{} has no branch with work (it is {})",

@@ -3,7 +3,6 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use crew_core::RunStatus;
 use crew_core::model::{EventKind, RunEvent};
 
 use crate::context::Context;
@@ -52,7 +51,11 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
     let mut stdout = std::io::stdout().lock();
     loop {
         // Whether the run was over before this read: then this read holds its last events.
-        let ended = !args.follow || run_ended(&ctx, &run_id)?;
+        let ended = !args.follow
+            || ctx
+                .project()
+                .run_ended(&run_id)
+                .map_err(CliError::internal)?;
         let (events, next) = ctx
             .store()
             .read_events_since(&run_id, offset)
@@ -77,23 +80,6 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
         }
         tokio::time::sleep(FOLLOW_INTERVAL).await;
     }
-}
-
-/// Whether `run_id` is over: finished, or its host is gone (it is then marked interrupted).
-fn run_ended(ctx: &Context, run_id: &crew_core::RunId) -> Result<bool, CliError> {
-    let glance = ctx.store().glance_run(run_id).map_err(CliError::internal)?;
-    if glance.status != RunStatus::Running {
-        return Ok(true);
-    }
-    let host_alive = glance
-        .host
-        .as_ref()
-        .is_some_and(|host| host.identity.is_alive());
-    if !host_alive {
-        ctx.reconcile()?;
-        return Ok(true);
-    }
-    Ok(false)
 }
 
 fn with_reason(status: &str, reason: &Option<String>) -> String {

@@ -402,16 +402,9 @@ impl CrewMcp {
                     manifest.run_id, args.task
                 ))
             })?;
-        let (Some((base, branch)), Some(repo_root)) =
-            (task.work_range(), self.ctx.workspace().repo_root())
-        else {
-            return Err(invalid(format!(
-                "task: {} has no branch with work (it is {})",
-                task.id, task.status
-            )));
-        };
-        let mut patch = crew_worktree::inspect::branch_patch(repo_root, &base, &branch)
-            .map_err(|error| invalid(format!("cannot read {branch}: {}", error.message())))?;
+        let found = crate::commands::diff::task_patch(&self.ctx, &manifest, &task)
+            .map_err(|message| invalid(format!("task: {message}")))?;
+        let mut patch = found.patch;
         let truncated = patch.len() > MAX_PATCH_BYTES;
         if truncated {
             let mut end = MAX_PATCH_BYTES;
@@ -421,9 +414,9 @@ impl CrewMcp {
             patch.truncate(end);
         }
         Ok(Json(DiffReport {
-            agent_id: format!("{}:{}", manifest.run_id, task.id),
-            branch,
-            base,
+            agent_id: found.agent_id,
+            branch: found.branch,
+            base: found.base,
             patch,
             truncated,
         }))
@@ -557,7 +550,10 @@ impl CrewMcp {
             let ended = if own.is_some() {
                 others.iter().all(|task| task.status.is_finished())
             } else {
+                // A run whose host died ends too (marked interrupted), never a wait to the
+                // timeout.
                 manifest.status != RunStatus::Running
+                    || self.ctx.project().run_ended(run_id).unwrap_or(true)
             };
             if ended || asks || tokio::time::Instant::now() >= deadline {
                 return Ok(Json(report(&manifest)));

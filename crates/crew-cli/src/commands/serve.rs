@@ -385,11 +385,7 @@ fn load_session(
         let mut offset = offset;
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            let ended = ctx
-                .store()
-                .glance_run(&run_id)
-                .map(|glance| glance.status != crew_core::RunStatus::Running)
-                .unwrap_or(true);
+            let ended = ctx.project().run_ended(&run_id).unwrap_or(true);
             let Ok((events, next)) = ctx.store().read_events_since(&run_id, offset) else {
                 return Ok(());
             };
@@ -473,20 +469,12 @@ fn task_diff(ctx: &Context, spec: &str) -> Result<serde_json::Value, Error> {
         .map_err(|error| invalid(error.to_string()))?
         .ok_or_else(|| invalid(format!("no task '{spec}' in {}", ctx.workspace().root())))?;
     let task = manifest.task(&task_id).expect("found in this manifest");
-    let (Some((base, branch)), Some(repo_root)) = (task.work_range(), ctx.workspace().repo_root())
-    else {
-        return Err(invalid(format!(
-            "task {}:{task_id} has no branch with work (it is {})",
-            manifest.run_id, task.status
-        )));
-    };
-    let patch = crew_worktree::inspect::branch_patch(repo_root, &base, &branch)
-        .map_err(|error| invalid(format!("cannot read {branch}: {}", error.message())))?;
+    let found = crate::commands::diff::task_patch(ctx, &manifest, task).map_err(invalid)?;
     Ok(serde_json::json!({
-        "agent_id": format!("{}:{task_id}", manifest.run_id),
-        "branch": branch,
-        "base": base,
-        "patch": patch,
+        "agent_id": found.agent_id,
+        "branch": found.branch,
+        "base": found.base,
+        "patch": found.patch,
     }))
 }
 
