@@ -455,15 +455,7 @@ fn diff_prints_what_git_diff_prints_for_a_task_and_each_task_of_a_run() {
 fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_nothing() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let run = shell_worktree_run(
-        &env,
-        &repo,
-        &[
-            "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
-            "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
-            "docs=echo more >> README.md",
-        ],
-    );
+    let run = red_blue_docs(&env, &repo);
     let refs_before = env.git(&repo, ["show-ref"]);
     let status_before = env.git(&repo, ["status", "--porcelain"]);
     let shown = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();
@@ -517,15 +509,7 @@ fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_noth
 fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let run = shell_worktree_run(
-        &env,
-        &repo,
-        &[
-            "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
-            "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
-            "docs=echo more >> README.md",
-        ],
-    );
+    let run = red_blue_docs(&env, &repo);
     let snapshot = || {
         (
             env.git(&repo, ["rev-parse", "main"]),
@@ -586,4 +570,18 @@ fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
         main,
         "docs was already there"
     );
+}
+
+/// A finished run of three worktree tasks: `red` and `blue` rewrite the same line of
+/// `src/lib.txt` (they conflict), `docs` appends to `README.md`.
+fn red_blue_docs(env: &TestEnv, repo: &Utf8Path) -> String {
+    shell_worktree_run(
+        env,
+        repo,
+        &[
+            "red=printf 'one\\nred\\nthree\\n' > src/lib.txt",
+            "blue=printf 'one\\nblue\\nthree\\n' > src/lib.txt",
+            "docs=echo more >> README.md",
+        ],
+    )
 }

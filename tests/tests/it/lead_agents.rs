@@ -109,19 +109,7 @@ fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
     let env = TestEnv::new();
     let repo = env.repo("nested");
     let lead = format!("node {script} nested {} .", crew_tests::crew_bin());
-    let output = env.crew(
-        &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--task",
-            &format!("lead={lead}"),
-        ],
-    );
-    assert!(output.status.success(), "{}", render_output(&output));
+    crate::cli_run::shell_worktree_run(&env, &repo, &[&format!("lead={lead}")]);
     let runs = crate::cli_run::run_ids(&env, &repo);
     assert_eq!(runs.len(), 1, "no run inside the run: {runs:?}");
     let record = manifest(&env, &repo, &runs[0]);
