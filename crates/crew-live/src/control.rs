@@ -768,9 +768,8 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request, peer: Peer
             let by = CancelRecord {
                 pid: peer.pid,
                 uid: Some(peer.uid),
-                other_session: host_session
-                    .zip(caller_session)
-                    .map(|(host, caller)| host != caller),
+                other_session: procscan::same_session(host_session, caller_session)
+                    .map(|same| !same),
                 forced: force,
                 ..CancelRecord::new(CancelCause::RunsCancel)
             };

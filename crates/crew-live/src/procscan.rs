@@ -87,11 +87,9 @@ pub fn carries_marker(pid: u32, marker: &str) -> bool {
     })
 }
 
-/// The session id of `pid` (`None` for this process), as `/proc/<pid>/stat` gives it.
-///
-/// `None` when the process is gone or its session leader lies outside this pid namespace (a
-/// container started from another session reports session 0): the session is then unknown,
-/// never equal to another.
+/// The session id of `pid` (`None` for this process), as `/proc/<pid>/stat` gives it: `None`
+/// when the process is gone, 0 when its session leader lies outside this pid namespace (a
+/// container started from another session). Compare sessions with [`same_session`].
 pub fn session_of(pid: Option<u32>) -> Option<u32> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/stat"),
@@ -100,8 +98,17 @@ pub fn session_of(pid: Option<u32>) -> Option<u32> {
     let stat = std::fs::read_to_string(path).ok()?;
     // `pid (comm) state ppid pgrp session …`; comm may itself hold spaces and parentheses.
     let (_, fields) = stat.rsplit_once(')')?;
-    let session = fields.split_whitespace().nth(3)?.parse::<u32>().ok()?;
-    (session > 0).then_some(session)
+    fields.split_whitespace().nth(3)?.parse::<u32>().ok()
+}
+
+/// Whether two sessions read by [`session_of`] are one: `None` when that is unknown (either
+/// process is gone, or both leaders lie outside this pid namespace). A leader inside the
+/// namespace and one outside it are two sessions.
+pub fn same_session(a: Option<u32>, b: Option<u32>) -> Option<bool> {
+    match (a?, b?) {
+        (0, 0) => None,
+        (a, b) => Some(a == b),
+    }
 }
 
 #[cfg(test)]
@@ -109,7 +116,7 @@ mod tests {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
 
-    use super::session_of;
+    use super::{same_session, session_of};
 
     #[test]
     fn a_new_session_is_told_apart_from_this_one() {
@@ -132,5 +139,12 @@ mod tests {
         assert_ne!(session_of(None), session);
         assert_eq!(session_of(None), session_of(Some(std::process::id())));
         assert_eq!(session_of(Some(u32::MAX)), None);
+        assert_eq!(same_session(session_of(None), session), Some(false));
+        if session_of(None) != Some(0) {
+            assert_eq!(same_session(session_of(None), session_of(None)), Some(true));
+        }
+        assert_eq!(same_session(Some(0), session), Some(false));
+        assert_eq!(same_session(Some(0), Some(0)), None);
+        assert_eq!(same_session(None, session), None);
     }
 }

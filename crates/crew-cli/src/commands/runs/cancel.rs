@@ -58,7 +58,8 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
     let own_session = crew_live::procscan::session_of(None);
     let host_session = crew_live::procscan::session_of(Some(host.identity.pid));
     let detached = host.label.as_deref() == Some(crate::foreground::DETACHED_HOST_LABEL);
-    if !args.force && !detached && (own_session.is_none() || own_session != host_session) {
+    let same_session = crew_live::procscan::same_session(own_session, host_session);
+    if !args.force && !detached && same_session != Some(true) {
         let label = host.label.as_deref().unwrap_or("another process");
         return Err(CliError::user(format!(
             "run {run_id} is hosted by another session ({label}, pid {})",
