@@ -252,6 +252,7 @@ impl StateStore {
             // Not fatal: state works without it, `git status` is merely noisier.
             let _ = ensure_excluded(repo_root, &[pattern]);
         }
+        // Set by another thread first means the layout is ready all the same.
         let _ = self.layout_ready.set(());
         Ok(())
     }

@@ -37,7 +37,7 @@ use crew_core::{AgentId, WorkspaceId};
 
 use crate::env::{BaseEnv, agent_env};
 use crate::error::{AgentOpError, SpawnAgentError};
-use crate::events::{AgentEvent, OutputStream};
+use crate::events::{AgentEvent, OutputStream, answer, emit};
 use crate::output::{LogWriter, OutputSink, OutputTail, drain};
 use crate::procscan;
 use crate::sandbox::{self, SandboxPlan};
@@ -382,7 +382,8 @@ async fn launch(
 
     let mut log = open_log(spec)?;
     if log.written() > 0 {
-        // A resume or a follow-up appends to the same log: say where the new start begins.
+        // A resume or a follow-up appends to the same log: say where the new start begins. A
+        // log that cannot be written to fails the agent's own output first, with its error.
         let _ = log.write(
             format!(
                 "\n[crew: the agent started again at {}]\n",
@@ -504,10 +505,13 @@ impl Supervisor {
         loop {
             let ended = self.supervise(running).await;
             let stopped = ended.exit.stopped_by.is_some();
-            let _ = self.launcher.events.send(AgentEvent::Exited {
-                agent_id: self.spec.agent_id.clone(),
-                exit: ended.exit.clone(),
-            });
+            emit(
+                &self.launcher.events,
+                AgentEvent::Exited {
+                    agent_id: self.spec.agent_id.clone(),
+                    exit: ended.exit.clone(),
+                },
+            );
             if ended.host_gone {
                 return;
             }
@@ -536,7 +540,7 @@ impl Supervisor {
                         None => StopOutcome::AlreadyExited,
                     };
                     for waiter in ended.stop_waiters {
-                        let _ = waiter.send(outcome);
+                        answer(waiter, outcome);
                     }
                     self.idle().await
                 }
@@ -583,17 +587,20 @@ impl Supervisor {
                         status.queued_follow_ups = self.follow_ups.len();
                     });
                     let attempt = self.status.borrow().attempt;
-                    let _ = self.launcher.events.send(AgentEvent::Started {
-                        agent_id: self.spec.agent_id.clone(),
-                        pid,
-                        attempt,
-                    });
+                    emit(
+                        &self.launcher.events,
+                        AgentEvent::Started {
+                            agent_id: self.spec.agent_id.clone(),
+                            pid,
+                            attempt,
+                        },
+                    );
                     self.publish_status();
                     if let Some(reply) = reply {
-                        let _ = reply.send(Ok(pid));
+                        answer(reply, Ok(pid));
                     }
                     if let Some(reply) = follow_up_reply {
-                        let _ = reply.send(Ok(FollowUpOutcome::Resumed { pid }));
+                        answer(reply, Ok(FollowUpOutcome::Resumed { pid }));
                     }
                     return Some(running);
                 }
@@ -603,10 +610,10 @@ impl Supervisor {
                         reason: error.to_string(),
                     };
                     if let Some(reply) = reply {
-                        let _ = reply.send(Err(failure.clone()));
+                        answer(reply, Err(failure.clone()));
                     }
                     if let Some(reply) = follow_up_reply {
-                        let _ = reply.send(Err(failure));
+                        answer(reply, Err(failure));
                     }
                     self.status
                         .send_modify(|status| status.state = AgentState::Exited);
@@ -618,14 +625,18 @@ impl Supervisor {
     }
 
     fn publish_status(&self) {
-        let _ = self.launcher.events.send(AgentEvent::Status {
-            agent_id: self.spec.agent_id.clone(),
-            status: self.status.borrow().clone(),
-        });
+        emit(
+            &self.launcher.events,
+            AgentEvent::Status {
+                agent_id: self.spec.agent_id.clone(),
+                status: self.status.borrow().clone(),
+            },
+        );
     }
 
     fn signal_group(&self, pid: u32, signal: rustix::process::Signal) {
         if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            // Fails only when the group is gone: nothing left to signal.
             let _ = rustix::process::kill_process_group(pid, signal);
         }
     }
@@ -663,30 +674,30 @@ impl Supervisor {
                     }
                     Some(Control::Steer { message, reply }) => {
                         let result = self.steer(running.stdin.as_mut(), &message).await;
-                        let _ = reply.send(result);
+                        answer(reply, result);
                     }
                     Some(Control::FollowUp { message, reply }) => {
                         self.follow_ups.push_back(message);
                         let position = self.follow_ups.len();
                         self.status.send_modify(|status| status.queued_follow_ups = position);
-                        let _ = reply.send(Ok(FollowUpOutcome::Queued { position }));
+                        answer(reply, Ok(FollowUpOutcome::Queued { position }));
                     }
                     Some(Control::Resume { reply, .. }) => {
-                        let _ = reply.send(Err(AgentOpError::AlreadyRunning {
+                        answer(reply, Err(AgentOpError::AlreadyRunning {
                             agent_id: self.spec.agent_id.clone(),
                         }));
                     }
                     Some(Control::Ask { question, reply }) => {
                         self.status.send_modify(|status| status.question = Some(question.clone()));
-                        let _ = self.launcher.events.send(AgentEvent::Question {
+                        emit(&self.launcher.events, AgentEvent::Question {
                             agent_id: self.spec.agent_id.clone(),
                             question,
                         });
                         self.publish_status();
-                        let _ = reply.send(Ok(()));
+                        answer(reply, Ok(()));
                     }
                     Some(Control::Close { reply }) => {
-                        let _ = reply.send(false);
+                        answer(reply, false);
                     }
                     None => {
                         // Every handle is gone: the host is shutting down.
@@ -710,7 +721,12 @@ impl Supervisor {
                 Some(()) = running.turn_ended.recv() => {
                     // stdin-json agents: the turn is over, the next follow-up goes in now.
                     if let Some(message) = self.follow_ups.pop_front() {
-                        let _ = self.steer(running.stdin.as_mut(), &message).await;
+                        if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
+                            // The agent's input is closed (it is ending): the follow-up waits
+                            // for its next start, as one sent to an exited agent does.
+                            tracing::debug!(agent = %self.spec.agent_id, "follow-up kept for the next start: {error}");
+                            self.follow_ups.push_front(message);
+                        }
                         let queued = self.follow_ups.len();
                         self.status.send_modify(|status| status.queued_follow_ups = queued);
                     }
@@ -834,7 +850,7 @@ impl Supervisor {
             match message {
                 Control::Resume { message, reply } => {
                     if closed {
-                        let _ = reply.send(Err(AgentOpError::Closed { agent_id }));
+                        answer(reply, Err(AgentOpError::Closed { agent_id }));
                         continue;
                     }
                     return Next::Restart {
@@ -845,7 +861,7 @@ impl Supervisor {
                 }
                 Control::FollowUp { message, reply } => {
                     if closed {
-                        let _ = reply.send(Err(AgentOpError::Closed { agent_id }));
+                        answer(reply, Err(AgentOpError::Closed { agent_id }));
                         continue;
                     }
                     return Next::Restart {
@@ -855,17 +871,17 @@ impl Supervisor {
                     };
                 }
                 Control::Stop { reply } => {
-                    let _ = reply.send(StopOutcome::AlreadyExited);
+                    answer(reply, StopOutcome::AlreadyExited);
                 }
                 Control::Steer { reply, .. } => {
-                    let _ = reply.send(Err(AgentOpError::NotRunning { agent_id }));
+                    answer(reply, Err(AgentOpError::NotRunning { agent_id }));
                 }
                 Control::Ask { reply, .. } => {
-                    let _ = reply.send(Err(AgentOpError::NotRunning { agent_id }));
+                    answer(reply, Err(AgentOpError::NotRunning { agent_id }));
                 }
                 Control::Close { reply } => {
                     self.status.send_modify(|status| status.closed = true);
-                    let _ = reply.send(true);
+                    answer(reply, true);
                 }
             }
         }
@@ -899,6 +915,7 @@ fn user_message_line(content: &str) -> String {
 /// can be taken up again without polling a finished task twice.
 async fn join_all(readers: &mut Vec<JoinHandle<()>>) {
     while let Some(reader) = readers.last_mut() {
+        // A reader that panicked has stopped reading: its output is over either way.
         let _ = reader.await;
         readers.pop();
     }

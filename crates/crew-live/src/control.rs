@@ -367,6 +367,7 @@ impl ControlServer {
                 if std::os::unix::net::UnixStream::connect(&path).is_ok() {
                     continue;
                 }
+                // A dead host's socket left in place answers nobody; binding finds another name.
                 let _ = std::fs::remove_file(&path);
             }
             return Self::bind_at(host, path).await;
@@ -411,6 +412,7 @@ impl ControlServer {
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.task.abort();
+        // Left behind, the socket is a dead host's: reconciling removes it.
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -565,6 +567,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
 
 async fn refuse(mut stream: UnixStream, code: &str, message: &str) {
     let response = Response::error(None, code, message);
+    // A refused client that does not read its refusal learns it from the closed stream.
     let _ = write_response(&mut stream, &response).await;
 }
 

@@ -53,3 +53,15 @@ impl AgentEvent {
         }
     }
 }
+
+/// Sends `event` to whoever watches the host's agents. Nobody watching is no error: events are
+/// for those who follow along, and the run's state holds the record.
+pub(crate) fn emit(events: &tokio::sync::broadcast::Sender<AgentEvent>, event: AgentEvent) {
+    let _ = events.send(event);
+}
+
+/// Answers a request made over a oneshot channel. The asker may have stopped waiting (it timed
+/// out, or hung up): the answer then has nobody to go to, which is no error of the answerer.
+pub(crate) fn answer<T>(reply: tokio::sync::oneshot::Sender<T>, value: T) {
+    let _ = reply.send(value);
+}

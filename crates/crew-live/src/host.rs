@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 use crate::agent::{self, AgentSpec, Launcher, StopOutcome};
 use crate::env::BaseEnv;
 use crate::error::SpawnAgentError;
-use crate::events::AgentEvent;
+use crate::events::{AgentEvent, emit};
 use crate::registry::{AgentHandle, AgentInfo, Registry};
 use crate::spawn::Spawner;
 
@@ -75,17 +75,20 @@ impl AgentHost {
             tail: started.tail,
         };
         if !self.inner.registry.insert(handle.clone()) {
-            // Started twice at once under the same id: this one goes.
+            // Started twice at once under the same id: this one goes, however its stop ends.
             let _ = handle.stop().await;
             return Err(SpawnAgentError::Duplicate {
                 agent_id: handle.info.agent_id.clone(),
             });
         }
-        let _ = self.inner.launcher.events.send(AgentEvent::Started {
-            agent_id: handle.info.agent_id.clone(),
-            pid: handle.status().pid.unwrap_or_default(),
-            attempt: 1,
-        });
+        emit(
+            &self.inner.launcher.events,
+            AgentEvent::Started {
+                agent_id: handle.info.agent_id.clone(),
+                pid: handle.status().pid.unwrap_or_default(),
+                attempt: 1,
+            },
+        );
         Ok(handle)
     }
 
@@ -150,6 +153,7 @@ impl AgentHost {
         for handle in self.inner.registry.all() {
             let handle = handle.clone();
             tokio::spawn(async move {
+                // How each stop ends (stopped, already exited) changes nothing: all go.
                 let _ = handle.stop().await;
             });
         }
@@ -157,6 +161,7 @@ impl AgentHost {
         tokio::time::sleep(Duration::from_millis(10)).await;
         for handle in self.inner.registry.all() {
             tokio::spawn(async move {
+                // How each stop ends (stopped, already exited) changes nothing: all go.
                 let _ = handle.stop().await;
             });
         }

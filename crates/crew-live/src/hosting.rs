@@ -182,7 +182,7 @@ impl Host {
                 .execute(&id, Some(socket), cancel_rx, commands_rx, resumes)
                 .await;
             routes.remove(&id);
-            crate::runner::forget_run(runner.host(), &id);
+            forget_run(runner.host(), &id);
             result
         });
         RunningRun {
@@ -245,5 +245,14 @@ impl RunningRun {
     /// Waits for the run to end; its manifest as it ended.
     pub async fn finish(self) -> Result<RunManifest, RunError> {
         self.task.await.expect("a run's task does not panic")
+    }
+}
+
+/// Stops and forgets every agent of `run_id` in the host (after the run ended).
+fn forget_run(host: &AgentHost, run_id: &RunId) {
+    for handle in host.registry().all() {
+        if handle.agent_id().run_id() == run_id {
+            host.registry().remove(handle.agent_id());
+        }
     }
 }

@@ -89,6 +89,7 @@ pub mod error;
 pub mod events;
 pub mod host;
 pub mod hosting;
+pub mod hosts;
 pub mod output;
 pub mod procscan;
 pub mod project;

@@ -14,7 +14,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crew_core::AgentId;
 
-use crate::events::{AgentEvent, OutputStream};
+use crate::events::{AgentEvent, OutputStream, emit};
 
 /// The longest line kept in memory; the rest of a longer line is only in `output.log`.
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -212,13 +212,17 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             if let Some(turn_ended) = &sink.turn_ended
                 && is_turn_end(&line)
             {
+                // Nobody to tell once the agent's supervisor is gone.
                 let _ = turn_ended.send(());
             }
-            let _ = sink.events.send(AgentEvent::Output {
-                agent_id: sink.agent_id.clone(),
-                stream,
-                line,
-            });
+            emit(
+                &sink.events,
+                AgentEvent::Output {
+                    agent_id: sink.agent_id.clone(),
+                    stream,
+                    line,
+                },
+            );
         }
     }
 }

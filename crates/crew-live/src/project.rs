@@ -165,7 +165,7 @@ impl Project {
     /// Marks runs whose host died as interrupted (and kills what is left of their agents);
     /// their workspaces are told so through the provider.
     pub fn reconcile(&self) -> Result<Vec<RunId>, StateError> {
-        let interrupted = crate::runner::reconcile_workspace(&self.store)?;
+        let interrupted = crate::hosts::reconcile_workspace(&self.store)?;
         if let Some(repo_root) = self.workspace.repo_root() {
             for run_id in &interrupted {
                 self.provider.run_interrupted(repo_root, run_id);
@@ -204,7 +204,7 @@ impl Project {
 
     /// The live hosts of this project, one per socket.
     pub fn live_hosts(&self) -> Vec<(RunId, HostRecord)> {
-        let mut hosts = crate::runner::live_hosts(&self.store);
+        let mut hosts = crate::hosts::live_hosts(&self.store);
         hosts.sort_by(|a, b| a.1.socket.cmp(&b.1.socket));
         hosts.dedup_by(|a, b| a.1.socket == b.1.socket);
         hosts

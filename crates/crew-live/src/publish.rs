@@ -85,6 +85,7 @@ pub fn remove_stale_listings(state_dir: &Utf8Path) {
                 .and_then(|modified| modified.elapsed().ok())
                 .is_some_and(|age| age > ABANDONED_TEMP_AGE);
             if abandoned {
+                // Tried again by the next sweep; a leftover temp file is never read.
                 let _ = std::fs::remove_file(entry.path());
             }
             continue;
@@ -100,6 +101,7 @@ pub fn remove_stale_listings(state_dir: &Utf8Path) {
                     .is_none()
             });
         if stale {
+            // A stale listing is told apart by its dead pid wherever it is read.
             let _ = std::fs::remove_file(path);
         }
     }
@@ -127,6 +129,7 @@ impl Publisher {
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.task.abort();
+        // Left behind, the listing names a dead pid and is swept as stale.
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -175,17 +178,25 @@ async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
         return;
     };
     let path = path.to_owned();
-    let _ = tokio::task::spawn_blocking(move || {
+    let written = tokio::task::spawn_blocking(move || {
         if crew_core::fsutil::write_atomic(&path, &json).is_ok() {
-            return;
+            return Ok(());
         }
         // The state directory may not have existed when the host started (the first run of a
         // project makes it): make the listing's directory now, and write again.
-        if let Some(dir) = path.parent()
-            && crew_core::fsutil::ensure_real_dir(dir).is_ok()
-        {
-            let _ = crew_core::fsutil::write_atomic(&path, &json);
+        if let Some(dir) = path.parent() {
+            if dir.parent().is_some_and(|state| !state.exists()) {
+                // No state directory yet: no run has started here, so there is nothing to list.
+                return Ok(());
+            }
+            crew_core::fsutil::ensure_real_dir(dir).map_err(|error| error.to_string())?;
         }
+        crew_core::fsutil::write_atomic(&path, &json).map_err(|error| error.to_string())
     })
     .await;
+    // Other processes then see this host's agents through its socket only (`crew agents list`
+    // asks the hosts when there is no listing): worth a warning, not a failure.
+    if let Ok(Err(error)) = written {
+        tracing::warn!("could not publish the live agents' listing: {error}");
+    }
 }

@@ -525,6 +525,8 @@ impl Spawner {
             .spawn(move || {
                 let _runtime = handle.enter();
                 while let Ok(mut job) = queue.recv() {
+                    // An asker gone before the answer leaves the child to its death signal: it
+                    // dies with this thread, when the host does.
                     let _ = job.reply.send(job.command.spawn());
                 }
             })?;

@@ -153,6 +153,8 @@ pub fn agent_writable(
     let branches = common.join("refs/heads").join(&settings.branch_prefix);
     let reflogs = common.join("logs/refs/heads").join(&settings.branch_prefix);
     for dir in [&branches, &reflogs] {
+        // A directory that cannot be made is granted all the same: the agent's own git then
+        // fails to write there, which is what a missing grant would do.
         let _ = std::fs::create_dir_all(dir);
     }
     vec![
@@ -365,7 +367,9 @@ fn checked_out_elsewhere(
 }
 
 /// Removes what a failed creation made, newest first. Best effort: each step is tried even
-/// when an earlier one fails.
+/// when an earlier one fails, and failures are ignored — the creation already failed with an
+/// error of its own, nothing here holds an agent's work, and what is left is crew's to sweep
+/// (`crew worktrees prune`).
 fn rollback(repo: &Repository, common: &Utf8Path, names: &TaskNames, made: &Made) {
     let Ok(_lock) = repo_lock(common) else {
         return;

@@ -175,11 +175,13 @@ pub fn run_setup(settings: &WorktreeSettings, dir: &Utf8Path) -> Result<(), Prep
     // and its pipes close so that the output can be collected.
     let kill_group = || {
         if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            // Fails only when the group is already gone: nothing left to kill.
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
     };
     kill_group();
     let Some(status) = status else {
+        // Reaps the killed child; its status is not the answer (the timeout is).
         let _ = child.wait();
         return Err(PrepareWorktreeError::SetupTimeout {
             command: rendered,

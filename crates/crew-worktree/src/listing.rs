@@ -346,7 +346,8 @@ pub fn prune(
         let trash = root.join(crate::names::TRASH_DIR);
         if let Ok(entries) = trash.read_dir_utf8() {
             for entry in entries.flatten() {
-                // Work was saved before a worktree went to the trash: nothing here is work.
+                // Work was saved before a worktree went to the trash: nothing here is work, and
+                // what cannot be removed now is tried again by the next prune.
                 let _ = remove_contained(entry.path(), &[&root]);
             }
         }
@@ -371,8 +372,12 @@ pub fn prune(
             WorktreeState::Active => keep(&mut report, "its task is running"),
             WorktreeState::Waiting => keep(&mut report, "its task waits for an answer"),
             WorktreeState::MissingDirectory => {
-                if !dry_run {
-                    let _ = admin::remove_entry(&common, &names.admin);
+                if !dry_run && let Err(error) = admin::remove_entry(&common, &names.admin) {
+                    keep(
+                        &mut report,
+                        &format!("git's entry could not be removed: {error}"),
+                    );
+                    continue;
                 }
                 report.removed_admin_entries.push(names.admin.clone());
                 freed_branches.extend(worktree.branch.clone());
@@ -385,8 +390,9 @@ pub fn prune(
                 if !empty {
                     keep(&mut report, "not a registered worktree and not empty");
                 } else {
-                    if !dry_run {
-                        let _ = std::fs::remove_dir(&worktree.path);
+                    if !dry_run && let Err(error) = std::fs::remove_dir(&worktree.path) {
+                        keep(&mut report, &format!("could not be removed: {error}"));
+                        continue;
                     }
                     report.removed_worktrees.push(worktree.path.clone());
                 }
@@ -400,8 +406,14 @@ pub fn prune(
                                 source,
                             }
                         })?;
-                        let _ = admin::remove_entry(&common, &names.admin);
+                        if let Err(error) = admin::remove_entry(&common, &names.admin) {
+                            keep(
+                                &mut report,
+                                &format!("removed, but git's entry could not be: {error}"),
+                            );
+                        }
                         if let Some(parent) = worktree.path.parent() {
+                            // Only when empty: the run's other worktrees may be there.
                             let _ = std::fs::remove_dir(parent);
                         }
                     }
@@ -428,8 +440,15 @@ pub fn prune(
             ));
             continue;
         }
-        if !dry_run && let Ok(mut found) = repo.find_branch(&branch.name, BranchType::Local) {
-            let _ = found.delete();
+        if !dry_run
+            && let Ok(mut found) = repo.find_branch(&branch.name, BranchType::Local)
+            && let Err(error) = found.delete()
+        {
+            report.kept.push((
+                branch.name.clone(),
+                format!("could not be deleted: {}", error.message()),
+            ));
+            continue;
         }
         report.deleted_branches.push(branch.name.clone());
     }

@@ -172,7 +172,7 @@ pub fn switch(
 }
 
 /// Removes the ignored paths of a worktree (crew's own links and copies included), except those
-/// `keep_ignored` names.
+/// `keep_ignored` names. Fails at the first that cannot be removed.
 pub fn remove_ignored(root: &Utf8Path, settings: &WorktreeSettings) -> Result<(), git2::Error> {
     let repo = Repository::open(root)?;
     let mut options = StatusOptions::new();
@@ -190,7 +190,12 @@ pub fn remove_ignored(root: &Utf8Path, settings: &WorktreeSettings) -> Result<()
             .iter()
             .any(|keep| Utf8Path::new(&relative).starts_with(keep));
         if !kept {
-            let _ = remove_contained(&root.join(&relative), &[root]);
+            // A worktree still holding them would hand them to the next task: fail, and the
+            // worktree is not pooled.
+            let path = root.join(&relative);
+            remove_contained(&path, &[root]).map_err(|error| {
+                git2::Error::from_str(&format!("could not remove {path}: {error}"))
+            })?;
         }
     }
     Ok(())

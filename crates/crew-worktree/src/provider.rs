@@ -388,6 +388,8 @@ pub fn fallback_warning(error: &PrepareWorktreeError) -> String {
 
 impl WorkspaceProvider for CrewWorkspaces {
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {
+        // Only labels: a worktree not relabelled still shows as the run's, and teardown or
+        // `crew runs clean` handles it the same.
         let _ = crate::listing::mark_interrupted(repo_root, &self.settings, run_id);
     }
 

@@ -110,7 +110,11 @@ pub fn teardown_worktree(
             drop(lock);
             report.recycled = true;
         } else {
-            let _ = admin::set_lock(&common, &names.admin, None);
+            if let Err(error) = admin::set_lock(&common, &names.admin, None) {
+                report
+                    .warnings
+                    .push(format!("could not unlock git's entry for {root}: {error}"));
+            }
             // Out of the way under the lock (a rename), deleted outside it: deleting thousands
             // of files must not hold up other tasks' worktrees.
             let trash = worktrees
@@ -118,7 +122,7 @@ pub fn teardown_worktree(
                 .join(format!("{}-{}", request.run_id, request.task_id));
             let moved = crew_core::fsutil::ensure_real_dir(&worktrees.join(TRASH_DIR)).is_ok()
                 && std::fs::rename(root, &trash).is_ok();
-            let _ = admin::remove_entry(&common, &names.admin);
+            forget_admin_entry(&common, &names.admin, root, report);
             drop(lock);
             let doomed = if moved { &trash } else { root };
             remove_contained(doomed, &[&worktrees]).map_err(|source| {
@@ -130,7 +134,8 @@ pub fn teardown_worktree(
         }
         report.removed = true;
         if let Some(run_dir) = root.parent() {
-            // Only when empty: other tasks of the run may still have theirs there.
+            // Only when empty: other tasks of the run may still have theirs there, and then
+            // this fails as it should.
             let _ = std::fs::remove_dir(run_dir);
         }
     } else if request.workspace.identity.is_some() {
@@ -145,7 +150,7 @@ pub fn teardown_worktree(
         });
     } else {
         let _lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
-        let _ = admin::remove_entry(&common, &names.admin);
+        forget_admin_entry(&common, &names.admin, root, report);
     }
     settle_branches(
         &leader_repo,
@@ -350,7 +355,8 @@ fn save_work(
         .update_all(["*"], Some(&mut skip_links))
         .map_err(stage_error)?;
     for link in links {
-        // Never part of the work, even if the agent staged it itself.
+        // Never part of the work, even if the agent staged it itself. Removing a path the
+        // index does not hold fails, and there is nothing to remove then.
         let _ = index.remove_path(std::path::Path::new(link));
     }
     index.write().map_err(stage_error)?;
@@ -630,7 +636,24 @@ pub fn release_preserved(
     let names = TaskNames::new(repo_root, settings, run_id, task_id);
     if let Ok(repo) = Repository::open(repo_root) {
         let common = leader::common_dir(&repo);
+        // Still locked, the worktree is as usable, and only needs `--force` to be removed by
+        // hand: not worth failing the release for.
         let _ = admin::set_lock(&common, &names.admin, None);
     }
     names.root
+}
+
+/// Removes git's admin entry of a removed worktree. A failure leaves an entry git reports as
+/// prunable (`git worktree prune` removes it): a warning of the teardown, not an error.
+fn forget_admin_entry(
+    common: &Utf8Path,
+    admin: &str,
+    root: &Utf8Path,
+    report: &mut TeardownReport,
+) {
+    if let Err(error) = admin::remove_entry(common, admin) {
+        report.warnings.push(format!(
+            "could not remove git's entry for {root} ({error}); `git worktree prune` removes it"
+        ));
+    }
 }

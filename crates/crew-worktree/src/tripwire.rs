@@ -151,6 +151,7 @@ fn keep_evidence(path: &Utf8Path, evidence: &Utf8Path) -> Option<Utf8PathBuf> {
     match read_entry(path)? {
         Entry::File { contents, .. } => write_atomic(&target, &contents).ok()?,
         Entry::Link { target: link } => {
+            // Whatever was kept there before makes way; if it cannot, the symlink call fails.
             let _ = std::fs::remove_file(&target);
             std::os::unix::fs::symlink(&link, &target).ok()?;
         }

@@ -2,6 +2,8 @@
 //! mid-run and resumed, questions answered later, detached runs.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -369,5 +371,84 @@ fn cancel_of_another_sessions_run_needs_force_but_a_detached_run_is_yours() {
     assert_eq!(
         by["other_session"], true,
         "a detached host has a session of its own: {by:#}"
+    );
+}
+
+#[test]
+fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
+    // File permissions do not hold root back: crew runs as `nobody` here.
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: dropping to another uid needs root; CI runs as root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let chown = std::process::Command::new("chown")
+        .args(["-R", &format!("{NOBODY}:{NOBODY}"), env.root().as_str()])
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let go = env.root().join("go");
+    let script = format!(
+        "echo first > work.txt; echo ready; while [ ! -e {go} ]; do sleep 0.05; done; echo second >> work.txt"
+    );
+    let mut command = env.crew_command(&repo);
+    command
+        .args([
+            "run",
+            "--workspace-mode",
+            "worktree",
+            "--agent",
+            "shell",
+            &script,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command.uid(NOBODY);
+    command.gid(NOBODY);
+    let crew = command.spawn().unwrap();
+    let run = wait_until(30, "the agent to run", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        (manifest(&env, &repo, &run)["tasks"][0]["status"] == "running").then_some(run)
+    });
+    // The run's directory turns read-only under the running agent.
+    let run_dir = repo.join(format!(".crew/state/runs/{run}"));
+    let mode = |mode| std::fs::Permissions::from_mode(mode);
+    std::fs::set_permissions(&run_dir, mode(0o555)).unwrap();
+    write(&go, "");
+    let output = crew.wait_with_output().unwrap();
+    std::fs::set_permissions(&run_dir, mode(0o755)).unwrap();
+
+    // The user is told what was not recorded, and where the work is.
+    let rendered = render_output(&output);
+    assert!(!output.status.success(), "{rendered}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("error: run {run} ended, but "))
+            && stderr.contains("could not be recorded in .crew/state"),
+        "{rendered}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "the agents' work is saved: shell in crew/{run}-shell"
+        )),
+        "{rendered}"
+    );
+    // No work is lost: all of it is on the task's branch.
+    let show = std::process::Command::new("git")
+        .args(["show", &format!("crew/{run}-shell:work.txt")])
+        .current_dir(&repo)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("HOME", env.home())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&show.stdout),
+        "first\nsecond\n",
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
     );
 }

@@ -1,0 +1,43 @@
+//! Where a project's live hosts are, and what is left of runs whose host is gone.
+
+use crew_core::model::{HostRecord, RunStatus};
+use crew_core::store::StateError;
+use crew_core::{RunId, StateStore};
+
+/// Reconciles the workspace's runs (runs whose host is gone become `interrupted`) and kills
+/// what is left of their agents: processes that left their group but carry the run's marker.
+pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError> {
+    let interrupted = store.reconcile()?;
+    for run_id in &interrupted {
+        crate::procscan::kill_marked(&crate::procscan::run_marker(run_id));
+        // The socket its host never removed: only one a host would have made is touched.
+        if let Ok(glance) = store.glance_run(run_id)
+            && let Some(socket) = glance.host.and_then(|host| host.socket)
+            && crate::control::is_plausible_socket(&socket)
+            && std::os::unix::net::UnixStream::connect(&socket).is_err()
+            && let Err(error) = std::fs::remove_file(&socket)
+        {
+            // A leftover socket misleads nobody (nothing answers on it): note it and go on.
+            tracing::debug!(%socket, "could not remove a dead host's socket: {error}");
+        }
+    }
+    crate::publish::remove_stale_listings(store.state_dir());
+    Ok(interrupted)
+}
+
+/// Every run of the workspace whose host is alive and serves a socket: where other processes
+/// find the live agents of the workspace. Runs that cannot be read are no live host's.
+pub fn live_hosts(store: &StateStore) -> Vec<(RunId, HostRecord)> {
+    store
+        .glance_runs()
+        .unwrap_or_default()
+        .iter()
+        .filter(|run| run.status == RunStatus::Running)
+        .filter_map(|run| {
+            let host = run.host.clone()?;
+            let socket = host.socket.as_deref()?;
+            (host.identity.is_alive() && crate::control::is_plausible_socket(socket))
+                .then(|| (run.run_id.clone(), host))
+        })
+        .collect()
+}

@@ -1,0 +1,269 @@
+//! The executor of a run: it carries out what the [`Schedule`] decides, starts each task on a
+//! task of its own (`task.rs`), and answers the control channel's requests for the run while
+//! it goes on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use camino::Utf8PathBuf;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crew_core::model::{EventKind, RunEvent, RunManifest, TaskStatus};
+use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId};
+
+use super::schedule::{Schedule, Step};
+use super::task::RunContext;
+use super::{CancelLevel, RunError, Runner, blocking, foreign_run};
+use crate::control::{ErrorBody, RunCommand};
+use crate::events::answer;
+
+impl Runner {
+    /// Runs the tasks of `run_id` to the end. `cancel` is watched for Ctrl-C; `commands` brings
+    /// requests from the control channel. `resumes` names tasks to resume and the message for
+    /// each: a waiting task goes on with it as its answer, a finished one starts through its
+    /// agent's `resume` template (`None`: the template's default message).
+    pub async fn execute(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+        mut cancel: watch::Receiver<CancelLevel>,
+        mut commands: mpsc::Receiver<RunCommand>,
+        resumes: HashMap<TaskId, Option<String>>,
+    ) -> Result<RunManifest, RunError> {
+        let manifest = self.read(run_id).await?;
+        let (run_cancel, _) = watch::channel(CancelLevel::None);
+        let (holds, mut hold_changes) = mpsc::unbounded_channel();
+        let (release, _) = watch::channel(false);
+        let resume_messages = resumes
+            .iter()
+            .filter(|(task_id, _)| {
+                manifest
+                    .task(task_id)
+                    .is_some_and(|task| task.status != TaskStatus::Waiting)
+            })
+            .map(|(task_id, message)| (task_id.clone(), message.clone()))
+            .collect();
+        let context = Arc::new(RunContext::new(
+            self.clone(),
+            &manifest,
+            socket,
+            run_cancel.clone(),
+            resume_messages,
+            holds,
+            release.clone(),
+        ));
+        let mut schedule =
+            Schedule::new(&manifest.tasks, manifest.max_parallel, manifest.fail_fast);
+        let mut running: JoinSet<(TaskId, TaskStatus)> = JoinSet::new();
+        let mut commands_open = true;
+        let mut cancel_open = true;
+
+        // Tasks that were waiting for an answer when their host went away wait again here.
+        for task in manifest
+            .tasks
+            .iter()
+            .filter(|task| task.status == TaskStatus::Waiting)
+        {
+            let context = context.clone();
+            let task = task.clone();
+            let answer = resumes.get(&task.id).cloned().flatten();
+            schedule.adopt(&task.id);
+            running.spawn(async move {
+                let id = task.id.clone();
+                (id, context.adopt_waiting(task, answer).await)
+            });
+        }
+
+        loop {
+            let level = *cancel.borrow();
+            if level > CancelLevel::None {
+                schedule.cancel();
+                if *run_cancel.borrow() < level {
+                    run_cancel.send_replace(level);
+                }
+            }
+            for step in schedule.next_steps() {
+                match step {
+                    Step::Finish {
+                        task,
+                        status,
+                        reason,
+                    } => self.finish_unstarted(run_id, &task, status, &reason).await,
+                    Step::Start(task_id) => {
+                        let context = context.clone();
+                        running.spawn(async move {
+                            let status = context.run_task(task_id.clone()).await;
+                            (task_id, status)
+                        });
+                    }
+                }
+            }
+            release.send_if_modified(|released| {
+                let now = schedule.only_held_left();
+                std::mem::replace(released, now) != now
+            });
+            if schedule.is_over() {
+                break;
+            }
+            tokio::select! {
+                Some(joined) = running.join_next() => {
+                    let (task_id, status) = match joined {
+                        Ok(result) => result,
+                        Err(error) => panic!("a task of run {run_id} panicked: {error}"),
+                    };
+                    if schedule.ended(&task_id, status) {
+                        let by = CancelRecord { task: Some(task_id), ..CancelRecord::new(CancelCause::FailFast) };
+                        self.record_cancel(run_id, by).await;
+                        run_cancel.send_replace(CancelLevel::Graceful);
+                    }
+                }
+                Some((task_id, stopped)) = hold_changes.recv() => schedule.hold(&task_id, stopped),
+                changed = cancel.changed(), if cancel_open => {
+                    // A canceller that is gone can send nothing more: stop listening to it (a
+                    // closed channel answers at once, and the loop would spin).
+                    cancel_open = changed.is_ok();
+                }
+                command = commands.recv(), if commands_open => match command {
+                    Some(command) => {
+                        self.answer(run_id, command, &mut schedule, &context, &run_cancel).await;
+                    }
+                    None => commands_open = false,
+                },
+            }
+        }
+        self.finish_run(run_id, schedule.run_status(), context.saved())
+            .await
+    }
+
+    /// Answers a request of the control channel for this run.
+    async fn answer(
+        &self,
+        run_id: &RunId,
+        command: RunCommand,
+        schedule: &mut Schedule,
+        context: &RunContext,
+        run_cancel: &watch::Sender<CancelLevel>,
+    ) {
+        match command {
+            RunCommand::Cancel {
+                workspace,
+                by,
+                reply,
+            } => {
+                if &workspace != self.workspace.id() {
+                    answer(reply, Err(foreign_run(run_id, &workspace)));
+                    return;
+                }
+                self.record_cancel(run_id, by).await;
+                schedule.cancel();
+                run_cancel.send_replace(CancelLevel::Graceful);
+                answer(
+                    reply,
+                    Ok(serde_json::json!({ "run_id": run_id, "cancelled": true })),
+                );
+            }
+            RunCommand::Submit {
+                workspace,
+                agent,
+                tasks,
+                reply,
+            } => {
+                let result = if &workspace != self.workspace.id() {
+                    Err(foreign_run(run_id, &workspace))
+                } else if schedule.stopping() {
+                    Err(ErrorBody {
+                        code: "run_stopping".into(),
+                        message: format!("run {run_id} is stopping; it takes no new tasks"),
+                    })
+                } else {
+                    self.accept_submission(run_id, &agent, tasks).await
+                };
+                if let Ok(added) = &result {
+                    schedule.add(added);
+                }
+                answer(reply, result.map(|added| {
+                    serde_json::json!({
+                        "accepted": added.iter().map(|task| task.id.as_str()).collect::<Vec<_>>()
+                    })
+                }));
+            }
+            RunCommand::Resume {
+                workspace,
+                task,
+                message,
+                reply,
+            } => {
+                let result = if &workspace != self.workspace.id() {
+                    Err(foreign_run(run_id, &workspace))
+                } else if schedule.stopping() {
+                    Err(ErrorBody {
+                        code: "run_stopping".into(),
+                        message: format!("run {run_id} is stopping; it starts no task again"),
+                    })
+                } else if schedule.is_active(&task) {
+                    Err(ErrorBody {
+                        code: "already_running".into(),
+                        message: format!("task {task} of run {run_id} is still going"),
+                    })
+                } else {
+                    self.requeue(run_id, &task).await
+                };
+                if result.is_ok() {
+                    schedule.requeue(&task);
+                    context.resume_with_message(&task, message);
+                }
+                answer(
+                    reply,
+                    result.map(|()| {
+                        serde_json::json!({
+                            "agent_id": AgentId::new(run_id.clone(), task),
+                            "requeued": true,
+                        })
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Records how the run ended. Any change of the run that could not be recorded, this one
+    /// included, makes it [`RunError::Unrecorded`], naming where the work was `saved`.
+    async fn finish_run(
+        &self,
+        run_id: &RunId,
+        status: crew_core::RunStatus,
+        saved: Vec<String>,
+    ) -> Result<RunManifest, RunError> {
+        let store = self.store.clone();
+        let id = run_id.clone();
+        let manifest = blocking(move || {
+            store.update_run(&id, |manifest| {
+                manifest.set_status(status)?;
+                Ok(manifest.clone())
+            })
+        })
+        .await;
+        if let Err(error) = &manifest {
+            self.unrecorded(run_id, &format!("the run's end ({status})"), error);
+        }
+        self.record_event(
+            run_id,
+            RunEvent::new(
+                None,
+                EventKind::RunStatus {
+                    status,
+                    reason: None,
+                },
+            ),
+        );
+        let problems = self.take_unrecorded(run_id);
+        match manifest {
+            Ok(manifest) if problems.is_empty() => Ok(manifest),
+            _ => Err(RunError::Unrecorded {
+                run_id: run_id.clone(),
+                problems,
+                saved,
+            }),
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! A run on disk: created (checked, then recorded as `running` and hosted here), resumed after
+//! its host went away, taken over from the process that created it, cancelled, and a finished
+//! task of a live run queued again.
+
+use camino::Utf8PathBuf;
+
+use crew_core::config::WorkspaceMode;
+use crew_core::model::{EventKind, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus};
+use crew_core::provider::RunRequest;
+use crew_core::{CancelRecord, RunId, TaskId};
+
+use super::{RunError, RunSpec, Runner, blocking};
+use crate::control::ErrorBody;
+
+impl Runner {
+    /// Checks the run can start (before any agent does) and records it as `running`, hosted by
+    /// this process.
+    pub async fn create(
+        &self,
+        spec: &RunSpec,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        let team = &spec.team.def;
+        let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
+        let tasks: Vec<TaskRecord> = team
+            .tasks
+            .iter()
+            .map(|task| {
+                let mut record = TaskRecord::new(
+                    task.id.clone(),
+                    task.agent.clone(),
+                    task.prompt.clone(),
+                    task.depends_on.clone(),
+                    spec.mode.or(task.workspace_mode).unwrap_or(run_mode),
+                );
+                record.timeout = task.timeout.or(self.config.run.task_timeout);
+                record
+            })
+            .collect();
+        let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();
+        modes.dedup();
+        let provider = self.provider.clone();
+        let request = RunRequest {
+            workspace: self.workspace.id().clone(),
+            repo_root: self.workspace.repo_root().map(Into::into),
+            base: spec.base.clone(),
+            modes,
+            name: spec.name.clone(),
+            tasks: team.tasks.iter().map(|task| task.id.clone()).collect(),
+        };
+        let plan = tokio::task::spawn_blocking(move || provider.prepare_run(&request))
+            .await
+            .expect("prepare_run does not panic")
+            .map_err(RunError::Prepare)?;
+        let host = self.host_record(socket)?;
+        let store = self.store.clone();
+        let workspace = self.workspace.clone();
+        let max_parallel = spec
+            .max_parallel
+            .or(team.max_parallel.map(|parallel| parallel.get()))
+            .unwrap_or(self.config.run.max_parallel.get())
+            .max(1);
+        let fail_fast = spec
+            .fail_fast
+            .or(team.fail_fast)
+            .unwrap_or(self.config.run.fail_fast);
+        let team_name = team.name.clone();
+        let name = spec.name.clone();
+        let manifest = blocking(move || {
+            let build = |run_id| {
+                let mut manifest =
+                    RunManifest::new(run_id, workspace.id().clone(), run_mode, tasks);
+                manifest.invocation_dir = workspace.relative_invocation_dir();
+                manifest.team = Some(team_name);
+                manifest.host = Some(host);
+                manifest.base = plan.base_commit.clone();
+                manifest.base_branch = plan.base_branch.clone();
+                manifest.max_parallel = max_parallel;
+                manifest.fail_fast = fail_fast;
+                if !plan.warnings.is_empty() {
+                    manifest.reason = Some(plan.warnings.join("; "));
+                }
+                manifest
+            };
+            match &name {
+                Some(name) => store.create_named_run(name, build),
+                None => store.create_run(build),
+            }
+        })
+        .await?;
+        self.record_event(&manifest.run_id, RunEvent::new(None, EventKind::RunCreated));
+        Ok(manifest)
+    }
+
+    /// Takes up a run whose host is gone: finished tasks are kept, the others run again (their
+    /// worktree branches are reused), tasks waiting for an answer wait again — or go on with
+    /// the answer given in `answers`.
+    pub async fn prepare_resume(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        let store = self.store.clone();
+        blocking({
+            let store = store.clone();
+            move || crate::hosts::reconcile_workspace(&store)
+        })
+        .await?;
+        let host = self.host_record(socket)?;
+        let run_id = run_id.clone();
+        blocking(move || {
+            store.update_run(&run_id, |manifest| {
+                if manifest.status == RunStatus::Running {
+                    return Ok(Err(RunError::AlreadyHosted {
+                        run_id: manifest.run_id.clone(),
+                        pid: manifest.host.as_ref().map_or(0, |host| host.identity.pid),
+                    }));
+                }
+                if manifest.status == RunStatus::Completed
+                    && manifest
+                        .tasks
+                        .iter()
+                        .all(|task| task.status == TaskStatus::Succeeded)
+                {
+                    return Ok(Err(RunError::NotResumable {
+                        run_id: manifest.run_id.clone(),
+                        status: manifest.status,
+                    }));
+                }
+                manifest.set_status(RunStatus::Running)?;
+                manifest.reason = None;
+                // The events keep who cancelled it before.
+                manifest.cancelled_by = None;
+                manifest.host = Some(host);
+                let again: Vec<TaskId> = manifest
+                    .tasks
+                    .iter()
+                    .filter(|task| {
+                        task.status.is_finished() && task.status != TaskStatus::Succeeded
+                    })
+                    .map(|task| task.id.clone())
+                    .collect();
+                for task_id in again {
+                    let task = manifest.set_task_status(&task_id, TaskStatus::Pending)?;
+                    task.reason = None;
+                    task.exit = None;
+                }
+                Ok(Ok(manifest.clone()))
+            })
+        })
+        .await?
+    }
+
+    /// Records this process as the host of a run another process created for it
+    /// (`crew run --detach` creates the run, then hands it to a background host).
+    pub async fn take_over(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        let host = self.host_record(socket)?;
+        let store = self.store.clone();
+        let run_id = run_id.clone();
+        Ok(blocking(move || {
+            store.update_run(&run_id, |manifest| {
+                manifest.host = Some(host);
+                Ok(manifest.clone())
+            })
+        })
+        .await?)
+    }
+
+    /// Records who asked for the run to be cancelled, and why: in the manifest (the first
+    /// request only) and as an event. The request itself goes to the run through its cancel
+    /// watch or a [`RunCommand::Cancel`].
+    pub async fn record_cancel(&self, run_id: &RunId, by: CancelRecord) {
+        let store = self.store.clone();
+        let (run, record) = (run_id.clone(), by.clone());
+        let saved = blocking(move || {
+            store.update_run(&run, |manifest| {
+                manifest.cancelled_by.get_or_insert(record);
+                Ok(())
+            })
+        })
+        .await;
+        if let Err(error) = saved {
+            self.unrecorded(run_id, "who cancelled the run", &error);
+        }
+        self.record_event(
+            run_id,
+            RunEvent::new(None, EventKind::CancelRequested { by }),
+        );
+    }
+
+    pub(super) async fn read(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
+        let store = self.store.clone();
+        let run_id = run_id.clone();
+        Ok(blocking(move || store.read_run(&run_id)).await?)
+    }
+
+    /// Records that a pending task ends without starting (cancelled, or skipped).
+    pub(super) async fn finish_unstarted(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        status: TaskStatus,
+        reason: &str,
+    ) {
+        let store = self.store.clone();
+        let (run, task, why) = (run_id.clone(), task_id.clone(), reason.to_owned());
+        let record = blocking(move || {
+            store.update_run(&run, |manifest| {
+                let record = manifest.set_task_status(&task, status)?;
+                record.reason = Some(why);
+                Ok(record.clone())
+            })
+        })
+        .await;
+        let record = match record {
+            Ok(record) => Some(record),
+            Err(error) => {
+                self.unrecorded(run_id, &format!("task {task_id} {status}"), &error);
+                None
+            }
+        };
+        self.announce(run_id, task_id, status, Some(reason.to_owned()), record);
+    }
+
+    /// Queues a finished task of this live run again, to be resumed in a workspace of its own
+    /// (its worktree branch is taken up again). A task that succeeded is done.
+    pub(super) async fn requeue(&self, run_id: &RunId, task_id: &TaskId) -> Result<(), ErrorBody> {
+        let store = self.store.clone();
+        let (run, task) = (run_id.clone(), task_id.clone());
+        let requeued = blocking(move || {
+            store.update_run(&run, |manifest| {
+                let Some(record) = manifest.task(&task) else {
+                    return Ok(Err(ErrorBody {
+                        code: "not_found".into(),
+                        message: format!("run {run} has no task {task}"),
+                    }));
+                };
+                if record.status == TaskStatus::Succeeded {
+                    return Ok(Err(ErrorBody {
+                        code: "succeeded".into(),
+                        message: format!(
+                            "task {task} of run {run} already succeeded; for more work, start a new run (its branch is where the work is)"
+                        ),
+                    }));
+                }
+                if !record.status.is_finished() {
+                    return Ok(Err(ErrorBody {
+                        code: "already_running".into(),
+                        message: format!("task {task} of run {run} is {}", record.status),
+                    }));
+                }
+                let record = manifest.set_task_status(&task, TaskStatus::Pending)?;
+                record.reason = None;
+                record.exit = None;
+                Ok(Ok(record.clone()))
+            })
+        })
+        .await
+        .map_err(|error| ErrorBody {
+            code: "state".into(),
+            message: error.to_string(),
+        })??;
+        self.announce(run_id, task_id, TaskStatus::Pending, None, Some(requeued));
+        Ok(())
+    }
+}

@@ -1,0 +1,290 @@
+//! The team runner: a run's task graph, executed with bounded parallelism, every step recorded
+//! in the run's manifest.
+//!
+//! Per task: allocate its workspace through the `WorkspaceProvider`, start its agent, wait for
+//! it (through questions, follow-ups and resumes), tear the workspace down in every outcome and
+//! record the teardown report. A task whose upstream did not succeed is skipped with the reason;
+//! with `fail_fast`, the first failure cancels the rest. Cancelling (the first Ctrl-C) stops
+//! every agent gracefully and tears down preserving work; the second kills at once — the
+//! teardown still saves the work.
+//!
+//! Where each part lives:
+//! - `lifecycle`: a run on disk — created, resumed, taken over, cancelled, a task requeued;
+//! - `schedule`: which task starts next and how the run ends (no I/O);
+//! - `execute`: the loop that carries out the schedule and answers the control channel;
+//! - `task`: one task's life, from its workspace to its teardown (where its status changes);
+//! - `submit`: task plans an agent submits to its own run.
+//!
+//! A change that cannot be saved (the state directory turned read-only, a full disk) never
+//! stops the agents: it is logged, the run goes on, and the run ends with
+//! [`RunError::Unrecorded`], which names what was not recorded and where the work is.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use camino::Utf8PathBuf;
+
+use crew_core::config::{ProjectConfig, WorkspaceMode};
+use crew_core::host::{HostIdentity, HostIdentityError};
+use crew_core::model::{EventKind, HostRecord, RunEvent, RunStatus, TaskRecord, TaskStatus};
+use crew_core::provider::{AllocateWorkspaceError, WorkspaceProvider};
+use crew_core::store::StateError;
+use crew_core::{RunId, StateStore, TaskId, Team, Workspace};
+
+use crate::control::ErrorBody;
+use crate::host::AgentHost;
+
+mod execute;
+mod lifecycle;
+mod schedule;
+mod submit;
+mod task;
+
+/// How far a cancellation goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CancelLevel {
+    None,
+    /// Stop every agent gracefully (TERM, grace, KILL) and keep their work.
+    Graceful,
+    /// Kill every agent at once; the teardown still saves their work.
+    Kill,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub team: Team,
+    /// `--workspace-mode`: overrides the team's mode and every task's own.
+    pub mode: Option<WorkspaceMode>,
+    pub max_parallel: Option<usize>,
+    pub base: Option<String>,
+    pub fail_fast: Option<bool>,
+    /// `--name`: the run's id, chosen by a person, so that branches read `crew/<name>-<task>`.
+    pub name: Option<RunId>,
+}
+
+impl RunSpec {
+    /// `team` as its files and the project's configuration say, nothing overridden.
+    pub fn of(team: Team) -> Self {
+        RunSpec {
+            team,
+            mode: None,
+            max_parallel: None,
+            base: None,
+            fail_fast: None,
+            name: None,
+        }
+    }
+}
+
+/// A run that could not be created, resumed or finished.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("the run cannot start")]
+    Prepare(#[source] AllocateWorkspaceError),
+    #[error("failed to record this process as the run's host")]
+    Host(#[from] HostIdentityError),
+    #[error(
+        "run {run_id} is {status}; only an interrupted, failed or cancelled run can be resumed"
+    )]
+    NotResumable { run_id: RunId, status: RunStatus },
+    #[error("run {run_id} is still hosted by process {pid}")]
+    AlreadyHosted { run_id: RunId, pid: u32 },
+    /// Changes to the run's record could not be saved while it went on: its manifest and
+    /// events may be behind. The agents' work was saved all the same, as `saved` says.
+    #[error(
+        "run {run_id} ended, but {} of its changes could not be recorded in .crew/state (first: {})",
+        .problems.len(),
+        .problems.first().map_or("", String::as_str)
+    )]
+    Unrecorded {
+        run_id: RunId,
+        problems: Vec<String>,
+        /// Where the work of each task went (its branch, or the preserved directory).
+        saved: Vec<String>,
+    },
+}
+
+impl RunError {
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            RunError::Prepare(error) => error.hint.clone(),
+            RunError::State(StateError::NameTaken { .. }) => Some(
+                "pick another name (`crew runs list` shows the runs of this project)".to_owned(),
+            ),
+            RunError::AlreadyHosted { .. } => Some(
+                "use `crew agents list` to see its agents, or `crew runs cancel` to stop it"
+                    .to_owned(),
+            ),
+            RunError::NotResumable {
+                status: RunStatus::Completed,
+                ..
+            } => Some(
+                "every task of it succeeded; for more work, start a new run (its branches are where the work is)"
+                    .to_owned(),
+            ),
+            RunError::Unrecorded { run_id, saved, .. } => {
+                let work = if saved.is_empty() {
+                    "no task left work to save".to_owned()
+                } else {
+                    format!("the agents' work is saved: {}", saved.join(", "))
+                };
+                Some(format!(
+                    "{work}; make .crew/state writable again, and `crew runs show {run_id}` may still show an older state of the run"
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A task changed status: what a host shows while a run goes on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskProgress {
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    pub status: TaskStatus,
+    pub reason: Option<String>,
+    /// The task's record as this change left it (its pid, workspace, teardown), so that a
+    /// listener need not read the manifest, which may already have moved on. `None` when the
+    /// change could not be saved.
+    pub task: Option<TaskRecord>,
+}
+
+/// Runs teams of agents in one workspace, on one host.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    host: AgentHost,
+    provider: Arc<dyn WorkspaceProvider>,
+    store: Arc<StateStore>,
+    workspace: Workspace,
+    config: ProjectConfig,
+    label: Option<String>,
+    progress: tokio::sync::broadcast::Sender<TaskProgress>,
+    /// Per run, the changes that could not be saved (see [`RunError::Unrecorded`]).
+    unrecorded: Arc<Mutex<HashMap<RunId, Vec<String>>>>,
+}
+
+impl Runner {
+    pub fn new(
+        host: AgentHost,
+        provider: Arc<dyn WorkspaceProvider>,
+        workspace: Workspace,
+        config: ProjectConfig,
+    ) -> Self {
+        let store = Arc::new(StateStore::new(workspace.id(), workspace.repo_root()));
+        Runner {
+            host,
+            provider,
+            store,
+            workspace,
+            config,
+            label: None,
+            progress: tokio::sync::broadcast::channel(1024).0,
+            unrecorded: Arc::default(),
+        }
+    }
+
+    /// Every task status change of the runs this runner executes.
+    pub fn progress(&self) -> tokio::sync::broadcast::Receiver<TaskProgress> {
+        self.progress.subscribe()
+    }
+
+    /// Logs a saved status change in the run's events and announces it to progress listeners.
+    fn announce(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        status: TaskStatus,
+        reason: Option<String>,
+        task: Option<TaskRecord>,
+    ) {
+        tracing::debug!(run = %run_id, task = %task_id, %status, reason = reason.as_deref().unwrap_or(""), "task status");
+        self.record_event(
+            run_id,
+            RunEvent::new(
+                Some(task_id.clone()),
+                EventKind::TaskStatus {
+                    status,
+                    reason: reason.clone(),
+                },
+            ),
+        );
+        // Nobody listening is not an error: the change is recorded in the run's state.
+        let _ = self.progress.send(TaskProgress {
+            run_id: run_id.clone(),
+            task_id: task_id.clone(),
+            status,
+            reason,
+            task,
+        });
+    }
+
+    /// Appends `event` to the run's events; a failure is noted as unrecorded.
+    fn record_event(&self, run_id: &RunId, event: RunEvent) {
+        if let Err(error) = self.store.append_event(run_id, &event) {
+            self.unrecorded(run_id, "an event", &error);
+        }
+    }
+
+    /// Notes a change to `run_id`'s record that could not be saved: the run goes on, and ends
+    /// with [`RunError::Unrecorded`].
+    fn unrecorded(&self, run_id: &RunId, what: &str, error: &dyn std::fmt::Display) {
+        tracing::warn!(run = %run_id, "could not record {what}: {error}");
+        self.unrecorded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(run_id.clone())
+            .or_default()
+            .push(format!("{what}: {error}"));
+    }
+
+    /// The changes to `run_id`'s record that could not be saved, forgotten here.
+    fn take_unrecorded(&self, run_id: &RunId) -> Vec<String> {
+        self.unrecorded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(run_id)
+            .unwrap_or_default()
+    }
+
+    /// Names the host in listings (`crew run`, an editor).
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+
+    pub fn host(&self) -> &AgentHost {
+        &self.host
+    }
+
+    fn host_record(&self, socket: Option<Utf8PathBuf>) -> Result<HostRecord, RunError> {
+        Ok(HostRecord {
+            identity: HostIdentity::current()?,
+            socket,
+            label: self.label.clone(),
+        })
+    }
+}
+
+fn foreign_run(run_id: &RunId, workspace: &crew_core::WorkspaceId) -> ErrorBody {
+    ErrorBody {
+        code: "foreign_workspace".into(),
+        message: format!("run {run_id} does not belong to workspace {workspace}"),
+    }
+}
+
+/// Runs blocking state or git work off the async threads.
+async fn blocking<T: Send + 'static, E: Send + 'static>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, E> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .expect("state and workspace work does not panic")
+}

@@ -1,0 +1,106 @@
+//! Task plans an agent submits to its own run (`crew submit`, a lead agent's `run_tasks`):
+//! checked as a whole against the run's task graph, then added in the run's mode.
+
+use crew_core::config::{ConfigDir, validate_plain_task_graph};
+use crew_core::model::{EventKind, RunEvent, TaskRecord};
+use crew_core::{AgentId, RunId};
+
+use super::{Runner, blocking};
+use crate::control::{ErrorBody, SubmittedTask};
+
+impl Runner {
+    /// Validates an agent-authored plan and adds its tasks to the run, in the run's mode.
+    pub(super) async fn accept_submission(
+        &self,
+        run_id: &RunId,
+        agent: &AgentId,
+        submitted: Vec<SubmittedTask>,
+    ) -> Result<Vec<TaskRecord>, ErrorBody> {
+        let refuse = |message: String| ErrorBody {
+            code: "invalid_tasks".into(),
+            message,
+        };
+        let manifest = self
+            .read(run_id)
+            .await
+            .map_err(|error| refuse(error.to_string()))?;
+        let Some(submitter) = manifest
+            .task(agent.task_id())
+            .filter(|_| agent.run_id() == run_id)
+        else {
+            return Err(refuse(format!(
+                "agent {agent} is not a task of run {run_id}"
+            )));
+        };
+        if submitted.is_empty() {
+            return Err(refuse("no tasks submitted".into()));
+        }
+        let existing: Vec<&TaskRecord> = manifest.tasks.iter().collect();
+        let graph: Vec<(String, Vec<String>)> = existing
+            .iter()
+            .map(|task| {
+                (
+                    task.id.to_string(),
+                    task.depends_on.iter().map(ToString::to_string).collect(),
+                )
+            })
+            .chain(
+                submitted
+                    .iter()
+                    .map(|task| (task.id.clone(), task.depends_on.clone())),
+            )
+            .collect();
+        let parsed = validate_plain_task_graph(&graph).map_err(refuse)?;
+        let config_dir = ConfigDir::new(self.workspace.crew_dir());
+        let mut records = Vec::new();
+        for (task, (id, depends_on)) in submitted
+            .iter()
+            .zip(parsed.into_iter().skip(existing.len()))
+        {
+            let agent_name = task
+                .agent
+                .clone()
+                .unwrap_or_else(|| submitter.agent.clone());
+            config_dir
+                .load_agent(&agent_name)
+                .map_err(|error| refuse(format!("task {id}: {error}")))?;
+            let mut record = TaskRecord::new(
+                id,
+                agent_name,
+                task.prompt.clone(),
+                depends_on,
+                manifest.workspace_mode,
+            );
+            record.timeout = self.config.run.task_timeout;
+            records.push(record);
+        }
+        let store = self.store.clone();
+        let run = run_id.clone();
+        let added = records.clone();
+        blocking(move || {
+            store.update_run(&run, |manifest| {
+                manifest.tasks.extend(added);
+                Ok(())
+            })
+        })
+        .await
+        .map_err(|error| refuse(error.to_string()))?;
+        self.record_event(
+            run_id,
+            RunEvent::new(
+                Some(agent.task_id().clone()),
+                EventKind::Message {
+                    text: format!(
+                        "submitted tasks {}",
+                        records
+                            .iter()
+                            .map(|task| task.id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                },
+            ),
+        );
+        Ok(records)
+    }
+}

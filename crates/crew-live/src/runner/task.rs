@@ -1,0 +1,720 @@
+//! One task's life, from its workspace to its teardown: where a task's status changes.
+//!
+//! 1. Load its agent's definition and allocate its workspace (`preparing`); a failure of
+//!    either fails the task.
+//! 2. Start its agent (`running`), or resume it when a person asked for that.
+//! 3. Follow the agent through questions (`waiting`), stops by a person (`stopped`, the
+//!    workspace held for a resume while the run goes on) and restarts.
+//! 4. Tear the workspace down in every outcome (the work is saved first) and record the
+//!    report, then the task's final status ([`outcome`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use camino::Utf8PathBuf;
+use tokio::sync::{mpsc, watch};
+
+use crew_core::config::{AgentDef, ConfigDir};
+use crew_core::model::{
+    ExitRecord, RunManifest, TaskRecord, TaskStatus, TransitionError, WorkspaceRecord,
+};
+use crew_core::provider::{
+    TaskWorkspace, TeardownRequest, UpstreamWork, WorkspaceKind, WorkspaceRequest,
+};
+use crew_core::{AgentId, RunId, TaskId};
+
+use super::{CancelLevel, RunError, Runner, blocking};
+use crate::agent::AgentSpec;
+use crate::registry::AgentHandle;
+use crate::sandbox::SandboxPlan;
+
+/// What every task of one run shares.
+#[derive(Debug)]
+pub(super) struct RunContext {
+    runner: Runner,
+    run_id: RunId,
+    socket: Option<Utf8PathBuf>,
+    base: Option<String>,
+    invocation_dir: Utf8PathBuf,
+    cancel: watch::Sender<CancelLevel>,
+    /// Agent definitions by name, loaded once per run.
+    agents: Mutex<HashMap<String, AgentDef>>,
+    /// Tasks to start by resuming their agent (`crew agents resume|follow-up` on a task that
+    /// has finished): through the agent's `resume` template, with the message (`None`: the
+    /// template's default message).
+    resume_messages: Mutex<HashMap<TaskId, Option<String>>>,
+    /// Tasks tell the scheduler when their agent was stopped by a person (`true`: the task
+    /// holds its workspace for a resume) and when it was resumed (`false`).
+    holds: mpsc::UnboundedSender<(TaskId, bool)>,
+    /// Set by the scheduler when nothing but stopped tasks is left: they let go of their
+    /// workspaces and the run ends.
+    release: watch::Sender<bool>,
+    /// Where the work of each torn-down task went: its branch, or the kept directory.
+    saved: Mutex<Vec<String>>,
+}
+
+/// How a task's agent ended, before the task's status is decided.
+enum Ending {
+    Exited(ExitRecord),
+    /// The agent asked a question and the run stopped before an answer came: the workspace is
+    /// kept for it.
+    StillWaiting,
+    /// A person stopped the agent, and the run ended without a resume: the task stays
+    /// `stopped`.
+    Stopped,
+}
+
+/// Where a task's agent is, as its task follows it.
+enum Phase {
+    Running,
+    /// Exited with a question, waiting for an answer.
+    Waiting,
+    /// Stopped by a person: the workspace is held for a resume while the run goes on.
+    Held,
+}
+
+impl RunContext {
+    pub(super) fn new(
+        runner: Runner,
+        manifest: &RunManifest,
+        socket: Option<Utf8PathBuf>,
+        cancel: watch::Sender<CancelLevel>,
+        resume_messages: HashMap<TaskId, Option<String>>,
+        holds: mpsc::UnboundedSender<(TaskId, bool)>,
+        release: watch::Sender<bool>,
+    ) -> Self {
+        RunContext {
+            runner,
+            run_id: manifest.run_id.clone(),
+            socket,
+            base: manifest.base.clone(),
+            invocation_dir: manifest.invocation_dir.clone(),
+            cancel,
+            agents: Mutex::default(),
+            resume_messages: Mutex::new(resume_messages),
+            holds,
+            release,
+            saved: Mutex::default(),
+        }
+    }
+
+    /// The next start of `task` resumes its agent with `message` (see `resume_messages`).
+    pub(super) fn resume_with_message(&self, task: &TaskId, message: Option<String>) {
+        self.resume_messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(task.clone(), message);
+    }
+
+    /// Where the work of the tasks torn down so far went.
+    pub(super) fn saved(&self) -> Vec<String> {
+        self.saved
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Saves `change` to the run's manifest. A failure is noted as unrecorded (the run goes
+    /// on, and says so when it ends) and gives `None`.
+    async fn save<T: Send + 'static>(
+        &self,
+        what: &str,
+        change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Option<T> {
+        let store = self.runner.store.clone();
+        let run_id = self.run_id.clone();
+        match blocking(move || store.update_run(&run_id, change)).await {
+            Ok(value) => Some(value),
+            Err(error) => {
+                self.runner.unrecorded(&self.run_id, what, &error);
+                None
+            }
+        }
+    }
+
+    async fn record_status(&self, task_id: &TaskId, status: TaskStatus, reason: Option<String>) {
+        let (task, why) = (task_id.clone(), reason.clone());
+        let record = self
+            .save(&format!("task {task_id} {status}"), move |manifest| {
+                let record = manifest.set_task_status(&task, status)?;
+                if why.is_some() {
+                    record.reason = why;
+                }
+                Ok(record.clone())
+            })
+            .await;
+        self.runner
+            .announce(&self.run_id, task_id, status, reason, record);
+    }
+
+    fn cancel_level(&self) -> CancelLevel {
+        *self.cancel.borrow()
+    }
+
+    fn agent_definition(&self, name: &str) -> Result<AgentDef, String> {
+        let mut agents = self
+            .agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = agents.get(name) {
+            return Ok(found.clone());
+        }
+        let definition = ConfigDir::new(self.runner.workspace.crew_dir())
+            .load_agent(name)
+            .map_err(|error| error.to_string())?;
+        agents.insert(name.to_owned(), definition.clone());
+        Ok(definition)
+    }
+
+    /// The workspace request of a task, with its upstream tasks' branches.
+    async fn workspace_request(&self, task: &TaskRecord) -> Result<WorkspaceRequest, RunError> {
+        let manifest = self.runner.read(&self.run_id).await?;
+        let upstream = task
+            .depends_on
+            .iter()
+            .filter_map(|dep| manifest.task(dep))
+            .map(|dep| UpstreamWork {
+                task_id: dep.id.clone(),
+                branch: dep
+                    .teardown
+                    .as_ref()
+                    .and_then(|report| report.branch.clone()),
+            })
+            .collect();
+        Ok(WorkspaceRequest {
+            workspace: self.runner.workspace.id().clone(),
+            repo_root: self.runner.workspace.repo_root().map(Into::into),
+            invocation_dir: self.invocation_dir.clone(),
+            run_id: self.run_id.clone(),
+            task_id: task.id.clone(),
+            mode: task.workspace_mode,
+            base: self.base.clone(),
+            upstream,
+        })
+    }
+
+    async fn allocate(&self, task: &TaskRecord) -> Result<TaskWorkspace, String> {
+        let request = self
+            .workspace_request(task)
+            .await
+            .map_err(|error| error.to_string())?;
+        let provider = self.runner.provider.clone();
+        let allocated = blocking(move || provider.allocate(&request))
+            .await
+            .map_err(|error| match &error.hint {
+                Some(hint) => format!("{}\nhint: {hint}", error.message),
+                None => error.message.clone(),
+            })?;
+        let record = WorkspaceRecord::of(&allocated);
+        let warnings = allocated.warnings.clone();
+        let task_id = task.id.clone();
+        self.save(&format!("task {task_id}'s workspace"), move |manifest| {
+            let task = manifest.task_mut(&task_id)?;
+            task.workspace = Some(record);
+            for warning in warnings {
+                if !task.warnings.contains(&warning) {
+                    task.warnings.push(warning);
+                }
+            }
+            Ok(())
+        })
+        .await;
+        Ok(allocated)
+    }
+
+    fn agent_spec(
+        &self,
+        task: &TaskRecord,
+        definition: AgentDef,
+        workspace: &TaskWorkspace,
+    ) -> AgentSpec {
+        let store = &self.runner.store;
+        AgentSpec {
+            agent_id: AgentId::new(self.run_id.clone(), task.id.clone()),
+            workspace: self.runner.workspace.id().clone(),
+            dir: workspace.dir.clone(),
+            definition,
+            prompt: task.prompt.clone(),
+            timeout: task.timeout.map(|timeout| timeout.0),
+            stop_grace: self.runner.config.run.stop_grace.0,
+            output_log: store.output_log_path(&self.run_id, &task.id),
+            output_log_limit: self.runner.config.run.max_output_log.0,
+            socket: self.socket.clone(),
+            sandbox: SandboxPlan {
+                mode: self.runner.config.sandbox.mode,
+                write: std::iter::once(workspace.root.clone())
+                    .chain(workspace.writable.iter().cloned())
+                    .collect(),
+            },
+            workspace_env: workspace_env(workspace),
+        }
+    }
+
+    /// The task's agent definition and workspace; a failure of either fails the task (recorded
+    /// with the reason) and returns `None`.
+    async fn prepare(&self, task: &TaskRecord) -> Option<(AgentDef, TaskWorkspace)> {
+        let prepared = match self.agent_definition(&task.agent) {
+            Ok(definition) => self
+                .allocate(task)
+                .await
+                .map(|workspace| (definition, workspace)),
+            Err(reason) => Err(reason),
+        };
+        match prepared {
+            Ok(prepared) => Some(prepared),
+            Err(reason) => {
+                self.record_status(&task.id, TaskStatus::Failed, Some(reason))
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// One task, from its workspace to its teardown. Returns its final status.
+    pub(super) async fn run_task(self: Arc<Self>, task_id: TaskId) -> TaskStatus {
+        let task = match self.runner.read(&self.run_id).await {
+            Ok(manifest) => manifest.task(&task_id).cloned(),
+            Err(error) => {
+                let reason = format!("could not read the run's manifest: {error}");
+                self.record_status(&task_id, TaskStatus::Failed, Some(reason))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        let Some(task) = task else {
+            // Tasks are only ever added to a manifest: the scheduler started one it holds.
+            unreachable!("task {task_id} is in run {}", self.run_id);
+        };
+        self.record_status(&task_id, TaskStatus::Preparing, None)
+            .await;
+        let Some((definition, workspace)) = self.prepare(&task).await else {
+            return TaskStatus::Failed;
+        };
+        if self.cancel_level() > CancelLevel::None {
+            self.teardown(&task_id, &workspace, false).await;
+            self.record_status(
+                &task_id,
+                TaskStatus::Cancelled,
+                Some("the run was cancelled".into()),
+            )
+            .await;
+            return TaskStatus::Cancelled;
+        }
+        let spec = self.agent_spec(&task, definition, &workspace);
+        let resume_message = self
+            .resume_messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&task_id);
+        if let Some(message) = resume_message {
+            return self
+                .resume_with(task, workspace, spec, message.as_deref())
+                .await;
+        }
+        let handle = match self.runner.host.start(spec).await {
+            Ok(handle) => handle,
+            Err(error) => {
+                return self
+                    .fail_to_start(&task_id, &workspace, error.to_string())
+                    .await;
+            }
+        };
+        self.note_started(&task_id, &handle).await;
+        self.record_status(&task_id, TaskStatus::Running, None)
+            .await;
+        self.follow_through(task, workspace, handle, true, 0).await
+    }
+
+    /// A task that waited for an answer when its previous host went away: its workspace is
+    /// taken up again, and the agent waits (exited) for a follow-up.
+    pub(super) async fn adopt_waiting(
+        self: Arc<Self>,
+        task: TaskRecord,
+        answer: Option<String>,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let Some((definition, workspace)) = self.prepare(&task).await else {
+            return TaskStatus::Failed;
+        };
+        let spec = self.agent_spec(&task, definition, &workspace);
+        let handle = match self
+            .runner
+            .host
+            .adopt(spec, task.question.clone(), task.attempts)
+        {
+            Ok(handle) => handle,
+            Err(error) => {
+                self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
+                    .await;
+                return TaskStatus::Failed;
+            }
+        };
+        if let Some(answer) = answer
+            && let Err(error) = handle.follow_up(&answer).await
+        {
+            // The agent waits on: the answer can be given again.
+            let warning = format!("the answer given with the resume was not delivered: {error}");
+            let id = task_id.clone();
+            self.save(&format!("task {task_id}'s warning"), move |manifest| {
+                manifest.task_mut(&id)?.warnings.push(warning);
+                Ok(())
+            })
+            .await;
+        }
+        let attempt = task.attempts;
+        self.follow_through(task, workspace, handle, false, attempt)
+            .await
+    }
+
+    /// A task whose agent could not be started: its workspace is torn down (what is there is
+    /// saved), and it fails with `reason`.
+    async fn fail_to_start(
+        &self,
+        task_id: &TaskId,
+        workspace: &TaskWorkspace,
+        reason: String,
+    ) -> TaskStatus {
+        self.teardown(task_id, workspace, false).await;
+        self.record_status(task_id, TaskStatus::Failed, Some(reason))
+            .await;
+        TaskStatus::Failed
+    }
+
+    /// Starts a task's agent by resuming it with `message`: its `resume` template (or its
+    /// command, with the message in `CREW_MESSAGE`), as the attempt after its last one.
+    async fn resume_with(
+        &self,
+        task: TaskRecord,
+        workspace: TaskWorkspace,
+        spec: AgentSpec,
+        message: Option<&str>,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let handle = match self.runner.host.adopt(spec, None, task.attempts) {
+            Ok(handle) => handle,
+            Err(error) => {
+                return self
+                    .fail_to_start(&task_id, &workspace, error.to_string())
+                    .await;
+            }
+        };
+        if let Err(error) = handle.resume(message).await {
+            return self
+                .fail_to_start(&task_id, &workspace, error.to_string())
+                .await;
+        }
+        let attempt = task.attempts;
+        self.follow_through(task, workspace, handle, false, attempt)
+            .await
+    }
+
+    async fn note_started(&self, task_id: &TaskId, handle: &AgentHandle) {
+        let status = handle.status();
+        let task = task_id.clone();
+        self.save(&format!("task {task_id}'s start"), move |manifest| {
+            let record = manifest.task_mut(&task)?;
+            record.pid = status.pid;
+            record.attempts += 1;
+            record.question = None;
+            record.sandbox = status.sandbox;
+            Ok(())
+        })
+        .await;
+    }
+
+    /// Waits for the agent through questions, stops and restarts, then tears down and records
+    /// the outcome.
+    async fn follow_through(
+        &self,
+        task: TaskRecord,
+        workspace: TaskWorkspace,
+        handle: AgentHandle,
+        started: bool,
+        waiting_since: u32,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let mut cancel = self.cancel.subscribe();
+        let mut release = self.release.subscribe();
+        let mut stop_requests = 0;
+        let mut phase = if started {
+            Phase::Running
+        } else {
+            Phase::Waiting
+        };
+        // The attempt that last exited (asked, or was stopped): any later attempt goes on.
+        let mut exited_attempt = waiting_since;
+        let ending = loop {
+            match phase {
+                Phase::Running => {
+                    // Checked on every turn, not only on a change: a cancel may have come
+                    // before this task was listening.
+                    let level = *cancel.borrow_and_update();
+                    // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
+                    let wanted = match level {
+                        CancelLevel::None => 0,
+                        CancelLevel::Graceful => 1,
+                        CancelLevel::Kill => 2,
+                    };
+                    while stop_requests < wanted {
+                        stop_requests += 1;
+                        let handle = handle.clone();
+                        tokio::spawn(async move { handle.stop().await });
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    tokio::select! {
+                        status = handle.wait_exited() => {
+                            exited_attempt = status.attempt;
+                            if let Some(question) = status.question.clone() {
+                                self.record_waiting(&task_id, &question).await;
+                                phase = Phase::Waiting;
+                                continue;
+                            }
+                            let exit = status.exit.unwrap_or(ExitRecord {
+                                code: None,
+                                signal: None,
+                                stopped_by: None,
+                                leaked_processes: 0,
+                                timed_out: false,
+                            });
+                            if exit.stopped_by.is_some()
+                                && !exit.timed_out
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                self.hold(&task_id, exit).await;
+                                phase = Phase::Held;
+                                continue;
+                            }
+                            if handle.close().await {
+                                break Ending::Exited(exit);
+                            }
+                        }
+                        changed = cancel.changed() => {
+                            if changed.is_err() {
+                                // The run is over for this task's purposes; its exit decides
+                                // on the next turn.
+                                handle.wait_exited().await;
+                            }
+                        }
+                    }
+                }
+                Phase::Waiting | Phase::Held => {
+                    let held = matches!(phase, Phase::Held);
+                    if self.cancel_level() > CancelLevel::None {
+                        if !held {
+                            break Ending::StillWaiting;
+                        }
+                        if handle.close().await {
+                            break Ending::Stopped;
+                        }
+                    } else if held && *release.borrow_and_update() && handle.close().await {
+                        break Ending::Stopped;
+                    }
+                    // A follow-up (to a question) or a resume (after a stop) starts the agent
+                    // again.
+                    tokio::select! {
+                        restarted = handle.wait_restarted(exited_attempt) => {
+                            if restarted.is_none() {
+                                break if held { Ending::Stopped } else { Ending::StillWaiting };
+                            }
+                            if held {
+                                self.tell_scheduler(&task_id, false);
+                            }
+                            self.note_started(&task_id, &handle).await;
+                            self.record_status(&task_id, TaskStatus::Running, None).await;
+                            phase = Phase::Running;
+                        }
+                        _ = release.changed(), if held => {}
+                        _ = cancel.changed() => {}
+                    }
+                }
+            }
+        };
+        match ending {
+            Ending::StillWaiting => {
+                self.teardown(&task_id, &workspace, true).await;
+                TaskStatus::Waiting
+            }
+            Ending::Stopped => {
+                self.teardown(&task_id, &workspace, false).await;
+                let task = task_id.clone();
+                self.save(&format!("task {task_id}'s reason"), move |manifest| {
+                    manifest.task_mut(&task)?.reason = Some(STOPPED_BY_REQUEST.to_owned());
+                    Ok(())
+                })
+                .await;
+                TaskStatus::Stopped
+            }
+            Ending::Exited(exit) => {
+                let cancelled = self.cancel_level() > CancelLevel::None;
+                let (status, reason) =
+                    outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
+                self.record_exit(&task_id, exit).await;
+                self.teardown(&task_id, &workspace, false).await;
+                self.record_status(&task_id, status, reason).await;
+                status
+            }
+        }
+    }
+
+    /// A person stopped the task's agent while the run goes on: the task is `stopped`, and
+    /// holds its workspace so that `crew agents resume` starts the agent again in it.
+    async fn hold(&self, task_id: &TaskId, exit: ExitRecord) {
+        self.record_exit(task_id, exit).await;
+        let reason = format!(
+            "{STOPPED_BY_REQUEST}; its workspace is kept while the run goes on (`crew agents resume {}:{task_id}` starts it again)",
+            self.run_id
+        );
+        self.record_status(task_id, TaskStatus::Stopped, Some(reason))
+            .await;
+        self.tell_scheduler(task_id, true);
+    }
+
+    /// Tells the scheduler that a person stopped (`true`) or resumed the task's agent.
+    fn tell_scheduler(&self, task_id: &TaskId, stopped: bool) {
+        // Sending fails only once the scheduler has gone, when the run is over: nobody is
+        // left to tell.
+        let _ = self.holds.send((task_id.clone(), stopped));
+    }
+
+    async fn record_exit(&self, task_id: &TaskId, exit: ExitRecord) {
+        let task = task_id.clone();
+        self.save(&format!("task {task_id}'s exit"), move |manifest| {
+            let record = manifest.task_mut(&task)?;
+            record.exit = Some(exit);
+            record.pid = None;
+            Ok(())
+        })
+        .await;
+    }
+
+    async fn record_waiting(&self, task_id: &TaskId, question: &str) {
+        let (task, asked) = (task_id.clone(), question.to_owned());
+        let record = self
+            .save(&format!("task {task_id}'s question"), move |manifest| {
+                let status = manifest.task(&task).map(|record| record.status);
+                if status != Some(TaskStatus::Waiting) {
+                    manifest.set_task_status(&task, TaskStatus::Waiting)?;
+                }
+                let record = manifest.task_mut(&task)?;
+                record.question = Some(asked);
+                Ok(record.clone())
+            })
+            .await;
+        self.runner.announce(
+            &self.run_id,
+            task_id,
+            TaskStatus::Waiting,
+            Some(question.to_owned()),
+            record,
+        );
+    }
+
+    /// Tears the workspace down and records the report. A teardown error is recorded as a
+    /// warning; it never replaces the task's outcome.
+    async fn teardown(&self, task_id: &TaskId, workspace: &TaskWorkspace, keep: bool) {
+        let provider = self.runner.provider.clone();
+        let request = TeardownRequest {
+            workspace: self.runner.workspace.id().clone(),
+            repo_root: self.runner.workspace.repo_root().map(Into::into),
+            run_id: self.run_id.clone(),
+            task_id: task_id.clone(),
+            agent_alive: false,
+            keep,
+        };
+        let allocated = workspace.clone();
+        let result = blocking(move || {
+            provider
+                .teardown(&allocated, &request)
+                .map_err(|error| (error.message.clone(), error.partial))
+        })
+        .await;
+        let saved_at = match &result {
+            Ok(report) => report
+                .branch
+                .clone()
+                .or(report.preserved.as_ref().map(ToString::to_string)),
+            Err((_, partial)) => Some(workspace.dir.to_string()).filter(|_| !partial.removed),
+        };
+        if let Some(saved_at) = saved_at.filter(|_| !keep) {
+            self.saved
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(format!("{task_id} in {saved_at}"));
+        }
+        let task = task_id.clone();
+        self.save(&format!("task {task_id}'s teardown"), move |manifest| {
+            let record = manifest.task_mut(&task)?;
+            match result {
+                Ok(report) => {
+                    record.warnings.extend(
+                        report
+                            .warnings
+                            .iter()
+                            .map(|warning| format!("teardown: {warning}")),
+                    );
+                    record.teardown = Some(report);
+                }
+                Err((message, partial)) => {
+                    record.warnings.push(format!("teardown: {message}"));
+                    record.teardown = Some(*partial);
+                }
+            }
+            Ok(())
+        })
+        .await;
+    }
+}
+
+/// What an agent's environment carries for its kind of workspace: in `temp` and `dedicated`
+/// workspaces (which may lie inside the project, as `.crew/state/ws/…` does), git must not
+/// climb above the workspace into a repository around it.
+fn workspace_env(workspace: &TaskWorkspace) -> Vec<(String, String)> {
+    match (workspace.kind, workspace.root.parent()) {
+        (WorkspaceKind::Temp | WorkspaceKind::Dedicated, Some(parent)) => vec![(
+            crew_core::env_vars::GIT_CEILING_DIRECTORIES.to_owned(),
+            parent.to_string(),
+        )],
+        _ => Vec::new(),
+    }
+}
+
+const STOPPED_BY_REQUEST: &str = "stopped by request";
+
+/// The task status an exit means, and why.
+fn outcome(
+    exit: &ExitRecord,
+    cancelled: bool,
+    timeout: Option<Duration>,
+) -> (TaskStatus, Option<String>) {
+    if cancelled {
+        return (
+            TaskStatus::Cancelled,
+            Some("the run was cancelled".to_owned()),
+        );
+    }
+    if exit.timed_out {
+        let limit = timeout.map_or_else(String::new, |timeout| {
+            format!(" after {}", crew_core::config::HumanDuration(timeout))
+        });
+        return (TaskStatus::Failed, Some(format!("timed out{limit}")));
+    }
+    if exit.stopped_by.is_some() {
+        return (TaskStatus::Stopped, Some(STOPPED_BY_REQUEST.to_owned()));
+    }
+    match (exit.code, exit.signal) {
+        (Some(0), _) => (TaskStatus::Succeeded, None),
+        (Some(code), _) => (
+            TaskStatus::Failed,
+            Some(format!("the agent exited with code {code}")),
+        ),
+        (None, Some(signal)) => (
+            TaskStatus::Failed,
+            Some(format!("the agent was killed by signal {signal}")),
+        ),
+        (None, None) => (
+            TaskStatus::Failed,
+            Some("the agent ended without a status".to_owned()),
+        ),
+    }
+}
