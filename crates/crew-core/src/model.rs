@@ -281,7 +281,8 @@ impl WorkspaceRecord {
     }
 }
 
-/// Whether an agent's processes were confined by the kernel (DESIGN §8a).
+/// Whether an agent's processes were confined by the kernel (ARCHITECTURE.md, "Agents are
+/// untrusted").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxState {

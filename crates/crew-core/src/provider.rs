@@ -2,8 +2,8 @@
 //!
 //! `crew-live` asks a [`WorkspaceProvider`] for each task's directory and hands it back when the
 //! task ends; it never knows whether that directory is a git worktree, a temp dir or something
-//! on another machine. `crew-worktree` provides the four modes of DESIGN §5; an embedding host
-//! may pass its own provider.
+//! on another machine. `crew-worktree` provides the four modes (ARCHITECTURE.md, "Workspaces");
+//! an embedding host may pass its own provider.
 
 use std::fmt;
 

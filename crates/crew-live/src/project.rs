@@ -116,7 +116,8 @@ pub struct LiveAgents {
 }
 
 impl Project {
-    /// The project folder `dir` belongs to (see DESIGN §2), with its configuration.
+    /// The project folder `dir` belongs to (ARCHITECTURE.md, "Workspace identity"), with its
+    /// configuration.
     /// `provider` gives the workspaces of its tasks, from that configuration.
     pub fn open(
         dir: &Path,

@@ -1,4 +1,5 @@
-//! The kernel's confinement of each agent (DESIGN §8a), with Linux Landlock.
+//! The kernel's confinement of each agent (ARCHITECTURE.md, "Agents are untrusted"), with Linux
+//! Landlock.
 //!
 //! An agent is a program with a shell, driven by a model that can be wrong or manipulated. Before
 //! its program is executed, the agent's process (forked by its warden, see [`crate::spawn`])
@@ -323,7 +324,7 @@ mod tests {
         let prepared = prepare(&plan, &[root.join("absent"), link.clone()]).unwrap();
         assert!(
             kernel_abi().is_some(),
-            "crew's machines have Landlock (DESIGN §9); this kernel does not"
+            "crew's machines have Landlock (see ARCHITECTURE.md); this kernel does not"
         );
         assert_eq!(prepared.record.state, SandboxState::Enforced);
         assert!(prepared.ruleset.is_some());

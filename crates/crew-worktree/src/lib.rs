@@ -1,7 +1,7 @@
 //! crew-worktree: where tasks work, and taking it away without losing anything.
 //!
-//! It implements crew-core's `WorkspaceProvider` for the four modes of DESIGN §5 in
-//! [`CrewWorkspaces`]:
+//! It implements crew-core's `WorkspaceProvider` for the four modes (ARCHITECTURE.md,
+//! "Workspaces") in [`CrewWorkspaces`]:
 //!
 //! - `single`: the project root itself;
 //! - `worktree`: a git worktree at `<repo-root>/.worktrees/<runId>/<taskId>` on the branch

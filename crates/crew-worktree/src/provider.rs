@@ -1,5 +1,5 @@
-//! [`CrewWorkspaces`]: the `WorkspaceProvider` for the four modes of DESIGN §5, with the
-//! fallback policy.
+//! [`CrewWorkspaces`]: the `WorkspaceProvider` for the four modes (ARCHITECTURE.md,
+//! "Workspaces"), with the fallback policy.
 
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::{IsolationFallback, ProjectConfig, WorkspaceMode, WorktreeSettings};
@@ -371,8 +371,8 @@ impl CrewWorkspaces {
     }
 }
 
-/// The warning recorded on a task that got a temp dir instead of a worktree, in the form
-/// DESIGN §5 fixes.
+/// The warning recorded on a task that got a temp dir instead of a worktree: `workspace:temp —
+/// worktree requested but <reason>; used a temp dir instead`.
 pub fn fallback_warning(error: &PrepareWorktreeError) -> String {
     let reason = match error {
         PrepareWorktreeError::NotARepository { .. } => "base cwd is not a git work tree".to_owned(),

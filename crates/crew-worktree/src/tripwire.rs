@@ -1,4 +1,5 @@
-//! The tripwire on what git runs or trusts on the user's behalf (DESIGN §8a).
+//! The tripwire on what git runs or trusts on the user's behalf (ARCHITECTURE.md, "Agents are
+//! untrusted").
 //!
 //! An agent that could write the shared git directory (its sandbox off or unsupported, or a
 //! `single` task working in the leader itself) could plant a command there: `core.fsmonitor` in

@@ -1,5 +1,6 @@
-//! Agents as the untrusted party (DESIGN §8a): an agent that tries each escape, against the
-//! real kernel sandbox and with the sandbox off, where crew's own checks must still hold.
+//! Agents as the untrusted party (ARCHITECTURE.md, "Agents are untrusted"): an agent that tries
+//! each escape, against the real kernel sandbox and with the sandbox off, where crew's own
+//! checks must still hold.
 //!
 //! Each attempt prints `ESCAPED <what>` when it worked; the tests read the agent's output, the
 //! run's record, and fingerprints of everything outside crew's roots taken before and after.

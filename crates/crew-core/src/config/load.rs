@@ -1,0 +1,579 @@
+//! Reading a configuration directory: every file parsed and checked completely, every problem
+//! reported with its file, line, column and key.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::fsutil::{FileError, read_nofollow};
+
+use super::checks::{
+    check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
+};
+use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
+use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
+use super::settings::{
+    AgentDef, AgentSandbox, MAX_STOP_GRACE, PlannedTask, ProjectConfig, SandboxMode, SteerMode,
+    TaskDef, Team, TeamDef, WorkspaceMode,
+};
+use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template};
+use super::values::{HumanDuration, Parallelism};
+use super::{AGENTS_DIR, BUILTIN_SHELL_AGENT, CONFIG_FILE, TEAMS_DIR};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AgentFile {
+    description: Option<String>,
+    command: Spanned<Vec<String>>,
+    #[serde(default)]
+    steer: SteerMode,
+    resume: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    env: BTreeMap<Spanned<String>, String>,
+    #[serde(default)]
+    pass_env: Vec<Spanned<String>>,
+    #[serde(default)]
+    sandbox: AgentSandboxFile,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AgentSandboxFile {
+    #[serde(default)]
+    mode: SandboxMode,
+    #[serde(default)]
+    write: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TeamFile {
+    description: Option<String>,
+    workspace_mode: Option<WorkspaceMode>,
+    max_parallel: Option<Parallelism>,
+    fail_fast: Option<bool>,
+    tasks: Spanned<Vec<TaskFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TaskFile {
+    id: Spanned<String>,
+    agent: Spanned<String>,
+    prompt: Spanned<String>,
+    #[serde(default)]
+    depends_on: Vec<Spanned<String>>,
+    timeout: Option<HumanDuration>,
+    workspace_mode: Option<WorkspaceMode>,
+}
+
+/// An ad hoc team that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum AdHocTeamError {
+    #[error(transparent)]
+    Agent(#[from] LoadConfigError),
+    /// The task ids break a rule; the message says which.
+    #[error("{0}")]
+    Tasks(String),
+}
+
+/// A configuration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadConfigError {
+    #[error("failed to read {path}")]
+    Read {
+        path: Utf8PathBuf,
+        #[source]
+        source: FileError,
+    },
+    #[error("{path} is not valid UTF-8")]
+    NotUtf8 { path: Utf8PathBuf },
+    #[error("{}", render_invalid(path, *line, *column, key.as_deref(), message))]
+    Invalid {
+        path: Utf8PathBuf,
+        line: usize,
+        column: usize,
+        key: Option<String>,
+        message: String,
+    },
+    /// Every problem of one file, in the order they appear.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<LoadConfigError>),
+    #[error("unknown team `{name}`")]
+    UnknownTeam {
+        name: String,
+        teams_dir: Utf8PathBuf,
+        available: Vec<String>,
+    },
+    #[error("unknown agent `{name}`")]
+    UnknownAgent {
+        name: String,
+        agents_dir: Utf8PathBuf,
+        available: Vec<String>,
+    },
+    #[error("invalid {kind} name `{name}`: {rule}")]
+    InvalidName {
+        kind: &'static str,
+        name: String,
+        rule: &'static str,
+    },
+    #[error("failed to list {dir}")]
+    ListDir {
+        dir: Utf8PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub(super) fn render_invalid(
+    path: &Utf8Path,
+    line: usize,
+    column: usize,
+    key: Option<&str>,
+    message: &str,
+) -> String {
+    match key {
+        Some(key) => format!("{path}:{line}:{column}: key `{key}`: {message}"),
+        None => format!("{path}:{line}:{column}: {message}"),
+    }
+}
+
+impl LoadConfigError {
+    /// What the user can do about it, when there is something to say.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            LoadConfigError::UnknownTeam {
+                teams_dir,
+                available,
+                ..
+            } => Some(if available.is_empty() {
+                format!(
+                    "no teams are defined; create {teams_dir}/<name>.toml (`crew init` writes an example)"
+                )
+            } else {
+                format!("teams in {teams_dir}: {}", available.join(", "))
+            }),
+            LoadConfigError::UnknownAgent {
+                agents_dir,
+                available,
+                ..
+            } => Some(format!(
+                "define it in {agents_dir}/<name>.toml; known agents: {}",
+                available.join(", ")
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The configuration directory of a workspace (`<root>/.crew`), or any directory laid out the
+/// same way (`.crew.example/`).
+#[derive(Debug, Clone)]
+pub struct ConfigDir {
+    dir: Utf8PathBuf,
+}
+
+impl ConfigDir {
+    pub fn new(dir: impl Into<Utf8PathBuf>) -> Self {
+        ConfigDir { dir: dir.into() }
+    }
+
+    pub fn path(&self) -> &Utf8Path {
+        &self.dir
+    }
+
+    /// `config.toml`, or the defaults when it does not exist.
+    pub fn load_project_config(&self) -> Result<ProjectConfig, LoadConfigError> {
+        let path = self.dir.join(CONFIG_FILE);
+        let Some(source) = read_optional(&path)? else {
+            return Ok(ProjectConfig::default());
+        };
+        parse_toml_checked(&path, &source, validate_project_config)
+    }
+
+    /// The agent `name`: its file when present, else a built-in agent of that name.
+    pub fn load_agent(&self, name: &str) -> Result<AgentDef, LoadConfigError> {
+        check_name("agent", name)?;
+        let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
+        match read_optional(&path)? {
+            Some(source) => parse_agent(&path, &source, name),
+            None if name == BUILTIN_SHELL_AGENT => Ok(AgentDef::builtin_shell()),
+            None => Err(LoadConfigError::UnknownAgent {
+                name: name.to_owned(),
+                agents_dir: self.dir.join(AGENTS_DIR),
+                available: self.agent_names()?,
+            }),
+        }
+    }
+
+    /// Names of the agents defined in files plus the built-in ones, sorted.
+    pub fn agent_names(&self) -> Result<Vec<String>, LoadConfigError> {
+        let mut names = list_toml_stems(&self.dir.join(AGENTS_DIR))?;
+        if !names.iter().any(|name| name == BUILTIN_SHELL_AGENT) {
+            names.push(BUILTIN_SHELL_AGENT.to_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// A team made on the spot: each `(id, prompt)` a task of agent `agent_name`, none
+    /// depending on another (`crew run --agent`, an editor's prompt).
+    pub fn ad_hoc_team(
+        &self,
+        agent_name: &str,
+        tasks: Vec<(String, String)>,
+    ) -> Result<Team, AdHocTeamError> {
+        let planned = tasks
+            .into_iter()
+            .map(|(id, prompt)| PlannedTask {
+                id,
+                agent: agent_name.to_owned(),
+                prompt,
+                depends_on: Vec::new(),
+            })
+            .collect();
+        self.planned_team(&format!("adhoc-{agent_name}"), planned)
+    }
+
+    /// A team from tasks planned elsewhere than a file (a lead agent over MCP): each with its
+    /// agent and dependencies, checked by the same rules as a team file.
+    pub fn planned_team(
+        &self,
+        name: &str,
+        tasks: Vec<PlannedTask>,
+    ) -> Result<Team, AdHocTeamError> {
+        let mut agents = BTreeMap::new();
+        for task in &tasks {
+            if !agents.contains_key(&task.agent) {
+                agents.insert(task.agent.clone(), self.load_agent(&task.agent)?);
+            }
+        }
+        let graph: Vec<(String, Vec<String>)> = tasks
+            .iter()
+            .map(|task| (task.id.clone(), task.depends_on.clone()))
+            .collect();
+        let ids = validate_plain_task_graph(&graph).map_err(AdHocTeamError::Tasks)?;
+        let tasks = ids
+            .into_iter()
+            .zip(tasks)
+            .map(|((id, depends_on), task)| TaskDef {
+                id,
+                agent: task.agent,
+                prompt: task.prompt,
+                depends_on,
+                timeout: None,
+                workspace_mode: None,
+            })
+            .collect();
+        Ok(Team {
+            def: TeamDef {
+                name: name.to_owned(),
+                description: None,
+                workspace_mode: None,
+                max_parallel: None,
+                fail_fast: None,
+                tasks,
+            },
+            agents,
+        })
+    }
+
+    /// Names of the teams defined in files, sorted.
+    pub fn team_names(&self) -> Result<Vec<String>, LoadConfigError> {
+        list_toml_stems(&self.dir.join(TEAMS_DIR))
+    }
+
+    /// The team `name` with every agent it uses, fully validated.
+    pub fn load_team(&self, name: &str) -> Result<Team, LoadConfigError> {
+        check_name("team", name)?;
+        let path = self.dir.join(TEAMS_DIR).join(format!("{name}.toml"));
+        let Some(source) = read_optional(&path)? else {
+            return Err(LoadConfigError::UnknownTeam {
+                name: name.to_owned(),
+                teams_dir: self.dir.join(TEAMS_DIR),
+                available: self.team_names()?,
+            });
+        };
+        let file: TeamFile = parse_toml(&path, &source)?;
+        let invalid = |span: Range<usize>, key: String, message: String| {
+            invalid_at(&path, &source, span, Some(key), message)
+        };
+        // Every problem of the file at once: unknown agents, then the task graph's.
+        let mut problems = Vec::new();
+        let mut agents = BTreeMap::new();
+        let mut unknown: Vec<&String> = Vec::new();
+        for (index, task) in file.tasks.get_ref().iter().enumerate() {
+            let agent_name = task.agent.get_ref();
+            if agents.contains_key(agent_name) || unknown.contains(&agent_name) {
+                continue;
+            }
+            match self.load_agent(agent_name) {
+                Ok(agent) => {
+                    agents.insert(agent_name.clone(), agent);
+                }
+                Err(LoadConfigError::UnknownAgent {
+                    agents_dir,
+                    available,
+                    ..
+                }) => {
+                    unknown.push(agent_name);
+                    problems.push(invalid(
+                        task.agent.span(),
+                        format!("tasks[{index}].agent"),
+                        format!(
+                            "unknown agent `{agent_name}`; define it in {agents_dir}/{agent_name}.toml or use one of: {}",
+                            available.join(", ")
+                        ),
+                    ));
+                }
+                Err(LoadConfigError::InvalidName { rule, .. }) => {
+                    unknown.push(agent_name);
+                    problems.push(invalid(
+                        task.agent.span(),
+                        format!("tasks[{index}].agent"),
+                        format!("invalid agent name `{agent_name}`: {rule}"),
+                    ));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        let specs = file
+            .tasks
+            .get_ref()
+            .iter()
+            .enumerate()
+            .map(|(index, task)| TaskSpec {
+                index,
+                id: task.id.clone(),
+                depends_on: task.depends_on.clone(),
+            })
+            .collect::<Vec<_>>();
+        let ids = match validate_task_graph(&specs) {
+            Ok(ids) => ids,
+            Err(errors) => {
+                problems.extend(
+                    errors
+                        .into_iter()
+                        .map(|error| invalid(error.span, error.key, error.message)),
+                );
+                Vec::new()
+            }
+        };
+        if !problems.is_empty() {
+            return Err(several(problems));
+        }
+        if ids.is_empty() {
+            return Err(invalid(
+                file.tasks.span(),
+                "tasks".to_owned(),
+                "a team needs at least one task".to_owned(),
+            ));
+        }
+        let tasks = file
+            .tasks
+            .into_inner()
+            .into_iter()
+            .zip(ids)
+            .map(|(task, (id, depends_on))| TaskDef {
+                id,
+                agent: task.agent.into_inner(),
+                prompt: task.prompt.into_inner(),
+                depends_on,
+                timeout: task.timeout,
+                workspace_mode: task.workspace_mode,
+            })
+            .collect();
+        Ok(Team {
+            def: TeamDef {
+                name: name.to_owned(),
+                description: file.description,
+                workspace_mode: file.workspace_mode,
+                max_parallel: file.max_parallel,
+                fail_fast: file.fail_fast,
+                tasks,
+            },
+            agents,
+        })
+    }
+}
+
+pub(super) fn read_optional(path: &Utf8Path) -> Result<Option<String>, LoadConfigError> {
+    match read_nofollow(path) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| LoadConfigError::NotUtf8 {
+                path: path.to_owned(),
+            }),
+        Err(FileError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(source) => Err(LoadConfigError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+pub(super) fn list_toml_stems(dir: &Utf8Path) -> Result<Vec<String>, LoadConfigError> {
+    let entries = match dir.read_dir_utf8() {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(LoadConfigError::ListDir {
+                dir: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| LoadConfigError::ListDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+        if let Some(stem) = entry.file_name().strip_suffix(".toml") {
+            names.push(stem.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+pub(super) fn validate_project_config(
+    path: &Utf8Path,
+    source: &str,
+    config: &ProjectConfig,
+) -> Vec<LoadConfigError> {
+    // The values have no spans once deserialized; locate the offending key in the text.
+    let mut problems = Vec::new();
+    let mut invalid = |key: &str, message: String| {
+        let offset = find_key_offset(source, key);
+        problems.push(invalid_at(
+            path,
+            source,
+            offset..offset,
+            Some(key.to_owned()),
+            message,
+        ));
+    };
+    if config.run.stop_grace > MAX_STOP_GRACE {
+        invalid(
+            "run.stop_grace",
+            format!(
+                "a stop grace of {} is too long: it must be at most {MAX_STOP_GRACE} (an agent that ignores TERM is killed only after it)",
+                config.run.stop_grace
+            ),
+        );
+    }
+    let worktree = &config.worktree;
+    if let Err(rule) = check_relative_path(&worktree.dir) {
+        invalid("worktree.dir", format!("`{}` {rule}", worktree.dir));
+    } else if worktree.dir == Utf8Path::new(".git") || worktree.dir.starts_with(".git") {
+        invalid(
+            "worktree.dir",
+            "worktrees cannot live inside `.git`".to_owned(),
+        );
+    }
+    if let Err(rule) = check_branch_prefix(&worktree.branch_prefix) {
+        invalid(
+            "worktree.branch_prefix",
+            format!("`{}` {rule}", worktree.branch_prefix),
+        );
+    }
+    for (key, list) in [
+        ("worktree.link", &worktree.link),
+        ("worktree.copy", &worktree.copy),
+        ("worktree.keep_ignored", &worktree.keep_ignored),
+    ] {
+        for entry in list {
+            if let Err(rule) = check_relative_path(entry) {
+                invalid(key, format!("`{entry}` {rule}"));
+            }
+        }
+    }
+    if let Some(setup) = &worktree.setup
+        && setup.first().is_none_or(|program| program.is_empty())
+    {
+        invalid(
+            "worktree.setup",
+            "the setup command needs a program: write it as [\"npm\", \"ci\"]".to_owned(),
+        );
+    }
+    problems
+}
+
+pub(super) fn parse_agent(
+    path: &Utf8Path,
+    source: &str,
+    name: &str,
+) -> Result<AgentDef, LoadConfigError> {
+    let file: AgentFile = parse_toml(path, source)?;
+    let mut problems = Vec::new();
+    let mut invalid = |span: Range<usize>, key: &str, message: String| {
+        problems.push(invalid_at(
+            path,
+            source,
+            span,
+            Some(key.to_owned()),
+            message,
+        ));
+    };
+    if let Err(message) = check_template(file.command.get_ref(), COMMAND_PLACEHOLDERS) {
+        invalid(file.command.span(), "command", message);
+    }
+    if let Some(resume) = &file.resume
+        && let Err(message) = check_template(resume.get_ref(), RESUME_PLACEHOLDERS)
+    {
+        invalid(resume.span(), "resume", message);
+    }
+    let mut env = BTreeMap::new();
+    for (key, value) in file.env {
+        if let Err(message) = check_env_name(key.get_ref(), false) {
+            invalid(key.span(), "env", message);
+        } else if value.contains('\0') {
+            invalid(
+                key.span(),
+                "env",
+                format!(
+                    "the value of `{}` holds a NUL byte, which no environment can carry",
+                    key.get_ref()
+                ),
+            );
+        }
+        env.insert(key.into_inner(), value);
+    }
+    let mut pass_env = Vec::new();
+    for entry in file.pass_env {
+        if let Err(message) = check_env_name(entry.get_ref(), true) {
+            invalid(entry.span(), "pass_env", message);
+        }
+        pass_env.push(entry.into_inner());
+    }
+    let mut sandbox = AgentSandbox {
+        mode: file.sandbox.mode,
+        write: Vec::new(),
+    };
+    for entry in file.sandbox.write {
+        if let Err(message) = check_sandbox_path(entry.get_ref()) {
+            invalid(entry.span(), "sandbox.write", message);
+        }
+        sandbox.write.push(entry.into_inner());
+    }
+    if !problems.is_empty() {
+        return Err(several(problems));
+    }
+    Ok(AgentDef {
+        name: name.to_owned(),
+        description: file.description,
+        command: file.command.into_inner(),
+        steer: file.steer,
+        resume: file.resume.map(Spanned::into_inner),
+        env,
+        pass_env,
+        sandbox,
+        builtin: false,
+    })
+}

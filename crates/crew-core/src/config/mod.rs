@@ -1,0 +1,39 @@
+//! Configuration: `.crew/config.toml`, `.crew/agents/<name>.toml`, `.crew/teams/<name>.toml`.
+//!
+//! Every file is checked completely before anything starts. Unknown keys, wrong types, invalid
+//! or duplicate task ids, unknown agents, dependency cycles, zero parallelism and the like are
+//! errors that point at the file, line, column and key. With no files at all, the built-in
+//! defaults and the built-in agent `shell` still work.
+//!
+//! One idea per file: `settings` (what the files say), `values` (durations, sizes,
+//! parallelism), `load` (`ConfigDir`: reading and checking a directory), `graph` (task graphs),
+//! `locate` (where in a TOML file a problem is), `template` (agent command templates), `checks`
+//! (the rules single values follow).
+
+mod checks;
+mod graph;
+mod load;
+mod locate;
+mod settings;
+mod template;
+mod values;
+
+pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
+pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
+pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
+pub use settings::{
+    AgentDef, AgentSandbox, BaseMoved, IsolationFallback, IsolationSettings, LinkMode,
+    MAX_STOP_GRACE, PlannedTask, ProjectConfig, RetentionSettings, RunSettings, SandboxMode,
+    SandboxSettings, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode, WorktreeSettings,
+};
+pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};
+pub use values::{ByteSize, HumanDuration, Parallelism};
+
+/// `config.toml`, relative to the crew directory.
+pub const CONFIG_FILE: &str = "config.toml";
+/// Agent definitions, relative to the crew directory.
+pub const AGENTS_DIR: &str = "agents";
+/// Team definitions, relative to the crew directory.
+pub const TEAMS_DIR: &str = "teams";
+/// The agent every crew knows without configuration: runs the prompt with `sh -c`.
+pub const BUILTIN_SHELL_AGENT: &str = "shell";

@@ -1,0 +1,382 @@
+//! What the configuration says: the project's settings (`config.toml`), agent and team
+//! definitions, and the modes they choose between.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::TaskId;
+
+use super::BUILTIN_SHELL_AGENT;
+use super::values::{ByteSize, HumanDuration, Parallelism};
+
+/// Where a task works. See ARCHITECTURE.md, "Workspaces".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// The project root itself, shared by every task.
+    #[default]
+    Single,
+    /// A git worktree on its own branch under `<repo-root>/.worktrees/<runId>/<taskId>`.
+    Worktree,
+    /// A fresh directory in the system temp dir, removed afterwards.
+    Temp,
+    /// `.crew/state/ws/<runId>/<taskId>`, kept until the run is pruned.
+    Dedicated,
+}
+
+impl WorkspaceMode {
+    pub const ALL: [WorkspaceMode; 4] = [
+        WorkspaceMode::Single,
+        WorkspaceMode::Worktree,
+        WorkspaceMode::Temp,
+        WorkspaceMode::Dedicated,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceMode::Single => "single",
+            WorkspaceMode::Worktree => "worktree",
+            WorkspaceMode::Temp => "temp",
+            WorkspaceMode::Dedicated => "dedicated",
+        }
+    }
+}
+
+impl fmt::Display for WorkspaceMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkspaceMode {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        WorkspaceMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == value)
+            .ok_or_else(|| {
+                format!("unknown workspace mode `{value}`; use single, worktree, temp or dedicated")
+            })
+    }
+}
+
+/// How a running agent receives steering messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SteerMode {
+    /// Each message is written to the agent's stdin as one line.
+    StdinLines,
+    /// Each message is written to stdin as one JSON object per line (Claude Code's
+    /// `--input-format stream-json`).
+    StdinJson,
+    /// The agent cannot be steered while it runs; follow-ups resume it afterwards.
+    #[default]
+    None,
+}
+
+/// How `[worktree] link` paths reach a worktree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkMode {
+    /// A symlink to the leader's directory: instant, shared. An agent's write inside it lands in
+    /// the leader's (and a sandboxed agent may not write there at all).
+    #[default]
+    Symlink,
+    /// A copy of the leader's directory (links inside kept as links): slower to make, the
+    /// worktree's own.
+    Copy,
+}
+
+/// What to do when a task's workspace mode cannot be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationFallback {
+    /// Fail the run before any agent starts.
+    #[default]
+    None,
+    /// Use a temp directory instead and record a warning on the task.
+    Temp,
+}
+
+/// Whether the kernel confines an agent (ARCHITECTURE.md, "Agents are untrusted").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// Confine every agent where the kernel can (Linux Landlock); say so where it cannot.
+    #[default]
+    Enforce,
+    /// Do not confine: the tripwire and teardown checks still hold.
+    Off,
+}
+
+impl SandboxMode {
+    /// The mode when two settings apply (the project's and an agent's): off when either is.
+    pub fn and(self, other: SandboxMode) -> SandboxMode {
+        if self == SandboxMode::Off || other == SandboxMode::Off {
+            SandboxMode::Off
+        } else {
+            SandboxMode::Enforce
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Enforce => "enforce",
+            SandboxMode::Off => "off",
+        }
+    }
+}
+
+/// The longest `stop_grace`: `crew agents stop` waits this long for an agent that ignores TERM.
+pub const MAX_STOP_GRACE: HumanDuration = HumanDuration(Duration::from_secs(3600));
+
+/// `.crew/config.toml`. Every key is optional.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProjectConfig {
+    pub run: RunSettings,
+    pub worktree: WorktreeSettings,
+    pub isolation: IsolationSettings,
+    pub retention: RetentionSettings,
+    pub sandbox: SandboxSettings,
+}
+
+/// `[run]`
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunSettings {
+    /// How many tasks run at once.
+    pub max_parallel: Parallelism,
+    /// How long a stopped agent has between TERM and KILL.
+    pub stop_grace: HumanDuration,
+    /// Default timeout of every task; none when absent.
+    pub task_timeout: Option<HumanDuration>,
+    /// Stop the other tasks as soon as one fails.
+    pub fail_fast: bool,
+    /// How large an agent's `output.log` may grow; past it the log starts over and keeps the
+    /// part before as `output.log.1`, so the newest output is always there.
+    pub max_output_log: ByteSize,
+    /// What a run's end says when the branch it started from has moved on meanwhile.
+    pub base_moved: BaseMoved,
+    /// The agent of a task made from an editor's plain prompt (`crew serve`); none: such a
+    /// prompt is refused with what to write instead.
+    pub default_agent: Option<String>,
+}
+
+/// `[run] base_moved`: what to do when the branch a run started from gained commits (or was
+/// rewritten) while it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseMoved {
+    /// Say so in the summary and `crew runs show`, with the command that catches a task up.
+    #[default]
+    Warn,
+    /// The same, and `crew run` exits with an error (a gate for scripts and CI).
+    Fail,
+    /// Say nothing.
+    Off,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            max_parallel: Parallelism(NonZeroUsize::new(4).expect("4 is not zero")),
+            stop_grace: HumanDuration(Duration::from_secs(10)),
+            task_timeout: None,
+            fail_fast: false,
+            max_output_log: ByteSize(64 * 1024 * 1024),
+            base_moved: BaseMoved::Warn,
+            default_agent: None,
+        }
+    }
+}
+
+/// `[worktree]`
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorktreeSettings {
+    /// Where worktrees live, relative to the repository root.
+    pub dir: Utf8PathBuf,
+    /// Task branches are `<branch_prefix>/<runId>-<taskId>`.
+    pub branch_prefix: String,
+    /// Refuse a worktree run while the leader has tracked changes.
+    pub require_clean_leader: bool,
+    /// Paths symlinked from the leader into each worktree when present there.
+    pub link: Vec<Utf8PathBuf>,
+    /// Whether `link` paths are symlinks to the leader's (shared) or copies (the worktree's own).
+    pub link_mode: LinkMode,
+    /// Paths copied from the leader into each worktree (ignored files such as `.env`).
+    pub copy: Vec<Utf8PathBuf>,
+    /// A command run in each new worktree before its agent starts, without a shell.
+    pub setup: Option<Vec<String>>,
+    /// How long `setup` may take.
+    pub setup_timeout: HumanDuration,
+    /// Ignored paths a recycled worktree keeps from its previous task (such as `target/`).
+    pub keep_ignored: Vec<Utf8PathBuf>,
+    /// Keep the ignored files an agent wrote (`.env`, `build/`) with its run, under
+    /// `.crew/state/runs/<run>/tasks/<task>/ignored/`, until the run is pruned; `false` lets
+    /// them go with the worktree. Either way the teardown names them.
+    pub keep_agent_ignored: bool,
+    /// How many finished worktrees crew keeps for recycling (0 turns recycling off).
+    pub pool_size: usize,
+    /// Pooled worktrees older than this are removed instead of recycled.
+    pub pool_max_age: HumanDuration,
+}
+
+impl Default for WorktreeSettings {
+    fn default() -> Self {
+        WorktreeSettings {
+            dir: Utf8PathBuf::from(".worktrees"),
+            branch_prefix: "crew".to_owned(),
+            require_clean_leader: true,
+            link: vec![Utf8PathBuf::from("node_modules")],
+            link_mode: LinkMode::Symlink,
+            copy: Vec::new(),
+            setup: None,
+            setup_timeout: HumanDuration(Duration::from_secs(600)),
+            keep_ignored: Vec::new(),
+            keep_agent_ignored: true,
+            pool_size: 4,
+            pool_max_age: HumanDuration(Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
+/// `[isolation]`
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IsolationSettings {
+    pub fallback: IsolationFallback,
+}
+
+/// `[sandbox]` of `config.toml`: the project's word on confining agents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// `"off"` turns the sandbox off for every agent of the project.
+    pub mode: SandboxMode,
+}
+
+/// `[sandbox]` of an agent definition: what its program needs to write besides its workspace
+/// and its private temp dir.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AgentSandbox {
+    /// `"off"` turns the sandbox off for this agent.
+    pub mode: SandboxMode,
+    /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
+    /// write beneath. `~` is expanded with the `HOME` the agent sees.
+    pub write: Vec<String>,
+}
+
+impl AgentSandbox {
+    /// The `write` entries as absolute paths, `~` expanded with `home`; entries beneath a
+    /// missing home are left out.
+    pub fn write_paths(&self, home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
+        self.write
+            .iter()
+            .filter_map(|entry| match entry.strip_prefix('~') {
+                Some(rest) => home.map(|home| home.join(rest.trim_start_matches('/'))),
+                None => Some(Utf8PathBuf::from(entry)),
+            })
+            .collect()
+    }
+}
+
+/// `[retention]`
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Finished runs beyond this many (newest kept) are pruned.
+    pub max_kept_runs: usize,
+    /// Finished runs older than this are pruned.
+    pub max_run_age_days: u64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            max_kept_runs: 20,
+            max_run_age_days: 7,
+        }
+    }
+}
+
+/// An agent definition, from `.crew/agents/<name>.toml` or built in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentDef {
+    pub name: String,
+    pub description: Option<String>,
+    /// argv template; never run through a shell.
+    pub command: Vec<String>,
+    pub steer: SteerMode,
+    /// argv template used to resume a stopped or finished agent; `{message}` is the follow-up.
+    pub resume: Option<Vec<String>>,
+    pub env: BTreeMap<String, String>,
+    /// Variables of the user's environment the agent may see, besides the always-passed ones.
+    /// A trailing `*` matches a prefix (`LC_*`).
+    pub pass_env: Vec<String>,
+    /// What the agent may write besides its workspace, and whether it is confined at all.
+    pub sandbox: AgentSandbox,
+    pub builtin: bool,
+}
+
+impl AgentDef {
+    /// The built-in `shell` agent: `sh -c {prompt}`, steered line by line on stdin.
+    pub fn builtin_shell() -> Self {
+        AgentDef {
+            name: BUILTIN_SHELL_AGENT.to_owned(),
+            description: Some("runs the prompt as a shell script".to_owned()),
+            command: vec!["sh".into(), "-c".into(), "{prompt}".into()],
+            steer: SteerMode::StdinLines,
+            resume: None,
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            sandbox: AgentSandbox::default(),
+            builtin: true,
+        }
+    }
+}
+
+/// A team: the tasks of a run, from `.crew/teams/<name>.toml` or built ad hoc.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub workspace_mode: Option<WorkspaceMode>,
+    pub max_parallel: Option<Parallelism>,
+    pub fail_fast: Option<bool>,
+    pub tasks: Vec<TaskDef>,
+}
+
+/// One task of a team.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskDef {
+    pub id: TaskId,
+    pub agent: String,
+    pub prompt: String,
+    pub depends_on: Vec<TaskId>,
+    pub timeout: Option<HumanDuration>,
+    pub workspace_mode: Option<WorkspaceMode>,
+}
+
+/// A team with every agent its tasks name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Team {
+    pub def: TeamDef,
+    pub agents: BTreeMap<String, AgentDef>,
+}
+
+/// A task of a team made on the spot: what a lead agent may say about it, and no more (no
+/// workspace mode, path or sandbox setting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedTask {
+    pub id: String,
+    pub agent: String,
+    pub prompt: String,
+    pub depends_on: Vec<String>,
+}

@@ -1,0 +1,90 @@
+//! Agent command templates: `{placeholder}`s checked when a file is read and filled per
+//! argument when an agent starts (never through a shell).
+
+/// Placeholders an agent's `command` template may use.
+pub const COMMAND_PLACEHOLDERS: &[&str] = &["prompt", "workspace", "run_id", "task_id"];
+/// Placeholders an agent's `resume` template may use.
+pub const RESUME_PLACEHOLDERS: &[&str] = &["prompt", "workspace", "run_id", "task_id", "message"];
+
+/// Checks an argv template: a program, and only known `{placeholders}`.
+pub(super) fn check_template(argv: &[String], allowed: &[&str]) -> Result<(), String> {
+    if argv.first().is_none_or(|program| program.is_empty()) {
+        return Err(
+            "needs a program as its first element, e.g. [\"claude\", \"-p\", \"{prompt}\"]"
+                .to_owned(),
+        );
+    }
+    for arg in argv {
+        if arg.contains('\0') {
+            return Err(format!(
+                "argument {arg:?} holds a NUL byte, which no program argument can carry"
+            ));
+        }
+        for placeholder in placeholders(arg) {
+            if !allowed.contains(&placeholder) {
+                return Err(format!(
+                    "unknown placeholder `{{{placeholder}}}`; available: {}",
+                    allowed
+                        .iter()
+                        .map(|name| format!("{{{name}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `{name}` placeholders in a template argument.
+pub fn placeholders(arg: &str) -> impl Iterator<Item = &str> {
+    arg.split('{').skip(1).filter_map(|rest| {
+        let (name, _) = rest.split_once('}')?;
+        let is_name =
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        is_name.then_some(name)
+    })
+}
+
+/// Fills `{name}` placeholders of one template argument. Each argument stays one argument: a
+/// prompt with spaces or quotes is never split or interpreted.
+pub fn fill_template(arg: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let replaced = after.split_once('}').and_then(|(name, tail)| {
+            values
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value, tail))
+        });
+        match replaced {
+            Some((value, tail)) => {
+                out.push_str(value);
+                rest = tail;
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_fill_each_argument_separately() {
+        let values = [("prompt", "say \"hi\"; rm -rf /"), ("task_id", "api")];
+        assert_eq!(fill_template("{prompt}", &values), "say \"hi\"; rm -rf /");
+        assert_eq!(fill_template("--task={task_id}", &values), "--task=api");
+        assert_eq!(fill_template("{unknown} {", &values), "{unknown} {");
+        assert_eq!(placeholders("a{b}c{d}").collect::<Vec<_>>(), ["b", "d"]);
+    }
+}
