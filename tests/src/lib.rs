@@ -109,6 +109,7 @@ impl TestEnv {
     }
 
     /// Runs `git` in `dir` and returns its whole output, whatever its status.
+    #[must_use = "a command whose result is not checked may have failed unseen"]
     pub fn git_output<I, S>(&self, dir: &Utf8Path, args: I) -> Output
     where
         I: IntoIterator<Item = S>,
@@ -257,6 +258,7 @@ impl TestEnv {
     }
 
     /// Runs `crew args…` in `dir` to its end.
+    #[must_use = "a command whose result is not checked may have failed unseen"]
     pub fn crew<I, S>(&self, dir: &Utf8Path, args: I) -> Output
     where
         I: IntoIterator<Item = S>,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use camino::Utf8Path;
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
-use crate::cli_run::{manifest, run_ids};
+use crate::common::runs::{manifest, run_ids};
 
 fn signal(child: &Child, signal: rustix::process::Signal) {
     rustix::process::kill_process(rustix::process::Pid::from_child(child), signal).unwrap();

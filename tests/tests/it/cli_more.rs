@@ -4,7 +4,7 @@
 use camino::Utf8Path;
 use crew_tests::{Redactor, TestEnv, render_output, tree_fingerprint, wait_until, write};
 
-use crate::cli_run::{finished_run, manifest, run_ids, task};
+use crate::common::runs::{finished_run, manifest, run_ids, task};
 
 #[test]
 fn fail_fast_cancels_the_rest_and_keep_going_skips_only_dependents() {

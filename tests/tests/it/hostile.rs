@@ -8,7 +8,7 @@
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output, tree_fingerprint, write};
 
-use crate::cli_run::{manifest, run_ids, task};
+use crate::common::runs::{manifest, run_ids, task};
 
 /// What the world outside crew's roots looks like: the home directory, a sibling repository
 /// (worktree, `.git` included), the leader's own files and its git config and hooks.

@@ -6,7 +6,7 @@ use std::io::BufRead;
 use camino::Utf8PathBuf;
 use crew_tests::{TestEnv, render_output, wait_until};
 
-use crate::cli_run::{manifest, task};
+use crate::common::runs::{manifest, task};
 
 fn mcp_client(test: &str) -> Option<Utf8PathBuf> {
     crew_tests::node_client("mcp-client", "@modelcontextprotocol/sdk", test)
@@ -109,8 +109,8 @@ fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
     let env = TestEnv::new();
     let repo = env.repo("nested");
     let lead = format!("node {script} nested {} .", crew_tests::crew_bin());
-    crate::cli_run::shell_worktree_run(&env, &repo, &[&format!("lead={lead}")]);
-    let runs = crate::cli_run::run_ids(&env, &repo);
+    crate::common::runs::shell_worktree_run(&env, &repo, &[&format!("lead={lead}")]);
+    let runs = crate::common::runs::run_ids(&env, &repo);
     assert_eq!(runs.len(), 1, "no run inside the run: {runs:?}");
     let record = manifest(&env, &repo, &runs[0]);
     for id in ["lead", "sub1", "sub2"] {

@@ -10,7 +10,7 @@ use crew_core::config::SteerMode;
 use crew_live::control::{ControlError, Op};
 use crew_live::{ControlClient, ControlServer};
 
-use crate::live_agents::{LiveFixture, fake, wait_for_line};
+use crate::common::live::{LiveFixture, fake, wait_for_line};
 
 /// The uid the permission tests drop to when they run as root (CI does): `nobody`.
 const UNPRIVILEGED: u32 = 65534;
@@ -51,7 +51,7 @@ fn socket_is_private_even_under_umask_000() {
     // In a process of its own: the umask is the whole process's, and other tests run beside.
     let env = crew_tests::TestEnv::new();
     let answer =
-        crate::live_agents::live_helper_json(&env, &["umask-socket", env.dir("project").as_str()]);
+        crate::common::live::live_helper_json(&env, &["umask-socket", env.dir("project").as_str()]);
     assert_eq!(
         (&answer["socket_mode"], &answer["dir_mode"]),
         (&serde_json::json!(0o600), &serde_json::json!(0o700))
@@ -411,7 +411,7 @@ async fn an_agent_may_ask_for_itself_but_never_control_another() {
             let request = request.replacen('{', &format!("{{\"workspace\":\"{workspace}\","), 1);
             format!(
                 "printf '%s\\n' '{request}' | {} pipe-socket\n",
-                crate::live_agents::FAKE_AGENT
+                crate::common::live::FAKE_AGENT
             )
         })
         .collect();

@@ -3,7 +3,7 @@
 
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
-use crate::cli_run::{manifest, run_ids, shell_worktree_run, task};
+use crate::common::runs::{manifest, run_ids, shell_worktree_run, task};
 
 #[test]
 fn an_agent_commits_with_an_identity_that_lives_only_in_the_environment() {

@@ -5,7 +5,7 @@ use crew_core::{StateStore, TaskId};
 use crew_tests::write;
 use crew_worktree::listing::{self, WorktreeState};
 
-use crate::worktree_prepare::Fixture;
+use crate::common::worktrees::Fixture;
 
 #[test]
 fn orphans_are_found_and_only_work_free_ones_are_pruned() {

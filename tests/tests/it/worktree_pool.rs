@@ -7,7 +7,7 @@ use crew_core::config::ProjectConfig;
 use crew_core::provider::WorkspaceProvider;
 use crew_tests::{tree_fingerprint, write};
 
-use crate::worktree_prepare::Fixture;
+use crate::common::worktrees::Fixture;
 
 fn pooled_dirs(fixture: &Fixture) -> usize {
     std::fs::read_dir(fixture.repo.join(".worktrees/.pool")).map_or(0, |entries| entries.count())

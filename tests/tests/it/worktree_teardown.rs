@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use crew_core::provider::WorkspaceProvider;
 use crew_tests::{tree_fingerprint, write};
 
-use crate::worktree_prepare::Fixture;
+use crate::common::worktrees::Fixture;
 
 #[test]
 fn every_kind_of_change_ends_on_the_branch() {

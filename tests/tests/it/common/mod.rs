@@ -1,0 +1,6 @@
+//! What the tests share: each file of `it/` takes its fixtures from here, never from another
+//! test file.
+
+pub mod live;
+pub mod runs;
+pub mod worktrees;

@@ -1,0 +1,79 @@
+//! Runs through the real binary: making them, and reading what they recorded.
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_tests::{TestEnv, render_output, write};
+
+/// A repository with a team of three shell agents appending different lines to one file.
+pub fn trio_repo(env: &TestEnv) -> Utf8PathBuf {
+    let repo = env.dir("project");
+    env.git(&repo, ["init", "-q", "-b", "main"]);
+    write(&repo.join("notes.txt"), "first line\n");
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "initial"]);
+    write(
+        &repo.join(".crew/teams/trio.toml"),
+        r#"description = "three agents, one file"
+[[tasks]]
+id = "alpha"
+agent = "shell"
+prompt = "echo 'from alpha' >> notes.txt"
+
+[[tasks]]
+id = "beta"
+agent = "shell"
+prompt = "echo 'from beta' >> notes.txt"
+
+[[tasks]]
+id = "gamma"
+agent = "shell"
+prompt = "echo 'from gamma' >> notes.txt"
+"#,
+    );
+    repo
+}
+
+/// Runs `crew args…` in `dir` to its end, which must be a success, and returns the new run's id.
+pub fn finished_run(env: &TestEnv, dir: &Utf8Path, args: &[&str]) -> String {
+    let output = env.crew(dir, args);
+    assert!(output.status.success(), "{}", render_output(&output));
+    run_ids(env, dir).remove(0)
+}
+
+/// `crew run --agent shell --workspace-mode worktree --task <task>…` in `dir`, to its end (it
+/// must succeed); the run's id.
+pub fn shell_worktree_run(env: &TestEnv, dir: &Utf8Path, tasks: &[&str]) -> String {
+    let mut args = vec!["run", "--agent", "shell", "--workspace-mode", "worktree"];
+    for task in tasks {
+        args.extend(["--task", task]);
+    }
+    finished_run(env, dir, &args)
+}
+
+/// The ids of the runs of the workspace at `dir`, newest first.
+pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
+    let output = env.crew(dir, ["runs", "list", "--json"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let runs: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    runs.as_array()
+        .unwrap()
+        .iter()
+        .map(|run| run["run_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The record of task `id` in a run's manifest.
+pub fn task<'a>(manifest: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    manifest["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["id"] == id)
+        .unwrap()
+}
+
+/// The manifest of `run`, as `crew runs show --json` prints it.
+pub fn manifest(env: &TestEnv, dir: &Utf8Path, run: &str) -> serde_json::Value {
+    let output = env.crew(dir, ["runs", "show", run, "--json"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
