@@ -187,6 +187,16 @@ pub enum TransitionError {
     UnknownTask { run_id: RunId, task_id: TaskId },
 }
 
+/// The signal a stop needed to end an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopSignal {
+    /// It exited after TERM, within its grace.
+    Term,
+    /// It needed KILL.
+    Kill,
+}
+
 /// How an agent process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitRecord {
@@ -197,7 +207,7 @@ pub struct ExitRecord {
     /// How a stop ended it: `term` (exited after TERM), `kill` (needed KILL), or none. Like
     /// every field of an exit, always written: the JSON output promises them.
     #[serde(default)]
-    pub stopped_by: Option<String>,
+    pub stopped_by: Option<StopSignal>,
     /// How many processes the agent left behind when it exited (in its group, daemons that
     /// left it, holders of its output), all killed by crew. Records written before counts were
     /// kept say `true` (read as 1).

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crew_core::config::{AgentDef, SteerMode, fill_template};
 use crew_core::env_vars;
-use crew_core::model::{ExitRecord, SandboxRecord, Timestamp};
+use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp};
 use crew_core::{AgentId, WorkspaceId};
 
 use crate::env::{BaseEnv, agent_env};
@@ -475,6 +475,27 @@ struct Supervisor {
     follow_ups: VecDeque<String>,
 }
 
+/// How far a supervisor has gone in stopping its agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopping {
+    /// Nobody asked it to stop.
+    No,
+    /// TERM sent: KILL follows at `kill_at` unless the agent exits first.
+    Terminated { kill_at: Instant },
+    /// KILL sent.
+    Killed,
+}
+
+impl Stopping {
+    /// When KILL is due.
+    fn kill_at(self) -> Option<Instant> {
+        match self {
+            Stopping::Terminated { kill_at } => Some(kill_at),
+            Stopping::No | Stopping::Killed => None,
+        }
+    }
+}
+
 /// What a running process's supervision ended with.
 struct Ended {
     exit: ExitRecord,
@@ -534,9 +555,9 @@ impl Supervisor {
                         status.queued_follow_ups = self.follow_ups.len();
                     });
                     self.publish_status();
-                    let outcome = match ended.exit.stopped_by.as_deref() {
-                        Some("kill") => StopOutcome::Killed,
-                        Some(_) => StopOutcome::Terminated,
+                    let outcome = match ended.exit.stopped_by {
+                        Some(StopSignal::Kill) => StopOutcome::Killed,
+                        Some(StopSignal::Term) => StopOutcome::Terminated,
                         None => StopOutcome::AlreadyExited,
                     };
                     for waiter in ended.stop_waiters {
@@ -641,14 +662,23 @@ impl Supervisor {
         }
     }
 
+    /// Sends TERM to the agent's group, says it is stopping, and gives it `grace` before KILL.
+    fn terminate(&self, pid: u32, grace: Duration) -> Stopping {
+        self.signal_group(pid, rustix::process::Signal::TERM);
+        self.status
+            .send_modify(|status| status.state = AgentState::Stopping);
+        self.publish_status();
+        Stopping::Terminated {
+            kill_at: Instant::now() + grace,
+        }
+    }
+
     /// Supervises one running process until it has exited and its leftovers are gone.
     async fn supervise(&mut self, mut running: Running) -> Ended {
         let pid = running.pid;
         let grace = self.spec.stop_grace;
         let timeout_at = self.spec.timeout.map(|timeout| Instant::now() + timeout);
-        let mut kill_at: Option<Instant> = None;
-        let mut term_sent = false;
-        let mut kill_sent = false;
+        let mut stopping = Stopping::No;
         let mut timed_out = false;
         let mut host_gone = false;
         let mut stop_waiters = Vec::new();
@@ -660,16 +690,12 @@ impl Supervisor {
                 message = self.control.recv(), if !host_gone => match message {
                     Some(Control::Stop { reply }) => {
                         stop_waiters.push(reply);
-                        if term_sent {
+                        if stopping == Stopping::No {
+                            stopping = self.terminate(pid, grace);
+                        } else {
                             // A second stop kills at once.
                             self.signal_group(pid, rustix::process::Signal::KILL);
-                            kill_sent = true;
-                        } else {
-                            self.signal_group(pid, rustix::process::Signal::TERM);
-                            term_sent = true;
-                            kill_at = Some(Instant::now() + grace);
-                            self.status.send_modify(|status| status.state = AgentState::Stopping);
-                            self.publish_status();
+                            stopping = Stopping::Killed;
                         }
                     }
                     Some(Control::Steer { message, reply }) => {
@@ -703,20 +729,16 @@ impl Supervisor {
                         // Every handle is gone: the host is shutting down.
                         host_gone = true;
                         self.signal_group(pid, rustix::process::Signal::KILL);
-                        kill_sent = true;
+                        stopping = Stopping::Killed;
                     }
                 },
-                _ = tokio::time::sleep_until(kill_at.unwrap_or(far_future)), if kill_at.is_some() && !kill_sent => {
+                _ = tokio::time::sleep_until(stopping.kill_at().unwrap_or(far_future)), if stopping.kill_at().is_some() => {
                     self.signal_group(pid, rustix::process::Signal::KILL);
-                    kill_sent = true;
+                    stopping = Stopping::Killed;
                 }
-                _ = tokio::time::sleep_until(timeout_at.unwrap_or(far_future)), if timeout_at.is_some() && !term_sent => {
+                _ = tokio::time::sleep_until(timeout_at.unwrap_or(far_future)), if timeout_at.is_some() && stopping == Stopping::No => {
                     timed_out = true;
-                    self.signal_group(pid, rustix::process::Signal::TERM);
-                    term_sent = true;
-                    kill_at = Some(Instant::now() + grace);
-                    self.status.send_modify(|status| status.state = AgentState::Stopping);
-                    self.publish_status();
+                    stopping = self.terminate(pid, grace);
                 }
                 Some(()) = running.turn_ended.recv() => {
                     // stdin-json agents: the turn is over, the next follow-up goes in now.
@@ -749,11 +771,13 @@ impl Supervisor {
             }
             Err(_) => exit.signal = Some(libc::SIGKILL),
         }
-        if term_sent || kill_sent {
-            exit.stopped_by = Some(if kill_sent { "kill" } else { "term" }.to_owned());
-        }
+        exit.stopped_by = match stopping {
+            Stopping::No => None,
+            Stopping::Terminated { .. } => Some(StopSignal::Term),
+            Stopping::Killed => Some(StopSignal::Kill),
+        };
         exit.leaked_processes = running.leftovers.get().saturating_add(
-            self.clean_up_leftovers(pid, &mut running.readers, kill_sent)
+            self.clean_up_leftovers(pid, &mut running.readers, stopping == Stopping::Killed)
                 .await,
         );
         Ended {

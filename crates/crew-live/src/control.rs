@@ -164,8 +164,65 @@ pub struct Response {
 /// A structured error: a stable code and a message for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorBody {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// What went wrong with a request, for programs: stable across versions, written in
+/// `snake_case` on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    // The connection and the request.
+    /// The caller is another user.
+    PermissionDenied,
+    /// Too many connections: retry.
+    Busy,
+    RequestTooLarge,
+    InvalidRequest,
+    InvalidWorkspace,
+    /// An agent asked for what only people may do.
+    Forbidden,
+    Internal,
+    // Agents.
+    NotFound,
+    ForeignWorkspace,
+    Ambiguous,
+    SteerUnsupported,
+    NotRunning,
+    AlreadyRunning,
+    Closed,
+    Input,
+    Restart,
+    Gone,
+    // Runs.
+    UnknownRun,
+    RunStopping,
+    InvalidTasks,
+    /// The task already succeeded: it is not started again.
+    Succeeded,
+    /// The run's state could not be read or written.
+    State,
+    /// A code from a newer crew than this one.
+    #[serde(other)]
+    Unknown,
+}
+
+impl std::fmt::Display for ErrorCode {
+    /// The code as it is written on the wire.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let wire = serde_json::to_value(self).ok();
+        f.write_str(wire.as_ref().and_then(Value::as_str).unwrap_or("unknown"))
+    }
 }
 
 impl Response {
@@ -179,16 +236,13 @@ impl Response {
         }
     }
 
-    fn error(id: Option<u64>, code: &str, message: impl Into<String>) -> Self {
+    fn error(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
         Response {
             v: PROTOCOL_VERSION,
             id,
             ok: false,
             result: None,
-            error: Some(ErrorBody {
-                code: code.to_owned(),
-                message: message.into(),
-            }),
+            error: Some(ErrorBody::new(code, message)),
         }
     }
 }
@@ -522,7 +576,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
             if credentials.map(|cred| cred.uid()) != Some(uid) {
                 refuse(
                     stream,
-                    "permission_denied",
+                    ErrorCode::PermissionDenied,
                     "only the user running the host may use its socket",
                 )
                 .await;
@@ -540,9 +594,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
                     PeerSlot::take(&peers, caller),
                     agent_permits.try_acquire_owned(),
                 ) else {
-                    refuse(
-                        stream,
-                        "busy",
+                    refuse(stream, ErrorCode::Busy,
                         "this agent (or the host's agents together) holds too many connections; retry",
                     )
                     .await;
@@ -553,7 +605,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
             let Ok(_permit) = permits.try_acquire_owned() else {
                 refuse(
                     stream,
-                    "busy",
+                    ErrorCode::Busy,
                     "the host serves too many connections; retry",
                 )
                 .await;
@@ -565,7 +617,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
     }
 }
 
-async fn refuse(mut stream: UnixStream, code: &str, message: &str) {
+async fn refuse(mut stream: UnixStream, code: ErrorCode, message: &str) {
     let response = Response::error(None, code, message);
     // A refused client that does not read its refusal learns it from the closed stream.
     let _ = write_response(&mut stream, &response).await;
@@ -657,7 +709,7 @@ async fn serve_connection(
             Ok(Line::End) | Err(_) => return,
             Ok(Line::TooLarge) => Response::error(
                 None,
-                "request_too_large",
+                ErrorCode::RequestTooLarge,
                 format!("a request may be at most {MAX_REQUEST_BYTES} bytes"),
             ),
             Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
@@ -665,7 +717,7 @@ async fn serve_connection(
                     Ok(()) => handle(&host, &runs, request, peer).await,
                     Err(refusal) => *refusal,
                 },
-                Err(error) => Response::error(None, "invalid_request", error.to_string()),
+                Err(error) => Response::error(None, ErrorCode::InvalidRequest, error.to_string()),
             },
         };
         if write_response(reader.get_mut(), &response).await.is_err() {
@@ -686,7 +738,8 @@ async fn authorize(
     request: &Request,
 ) -> Result<(), Box<Response>> {
     let id = request.id;
-    let forbidden = |message: String| Err(Box::new(Response::error(id, "forbidden", message)));
+    let forbidden =
+        |message: String| Err(Box::new(Response::error(id, ErrorCode::Forbidden, message)));
     match (caller, &request.op) {
         (Caller::Person, _) | (_, Op::Ping) => Ok(()),
         (Caller::Foreign { .. }, _) => {
@@ -714,12 +767,12 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request, peer: Peer
     // Every spelling of a directory (symlink, `..`, trailing slash) is the same workspace.
     let workspace = match WorkspaceId::from_path(request.workspace.as_std_path()) {
         Ok(workspace) => workspace,
-        Err(error) => return Response::error(id, "invalid_workspace", error.to_string()),
+        Err(error) => return Response::error(id, ErrorCode::InvalidWorkspace, error.to_string()),
     };
     let registry = host.registry();
     let json = |value: Result<Value, serde_json::Error>| match value {
         Ok(value) => Response::ok(id, value),
-        Err(error) => Response::error(id, "internal", error.to_string()),
+        Err(error) => Response::error(id, ErrorCode::Internal, error.to_string()),
     };
     match request.op {
         Op::Ping => Response::ok(id, serde_json::json!({ "pid": std::process::id() })),
@@ -829,16 +882,20 @@ async fn route(
     build: impl FnOnce(oneshot::Sender<Result<Value, ErrorBody>>) -> RunCommand,
 ) -> Response {
     let Some(commands) = runs.get(run).map(|entry| entry.value().clone()) else {
-        return Response::error(id, "unknown_run", format!("run {run} is not hosted here"));
+        return Response::error(
+            id,
+            ErrorCode::UnknownRun,
+            format!("run {run} is not hosted here"),
+        );
     };
     let (reply, answer) = oneshot::channel();
     if commands.send(build(reply)).await.is_err() {
-        return Response::error(id, "unknown_run", format!("run {run} has ended"));
+        return Response::error(id, ErrorCode::UnknownRun, format!("run {run} has ended"));
     }
     match answer.await {
         Ok(Ok(value)) => Response::ok(id, value),
-        Ok(Err(error)) => Response::error(id, &error.code, error.message),
-        Err(_) => Response::error(id, "unknown_run", format!("run {run} has ended")),
+        Ok(Err(error)) => Response::error(id, error.code, error.message),
+        Err(_) => Response::error(id, ErrorCode::UnknownRun, format!("run {run} has ended")),
     }
 }
 

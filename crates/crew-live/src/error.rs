@@ -104,18 +104,19 @@ pub enum AgentOpError {
 
 impl AgentOpError {
     /// A stable code for `--json` output and the control protocol.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> crate::control::ErrorCode {
+        use crate::control::ErrorCode;
         match self {
-            AgentOpError::NotFound { .. } => "not_found",
-            AgentOpError::ForeignWorkspace { .. } => "foreign_workspace",
-            AgentOpError::Ambiguous { .. } => "ambiguous",
-            AgentOpError::SteerUnsupported { .. } => "steer_unsupported",
-            AgentOpError::NotRunning { .. } => "not_running",
-            AgentOpError::AlreadyRunning { .. } => "already_running",
-            AgentOpError::Closed { .. } => "closed",
-            AgentOpError::Input { .. } => "input",
-            AgentOpError::Restart { .. } => "restart",
-            AgentOpError::Gone { .. } => "gone",
+            AgentOpError::NotFound { .. } => ErrorCode::NotFound,
+            AgentOpError::ForeignWorkspace { .. } => ErrorCode::ForeignWorkspace,
+            AgentOpError::Ambiguous { .. } => ErrorCode::Ambiguous,
+            AgentOpError::SteerUnsupported { .. } => ErrorCode::SteerUnsupported,
+            AgentOpError::NotRunning { .. } => ErrorCode::NotRunning,
+            AgentOpError::AlreadyRunning { .. } => ErrorCode::AlreadyRunning,
+            AgentOpError::Closed { .. } => ErrorCode::Closed,
+            AgentOpError::Input { .. } => ErrorCode::Input,
+            AgentOpError::Restart { .. } => ErrorCode::Restart,
+            AgentOpError::Gone { .. } => ErrorCode::Gone,
         }
     }
 }

@@ -72,7 +72,10 @@ pub enum ControlAgentError {
     Host(#[from] ControlError),
     /// The host refused (see the code: `foreign_workspace`, `steer_unsupported`, …).
     #[error("{message}")]
-    Refused { code: String, message: String },
+    Refused {
+        code: crate::control::ErrorCode,
+        message: String,
+    },
 }
 
 /// The one item `spec` names among `items`: `<runId>:<taskId>`, `<runPrefix>:<taskId>`, or a
@@ -311,7 +314,7 @@ impl Project {
         let response = self.call(&host, op(agent.agent_id.to_string())).await?;
         if let Some(error) = &response.error {
             return Err(ControlAgentError::Refused {
-                code: error.code.clone(),
+                code: error.code,
                 message: error.message.clone(),
             });
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crew_core::{CancelCause, CancelRecord, RunStatus};
-use crew_live::control::Op;
+use crew_live::control::{ErrorCode, Op};
 use crew_live::{Host, HostOptions, Project, RunSpec};
 use crew_tests::{TestEnv, helper_bin, render_output, write};
 use crew_worktree::CrewWorkspaces;
@@ -131,7 +131,7 @@ async fn two_project_folders_in_one_process_each_see_and_control_only_their_own(
     ] {
         let response = projects[0].call(right_host, op).await.unwrap();
         let error = response.error.expect("refused");
-        assert_eq!(error.code, "foreign_workspace", "{}", error.message);
+        assert_eq!(error.code, ErrorCode::ForeignWorkspace, "{}", error.message);
     }
     let listed = projects[0].call(right_host, Op::List).await.unwrap();
     assert_eq!(

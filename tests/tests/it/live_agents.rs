@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crew_core::config::{AgentDef, SteerMode};
+use crew_core::model::StopSignal;
 use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
 use crew_live::procscan::session_of;
 use crew_live::{AgentHost, AgentOpError, AgentState, FollowUpOutcome, StopOutcome};
@@ -41,7 +42,7 @@ async fn stop_kills_whole_process_group_and_escaped_grandchildren() {
     let status = handle.wait_exited().await;
     let exit = status.exit.unwrap();
     assert_eq!(exit.signal, Some(libc::SIGTERM));
-    assert_eq!(exit.stopped_by.as_deref(), Some("term"));
+    assert_eq!(exit.stopped_by, Some(StopSignal::Term));
     assert!(
         exit.leaked_processes >= 1,
         "the escaped sleeper outlived the agent and was killed"
@@ -118,8 +119,8 @@ async fn an_agent_ignoring_term_gets_kill_after_the_grace() {
     );
     let exit = handle.status().exit.unwrap();
     assert_eq!(
-        (exit.signal, exit.stopped_by.as_deref()),
-        (Some(libc::SIGKILL), Some("kill"))
+        (exit.signal, exit.stopped_by),
+        (Some(libc::SIGKILL), Some(StopSignal::Kill))
     );
 }
 
@@ -162,7 +163,7 @@ async fn an_agent_handling_term_exits_cleanly_without_kill() {
     assert_eq!(handle.stop().await.unwrap(), StopOutcome::Terminated);
     let exit = handle.status().exit.unwrap();
     assert_eq!((exit.code, exit.signal), (Some(0), None));
-    assert_eq!(exit.stopped_by.as_deref(), Some("term"));
+    assert_eq!(exit.stopped_by, Some(StopSignal::Term));
     assert_eq!(std::fs::read_to_string(&done).unwrap(), "cleaned up\n");
 }
 
@@ -452,7 +453,7 @@ async fn timeout_stops_the_agent_and_says_so() {
     let handle = fixture.host.start(spec).await.unwrap();
     let exit = handle.wait_exited().await.exit.unwrap();
     assert!(exit.timed_out);
-    assert_eq!(exit.stopped_by.as_deref(), Some("term"));
+    assert_eq!(exit.stopped_by, Some(StopSignal::Term));
 }
 
 #[tokio::test(flavor = "multi_thread")]

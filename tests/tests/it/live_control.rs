@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crew_core::WorkspaceId;
 use crew_core::config::SteerMode;
-use crew_live::control::{ControlError, Op};
+use crew_live::control::{ControlError, ErrorCode, Op};
 use crew_live::{ControlClient, ControlServer};
 
 use crate::common::live::{LiveFixture, fake, wait_for_line};
@@ -199,7 +199,7 @@ async fn other_workspaces_are_refused_whatever_their_spelling() {
                 .await
                 .unwrap();
             let error = response.error.unwrap();
-            assert_eq!(error.code, "foreign_workspace", "{spelling}");
+            assert_eq!(error.code, ErrorCode::ForeignWorkspace, "{spelling}");
             assert!(error.message.starts_with(&format!(
                 "live agent '{agent}' does not belong to workspace "
             )));
@@ -506,6 +506,6 @@ async fn a_client_turned_away_learns_the_host_is_busy() {
         .call(&fixture.workspace, Op::List, Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(response.error.unwrap().code, "busy");
+    assert_eq!(response.error.unwrap().code, ErrorCode::Busy);
     drop(held);
 }

@@ -15,7 +15,7 @@ use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId};
 use super::schedule::{Schedule, Step};
 use super::task::RunContext;
 use super::{CancelLevel, RunError, Runner, blocking, foreign_run};
-use crate::control::{ErrorBody, RunCommand};
+use crate::control::{ErrorBody, ErrorCode, RunCommand};
 use crate::events::answer;
 
 impl Runner {
@@ -173,7 +173,7 @@ impl Runner {
                     Err(foreign_run(run_id, &workspace))
                 } else if schedule.stopping() {
                     Err(ErrorBody {
-                        code: "run_stopping".into(),
+                        code: ErrorCode::RunStopping,
                         message: format!("run {run_id} is stopping; it takes no new tasks"),
                     })
                 } else {
@@ -198,12 +198,12 @@ impl Runner {
                     Err(foreign_run(run_id, &workspace))
                 } else if schedule.stopping() {
                     Err(ErrorBody {
-                        code: "run_stopping".into(),
+                        code: ErrorCode::RunStopping,
                         message: format!("run {run_id} is stopping; it starts no task again"),
                     })
                 } else if schedule.is_active(&task) {
                     Err(ErrorBody {
-                        code: "already_running".into(),
+                        code: ErrorCode::AlreadyRunning,
                         message: format!("task {task} of run {run_id} is still going"),
                     })
                 } else {

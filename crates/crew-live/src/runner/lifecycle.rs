@@ -10,7 +10,7 @@ use crew_core::provider::RunRequest;
 use crew_core::{CancelRecord, RunId, TaskId};
 
 use super::{RunError, RunSpec, Runner, blocking};
-use crate::control::ErrorBody;
+use crate::control::{ErrorBody, ErrorCode};
 
 impl Runner {
     /// Checks the run can start (before any agent does) and records it as `running`, hosted by
@@ -235,13 +235,13 @@ impl Runner {
             store.update_run(&run, |manifest| {
                 let Some(record) = manifest.task(&task) else {
                     return Ok(Err(ErrorBody {
-                        code: "not_found".into(),
+                        code: ErrorCode::NotFound,
                         message: format!("run {run} has no task {task}"),
                     }));
                 };
                 if record.status == TaskStatus::Succeeded {
                     return Ok(Err(ErrorBody {
-                        code: "succeeded".into(),
+                        code: ErrorCode::Succeeded,
                         message: format!(
                             "task {task} of run {run} already succeeded; for more work, start a new run (its branch is where the work is)"
                         ),
@@ -249,7 +249,7 @@ impl Runner {
                 }
                 if !record.status.is_finished() {
                     return Ok(Err(ErrorBody {
-                        code: "already_running".into(),
+                        code: ErrorCode::AlreadyRunning,
                         message: format!("task {task} of run {run} is {}", record.status),
                     }));
                 }
@@ -261,7 +261,7 @@ impl Runner {
         })
         .await
         .map_err(|error| ErrorBody {
-            code: "state".into(),
+            code: ErrorCode::State,
             message: error.to_string(),
         })??;
         self.announce(run_id, task_id, TaskStatus::Pending, None, Some(requeued));

@@ -31,7 +31,7 @@ use crew_core::provider::{AllocateWorkspaceError, WorkspaceProvider};
 use crew_core::store::StateError;
 use crew_core::{RunId, StateStore, TaskId, Team, Workspace};
 
-use crate::control::ErrorBody;
+use crate::control::{ErrorBody, ErrorCode};
 use crate::host::AgentHost;
 
 mod execute;
@@ -275,7 +275,7 @@ impl Runner {
 
 fn foreign_run(run_id: &RunId, workspace: &crew_core::WorkspaceId) -> ErrorBody {
     ErrorBody {
-        code: "foreign_workspace".into(),
+        code: ErrorCode::ForeignWorkspace,
         message: format!("run {run_id} does not belong to workspace {workspace}"),
     }
 }

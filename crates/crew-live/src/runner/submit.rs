@@ -6,7 +6,7 @@ use crew_core::model::{EventKind, RunEvent, TaskRecord};
 use crew_core::{AgentId, RunId};
 
 use super::{Runner, blocking};
-use crate::control::{ErrorBody, SubmittedTask};
+use crate::control::{ErrorBody, ErrorCode, SubmittedTask};
 
 impl Runner {
     /// Validates an agent-authored plan and adds its tasks to the run, in the run's mode.
@@ -17,7 +17,7 @@ impl Runner {
         submitted: Vec<SubmittedTask>,
     ) -> Result<Vec<TaskRecord>, ErrorBody> {
         let refuse = |message: String| ErrorBody {
-            code: "invalid_tasks".into(),
+            code: ErrorCode::InvalidTasks,
             message,
         };
         let manifest = self
