@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use crew_core::config::LoadConfigError;
 use crew_core::model::RunManifest;
-use crew_core::store::StateError;
 use crew_core::{RunId, Workspace};
 use crew_live::Project;
 use crew_worktree::CrewWorkspaces;
@@ -34,14 +32,13 @@ impl Context {
     /// Discovers the workspace from the current directory and loads its `config.toml`.
     pub fn discover(ui: Ui) -> Result<Self, CliError> {
         let cwd = current_dir()?;
-        let workspace = Workspace::discover(&cwd).map_err(CliError::user)?;
+        let workspace = Workspace::discover(&cwd)?;
         Self::for_workspace(workspace, ui)
     }
 
     pub fn for_workspace(workspace: Workspace, ui: Ui) -> Result<Self, CliError> {
         let project =
-            Project::for_workspace(workspace, |config| Arc::new(CrewWorkspaces::new(config)))
-                .map_err(config_error)?;
+            Project::for_workspace(workspace, |config| Arc::new(CrewWorkspaces::new(config)))?;
         Ok(Context { project, ui })
     }
 
@@ -51,15 +48,7 @@ impl Context {
 
     /// The run a user means by `prefix`.
     pub fn resolve_run(&self, prefix: &str) -> Result<RunId, CliError> {
-        self.store().resolve_run(prefix).map_err(|error| {
-            let hint = matches!(error, StateError::UnknownRun { .. })
-                .then_some("`crew runs list` shows the runs of this workspace");
-            let error = CliError::user(error);
-            match hint {
-                Some(hint) => error.with_hint(hint),
-                None => error,
-            }
-        })
+        Ok(self.store().resolve_run(prefix)?)
     }
 
     pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, CliError> {
@@ -84,24 +73,4 @@ pub fn current_dir() -> Result<std::path::PathBuf, CliError> {
             "it may have been deleted (a removed worktree?): cd into your project and run crew again",
         )
     })
-}
-
-/// A configuration problem is the user's to fix: exit code 2, with the hint when there is one.
-pub fn config_error(error: LoadConfigError) -> CliError {
-    let hint = error.hint();
-    // Every problem of a file on a line of its own, each read like a single one.
-    let error = match error {
-        LoadConfigError::Several(problems) => CliError::user(
-            problems
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\nerror: "),
-        ),
-        error => CliError::user(error),
-    };
-    match hint {
-        Some(hint) => error.with_hint(hint),
-        None => error,
-    }
 }

@@ -3,6 +3,12 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use crew_core::config::LoadConfigError;
+use crew_core::discovery::DiscoverWorkspaceError;
+use crew_core::store::StateError;
+use crew_live::RunError;
+use crew_live::project::FindAgentError;
+
 /// What kind of failure ended a command; each maps to a documented exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -43,6 +49,12 @@ impl CliError {
         self
     }
 
+    /// Adds each of `hints` (an `Option` adds one or none).
+    pub fn with_hints<H: Into<String>>(mut self, hints: impl IntoIterator<Item = H>) -> Self {
+        self.hints.extend(hints.into_iter().map(Into::into));
+        self
+    }
+
     /// `error:` with the message, `caused by:` for each source, then `hint:` lines.
     pub fn render(&self) -> String {
         let mut text = format!("error: {}\n", self.error);
@@ -55,6 +67,121 @@ impl CliError {
             let _ = writeln!(text, "hint: {hint}");
         }
         text
+    }
+}
+
+// How library errors reach the user. Each conversion decides from the error itself whether
+// the request was at fault (exit 2) and what to do about it, so that a command writes `?` and
+// the same error reads the same from every command.
+
+impl From<StateError> for CliError {
+    fn from(error: StateError) -> Self {
+        let hint = match &error {
+            StateError::UnknownRun { .. } => {
+                Some("`crew runs list` shows the runs of this workspace")
+            }
+            StateError::NameTaken { .. } => {
+                Some("pick another name (`crew runs list` shows the runs of this project)")
+            }
+            _ => None,
+        };
+        let user = matches!(
+            error,
+            StateError::UnknownRun { .. }
+                | StateError::AmbiguousRun { .. }
+                | StateError::NameTaken { .. }
+        );
+        let error = if user {
+            CliError::user(error)
+        } else {
+            CliError::internal(error)
+        };
+        error.with_hints(hint)
+    }
+}
+
+impl From<LoadConfigError> for CliError {
+    fn from(error: LoadConfigError) -> Self {
+        let hint = error.hint();
+        // Every problem of a file on a line of its own, each read like a single one.
+        let error = match error {
+            LoadConfigError::Several(problems) => CliError::user(
+                problems
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\nerror: "),
+            ),
+            error => CliError::user(error),
+        };
+        error.with_hints(hint)
+    }
+}
+
+impl From<RunError> for CliError {
+    fn from(error: RunError) -> Self {
+        let hint = error.hint();
+        let user = matches!(
+            error,
+            RunError::Prepare(_)
+                | RunError::NotResumable { .. }
+                | RunError::AlreadyHosted { .. }
+                | RunError::State(StateError::NameTaken { .. })
+        );
+        let error = if user {
+            CliError::user(error)
+        } else {
+            CliError::internal(error)
+        };
+        error.with_hints(hint)
+    }
+}
+
+/// Errors of the request itself: nothing was changed.
+macro_rules! user_errors {
+    ($($error:ty),* $(,)?) => {$(
+        impl From<$error> for CliError {
+            fn from(error: $error) -> Self {
+                CliError::user(error)
+            }
+        }
+    )*};
+}
+
+/// Errors of crew or the machine, not of the request.
+macro_rules! internal_errors {
+    ($($error:ty),* $(,)?) => {$(
+        impl From<$error> for CliError {
+            fn from(error: $error) -> Self {
+                CliError::internal(error)
+            }
+        }
+    )*};
+}
+
+user_errors!(
+    DiscoverWorkspaceError,
+    crew_core::ids::InvalidIdError,
+    crew_core::paths::WorkspacePathError,
+);
+internal_errors!(
+    std::io::Error,
+    serde_json::Error,
+    tokio::task::JoinError,
+    crew_live::control::ControlError,
+    crew_worktree::ListWorktreesError,
+);
+
+impl From<FindAgentError> for CliError {
+    fn from(error: FindAgentError) -> Self {
+        match error {
+            FindAgentError::Ambiguous { .. } => CliError::user(error)
+                .with_hint("name one as <runId>:<taskId>; a unique prefix of the run id is enough"),
+            FindAgentError::Unanswered { .. } => CliError::user(error).with_hint(
+                "retry in a moment; a busy host answers again once its connections close",
+            ),
+            FindAgentError::State(error) => error.into(),
+        }
     }
 }
 

@@ -58,7 +58,7 @@ pub async fn run_here(
         let _ = finished.send(());
         let _ = printer.await;
     }
-    result.map_err(run_error)
+    Ok(result?)
 }
 
 /// Turns SIGINT and SIGTERM into cancels: the first is graceful, the second kills.
@@ -91,25 +91,6 @@ async fn watch_signals(canceller: Canceller, quiet: bool) {
     }
 }
 
-pub fn run_error(error: crew_live::RunError) -> CliError {
-    let hint = error.hint();
-    let user = matches!(
-        error,
-        crew_live::RunError::Prepare(_)
-            | crew_live::RunError::NotResumable { .. }
-            | crew_live::RunError::AlreadyHosted { .. }
-            | crew_live::RunError::State(crew_core::store::StateError::NameTaken { .. })
-    );
-    let error = if user {
-        CliError::user(error)
-    } else {
-        CliError::internal(error)
-    };
-    match hint {
-        Some(hint) => error.with_hint(hint),
-        None => error,
-    }
-}
 
 /// One line per task status change, as the run goes.
 #[allow(clippy::print_stdout)]
@@ -194,7 +175,8 @@ async fn print_progress(
             }
             _ => {}
         }
-        println!("{line}");
+        out!("{line}");
+        // Nobody reading is no error here (see `out!`).
         let _ = std::io::stdout().flush();
     }
 }

@@ -2,6 +2,20 @@
 //! renders their results as human tables or `--json`. Logic a library user would need lives
 //! in the library crates, not here.
 
+/// `println!` for commands that host agents: a reader that stops reading (`crew run | head`)
+/// stops what they print, never their agents (SIGPIPE stays ignored for them, and a failed
+/// write is no reason to abandon a run). `out!(no_newline: …)` is `print!`.
+macro_rules! out {
+    (no_newline: $($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod commands;
 mod context;
 mod error;

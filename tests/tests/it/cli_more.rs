@@ -888,3 +888,50 @@ fn runs_list_shows_the_newest_runs_and_says_how_many_more_there_are() {
         "(the 20 newest of 22 runs; `--all` lists every one, `--limit N` the N newest)\n"
     );
 }
+
+#[test]
+fn a_reader_that_stops_reading_ends_a_listing_quietly_and_never_a_run() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let with_closed_stdout = |args: &[&str]| {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        env.crew_command(&repo)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    // A command that only prints ends as `git log | head` does: by SIGPIPE, saying nothing.
+    let listing = with_closed_stdout(&["completions", "bash"]);
+    assert_eq!(
+        listing.status.signal(),
+        Some(libc::SIGPIPE),
+        "{}",
+        render_output(&listing)
+    );
+    assert_eq!(String::from_utf8_lossy(&listing.stderr), "");
+    // A command hosting agents stops printing, and its run goes on to its end.
+    let run = with_closed_stdout(&[
+        "run",
+        "--agent",
+        "shell",
+        "--workspace-mode",
+        "worktree",
+        "echo done > done.txt",
+    ]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    assert!(
+        !String::from_utf8_lossy(&run.stderr).contains("panicked"),
+        "{}",
+        render_output(&run)
+    );
+    let run_id = run_ids(&env, &repo).remove(0);
+    assert_eq!(manifest(&env, &repo, &run_id)["status"], "completed");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run_id}-shell:done.txt")]),
+        "done\n"
+    );
+}

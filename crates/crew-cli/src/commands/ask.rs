@@ -31,8 +31,7 @@ pub async fn cmd_ask(args: AskArgs, ui: Ui) -> Result<Outcome, CliError> {
             },
             Duration::from_secs(10),
         )
-        .await
-        .map_err(CliError::internal)?;
+        .await?;
     if let Some(error) = response.error {
         return Err(CliError::user(error.message));
     }

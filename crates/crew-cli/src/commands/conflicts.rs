@@ -27,8 +27,7 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
         Some(prefix) => ctx.resolve_run(prefix)?,
         None => ctx
             .store()
-            .run_ids()
-            .map_err(CliError::internal)?
+            .run_ids()?
             .into_iter()
             .next()
             .ok_or_else(|| CliError::user("this workspace has no runs yet"))?,

@@ -32,9 +32,8 @@ pub struct DemoArgs {
 pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     let dir = match args.dir {
         Some(dir) => {
-            std::fs::create_dir_all(&dir).map_err(CliError::internal)?;
-            if std::fs::read_dir(&dir)
-                .map_err(CliError::internal)?
+            std::fs::create_dir_all(&dir)?;
+            if std::fs::read_dir(&dir)?
                 .next()
                 .is_some()
             {
@@ -47,8 +46,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         None => {
             let temp = tempfile::Builder::new()
                 .prefix("crew-demo-")
-                .tempdir()
-                .map_err(CliError::internal)?
+                .tempdir()?
                 .keep();
             Utf8PathBuf::from_path_buf(temp).map_err(|path| {
                 CliError::internal(format!("temp dir {} is not UTF-8", path.display()))
@@ -60,7 +58,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         &[("greeting.txt", GREETING), ("README.md", "# crew demo\n")],
     )
     .map_err(CliError::internal)?;
-    let workspace = Workspace::at_root(dir.as_std_path()).map_err(CliError::user)?;
+    let workspace = Workspace::at_root(dir.as_std_path())?;
     let ctx = Context::for_workspace(workspace, ui)?;
     let tasks = [
         (
@@ -95,11 +93,11 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         agents: BTreeMap::from([("shell".to_owned(), AgentDef::builtin_shell())]),
     };
     if !ui.quiet {
-        println!("crew demo: a repository at {dir} with greeting.txt:\n");
+        out!("crew demo: a repository at {dir} with greeting.txt:\n");
         for line in GREETING.lines() {
-            println!("    {line}");
+            out!("    {line}");
         }
-        println!(
+        out!(
             "\nthree shell agents edit greeting.txt at the same time, each in its own worktree:\n"
         );
     }
@@ -114,16 +112,15 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     };
     let manifest = host
         .create(&spec)
-        .await
-        .map_err(crate::foreground::run_error)?;
+        .await?;
     let manifest =
         crate::foreground::run_here(&ctx, &host, &manifest.run_id, HashMap::new(), !ui.quiet)
             .await?;
     if ui.quiet {
         return Ok(outcome(&manifest));
     }
-    print!("{}", summary(&ctx, &manifest, SummaryFor::RunEnd));
-    println!();
+    out!(no_newline: "{}", summary(&ctx, &manifest, SummaryFor::RunEnd));
+    out!();
     for task in &manifest.tasks {
         let (Some(branch), Some(base)) = (
             task.teardown
@@ -135,7 +132,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         ) else {
             continue;
         };
-        println!(
+        out!(
             "{}",
             ui.paint(&format!("── {} on {branch}", task.id), Style::Bold)
         );
@@ -150,22 +147,22 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
                 None
             };
             match style {
-                Some(style) => println!("{}", ui.paint(line, style)),
-                None => println!("{line}"),
+                Some(style) => out!("{}", ui.paint(line, style)),
+                None => out!("{line}"),
             }
         }
-        println!();
+        out!();
     }
-    let leader = std::fs::read_to_string(dir.join("greeting.txt")).map_err(CliError::internal)?;
+    let leader = std::fs::read_to_string(dir.join("greeting.txt"))?;
     let untouched = if leader == GREETING {
         "untouched"
     } else {
         "CHANGED"
     };
-    println!(
+    out!(
         "the leader's greeting.txt is {untouched}; each agent's work waits on its own branch."
     );
-    println!("look around: cd {dir} && git branch && git log --all --oneline");
-    println!("the demo repository is kept; remove it with: rm -rf {dir}");
+    out!("look around: cd {dir} && git branch && git log --all --oneline");
+    out!("the demo repository is kept; remove it with: rm -rf {dir}");
     Ok(outcome(&manifest))
 }

@@ -38,8 +38,7 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
         Some(prefix) => ctx.resolve_run(prefix)?,
         None => ctx
             .store()
-            .run_ids()
-            .map_err(CliError::internal)?
+            .run_ids()?
             .into_iter()
             .next()
             .ok_or_else(|| {
@@ -54,16 +53,14 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
         let ended = !args.follow
             || ctx
                 .project()
-                .run_ended(&run_id)
-                .map_err(CliError::internal)?;
+                .run_ended(&run_id)?;
         let (events, next) = ctx
             .store()
-            .read_events_since(&run_id, offset)
-            .map_err(CliError::internal)?;
+            .read_events_since(&run_id, offset)?;
         offset = next;
         for event in &events {
             let line = if args.json {
-                let mut value = serde_json::to_value(event).map_err(CliError::internal)?;
+                let mut value = serde_json::to_value(event)?;
                 value["run_id"] = serde_json::Value::String(run_id.to_string());
                 value.to_string()
             } else {

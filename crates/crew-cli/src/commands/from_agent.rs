@@ -15,12 +15,10 @@ pub async fn connect(command: &str) -> Result<(AgentId, WorkspaceId, ControlClie
                 .with_hint("crew sets CREW_AGENT_ID, CREW_SOCKET and CREW_PROJECT_ROOT for every agent it runs")
         })
     };
-    let agent = AgentId::parse(&variable(CREW_AGENT_ID)?).map_err(CliError::user)?;
+    let agent = AgentId::parse(&variable(CREW_AGENT_ID)?)?;
     let socket = variable(CREW_SOCKET)?;
-    let workspace = WorkspaceId::from_path(std::path::Path::new(&variable(CREW_PROJECT_ROOT)?))
-        .map_err(CliError::user)?;
+    let workspace = WorkspaceId::from_path(std::path::Path::new(&variable(CREW_PROJECT_ROOT)?))?;
     let client = ControlClient::connect(camino::Utf8Path::new(&socket))
-        .await
-        .map_err(CliError::internal)?;
+        .await?;
     Ok((agent, workspace, client))
 }

@@ -47,7 +47,7 @@ pub struct InitArgs {}
 #[allow(clippy::print_stdout)]
 pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
     let cwd = crate::context::current_dir()?;
-    let workspace = Workspace::discover(&cwd).map_err(CliError::user)?;
+    let workspace = Workspace::discover(&cwd)?;
     let crew_dir = workspace.crew_dir();
     let mut written = Vec::new();
     let mut kept = Vec::new();
@@ -58,9 +58,9 @@ pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
             continue;
         }
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(CliError::internal)?;
+            std::fs::create_dir_all(parent)?;
         }
-        std::fs::write(&path, contents).map_err(CliError::internal)?;
+        std::fs::write(&path, contents)?;
         written.push(path);
     }
     if !ui.quiet {

@@ -80,11 +80,7 @@ pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
             )),
             _ => None,
         };
-        let error = CliError::user(error);
-        match hint {
-            Some(hint) => error.with_hint(hint),
-            None => error,
-        }
+        CliError::user(error).with_hints(hint)
     })?;
     if !ctx.ui.quiet {
         let names: Vec<&str> = landings
@@ -116,7 +112,7 @@ fn pick(ctx: &Context, targets: &[String]) -> Result<Vec<(RunManifest, TaskId)>,
     let project = ctx.project();
     let mut picked: Vec<(RunManifest, TaskId)> = Vec::new();
     for target in targets {
-        match project.find_task(target).map_err(CliError::user)? {
+        match project.find_task(target)? {
             Some(found) => picked.push(found),
             None => {
                 let manifest = ctx.read_run(&ctx.resolve_run(target)?)?;

@@ -7,7 +7,7 @@ use crew_core::config::{AdHocTeamError, ConfigDir, Parallelism, WorkspaceMode};
 use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
-use crate::context::{Context, config_error};
+use crate::context::Context;
 use crate::foreground::{DETACHED_HOST_LABEL, start_host};
 use crate::summary::{SummaryFor, outcome, summary};
 use crate::ui::Ui;
@@ -97,8 +97,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
     let host = start_host(&ctx, "crew run").await?;
     let manifest = host
         .create(&spec)
-        .await
-        .map_err(crate::foreground::run_error)?;
+        .await?;
     if !ctx.ui.quiet && !args.json {
         print_header(&ctx, &manifest);
     }
@@ -140,7 +139,7 @@ fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<
 
 #[allow(clippy::print_stdout)]
 fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
-    println!(
+    out!(
         "crew: run {} — {} task(s), {} mode, up to {} at once",
         manifest.run_id,
         manifest.tasks.len(),
@@ -148,10 +147,10 @@ fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
         manifest.max_parallel
     );
     if let Some(reason) = &manifest.reason {
-        println!("  {}", ctx.ui.paint(reason, crate::ui::Style::Warn));
+        out!("  {}", ctx.ui.paint(reason, crate::ui::Style::Warn));
     }
     if let Some(warning) = sandbox_warning(ctx) {
-        println!("  {}", ctx.ui.paint(&warning, crate::ui::Style::Warn));
+        out!("  {}", ctx.ui.paint(&warning, crate::ui::Style::Warn));
     }
 }
 
@@ -174,12 +173,12 @@ pub fn print_result(
     json: bool,
 ) -> Result<(), CliError> {
     if json {
-        println!(
+        out!(
             "{}",
-            serde_json::to_string_pretty(manifest).map_err(CliError::internal)?
+            serde_json::to_string_pretty(manifest)?
         );
     } else if !ctx.ui.quiet {
-        print!("{}", summary(ctx, manifest, SummaryFor::RunEnd));
+        out!(no_newline: "{}", summary(ctx, manifest, SummaryFor::RunEnd));
     }
     Ok(())
 }
@@ -195,7 +194,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
             );
         }
         let Some(team) = &args.target else {
-            let teams = config_dir.team_names().map_err(config_error)?;
+            let teams = config_dir.team_names()?;
             let hint = if teams.is_empty() {
                 "`crew init` writes example teams; or run ad hoc: crew run --agent shell \"echo hello\"".to_owned()
             } else {
@@ -206,7 +205,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
             )
             .with_hint(hint));
         };
-        return config_dir.load_team(team).map_err(config_error);
+        return Ok(config_dir.load_team(team)?);
     };
     let mut tasks: Vec<(String, String)> = Vec::new();
     for task in &args.tasks {
@@ -238,7 +237,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
     config_dir
         .ad_hoc_team(agent_name, tasks)
         .map_err(|error| match error {
-            AdHocTeamError::Agent(error) => config_error(error),
+            AdHocTeamError::Agent(error) => CliError::from(error),
             AdHocTeamError::Tasks(message) => CliError::user(format!("--task: {message}")),
         })
 }
@@ -251,24 +250,22 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let manifest = host
         .runner()
         .create(spec, None)
-        .await
-        .map_err(crate::foreground::run_error)?;
+        .await?;
     drop(host);
     let run_id = manifest.run_id.clone();
     let log_path = ctx.store().run_dir(&run_id).join("host.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
-        .map_err(CliError::internal)?;
-    let exe = std::env::current_exe().map_err(CliError::internal)?;
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
     let mut command = std::process::Command::new(exe);
     command
         .args(["host", run_id.as_str(), "--color", "never"])
         .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().map_err(CliError::internal)?)
+        .stdout(log.try_clone()?)
         .stderr(log);
-    let mut child = command.spawn().map_err(CliError::internal)?;
+    let mut child = command.spawn()?;
     let pid = child.id();
     let started = std::time::Instant::now();
     loop {
@@ -293,9 +290,9 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    println!("{run_id}");
+    out!("{run_id}");
     if !ctx.ui.quiet && ctx.ui.terminal {
-        println!(
+        out!(
             "  running in the background (pid {pid}); follow it with `crew agents list` and `crew runs show {run_id}`"
         );
     }
@@ -315,8 +312,7 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let host = start_host(&ctx, DETACHED_HOST_LABEL).await?;
     host.take_over(&args.run)
-        .await
-        .map_err(crate::foreground::run_error)?;
+        .await?;
     let manifest =
         crate::foreground::run_here(&ctx, &host, &args.run, HashMap::new(), true).await?;
     print_result(&ctx, &manifest, false)?;

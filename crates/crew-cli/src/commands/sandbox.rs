@@ -4,7 +4,7 @@ use camino::Utf8PathBuf;
 use crew_core::config::{AgentDef, SandboxMode};
 use serde::Serialize;
 
-use crate::context::{Context, config_error};
+use crate::context::Context;
 use crate::ui::{Style, Ui};
 use crate::{CliError, Outcome};
 
@@ -68,7 +68,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
     let ctx = Context::discover(ui)?;
     let config = ctx.config_dir();
     let names = if args.agents.is_empty() {
-        let mut names = config.agent_names().map_err(config_error)?;
+        let mut names = config.agent_names()?;
         if !names
             .iter()
             .any(|name| name == crew_core::config::BUILTIN_SHELL_AGENT)
@@ -82,12 +82,9 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
     let definitions: Vec<AgentDef> = names
         .iter()
         .map(|name| config.load_agent(name))
-        .collect::<Result<_, _>>()
-        .map_err(config_error)?;
+        .collect::<Result<_, _>>()?;
     let probe = tokio::task::spawn_blocking(crew_live::sandbox::probe)
-        .await
-        .map_err(CliError::internal)?
-        .map_err(CliError::internal)?;
+        .await??;
     let home = std::env::var("HOME").ok().map(Utf8PathBuf::from);
     let agents = definitions
         .iter()
@@ -121,7 +118,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).map_err(CliError::internal)?
+            serde_json::to_string_pretty(&report)?
         );
         return Ok(Outcome::Success);
     }

@@ -33,9 +33,9 @@ pub async fn cmd_submit(args: SubmitArgs, ui: Ui) -> Result<Outcome, CliError> {
     let tasks = match &args.json {
         Some(source) => {
             let text = if source == "-" {
-                std::io::read_to_string(std::io::stdin()).map_err(CliError::internal)?
+                std::io::read_to_string(std::io::stdin())?
             } else {
-                std::fs::read_to_string(source).map_err(CliError::user)?
+                std::fs::read_to_string(source)?
             };
             serde_json::from_str::<Vec<SubmittedTask>>(&text).map_err(|error| {
                 CliError::user(format!("the submitted plan is not valid: {error}"))
@@ -69,8 +69,7 @@ pub async fn cmd_submit(args: SubmitArgs, ui: Ui) -> Result<Outcome, CliError> {
             Op::SubmitTasks { agent, tasks },
             Duration::from_secs(30),
         )
-        .await
-        .map_err(CliError::internal)?;
+        .await?;
     if let Some(error) = response.error {
         return Err(CliError::user(error.message));
     }

@@ -166,7 +166,7 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(rows).map_err(CliError::internal)?
+            serde_json::to_string_pretty(rows)?
         );
         return Ok(());
     }

@@ -80,13 +80,12 @@ fn print_from(
     let Ok(mut file) = crew_core::fsutil::open_nofollow(path) else {
         return Ok(offset);
     };
-    file.seek(SeekFrom::Start(offset))
-        .map_err(CliError::internal)?;
+    file.seek(SeekFrom::Start(offset))?;
     let mut stdout = std::io::stdout().lock();
     let mut buffer = vec![0u8; 64 * 1024];
     let mut pending: Vec<u8> = Vec::new();
     loop {
-        let read = file.read(&mut buffer).map_err(CliError::internal)?;
+        let read = file.read(&mut buffer)?;
         if read == 0 && (pending.is_empty() || !at_end) {
             break;
         }

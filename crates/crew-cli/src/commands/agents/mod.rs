@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use crew_core::TaskId;
 use crew_core::model::{HostRecord, RunManifest, TaskStatus};
 use crew_live::control::{Op, Response};
-use crew_live::{AgentSnapshot, ControlAgentError, FindAgentError};
+use crew_live::{AgentSnapshot, ControlAgentError};
 
 use crate::context::Context;
 use crate::foreground::start_host;
@@ -55,12 +55,12 @@ pub async fn find_live(
     ctx: &Context,
     spec: &str,
 ) -> Result<Option<(AgentSnapshot, HostRecord)>, CliError> {
-    ctx.project().find_live(spec).await.map_err(find_error)
+    Ok(ctx.project().find_live(spec).await?)
 }
 
 /// A task of any run of the workspace, as `spec` names it.
 pub fn find_task(ctx: &Context, spec: &str) -> Result<Option<(RunManifest, TaskId)>, CliError> {
-    ctx.project().find_task(spec).map_err(find_error)
+    Ok(ctx.project().find_task(spec)?)
 }
 
 pub fn not_live(ctx: &Context, spec: &str) -> CliError {
@@ -81,7 +81,7 @@ pub async fn send(
         .control(spec, op)
         .await
         .map_err(|error| match error {
-            ControlAgentError::Find(error) => find_error(error),
+            ControlAgentError::Find(error) => error.into(),
             // A task waiting for an answer in a run nobody hosts any more (cancelled, or its
             // host died): say so, and what can be done with it.
             ControlAgentError::NotLive {
@@ -101,16 +101,6 @@ pub async fn send(
             ControlAgentError::Host(error) => CliError::internal(error),
             ControlAgentError::Refused { message, .. } => CliError::user(message),
         })
-}
-
-fn find_error(error: FindAgentError) -> CliError {
-    match error {
-        FindAgentError::Ambiguous { .. } => CliError::user(error)
-            .with_hint("name one as <runId>:<taskId>; a unique prefix of the run id is enough"),
-        FindAgentError::Unanswered { .. } => CliError::user(error)
-            .with_hint("retry in a moment; a busy host answers again once its connections close"),
-        FindAgentError::State(error) => CliError::internal(error),
-    }
 }
 
 /// Hosts the run of a task that has no live host, here, going on with `answer` for it when it
@@ -134,11 +124,10 @@ pub async fn host_again(
     }
     let host = start_host(ctx, "crew agents").await?;
     host.prepare_resume(&manifest.run_id)
-        .await
-        .map_err(crate::foreground::run_error)?;
+        .await?;
     // Said once the run is really taken up, never before a refusal.
     if !ctx.ui.quiet {
-        println!(
+        out!(
             "crew: run {} has no live host; hosting it here until it ends (Ctrl-C stops it and keeps the work)",
             manifest.run_id
         );

@@ -47,8 +47,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
                 manifest.reason = Some("cancelled after its host was gone".into());
                 manifest.cancelled_by.get_or_insert(by);
                 Ok(())
-            })
-            .map_err(CliError::internal)?;
+            })?;
         let _ = ctx.store().append_event(&run_id, &event);
         if !ui.quiet {
             println!("run {run_id} cancelled (its host was gone)");
@@ -77,8 +76,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
                 force: args.force,
             },
         )
-        .await
-        .map_err(CliError::internal)?;
+        .await?;
     if let Some(error) = response.error {
         return Err(CliError::user(error.message));
     }

@@ -59,8 +59,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
         };
         let provider = provider.clone();
         let result = tokio::task::spawn_blocking(move || provider.teardown(&workspace, &request))
-            .await
-            .map_err(CliError::internal)?;
+            .await?;
         match result {
             Ok(report) => {
                 if !ui.quiet {
@@ -94,8 +93,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
         .with_hint("see `crew worktrees list`; `--force` removes the run's state anyway (the workspaces stay)"));
     }
     ctx.store()
-        .remove_run(&run_id)
-        .map_err(CliError::internal)?;
+        .remove_run(&run_id)?;
     if !ui.quiet {
         println!("removed run {run_id}");
     }

@@ -54,8 +54,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     let limit = if args.all { usize::MAX } else { args.limit };
     let (listings, total) = ctx
         .store()
-        .list_newest_runs(limit)
-        .map_err(CliError::internal)?;
+        .list_newest_runs(limit)?;
     let shown = listings.len();
     let mut rows = Vec::new();
     for listing in listings {
@@ -98,7 +97,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rows).map_err(CliError::internal)?
+            serde_json::to_string_pretty(&rows)?
         );
         return Ok(Outcome::Success);
     }

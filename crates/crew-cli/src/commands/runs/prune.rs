@@ -25,13 +25,12 @@ pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcom
     ctx.reconcile()?;
     let report = ctx
         .store()
-        .prune(&ctx.config().retention, SystemTime::now(), args.dry_run)
-        .map_err(CliError::internal)?;
+        .prune(&ctx.config().retention, SystemTime::now(), args.dry_run)?;
     if args.json {
         let json = serde_json::json!({ "pruned": report.pruned, "kept": report.kept, "dry_run": args.dry_run });
         println!(
             "{}",
-            serde_json::to_string_pretty(&json).map_err(CliError::internal)?
+            serde_json::to_string_pretty(&json)?
         );
     } else if !ui.quiet {
         let verb = if args.dry_run {

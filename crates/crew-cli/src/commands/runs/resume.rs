@@ -26,8 +26,7 @@ pub async fn cmd_runs_resume(args: ResumeArgs, ui: crate::ui::Ui) -> Result<Outc
     let run_id = ctx.resolve_run(&args.run)?;
     let host = start_host(&ctx, "crew runs resume").await?;
     host.prepare_resume(&run_id)
-        .await
-        .map_err(crate::foreground::run_error)?;
+        .await?;
     let manifest = crate::foreground::run_here(
         &ctx,
         &host,

@@ -22,7 +22,7 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&manifest).map_err(CliError::internal)?
+            serde_json::to_string_pretty(&manifest)?
         );
         return Ok(Outcome::Success);
     }

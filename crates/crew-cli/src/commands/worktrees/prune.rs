@@ -31,12 +31,11 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
             ctx.workspace().root()
         )));
     };
-    let report = listing::prune(repo_root, &ctx.config().worktree, ctx.store(), args.dry_run)
-        .map_err(CliError::internal)?;
+    let report = listing::prune(repo_root, &ctx.config().worktree, ctx.store(), args.dry_run)?;
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).map_err(CliError::internal)?
+            serde_json::to_string_pretty(&report)?
         );
         return Ok(Outcome::Success);
     }
