@@ -91,7 +91,6 @@ async fn watch_signals(canceller: Canceller, quiet: bool) {
     }
 }
 
-
 /// One line per task status change, as the run goes.
 #[allow(clippy::print_stdout)]
 async fn print_progress(

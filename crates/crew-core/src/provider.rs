@@ -146,15 +146,27 @@ pub enum AllocateErrorKind {
 }
 
 /// A workspace that could not be allocated. Nothing of it is left behind.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
+#[derive(Debug)]
 pub struct AllocateWorkspaceError {
     pub kind: AllocateErrorKind,
     pub message: String,
     /// What the user can do about it.
     pub hint: Option<String>,
-    #[source]
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// The provider's own error, whose message `message` is: its type stays available (a
+    /// caller may downcast it), and its causes are this error's causes.
+    pub error: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl fmt::Display for AllocateWorkspaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for AllocateWorkspaceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.as_deref()?.source()
+    }
 }
 
 /// What the task's end means for its workspace.

@@ -201,7 +201,7 @@ impl PrepareWorktreeError {
             kind: self.kind(),
             message: self.to_string(),
             hint: self.hint(),
-            source: std::error::Error::source(&self).map(|source| source.to_string().into()),
+            error: Some(Box::new(self)),
         }
     }
 }

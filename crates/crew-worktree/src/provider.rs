@@ -238,7 +238,7 @@ impl CrewWorkspaces {
                 "pick another name, or merge or delete the branch first (`crew worktrees list` shows crew's branches)"
                     .to_owned(),
             ),
-            source: None,
+            error: None,
         })
     }
 

@@ -33,10 +33,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     let dir = match args.dir {
         Some(dir) => {
             std::fs::create_dir_all(&dir)?;
-            if std::fs::read_dir(&dir)?
-                .next()
-                .is_some()
-            {
+            if std::fs::read_dir(&dir)?.next().is_some() {
                 return Err(CliError::user(format!(
                     "{dir} is not empty; the demo needs an empty directory"
                 )));
@@ -110,9 +107,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
         fail_fast: None,
         name: None,
     };
-    let manifest = host
-        .create(&spec)
-        .await?;
+    let manifest = host.create(&spec).await?;
     let manifest =
         crate::foreground::run_here(&ctx, &host, &manifest.run_id, HashMap::new(), !ui.quiet)
             .await?;
@@ -159,9 +154,7 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     } else {
         "CHANGED"
     };
-    out!(
-        "the leader's greeting.txt is {untouched}; each agent's work waits on its own branch."
-    );
+    out!("the leader's greeting.txt is {untouched}; each agent's work waits on its own branch.");
     out!("look around: cd {dir} && git branch && git log --all --oneline");
     out!("the demo repository is kept; remove it with: rm -rf {dir}");
     Ok(outcome(&manifest))

@@ -30,9 +30,7 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
         CliError::user("this workspace is not in a git repository: its tasks have no branches")
     })?;
     // A task first (`api`, `run:api`), then a run.
-    let found = ctx
-        .project()
-        .find_task(&args.target)?;
+    let found = ctx.project().find_task(&args.target)?;
     let (manifest, only) = match found {
         Some((manifest, task)) => (manifest, Some(task)),
         None => (ctx.read_run(&ctx.resolve_run(&args.target)?)?, None),

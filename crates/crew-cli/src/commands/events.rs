@@ -36,27 +36,16 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
     ctx.reconcile()?;
     let run_id = match &args.run {
         Some(prefix) => ctx.resolve_run(prefix)?,
-        None => ctx
-            .store()
-            .run_ids()?
-            .into_iter()
-            .next()
-            .ok_or_else(|| {
-                CliError::user("this workspace has no runs yet")
-                    .with_hint("start one with `crew run`")
-            })?,
+        None => ctx.store().run_ids()?.into_iter().next().ok_or_else(|| {
+            CliError::user("this workspace has no runs yet").with_hint("start one with `crew run`")
+        })?,
     };
     let mut offset = 0;
     let mut stdout = std::io::stdout().lock();
     loop {
         // Whether the run was over before this read: then this read holds its last events.
-        let ended = !args.follow
-            || ctx
-                .project()
-                .run_ended(&run_id)?;
-        let (events, next) = ctx
-            .store()
-            .read_events_since(&run_id, offset)?;
+        let ended = !args.follow || ctx.project().run_ended(&run_id)?;
+        let (events, next) = ctx.store().read_events_since(&run_id, offset)?;
         offset = next;
         for event in &events {
             let line = if args.json {

@@ -18,7 +18,6 @@ pub async fn connect(command: &str) -> Result<(AgentId, WorkspaceId, ControlClie
     let agent = AgentId::parse(&variable(CREW_AGENT_ID)?)?;
     let socket = variable(CREW_SOCKET)?;
     let workspace = WorkspaceId::from_path(std::path::Path::new(&variable(CREW_PROJECT_ROOT)?))?;
-    let client = ControlClient::connect(camino::Utf8Path::new(&socket))
-        .await?;
+    let client = ControlClient::connect(camino::Utf8Path::new(&socket)).await?;
     Ok((agent, workspace, client))
 }

@@ -95,9 +95,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         return detach(&ctx, &spec).await;
     }
     let host = start_host(&ctx, "crew run").await?;
-    let manifest = host
-        .create(&spec)
-        .await?;
+    let manifest = host.create(&spec).await?;
     if !ctx.ui.quiet && !args.json {
         print_header(&ctx, &manifest);
     }
@@ -173,10 +171,7 @@ pub fn print_result(
     json: bool,
 ) -> Result<(), CliError> {
     if json {
-        out!(
-            "{}",
-            serde_json::to_string_pretty(manifest)?
-        );
+        out!("{}", serde_json::to_string_pretty(manifest)?);
     } else if !ctx.ui.quiet {
         out!(no_newline: "{}", summary(ctx, manifest, SummaryFor::RunEnd));
     }
@@ -247,10 +242,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
 #[allow(clippy::print_stdout)]
 async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let host = start_host(ctx, DETACHED_HOST_LABEL).await?;
-    let manifest = host
-        .runner()
-        .create(spec, None)
-        .await?;
+    let manifest = host.runner().create(spec, None).await?;
     drop(host);
     let run_id = manifest.run_id.clone();
     let log_path = ctx.store().run_dir(&run_id).join("host.log");
@@ -311,8 +303,7 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
     let _ = rustix::process::setsid();
     let ctx = Context::discover(ui)?;
     let host = start_host(&ctx, DETACHED_HOST_LABEL).await?;
-    host.take_over(&args.run)
-        .await?;
+    host.take_over(&args.run).await?;
     let manifest =
         crate::foreground::run_here(&ctx, &host, &args.run, HashMap::new(), true).await?;
     print_result(&ctx, &manifest, false)?;

@@ -83,8 +83,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         .iter()
         .map(|name| config.load_agent(name))
         .collect::<Result<_, _>>()?;
-    let probe = tokio::task::spawn_blocking(crew_live::sandbox::probe)
-        .await??;
+    let probe = tokio::task::spawn_blocking(crew_live::sandbox::probe).await??;
     let home = std::env::var("HOME").ok().map(Utf8PathBuf::from);
     let agents = definitions
         .iter()
@@ -116,10 +115,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         agents,
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report)?
-        );
+        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(Outcome::Success);
     }
     print!("{}", render(&ctx, &report));

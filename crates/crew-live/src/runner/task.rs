@@ -15,12 +15,13 @@ use std::time::Duration;
 use camino::Utf8PathBuf;
 use tokio::sync::{mpsc, watch};
 
-use crew_core::config::{AgentDef, ConfigDir};
+use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
 use crew_core::model::{
     ExitRecord, RunManifest, TaskRecord, TaskStatus, TransitionError, WorkspaceRecord,
 };
 use crew_core::provider::{
-    TaskWorkspace, TeardownRequest, UpstreamWork, WorkspaceKind, WorkspaceRequest,
+    AllocateWorkspaceError, TaskWorkspace, TeardownRequest, UpstreamWork, WorkspaceKind,
+    WorkspaceRequest,
 };
 use crew_core::{AgentId, RunId, TaskId};
 
@@ -52,6 +53,30 @@ pub(super) struct RunContext {
     release: watch::Sender<bool>,
     /// Where the work of each torn-down task went: its branch, or the kept directory.
     saved: Mutex<Vec<String>>,
+}
+
+/// Why a task could not get its agent's definition or its workspace.
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    #[error(transparent)]
+    Agent(#[from] LoadConfigError),
+    #[error(transparent)]
+    Workspace(#[from] AllocateWorkspaceError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+impl PrepareError {
+    /// The task's recorded reason: the message, and what to do about it.
+    fn reason(&self) -> String {
+        match self {
+            PrepareError::Workspace(error) => match &error.hint {
+                Some(hint) => format!("{}\nhint: {hint}", error.message),
+                None => error.message.clone(),
+            },
+            error => error.to_string(),
+        }
+    }
 }
 
 /// How a task's agent ended, before the task's status is decided.
@@ -152,7 +177,7 @@ impl RunContext {
         *self.cancel.borrow()
     }
 
-    fn agent_definition(&self, name: &str) -> Result<AgentDef, String> {
+    fn agent_definition(&self, name: &str) -> Result<AgentDef, PrepareError> {
         let mut agents = self
             .agents
             .lock()
@@ -160,9 +185,7 @@ impl RunContext {
         if let Some(found) = agents.get(name) {
             return Ok(found.clone());
         }
-        let definition = ConfigDir::new(self.runner.workspace.crew_dir())
-            .load_agent(name)
-            .map_err(|error| error.to_string())?;
+        let definition = ConfigDir::new(self.runner.workspace.crew_dir()).load_agent(name)?;
         agents.insert(name.to_owned(), definition.clone());
         Ok(definition)
     }
@@ -194,18 +217,10 @@ impl RunContext {
         })
     }
 
-    async fn allocate(&self, task: &TaskRecord) -> Result<TaskWorkspace, String> {
-        let request = self
-            .workspace_request(task)
-            .await
-            .map_err(|error| error.to_string())?;
+    async fn allocate(&self, task: &TaskRecord) -> Result<TaskWorkspace, PrepareError> {
+        let request = self.workspace_request(task).await?;
         let provider = self.runner.provider.clone();
-        let allocated = blocking(move || provider.allocate(&request))
-            .await
-            .map_err(|error| match &error.hint {
-                Some(hint) => format!("{}\nhint: {hint}", error.message),
-                None => error.message.clone(),
-            })?;
+        let allocated = blocking(move || provider.allocate(&request)).await?;
         let record = WorkspaceRecord::of(&allocated);
         let warnings = allocated.warnings.clone();
         let task_id = task.id.clone();
@@ -263,8 +278,8 @@ impl RunContext {
         };
         match prepared {
             Ok(prepared) => Some(prepared),
-            Err(reason) => {
-                self.record_status(&task.id, TaskStatus::Failed, Some(reason))
+            Err(error) => {
+                self.record_status(&task.id, TaskStatus::Failed, Some(error.reason()))
                     .await;
                 None
             }

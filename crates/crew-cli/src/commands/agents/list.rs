@@ -164,10 +164,7 @@ pub async fn rows(
 #[allow(clippy::print_stdout)]
 fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(rows)?
-        );
+        println!("{}", serde_json::to_string_pretty(rows)?);
         return Ok(());
     }
     if rows.is_empty() {

@@ -123,8 +123,7 @@ pub async fn host_again(
         .with_hint("for more work, start a new run (its branch is where the work is)"));
     }
     let host = start_host(ctx, "crew agents").await?;
-    host.prepare_resume(&manifest.run_id)
-        .await?;
+    host.prepare_resume(&manifest.run_id).await?;
     // Said once the run is really taken up, never before a refusal.
     if !ctx.ui.quiet {
         out!(

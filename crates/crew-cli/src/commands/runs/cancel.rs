@@ -41,13 +41,12 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
             None,
             crew_core::model::EventKind::CancelRequested { by: by.clone() },
         );
-        ctx.store()
-            .update_run(&run_id, |manifest| {
-                manifest.set_status(RunStatus::Cancelled)?;
-                manifest.reason = Some("cancelled after its host was gone".into());
-                manifest.cancelled_by.get_or_insert(by);
-                Ok(())
-            })?;
+        ctx.store().update_run(&run_id, |manifest| {
+            manifest.set_status(RunStatus::Cancelled)?;
+            manifest.reason = Some("cancelled after its host was gone".into());
+            manifest.cancelled_by.get_or_insert(by);
+            Ok(())
+        })?;
         let _ = ctx.store().append_event(&run_id, &event);
         if !ui.quiet {
             println!("run {run_id} cancelled (its host was gone)");

@@ -58,8 +58,8 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
             keep: false,
         };
         let provider = provider.clone();
-        let result = tokio::task::spawn_blocking(move || provider.teardown(&workspace, &request))
-            .await?;
+        let result =
+            tokio::task::spawn_blocking(move || provider.teardown(&workspace, &request)).await?;
         match result {
             Ok(report) => {
                 if !ui.quiet {
@@ -92,8 +92,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
         ))
         .with_hint("see `crew worktrees list`; `--force` removes the run's state anyway (the workspaces stay)"));
     }
-    ctx.store()
-        .remove_run(&run_id)?;
+    ctx.store().remove_run(&run_id)?;
     if !ui.quiet {
         println!("removed run {run_id}");
     }

@@ -52,9 +52,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         crate::commands::worktrees::warn_attention(&ctx);
     }
     let limit = if args.all { usize::MAX } else { args.limit };
-    let (listings, total) = ctx
-        .store()
-        .list_newest_runs(limit)?;
+    let (listings, total) = ctx.store().list_newest_runs(limit)?;
     let shown = listings.len();
     let mut rows = Vec::new();
     for listing in listings {
@@ -95,10 +93,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         });
     }
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows)?
-        );
+        println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(Outcome::Success);
     }
     if rows.is_empty() {

@@ -28,10 +28,7 @@ pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcom
         .prune(&ctx.config().retention, SystemTime::now(), args.dry_run)?;
     if args.json {
         let json = serde_json::json!({ "pruned": report.pruned, "kept": report.kept, "dry_run": args.dry_run });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json)?
-        );
+        println!("{}", serde_json::to_string_pretty(&json)?);
     } else if !ui.quiet {
         let verb = if args.dry_run {
             "would remove"

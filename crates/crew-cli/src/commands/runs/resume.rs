@@ -25,8 +25,7 @@ pub async fn cmd_runs_resume(args: ResumeArgs, ui: crate::ui::Ui) -> Result<Outc
     ctx.reconcile()?;
     let run_id = ctx.resolve_run(&args.run)?;
     let host = start_host(&ctx, "crew runs resume").await?;
-    host.prepare_resume(&run_id)
-        .await?;
+    host.prepare_resume(&run_id).await?;
     let manifest = crate::foreground::run_here(
         &ctx,
         &host,

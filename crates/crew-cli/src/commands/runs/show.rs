@@ -20,10 +20,7 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
     let run_id = ctx.resolve_run(&args.run)?;
     let manifest = ctx.read_run(&run_id)?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&manifest)?
-        );
+        println!("{}", serde_json::to_string_pretty(&manifest)?);
         return Ok(Outcome::Success);
     }
     let team = manifest.team.as_deref().unwrap_or("-");

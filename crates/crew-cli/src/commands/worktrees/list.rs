@@ -30,10 +30,7 @@ pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Out
         )));
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&listing)?
-        );
+        println!("{}", serde_json::to_string_pretty(&listing)?);
         return Ok(Outcome::Success);
     }
     if listing.worktrees.is_empty() {

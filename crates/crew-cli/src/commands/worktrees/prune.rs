@@ -33,10 +33,7 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
     };
     let report = listing::prune(repo_root, &ctx.config().worktree, ctx.store(), args.dry_run)?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report)?
-        );
+        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(Outcome::Success);
     }
     if ui.quiet {
