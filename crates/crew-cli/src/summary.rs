@@ -207,6 +207,9 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         let preserved_reason = report
             .and_then(|report| report.preserved_reason.as_deref())
             .map(|reason| format!("teardown: {reason}"));
+        if let Some(usage) = &task.usage {
+            next.push(format!("# {}: {usage}", task.id));
+        }
         for warning in &task.warnings {
             if Some(warning) == preserved_reason.as_ref() {
                 continue;
@@ -217,6 +220,14 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 sanitize_lines(warning, "  #   ")
             ));
         }
+    }
+    if let (Some(usage), known) = manifest.usage()
+        && manifest.tasks.len() > 1
+    {
+        next.push(format!(
+            "# the run: {usage} ({known} of {} tasks report usage)",
+            manifest.tasks.len()
+        ));
     }
     if reader == SummaryFor::Review {
         for overlap in overlaps(ctx, manifest) {

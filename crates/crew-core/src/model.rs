@@ -375,6 +375,86 @@ pub struct TaskRecord {
     /// How the kernel confined the agent's latest start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxRecord>,
+    /// The session the agent's protocol reported: what a resume takes up again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// Tokens and cost, summed over every turn of every start, when the agent's protocol
+    /// reports them. Unknown stays unknown: absent, never zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Tokens and cost of an agent's turns, as its protocol reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_input_tokens: u64,
+    #[serde(default)]
+    pub cache_creation_input_tokens: u64,
+    /// In US dollars; `None` when any turn counted here did not say.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    #[serde(default)]
+    pub turns: u32,
+}
+
+impl fmt::Display for Usage {
+    /// `12.3k tokens in, 4.5k out, $0.0123, 3 turns` (cache reads count as input).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let input =
+            self.input_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens;
+        write!(
+            f,
+            "{} tokens in, {} out",
+            Usage::count(input),
+            Usage::count(self.output_tokens)
+        )?;
+        if let Some(cost) = self.cost_usd {
+            write!(f, ", {}", Usage::dollars(cost))?;
+        }
+        write!(f, ", {} turn(s)", self.turns)
+    }
+}
+
+impl Usage {
+    /// A cost as people read it: `$0.0123`, `$1.25`.
+    pub fn dollars(cost: f64) -> String {
+        if cost < 1.0 {
+            format!("${cost:.4}")
+        } else {
+            format!("${cost:.2}")
+        }
+    }
+
+    fn count(tokens: u64) -> String {
+        match tokens {
+            0..1_000 => tokens.to_string(),
+            1_000..1_000_000 => format!("{:.1}k", tokens as f64 / 1e3),
+            _ => format!("{:.1}M", tokens as f64 / 1e6),
+        }
+    }
+
+    /// Both counted together. The cost is known only when both knew it.
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens + other.input_tokens,
+            output_tokens: self.output_tokens + other.output_tokens,
+            cache_read_input_tokens: self.cache_read_input_tokens + other.cache_read_input_tokens,
+            cache_creation_input_tokens: self.cache_creation_input_tokens
+                + other.cache_creation_input_tokens,
+            cost_usd: self.cost_usd.zip(other.cost_usd).map(|(a, b)| a + b),
+            turns: self.turns + other.turns,
+        }
+    }
+
+    /// Every usage of `usages` counted together; `None` when there is none.
+    pub fn sum(usages: impl IntoIterator<Item = Usage>) -> Option<Usage> {
+        usages.into_iter().reduce(Usage::plus)
+    }
 }
 
 impl TaskRecord {
@@ -412,6 +492,8 @@ impl TaskRecord {
             question: None,
             attempts: 0,
             sandbox: None,
+            session_id: None,
+            usage: None,
         }
     }
 }
@@ -579,6 +661,13 @@ pub struct RunGlance {
 }
 
 impl RunManifest {
+    /// The tokens and cost of every task that reports them, and how many do.
+    pub fn usage(&self) -> (Option<Usage>, usize) {
+        let known: Vec<Usage> = self.tasks.iter().filter_map(|task| task.usage).collect();
+        let count = known.len();
+        (Usage::sum(known), count)
+    }
+
     /// A new `running` run of `cwd` with `tasks`, created now, hosted by nobody yet.
     pub fn new(
         run_id: RunId,
@@ -725,6 +814,10 @@ pub enum EventKind {
     /// Someone asked for the run to be cancelled.
     CancelRequested {
         by: CancelRecord,
+    },
+    /// A task's tokens and cost so far, when its agent's protocol reports them.
+    Usage {
+        usage: Usage,
     },
 }
 

@@ -30,9 +30,9 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crew_core::config::{AgentDef, SteerMode, fill_template};
+use crew_core::config::{AgentDef, Protocol, SteerMode, fill_template};
 use crew_core::env_vars;
-use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp};
+use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage};
 use crew_core::{AgentId, WorkspaceId};
 
 use crate::env::{BaseEnv, agent_env};
@@ -40,6 +40,7 @@ use crate::error::{AgentOpError, SpawnAgentError};
 use crate::events::{AgentEvent, OutputStream, answer, emit};
 use crate::output::{LogWriter, OutputSink, OutputTail, drain};
 use crate::procscan;
+use crate::protocol::ProtocolEvent;
 use crate::sandbox::{self, SandboxPlan};
 use crate::spawn::{LeftoverCount, Spawner, guard_with_warden};
 
@@ -77,6 +78,9 @@ pub struct AgentSpec {
     /// Variables crew sets for this kind of workspace (such as `GIT_CEILING_DIRECTORIES`, so
     /// that git in a workspace inside the project never finds the project's repository).
     pub workspace_env: Vec<(String, String)>,
+    /// The session an earlier start reported (see `Protocol`): what `{session_id}` in the
+    /// resume template takes up, until the agent reports one itself.
+    pub session_id: Option<String>,
 }
 
 /// Whether the agent's process is alive.
@@ -109,6 +113,15 @@ pub struct AgentStatus {
     pub closed: bool,
     /// How the kernel confined its latest process.
     pub sandbox: Option<SandboxRecord>,
+    /// The session the agent's protocol reported.
+    pub session_id: Option<String>,
+    /// Tokens and cost of its turns so far (this host's starts), when its protocol reports
+    /// them.
+    pub usage: Option<Usage>,
+    /// Why its last turn failed, when its protocol said.
+    pub turn_error: Option<String>,
+    /// Output that did not follow the agent's protocol (shown as plain lines).
+    pub protocol_warning: Option<String>,
 }
 
 impl AgentStatus {
@@ -183,7 +196,8 @@ struct Running {
     pid: u32,
     stdin: Option<ChildStdin>,
     readers: Vec<JoinHandle<()>>,
-    turn_ended: mpsc::UnboundedReceiver<()>,
+    /// What the agent's protocol says: sessions, ends of turns (see `OutputSink::supervisor`).
+    protocol: mpsc::UnboundedReceiver<ProtocolEvent>,
     sandbox: SandboxRecord,
     /// How many processes the warden killed after the agent exited.
     leftovers: LeftoverCount,
@@ -202,7 +216,7 @@ pub(crate) struct Started {
 /// started is an error for this agent only.
 pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
     let tail = Arc::new(Mutex::new(OutputTail::default()));
-    let running = launch(&spec, &launcher, &tail, None).await?;
+    let running = launch(&spec, &launcher, &tail, None, spec.session_id.as_deref()).await?;
     // The first `Started` event is sent by the host once the agent is registered, so that a
     // subscriber reacting to it finds the agent.
     let status = AgentStatus {
@@ -215,6 +229,10 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         queued_follow_ups: 0,
         closed: false,
         sandbox: Some(running.sandbox.clone()),
+        session_id: None,
+        usage: None,
+        turn_error: None,
+        protocol_warning: None,
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -238,6 +256,10 @@ pub(crate) fn start_idle(
         queued_follow_ups: 0,
         closed: false,
         sandbox: None,
+        session_id: None,
+        usage: None,
+        turn_error: None,
+        protocol_warning: None,
     };
     supervise_from(
         spec,
@@ -284,11 +306,29 @@ async fn launch(
     launcher: &Launcher,
     tail: &Arc<Mutex<OutputTail>>,
     resume_message: Option<&str>,
+    session_id: Option<&str>,
 ) -> Result<Running, SpawnAgentError> {
     let definition = &spec.definition;
     let template = match (resume_message, &definition.resume) {
         (Some(_), Some(resume)) => resume,
         _ => &definition.command,
+    };
+    let uses = |placeholder: &str| {
+        template
+            .iter()
+            .any(|arg| crew_core::config::placeholders(arg).any(|name| name == placeholder))
+    };
+    if uses("session_id") && session_id.is_none() {
+        return Err(SpawnAgentError::NoSession {
+            agent_id: spec.agent_id.clone(),
+        });
+    }
+    // A stream-json agent takes what it is asked as its first input message, unless its
+    // template passes it as an argument.
+    let first_message = match resume_message {
+        _ if definition.protocol != Protocol::ClaudeStreamJson => None,
+        None => (!uses("prompt")).then_some(spec.prompt.as_str()),
+        Some(message) => (!uses("message") && !message.is_empty()).then_some(message),
     };
     let dir = spec.dir.as_str();
     let run_id = spec.agent_id.run_id().as_str();
@@ -300,6 +340,7 @@ async fn launch(
         ("run_id", run_id),
         ("task_id", task_id),
         ("message", message),
+        ("session_id", session_id.unwrap_or("")),
     ];
     let argv: Vec<String> = template
         .iter()
@@ -407,14 +448,32 @@ async fn launch(
         program: program.clone(),
         source: std::io::Error::other("the process exited before its pid was known"),
     })?;
-    let (turn_tx, turn_rx) = mpsc::unbounded_channel();
+    let (protocol_tx, protocol_rx) = mpsc::unbounded_channel();
     let sink = OutputSink {
         agent_id: spec.agent_id.clone(),
         log: Arc::new(Mutex::new(Some(log))),
         tail: tail.clone(),
         events: launcher.events.clone(),
-        turn_ended: (definition.steer == SteerMode::StdinJson).then_some(turn_tx),
+        protocol: definition.protocol,
+        supervisor: (definition.steer == SteerMode::StdinJson
+            || definition.protocol != Protocol::Lines)
+            .then_some(protocol_tx),
     };
+    let mut stdin = child.stdin.take();
+    if let (Some(message), Some(input)) = (first_message, stdin.as_mut()) {
+        let line = format!("{}\n", user_message_line(message));
+        let written = async {
+            input.write_all(line.as_bytes()).await?;
+            input.flush().await
+        };
+        if let Err(source) = tokio::time::timeout(STEER_TIMEOUT, written)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the agent did not read its input")))
+        {
+            // The agent exits without its prompt; its exit says the rest.
+            tracing::warn!(agent = %spec.agent_id, "could not give the agent its first message: {source}");
+        }
+    }
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
         readers.push(tokio::spawn(drain(
@@ -427,11 +486,11 @@ async fn launch(
         readers.push(tokio::spawn(drain(stderr, OutputStream::Stderr, sink)));
     }
     Ok(Running {
-        stdin: child.stdin.take(),
+        stdin,
         child,
         pid,
         readers,
-        turn_ended: turn_rx,
+        protocol: protocol_rx,
         sandbox: sandbox.record,
         leftovers,
         _temp_dir: temp_dir,
@@ -595,7 +654,21 @@ impl Supervisor {
                     .as_ref()
                     .map(|_| DEFAULT_RESUME_MESSAGE.to_owned())
             });
-            match launch(&self.spec, &self.launcher, &self.tail, message.as_deref()).await {
+            let session = self
+                .status
+                .borrow()
+                .session_id
+                .clone()
+                .or_else(|| self.spec.session_id.clone());
+            match launch(
+                &self.spec,
+                &self.launcher,
+                &self.tail,
+                message.as_deref(),
+                session.as_deref(),
+            )
+            .await
+            {
                 Ok(running) => {
                     let pid = running.pid;
                     let sandbox = running.sandbox.clone();
@@ -650,7 +723,7 @@ impl Supervisor {
             &self.launcher.events,
             AgentEvent::Status {
                 agent_id: self.spec.agent_id.clone(),
-                status: self.status.borrow().clone(),
+                status: Box::new(self.status.borrow().clone()),
             },
         );
     }
@@ -659,6 +732,49 @@ impl Supervisor {
         if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
             // Fails only when the group is gone: nothing left to signal.
             let _ = rustix::process::kill_process_group(pid, signal);
+        }
+    }
+
+    /// What the agent's protocol said: a session is recorded, a turn's usage counted; at the
+    /// end of a turn the next follow-up goes in, and a stream-json agent with none left is
+    /// told its input is over, so that it ends.
+    async fn heard(&mut self, event: ProtocolEvent, running: &mut Running) {
+        match event {
+            ProtocolEvent::Session(session) => {
+                self.status
+                    .send_modify(|status| status.session_id = Some(session));
+                self.publish_status();
+            }
+            ProtocolEvent::NotProtocol(start) => {
+                let warning = format!(
+                    "the agent printed lines that are not {} messages (the first: `{start}`); they are shown as they are",
+                    protocol_name(self.spec.definition.protocol)
+                );
+                self.status
+                    .send_modify(|status| status.protocol_warning = Some(warning));
+            }
+            ProtocolEvent::TurnEnded { usage, error } => {
+                self.status.send_modify(|status| {
+                    if let Some(usage) = usage {
+                        status.usage = Some(status.usage.map_or(usage, |sum| sum.plus(usage)));
+                    }
+                    status.turn_error = error;
+                });
+                self.publish_status();
+                if let Some(message) = self.follow_ups.pop_front() {
+                    if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
+                        // The agent's input is closed (it is ending): the follow-up waits for
+                        // its next start, as one sent to an exited agent does.
+                        tracing::debug!(agent = %self.spec.agent_id, "follow-up kept for the next start: {error}");
+                        self.follow_ups.push_front(message);
+                    }
+                    let queued = self.follow_ups.len();
+                    self.status
+                        .send_modify(|status| status.queued_follow_ups = queued);
+                } else if self.spec.definition.protocol == Protocol::ClaudeStreamJson {
+                    drop(running.stdin.take());
+                }
+            }
         }
     }
 
@@ -740,19 +856,7 @@ impl Supervisor {
                     timed_out = true;
                     stopping = self.terminate(pid, grace);
                 }
-                Some(()) = running.turn_ended.recv() => {
-                    // stdin-json agents: the turn is over, the next follow-up goes in now.
-                    if let Some(message) = self.follow_ups.pop_front() {
-                        if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
-                            // The agent's input is closed (it is ending): the follow-up waits
-                            // for its next start, as one sent to an exited agent does.
-                            tracing::debug!(agent = %self.spec.agent_id, "follow-up kept for the next start: {error}");
-                            self.follow_ups.push_front(message);
-                        }
-                        let queued = self.follow_ups.len();
-                        self.status.send_modify(|status| status.queued_follow_ups = queued);
-                    }
-                }
+                Some(event) = running.protocol.recv() => self.heard(event, &mut running).await,
             }
         };
         drop(running.stdin.take());
@@ -943,4 +1047,12 @@ async fn join_all(readers: &mut Vec<JoinHandle<()>>) {
         let _ = reader.await;
         readers.pop();
     }
+}
+
+/// A protocol as its agent definition names it.
+fn protocol_name(protocol: Protocol) -> String {
+    serde_json::to_value(protocol)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }

@@ -18,6 +18,10 @@ pub enum SpawnAgentError {
     },
     #[error("agent {agent_id} has an empty command")]
     EmptyCommand { agent_id: AgentId },
+    #[error(
+        "agent {agent_id} cannot be resumed: its resume template takes up its session, and its protocol reported none"
+    )]
+    NoSession { agent_id: AgentId },
     #[error("the working directory {dir} of agent {agent_id} does not exist")]
     MissingDir { agent_id: AgentId, dir: Utf8PathBuf },
     #[error("failed to open the output log {path}")]

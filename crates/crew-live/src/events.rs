@@ -36,7 +36,7 @@ pub enum AgentEvent {
     /// The agent's status changed.
     Status {
         agent_id: AgentId,
-        status: AgentStatus,
+        status: Box<AgentStatus>,
     },
     /// A process of the agent ended.
     Exited { agent_id: AgentId, exit: ExitRecord },

@@ -93,6 +93,7 @@ pub mod hosts;
 pub mod output;
 pub mod procscan;
 pub mod project;
+pub mod protocol;
 pub mod publish;
 pub mod registry;
 pub mod runner;

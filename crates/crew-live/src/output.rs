@@ -14,7 +14,10 @@ use tokio::sync::{broadcast, mpsc};
 
 use crew_core::AgentId;
 
+use crew_core::config::Protocol;
+
 use crate::events::{AgentEvent, OutputStream, emit};
+use crate::protocol::{MessageLines, ProtocolEvent, read_claude_line};
 
 /// The longest line kept in memory; the rest of a longer line is only in `output.log`.
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -91,8 +94,15 @@ impl OutputTail {
 }
 
 /// The last non-empty line of the log at `path` (read from its end, at most
-/// [`MAX_LINE_BYTES`]): what a listing shows for an agent that is no longer live.
+/// [`MAX_LINE_BYTES`]): what a listing shows for an agent that is no longer live. A protocol
+/// message is shown as a person sees it live (see `protocol`).
 pub fn last_line_of(path: &Utf8Path) -> Option<String> {
+    let line = last_log_line(path)?;
+    let shown = read_claude_line(&line).and_then(|reading| reading.shown.last().cloned());
+    Some(shown.unwrap_or(line))
+}
+
+fn last_log_line(path: &Utf8Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut file = crew_core::fsutil::open_nofollow(path).ok()?;
     let length = file.metadata().ok()?.len();
@@ -178,13 +188,44 @@ pub struct OutputSink {
     pub log: Arc<Mutex<Option<LogWriter>>>,
     pub tail: Arc<Mutex<OutputTail>>,
     pub events: broadcast::Sender<AgentEvent>,
-    /// Told each time a line marks the end of the agent's turn (`stdin-json` agents).
-    pub turn_ended: Option<mpsc::UnboundedSender<()>>,
+    /// How stdout is read: plain lines, or the messages of a protocol.
+    pub protocol: Protocol,
+    /// Told what the agent's protocol says (for `lines` agents steered with `stdin-json`: each
+    /// end of a turn).
+    pub supervisor: Option<mpsc::UnboundedSender<ProtocolEvent>>,
+}
+
+impl OutputSink {
+    /// Shows `line` as the agent's output: in the in-memory tail and as an event.
+    fn show(&self, stream: OutputStream, line: String) {
+        self.tail
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(format!("{line}\n").as_bytes());
+        emit(
+            &self.events,
+            AgentEvent::Output {
+                agent_id: self.agent_id.clone(),
+                stream,
+                line,
+            },
+        );
+    }
+
+    fn tell(&self, event: ProtocolEvent) {
+        if let Some(supervisor) = &self.supervisor {
+            // Nobody to tell once the agent's supervisor is gone.
+            let _ = supervisor.send(event);
+        }
+    }
 }
 
 /// Reads `pipe` to its end into the sink.
 pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink: OutputSink) {
     let mut buffer = vec![0u8; READ_CHUNK];
+    let mut messages = (stream == OutputStream::Stdout && sink.protocol != Protocol::Lines)
+        .then(MessageLines::default);
+    let mut told_not_protocol = false;
     loop {
         let read = match pipe.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
@@ -203,31 +244,62 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
                 *log = None;
             }
         }
-        let lines = sink
-            .tail
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(chunk);
-        for line in lines {
-            if let Some(turn_ended) = &sink.turn_ended
-                && is_turn_end(&line)
-            {
-                // Nobody to tell once the agent's supervisor is gone.
-                let _ = turn_ended.send(());
+        let Some(messages) = messages.as_mut() else {
+            let lines = sink
+                .tail
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(chunk);
+            for line in lines {
+                if is_turn_end(&line) {
+                    sink.tell(ProtocolEvent::TurnEnded {
+                        usage: None,
+                        error: None,
+                    });
+                }
+                emit(
+                    &sink.events,
+                    AgentEvent::Output {
+                        agent_id: sink.agent_id.clone(),
+                        stream,
+                        line,
+                    },
+                );
             }
-            emit(
-                &sink.events,
-                AgentEvent::Output {
-                    agent_id: sink.agent_id.clone(),
-                    stream,
-                    line,
-                },
-            );
+            continue;
+        };
+        for line in messages.push(chunk) {
+            let reading = line.as_deref().ok().and_then(read_claude_line);
+            match reading {
+                Some(reading) => {
+                    for shown in reading.shown {
+                        sink.show(stream, shown);
+                    }
+                    if let Some(event) = reading.event {
+                        sink.tell(event);
+                    }
+                }
+                None => {
+                    // Degrade to plain lines: shown as they are (cut like any long line), and
+                    // the task says so once.
+                    let line = line.unwrap_or_else(|start| start);
+                    if !told_not_protocol {
+                        told_not_protocol = true;
+                        let start: String = line.chars().take(80).collect();
+                        sink.tell(ProtocolEvent::NotProtocol(start));
+                    }
+                    let mut tail = OutputTail::default();
+                    for cut in tail.push(format!("{line}\n").as_bytes()) {
+                        sink.show(stream, cut);
+                    }
+                }
+            }
         }
     }
 }
 
-/// The line Claude Code's `stream-json` output prints when a turn is over.
+/// The line Claude Code's `stream-json` output prints when a turn is over (for an agent read
+/// as plain lines but steered with `stdin-json`).
 fn is_turn_end(line: &str) -> bool {
     line.trim_start().starts_with('{') && line.contains("\"type\":\"result\"")
 }

@@ -60,6 +60,9 @@ pub struct AgentSnapshot {
     /// Whether the kernel confined its latest process.
     #[serde(default)]
     pub sandbox: Option<crew_core::SandboxState>,
+    /// Tokens and cost of its starts in this host, when its protocol reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crew_core::model::Usage>,
 }
 
 impl AgentHandle {
@@ -104,6 +107,7 @@ impl AgentHandle {
             queued_follow_ups: status.queued_follow_ups,
             last_lines,
             sandbox: status.sandbox.map(|record| record.state),
+            usage: status.usage,
         }
     }
 

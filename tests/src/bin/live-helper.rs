@@ -70,6 +70,7 @@ fn host(args: &[String]) {
                 socket: None,
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
+                session_id: None,
             })
             .await
             .unwrap();
@@ -128,6 +129,7 @@ fn many(args: &[String]) {
                 socket: None,
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
+                session_id: None,
             })
             .await
             .unwrap();
@@ -273,6 +275,7 @@ fn start(args: &[String]) {
                         write: vec![workspace.as_path().to_owned()],
                     },
                     workspace_env: Vec::new(),
+                    session_id: None,
                 })
                 .await
                 .unwrap();

@@ -223,7 +223,7 @@ fn every_problem_of_a_file_is_reported_at_once() {
     ");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\", \"{promt}\"]\nresume = [\"x\", \"{mesage}\"]\npass_env = [\"GIT_DIR\"]\nenv = { \"BAD NAME\" = \"1\" }\n[sandbox]\nwrite = [\"relative\"]\n"), @"
     error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: unknown placeholder `{promt}`; available: {prompt}, {workspace}, {run_id}, {task_id}
-    $TEST_ENV/project/.crew/agents/a.toml:2:10: key `resume`: unknown placeholder `{mesage}`; available: {prompt}, {workspace}, {run_id}, {task_id}, {message}
+    $TEST_ENV/project/.crew/agents/a.toml:2:10: key `resume`: unknown placeholder `{mesage}`; available: {prompt}, {workspace}, {run_id}, {task_id}, {message}, {session_id}
     $TEST_ENV/project/.crew/agents/a.toml:3:13: key `pass_env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace (only its identity may: GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME, … or GIT_AUTHOR_*, GIT_COMMITTER_*)
     $TEST_ENV/project/.crew/agents/a.toml:4:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)
     $TEST_ENV/project/.crew/agents/a.toml:6:10: key `sandbox.write`: `relative` must be an absolute path or start with `~/` (the agent's home directory)

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod agent_protocols;
 mod cli_errors;
 mod cli_lifecycle;
 mod cli_more;

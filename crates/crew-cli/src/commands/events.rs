@@ -86,6 +86,7 @@ fn human(event: &RunEvent) -> String {
         EventKind::TaskStatus { status, reason } => with_reason(status.as_str(), reason),
         EventKind::Message { text } => sanitize(text),
         EventKind::CancelRequested { by } => format!("cancel requested {by}"),
+        EventKind::Usage { usage } => format!("usage: {usage}"),
     };
     format!("{time}  {subject:<14}  {what}")
 }

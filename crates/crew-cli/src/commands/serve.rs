@@ -413,6 +413,7 @@ fn event_line(event: &crew_core::model::RunEvent) -> String {
         EventKind::TaskStatus { status, reason } => with_reason(status.as_str(), reason.as_deref()),
         EventKind::Message { text } => text.clone(),
         EventKind::CancelRequested { by } => format!("cancel requested {by}"),
+        EventKind::Usage { usage } => format!("usage: {usage}"),
     };
     format!("{subject} {what}\n")
 }

@@ -16,8 +16,8 @@ use super::checks::{
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
 use super::settings::{
-    AgentDef, AgentSandbox, MAX_STOP_GRACE, PlannedTask, ProjectConfig, SandboxMode, SteerMode,
-    TaskDef, Team, TeamDef, WorkspaceMode,
+    AgentDef, AgentSandbox, MAX_STOP_GRACE, PlannedTask, ProjectConfig, Protocol, SandboxMode,
+    SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
 };
 use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template};
 use super::values::{HumanDuration, Parallelism};
@@ -28,8 +28,9 @@ use super::{AGENTS_DIR, BUILTIN_SHELL_AGENT, CONFIG_FILE, TEAMS_DIR};
 pub(super) struct AgentFile {
     description: Option<String>,
     command: Spanned<Vec<String>>,
+    steer: Option<Spanned<SteerMode>>,
     #[serde(default)]
-    steer: SteerMode,
+    protocol: Protocol,
     resume: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     env: BTreeMap<Spanned<String>, String>,
@@ -529,6 +530,21 @@ pub(super) fn parse_agent(
     {
         invalid(resume.span(), "resume", message);
     }
+    // A stream-json agent takes its prompt, follow-ups and steering as JSON messages.
+    let steer = match (file.protocol, file.steer) {
+        (Protocol::Lines, steer) => steer.map_or_else(SteerMode::default, Spanned::into_inner),
+        (Protocol::ClaudeStreamJson, None) => SteerMode::StdinJson,
+        (Protocol::ClaudeStreamJson, Some(steer)) => {
+            if *steer.get_ref() != SteerMode::StdinJson {
+                invalid(
+                    steer.span(),
+                    "steer",
+                    "protocol = \"claude-stream-json\" steers with stream-json messages: leave `steer` out, or set it to \"stdin-json\"".to_owned(),
+                );
+            }
+            SteerMode::StdinJson
+        }
+    };
     let mut env = BTreeMap::new();
     for (key, value) in file.env {
         if let Err(message) = check_env_name(key.get_ref(), false) {
@@ -569,7 +585,8 @@ pub(super) fn parse_agent(
         name: name.to_owned(),
         description: file.description,
         command: file.command.into_inner(),
-        steer: file.steer,
+        steer,
+        protocol: file.protocol,
         resume: file.resume.map(Spanned::into_inner),
         env,
         pass_env,

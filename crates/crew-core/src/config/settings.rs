@@ -79,6 +79,19 @@ pub enum SteerMode {
     None,
 }
 
+/// How crew reads what an agent prints, and how it talks to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// Plain lines of text: whatever the program prints is its output.
+    #[default]
+    Lines,
+    /// Claude Code's `--output-format stream-json` (and `--input-format stream-json`): the
+    /// prompt, follow-ups and steering go in as user messages; the session id, what the agent
+    /// says and does, and each turn's tokens and cost come out.
+    ClaudeStreamJson,
+}
+
 /// How `[worktree] link` paths reach a worktree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -314,7 +327,10 @@ pub struct AgentDef {
     /// argv template; never run through a shell.
     pub command: Vec<String>,
     pub steer: SteerMode,
-    /// argv template used to resume a stopped or finished agent; `{message}` is the follow-up.
+    /// How crew reads the agent's output and writes its input.
+    pub protocol: Protocol,
+    /// argv template used to resume a stopped or finished agent; `{message}` is the follow-up,
+    /// `{session_id}` the session the agent's protocol reported.
     pub resume: Option<Vec<String>>,
     pub env: BTreeMap<String, String>,
     /// Variables of the user's environment the agent may see, besides the always-passed ones.
@@ -333,6 +349,7 @@ impl AgentDef {
             description: Some("runs the prompt as a shell script".to_owned()),
             command: vec!["sh".into(), "-c".into(), "{prompt}".into()],
             steer: SteerMode::StdinLines,
+            protocol: Protocol::Lines,
             resume: None,
             env: BTreeMap::new(),
             pass_env: Vec::new(),

@@ -4,7 +4,14 @@
 /// Placeholders an agent's `command` template may use.
 pub const COMMAND_PLACEHOLDERS: &[&str] = &["prompt", "workspace", "run_id", "task_id"];
 /// Placeholders an agent's `resume` template may use.
-pub const RESUME_PLACEHOLDERS: &[&str] = &["prompt", "workspace", "run_id", "task_id", "message"];
+pub const RESUME_PLACEHOLDERS: &[&str] = &[
+    "prompt",
+    "workspace",
+    "run_id",
+    "task_id",
+    "message",
+    "session_id",
+];
 
 /// Checks an argv template: a program, and only known `{placeholders}`.
 pub(super) fn check_template(argv: &[String], allowed: &[&str]) -> Result<(), String> {

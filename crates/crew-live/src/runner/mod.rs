@@ -223,7 +223,7 @@ impl Runner {
     }
 
     /// Appends `event` to the run's events; a failure is noted as unrecorded.
-    fn record_event(&self, run_id: &RunId, event: RunEvent) {
+    pub(super) fn record_event(&self, run_id: &RunId, event: RunEvent) {
         if let Err(error) = self.store.append_event(run_id, &event) {
             self.unrecorded(run_id, "an event", &error);
         }

@@ -17,7 +17,8 @@ use tokio::sync::{mpsc, watch};
 
 use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
 use crew_core::model::{
-    ExitRecord, RunManifest, TaskRecord, TaskStatus, TransitionError, WorkspaceRecord,
+    EventKind, ExitRecord, RunEvent, RunManifest, TaskRecord, TaskStatus, TransitionError, Usage,
+    WorkspaceRecord,
 };
 use crew_core::provider::{
     AllocateWorkspaceError, TaskWorkspace, TeardownRequest, UpstreamWork, WorkspaceKind,
@@ -263,6 +264,7 @@ impl RunContext {
                     .collect(),
             },
             workspace_env: workspace_env(workspace),
+            session_id: task.session_id.clone(),
         }
     }
 
@@ -481,7 +483,7 @@ impl RunContext {
                         status = handle.wait_exited() => {
                             exited_attempt = status.attempt;
                             if let Some(question) = status.question.clone() {
-                                self.record_waiting(&task_id, &question).await;
+                                self.record_waiting(&task_id, &question, &handle, task.usage).await;
                                 phase = Phase::Waiting;
                                 continue;
                             }
@@ -496,7 +498,7 @@ impl RunContext {
                                 && !exit.timed_out
                                 && self.cancel_level() == CancelLevel::None
                             {
-                                self.hold(&task_id, exit).await;
+                                self.hold(&task_id, exit, &handle, task.usage).await;
                                 phase = Phase::Held;
                                 continue;
                             }
@@ -562,9 +564,14 @@ impl RunContext {
             }
             Ending::Exited(exit) => {
                 let cancelled = self.cancel_level() > CancelLevel::None;
-                let (status, reason) =
+                let (status, mut reason) =
                     outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
-                self.record_exit(&task_id, exit).await;
+                if status == TaskStatus::Failed
+                    && let (Some(why), Some(turn_error)) = (&mut reason, handle.status().turn_error)
+                {
+                    why.push_str(&format!(" (its last turn: {turn_error})"));
+                }
+                self.record_exit(&task_id, exit, &handle, task.usage).await;
                 self.teardown(&task_id, &workspace, false).await;
                 self.record_status(&task_id, status, reason).await;
                 status
@@ -574,8 +581,14 @@ impl RunContext {
 
     /// A person stopped the task's agent while the run goes on: the task is `stopped`, and
     /// holds its workspace so that `crew agents resume` starts the agent again in it.
-    async fn hold(&self, task_id: &TaskId, exit: ExitRecord) {
-        self.record_exit(task_id, exit).await;
+    async fn hold(
+        &self,
+        task_id: &TaskId,
+        exit: ExitRecord,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
+        self.record_exit(task_id, exit, handle, prior).await;
         let reason = format!(
             "{STOPPED_BY_REQUEST}; its workspace is kept while the run goes on (`crew agents resume {}:{task_id}` starts it again)",
             self.run_id
@@ -592,19 +605,42 @@ impl RunContext {
         let _ = self.holds.send((task_id.clone(), stopped));
     }
 
-    async fn record_exit(&self, task_id: &TaskId, exit: ExitRecord) {
+    /// Records how the agent's process ended, with what its protocol reported.
+    async fn record_exit(
+        &self,
+        task_id: &TaskId,
+        exit: ExitRecord,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
         let task = task_id.clone();
+        let report = AgentReport::of(handle, prior);
+        let usage = report.usage;
         self.save(&format!("task {task_id}'s exit"), move |manifest| {
             let record = manifest.task_mut(&task)?;
             record.exit = Some(exit);
             record.pid = None;
+            report.apply(record);
             Ok(())
         })
         .await;
+        if let Some(usage) = usage {
+            self.runner.record_event(
+                &self.run_id,
+                RunEvent::new(Some(task_id.clone()), EventKind::Usage { usage }),
+            );
+        }
     }
 
-    async fn record_waiting(&self, task_id: &TaskId, question: &str) {
+    async fn record_waiting(
+        &self,
+        task_id: &TaskId,
+        question: &str,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
         let (task, asked) = (task_id.clone(), question.to_owned());
+        let report = AgentReport::of(handle, prior);
         let record = self
             .save(&format!("task {task_id}'s question"), move |manifest| {
                 let status = manifest.task(&task).map(|record| record.status);
@@ -613,6 +649,7 @@ impl RunContext {
                 }
                 let record = manifest.task_mut(&task)?;
                 record.question = Some(asked);
+                report.apply(record);
                 Ok(record.clone())
             })
             .await;
@@ -678,6 +715,39 @@ impl RunContext {
             Ok(())
         })
         .await;
+    }
+}
+
+/// What an agent's protocol reported, as its task records it.
+struct AgentReport {
+    session_id: Option<String>,
+    /// The task's usage before this host's starts, plus theirs.
+    usage: Option<Usage>,
+    warning: Option<String>,
+}
+
+impl AgentReport {
+    fn of(handle: &AgentHandle, prior: Option<Usage>) -> Self {
+        let status = handle.status();
+        AgentReport {
+            session_id: status.session_id,
+            usage: Usage::sum(prior.into_iter().chain(status.usage)),
+            warning: status.protocol_warning,
+        }
+    }
+
+    fn apply(self, record: &mut TaskRecord) {
+        if self.session_id.is_some() {
+            record.session_id = self.session_id;
+        }
+        if self.usage.is_some() {
+            record.usage = self.usage;
+        }
+        if let Some(warning) = self.warning
+            && !record.warnings.contains(&warning)
+        {
+            record.warnings.push(warning);
+        }
     }
 }
 

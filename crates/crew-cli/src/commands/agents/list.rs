@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crew_core::model::{ExitRecord, RunManifest, TaskRecord, Timestamp};
+use crew_core::model::{ExitRecord, RunManifest, TaskRecord, Timestamp, Usage};
 use crew_core::{AgentId, RunId, TaskId};
 
 use crate::context::Context;
@@ -44,6 +44,10 @@ pub struct AgentRow {
     pub last_line: Option<String>,
     /// `enforced`, `off` or `unsupported`: whether the kernel confined it.
     pub sandbox: Option<crew_core::SandboxState>,
+    /// Tokens and cost, when its agent's protocol reports them (for a live agent: its starts
+    /// in its current host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
@@ -117,6 +121,7 @@ pub async fn rows(
             question: agent.question.clone(),
             exit: agent.exit.clone(),
             last_line: agent.last_lines.last().cloned(),
+            usage: agent.usage,
             sandbox: agent.sandbox.or_else(|| {
                 task.and_then(|task| task.sandbox.as_ref())
                     .map(|sandbox| sandbox.state)
@@ -155,6 +160,7 @@ pub async fn rows(
                     &ctx.store().output_log_path(run_id, &task.id),
                 ),
                 sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),
+                usage: task.usage,
             });
         }
     }
@@ -171,7 +177,13 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
         println!("no live agents in {}", ctx.workspace().id());
         return Ok(());
     }
-    let mut table = Table::new(&["AGENT", "STATUS", "PID", "AGE", "CMD", "LAST"]);
+    // The cost column shows only when an agent reports one.
+    let costs = rows.iter().any(|row| row.usage.is_some());
+    let mut table = Table::new(if costs {
+        &["AGENT", "STATUS", "PID", "AGE", "CMD", "COST", "LAST"][..]
+    } else {
+        &["AGENT", "STATUS", "PID", "AGE", "CMD", "LAST"][..]
+    });
     for row in rows {
         let status = row.task_status.as_deref().and_then(|status| {
             serde_json::from_value::<crew_core::model::TaskStatus>(serde_json::Value::String(
@@ -198,14 +210,25 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
             (None, Some(line)) => sanitize(line),
             _ => String::new(),
         };
-        table.row(vec![
-            cell(row.agent_id.to_string()),
-            shown_status,
-            cell(row.pid.map_or_else(|| "-".into(), |pid| pid.to_string())),
-            cell(between(row.started_at, None).map_or_else(|| "-".into(), duration)),
-            cell(row.agent.clone()),
-            cell(truncate(&last, 60)),
-        ]);
+        table.row(
+            vec![
+                cell(row.agent_id.to_string()),
+                shown_status,
+                cell(row.pid.map_or_else(|| "-".into(), |pid| pid.to_string())),
+                cell(between(row.started_at, None).map_or_else(|| "-".into(), duration)),
+                cell(row.agent.clone()),
+            ]
+            .into_iter()
+            .chain(costs.then(|| {
+                cell(
+                    row.usage
+                        .and_then(|usage| usage.cost_usd)
+                        .map_or_else(|| "-".into(), Usage::dollars),
+                )
+            }))
+            .chain([cell(truncate(&last, 60))])
+            .collect(),
+        );
     }
     print!("{}", table.render(&ctx.ui));
     Ok(())

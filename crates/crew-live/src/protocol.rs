@@ -1,0 +1,298 @@
+//! Agents that speak a protocol of their own on stdout: what their messages mean to crew.
+//!
+//! `claude-stream-json` is Claude Code's `--output-format stream-json --verbose`: one JSON
+//! object per line, as its documentation ("Run Claude Code programmatically", output formats;
+//! the Agent SDK's message types) describes them:
+//! - `{"type":"system","subtype":"init","session_id":…,"model":…}` when a session starts or is
+//!   taken up again;
+//! - `{"type":"assistant","message":{"content":[{"type":"text","text":…},
+//!   {"type":"tool_use","name":…,"input":{…}}]},"session_id":…}` for what the model says and
+//!   does;
+//! - `{"type":"user","message":{"content":[{"type":"tool_result",…}]}}` for tool results;
+//! - `{"type":"result","subtype":"success"|"error_max_turns"|"error_during_execution",
+//!   "is_error":…,"num_turns":…,"result":…,"session_id":…,"total_cost_usd":…,
+//!   "usage":{"input_tokens":…,"output_tokens":…,"cache_read_input_tokens":…,
+//!   "cache_creation_input_tokens":…}}` when a turn (one user message) is over.
+//!
+//! Each message gives the lines a person sees (the raw line always goes to `output.log`) and at
+//! most one [`ProtocolEvent`] for the supervisor. A line that is not such a message is shown as
+//! it is, and the task says its output was not all protocol.
+
+use crew_core::model::Usage;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The longest message line read as a message; a longer one is shown cut, as plain text.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// How much of a tool's input a line about it shows.
+const TOOL_INPUT_SHOWN: usize = 120;
+
+/// What a protocol message tells the agent's supervisor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProtocolEvent {
+    /// The agent's session: recorded on the task, and what a resume takes up.
+    Session(String),
+    /// A turn is over (the agent answered one message): the next follow-up may go in.
+    TurnEnded {
+        /// What the turn cost, when the agent said.
+        usage: Option<Usage>,
+        /// Why the turn failed, when it did.
+        error: Option<String>,
+    },
+    /// A line that was not a message of the protocol (the first one only).
+    NotProtocol(String),
+}
+
+/// One stdout line of a protocol agent, read.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Reading {
+    /// What a person sees for it, one entry per line.
+    pub shown: Vec<String>,
+    pub event: Option<ProtocolEvent>,
+}
+
+/// Reads one line of Claude Code's stream-json output. `None` when it is not such a message.
+pub fn read_claude_line(line: &str) -> Option<Reading> {
+    let message: Message = serde_json::from_str(line.trim()).ok()?;
+    let mut reading = Reading::default();
+    match message.kind.as_str() {
+        "system" => {
+            if let Some(session) = message
+                .session_id
+                .filter(|_| message.subtype.as_deref() == Some("init"))
+            {
+                let model = message
+                    .model
+                    .map(|model| format!(", model {model}"))
+                    .unwrap_or_default();
+                reading.shown.push(format!("[session {session}{model}]"));
+                reading.event = Some(ProtocolEvent::Session(session));
+            }
+        }
+        "assistant" => {
+            for block in message.message.map(|body| body.content).unwrap_or_default() {
+                match block {
+                    Block::Text { text } => reading.shown.extend(
+                        text.lines()
+                            .filter(|line| !line.trim().is_empty())
+                            .map(str::to_owned),
+                    ),
+                    Block::ToolUse { name, input } => {
+                        reading
+                            .shown
+                            .push(format!("→ {name} {}", tool_summary(&input)));
+                    }
+                    Block::Other => {}
+                }
+            }
+        }
+        "result" => {
+            let usage = message.usage.map(|usage| Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cache_read_input_tokens: usage.cache_read_input_tokens,
+                cache_creation_input_tokens: usage.cache_creation_input_tokens,
+                cost_usd: message.total_cost_usd,
+                turns: message.num_turns.unwrap_or(0),
+            });
+            let subtype = message.subtype.unwrap_or_else(|| "success".to_owned());
+            let error = (message.is_error || subtype != "success").then(|| {
+                message
+                    .result
+                    .as_deref()
+                    .filter(|result| !result.is_empty())
+                    .map_or_else(|| subtype.clone(), |result| format!("{subtype}: {result}"))
+            });
+            let cost = message
+                .total_cost_usd
+                .map(|cost| format!(", ${cost:.4}"))
+                .unwrap_or_default();
+            reading.shown.push(format!(
+                "[turn over: {subtype}, {} model turn(s){cost}]",
+                message.num_turns.unwrap_or(0)
+            ));
+            reading.event = Some(ProtocolEvent::TurnEnded { usage, error });
+        }
+        // Tool results, and message types newer than this reader: nothing to show.
+        _ => {}
+    }
+    Some(reading)
+}
+
+/// A tool's input in a few words: the command, the file, or the input cut short.
+fn tool_summary(input: &Value) -> String {
+    let text = ["command", "file_path", "path", "pattern", "url"]
+        .iter()
+        .find_map(|key| input.get(key)?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| input.to_string());
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(TOOL_INPUT_SHOWN) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    subtype: Option<String>,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    message: Option<Body>,
+    #[serde(default)]
+    is_error: bool,
+    #[serde(default)]
+    num_turns: Option<u32>,
+    #[serde(default)]
+    result: Option<String>,
+    #[serde(default)]
+    total_cost_usd: Option<f64>,
+    #[serde(default)]
+    usage: Option<Tokens>,
+}
+
+#[derive(Deserialize)]
+struct Body {
+    #[serde(default)]
+    content: Vec<Block>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct Tokens {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_read_input_tokens: u64,
+    #[serde(default)]
+    cache_creation_input_tokens: u64,
+}
+
+/// Splits a stream into whole lines of at most [`MAX_MESSAGE_BYTES`]: a protocol message must
+/// be read whole, where the in-memory tail keeps only the start of a long line.
+#[derive(Debug, Default)]
+pub struct MessageLines {
+    partial: Vec<u8>,
+    overlong: bool,
+}
+
+impl MessageLines {
+    /// Adds a chunk; returns the lines it completed, `Err` with the start of a line that was
+    /// longer than a message may be.
+    pub fn push(&mut self, mut bytes: &[u8]) -> Vec<Result<String, String>> {
+        let mut completed = Vec::new();
+        while let Some(newline) = bytes.iter().position(|&b| b == b'\n') {
+            self.append(&bytes[..newline]);
+            let line = String::from_utf8_lossy(&self.partial).into_owned();
+            completed.push(if self.overlong { Err(line) } else { Ok(line) });
+            self.partial.clear();
+            self.overlong = false;
+            bytes = &bytes[newline + 1..];
+        }
+        self.append(bytes);
+        completed
+    }
+
+    fn append(&mut self, bytes: &[u8]) {
+        let room = MAX_MESSAGE_BYTES.saturating_sub(self.partial.len());
+        if bytes.len() > room {
+            self.overlong = true;
+        }
+        self.partial
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_what_the_agent_says_and_does_and_its_cost_are_read() {
+        let init = read_claude_line(
+            r#"{"type":"system","subtype":"init","session_id":"s-1","model":"claude-x","tools":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(init.event, Some(ProtocolEvent::Session("s-1".into())));
+        let said = read_claude_line(
+            r#"{"type":"assistant","message":{"content":[{"type":"text","text":"Looking.\n\nDone"},{"type":"tool_use","id":"t","name":"Bash","input":{"command":"ls -la\nmore"}}]},"session_id":"s-1"}"#,
+        )
+        .unwrap();
+        assert_eq!(said.shown, ["Looking.", "Done", "→ Bash ls -la"]);
+        assert_eq!(said.event, None);
+        let result = read_claude_line(
+            r#"{"type":"result","subtype":"success","is_error":false,"num_turns":3,"result":"ok","session_id":"s-1","total_cost_usd":0.25,"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":7,"cache_creation_input_tokens":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            result.event,
+            Some(ProtocolEvent::TurnEnded {
+                usage: Some(Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    cache_read_input_tokens: 7,
+                    cache_creation_input_tokens: 1,
+                    cost_usd: Some(0.25),
+                    turns: 3,
+                }),
+                error: None,
+            })
+        );
+        let failed = read_claude_line(
+            r#"{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":9,"session_id":"s-1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            failed.event,
+            Some(ProtocolEvent::TurnEnded {
+                usage: None,
+                error: Some("error_max_turns".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_message_is_told_apart() {
+        assert_eq!(read_claude_line("plain text"), None);
+        assert_eq!(read_claude_line(r#"{"no":"type"}"#), None);
+        assert_eq!(read_claude_line(r#"{"type":"result","usage":"#), None);
+        // A message type this reader does not know is a message all the same.
+        assert_eq!(
+            read_claude_line(r#"{"type":"stream_event","event":{}}"#),
+            Some(Reading::default())
+        );
+    }
+
+    #[test]
+    fn long_lines_are_read_whole_up_to_the_limit() {
+        let mut lines = MessageLines::default();
+        let long = "x".repeat(100_000);
+        assert!(lines.push(long.as_bytes()).is_empty());
+        assert_eq!(lines.push(b"\nnext\n"), [Ok(long), Ok("next".to_owned())]);
+        let overlong = vec![b'y'; MAX_MESSAGE_BYTES + 10];
+        lines.push(&overlong);
+        let completed = lines.push(b"\n");
+        assert!(matches!(&completed[..], [Err(start)] if start.len() == MAX_MESSAGE_BYTES));
+    }
+}

@@ -1,0 +1,209 @@
+//! Agents that speak a protocol of their own: Claude Code's stream-json, spoken by a stand-in
+//! that replays the documented message shapes (`tests/fixtures/claude-stream-json/`).
+
+use camino::Utf8Path;
+use crew_tests::{TestEnv, render_output, wait_until, write};
+
+use crate::common::runs::{manifest, run_ids, task};
+
+/// A project whose `claude` agent is the stand-in, with the flags Claude Code documents.
+fn project_with_claude(env: &TestEnv) -> camino::Utf8PathBuf {
+    let repo = env.repo("project");
+    let fake = crew_tests::helper_bin("fake-claude");
+    let flags =
+        r#""-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose""#;
+    write(
+        &repo.join(".crew/agents/claude.toml"),
+        &format!(
+            "command = [\"{fake}\", {flags}]\nresume = [\"{fake}\", \"--resume\", \"{{session_id}}\", {flags}]\nprotocol = \"claude-stream-json\"\n"
+        ),
+    );
+    repo
+}
+
+/// `crew run --agent claude --workspace-mode worktree args…` in `repo`, to its end.
+fn run_claude(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["run", "--agent", "claude", "--workspace-mode", "worktree"];
+    all.extend(args);
+    env.crew(repo, all)
+}
+
+fn log(repo: &Utf8Path, run: &str, task: &str) -> String {
+    std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
+        .unwrap()
+}
+
+#[test]
+fn sessions_usage_and_cost_are_recorded_and_a_follow_up_resumes_that_session() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let output = run_claude(
+        &env,
+        &repo,
+        &[
+            "--task",
+            "api=write api.txt then fail",
+            "--task",
+            "docs=write docs.txt",
+        ],
+    );
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    // The agent's own account of its failed turn is part of the reason.
+    assert_eq!(
+        task(&recorded, "api")["reason"],
+        "the agent exited with code 1 (its last turn: error_during_execution: working on: write api.txt then fail)"
+    );
+    assert_eq!(task(&recorded, "docs")["status"], "succeeded");
+    for id in ["api", "docs"] {
+        let record = task(&recorded, id);
+        assert!(
+            record["session_id"]
+                .as_str()
+                .is_some_and(|session| session.starts_with("sess-")),
+            "{record:#}"
+        );
+        assert_eq!(
+            record["usage"],
+            serde_json::json!({
+                "input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 50,
+                "cache_creation_input_tokens": 5, "cost_usd": 0.0125, "turns": 2
+            }),
+            "{record:#}"
+        );
+        assert_eq!(
+            env.git(&repo, ["show", &format!("crew/{run}-{id}:{id}.txt")]),
+            "written by the stand-in\n"
+        );
+        // A person sees what the agent said and did, not its JSON; the log keeps the JSON.
+        let log = log(&repo, &run, id);
+        assert!(log.contains(r#""type":"result""#), "{log}");
+    }
+    assert!(
+        shown.contains("# api: 155 tokens in, 20 out, $0.0125, 2 turn(s)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(
+            "# the run: 310 tokens in, 40 out, $0.0250, 4 turn(s) (2 of 2 tasks report usage)"
+        ),
+        "{shown}"
+    );
+    let events = env.crew(&repo, ["events", "--run", &run, "--json"]);
+    let usage_events = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .filter(|line| line.contains(r#""usage""#))
+        .count();
+    assert_eq!(usage_events, 2, "{}", render_output(&events));
+
+    // A follow-up to the failed task takes up exactly its session.
+    let session = task(&recorded, "api")["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let follow = env.crew(
+        &repo,
+        [
+            "agents",
+            "follow-up",
+            &format!("{run}:api"),
+            "write more.txt",
+        ],
+    );
+    assert!(follow.status.success(), "{}", render_output(&follow));
+    let resumed = wait_until(30, "the resumed task to end", || {
+        let recorded = manifest(&env, &repo, &run);
+        let record = task(&recorded, "api").clone();
+        (record["status"] == "succeeded" && record["attempts"] == 2).then_some(record)
+    });
+    assert_eq!(resumed["session_id"], session.as_str());
+    let cost = resumed["usage"]["cost_usd"].as_f64().unwrap();
+    assert!((cost - 0.025).abs() < 1e-9, "{resumed:#}");
+    assert_eq!(resumed["usage"]["turns"], 4, "{resumed:#}");
+    let log = log(&repo, &run, "api");
+    assert!(
+        log.contains(&format!("resumed session {session}: write more.txt")),
+        "{log}"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-api:more.txt")]),
+        "written by the stand-in\n"
+    );
+}
+
+#[test]
+fn a_steer_reaches_the_running_session_mid_turn() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "claude",
+            "--workspace-mode",
+            "worktree",
+            "wait for steer",
+        ],
+    );
+    // The stand-in reads the steer before it prints anything of its turn.
+    let run = wait_until(30, "the agent to start", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        (task(&manifest(&env, &repo, &run), "claude")["status"] == "running").then_some(run)
+    });
+    let steer = env.crew(
+        &repo,
+        ["agents", "steer", &format!("{run}:claude"), "go left"],
+    );
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    assert!(host.wait().unwrap().success());
+    let recorded = manifest(&env, &repo, &run);
+    assert_eq!(
+        task(&recorded, "claude")["status"],
+        "succeeded",
+        "{recorded:#}"
+    );
+    let log = log(&repo, &run, "claude");
+    assert!(log.contains("steered: go left"), "{log}");
+}
+
+#[test]
+fn output_that_is_not_the_protocol_is_shown_as_lines_with_a_warning() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let output = run_claude(&env, &repo, &["emit garbage"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "claude");
+    assert_eq!(record["status"], "succeeded");
+    let warnings = record["warnings"].to_string();
+    assert!(
+        warnings.contains("not claude-stream-json messages")
+            && warnings.contains("this line is not stream-json"),
+        "{record:#}"
+    );
+    // Nothing is lost: the log has the line, and the turn after it was read.
+    assert!(log(&repo, &run, "claude").contains("this line is not stream-json\n"));
+    assert_eq!(record["usage"]["turns"], 2, "{record:#}");
+}
+
+#[test]
+fn a_stream_json_agent_steers_with_json_or_its_file_is_refused() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/agents/claude.toml"),
+        "command = [\"claude\"]\nprotocol = \"claude-stream-json\"\nsteer = \"stdin-lines\"\n",
+    );
+    let refused = env.crew(&repo, ["run", "--agent", "claude", "hello"]);
+    let shown = render_output(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{shown}");
+    assert!(
+        shown.contains("steers with stream-json messages") && shown.contains("agents/claude.toml"),
+        "{shown}"
+    );
+    assert!(run_ids(&env, &repo).is_empty());
+}
