@@ -17,7 +17,7 @@ use crew_core::AgentId;
 use crew_core::config::Protocol;
 
 use crate::events::{AgentEvent, OutputStream, emit};
-use crate::protocol::{MessageLines, ProtocolEvent, read_claude_line};
+use crate::protocol::{MessageLines, ProtocolEvent, read_line, shown_as};
 
 /// The longest line kept in memory; the rest of a longer line is only in `output.log`.
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -97,9 +97,7 @@ impl OutputTail {
 /// [`MAX_LINE_BYTES`]): what a listing shows for an agent that is no longer live. A protocol
 /// message is shown as a person sees it live (see `protocol`).
 pub fn last_line_of(path: &Utf8Path) -> Option<String> {
-    let line = last_log_line(path)?;
-    let shown = read_claude_line(&line).and_then(|reading| reading.shown.last().cloned());
-    Some(shown.unwrap_or(line))
+    Some(shown_as(&last_log_line(path)?))
 }
 
 fn last_log_line(path: &Utf8Path) -> Option<String> {
@@ -269,7 +267,10 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             continue;
         };
         for line in messages.push(chunk) {
-            let reading = line.as_deref().ok().and_then(read_claude_line);
+            let reading = line
+                .as_deref()
+                .ok()
+                .and_then(|line| read_line(sink.protocol, line));
             match reading {
                 Some(reading) => {
                     for shown in reading.shown {

@@ -14,10 +14,24 @@
 //!   "usage":{"input_tokens":…,"output_tokens":…,"cache_read_input_tokens":…,
 //!   "cache_creation_input_tokens":…}}` when a turn (one user message) is over.
 //!
+//! `codex-json` is Codex's `codex exec --json` event stream, as its documentation
+//! ("Non-interactive mode": JSON output) describes it:
+//! - `{"type":"thread.started","thread_id":…}`: the thread `codex exec resume <id>` takes up;
+//! - `{"type":"turn.started"}`, then `item.started` / `item.updated` / `item.completed` with an
+//!   `item` of type `agent_message` (`text`), `reasoning`, `command_execution` (`command`,
+//!   `exit_code`, `status`), `file_change` (`changes`: `path`, `kind`), `mcp_tool_call`,
+//!   `web_search`, `todo_list` or `error` (`message`);
+//! - `{"type":"turn.completed","usage":{"input_tokens":…,"cached_input_tokens":…,
+//!   "output_tokens":…}}` or `{"type":"turn.failed","error":{"message":…}}`;
+//! - `{"type":"error","message":…}` for a failure outside a turn.
+//!
+//! Codex reports tokens, never a cost: its cost stays unknown.
+//!
 //! Each message gives the lines a person sees (the raw line always goes to `output.log`) and at
 //! most one [`ProtocolEvent`] for the supervisor. A line that is not such a message is shown as
 //! it is, and the task says its output was not all protocol.
 
+use crew_core::config::Protocol;
 use crew_core::model::Usage;
 use serde::Deserialize;
 use serde_json::Value;
@@ -49,6 +63,25 @@ pub struct Reading {
     /// What a person sees for it, one entry per line.
     pub shown: Vec<String>,
     pub event: Option<ProtocolEvent>,
+}
+
+/// Reads one stdout line of an agent speaking `protocol`. `None` when it is not a message of
+/// it (and for `lines`, which has none).
+pub fn read_line(protocol: Protocol, line: &str) -> Option<Reading> {
+    match protocol {
+        Protocol::Lines => None,
+        Protocol::ClaudeStreamJson => read_claude_line(line),
+        Protocol::CodexJson => read_codex_line(line),
+    }
+}
+
+/// A line of a finished agent's log as a person would have seen it live: the last line a
+/// message of any protocol shows, else the line itself.
+pub fn shown_as(line: &str) -> String {
+    [Protocol::ClaudeStreamJson, Protocol::CodexJson]
+        .into_iter()
+        .find_map(|protocol| read_line(protocol, line)?.shown.pop())
+        .unwrap_or_else(|| line.to_owned())
 }
 
 /// Reads one line of Claude Code's stream-json output. `None` when it is not such a message.
@@ -119,17 +152,148 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
     Some(reading)
 }
 
+/// Reads one line of `codex exec --json` output. `None` when it is not such an event.
+pub fn read_codex_line(line: &str) -> Option<Reading> {
+    let event: CodexEvent = serde_json::from_str(line.trim()).ok()?;
+    let mut reading = Reading::default();
+    match event.kind.as_str() {
+        "thread.started" | "thread.resumed" => {
+            let thread = event.thread_id?;
+            reading.shown.push(format!("[thread {thread}]"));
+            reading.event = Some(ProtocolEvent::Session(thread));
+        }
+        "item.started" => {
+            if let Some(CodexItem::CommandExecution { command, .. }) = event.item {
+                reading.shown.push(format!("→ $ {}", cut(&command)));
+            }
+        }
+        "item.completed" => match event.item {
+            Some(CodexItem::AgentMessage { text }) => reading.shown.extend(
+                text.lines()
+                    .filter(|line| !line.trim().is_empty())
+                    .map(str::to_owned),
+            ),
+            Some(CodexItem::CommandExecution {
+                exit_code: Some(code),
+                ..
+            }) if code != 0 => {
+                reading.shown.push(format!("  (exit {code})"));
+            }
+            Some(CodexItem::FileChange { changes }) => {
+                let paths: Vec<String> = changes
+                    .into_iter()
+                    .map(|change| format!("{} {}", change.kind, change.path))
+                    .collect();
+                reading.shown.push(format!("→ {}", cut(&paths.join(", "))));
+            }
+            Some(CodexItem::Error { message }) => reading.shown.push(format!("error: {message}")),
+            _ => {}
+        },
+        "turn.completed" | "turn.failed" => {
+            let usage = event.usage.map(|usage| Usage {
+                // Codex counts cached input inside its input; crew keeps them apart.
+                input_tokens: usage.input_tokens.saturating_sub(usage.cached_input_tokens),
+                cache_read_input_tokens: usage.cached_input_tokens,
+                output_tokens: usage.output_tokens,
+                cache_creation_input_tokens: 0,
+                cost_usd: None,
+                turns: 1,
+            });
+            let error = event.error.map(|error| error.message);
+            reading.shown.push(match &error {
+                Some(message) => format!("[turn failed: {message}]"),
+                None => "[turn over]".to_owned(),
+            });
+            reading.event = Some(ProtocolEvent::TurnEnded { usage, error });
+        }
+        "error" => reading
+            .shown
+            .push(format!("error: {}", event.message.unwrap_or_default())),
+        // `turn.started`, item updates, and event types newer than this reader.
+        _ => {}
+    }
+    Some(reading)
+}
+
+/// A line cut to what a listing shows of a tool's input.
+fn cut(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(TOOL_INPUT_SHOWN) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+#[derive(Deserialize)]
+struct CodexEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    thread_id: Option<String>,
+    #[serde(default)]
+    item: Option<CodexItem>,
+    #[serde(default)]
+    usage: Option<CodexTokens>,
+    #[serde(default)]
+    error: Option<CodexError>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum CodexItem {
+    AgentMessage {
+        #[serde(default)]
+        text: String,
+    },
+    CommandExecution {
+        #[serde(default)]
+        command: String,
+        #[serde(default)]
+        exit_code: Option<i64>,
+    },
+    FileChange {
+        #[serde(default)]
+        changes: Vec<CodexChange>,
+    },
+    Error {
+        #[serde(default)]
+        message: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct CodexChange {
+    path: String,
+    #[serde(default)]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct CodexTokens {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    cached_input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct CodexError {
+    message: String,
+}
+
 /// A tool's input in a few words: the command, the file, or the input cut short.
 fn tool_summary(input: &Value) -> String {
     let text = ["command", "file_path", "path", "pattern", "url"]
         .iter()
         .find_map(|key| input.get(key)?.as_str().map(str::to_owned))
         .unwrap_or_else(|| input.to_string());
-    let line = text.lines().next().unwrap_or_default();
-    match line.char_indices().nth(TOOL_INPUT_SHOWN) {
-        Some((cut, _)) => format!("{}…", &line[..cut]),
-        None => line.to_owned(),
-    }
+    cut(&text)
 }
 
 #[derive(Deserialize)]
@@ -270,6 +434,59 @@ mod tests {
                 error: Some("error_max_turns".into()),
             })
         );
+    }
+
+    #[test]
+    fn a_codex_thread_its_commands_and_tokens_are_read() {
+        let started = read_codex_line(r#"{"type":"thread.started","thread_id":"th-1"}"#).unwrap();
+        assert_eq!(started.event, Some(ProtocolEvent::Session("th-1".into())));
+        let command = read_codex_line(
+            r#"{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"","status":"in_progress"}}"#,
+        )
+        .unwrap();
+        assert_eq!(command.shown, ["→ $ bash -lc ls"]);
+        let said = read_codex_line(
+            r#"{"type":"item.completed","item":{"id":"item_2","type":"agent_message","text":"Done."}}"#,
+        )
+        .unwrap();
+        assert_eq!(said.shown, ["Done."]);
+        let edited = read_codex_line(
+            r#"{"type":"item.completed","item":{"id":"item_3","type":"file_change","changes":[{"path":"a.txt","kind":"add"}],"status":"completed"}}"#,
+        )
+        .unwrap();
+        assert_eq!(edited.shown, ["→ add a.txt"]);
+        let over = read_codex_line(
+            r#"{"type":"turn.completed","usage":{"input_tokens":120,"cached_input_tokens":100,"output_tokens":9}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            over.event,
+            Some(ProtocolEvent::TurnEnded {
+                usage: Some(Usage {
+                    input_tokens: 20,
+                    cache_read_input_tokens: 100,
+                    output_tokens: 9,
+                    turns: 1,
+                    ..Usage::default()
+                }),
+                error: None,
+            })
+        );
+        let failed =
+            read_codex_line(r#"{"type":"turn.failed","error":{"message":"stream error"}}"#)
+                .unwrap();
+        assert_eq!(
+            failed.event,
+            Some(ProtocolEvent::TurnEnded {
+                usage: None,
+                error: Some("stream error".into()),
+            })
+        );
+        assert_eq!(
+            shown_as(r#"{"type":"turn.failed","error":{"message":"x"}}"#),
+            "[turn failed: x]"
+        );
+        assert_eq!(shown_as("plain"), "plain");
     }
 
     #[test]

@@ -207,3 +207,82 @@ fn a_stream_json_agent_steers_with_json_or_its_file_is_refused() {
     );
     assert!(run_ids(&env, &repo).is_empty());
 }
+
+#[test]
+fn a_codex_thread_and_its_tokens_are_recorded_and_a_follow_up_resumes_that_thread() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let fake = crew_tests::helper_bin("fake-codex");
+    write(
+        &repo.join(".crew/agents/codex.toml"),
+        &format!(
+            "command = [\"{fake}\", \"exec\", \"--json\", \"{{prompt}}\"]\nresume = [\"{fake}\", \"exec\", \"--json\", \"resume\", \"{{session_id}}\", \"{{message}}\"]\nprotocol = \"codex-json\"\n"
+        ),
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "codex",
+            "--workspace-mode",
+            "worktree",
+            "write api.txt then fail",
+        ],
+    );
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &run), "codex").clone();
+    assert_eq!(
+        record["reason"],
+        "the agent exited with code 1 (its last turn: the stand-in was told to fail)"
+    );
+    let thread = record["session_id"].as_str().unwrap().to_owned();
+    assert!(thread.starts_with("th-"), "{record:#}");
+    // A failed turn that reports no tokens leaves them unknown: no usage, not zeros.
+    assert_eq!(record.get("usage"), None, "{record:#}");
+
+    let follow = env.crew(
+        &repo,
+        [
+            "agents",
+            "follow-up",
+            &format!("{run}:codex"),
+            "write fix.txt",
+        ],
+    );
+    assert!(follow.status.success(), "{}", render_output(&follow));
+    let resumed = task(&manifest(&env, &repo, &run), "codex").clone();
+    assert_eq!(resumed["status"], "succeeded", "{resumed:#}");
+    assert_eq!(resumed["session_id"], thread.as_str());
+    // Codex reports tokens, never a cost: the cost stays unknown, not 0.
+    assert_eq!(
+        resumed["usage"],
+        serde_json::json!({
+            "input_tokens": 400, "output_tokens": 150, "cache_read_input_tokens": 2000,
+            "cache_creation_input_tokens": 0, "cost_usd": null, "turns": 1
+        }),
+        "{resumed:#}"
+    );
+    let show = env.crew(&repo, ["runs", "show", &run]);
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        shown.contains("# codex: 2.4k tokens in, 150 out, 1 turn(s)"),
+        "{shown}"
+    );
+    let list = env.crew(&repo, ["agents", "list", "--all-runs"]);
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        listed.contains("COST") && listed.contains("[turn over]"),
+        "{listed}"
+    );
+    assert!(
+        log(&repo, &run, "codex").contains(&format!("resumed thread {thread}: write fix.txt")),
+        "the follow-up took up the same thread"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-codex:fix.txt")]),
+        "written by the codex stand-in\n"
+    );
+}

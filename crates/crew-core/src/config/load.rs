@@ -530,9 +530,21 @@ pub(super) fn parse_agent(
     {
         invalid(resume.span(), "resume", message);
     }
-    // A stream-json agent takes its prompt, follow-ups and steering as JSON messages.
+    // A stream-json agent takes its prompt, follow-ups and steering as JSON messages; a
+    // `codex exec` agent reads nothing while it runs.
     let steer = match (file.protocol, file.steer) {
         (Protocol::Lines, steer) => steer.map_or_else(SteerMode::default, Spanned::into_inner),
+        (Protocol::CodexJson, None) => SteerMode::None,
+        (Protocol::CodexJson, Some(steer)) => {
+            if *steer.get_ref() != SteerMode::None {
+                invalid(
+                    steer.span(),
+                    "steer",
+                    "protocol = \"codex-json\" reads no input while the agent runs (follow-ups resume it): leave `steer` out, or set it to \"none\"".to_owned(),
+                );
+            }
+            SteerMode::None
+        }
         (Protocol::ClaudeStreamJson, None) => SteerMode::StdinJson,
         (Protocol::ClaudeStreamJson, Some(steer)) => {
             if *steer.get_ref() != SteerMode::StdinJson {

@@ -90,6 +90,10 @@ pub enum Protocol {
     /// prompt, follow-ups and steering go in as user messages; the session id, what the agent
     /// says and does, and each turn's tokens and cost come out.
     ClaudeStreamJson,
+    /// Codex's `codex exec --json` event stream: the thread id (what `codex exec resume`
+    /// takes up), what the agent says and runs, each turn's tokens, and why a turn failed.
+    /// Codex reads no input while it runs: follow-ups resume it.
+    CodexJson,
 }
 
 /// How `[worktree] link` paths reach a worktree.
