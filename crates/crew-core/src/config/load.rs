@@ -532,29 +532,25 @@ pub(super) fn parse_agent(
     }
     // A stream-json agent takes its prompt, follow-ups and steering as JSON messages; a
     // `codex exec` agent reads nothing while it runs.
-    let steer = match (file.protocol, file.steer) {
-        (Protocol::Lines, steer) => steer.map_or_else(SteerMode::default, Spanned::into_inner),
-        (Protocol::CodexJson, None) => SteerMode::None,
-        (Protocol::CodexJson, Some(steer)) => {
-            if *steer.get_ref() != SteerMode::None {
-                invalid(
-                    steer.span(),
-                    "steer",
-                    "protocol = \"codex-json\" reads no input while the agent runs (follow-ups resume it): leave `steer` out, or set it to \"none\"".to_owned(),
-                );
+    let required = match file.protocol {
+        Protocol::Lines => None,
+        Protocol::ClaudeStreamJson => Some((
+            SteerMode::StdinJson,
+            "protocol = \"claude-stream-json\" steers with stream-json messages: leave `steer` out, or set it to \"stdin-json\"",
+        )),
+        Protocol::CodexJson => Some((
+            SteerMode::None,
+            "protocol = \"codex-json\" reads no input while the agent runs (follow-ups resume it): leave `steer` out, or set it to \"none\"",
+        )),
+    };
+    let steer = match (required, file.steer) {
+        (None, steer) => steer.map_or_else(SteerMode::default, Spanned::into_inner),
+        (Some((mode, _)), None) => mode,
+        (Some((mode, why)), Some(steer)) => {
+            if *steer.get_ref() != mode {
+                invalid(steer.span(), "steer", why.to_owned());
             }
-            SteerMode::None
-        }
-        (Protocol::ClaudeStreamJson, None) => SteerMode::StdinJson,
-        (Protocol::ClaudeStreamJson, Some(steer)) => {
-            if *steer.get_ref() != SteerMode::StdinJson {
-                invalid(
-                    steer.span(),
-                    "steer",
-                    "protocol = \"claude-stream-json\" steers with stream-json messages: leave `steer` out, or set it to \"stdin-json\"".to_owned(),
-                );
-            }
-            SteerMode::StdinJson
+            mode
         }
     };
     let mut env = BTreeMap::new();
