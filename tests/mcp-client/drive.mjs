@@ -75,7 +75,7 @@ const a = await connect(projectA);
 const tools = (await a.listTools()).tools;
 const names = tools.map((t) => t.name).sort();
 check(
-  JSON.stringify(names) === JSON.stringify(["answer", "diff", "run_tasks", "status", "steer", "stop", "wait"]),
+  JSON.stringify(names) === JSON.stringify(["answer", "diff", "land", "run_tasks", "status", "steer", "stop", "wait"]),
   `tools: ${names}`,
 );
 const runTasks = tools.find((t) => t.name === "run_tasks");
@@ -112,6 +112,15 @@ const status = await call(a, "status", { run: started.run_id });
 check(status.runs.length === 1 && status.runs[0].run_id === started.run_id, `status: ${JSON.stringify(status)}`);
 const diff = await call(a, "diff", { run: started.run_id, task: "c" });
 check(diff.patch.includes("+gamma") && !diff.truncated, `diff: ${JSON.stringify(diff)}`);
+
+// Land them on the branch the run started from, c after a (it depends on a).
+const unknownTask = await refused(a, "land", { run: started.run_id, tasks: ["nope"] });
+check(unknownTask && unknownTask.includes("tasks"), `land of an unknown task: ${unknownTask}`);
+const landed = await call(a, "land", { run: started.run_id, mode: "squash" });
+check(
+  landed.landed && landed.into === "main" && landed.tasks.indexOf("c") > landed.tasks.indexOf("a") && landed.from !== landed.to,
+  `land: ${JSON.stringify(landed)}`,
+);
 
 // A task asks; the answer reaches it.
 const asking = await call(a, "run_tasks", {

@@ -40,7 +40,7 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         "TASK", "STATUS", "DURATION", "EXIT", "BRANCH", "+/-", "WORK",
     ]);
     let mut next = Vec::new();
-    for task in &manifest.tasks {
+    for (task, depth) in manifest.family_order() {
         let elapsed = between(task.started_at, task.finished_at)
             .filter(|_| task.started_at.is_some())
             .map(duration)
@@ -80,7 +80,7 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             _ => "-".into(),
         };
         table.row(vec![
-            cell(task.id.to_string()),
+            cell(crate::ui::nested(task.id.as_str(), depth)),
             styled(task.status.as_str(), task_style(task.status)),
             cell(elapsed),
             cell(exit),

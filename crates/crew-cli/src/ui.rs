@@ -234,6 +234,14 @@ pub fn task_style(status: TaskStatus) -> Style {
     }
 }
 
+/// `name` shown under its parent, `depth` levels down: `└ sub`, `  └ subsub`.
+pub fn nested(name: &str, depth: usize) -> String {
+    match depth {
+        0 => name.to_owned(),
+        depth => format!("{}└ {name}", "  ".repeat(depth - 1)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

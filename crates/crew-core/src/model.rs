@@ -343,6 +343,9 @@ pub struct TaskRecord {
     pub prompt: String,
     #[serde(default)]
     pub depends_on: Vec<TaskId>,
+    /// The task whose agent submitted this one (a lead agent's sub-task), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<TaskId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<HumanDuration>,
     /// The mode asked for: the run's mode unless the team overrides it for this task.
@@ -478,6 +481,7 @@ impl TaskRecord {
             agent,
             prompt,
             depends_on,
+            parent: None,
             timeout: None,
             workspace_mode,
             status: TaskStatus::Pending,
@@ -660,7 +664,62 @@ pub struct RunGlance {
     pub host: Option<HostRecord>,
 }
 
+/// `items` with each one's children right after it (in their order), and how deep each is.
+/// `id` names an item, `parent` the item it is a child of; an item whose parent is not among
+/// `items` stands at the top.
+pub fn family_order<T, K: PartialEq>(
+    items: &[T],
+    id: impl Fn(&T) -> K,
+    parent: impl Fn(&T) -> Option<K>,
+) -> Vec<(&T, usize)> {
+    let ids: Vec<K> = items.iter().map(&id).collect();
+    let parents: Vec<Option<usize>> = items
+        .iter()
+        .map(|item| {
+            let parent = parent(item)?;
+            ids.iter().position(|id| *id == parent)
+        })
+        .collect();
+    let mut ordered = Vec::with_capacity(items.len());
+    let mut placed = vec![false; items.len()];
+    // Depth first from the top items; an item is placed once even if the ids repeat.
+    let mut stack: Vec<(usize, usize)> = (0..items.len())
+        .rev()
+        .filter(|&index| parents[index].is_none())
+        .map(|index| (index, 0))
+        .collect();
+    while let Some((index, depth)) = stack.pop() {
+        if std::mem::replace(&mut placed[index], true) {
+            continue;
+        }
+        ordered.push((&items[index], depth));
+        stack.extend(
+            (0..items.len())
+                .rev()
+                .filter(|&child| parents[child] == Some(index) && child != index)
+                .map(|child| (child, depth + 1)),
+        );
+    }
+    // Items whose parents name each other in a circle have no top: they stand at it.
+    ordered.extend(
+        (0..items.len())
+            .filter(|&index| !placed[index])
+            .map(|index| (&items[index], 0)),
+    );
+    ordered
+}
+
 impl RunManifest {
+    /// The tasks with each one's sub-tasks right after it, and how deep each is (0: submitted
+    /// by nobody).
+    pub fn family_order(&self) -> Vec<(&TaskRecord, usize)> {
+        family_order(
+            &self.tasks,
+            |task| task.id.clone(),
+            |task| task.parent.clone(),
+        )
+    }
+
     /// The tokens and cost of every task that reports them, and how many do.
     pub fn usage(&self) -> (Option<Usage>, usize) {
         let known: Vec<Usage> = self.tasks.iter().filter_map(|task| task.usage).collect();
@@ -838,6 +897,37 @@ mod tests {
                 WorkspaceMode::Single,
             )],
         )
+    }
+
+    #[test]
+    fn children_follow_their_parent_in_their_order() {
+        let items = [
+            ("lead", None),
+            ("other", None),
+            ("sub1", Some("lead")),
+            ("deep", Some("sub1")),
+            ("sub2", Some("lead")),
+            ("orphan", Some("gone")),
+            ("x", Some("y")),
+            ("y", Some("x")),
+        ];
+        let ordered: Vec<(&str, usize)> = family_order(&items, |item| item.0, |item| item.1)
+            .into_iter()
+            .map(|(item, depth)| (item.0, depth))
+            .collect();
+        assert_eq!(
+            ordered,
+            [
+                ("lead", 0),
+                ("sub1", 1),
+                ("deep", 2),
+                ("sub2", 1),
+                ("other", 0),
+                ("orphan", 0),
+                ("x", 0),
+                ("y", 0),
+            ]
+        );
     }
 
     #[test]

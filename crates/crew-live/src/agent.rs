@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use crew_core::config::{AgentDef, Protocol, SteerMode, fill_template};
 use crew_core::env_vars;
 use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage};
-use crew_core::{AgentId, WorkspaceId};
+use crew_core::{AgentId, TaskId, WorkspaceId};
 
 use crate::env::{BaseEnv, agent_env};
 use crate::error::{AgentOpError, SpawnAgentError};
@@ -78,6 +78,8 @@ pub struct AgentSpec {
     /// Variables crew sets for this kind of workspace (such as `GIT_CEILING_DIRECTORIES`, so
     /// that git in a workspace inside the project never finds the project's repository).
     pub workspace_env: Vec<(String, String)>,
+    /// The task whose agent submitted this one (a lead agent's sub-task), if any.
+    pub parent: Option<TaskId>,
     /// The session an earlier start reported (see `Protocol`): what `{session_id}` in the
     /// resume template takes up, until the agent reports one itself.
     pub session_id: Option<String>,

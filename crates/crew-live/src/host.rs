@@ -66,6 +66,7 @@ impl AgentHost {
             workspace: spec.workspace.clone(),
             agent: spec.definition.name.clone(),
             dir: spec.dir.clone(),
+            parent: spec.parent.clone(),
         });
         let started = agent::start(spec, self.inner.launcher.clone()).await?;
         let handle = AgentHandle {
@@ -105,6 +106,7 @@ impl AgentHost {
             workspace: spec.workspace.clone(),
             agent: spec.definition.name.clone(),
             dir: spec.dir.clone(),
+            parent: spec.parent.clone(),
         });
         let started = agent::start_idle(spec, self.inner.launcher.clone(), question, attempt);
         let handle = AgentHandle {

@@ -27,6 +27,7 @@ pub(crate) struct AgentInfo {
     pub workspace: WorkspaceId,
     pub agent: String,
     pub dir: Utf8PathBuf,
+    pub parent: Option<TaskId>,
 }
 
 /// A cheap handle on a live agent.
@@ -60,6 +61,9 @@ pub struct AgentSnapshot {
     /// Whether the kernel confined its latest process.
     #[serde(default)]
     pub sandbox: Option<crew_core::SandboxState>,
+    /// The task whose agent submitted this one (a lead agent's sub-task), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<TaskId>,
     /// Tokens and cost of its starts in this host, when its protocol reports them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crew_core::model::Usage>,
@@ -107,6 +111,7 @@ impl AgentHandle {
             queued_follow_ups: status.queued_follow_ups,
             last_lines,
             sandbox: status.sandbox.map(|record| record.state),
+            parent: self.info.parent.clone(),
             usage: status.usage,
         }
     }

@@ -71,6 +71,7 @@ fn host(args: &[String]) {
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
                 session_id: None,
+                parent: None,
             })
             .await
             .unwrap();
@@ -130,6 +131,7 @@ fn many(args: &[String]) {
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
                 session_id: None,
+                parent: None,
             })
             .await
             .unwrap();
@@ -276,6 +278,7 @@ fn start(args: &[String]) {
                     },
                     workspace_env: Vec::new(),
                     session_id: None,
+                    parent: None,
                 })
                 .await
                 .unwrap();

@@ -56,6 +56,10 @@ fn a_lead_agent_fans_out_waits_answers_stops_and_sees_only_its_folder() {
         let files = env.git(&a, ["ls-tree", "-r", "--name-only", &branch]);
         assert!(files.lines().any(|line| line == file), "{id}: {files}");
         assert_eq!(task(&fanned, id)["workspace_mode"], "worktree");
+        // The lead agent landed them: on main, and in the user's clean checkout of it.
+        let on_main = env.git(&a, ["ls-tree", "-r", "--name-only", "main"]);
+        assert!(on_main.lines().any(|line| line == file), "{id}: {on_main}");
+        assert!(a.join(file).exists(), "{file} in the checkout");
     }
     assert!(
         String::from_utf8(env.crew(&b, ["runs", "list", "--json"]).stdout)
@@ -122,4 +126,21 @@ fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
         .to_owned();
     let files = env.git(&repo, ["ls-tree", "-r", "--name-only", &branch]);
     assert!(files.lines().any(|line| line == "two.txt"), "{files}");
+    // The sub-tasks are the lead's children: in the record, the summary and the listing.
+    for id in ["sub1", "sub2"] {
+        assert_eq!(task(&record, id)["parent"], "lead", "{record:#}");
+    }
+    assert_eq!(task(&record, "lead").get("parent"), None);
+    let show = String::from_utf8(env.crew(&repo, ["runs", "show", &runs[0]]).stdout).unwrap();
+    let table: Vec<&str> = show
+        .lines()
+        .filter(|line| line.starts_with("lead ") || line.starts_with("└ "))
+        .collect();
+    assert!(
+        table.len() == 3 && table[1].starts_with("└ sub1") && table[2].starts_with("└ sub2"),
+        "{show}"
+    );
+    let listed =
+        String::from_utf8(env.crew(&repo, ["agents", "list", "--all-runs"]).stdout).unwrap();
+    assert!(listed.contains(&format!("└ {}:sub1", runs[0])), "{listed}");
 }

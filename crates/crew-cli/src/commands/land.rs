@@ -36,12 +36,60 @@ pub struct LandArgs {
 #[allow(clippy::print_stdout)]
 pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
+    let mode = if args.squash {
+        LandMode::Squash
+    } else if args.rebase {
+        LandMode::Rebase
+    } else {
+        LandMode::Merge
+    };
+    let landed = land_targets(&ctx, &args.targets, args.into.as_deref(), mode)?;
+    if !ctx.ui.quiet {
+        let (names, into) = (landed.tasks.join(", "), &landed.into);
+        if landed.from == landed.to {
+            println!("nothing to land on {into}: {names} already there");
+        } else {
+            println!(
+                "landed {names} on {into}: {}..{}",
+                &landed.from[..12],
+                &landed.to[..12]
+            );
+            if landed.checkout_updated {
+                println!("your checkout of {into} is up to date");
+            }
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+/// What a landing did.
+#[derive(Debug, Clone)]
+pub struct Landed {
+    /// The branch the tasks landed on.
+    pub into: String,
+    /// The tasks, in the order they landed.
+    pub tasks: Vec<String>,
+    /// The target's commit before and after (equal when everything was already there).
+    pub from: String,
+    pub to: String,
+    /// The user's checkout of the target was brought up to date.
+    pub checkout_updated: bool,
+}
+
+/// Lands what `targets` name (tasks, or one run's tasks with work) on `into` (default: the
+/// branch the run started from): all of them, or none. `crew land` and the MCP `land` tool.
+pub fn land_targets(
+    ctx: &Context,
+    targets: &[String],
+    into: Option<&str>,
+    mode: LandMode,
+) -> Result<Landed, CliError> {
     let repo_root = ctx.workspace().repo_root().ok_or_else(|| {
         CliError::user("this workspace is not in a git repository: its tasks have no branches")
     })?;
-    let picked = pick(&ctx, &args.targets)?;
-    let into = match &args.into {
-        Some(branch) => branch.clone(),
+    let picked = pick(ctx, targets)?;
+    let into = match into {
+        Some(branch) => branch.to_owned(),
         None => picked
             .first()
             .and_then(|(manifest, _)| manifest.base_branch.clone())
@@ -63,13 +111,6 @@ pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
             branch,
         });
     }
-    let mode = if args.squash {
-        LandMode::Squash
-    } else if args.rebase {
-        LandMode::Rebase
-    } else {
-        LandMode::Merge
-    };
     let landed = crew_worktree::land::land(repo_root, &into, &landings, mode).map_err(|error| {
         let hint = match &error {
             LandError::Conflict { task, .. } => Some(format!(
@@ -82,29 +123,13 @@ pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
         };
         CliError::user(error).with_hints(hint)
     })?;
-    if !ctx.ui.quiet {
-        let names: Vec<&str> = landings
-            .iter()
-            .map(|landing| landing.name.as_str())
-            .collect();
-        if landed.from == landed.to {
-            println!(
-                "nothing to land on {into}: {} already there",
-                names.join(", ")
-            );
-        } else {
-            println!(
-                "landed {} on {into}: {}..{}",
-                names.join(", "),
-                &landed.from[..12],
-                &landed.to[..12]
-            );
-            if landed.checkout_updated {
-                println!("your checkout of {into} is up to date");
-            }
-        }
-    }
-    Ok(Outcome::Success)
+    Ok(Landed {
+        into,
+        tasks: landings.into_iter().map(|landing| landing.name).collect(),
+        from: landed.from,
+        to: landed.to,
+        checkout_updated: landed.checkout_updated,
+    })
 }
 
 /// The tasks the arguments name, in dependency order: a run's tasks with work, or each task.

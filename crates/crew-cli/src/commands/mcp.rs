@@ -118,6 +118,53 @@ struct MessageArgs {
     message: String,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct LandArgs {
+    /// A run id or a unique prefix.
+    run: String,
+    /// The tasks to land; default: every task of the run with work on a branch.
+    #[serde(default)]
+    tasks: Option<Vec<String>>,
+    /// The branch to land on; default: the branch the run started from.
+    #[serde(default)]
+    into: Option<String>,
+    /// `merge` (a merge commit per task, the default), `squash` (one commit per task) or
+    /// `rebase` (each task's commits replayed).
+    #[serde(default)]
+    mode: Option<LandModeArg>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum LandModeArg {
+    Merge,
+    Squash,
+    Rebase,
+}
+
+/// What a landing did, or why nothing landed.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+struct LandReport {
+    /// Every task landed; when `false`, the target did not move at all.
+    landed: bool,
+    /// The branch landed on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    into: Option<String>,
+    /// The tasks, in the order they landed.
+    tasks: Vec<String>,
+    /// The target's commit before and after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    to: Option<String>,
+    /// The user's checkout of the target was brought up to date.
+    checkout_updated: bool,
+    /// Why nothing landed (a conflict names the task and the files), and what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
+}
+
 /// A run as the tools report it.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 struct RunReport {
@@ -385,6 +432,72 @@ impl CrewMcp {
     ) -> Result<Json<DoneReport>, ErrorData> {
         self.control(&args.run, &args.task, |agent| Op::Stop { agent })
             .await
+    }
+
+    #[tool(
+        description = "Land tasks' work on a branch (default: the branch the run started from), in dependency order: all of them, or none. On a conflict nothing moves, and `problem` names the task and the files."
+    )]
+    async fn land(
+        &self,
+        Parameters(args): Parameters<LandArgs>,
+    ) -> Result<Json<LandReport>, ErrorData> {
+        let manifest = self.read(&args.run)?;
+        let targets: Vec<String> = match &args.tasks {
+            None => vec![manifest.run_id.to_string()],
+            Some(tasks) => {
+                let mut targets = Vec::new();
+                for task in tasks {
+                    let known = crew_core::TaskId::parse(task)
+                        .ok()
+                        .is_some_and(|id| manifest.task(&id).is_some());
+                    if !known {
+                        return Err(invalid(format!(
+                            "tasks: run {} has no task {task:?}",
+                            manifest.run_id
+                        )));
+                    }
+                    targets.push(format!("{}:{task}", manifest.run_id));
+                }
+                targets
+            }
+        };
+        let mode = match args.mode.unwrap_or(LandModeArg::Merge) {
+            LandModeArg::Merge => crew_worktree::land::LandMode::Merge,
+            LandModeArg::Squash => crew_worktree::land::LandMode::Squash,
+            LandModeArg::Rebase => crew_worktree::land::LandMode::Rebase,
+        };
+        let report = match crate::commands::land::land_targets(
+            &self.ctx,
+            &targets,
+            args.into.as_deref(),
+            mode,
+        ) {
+            Ok(landed) => LandReport {
+                landed: true,
+                into: Some(landed.into),
+                tasks: landed.tasks,
+                from: Some(landed.from),
+                to: Some(landed.to),
+                checkout_updated: landed.checkout_updated,
+                problem: None,
+            },
+            Err(error) => LandReport {
+                landed: false,
+                into: args.into,
+                tasks: Vec::new(),
+                from: None,
+                to: None,
+                checkout_updated: false,
+                problem: Some(
+                    error
+                        .render()
+                        .trim_end()
+                        .trim_start_matches("error: ")
+                        .to_owned(),
+                ),
+            },
+        };
+        Ok(Json(report))
     }
 
     #[tool(description = "A task's work against its base, as git diff prints it (cut at 64 KiB).")]

@@ -72,6 +72,7 @@ impl Runner {
                 manifest.workspace_mode,
             );
             record.timeout = self.config.run.task_timeout;
+            record.parent = Some(agent.task_id().clone());
             records.push(record);
         }
         let store = self.store.clone();

@@ -265,6 +265,7 @@ impl RunContext {
             },
             workspace_env: workspace_env(workspace),
             session_id: task.session_id.clone(),
+            parent: task.parent.clone(),
         }
     }
 

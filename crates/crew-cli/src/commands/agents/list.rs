@@ -44,6 +44,9 @@ pub struct AgentRow {
     pub last_line: Option<String>,
     /// `enforced`, `off` or `unsupported`: whether the kernel confined it.
     pub sandbox: Option<crew_core::SandboxState>,
+    /// The task whose agent submitted this one (a lead agent's sub-task), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<TaskId>,
     /// Tokens and cost, when its agent's protocol reports them (for a live agent: its starts
     /// in its current host).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +124,7 @@ pub async fn rows(
             question: agent.question.clone(),
             exit: agent.exit.clone(),
             last_line: agent.last_lines.last().cloned(),
+            parent: agent.parent.clone(),
             usage: agent.usage,
             sandbox: agent.sandbox.or_else(|| {
                 task.and_then(|task| task.sandbox.as_ref())
@@ -160,6 +164,7 @@ pub async fn rows(
                     &ctx.store().output_log_path(run_id, &task.id),
                 ),
                 sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),
+                parent: task.parent.clone(),
                 usage: task.usage,
             });
         }
@@ -184,7 +189,7 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
     } else {
         &["AGENT", "STATUS", "PID", "AGE", "CMD", "LAST"][..]
     });
-    for row in rows {
+    for (row, depth) in family_order(rows) {
         let status = row.task_status.as_deref().and_then(|status| {
             serde_json::from_value::<crew_core::model::TaskStatus>(serde_json::Value::String(
                 status.into(),
@@ -212,7 +217,7 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
         };
         table.row(
             vec![
-                cell(row.agent_id.to_string()),
+                cell(crate::ui::nested(&row.agent_id.to_string(), depth)),
                 shown_status,
                 cell(row.pid.map_or_else(|| "-".into(), |pid| pid.to_string())),
                 cell(between(row.started_at, None).map_or_else(|| "-".into(), duration)),
@@ -232,4 +237,13 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
     }
     print!("{}", table.render(&ctx.ui));
     Ok(())
+}
+
+/// The rows with each agent's sub-tasks right after it, and how deep each is.
+fn family_order(rows: &[AgentRow]) -> Vec<(&AgentRow, usize)> {
+    crew_core::model::family_order(
+        rows,
+        |row| (row.run_id.clone(), row.task_id.clone()),
+        |row| Some((row.run_id.clone(), row.parent.clone()?)),
+    )
 }
