@@ -122,6 +122,17 @@ check(
   `land: ${JSON.stringify(landed)}`,
 );
 
+// An agent that reports its usage: tokens and cost in status.
+const costly = await call(a, "run_tasks", {
+  tasks: [{ id: "priced", prompt: "write priced.txt", agent: "claude" }],
+  wait: true,
+});
+const priced = task((await call(a, "status", { run: costly.run_id })).runs[0], "priced");
+check(
+  priced.status === "succeeded" && priced.cost_usd === 0.0125 && priced.tokens_in === 155 && priced.tokens_out === 20,
+  `usage in status: ${JSON.stringify(priced)}`,
+);
+
 // A task asks; the answer reaches it.
 const asking = await call(a, "run_tasks", {
   tasks: [{

@@ -408,12 +408,10 @@ pub struct Usage {
 impl fmt::Display for Usage {
     /// `12.3k tokens in, 4.5k out, $0.0123, 3 turns` (cache reads count as input).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let input =
-            self.input_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens;
         write!(
             f,
             "{} tokens in, {} out",
-            Usage::count(input),
+            Usage::count(self.input_total()),
             Usage::count(self.output_tokens)
         )?;
         if let Some(cost) = self.cost_usd {
@@ -424,6 +422,11 @@ impl fmt::Display for Usage {
 }
 
 impl Usage {
+    /// Every input token: fresh, read from the cache, and written to it.
+    pub fn input_total(&self) -> u64 {
+        self.input_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens
+    }
+
     /// A cost as people read it: `$0.0123`, `$1.25`.
     pub fn dollars(cost: f64) -> String {
         if cost < 1.0 {

@@ -22,6 +22,14 @@ fn a_lead_agent_fans_out_waits_answers_stops_and_sees_only_its_folder() {
     let env = TestEnv::new();
     let a = env.repo("lead-a");
     let b = env.repo("lead-b");
+    // An agent that reports tokens and cost (the stream-json stand-in).
+    let fake = crew_tests::helper_bin("fake-claude");
+    crew_tests::write(
+        &a.join(".crew/agents/claude.toml"),
+        &format!(
+            "command = [\"{fake}\", \"-p\", \"--input-format\", \"stream-json\", \"--output-format\", \"stream-json\", \"--verbose\"]\nprotocol = \"claude-stream-json\"\n"
+        ),
+    );
     let output = env
         .hermetic(&mut std::process::Command::new("node"))
         .arg(&script)

@@ -191,6 +191,16 @@ struct TaskReport {
     question: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
+    /// Tokens in (cache reads included) and out, when the task's agent reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "count_schema")]
+    tokens_in: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "count_schema")]
+    tokens_out: Option<u64>,
+    /// What the task cost in US dollars, when its agent reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost_usd: Option<f64>,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -252,6 +262,9 @@ fn report(manifest: &RunManifest) -> RunReport {
                         .clone()
                         .filter(|_| task.status == TaskStatus::Waiting),
                     reason: task.reason.clone(),
+                    tokens_in: task.usage.map(|usage| usage.input_total()),
+                    tokens_out: task.usage.map(|usage| usage.output_tokens),
+                    cost_usd: task.usage.and_then(|usage| usage.cost_usd),
                 }
             })
             .collect(),
