@@ -164,6 +164,7 @@ impl Bench {
             mode: WorkspaceMode::Worktree,
             base: Some(self.base.clone()),
             upstream: Vec::new(),
+            progress: None,
         }
     }
 

@@ -49,8 +49,23 @@ pub async fn run_here(
     let running = host.start_run(run_id, resumes);
     let signals = tokio::spawn(watch_signals(running.canceller(), ctx.ui.quiet));
     let (finished, finish) = tokio::sync::oneshot::channel();
-    let printer =
-        progress.then(|| tokio::spawn(print_progress(events, finish, ctx.clone(), run_id.clone())));
+    let printer = progress.then(|| {
+        let tasks = ctx
+            .read_run(run_id)
+            .map(|manifest| manifest.tasks)
+            .unwrap_or_default();
+        if ctx.ui.live {
+            tokio::spawn(crate::block::show(
+                events,
+                finish,
+                ctx.clone(),
+                run_id.clone(),
+                tasks,
+            ))
+        } else {
+            tokio::spawn(print_progress(events, finish, ctx.clone(), run_id.clone()))
+        }
+    });
     let result = running.finish().await;
     signals.abort();
     if let Some(printer) = printer {

@@ -16,6 +16,7 @@ macro_rules! out {
     }};
 }
 
+mod block;
 pub mod commands;
 mod context;
 mod error;

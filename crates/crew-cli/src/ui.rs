@@ -23,6 +23,9 @@ pub struct Ui {
     /// Standard output is a terminal (live progress may be richer).
     pub terminal: bool,
     pub quiet: bool,
+    /// Progress may redraw in place: a terminal that is not `TERM=dumb`, without `NO_COLOR`,
+    /// and not `-q`.
+    pub live: bool,
 }
 
 /// A color for a piece of text.
@@ -45,10 +48,12 @@ impl Ui {
             ColorChoice::Never => false,
             ColorChoice::Auto => terminal && !no_color,
         };
+        let dumb = std::env::var("TERM").is_ok_and(|term| term == "dumb");
         Ui {
             color,
             terminal,
             quiet,
+            live: terminal && !no_color && !dumb && !quiet,
         }
     }
 
@@ -268,6 +273,7 @@ mod tests {
             color: true,
             terminal: false,
             quiet: false,
+            live: false,
         };
         let mut table = Table::new(&["A", "B"]);
         table.row(vec![styled("long cell", Style::Good), cell("x")]);

@@ -75,6 +75,36 @@ pub struct WorkspaceRequest {
     /// leader and takes its HEAD itself.
     pub base: Option<String>,
     pub upstream: Vec<UpstreamWork>,
+    /// Where to tell how far a long step has come (a checkout of many files), if anywhere.
+    pub progress: Option<ProgressSink>,
+}
+
+/// How far a long step of preparing a workspace has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Files of the task's commit written into its workspace, of all of them.
+    Checkout { done: u64, total: u64 },
+}
+
+/// Where a provider tells [`Progress`]: called from whichever thread does the work, a few
+/// times a second at most.
+#[derive(Clone)]
+pub struct ProgressSink(std::sync::Arc<dyn Fn(Progress) + Send + Sync>);
+
+impl ProgressSink {
+    pub fn new(tell: impl Fn(Progress) + Send + Sync + 'static) -> Self {
+        ProgressSink(std::sync::Arc::new(tell))
+    }
+
+    pub fn tell(&self, progress: Progress) {
+        (self.0)(progress);
+    }
+}
+
+impl fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProgressSink")
+    }
 }
 
 /// What a run asks of its provider before any task starts.

@@ -59,6 +59,8 @@ async fn main() -> Result<(), Error> {
                         println!("  {agent_id}: {line}");
                     }
                 }
+                // How far a checkout has come: for a progress display, not for this log.
+                Ok(HostEvent::Activity(_)) => {}
                 Err(lagged) => println!("(missed events: {lagged})"),
             },
             result = &mut finish => break result?,

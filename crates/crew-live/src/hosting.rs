@@ -28,7 +28,7 @@ use crate::events::AgentEvent;
 use crate::host::AgentHost;
 use crate::project::Project;
 use crate::publish::{Publisher, listing_path};
-use crate::runner::{CancelLevel, RunError, RunSpec, Runner, TaskProgress};
+use crate::runner::{CancelLevel, RunError, RunSpec, Runner, TaskActivity, TaskProgress};
 
 /// How a host presents itself.
 #[derive(Debug, Clone, Default)]
@@ -64,6 +64,8 @@ pub enum HostEvent {
     Task(Box<TaskProgress>),
     /// An agent started, wrote a line, asked, changed state or exited.
     Agent(Box<AgentEvent>),
+    /// A long step of preparing a task's workspace moved on (its checkout).
+    Activity(TaskActivity),
 }
 
 /// The events of a host, as they happen. A listener that falls far behind loses the oldest
@@ -72,6 +74,7 @@ pub enum HostEvent {
 pub struct HostEvents {
     tasks: broadcast::Receiver<TaskProgress>,
     agents: broadcast::Receiver<AgentEvent>,
+    activity: broadcast::Receiver<TaskActivity>,
 }
 
 impl HostEvents {
@@ -82,6 +85,7 @@ impl HostEvents {
             biased;
             task = self.tasks.recv() => task.map(|task| HostEvent::Task(Box::new(task))),
             agent = self.agents.recv() => agent.map(|agent| HostEvent::Agent(Box::new(agent))),
+            activity = self.activity.recv() => activity.map(HostEvent::Activity),
         };
         match event {
             Err(RecvError::Closed) => None,
@@ -160,6 +164,7 @@ impl Host {
         HostEvents {
             tasks: self.runner.progress(),
             agents: self.runner.host().subscribe(),
+            activity: self.runner.activity(),
         }
     }
 

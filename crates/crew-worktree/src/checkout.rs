@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, LazyLock, Mutex, Once};
 use std::time::Duration;
 
 use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::provider::{Progress, ProgressSink};
 use git2::{
     FileMode, IndexEntry, IndexTime, ObjectType, Oid, Repository, TreeWalkMode, TreeWalkResult,
 };
@@ -36,21 +37,75 @@ const CHUNK: usize = 64;
 /// At most this many worktrees share one pass.
 const MAX_BATCH: usize = 16;
 
-/// Fills the worktree at `root` with the files of `commit` and writes its index.
-pub fn populate(root: &Utf8Path, common: &Utf8Path, commit: Oid) -> Result<(), git2::Error> {
+/// How often a checkout tells how far it has come.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Where each worktree being filled tells its progress (see [`populate`]).
+static PROGRESS: LazyLock<Mutex<HashMap<Utf8PathBuf, ProgressSink>>> =
+    LazyLock::new(Default::default);
+
+/// Fills the worktree at `root` with the files of `commit` and writes its index, telling
+/// `progress` how many files are written a few times a second.
+pub fn populate(
+    root: &Utf8Path,
+    common: &Utf8Path,
+    commit: Oid,
+    progress: Option<&ProgressSink>,
+) -> Result<(), git2::Error> {
     let repo = Repository::open(root)?;
     if !fast_path_allowed(&repo, common)? {
         drop(repo);
-        return libgit2_checkout(root);
+        return libgit2_checkout(root, progress);
     }
     drop(repo);
-    join_batch(common, commit, root)
+    let registered = progress.map(|sink| {
+        lock(&PROGRESS).insert(root.to_owned(), sink.clone());
+        root
+    });
+    let filled = join_batch(common, commit, root);
+    if let Some(root) = registered {
+        lock(&PROGRESS).remove(root);
+    }
+    filled
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Tells the worktrees of `targets` that `done` of `total` files are written.
+fn tell_progress(targets: &[Utf8PathBuf], done: usize, total: usize) {
+    let sinks = lock(&PROGRESS);
+    for target in targets {
+        if let Some(sink) = sinks.get(target) {
+            sink.tell(Progress::Checkout {
+                done: done.min(total) as u64,
+                total: total as u64,
+            });
+        }
+    }
 }
 
 /// libgit2's forced checkout of HEAD: handles attributes, filters and everything else.
-fn libgit2_checkout(root: &Utf8Path) -> Result<(), git2::Error> {
+fn libgit2_checkout(root: &Utf8Path, progress: Option<&ProgressSink>) -> Result<(), git2::Error> {
     let repo = Repository::open(root)?;
-    repo.checkout_head(Some(git2::build::CheckoutBuilder::new().force()))
+    let mut builder = git2::build::CheckoutBuilder::new();
+    builder.force();
+    if let Some(sink) = progress {
+        let mut told = std::time::Instant::now();
+        builder.progress(move |_, done, total| {
+            if told.elapsed() >= PROGRESS_EVERY {
+                told = std::time::Instant::now();
+                sink.tell(Progress::Checkout {
+                    done: done as u64,
+                    total: total as u64,
+                });
+            }
+        });
+    }
+    repo.checkout_head(Some(&mut builder))
 }
 
 /// The fast path writes files byte for byte: only when no configuration would transform them.
@@ -193,7 +248,7 @@ fn join_batch(common: &Utf8Path, commit: Oid, root: &Utf8Path) -> Result<(), git
     drop(state);
     match filled {
         Some(Filled::Written) => Ok(()),
-        Some(Filled::NeedsFilters) => libgit2_checkout(root),
+        Some(Filled::NeedsFilters) => libgit2_checkout(root, None),
         Some(Filled::Failed(message)) => Err(git2::Error::from_str(&message)),
         None => Err(git2::Error::from_str(
             "the checkout batch lost this worktree",
@@ -250,7 +305,24 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
     let workers = std::thread::available_parallelism()
         .map_or(2, |count| count.get())
         .clamp(1, 8);
+    let (finished, reporter_wait) = std::sync::mpsc::channel::<()>();
     let collected: Vec<Vec<(usize, usize, IndexEntry)>> = std::thread::scope(|scope| {
+        // Tells the worktrees' progress until the workers are done (the channel closes).
+        let (handed_out, total) = (&next, entries.len());
+        let watched = {
+            let sinks = lock(&PROGRESS);
+            targets.iter().any(|target| sinks.contains_key(target))
+        };
+        scope.spawn(move || {
+            if !watched {
+                return;
+            }
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                reporter_wait.recv_timeout(PROGRESS_EVERY)
+            {
+                tell_progress(targets, handed_out.load(Ordering::Relaxed), total);
+            }
+        });
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
@@ -347,11 +419,14 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
                 })
             })
             .collect();
-        handles
+        let collected = handles
             .into_iter()
             .map(|handle| handle.join().unwrap_or_default())
-            .collect()
+            .collect();
+        drop(finished);
+        collected
     });
+    tell_progress(targets, entries.len(), entries.len());
 
     let mut per_target: Vec<Vec<(usize, IndexEntry)>> =
         targets.iter().map(|_| Vec::new()).collect();

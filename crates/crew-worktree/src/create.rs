@@ -14,7 +14,7 @@ use crew_core::config::WorktreeSettings;
 use crew_core::fsutil::{FileLock, ensure_real_dir};
 use crew_core::git_exclude::ensure_excluded;
 use crew_core::paths::DirIdentity;
-use crew_core::provider::{TaskWorkspace, UpstreamWork, WorkspaceKind};
+use crew_core::provider::{ProgressSink, TaskWorkspace, UpstreamWork, WorkspaceKind};
 use crew_core::{RunId, TaskId};
 use git2::{BranchType, Oid, Repository};
 
@@ -57,6 +57,8 @@ pub struct CreateWorktree<'a> {
     pub invocation_dir: &'a Utf8Path,
     /// Where to record what `setup` (and crew's copies) left: the task's baseline.
     pub baseline_file: Option<Utf8PathBuf>,
+    /// Where to tell how the checkout moves on.
+    pub progress: Option<&'a ProgressSink>,
 }
 
 /// Gives the task its worktree: an existing one of the same task, or a new one on its branch.
@@ -277,7 +279,7 @@ fn finish_outside_lock(
     let filled = if recycled {
         pool::switch(&names.root, tip, request.settings)
     } else {
-        checkout::populate(&names.root, common, tip)
+        checkout::populate(&names.root, common, tip, request.progress)
     };
     filled.map_err(|source| PrepareWorktreeError::Checkout {
         path: names.root.clone(),

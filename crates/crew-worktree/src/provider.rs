@@ -294,6 +294,7 @@ impl CrewWorkspaces {
             upstream: &request.upstream,
             invocation_dir: &request.invocation_dir,
             baseline_file: self.baseline_file(request, repo_root),
+            progress: request.progress.as_ref(),
         })
     }
 

@@ -25,6 +25,7 @@ fn request(workspace: &Workspace, run_id: &RunId, task: &str) -> WorkspaceReques
         mode: WorkspaceMode::Worktree,
         base: None,
         upstream: Vec::new(),
+        progress: None,
     }
 }
 

@@ -26,6 +26,7 @@ mod library;
 mod live_agents;
 mod live_control;
 mod run_records;
+mod terminal;
 mod worktree_listing;
 mod worktree_pool;
 mod worktree_prepare;

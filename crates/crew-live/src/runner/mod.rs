@@ -27,7 +27,7 @@ use camino::Utf8PathBuf;
 use crew_core::config::{ProjectConfig, WorkspaceMode};
 use crew_core::host::{HostIdentity, HostIdentityError};
 use crew_core::model::{EventKind, HostRecord, RunEvent, RunStatus, TaskRecord, TaskStatus};
-use crew_core::provider::{AllocateWorkspaceError, WorkspaceProvider};
+use crew_core::provider::{AllocateWorkspaceError, Progress, WorkspaceProvider};
 use crew_core::store::StateError;
 use crew_core::{RunId, StateStore, TaskId, Team, Workspace};
 
@@ -153,6 +153,14 @@ pub struct TaskProgress {
     pub task: Option<TaskRecord>,
 }
 
+/// A long step of preparing a task's workspace moved on: what a host shows while it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskActivity {
+    pub run_id: RunId,
+    pub task_id: TaskId,
+    pub progress: Progress,
+}
+
 /// Runs teams of agents in one workspace, on one host.
 #[derive(Debug, Clone)]
 pub struct Runner {
@@ -163,6 +171,7 @@ pub struct Runner {
     config: ProjectConfig,
     label: Option<String>,
     progress: tokio::sync::broadcast::Sender<TaskProgress>,
+    activity: tokio::sync::broadcast::Sender<TaskActivity>,
     /// Per run, the changes that could not be saved (see [`RunError::Unrecorded`]).
     unrecorded: Arc<Mutex<HashMap<RunId, Vec<String>>>>,
 }
@@ -183,6 +192,7 @@ impl Runner {
             config,
             label: None,
             progress: tokio::sync::broadcast::channel(1024).0,
+            activity: tokio::sync::broadcast::channel(256).0,
             unrecorded: Arc::default(),
         }
     }
@@ -190,6 +200,11 @@ impl Runner {
     /// Every task status change of the runs this runner executes.
     pub fn progress(&self) -> tokio::sync::broadcast::Receiver<TaskProgress> {
         self.progress.subscribe()
+    }
+
+    /// How the long steps of preparing workspaces move on (checkouts).
+    pub fn activity(&self) -> tokio::sync::broadcast::Receiver<TaskActivity> {
+        self.activity.subscribe()
     }
 
     /// Logs a saved status change in the run's events and announces it to progress listeners.

@@ -21,12 +21,12 @@ use crew_core::model::{
     WorkspaceRecord,
 };
 use crew_core::provider::{
-    AllocateWorkspaceError, TaskWorkspace, TeardownRequest, UpstreamWork, WorkspaceKind,
-    WorkspaceRequest,
+    AllocateWorkspaceError, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
+    WorkspaceKind, WorkspaceRequest,
 };
 use crew_core::{AgentId, RunId, TaskId};
 
-use super::{CancelLevel, RunError, Runner, blocking};
+use super::{CancelLevel, RunError, Runner, TaskActivity, blocking};
 use crate::agent::AgentSpec;
 use crate::registry::AgentHandle;
 use crate::sandbox::SandboxPlan;
@@ -191,6 +191,20 @@ impl RunContext {
         Ok(definition)
     }
 
+    /// Where the provider tells how the preparation of `task`'s workspace moves on.
+    fn progress_sink(&self, task: &TaskId) -> ProgressSink {
+        let activity = self.runner.activity.clone();
+        let (run_id, task_id) = (self.run_id.clone(), task.clone());
+        ProgressSink::new(move |progress| {
+            // Nobody watching is no error: progress is only for those who do.
+            let _ = activity.send(TaskActivity {
+                run_id: run_id.clone(),
+                task_id: task_id.clone(),
+                progress,
+            });
+        })
+    }
+
     /// The workspace request of a task, with its upstream tasks' branches.
     async fn workspace_request(&self, task: &TaskRecord) -> Result<WorkspaceRequest, RunError> {
         let manifest = self.runner.read(&self.run_id).await?;
@@ -215,6 +229,7 @@ impl RunContext {
             mode: task.workspace_mode,
             base: self.base.clone(),
             upstream,
+            progress: Some(self.progress_sink(&task.id)),
         })
     }
 

@@ -50,6 +50,7 @@ impl Fixture {
             mode,
             base: None,
             upstream: Vec::new(),
+            progress: None,
         }
     }
 

@@ -1,0 +1,286 @@
+//! crew on a real terminal: tmux runs it, `capture-pane` reads the screen.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_tests::{TestEnv, render_output};
+
+/// A tmux server of the test's own (its socket in the test's directory), killed when dropped.
+struct Tmux {
+    socket: Utf8PathBuf,
+}
+
+impl Tmux {
+    /// `None` (and the test says it was skipped) when tmux is not installed, unless
+    /// `CREW_TESTS_REQUIRE_TMUX` says it must be.
+    fn start(env: &TestEnv, test: &str, script: &Utf8Path) -> Option<Tmux> {
+        let installed = Command::new("tmux")
+            .arg("-V")
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !installed {
+            assert!(
+                std::env::var_os("CREW_TESTS_REQUIRE_TMUX").is_none(),
+                "{test} cannot run: tmux is not installed"
+            );
+            eprintln!("SKIPPED {test}: tmux is not installed");
+            return None;
+        }
+        let tmux = Tmux {
+            socket: env.root().join("tmux.sock"),
+        };
+        let started = tmux
+            .command()
+            .args(["new-session", "-d", "-x", "110", "-y", "50", "sh"])
+            .arg(script.as_str())
+            .output()
+            .unwrap();
+        assert!(started.status.success(), "{}", render_output(&started));
+        Some(tmux)
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new("tmux");
+        // UTF-8 whatever the locale of the test's process.
+        command.args(["-u", "-S", self.socket.as_str()]);
+        command
+    }
+
+    /// The screen as it is now.
+    fn screen(&self) -> String {
+        let output = self
+            .command()
+            .args(["capture-pane", "-p"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The screen once `ready` holds for it; fails after 30 seconds with the last screen.
+    fn screen_when(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if ready(&screen) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "never on screen: {what}\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        // The server may be gone already; nothing else to clean up then.
+        let _ = self.command().arg("kill-server").output();
+    }
+}
+
+/// A shell script that runs `crew args…` in `dir` with the test's hermetic environment, then
+/// says how it exited and waits (so that the screen stays).
+fn crew_script(env: &TestEnv, dir: &Utf8Path, args: &[&str]) -> Utf8PathBuf {
+    let crew = crew_tests::crew_bin();
+    let quote = |text: &str| format!("'{}'", text.replace('\'', r"'\''"));
+    let path = format!(
+        "{}:{}",
+        crew.parent().unwrap(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut script = String::new();
+    for (name, value) in [
+        ("HOME", env.home().to_string()),
+        ("TMPDIR", env.tmp().to_string()),
+        ("PATH", path),
+        ("GIT_CONFIG_GLOBAL", "/dev/null".to_owned()),
+        ("GIT_CONFIG_SYSTEM", "/dev/null".to_owned()),
+        ("GIT_CONFIG_NOSYSTEM", "1".to_owned()),
+        ("LANG", "C.UTF-8".to_owned()),
+        ("TERM", "tmux-256color".to_owned()),
+    ] {
+        script.push_str(&format!("export {name}={}\n", quote(&value)));
+    }
+    script.push_str("unset NO_COLOR\n");
+    script.push_str(&format!("cd {}\n", quote(dir.as_str())));
+    let args: Vec<String> = args.iter().map(|arg| quote(arg)).collect();
+    script.push_str(&format!("{} {}\n", quote(crew.as_str()), args.join(" ")));
+    script.push_str("echo \"EXITED-$?\"\nsleep 600\n");
+    let path = env.root().join("run.sh");
+    crew_tests::write(&path, &script);
+    path
+}
+
+/// The screen lines of task `id` in the block (`  <symbol> <id> …`).
+fn task_lines<'a>(screen: &'a str, id: &str) -> Vec<&'a str> {
+    screen
+        .lines()
+        .filter(|line| {
+            let mut words = line.split_whitespace();
+            line.starts_with("  ")
+                && words
+                    .next()
+                    .is_some_and(|symbol| symbol.chars().count() == 1)
+                && words.next() == Some(id)
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_on_a_terminal_draws_one_line_per_task_and_leaves_the_summary() {
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let go = env.root().join("go");
+    let wait_for_go = format!("while [ ! -e {go} ]; do sleep 0.05; done");
+    let script = crew_script(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            &format!("a=echo step-a; {wait_for_go}; echo more > a.txt"),
+            "--task",
+            "b=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > b.txt; exit 0; fi; crew ask 'which way?'",
+            "--task",
+            "c=echo hi > c.txt",
+            // An agent that tries to clear the screen, move the cursor and retitle the window.
+            "--task",
+            &format!("d=printf '\\033[2J\\033[H\\033]0;pwned\\007hostile\\n'; {wait_for_go}"),
+        ],
+    );
+    let Some(tmux) = Tmux::start(
+        &env,
+        "a_run_on_a_terminal_draws_one_line_per_task_and_leaves_the_summary",
+        &script,
+    ) else {
+        return;
+    };
+    let live = tmux.screen_when("every task in its place", |screen| {
+        task_lines(screen, "a")
+            .first()
+            .is_some_and(|line| line.contains("step-a"))
+            && task_lines(screen, "b")
+                .first()
+                .is_some_and(|line| line.contains("waiting for you: which way?"))
+            && task_lines(screen, "c")
+                .first()
+                .is_some_and(|line| line.contains("succeeded"))
+            && task_lines(screen, "d")
+                .first()
+                .is_some_and(|line| line.contains("hostile"))
+    });
+    // One line per task, redrawn in place; the header counts who needs the user.
+    for id in ["a", "b", "c", "d"] {
+        assert_eq!(task_lines(&live, id).len(), 1, "{id}:\n{live}");
+    }
+    assert!(live.contains("1 waiting for you"), "{live}");
+    // The agent's escapes were shown as text: the screen was not cleared above the block.
+    assert!(live.starts_with("crew: run "), "{live}");
+    assert!(task_lines(&live, "d")[0].contains('\u{fffd}'), "{live}");
+
+    let answered = env.crew(&repo, ["agents", "follow-up", "b", "left"]);
+    assert!(answered.status.success(), "{}", render_output(&answered));
+    crew_tests::write(&go, "");
+    let end = tmux.screen_when("the run's end", |screen| screen.contains("EXITED-"));
+    // The block gave way to the summary: each task once, in the table.
+    assert!(end.contains("EXITED-0"), "{end}");
+    assert!(end.contains("TASK") && end.contains("STATUS"), "{end}");
+    for id in ["a", "b", "c", "d"] {
+        let rows: Vec<&str> = end
+            .lines()
+            .filter(|line| line.split_whitespace().next() == Some(id))
+            .collect();
+        assert_eq!(rows.len(), 1, "{id}:\n{end}");
+        assert!(rows[0].contains("succeeded"), "{id}:\n{end}");
+    }
+    assert!(
+        !end.contains("waiting for you") && !end.contains('▸'),
+        "{end}"
+    );
+}
+
+/// A repository whose one commit holds `files` small files (made with `git fast-import`).
+fn large_repo(env: &TestEnv, files: usize) -> Utf8PathBuf {
+    use std::io::Write;
+    let repo = env.dir("large");
+    env.git(&repo, ["init", "-q", "-b", "main"]);
+    let mut stream = String::new();
+    for index in 0..files {
+        let data = format!("file {index}\n");
+        stream.push_str(&format!(
+            "blob\nmark :{}\ndata {}\n{data}",
+            index + 1,
+            data.len()
+        ));
+    }
+    stream.push_str(&format!(
+        "commit refs/heads/main\nmark :{}\ncommitter t <t@example.com> 0 +0000\ndata 6\nfiles\n",
+        files + 1
+    ));
+    for index in 0..files {
+        stream.push_str(&format!(
+            "M 100644 :{} d{}/f{index}.txt\n",
+            index + 1,
+            index / 1000
+        ));
+    }
+    let mut import = env
+        .hermetic(&mut Command::new("git"))
+        .args(["fast-import", "--quiet"])
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    import
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stream.as_bytes())
+        .unwrap();
+    assert!(import.wait().unwrap().success());
+    env.git(&repo, ["reset", "-q", "--hard", "main"]);
+    repo
+}
+
+#[test]
+fn a_slow_checkout_shows_how_far_it_has_come() {
+    let env = TestEnv::reachable_by_others();
+    let repo = large_repo(&env, 40_000);
+    let script = crew_script(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "true",
+        ],
+    );
+    let Some(tmux) = Tmux::start(&env, "a_slow_checkout_shows_how_far_it_has_come", &script) else {
+        return;
+    };
+    let preparing = tmux.screen_when("checkout progress", |screen| {
+        task_lines(screen, "shell")
+            .first()
+            .is_some_and(|line| line.contains("preparing") && line.contains(" of 40000 files)"))
+    });
+    let line = task_lines(&preparing, "shell")[0];
+    assert!(
+        line.contains("checkout ") && line.contains("% ("),
+        "{preparing}"
+    );
+    let end = tmux.screen_when("the run's end", |screen| screen.contains("EXITED-"));
+    assert!(
+        end.contains("EXITED-0") && !end.contains(" of 40000 files)"),
+        "{end}"
+    );
+}
