@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output};
 
+use crate::common::runs::shell_worktree_args;
+
 /// A tmux server of the test's own (its socket in the test's directory), killed when dropped.
 struct Tmux {
     socket: Utf8PathBuf,
@@ -83,7 +85,7 @@ impl Drop for Tmux {
 
 /// A shell script that runs `crew args…` in `dir` with the test's hermetic environment, then
 /// says how it exited and waits (so that the screen stays).
-fn crew_script(env: &TestEnv, dir: &Utf8Path, args: &[&str]) -> Utf8PathBuf {
+fn crew_script(env: &TestEnv, dir: &Utf8Path, args: &[String]) -> Utf8PathBuf {
     let crew = crew_tests::crew_bin();
     let quote = |text: &str| format!("'{}'", text.replace('\'', r"'\''"));
     let path = format!(
@@ -135,26 +137,15 @@ fn a_run_on_a_terminal_draws_one_line_per_task_and_leaves_the_summary() {
     let repo = env.repo("project");
     let go = env.root().join("go");
     let wait_for_go = format!("while [ ! -e {go} ]; do sleep 0.05; done");
-    let script = crew_script(
-        &env,
-        &repo,
-        &[
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--task",
-            &format!("a=echo step-a; {wait_for_go}; echo more > a.txt"),
-            "--task",
-            "b=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > b.txt; exit 0; fi; crew ask 'which way?'",
-            "--task",
-            "c=echo hi > c.txt",
-            // An agent that tries to clear the screen, move the cursor and retitle the window.
-            "--task",
-            &format!("d=printf '\\033[2J\\033[H\\033]0;pwned\\007hostile\\n'; {wait_for_go}"),
-        ],
-    );
+    let b = "b=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > b.txt; exit 0; fi; crew ask 'which way?'";
+    let args = shell_worktree_args(&[
+        &format!("a=echo step-a; {wait_for_go}; echo more > a.txt"),
+        b,
+        "c=echo hi > c.txt",
+        // An agent that tries to clear the screen, move the cursor and retitle the window.
+        &format!("d=printf '\\033[2J\\033[H\\033]0;pwned\\007hostile\\n'; {wait_for_go}"),
+    ]);
+    let script = crew_script(&env, &repo, &args);
     let Some(tmux) = Tmux::start(
         &env,
         "a_run_on_a_terminal_draws_one_line_per_task_and_leaves_the_summary",
@@ -252,26 +243,15 @@ fn large_repo(env: &TestEnv, files: usize) -> Utf8PathBuf {
 #[test]
 fn a_slow_checkout_shows_how_far_it_has_come() {
     let env = TestEnv::reachable_by_others();
-    let repo = large_repo(&env, 40_000);
-    let script = crew_script(
-        &env,
-        &repo,
-        &[
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "true",
-        ],
-    );
+    let repo = large_repo(&env, 20_000);
+    let script = crew_script(&env, &repo, &shell_worktree_args(&["shell=true"]));
     let Some(tmux) = Tmux::start(&env, "a_slow_checkout_shows_how_far_it_has_come", &script) else {
         return;
     };
     let preparing = tmux.screen_when("checkout progress", |screen| {
         task_lines(screen, "shell")
             .first()
-            .is_some_and(|line| line.contains("preparing") && line.contains(" of 40000 files)"))
+            .is_some_and(|line| line.contains("preparing") && line.contains(" of 20000 files)"))
     });
     let line = task_lines(&preparing, "shell")[0];
     assert!(
@@ -280,7 +260,7 @@ fn a_slow_checkout_shows_how_far_it_has_come() {
     );
     let end = tmux.screen_when("the run's end", |screen| screen.contains("EXITED-"));
     assert!(
-        end.contains("EXITED-0") && !end.contains(" of 40000 files)"),
+        end.contains("EXITED-0") && !end.contains(" of 20000 files)"),
         "{end}"
     );
 }

@@ -42,11 +42,20 @@ pub fn finished_run(env: &TestEnv, dir: &Utf8Path, args: &[&str]) -> String {
 /// `crew run --agent shell --workspace-mode worktree --task <task>…` in `dir`, to its end (it
 /// must succeed); the run's id.
 pub fn shell_worktree_run(env: &TestEnv, dir: &Utf8Path, tasks: &[&str]) -> String {
-    let mut args = vec!["run", "--agent", "shell", "--workspace-mode", "worktree"];
-    for task in tasks {
-        args.extend(["--task", task]);
-    }
+    let args = shell_worktree_args(tasks);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     finished_run(env, dir, &args)
+}
+
+/// The arguments of `crew run --agent shell --workspace-mode worktree --task <task>…`.
+pub fn shell_worktree_args(tasks: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "--agent", "shell", "--workspace-mode", "worktree"]
+        .map(str::to_owned)
+        .to_vec();
+    for task in tasks {
+        args.extend(["--task".to_owned(), (*task).to_owned()]);
+    }
+    args
 }
 
 /// The ids of the runs of the workspace at `dir`, newest first.
