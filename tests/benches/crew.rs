@@ -284,7 +284,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
-    // sandbox.
+    // sandbox, block.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
     if wanted("eight") {
@@ -307,6 +307,9 @@ fn main() {
     }
     if wanted("sandbox") {
         sandboxed_starts(&bench);
+    }
+    if wanted("block") {
+        live_block(&bench);
     }
 
     let _ = std::fs::remove_dir_all(&root);
@@ -762,5 +765,129 @@ fn many_agents(bench: &Bench) {
         } else {
             "MISSED"
         },
+    );
+}
+
+/// `crew run` of 200 sleeping agents drawing its live block in a terminal (tmux): the host's
+/// CPU while they sleep, against the same run printing to a pipe. The block redraws at most ten
+/// times a second and once a second for the elapsed times; it must stay within the idle target.
+fn live_block(bench: &Bench) {
+    if !Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|output| output.status.success())
+    {
+        println!(
+            "{:<44} skipped: tmux is not installed",
+            "200 agents, live block"
+        );
+        return;
+    }
+    const AGENTS: &str = "200";
+    let project = bench.root.join("block-project");
+    std::fs::create_dir_all(&project).unwrap();
+    let crew = crew_binary();
+    let pid_file = bench.root.join("block.pid");
+    let run = format!(
+        "echo $$ > {pid_file}; exec {crew} run --agent shell --workspace-mode single --fan-out {AGENTS} 'sleep 20'"
+    );
+    // The host's CPU share over three seconds once every agent is asleep.
+    let measure = |pid: u32| {
+        let ticks = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+            // utime and stime are the 12th and 13th fields after the command.
+            fields
+                .get(11)
+                .and_then(|utime| utime.parse::<u64>().ok())
+                .unwrap_or(0)
+                + fields
+                    .get(12)
+                    .and_then(|stime| stime.parse::<u64>().ok())
+                    .unwrap_or(0)
+        };
+        let before = ticks();
+        std::thread::sleep(Duration::from_secs(3));
+        (ticks() - before) as f64 / 100.0 / 3.0
+    };
+    let wait_for_agents = || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let listed = Command::new(&crew)
+                .args(["agents", "list", "--json"])
+                .current_dir(&project)
+                .output()
+                .unwrap();
+            let running = serde_json::from_slice::<serde_json::Value>(&listed.stdout)
+                .ok()
+                .and_then(|agents| agents.as_array().map(Vec::len))
+                .unwrap_or(0);
+            if running >= 200 || Instant::now() > deadline {
+                // Their starts are over; give the host a moment to settle.
+                std::thread::sleep(Duration::from_secs(1));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let pid = || {
+        std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+
+    // In a terminal: the block.
+    let socket = bench.root.join("block-tmux.sock");
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(["-u", "-S", socket.as_str()])
+            .args(args)
+            .current_dir(&project)
+            .output()
+            .unwrap()
+    };
+    tmux(&[
+        "new-session",
+        "-d",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        "sh",
+        "-c",
+        &run,
+    ]);
+    wait_for_agents();
+    let host = pid();
+    let with_block = measure(host);
+    // crew ignores the hangup of its terminal: it goes by KILL, and its agents with it.
+    let _ = Command::new("kill")
+        .args(["-9", &host.to_string()])
+        .status();
+    tmux(&["kill-server"]);
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Piped: appended lines.
+    let mut piped = Command::new("sh")
+        .args(["-c", &run])
+        .current_dir(&project)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_agents();
+    let without = measure(pid());
+    let _ = piped.kill();
+    let _ = piped.wait();
+    println!(
+        "{:<44} host CPU {:.2}% of a core (piped: {:.2}%; ≤ 2%: {})",
+        "200 sleeping agents, live block",
+        with_block * 100.0,
+        without * 100.0,
+        if with_block <= 0.02 { "met" } else { "MISSED" }
     );
 }

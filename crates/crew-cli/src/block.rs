@@ -286,3 +286,32 @@ pub async fn show(
     }
     block.clear();
 }
+
+/// Runs `work` off the async threads; on a live terminal a spinner says `what` is going on and
+/// for how long, and is cleared when it is done. For long commands outside a run
+/// (`crew worktrees prune`, `crew runs prune`).
+pub async fn while_working<T: Send + 'static>(
+    ui: &crate::ui::Ui,
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let spinner = ui.live.then(|| {
+        let spinner = ProgressBar::with_draw_target(
+            None,
+            ProgressDrawTarget::stdout_with_hz(REDRAWS_PER_SECOND),
+        );
+        spinner.set_style(
+            ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a valid template"),
+        );
+        spinner.set_message(what.to_owned());
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        spinner
+    });
+    let done = tokio::task::spawn_blocking(work)
+        .await
+        .expect("the work does not panic");
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    done
+}

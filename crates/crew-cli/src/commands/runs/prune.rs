@@ -23,9 +23,25 @@ pub struct PruneArgs {
 pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
-    let report = ctx
-        .store()
-        .prune(&ctx.config().retention, SystemTime::now(), args.dry_run)?;
+    let (store, retention, dry_run) = (
+        ctx.store().clone(),
+        ctx.config().retention.clone(),
+        args.dry_run,
+    );
+    let what = if dry_run {
+        "looking at runs"
+    } else {
+        "pruning runs"
+    };
+    // A spinner only where nothing else reads the output.
+    let shown = crate::ui::Ui {
+        live: ui.live && !args.json,
+        ..ui
+    };
+    let report = crate::block::while_working(&shown, what, move || {
+        store.prune(&retention, SystemTime::now(), dry_run)
+    })
+    .await?;
     if args.json {
         let json = serde_json::json!({ "pruned": report.pruned, "kept": report.kept, "dry_run": args.dry_run });
         println!("{}", serde_json::to_string_pretty(&json)?);

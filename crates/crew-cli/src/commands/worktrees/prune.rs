@@ -31,7 +31,26 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
             ctx.workspace().root()
         )));
     };
-    let report = listing::prune(repo_root, &ctx.config().worktree, ctx.store(), args.dry_run)?;
+    let (repo_root, settings, store) = (
+        repo_root.to_owned(),
+        ctx.config().worktree.clone(),
+        ctx.store().clone(),
+    );
+    let dry_run = args.dry_run;
+    let what = if dry_run {
+        "looking at worktrees"
+    } else {
+        "pruning worktrees"
+    };
+    // A spinner only where nothing else reads the output.
+    let shown = crate::ui::Ui {
+        live: ui.live && !args.json,
+        ..ui
+    };
+    let report = crate::block::while_working(&shown, what, move || {
+        listing::prune(&repo_root, &settings, &store, dry_run)
+    })
+    .await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(Outcome::Success);
