@@ -73,6 +73,7 @@ pub async fn run_here(
         let _ = finished.send(());
         let _ = printer.await;
     }
+    crate::commands::runs::prune::prune_in_background(ctx);
     Ok(result?)
 }
 

@@ -464,6 +464,23 @@ impl Usage {
 }
 
 impl TaskRecord {
+    /// Whether nothing of the task's work is only in its workspace: it never had one, worked
+    /// in the project itself or a temp dir, or its workspace was torn down with its work saved
+    /// to its branch. A `dedicated` workspace, a preserved worktree, or one not torn down yet
+    /// hold work of their own.
+    pub fn work_is_saved(&self) -> bool {
+        let Some(workspace) = &self.workspace else {
+            return true;
+        };
+        match workspace.kind {
+            WorkspaceKind::Single | WorkspaceKind::Temp => true,
+            WorkspaceKind::Dedicated => false,
+            WorkspaceKind::Worktree => self.teardown.as_ref().is_some_and(|report| {
+                report.preserved.is_none() && (report.removed || report.recycled)
+            }),
+        }
+    }
+
     /// The commit the task started from and the branch holding its work, when its work is on
     /// a branch: what `git diff <base>..<branch>` shows.
     pub fn work_range(&self) -> Option<(String, String)> {

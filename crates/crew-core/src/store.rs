@@ -30,7 +30,7 @@ use crate::fsutil::{
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
 use crate::model::{
-    MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest, RunStatus, TaskStatus,
+    MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest, RunStatus, TaskRecord, TaskStatus,
     TransitionError,
 };
 use crate::paths::{RemoveError, remove_contained};
@@ -679,6 +679,53 @@ impl StateStore {
         now: SystemTime,
         dry_run: bool,
     ) -> Result<PruneReport, StateError> {
+        self.prune_where(retention, now, dry_run, |_| true)
+    }
+
+    /// [`StateStore::prune`] as crew does it by itself: only runs whose every task's work is
+    /// on a branch, in the project itself, or was never there (a `dedicated` workspace, a
+    /// preserved worktree or one never torn down keeps its run).
+    pub fn prune_saved(
+        &self,
+        retention: &RetentionSettings,
+        now: SystemTime,
+    ) -> Result<PruneReport, StateError> {
+        self.prune_where(retention, now, false, |manifest| {
+            manifest.tasks.iter().all(TaskRecord::work_is_saved)
+        })
+    }
+
+    /// Whether retention may have something to prune, from the runs' names alone (no manifest
+    /// is read): more runs than `max_kept_runs`, or an oldest run older than
+    /// `max_run_age_days`. What a run's end checks before it starts a prune.
+    pub fn prune_due(&self, retention: &RetentionSettings, now: SystemTime) -> bool {
+        let Ok(entries) = self.runs_dir().read_dir_utf8() else {
+            return false;
+        };
+        let ids: Vec<RunId> = entries
+            .flatten()
+            .filter_map(|entry| RunId::parse(entry.file_name()).ok())
+            .collect();
+        if ids.len() > retention.max_kept_runs {
+            return true;
+        }
+        let max_age = Duration::from_secs(retention.max_run_age_days.saturating_mul(86_400));
+        ids.iter()
+            .filter_map(RunId::created_millis)
+            .min()
+            .is_some_and(|oldest| {
+                let created = SystemTime::UNIX_EPOCH + Duration::from_millis(oldest);
+                now.duration_since(created).unwrap_or_default() > max_age
+            })
+    }
+
+    fn prune_where(
+        &self,
+        retention: &RetentionSettings,
+        now: SystemTime,
+        dry_run: bool,
+        may_remove: impl Fn(&RunManifest) -> bool,
+    ) -> Result<PruneReport, StateError> {
         let max_age = Duration::from_secs(retention.max_run_age_days.saturating_mul(86_400));
         let mut report = PruneReport::default();
         let mut finished_seen = 0usize;
@@ -692,7 +739,8 @@ impl StateStore {
                 && !manifest
                     .tasks
                     .iter()
-                    .any(|task| task.status == TaskStatus::Waiting);
+                    .any(|task| task.status == TaskStatus::Waiting)
+                && may_remove(&manifest);
             if !prunable {
                 report.kept += 1;
                 continue;

@@ -886,6 +886,11 @@ impl Supervisor {
             self.clean_up_leftovers(pid, &mut running.readers, stopping == Stopping::Killed)
                 .await,
         );
+        // Its output is read to the end now: what its protocol said last (often the end of
+        // its turn, printed just before it exited) counts too.
+        while let Ok(event) = running.protocol.try_recv() {
+            self.heard(event, &mut running).await;
+        }
         Ended {
             exit,
             stop_waiters,

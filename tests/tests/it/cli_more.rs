@@ -358,7 +358,7 @@ fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
     let repo = env.repo("project");
     write(
         &repo.join(".crew/config.toml"),
-        "[retention]\nmax_kept_runs = 0\n",
+        "[retention]\nmax_kept_runs = 0\nautomatic = false\n",
     );
     env.git(&repo, ["add", ".crew"]);
     env.git(&repo, ["commit", "-q", "-m", "crew config"]);
@@ -422,7 +422,7 @@ fn runs_of_a_newer_crew_are_never_cleaned_or_pruned() {
     ");
     write(
         &repo.join(".crew/config.toml"),
-        "[retention]\nmax_kept_runs = 0\n",
+        "[retention]\nmax_kept_runs = 0\nautomatic = false\n",
     );
     let prune = env.crew(&repo, ["runs", "prune"]);
     assert!(prune.status.success(), "{}", render_output(&prune));
@@ -857,6 +857,11 @@ fn listed_agent(env: &TestEnv, repo: &Utf8Path, id: &str) -> Option<(String, Str
 fn runs_list_shows_the_newest_runs_and_says_how_many_more_there_are() {
     let env = TestEnv::new();
     let repo = env.repo("project");
+    // Retention would prune beyond 20 by itself.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[retention]\nmax_kept_runs = 100\n",
+    );
     for index in 0..22 {
         let output = env.crew(&repo, ["run", "--agent", "shell", &format!("echo {index}")]);
         assert!(output.status.success(), "{}", render_output(&output));
@@ -934,4 +939,53 @@ fn a_reader_that_stops_reading_ends_a_listing_quietly_and_never_a_run() {
         env.git(&repo, ["show", &format!("crew/{run_id}-shell:done.txt")]),
         "done\n"
     );
+}
+
+#[test]
+fn retention_prunes_by_itself_after_a_run_and_keeps_work_that_is_on_no_branch() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[retention]\nmax_kept_runs = 2\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    // The oldest run's work is in its dedicated workspace, on no branch.
+    let kept = finished_run(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "dedicated",
+            "echo mine > mine.txt",
+        ],
+    );
+    let mut others = Vec::new();
+    for index in 0..3 {
+        others.push(finished_run(
+            &env,
+            &repo,
+            &["run", "--agent", "shell", &format!("echo {index}")],
+        ));
+    }
+    // The last run's end started the prune; it does not wait for it.
+    let left = wait_until(30, "the background prune", || {
+        let left = run_ids(&env, &repo);
+        (left.len() == 3).then_some(left)
+    });
+    assert!(
+        left.contains(&kept),
+        "the dedicated run's work stays: {left:?}"
+    );
+    assert_eq!(
+        left[..2],
+        [others[2].clone(), others[1].clone()],
+        "the newest two stay"
+    );
+    let workspace = repo.join(format!(".crew/state/ws/{kept}/shell/mine.txt"));
+    assert!(workspace.exists(), "{workspace}");
 }

@@ -361,6 +361,7 @@ fn a_newer_run_is_never_removed_and_an_older_one_never_read() {
     let retention = crew_core::config::RetentionSettings {
         max_kept_runs: 0,
         max_run_age_days: 0,
+        automatic: false,
     };
     let report = store
         .prune(&retention, std::time::SystemTime::now(), false)
@@ -524,6 +525,7 @@ fn retention_prunes_old_and_excess_finished_runs_with_their_dedicated_dirs() {
     let retention = RetentionSettings {
         max_kept_runs: 2,
         max_run_age_days: 7,
+        automatic: false,
     };
 
     let dry = store.prune(&retention, SystemTime::now(), true).unwrap();

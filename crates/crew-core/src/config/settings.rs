@@ -312,6 +312,9 @@ pub struct RetentionSettings {
     pub max_kept_runs: usize,
     /// Finished runs older than this are pruned.
     pub max_run_age_days: u64,
+    /// Whether crew prunes by itself, in the background, when a run it hosted ends (only runs
+    /// whose work is on a branch or in the project: see `StateStore::prune_saved`).
+    pub automatic: bool,
 }
 
 impl Default for RetentionSettings {
@@ -319,6 +322,7 @@ impl Default for RetentionSettings {
         RetentionSettings {
             max_kept_runs: 20,
             max_run_age_days: 7,
+            automatic: true,
         }
     }
 }

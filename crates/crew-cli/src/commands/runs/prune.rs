@@ -17,10 +17,48 @@ pub struct PruneArgs {
     /// Print JSON: `{"pruned": [run ids], "kept": N, "dry_run": bool}`.
     #[arg(long)]
     pub json: bool,
+    /// The prune a run's end starts by itself: in a session of its own, saying nothing, and
+    /// only runs whose work is on a branch or in the project.
+    #[arg(long, hide = true)]
+    pub if_due: bool,
+}
+
+/// Starts `crew runs prune --if-due` in the background when `[retention]` may have something
+/// to prune (judged from the runs' names alone). The run's end never waits for it.
+pub fn prune_in_background(ctx: &Context) {
+    let retention = &ctx.config().retention;
+    if !retention.automatic || !ctx.store().prune_due(retention, SystemTime::now()) {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let started = std::process::Command::new(exe)
+        .args(["runs", "prune", "--if-due", "--quiet", "--color", "never"])
+        .current_dir(ctx.workspace().root())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    // Retention is a courtesy: a prune that cannot start now happens after a later run, or
+    // by hand.
+    if let Err(error) = started {
+        tracing::debug!("could not start the background prune: {error}");
+    }
 }
 
 #[allow(clippy::print_stdout)]
 pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    if args.if_due {
+        // Out of the terminal's session: the run that started it has ended, and its user's
+        // Ctrl-C is not for this.
+        let _ = rustix::process::setsid();
+        let ctx = Context::discover(ui)?;
+        ctx.reconcile()?;
+        ctx.store()
+            .prune_saved(&ctx.config().retention, SystemTime::now())?;
+        return Ok(Outcome::Success);
+    }
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
     let (store, retention, dry_run) = (
