@@ -4,7 +4,7 @@
 use camino::Utf8Path;
 use crew_tests::{Redactor, TestEnv, render_output, tree_fingerprint, wait_until, write};
 
-use crate::common::runs::{finished_run, manifest, run_ids, task};
+use crate::common::runs::{finished_run, manifest, repo_with_config, run_ids, task};
 
 #[test]
 fn fail_fast_cancels_the_rest_and_keep_going_skips_only_dependents() {
@@ -355,13 +355,7 @@ fn worktree_listing_and_pruning_from_the_command_line() {
 #[test]
 fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
     let env = TestEnv::new();
-    let repo = env.repo("project");
-    write(
-        &repo.join(".crew/config.toml"),
-        "[retention]\nmax_kept_runs = 0\nautomatic = false\n",
-    );
-    env.git(&repo, ["add", ".crew"]);
-    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    let repo = repo_with_config(&env, "[retention]\nmax_kept_runs = 0\nautomatic = false\n");
     let tasks: Vec<String> = (1..=5)
         .flat_map(|index| {
             [
@@ -944,13 +938,7 @@ fn a_reader_that_stops_reading_ends_a_listing_quietly_and_never_a_run() {
 #[test]
 fn retention_prunes_by_itself_after_a_run_and_keeps_work_that_is_on_no_branch() {
     let env = TestEnv::new();
-    let repo = env.repo("project");
-    write(
-        &repo.join(".crew/config.toml"),
-        "[retention]\nmax_kept_runs = 2\n",
-    );
-    env.git(&repo, ["add", ".crew"]);
-    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    let repo = repo_with_config(&env, "[retention]\nmax_kept_runs = 2\n");
     // The oldest run's work is in its dedicated workspace, on no branch.
     let kept = finished_run(
         &env,

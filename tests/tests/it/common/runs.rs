@@ -86,3 +86,13 @@ pub fn manifest(env: &TestEnv, dir: &Utf8Path, run: &str) -> serde_json::Value {
     assert!(output.status.success(), "{}", render_output(&output));
     serde_json::from_slice(&output.stdout).unwrap()
 }
+
+/// A repository `project` whose committed `.crew/config.toml` is `config`: the leader stays
+/// clean for worktree runs.
+pub fn repo_with_config(env: &TestEnv, config: &str) -> Utf8PathBuf {
+    let repo = env.repo("project");
+    write(&repo.join(".crew/config.toml"), config);
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    repo
+}
