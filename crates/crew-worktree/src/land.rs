@@ -4,7 +4,9 @@
 //!    the first): a merge commit, one squashed commit, or its commits replayed (rebase). Nothing
 //!    is checked out, and no ref moves while this goes on.
 //! 2. The first task that would conflict stops the landing: the target is left as it was, and
-//!    the error names the task and the files.
+//!    the error names the task and the files. When the task names a branch for it, a commit
+//!    holding both sides (the result so far and the task's work as parents, the conflicting
+//!    files with git's conflict markers) is put there: what an agent resolves as a new task.
 //! 3. Only when every task landed cleanly does the target move, from the tip it was read at (a
 //!    target that moved meanwhile is not overwritten). When the target is checked out in the
 //!    repository's own working tree, it moves only when that tree holds no uncommitted change,
@@ -32,6 +34,9 @@ pub enum LandMode {
 pub struct Landing {
     pub name: String,
     pub branch: String,
+    /// Where to put both sides of a conflict of this task, if anywhere (a branch that must not
+    /// exist yet, or one this function made before).
+    pub conflict_branch: Option<String>,
 }
 
 /// What moved.
@@ -52,6 +57,8 @@ pub enum LandError {
         task: String,
         target: String,
         files: Vec<String>,
+        /// The branch holding both sides with conflict markers, when one was made.
+        both_sides: Option<String>,
     },
     #[error("{target} is checked out in {path} with uncommitted changes: {}", paths.join(", "))]
     DirtyCheckout {
@@ -115,7 +122,20 @@ pub fn land(
             LandMode::Merge | LandMode::Squash => {
                 let mut index = repo.merge_commits(&onto, &branch_tip, None)?;
                 if index.has_conflicts() {
-                    return Err(conflict(&index, task, target));
+                    let mut error = conflict(&index, task, target);
+                    if let (Some(branch), LandError::Conflict { both_sides, .. }) =
+                        (&task.conflict_branch, &mut error)
+                    {
+                        *both_sides = Some(both_sides_branch(
+                            &repo,
+                            &mut index,
+                            &onto,
+                            &branch_tip,
+                            task,
+                            branch,
+                        )?);
+                    }
+                    return Err(error);
                 }
                 let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
                 if tree.id() == onto.tree_id() {
@@ -208,6 +228,92 @@ fn replay(
     Ok(tip.id())
 }
 
+/// Puts a commit holding both sides of `task`'s conflict on `branch`: the result so far and the
+/// task's tip as parents, every file as the merge left it, the conflicting ones with conflict
+/// markers. An existing `branch` is moved only when it is one of these (a merge of the same
+/// task's work): never onto someone's work.
+fn both_sides_branch(
+    repo: &Repository,
+    index: &mut git2::Index,
+    onto: &Commit,
+    task_tip: &Commit,
+    task: &Landing,
+    branch: &str,
+) -> Result<String, LandError> {
+    let conflicts: Vec<git2::IndexConflict> = index.conflicts()?.collect::<Result<_, _>>()?;
+    for conflict in conflicts {
+        let sides = [&conflict.ancestor, &conflict.our, &conflict.their];
+        let Some(any) = sides.iter().find_map(|side| side.as_ref()) else {
+            continue;
+        };
+        let path = any.path.clone();
+        let content = match (&conflict.ancestor, &conflict.our, &conflict.their) {
+            (Some(ancestor), Some(ours), Some(theirs)) => {
+                let mut options = git2::MergeFileOptions::new();
+                options
+                    .our_label("the result so far")
+                    .their_label(&task.branch);
+                repo.merge_file_from_index(ancestor, ours, theirs, Some(&mut options))?
+                    .content()
+                    .to_vec()
+            }
+            // Changed on one side, deleted on the other: the changed side, for the agent to
+            // keep or delete.
+            (_, Some(side), None) | (_, None, Some(side)) => {
+                repo.find_blob(side.id)?.content().to_vec()
+            }
+            _ => Vec::new(),
+        };
+        let entry = git2::IndexEntry {
+            ctime: any.ctime,
+            mtime: any.mtime,
+            dev: 0,
+            ino: 0,
+            mode: any.mode,
+            uid: 0,
+            gid: 0,
+            file_size: content.len() as u32,
+            id: repo.blob(&content)?,
+            // Stage 0: no longer a conflict.
+            flags: any.flags & !0x3000,
+            flags_extended: 0,
+            path: path.clone(),
+        };
+        index.conflict_remove(std::path::Path::new(
+            std::str::from_utf8(&path).unwrap_or_default(),
+        ))?;
+        index.add(&entry)?;
+    }
+    let tree = repo.find_tree(index.write_tree_to(repo)?)?;
+    let signature = crew_signature()?;
+    let message = format!(
+        "Both sides of {} on the result so far, with conflict markers\n\nResolve the markers; then land this branch.",
+        task.branch
+    );
+    let commit = repo.commit(
+        None,
+        &signature,
+        &signature,
+        &message,
+        &tree,
+        &[onto, task_tip],
+    )?;
+    if let Ok(existing) = repo.find_branch(branch, BranchType::Local) {
+        let ours = existing
+            .get()
+            .peel_to_commit()
+            .is_ok_and(|tip| tip.parent_id(1).ok() == Some(task_tip.id()));
+        if !ours {
+            return Err(LandError::Git(format!(
+                "{branch} exists and is not a conflict branch crew made for {}",
+                task.branch
+            )));
+        }
+    }
+    repo.branch(branch, &repo.find_commit(commit)?, true)?;
+    Ok(branch.to_owned())
+}
+
 fn conflict(index: &git2::Index, task: &Landing, target: &str) -> LandError {
     let mut files: Vec<String> = index
         .conflicts()
@@ -227,5 +333,6 @@ fn conflict(index: &git2::Index, task: &Landing, target: &str) -> LandError {
         task: task.name.clone(),
         target: target.to_owned(),
         files,
+        both_sides: None,
     }
 }

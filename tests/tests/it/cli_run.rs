@@ -3,7 +3,9 @@
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
-use crate::common::runs::{manifest, run_ids, shell_worktree_run, task, trio_repo};
+use crate::common::runs::{
+    finished_run, manifest, run_ids, shell_worktree_args, shell_worktree_run, task, trio_repo,
+};
 
 #[test]
 fn newcomer_flow_three_agents_three_branches_leader_untouched() {
@@ -449,13 +451,13 @@ fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
     // The whole run: red would land, blue conflicts with it — nothing moves.
     let before = snapshot();
     let refused = env.crew(&repo, ["land", &run]);
-    let redactor = Redactor::new(&env);
-    insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @"
+    let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @r#"
     ----- stderr -----
     error: blue conflicts with what lands before it on main, in: src/lib.txt
-    hint: land the others without blue, or bring blue's branch up to date with main first (`crew diff blue` shows its work)
+    hint: both sides are on crew/conflict/[RUN_ID]-blue, with conflict markers in src/lib.txt; hand them to an agent: crew run --agent shell --workspace-mode worktree --base crew/conflict/[RUN_ID]-blue "Resolve the conflict markers in src/lib.txt, keeping what both sides meant, and remove the markers", then `crew land <that run> --into main` in place of blue; or land the others without blue
     [exit status: 2]
-    ");
+    "#);
     assert_eq!(snapshot(), before, "main and the checkout are as they were");
 
     // The clean ones land, in order; the checkout of main follows.
@@ -497,6 +499,59 @@ fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
         env.git(&repo, ["rev-parse", "integration"]),
         main,
         "docs was already there"
+    );
+}
+
+#[test]
+fn a_conflict_goes_to_an_agent_on_a_branch_that_holds_both_sides() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = red_blue_docs(&env, &repo);
+    let main = env.git(&repo, ["rev-parse", "main"]);
+    let refused = env.crew(&repo, ["land", &run]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        render_output(&refused)
+    );
+    assert_eq!(
+        env.git(&repo, ["rev-parse", "main"]),
+        main,
+        "main did not move"
+    );
+    // Both sides: the result so far (main with red) and blue, with git's conflict markers.
+    let both = format!("crew/conflict/{run}-blue");
+    let marked = env.git(&repo, ["show", &format!("{both}:src/lib.txt")]);
+    assert!(
+        marked.contains("<<<<<<< the result so far\nred\n=======\nblue\n>>>>>>> crew/"),
+        "{marked}"
+    );
+    let parents = env.git(&repo, ["log", "--format=%p", "-1", &both]);
+    assert_eq!(parents.split(' ').count(), 2, "{parents}");
+    // Landing again makes the same branch again; it does not fail on it.
+    let again = env.crew(&repo, ["land", &run]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains(&both));
+
+    // The hint's command, with a shell agent that resolves it.
+    let mut args =
+        shell_worktree_args(&["resolve=printf 'one\\nred and blue\\nthree\\n' > src/lib.txt"]);
+    args.extend(["--base".to_owned(), both.clone()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let resolved = finished_run(&env, &repo, &args);
+    let landed = env.crew(
+        &repo,
+        ["land", &resolved, &format!("{run}:docs"), "--into", "main"],
+    );
+    assert!(landed.status.success(), "{}", render_output(&landed));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/lib.txt")).unwrap(),
+        "one\nred and blue\nthree\n"
+    );
+    assert!(
+        std::fs::read_to_string(repo.join("README.md"))
+            .unwrap()
+            .ends_with("more\n")
     );
 }
 

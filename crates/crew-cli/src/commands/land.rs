@@ -106,13 +106,34 @@ pub fn land_targets(
                 manifest.run_id, task.status
             )));
         };
+        let prefix = &ctx.config().worktree.branch_prefix;
         landings.push(Landing {
             name: task_id.to_string(),
             branch,
+            conflict_branch: Some(format!("{prefix}/conflict/{}-{task_id}", manifest.run_id)),
         });
     }
     let landed = crew_worktree::land::land(repo_root, &into, &landings, mode).map_err(|error| {
         let hint = match &error {
+            LandError::Conflict {
+                task,
+                files,
+                both_sides: Some(both),
+                ..
+            } => {
+                let agent = picked
+                    .iter()
+                    .find_map(|(manifest, id)| {
+                        (id.as_str() == task).then(|| manifest.task(id).map(|task| task.agent.clone()))
+                    })
+                    .flatten()
+                    .unwrap_or_else(|| "shell".to_owned());
+                Some(format!(
+                    "both sides are on {both}, with conflict markers in {}; hand them to an agent: crew run --agent {agent} --workspace-mode worktree --base {both} \"Resolve the conflict markers in {}, keeping what both sides meant, and remove the markers\", then `crew land <that run> --into {into}` in place of {task}; or land the others without {task}",
+                    files.join(", "),
+                    files.join(", ")
+                ))
+            }
             LandError::Conflict { task, .. } => Some(format!(
                 "land the others without {task}, or bring {task}'s branch up to date with {into} first (`crew diff {task}` shows its work)"
             )),
