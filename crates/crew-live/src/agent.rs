@@ -124,9 +124,37 @@ pub struct AgentStatus {
     pub turn_error: Option<String>,
     /// Output that did not follow the agent's protocol (shown as plain lines).
     pub protocol_warning: Option<String>,
+    /// Its turn is over and it waits, alive, for a message (an agent that reads its input
+    /// between turns).
+    pub idle: bool,
+}
+
+/// What a live agent is doing, as far as crew can tell: what listings show to say who needs
+/// the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activity {
+    /// At work on its turn.
+    Working,
+    /// It asked a question and waits for the answer.
+    WaitingForInput,
+    /// Between turns: alive, waiting for a message.
+    Idle,
 }
 
 impl AgentStatus {
+    /// What it is doing now; `None` once its process has exited without a question.
+    pub fn activity(&self) -> Option<Activity> {
+        if self.question.is_some() {
+            return Some(Activity::WaitingForInput);
+        }
+        match self.state {
+            AgentState::Exited => None,
+            AgentState::Running if self.idle => Some(Activity::Idle),
+            AgentState::Running | AgentState::Stopping => Some(Activity::Working),
+        }
+    }
+
     pub fn is_exited(&self) -> bool {
         self.state == AgentState::Exited
     }
@@ -235,6 +263,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         usage: None,
         turn_error: None,
         protocol_warning: None,
+        idle: false,
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -262,6 +291,7 @@ pub(crate) fn start_idle(
         usage: None,
         turn_error: None,
         protocol_warning: None,
+        idle: false,
     };
     supervise_from(
         spec,
@@ -676,6 +706,7 @@ impl Supervisor {
                     let sandbox = running.sandbox.clone();
                     self.status.send_modify(|status| {
                         status.state = AgentState::Running;
+                        status.idle = false;
                         status.pid = Some(pid);
                         status.sandbox = Some(sandbox);
                         status.attempt += 1;
@@ -771,10 +802,16 @@ impl Supervisor {
                         self.follow_ups.push_front(message);
                     }
                     let queued = self.follow_ups.len();
-                    self.status
-                        .send_modify(|status| status.queued_follow_ups = queued);
+                    self.status.send_modify(|status| {
+                        status.queued_follow_ups = queued;
+                        status.idle = false;
+                    });
                 } else if self.spec.definition.protocol == Protocol::ClaudeStreamJson {
                     drop(running.stdin.take());
+                } else {
+                    // Its turn is over and it reads on: it waits for the user.
+                    self.status.send_modify(|status| status.idle = true);
+                    self.publish_status();
                 }
             }
         }
@@ -818,6 +855,9 @@ impl Supervisor {
                     }
                     Some(Control::Steer { message, reply }) => {
                         let result = self.steer(running.stdin.as_mut(), &message).await;
+                        if result.is_ok() {
+                            self.status.send_modify(|status| status.idle = false);
+                        }
                         answer(reply, result);
                     }
                     Some(Control::FollowUp { message, reply }) => {

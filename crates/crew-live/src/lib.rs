@@ -100,7 +100,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod spawn;
 
-pub use agent::{AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
+pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
 pub use control::{ControlClient, ControlServer};
 pub use error::{AgentOpError, SpawnAgentError};
 pub use events::{AgentEvent, OutputStream};

@@ -64,6 +64,9 @@ pub struct AgentSnapshot {
     /// The task whose agent submitted this one (a lead agent's sub-task), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<TaskId>,
+    /// What it is doing, as far as crew can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<crate::agent::Activity>,
     /// Tokens and cost of its starts in this host, when its protocol reports them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crew_core::model::Usage>,
@@ -90,6 +93,7 @@ impl AgentHandle {
 
     pub fn snapshot(&self) -> AgentSnapshot {
         let status = self.status();
+        let activity = status.activity();
         let last_lines = self
             .tail
             .lock()
@@ -112,6 +116,7 @@ impl AgentHandle {
             last_lines,
             sandbox: status.sandbox.map(|record| record.state),
             parent: self.info.parent.clone(),
+            activity,
             usage: status.usage,
         }
     }

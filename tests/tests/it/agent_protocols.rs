@@ -286,3 +286,48 @@ fn a_codex_thread_and_its_tokens_are_recorded_and_a_follow_up_resumes_that_threa
         "written by the codex stand-in\n"
     );
 }
+
+#[test]
+fn listings_tell_a_working_agent_from_one_idle_between_turns() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // Steered with stream-json messages, read as plain lines: the result line ends its turn,
+    // and it reads on.
+    write(
+        &repo.join(".crew/agents/turns.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\nsteer = \"stdin-json\"\n",
+    );
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "turns",
+            "echo working; read first; echo '{\"type\":\"result\"}'; read second; echo done",
+        ],
+    );
+    let activity = |env: &TestEnv| {
+        let agents = env.agents_json(&repo)?;
+        let agent = agents.as_array()?.first()?.clone();
+        Some((
+            agent["activity"].as_str().unwrap_or("-").to_owned(),
+            String::from_utf8(env.crew(&repo, ["agents", "list"]).stdout).ok()?,
+        ))
+    };
+    let (working, _) = wait_until(30, "the agent at work", || {
+        activity(&env).filter(|(activity, _)| activity == "working")
+    });
+    assert_eq!(working, "working");
+    let steer = env.crew(&repo, ["agents", "steer", "turns", "go on"]);
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    let (_, table) = wait_until(30, "the agent idle after its turn", || {
+        activity(&env).filter(|(activity, _)| activity == "idle")
+    });
+    assert!(
+        table.lines().nth(1).is_some_and(|line| line.contains(" idle ")),
+        "{table}"
+    );
+    let steer = env.crew(&repo, ["agents", "steer", "turns", "finish"]);
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    assert!(host.wait().unwrap().success());
+}

@@ -47,6 +47,9 @@ pub struct AgentRow {
     /// The task whose agent submitted this one (a lead agent's sub-task), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent: Option<TaskId>,
+    /// `working`, `waiting_for_input` or `idle`, for a live agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activity: Option<crew_live::agent::Activity>,
     /// Tokens and cost, when its agent's protocol reports them (for a live agent: its starts
     /// in its current host).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -125,6 +128,7 @@ pub async fn rows(
             exit: agent.exit.clone(),
             last_line: agent.last_lines.last().cloned(),
             parent: agent.parent.clone(),
+            activity: agent.activity,
             usage: agent.usage,
             sandbox: agent.sandbox.or_else(|| {
                 task.and_then(|task| task.sandbox.as_ref())
@@ -165,6 +169,7 @@ pub async fn rows(
                 ),
                 sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),
                 parent: task.parent.clone(),
+                activity: None,
                 usage: task.usage,
             });
         }
@@ -198,6 +203,8 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
         });
         let shown_status = match (&row.question, status) {
             (Some(_), _) => styled("waiting", Style::Warn),
+            // Its turn is over and it waits, alive, for a message.
+            _ if row.activity == Some(crew_live::Activity::Idle) => styled("idle", Style::Warn),
             (None, Some(status)) if !row.live || row.state == "exited" => {
                 styled(status.as_str(), task_style(status))
             }
