@@ -324,7 +324,10 @@ fn listings_tell_a_working_agent_from_one_idle_between_turns() {
         activity(&env).filter(|(activity, _)| activity == "idle")
     });
     assert!(
-        table.lines().nth(1).is_some_and(|line| line.contains(" idle ")),
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|line| line.contains(" idle ")),
         "{table}"
     );
     let steer = env.crew(&repo, ["agents", "steer", "turns", "finish"]);
