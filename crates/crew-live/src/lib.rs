@@ -58,6 +58,8 @@
 //!         socket: None,
 //!         sandbox: SandboxPlan::confined_to(workspace.as_path()),
 //!         workspace_env: Vec::new(),
+//!         session_id: None,
+//!         parent: None,
 //!     })
 //!     .await?;
 //! host.registry().steer(&workspace, "hello", "yes").await?;
