@@ -343,10 +343,12 @@ impl CrewMcp {
             .await
             .map_err(|error| invalid(error.to_string()))?;
         let running = host.start_run(&manifest.run_id, Default::default());
+        let ctx = self.ctx.clone();
         let finished = tokio::spawn(async move {
             if let Err(error) = running.finish().await {
                 tracing::warn!(%error, "a run started over MCP failed");
             }
+            crate::commands::runs::prune::prune_in_background(&ctx);
         });
         self.runs
             .lock()

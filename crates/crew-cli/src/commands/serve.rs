@@ -630,7 +630,10 @@ async fn prompt(
                 }
                 _ => {}
             },
-            result = &mut finish => break result,
+            result = &mut finish => {
+                crate::commands::runs::prune::prune_in_background(&ctx);
+                break result;
+            }
         }
     };
     set_running(sessions, &session_id, None);

@@ -40,10 +40,15 @@ pub fn prune_in_background(ctx: &Context) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn();
-    // Retention is a courtesy: a prune that cannot start now happens after a later run, or
-    // by hand.
-    if let Err(error) = started {
-        tracing::debug!("could not start the background prune: {error}");
+    match started {
+        // Reaped when it ends, so that a long-lived host (`crew mcp`, `crew serve`) keeps no
+        // zombie; a `crew run` that exits first leaves it to init.
+        Ok(mut child) => {
+            std::thread::spawn(move || child.wait());
+        }
+        // Retention is a courtesy: a prune that cannot start now happens after a later run,
+        // or by hand.
+        Err(error) => tracing::debug!("could not start the background prune: {error}"),
     }
 }
 
