@@ -169,15 +169,10 @@ impl Runner {
                 tasks,
                 reply,
             } => {
-                let result = if &workspace != self.workspace.id() {
-                    Err(foreign_run(run_id, &workspace))
-                } else if schedule.stopping() {
-                    Err(ErrorBody {
-                        code: ErrorCode::RunStopping,
-                        message: format!("run {run_id} is stopping; it takes no new tasks"),
-                    })
-                } else {
-                    self.accept_submission(run_id, &agent, tasks).await
+                let result = match self.refusal(run_id, &workspace, schedule, "takes no new tasks")
+                {
+                    Some(refused) => Err(refused),
+                    None => self.accept_submission(run_id, &agent, tasks).await,
                 };
                 if let Ok(added) = &result {
                     schedule.add(added);
@@ -194,21 +189,15 @@ impl Runner {
                 message,
                 reply,
             } => {
-                let result = if &workspace != self.workspace.id() {
-                    Err(foreign_run(run_id, &workspace))
-                } else if schedule.stopping() {
-                    Err(ErrorBody {
-                        code: ErrorCode::RunStopping,
-                        message: format!("run {run_id} is stopping; it starts no task again"),
-                    })
-                } else if schedule.is_active(&task) {
-                    Err(ErrorBody {
-                        code: ErrorCode::AlreadyRunning,
-                        message: format!("task {task} of run {run_id} is still going"),
-                    })
-                } else {
-                    self.requeue(run_id, &task).await
-                };
+                let result =
+                    match self.refusal(run_id, &workspace, schedule, "starts no task again") {
+                        Some(refused) => Err(refused),
+                        None if schedule.is_active(&task) => Err(ErrorBody::new(
+                            ErrorCode::AlreadyRunning,
+                            format!("task {task} of run {run_id} is still going"),
+                        )),
+                        None => self.requeue(run_id, &task).await,
+                    };
                 if result.is_ok() {
                     schedule.requeue(&task);
                     context.resume_with_message(&task, message);
@@ -224,6 +213,26 @@ impl Runner {
                 );
             }
         }
+    }
+
+    /// Why the run refuses a request from `workspace` now: it is another workspace's run, or
+    /// it is stopping and `refused` what was asked.
+    fn refusal(
+        &self,
+        run_id: &RunId,
+        workspace: &crew_core::WorkspaceId,
+        schedule: &Schedule,
+        refused: &str,
+    ) -> Option<ErrorBody> {
+        if workspace != self.workspace.id() {
+            return Some(foreign_run(run_id, workspace));
+        }
+        schedule.stopping().then(|| {
+            ErrorBody::new(
+                ErrorCode::RunStopping,
+                format!("run {run_id} is stopping; it {refused}"),
+            )
+        })
     }
 
     /// Records how the run ended. Any change of the run that could not be recorded, this one
