@@ -682,16 +682,7 @@ fn agents_list(bench: &Bench) {
 
 /// Runs `live-helper args…` (a host process of its own) and returns the JSON it prints.
 fn live_helper(args: &[&str]) -> serde_json::Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_live-helper"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    crew_tests::live_helper_json(args, None)
 }
 
 /// The sandbox's cost at start: 200 agents started one after another in a host of their own,

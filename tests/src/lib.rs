@@ -234,6 +234,23 @@ fn hermetic_libgit2() {
     });
 }
 
+/// Runs the `live-helper` binary with `args` in a process of its own (with `tmp` as its
+/// `TMPDIR` when given) and returns the JSON it prints; panics with its stderr when it fails.
+pub fn live_helper_json(args: &[&str], tmp: Option<&Utf8Path>) -> serde_json::Value {
+    let mut command = Command::new(helper_bin("live-helper"));
+    command.args(args);
+    if let Some(tmp) = tmp {
+        command.env("TMPDIR", tmp);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// The `crew` binary under test.
 pub fn crew_bin() -> Utf8PathBuf {
     let path = helper_bin("crew");

@@ -158,7 +158,9 @@ fn a_steer_reaches_the_running_session_mid_turn() {
         ["agents", "steer", &format!("{run}:claude"), "go left"],
     );
     assert!(steer.status.success(), "{}", render_output(&steer));
-    assert!(host.wait().unwrap().success());
+    // A message that never reached the agent would leave it waiting: bounded, not a hang.
+    let ended = wait_until(30, "the run's end", || host.try_wait().unwrap());
+    assert!(ended.success());
     let recorded = manifest(&env, &repo, &run);
     assert_eq!(
         task(&recorded, "claude")["status"],
@@ -332,5 +334,7 @@ fn listings_tell_a_working_agent_from_one_idle_between_turns() {
     );
     let steer = env.crew(&repo, ["agents", "steer", "turns", "finish"]);
     assert!(steer.status.success(), "{}", render_output(&steer));
-    assert!(host.wait().unwrap().success());
+    // A message that never reached the agent would leave it waiting: bounded, not a hang.
+    let ended = wait_until(30, "the run's end", || host.try_wait().unwrap());
+    assert!(ended.success());
 }

@@ -128,18 +128,8 @@ pub async fn assert_no_marked_processes(marker: &str, limit: Duration) {
     }
 }
 
-/// Runs `live-helper args…` in a process of its own (with the test's temp dir) and returns the
+/// Runs `live-helper args…` in a process of its own, with the test's temp dir, and returns the
 /// JSON it prints.
 pub fn live_helper_json(env: &TestEnv, args: &[&str]) -> serde_json::Value {
-    let output = std::process::Command::new(crew_tests::helper_bin("live-helper"))
-        .args(args)
-        .env("TMPDIR", env.tmp())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    crew_tests::live_helper_json(args, Some(&env.tmp()))
 }
