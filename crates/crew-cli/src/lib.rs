@@ -17,6 +17,7 @@ macro_rules! out {
 }
 
 mod block;
+mod board;
 pub mod commands;
 mod context;
 mod error;

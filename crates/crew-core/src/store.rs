@@ -237,7 +237,7 @@ impl StateStore {
 
     /// Creates `.crew/state/runs` (each level a real directory, never a link), the lock file,
     /// and the `info/exclude` entry. Done once per store.
-    fn ensure_layout(&self) -> Result<(), StateError> {
+    pub fn ensure_layout(&self) -> Result<(), StateError> {
         if self.layout_ready.get().is_some() {
             return Ok(());
         }

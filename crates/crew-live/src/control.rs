@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::AgentOpError;
 use crate::host::AgentHost;
 use crate::procscan;
+use crate::watch::{TaskFeed, serve_watch};
 
 /// The largest request line a server reads; longer ones are answered with an error.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -70,6 +71,9 @@ pub struct Request {
 pub enum Op {
     Ping,
     List,
+    /// Streams what happens to the workspace's agents and tasks until the caller hangs up
+    /// (see [`crate::watch`]). Only the user may watch.
+    Watch,
     Steer {
         agent: String,
         message: String,
@@ -396,7 +400,11 @@ pub struct ControlServer {
     path: Utf8PathBuf,
     task: JoinHandle<()>,
     runs: RunRoutes,
+    tasks: TaskFeedSlot,
 }
+
+/// The task changes a server streams to watchers, once its runner exists.
+type TaskFeedSlot = Arc<std::sync::OnceLock<TaskFeed>>;
 
 impl ControlServer {
     /// Binds a socket for `workspace` in [`socket_dir`] and serves `host`'s registry on it.
@@ -439,8 +447,21 @@ impl ControlServer {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(bind_error)?;
         let runs = RunRoutes::default();
-        let task = tokio::spawn(serve(listener, host, runs.clone()));
-        Ok(ControlServer { path, task, runs })
+        let tasks = TaskFeedSlot::default();
+        let task = tokio::spawn(serve(listener, host, runs.clone(), tasks.clone()));
+        Ok(ControlServer {
+            path,
+            task,
+            runs,
+            tasks,
+        })
+    }
+
+    /// Streams the task changes of the runs executed for `workspace` to its watchers (set
+    /// once: a host executes the runs of one workspace).
+    pub(crate) fn feed_tasks(&self, feed: TaskFeed) {
+        // A second feed is the same runner's: the first one stays.
+        let _first_stays = self.tasks.set(feed);
     }
 
     /// Routes cancel and task-submission requests for `run_id` to its runner.
@@ -550,7 +571,7 @@ impl Drop for PeerSlot {
     }
 }
 
-async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
+async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes, tasks: TaskFeedSlot) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let agent_permits = Arc::new(Semaphore::new(MAX_AGENT_CONNECTIONS));
     let peers: PeerCounts = Arc::default();
@@ -567,6 +588,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
         };
         let host = host.clone();
         let runs = runs.clone();
+        let tasks = tasks.clone();
         let permits = permits.clone();
         let agent_permits = agent_permits.clone();
         let peers = peers.clone();
@@ -612,7 +634,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes) {
                 return;
             };
             let peer = Peer { pid: peer_pid, uid };
-            serve_connection(stream, host, runs, caller, peer).await;
+            serve_connection(stream, host, runs, tasks, caller, peer).await;
         });
     }
 }
@@ -700,6 +722,7 @@ async fn serve_connection(
     stream: UnixStream,
     host: AgentHost,
     runs: RunRoutes,
+    tasks: TaskFeedSlot,
     caller: Caller,
     peer: Peer,
 ) {
@@ -714,6 +737,21 @@ async fn serve_connection(
             ),
             Ok(Line::Request(line)) => match serde_json::from_slice::<Request>(&line) {
                 Ok(request) => match authorize(&host, caller, &request).await {
+                    Ok(()) if request.op == Op::Watch => {
+                        match WorkspaceId::from_path(request.workspace.as_std_path()) {
+                            Ok(workspace) => {
+                                let feed = tasks.get().cloned();
+                                let stream = reader.into_inner();
+                                serve_watch(stream, host, feed, workspace, request.id).await;
+                                return;
+                            }
+                            Err(error) => Response::error(
+                                request.id,
+                                ErrorCode::InvalidWorkspace,
+                                error.to_string(),
+                            ),
+                        }
+                    }
                     Ok(()) => handle(&host, &runs, request, peer).await,
                     Err(refusal) => *refusal,
                 },
@@ -777,6 +815,8 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request, peer: Peer
     match request.op {
         Op::Ping => Response::ok(id, serde_json::json!({ "pid": std::process::id() })),
         Op::List => json(serde_json::to_value(registry.list(&workspace))),
+        // Served by `serve_connection`, which keeps the connection for the stream.
+        Op::Watch => Response::error(id, ErrorCode::Internal, "watch is served apart"),
         Op::Steer { agent, message } => match registry.steer(&workspace, &agent, &message).await {
             Ok(agent_id) => json(Ok(serde_json::json!({ "agent_id": agent_id }))),
             Err(error) => op_error(id, &error),
@@ -944,6 +984,11 @@ impl ControlClient {
             reader: BufReader::new(stream),
             next_id: 1,
         })
+    }
+
+    /// The connection, for reading what a host streams after an answer ([`Op::Watch`]).
+    pub(crate) fn into_reader(self) -> BufReader<UnixStream> {
+        self.reader
     }
 
     /// Sends one request and waits up to `timeout` for its answer.

@@ -126,6 +126,10 @@ impl Host {
             project.config().clone(),
         )
         .with_label(options.label);
+        server.feed_tasks(crate::watch::TaskFeed {
+            workspace: project.workspace().id().clone(),
+            changes: runner.progress_sender(),
+        });
         Ok(Host {
             runner,
             server,

@@ -101,6 +101,7 @@ pub mod registry;
 pub mod runner;
 pub mod sandbox;
 pub mod spawn;
+pub mod watch;
 
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
 pub use control::{ControlClient, ControlServer};
@@ -114,3 +115,4 @@ pub use project::{
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
 pub use runner::{CancelLevel, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
+pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

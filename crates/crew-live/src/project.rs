@@ -206,6 +206,15 @@ impl Project {
             .collect())
     }
 
+    /// One stream of what happens in the project from now on, across its hosts (see
+    /// [`crate::watch`]), starting with the records of its `recent` newest runs.
+    pub fn watch(
+        &self,
+        recent: usize,
+    ) -> Result<crate::watch::ProjectWatch, crate::watch::WatchError> {
+        crate::watch::start(self.store.clone(), self.workspace.id().clone(), recent)
+    }
+
     /// The live hosts of this project, one per socket.
     pub fn live_hosts(&self) -> Vec<(RunId, HostRecord)> {
         let mut hosts = crate::hosts::live_hosts(&self.store);

@@ -253,6 +253,16 @@ impl Registry {
         handles.iter().map(AgentHandle::snapshot).collect()
     }
 
+    /// How the agent `agent_id` is now, if it is registered for `workspace`.
+    pub fn snapshot_in(
+        &self,
+        workspace: &WorkspaceId,
+        agent_id: &AgentId,
+    ) -> Option<AgentSnapshot> {
+        let handle = self.agents.get(agent_id)?.value().clone();
+        (&handle.info.workspace == workspace).then(|| handle.snapshot())
+    }
+
     /// Every handle, whatever its workspace: for the host itself (shutdown), never for a
     /// caller acting on behalf of a workspace.
     pub fn all(&self) -> Vec<AgentHandle> {

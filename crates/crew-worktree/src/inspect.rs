@@ -15,6 +15,25 @@ pub fn branch_patch(repo_root: &Utf8Path, base: &str, branch: &str) -> Result<St
         .peel_to_commit()?
         .tree()?;
     let diff = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)?;
+    patch_text(&diff)
+}
+
+/// The patch between `base` and what the worktree at `dir` holds now, committed or not
+/// (untracked files included, ignored ones not): a running task's work so far. Reads only.
+pub fn worktree_patch(dir: &Utf8Path, base: &str) -> Result<String, git2::Error> {
+    let repo = Repository::open(dir)?;
+    let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
+    let mut options = git2::DiffOptions::new();
+    options
+        .include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .show_untracked_content(true);
+    let diff = repo.diff_tree_to_workdir_with_index(Some(&base_tree), Some(&mut options))?;
+    patch_text(&diff)
+}
+
+/// A diff as `git diff` prints it.
+fn patch_text(diff: &git2::Diff<'_>) -> Result<String, git2::Error> {
     let mut patch = String::new();
     diff.print(DiffFormat::Patch, |_, _, line| {
         let origin = line.origin();

@@ -268,6 +268,7 @@ fn help_lists_the_commands() {
 
     Commands:
       run          Run a team of agents, each task in its own workspace
+      watch        One terminal board of every agent of this project, waiting ones first
       agents       List and control the live agents of this workspace
       runs         Inspect and manage the runs of this workspace
       conflicts    Which task branches of a run would conflict, and in which files

@@ -10,6 +10,7 @@
 mod common;
 
 mod agent_protocols;
+mod board;
 mod cli_errors;
 mod cli_lifecycle;
 mod cli_more;

@@ -1,120 +1,12 @@
 //! crew on a real terminal: tmux runs it, `capture-pane` reads the screen.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use camino::{Utf8Path, Utf8PathBuf};
+use camino::Utf8PathBuf;
 use crew_tests::{TestEnv, render_output};
 
 use crate::common::runs::shell_worktree_args;
-
-/// A tmux server of the test's own (its socket in the test's directory), killed when dropped.
-struct Tmux {
-    socket: Utf8PathBuf,
-}
-
-impl Tmux {
-    /// `None` (and the test says it was skipped) when tmux is not installed, unless
-    /// `CREW_TESTS_REQUIRE_TMUX` says it must be.
-    fn start(env: &TestEnv, test: &str, script: &Utf8Path) -> Option<Tmux> {
-        let installed = Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !installed {
-            assert!(
-                std::env::var_os("CREW_TESTS_REQUIRE_TMUX").is_none(),
-                "{test} cannot run: tmux is not installed"
-            );
-            eprintln!("SKIPPED {test}: tmux is not installed");
-            return None;
-        }
-        let tmux = Tmux {
-            socket: env.root().join("tmux.sock"),
-        };
-        let started = tmux
-            .command()
-            .args(["new-session", "-d", "-x", "110", "-y", "50", "sh"])
-            .arg(script.as_str())
-            .output()
-            .unwrap();
-        assert!(started.status.success(), "{}", render_output(&started));
-        Some(tmux)
-    }
-
-    fn command(&self) -> Command {
-        let mut command = Command::new("tmux");
-        // UTF-8 whatever the locale of the test's process.
-        command.args(["-u", "-S", self.socket.as_str()]);
-        command
-    }
-
-    /// The screen as it is now.
-    fn screen(&self) -> String {
-        let output = self
-            .command()
-            .args(["capture-pane", "-p"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// The screen once `ready` holds for it; fails after 30 seconds with the last screen.
-    fn screen_when(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen();
-            if ready(&screen) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "never on screen: {what}\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        // The server may be gone already; nothing else to clean up then.
-        let _ = self.command().arg("kill-server").output();
-    }
-}
-
-/// A shell script that runs `crew args…` in `dir` with the test's hermetic environment, then
-/// says how it exited and waits (so that the screen stays).
-fn crew_script(env: &TestEnv, dir: &Utf8Path, args: &[String]) -> Utf8PathBuf {
-    let crew = crew_tests::crew_bin();
-    let quote = |text: &str| format!("'{}'", text.replace('\'', r"'\''"));
-    let path = format!(
-        "{}:{}",
-        crew.parent().unwrap(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut script = String::new();
-    for (name, value) in [
-        ("HOME", env.home().to_string()),
-        ("TMPDIR", env.tmp().to_string()),
-        ("PATH", path),
-        ("GIT_CONFIG_GLOBAL", "/dev/null".to_owned()),
-        ("GIT_CONFIG_SYSTEM", "/dev/null".to_owned()),
-        ("GIT_CONFIG_NOSYSTEM", "1".to_owned()),
-        ("LANG", "C.UTF-8".to_owned()),
-        ("TERM", "tmux-256color".to_owned()),
-    ] {
-        script.push_str(&format!("export {name}={}\n", quote(&value)));
-    }
-    script.push_str("unset NO_COLOR\n");
-    script.push_str(&format!("cd {}\n", quote(dir.as_str())));
-    let args: Vec<String> = args.iter().map(|arg| quote(arg)).collect();
-    script.push_str(&format!("{} {}\n", quote(crew.as_str()), args.join(" ")));
-    script.push_str("echo \"EXITED-$?\"\nsleep 600\n");
-    let path = env.root().join("run.sh");
-    crew_tests::write(&path, &script);
-    path
-}
+use crate::common::tmux::{Tmux, crew_script};
 
 /// The screen lines of task `id` in the block (`  <symbol> <id> …`).
 fn task_lines<'a>(screen: &'a str, id: &str) -> Vec<&'a str> {

@@ -16,6 +16,7 @@ pub mod runs;
 pub mod sandbox;
 pub mod serve;
 pub mod submit;
+pub mod watch;
 pub mod worktrees;
 
 use crate::ui::Ui;
@@ -28,6 +29,8 @@ use crate::{CliError, Outcome};
 pub enum Command {
     /// Run a team of agents, each task in its own workspace.
     Run(run::RunArgs),
+    /// One terminal board of every agent of this project, waiting ones first.
+    Watch(watch::WatchArgs),
     /// List and control the live agents of this workspace.
     #[command(subcommand)]
     Agents(agents::AgentsCommand),
@@ -90,6 +93,7 @@ impl Command {
 pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
     match command {
         Command::Run(args) => run::cmd_run(args, ui).await,
+        Command::Watch(args) => watch::cmd_watch(args, ui).await,
         Command::Agents(command) => agents::run(command, ui).await,
         Command::Runs(command) => runs::run(command, ui).await,
         Command::Conflicts(args) => conflicts::cmd_conflicts(args, ui).await,

@@ -24,7 +24,7 @@ pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
 pub use settings::{
     AgentDef, AgentSandbox, BaseMoved, IsolationFallback, IsolationSettings, LinkMode,
     MAX_STOP_GRACE, PlannedTask, ProjectConfig, Protocol, RetentionSettings, RunSettings,
-    SandboxMode, SandboxSettings, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
+    SandboxMode, SandboxSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings, WorkspaceMode,
     WorktreeSettings,
 };
 pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};

@@ -161,6 +161,22 @@ pub struct ProjectConfig {
     pub isolation: IsolationSettings,
     pub retention: RetentionSettings,
     pub sandbox: SandboxSettings,
+    pub watch: WatchSettings,
+}
+
+/// `[watch]`: the board of `crew watch`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WatchSettings {
+    /// Whether the board rings the terminal bell when an agent starts waiting or fails
+    /// (`crew watch --no-bell` turns it off for one board).
+    pub bell: bool,
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        WatchSettings { bell: true }
+    }
 }
 
 /// `[run]`

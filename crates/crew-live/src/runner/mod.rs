@@ -202,6 +202,11 @@ impl Runner {
         self.progress.subscribe()
     }
 
+    /// Where [`Runner::progress`] comes from, for whoever subscribes later.
+    pub(crate) fn progress_sender(&self) -> tokio::sync::broadcast::Sender<TaskProgress> {
+        self.progress.clone()
+    }
+
     /// How the long steps of preparing workspaces move on (checkouts).
     pub fn activity(&self) -> tokio::sync::broadcast::Receiver<TaskActivity> {
         self.activity.subscribe()

@@ -3,4 +3,5 @@
 
 pub mod live;
 pub mod runs;
+pub mod tmux;
 pub mod worktrees;

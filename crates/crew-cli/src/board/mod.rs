@@ -1,0 +1,715 @@
+//! The board of `crew watch`: what it knows of the project's agents ([`Board`]), what a key
+//! does to it ([`Board::key`]), and how it is drawn ([`view`]).
+//!
+//! The board is built from what the library's watch hears ([`Watched`]): the records of the
+//! runs, the live agents of each host, output lines and task changes. Keys change the board or
+//! ask for an [`Action`] (steer, stop, …), which the command carries out through the front door
+//! and reports back with [`Board::done`].
+
+pub mod view;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::SystemTime;
+
+use crew_core::AgentId;
+use crew_core::model::{RunManifest, TaskRecord, TaskStatus};
+use crew_live::{AgentSnapshot, WatchEvent, Watched};
+
+use crate::ui::sanitize;
+
+/// How many lines of each agent's output the board keeps.
+const TAIL_LINES: usize = 2000;
+/// How many runs the board shows (the live ones always).
+pub const RECENT_RUNS: usize = 10;
+
+/// An agent's state as the board draws it: each has a symbol of its own, not a colour alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RowState {
+    /// It asked a question and waits for the answer.
+    Waiting,
+    /// It failed, and nobody has looked yet.
+    FailedUnread,
+    /// It finished, and nobody has looked at its work yet.
+    DoneUnread,
+    Working,
+    /// Alive between turns, waiting for a message.
+    Idle,
+    /// Not started yet (its dependencies, its workspace being prepared).
+    Queued,
+    Failed,
+    Done,
+    Stopped,
+    Skipped,
+}
+
+impl RowState {
+    /// Whether the agent needs the user: `n` jumps to these, and they come first.
+    pub fn needs_you(self) -> bool {
+        matches!(
+            self,
+            RowState::Waiting | RowState::FailedUnread | RowState::DoneUnread
+        )
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RowState::Waiting => "waiting",
+            RowState::FailedUnread | RowState::Failed => "failed",
+            RowState::DoneUnread => "done*",
+            RowState::Done => "done",
+            RowState::Working => "working",
+            RowState::Idle => "idle",
+            RowState::Queued => "queued",
+            RowState::Stopped => "stopped",
+            RowState::Skipped => "skipped",
+        }
+    }
+}
+
+/// One row: an agent of a run the board shows.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub agent_id: AgentId,
+    pub agent: String,
+    pub state: RowState,
+    pub branch: Option<String>,
+    /// Lines added and removed, once its work is on its branch.
+    pub lines: Option<(usize, usize)>,
+    pub started_at: Option<SystemTime>,
+    pub last_line: String,
+    /// The task whose agent submitted it (a lead agent's sub-task).
+    pub parent: bool,
+}
+
+/// What the lower part of the screen shows for the selected agent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Pane {
+    #[default]
+    None,
+    /// Its output, following.
+    Output,
+    /// Its question.
+    Question,
+    /// Its work against its base; `None` while it is being computed.
+    Diff {
+        agent_id: AgentId,
+        text: Option<Vec<String>>,
+        scroll: usize,
+    },
+    Help,
+}
+
+/// A line the user is typing, and what it is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Answer(AgentId),
+    Steer(AgentId),
+    FollowUp(AgentId),
+    Filter,
+    /// `y` stops the agent; anything else does not.
+    ConfirmStop(AgentId),
+}
+
+impl Prompt {
+    pub fn label(&self) -> String {
+        match self {
+            Prompt::Answer(agent) => format!("answer {agent}: "),
+            Prompt::Steer(agent) => format!("steer {agent}: "),
+            Prompt::FollowUp(agent) => format!("follow up {agent}: "),
+            Prompt::Filter => "filter: ".to_owned(),
+            Prompt::ConfirmStop(agent) => format!("stop {agent}? (y/n) "),
+        }
+    }
+}
+
+/// Something the board asks the command to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Answer(AgentId, String),
+    Steer(AgentId, String),
+    FollowUp(AgentId, String),
+    Stop(AgentId),
+    Resume(AgentId),
+    /// Compute the diff of this task (its record says where its work is).
+    Diff(AgentId, Box<TaskRecord>),
+    /// Read the end of this agent's output log: all the pane holds when its output pane
+    /// opens, a glance for its last line when it is shown finished with nothing heard.
+    ReadTail(AgentId, Glance),
+    Quit,
+}
+
+/// How much of a log to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glance {
+    /// Enough for the last line.
+    LastLine,
+    /// What the output pane holds.
+    Pane,
+}
+
+/// A key, as the board understands it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Char(char),
+    Enter,
+    Esc,
+    Backspace,
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    /// Ctrl-C: quits like `q` (never stops an agent).
+    Interrupt,
+}
+
+/// Everything the board knows.
+#[derive(Debug, Default)]
+pub struct Board {
+    /// The runs shown, newest first.
+    runs: Vec<RunManifest>,
+    live: HashMap<AgentId, AgentSnapshot>,
+    tails: HashMap<AgentId, VecDeque<String>>,
+    /// Finished tasks nobody has opened yet (since the board started).
+    unread: HashSet<AgentId>,
+    /// Agents whose output log was read into their tail.
+    logs_read: HashSet<AgentId>,
+    /// Finished agents whose last line was looked up in their log.
+    glanced: HashSet<AgentId>,
+    selected: Option<AgentId>,
+    pub pane: Pane,
+    pub prompt: Option<Prompt>,
+    pub input: String,
+    pub filter: String,
+    /// What the last action gave, for the status line.
+    pub status: Option<String>,
+    /// An agent started waiting or failed since the last draw.
+    pub bell: bool,
+    /// Output lines the hosts dropped because the board fell behind.
+    pub missed: u64,
+}
+
+impl Board {
+    /// Takes in what the watch heard.
+    pub fn hear(&mut self, watched: Watched) {
+        match watched {
+            Watched::Run(manifest) => self.set_run(*manifest),
+            Watched::Agents(agents) => {
+                for agent in agents {
+                    self.set_agent(agent);
+                }
+            }
+            Watched::Event(WatchEvent::Agent { agent }) => self.set_agent(*agent),
+            Watched::Event(WatchEvent::Output { agent_id, line }) => {
+                self.push_line(&agent_id, &line);
+            }
+            Watched::Event(WatchEvent::Task {
+                run_id,
+                task_id,
+                status,
+                task,
+            }) => {
+                let agent_id = AgentId::new(run_id.clone(), task_id.clone());
+                let before = self.state_of(&agent_id);
+                let Some(run) = self.runs.iter_mut().find(|run| run.run_id == run_id) else {
+                    return;
+                };
+                match (task, run.tasks.iter_mut().find(|t| t.id == task_id)) {
+                    (Some(task), Some(slot)) => *slot = *task,
+                    (Some(task), None) => run.tasks.push(*task),
+                    (None, Some(slot)) => slot.status = status,
+                    (None, None) => {}
+                }
+                if matches!(status, TaskStatus::Succeeded | TaskStatus::Failed) {
+                    self.unread.insert(agent_id.clone());
+                }
+                self.note_change(&agent_id, before);
+            }
+            Watched::Event(WatchEvent::Lagged { missed }) => self.missed += missed,
+        }
+    }
+
+    fn set_run(&mut self, manifest: RunManifest) {
+        let changed: Vec<(AgentId, Option<RowState>)> = manifest
+            .tasks
+            .iter()
+            .map(|task| {
+                let id = AgentId::new(manifest.run_id.clone(), task.id.clone());
+                let before = self.state_of(&id);
+                (id, before)
+            })
+            .collect();
+        match self
+            .runs
+            .iter_mut()
+            .find(|run| run.run_id == manifest.run_id)
+        {
+            Some(run) => *run = manifest,
+            None => {
+                self.runs.push(manifest);
+                self.runs
+                    .sort_by_key(|run| std::cmp::Reverse(run.created_at.0));
+            }
+        }
+        for (agent_id, before) in changed {
+            // A task that was seen running and is now finished is news.
+            if before.is_some_and(|state| !is_finished(state))
+                && self.state_of(&agent_id).is_some_and(is_finished)
+            {
+                self.unread.insert(agent_id.clone());
+            }
+            self.note_change(&agent_id, before);
+        }
+    }
+
+    fn set_agent(&mut self, agent: AgentSnapshot) {
+        let agent_id = agent.agent_id.clone();
+        let before = self.state_of(&agent_id);
+        let tail = self.tails.entry(agent_id.clone()).or_default();
+        if tail.is_empty() {
+            tail.extend(agent.last_lines.iter().map(|line| sanitize(line)));
+        }
+        self.live.insert(agent_id.clone(), agent);
+        self.note_change(&agent_id, before);
+    }
+
+    fn push_line(&mut self, agent_id: &AgentId, line: &str) {
+        let tail = self.tails.entry(agent_id.clone()).or_default();
+        if tail.len() >= TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(sanitize(line));
+    }
+
+    /// Rings the bell when a shown agent has just started waiting or failed.
+    fn note_change(&mut self, agent_id: &AgentId, before: Option<RowState>) {
+        let alarming = |state: Option<RowState>| {
+            matches!(state, Some(RowState::Waiting | RowState::FailedUnread))
+        };
+        if before.is_some() && !alarming(before) && alarming(self.state_of(agent_id)) {
+            self.bell = true;
+        }
+    }
+
+    /// The output lines the board holds for an agent (the end of its log once read).
+    pub fn tail(&self, agent_id: &AgentId) -> Option<&VecDeque<String>> {
+        self.tails.get(agent_id)
+    }
+
+    /// Puts the end of an agent's output log before the lines heard since.
+    pub fn set_log_tail(&mut self, agent_id: &AgentId, lines: Vec<String>) {
+        let heard = self.tails.remove(agent_id).unwrap_or_default();
+        let mut tail: VecDeque<String> = lines.iter().map(|line| sanitize(line)).collect();
+        // The log already holds what was heard, unless the agent wrote on meanwhile: keep
+        // heard lines the log does not end with.
+        let overlap = heard
+            .iter()
+            .position(|line| tail.back() == Some(line))
+            .map_or(0, |at| at + 1);
+        tail.extend(heard.into_iter().skip(overlap));
+        while tail.len() > TAIL_LINES {
+            tail.pop_front();
+        }
+        self.tails.insert(agent_id.clone(), tail);
+    }
+
+    fn task(&self, agent_id: &AgentId) -> Option<&TaskRecord> {
+        self.runs
+            .iter()
+            .find(|run| &run.run_id == agent_id.run_id())?
+            .tasks
+            .iter()
+            .find(|task| &task.id == agent_id.task_id())
+    }
+
+    fn state_of(&self, agent_id: &AgentId) -> Option<RowState> {
+        let task = self.task(agent_id)?;
+        Some(self.state(agent_id, task))
+    }
+
+    fn state(&self, agent_id: &AgentId, task: &TaskRecord) -> RowState {
+        let live = self.live.get(agent_id);
+        let unread = self.unread.contains(agent_id);
+        match task.status {
+            TaskStatus::Waiting => RowState::Waiting,
+            TaskStatus::Running if live.is_some_and(|agent| agent.question.is_some()) => {
+                RowState::Waiting
+            }
+            TaskStatus::Running
+                if live.is_some_and(|agent| agent.activity == Some(crew_live::Activity::Idle)) =>
+            {
+                RowState::Idle
+            }
+            TaskStatus::Running => RowState::Working,
+            // Its agent's first events may come before the task's change to running.
+            TaskStatus::Pending | TaskStatus::Preparing
+                if live.is_some_and(|agent| agent.state == crew_live::AgentState::Running) =>
+            {
+                RowState::Working
+            }
+            TaskStatus::Pending | TaskStatus::Preparing => RowState::Queued,
+            TaskStatus::Succeeded if unread => RowState::DoneUnread,
+            TaskStatus::Succeeded => RowState::Done,
+            TaskStatus::Failed if unread => RowState::FailedUnread,
+            TaskStatus::Failed => RowState::Failed,
+            TaskStatus::Stopped | TaskStatus::Cancelled => RowState::Stopped,
+            TaskStatus::Skipped => RowState::Skipped,
+        }
+    }
+
+    /// The rows in the order drawn: those that need the user first (waiting, then failed,
+    /// then finished work to review), then the rest by run (newest first) and task.
+    pub fn rows(&self) -> Vec<Row> {
+        let filter = self.filter.to_lowercase();
+        let mut rows: Vec<Row> = Vec::new();
+        for run in self.runs.iter().take(RECENT_RUNS.max(self.live_runs())) {
+            for task in &run.tasks {
+                let agent_id = AgentId::new(run.run_id.clone(), task.id.clone());
+                let state = self.state(&agent_id, task);
+                let branch = task
+                    .teardown
+                    .as_ref()
+                    .and_then(|teardown| teardown.branch.clone())
+                    .or_else(|| task.workspace.as_ref()?.branch.clone());
+                let lines = task
+                    .teardown
+                    .as_ref()
+                    .and_then(|teardown| teardown.diffstat.as_ref())
+                    .map(|stat| (stat.insertions, stat.deletions));
+                let last_line = self
+                    .tails
+                    .get(&agent_id)
+                    .and_then(|tail| tail.iter().rev().find(|line| !line.trim().is_empty()))
+                    .cloned()
+                    .or_else(|| task.reason.as_deref().map(sanitize))
+                    .unwrap_or_default();
+                let row = Row {
+                    agent_id,
+                    agent: task.agent.clone(),
+                    state,
+                    branch,
+                    lines,
+                    started_at: task.started_at.map(|at| at.0),
+                    last_line,
+                    parent: task.parent.is_some(),
+                };
+                if filter.is_empty() || row_matches(&row, &filter) {
+                    rows.push(row);
+                }
+            }
+        }
+        // Stable: within a group, runs and tasks keep their order.
+        rows.sort_by_key(|row| match row.state {
+            RowState::Waiting => 0,
+            RowState::FailedUnread => 1,
+            RowState::DoneUnread => 2,
+            _ => 3,
+        });
+        rows
+    }
+
+    fn live_runs(&self) -> usize {
+        self.runs
+            .iter()
+            .filter(|run| run.tasks.iter().any(|task| !task.status.is_finished()))
+            .count()
+    }
+
+    /// The selected row's agent: the one chosen, or the first row.
+    pub fn selected(&self, rows: &[Row]) -> Option<AgentId> {
+        match &self.selected {
+            Some(selected) if rows.iter().any(|row| &row.agent_id == selected) => {
+                Some(selected.clone())
+            }
+            _ => rows.first().map(|row| row.agent_id.clone()),
+        }
+    }
+
+    /// Reads of the last line of shown agents that finished before anything of theirs was
+    /// heard (each asked for once).
+    pub fn glances(&mut self) -> Vec<Action> {
+        let wanted: Vec<AgentId> = self
+            .rows()
+            .into_iter()
+            .filter(|row| is_finished(row.state) && !self.tails.contains_key(&row.agent_id))
+            .map(|row| row.agent_id)
+            .filter(|agent_id| !self.glanced.contains(agent_id))
+            .collect();
+        wanted
+            .into_iter()
+            .map(|agent_id| {
+                self.glanced.insert(agent_id.clone());
+                Action::ReadTail(agent_id, Glance::LastLine)
+            })
+            .collect()
+    }
+
+    /// The question the agent waits on.
+    pub fn question(&self, agent_id: &AgentId) -> Option<String> {
+        self.live
+            .get(agent_id)
+            .and_then(|agent| agent.question.clone())
+            .or_else(|| self.task(agent_id)?.question.clone())
+    }
+
+    /// The diff of an agent, computed.
+    pub fn set_diff(&mut self, agent_id: &AgentId, text: String) {
+        if let Pane::Diff {
+            agent_id: shown,
+            text: slot,
+            ..
+        } = &mut self.pane
+            && shown == agent_id
+        {
+            *slot = Some(text.lines().map(sanitize).collect());
+        }
+    }
+
+    /// What an action gave.
+    pub fn done(&mut self, message: String) {
+        self.status = Some(sanitize(&message));
+    }
+
+    fn move_selection(&mut self, rows: &[Row], by: isize) {
+        let Some(current) = self.selected(rows) else {
+            return;
+        };
+        let at = rows
+            .iter()
+            .position(|row| row.agent_id == current)
+            .unwrap_or(0);
+        let next = at
+            .saturating_add_signed(by)
+            .min(rows.len().saturating_sub(1));
+        self.selected = Some(rows[next].agent_id.clone());
+    }
+
+    /// Opens the pane of the selected agent that shows `pane`, marking its work as seen.
+    fn open(&mut self, agent_id: &AgentId, pane: Pane) -> Option<Action> {
+        self.unread.remove(agent_id);
+        // Selected by its id, so that it stays selected as it leaves the "needs you" group.
+        self.selected = Some(agent_id.clone());
+        match pane {
+            Pane::Output => {
+                self.pane = Pane::Output;
+                self.logs_read
+                    .insert(agent_id.clone())
+                    .then(|| Action::ReadTail(agent_id.clone(), Glance::Pane))
+            }
+            Pane::Diff { .. } => {
+                let task = self.task(agent_id)?.clone();
+                self.pane = Pane::Diff {
+                    agent_id: agent_id.clone(),
+                    text: None,
+                    scroll: 0,
+                };
+                Some(Action::Diff(agent_id.clone(), Box::new(task)))
+            }
+            other => {
+                self.pane = other;
+                None
+            }
+        }
+    }
+
+    /// What `key` does. Esc only ever closes a prompt or a pane; no key but a confirmed `s`
+    /// stops an agent, and quitting leaves every agent running.
+    pub fn key(&mut self, key: Key) -> Option<Action> {
+        if let Some(prompt) = self.prompt.clone() {
+            return self.prompt_key(prompt, key);
+        }
+        let rows = self.rows();
+        let selected = self.selected(&rows);
+        match key {
+            Key::Esc => {
+                self.pane = Pane::None;
+                None
+            }
+            Key::Char('q') | Key::Interrupt => Some(Action::Quit),
+            Key::Char('j') | Key::Down => {
+                self.move_selection(&rows, 1);
+                self.follow_selection()
+            }
+            Key::Char('k') | Key::Up => {
+                self.move_selection(&rows, -1);
+                self.follow_selection()
+            }
+            Key::PageDown | Key::Char(' ') => {
+                self.scroll(20);
+                None
+            }
+            Key::PageUp | Key::Char('u') => {
+                self.scroll(-20);
+                None
+            }
+            Key::Char('n') => {
+                let needing: Vec<&Row> = rows.iter().filter(|row| row.state.needs_you()).collect();
+                // Until the user moves, the first row is selected without being chosen: the
+                // first agent that needs them comes first.
+                let at = self
+                    .selected
+                    .as_ref()
+                    .and_then(|selected| needing.iter().position(|row| &row.agent_id == selected));
+                let next = match at {
+                    Some(at) => needing.get((at + 1) % needing.len()),
+                    None => needing.first(),
+                };
+                match next {
+                    Some(row) => {
+                        let agent_id = row.agent_id.clone();
+                        let pane = if row.state == RowState::Waiting {
+                            Pane::Question
+                        } else {
+                            Pane::Output
+                        };
+                        self.open(&agent_id, pane)
+                    }
+                    None => {
+                        self.status = Some("no agent needs you".to_owned());
+                        None
+                    }
+                }
+            }
+            Key::Char('?') => {
+                self.pane = if self.pane == Pane::Help {
+                    Pane::None
+                } else {
+                    Pane::Help
+                };
+                None
+            }
+            Key::Char('/') => {
+                self.input = self.filter.clone();
+                self.prompt = Some(Prompt::Filter);
+                None
+            }
+            Key::Enter => self.open(&selected?, Pane::Output),
+            Key::Char('d') => {
+                let agent_id = selected?;
+                let pane = Pane::Diff {
+                    agent_id: agent_id.clone(),
+                    text: None,
+                    scroll: 0,
+                };
+                self.open(&agent_id, pane)
+            }
+            Key::Char('a') => {
+                let agent_id = selected?;
+                if self.question(&agent_id).is_none() {
+                    self.status = Some(format!("{agent_id} asks nothing"));
+                    return None;
+                }
+                self.open(&agent_id, Pane::Question);
+                self.start_prompt(Prompt::Answer(agent_id));
+                None
+            }
+            Key::Char('i') => {
+                self.start_prompt(Prompt::Steer(selected?));
+                None
+            }
+            Key::Char('f') => {
+                self.start_prompt(Prompt::FollowUp(selected?));
+                None
+            }
+            Key::Char('s') => {
+                self.start_prompt(Prompt::ConfirmStop(selected?));
+                None
+            }
+            Key::Char('r') => Some(Action::Resume(selected?)),
+            _ => None,
+        }
+    }
+
+    fn start_prompt(&mut self, prompt: Prompt) {
+        self.input.clear();
+        self.prompt = Some(prompt);
+    }
+
+    fn prompt_key(&mut self, prompt: Prompt, key: Key) -> Option<Action> {
+        if let Prompt::ConfirmStop(agent_id) = prompt {
+            self.prompt = None;
+            return match key {
+                Key::Char('y' | 'Y') => Some(Action::Stop(agent_id)),
+                _ => {
+                    self.status = Some(format!("{agent_id} not stopped"));
+                    None
+                }
+            };
+        }
+        match key {
+            Key::Esc | Key::Interrupt => {
+                self.prompt = None;
+                self.input.clear();
+                None
+            }
+            Key::Backspace => {
+                self.input.pop();
+                None
+            }
+            Key::Char(c) => {
+                self.input.push(c);
+                None
+            }
+            Key::Enter => {
+                self.prompt = None;
+                let text = std::mem::take(&mut self.input);
+                match prompt {
+                    Prompt::Filter => {
+                        self.filter = text;
+                        None
+                    }
+                    _ if text.trim().is_empty() => {
+                        self.status = Some("nothing sent: the message was empty".to_owned());
+                        None
+                    }
+                    Prompt::Answer(agent_id) => Some(Action::Answer(agent_id, text)),
+                    Prompt::Steer(agent_id) => Some(Action::Steer(agent_id, text)),
+                    Prompt::FollowUp(agent_id) => Some(Action::FollowUp(agent_id, text)),
+                    Prompt::ConfirmStop(_) => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn scroll(&mut self, by: isize) {
+        if let Pane::Diff { scroll, .. } = &mut self.pane {
+            *scroll = scroll.saturating_add_signed(by);
+        }
+    }
+
+    /// A pane about one agent follows the selection.
+    fn follow_selection(&mut self) -> Option<Action> {
+        let rows = self.rows();
+        let selected = self.selected(&rows)?;
+        match &self.pane {
+            Pane::Output => self.open(&selected, Pane::Output),
+            Pane::Diff { .. } => self.open(
+                &selected,
+                Pane::Diff {
+                    agent_id: selected.clone(),
+                    text: None,
+                    scroll: 0,
+                },
+            ),
+            _ => None,
+        }
+    }
+}
+
+fn is_finished(state: RowState) -> bool {
+    !matches!(
+        state,
+        RowState::Waiting | RowState::Working | RowState::Idle | RowState::Queued
+    )
+}
+
+fn row_matches(row: &Row, filter: &str) -> bool {
+    [
+        row.agent_id.to_string(),
+        row.agent.clone(),
+        row.branch.clone().unwrap_or_default(),
+        row.state.label().to_owned(),
+    ]
+    .iter()
+    .any(|field| field.to_lowercase().contains(filter))
+}

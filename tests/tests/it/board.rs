@@ -1,0 +1,285 @@
+//! `crew watch`, the board, driven in a real terminal: tmux runs it beside a run of agents,
+//! `send-keys` types, `capture-pane` reads the screen.
+
+use camino::Utf8Path;
+use crew_tests::{Redactor, TestEnv, render_output, wait_until};
+
+use crate::common::runs::shell_worktree_args;
+use crate::common::tmux::{Tmux, crew_script, crew_script_with};
+
+/// The screen without its blank lines, ages and durations redacted.
+fn shown(env: &TestEnv, screen: &str) -> String {
+    let text: Vec<&str> = screen
+        .lines()
+        .map(str::trim_end)
+        .filter(|line| !line.is_empty())
+        .collect();
+    Redactor::new(env).redact(&text.join("\n"))
+}
+
+/// The board's line of agent `id` (`board:<task>`).
+fn row<'a>(screen: &'a str, id: &str) -> &'a str {
+    screen
+        .lines()
+        .find(|line| line.split_whitespace().any(|word| word == id))
+        .unwrap_or("")
+}
+
+/// The states of the live agents of the project, by task.
+fn live_states(env: &TestEnv, repo: &Utf8Path) -> Vec<(String, String)> {
+    let output = env.crew(repo, ["agents", "list", "--json"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let agents: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let mut states: Vec<(String, String)> = agents
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|agent| {
+            (
+                agent["task_id"].as_str().unwrap_or("").to_owned(),
+                agent["state"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    states.sort();
+    states
+}
+
+#[test]
+fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_others() {
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let script = crew_script(&env, &repo, &["watch".to_owned()]);
+    let test = "the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_others";
+    let Some(tmux) = Tmux::start_sized(&env, test, &script, (100, 30)) else {
+        return;
+    };
+    // Started before any run: it says so, and shows runs as they start.
+    let empty = tmux.screen_when("the empty board", |screen| screen.contains("no runs yet"));
+    insta::assert_snapshot!(shown(&env, &empty), @r"
+    crew watch  project  agents: 0  waiting: 0
+        AGENT DEF   STATE   BRANCH +/-         AGE  LAST OUTPUT
+        no runs yet: start one with `crew run` (they show here as they start)
+    ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
+    ");
+
+    let mut args = shell_worktree_args(&[
+        "asker=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > color.txt; exit 0; fi; echo thinking; crew ask 'which color?'",
+        "first=while true; do echo tick; sleep 0.2; done",
+        "second=while true; do echo tock; sleep 0.2; done",
+        "hello=echo hello > hello.txt; echo wrote hello",
+        // An agent that clears the screen, moves the cursor and retitles the window.
+        "hostile=printf '\\033[2J\\033[H\\033]0;pwned\\007hostile\\n'; sleep 600",
+    ]);
+    args.extend(["--name", "board", "--detach"].map(str::to_owned));
+    let started = env.crew(&repo, &args);
+    assert!(started.status.success(), "{}", render_output(&started));
+
+    let board = tmux.screen_when("the run on the board", |screen| {
+        screen.contains("waiting: 1")
+            && row(screen, "board:hello").contains("done*")
+            && row(screen, "board:first").contains("tick")
+            && row(screen, "board:second").contains("tock")
+            && row(screen, "board:hostile").contains("pwned")
+            && row(screen, "board:hostile").contains("working")
+            && row(screen, "board:hostile").contains("crew/board-hostile")
+    });
+    // Waiting first, then finished work to review, then the rest in the run's order. The
+    // hostile agent's escapes are text on its line: the board was not cleared or moved.
+    insta::assert_snapshot!(shown(&env, &board), @r"
+    crew watch  project  agents: 5  waiting: 1
+        AGENT         DEF   STATE   BRANCH             +/-         AGE  LAST OUTPUT
+    › ? board:asker   shell waiting crew/board-asker               [DURATION]   question recorded; end your tur…
+      ★ board:hello   shell done*   crew/board-hello   +1 -0       [DURATION]   wrote hello
+      ▶ board:first   shell working crew/board-first               [DURATION]   tick
+      ▶ board:second  shell working crew/board-second              [DURATION]   tock
+      ▶ board:hostile shell working crew/board-hostile             [DURATION]   �[2J�[H�]0;pwned�hostile
+    ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
+    ");
+    assert!(!tmux.title().contains("pwned"), "{}", tmux.title());
+
+    // Esc with nothing open changes nothing, and touches no agent.
+    let before = live_states(&env, &repo);
+    tmux.keys(&["Escape"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(shown(&env, &tmux.screen()), shown(&env, &board));
+    assert_eq!(live_states(&env, &repo), before);
+
+    // `n` goes to the agent that waits and shows its question; `a` answers it.
+    tmux.keys(&["n"]);
+    let question = tmux.screen_when("the question", |screen| screen.contains("board:asker asks"));
+    let pane: Vec<&str> = question
+        .lines()
+        .skip_while(|line| !line.contains("board:asker asks"))
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    insta::assert_snapshot!(pane.join("\n"), @r"
+    ── board:asker asks ────────────────────────────────────────────────────────────────────────────────
+    which color?
+    a: answer   esc: close
+    ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
+    ");
+    tmux.keys(&["a"]);
+    tmux.screen_when("the answer prompt", |screen| {
+        screen.contains("answer board:asker:")
+    });
+    tmux.text("blue");
+    tmux.keys(&["Enter"]);
+    let answered = tmux.screen_when("the answered agent done", |screen| {
+        row(screen, "board:asker").contains("done") && screen.contains("waiting: 0")
+    });
+    assert!(answered.contains("answered board:asker"), "{answered}");
+    let color = env.git(&repo, ["show", "crew/board-asker:color.txt"]);
+    assert_eq!(color.trim(), "blue");
+
+    // `s` asks first; `y` stops that agent and no other.
+    tmux.keys(&["Escape", "/"]);
+    tmux.text("first");
+    tmux.keys(&["Enter"]);
+    tmux.screen_when("the filtered board", |screen| {
+        screen.contains("filter: first") && !row(screen, "board:second").contains("tock")
+    });
+    tmux.keys(&["s"]);
+    tmux.screen_when("the stop prompt", |screen| {
+        screen.contains("stop board:first? (y/n)")
+    });
+    tmux.keys(&["n"]);
+    tmux.screen_when("the refusal", |screen| {
+        screen.contains("board:first not stopped")
+    });
+    assert!(live_states(&env, &repo).contains(&("first".to_owned(), "running".to_owned())));
+    tmux.keys(&["s"]);
+    tmux.screen_when("the stop prompt", |screen| {
+        screen.contains("stop board:first? (y/n)")
+    });
+    tmux.keys(&["y"]);
+    tmux.screen_when("the stopped agent", |screen| {
+        row(screen, "board:first").contains("stopped")
+    });
+    let states = live_states(&env, &repo);
+    assert!(
+        states.contains(&("second".to_owned(), "running".to_owned())),
+        "{states:?}"
+    );
+    assert!(
+        states.contains(&("hostile".to_owned(), "running".to_owned())),
+        "{states:?}"
+    );
+
+    // `d` shows a task's work against its base.
+    tmux.keys(&["/"]);
+    tmux.keys(&["BSpace"; 5]);
+    tmux.text("hello");
+    tmux.keys(&["Enter", "d"]);
+    let diff = tmux.screen_when("the diff", |screen| screen.contains("+hello"));
+    let pane: Vec<&str> = diff
+        .lines()
+        .skip_while(|line| !line.contains("work of board:hello"))
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    insta::assert_snapshot!(pane.join("\n"), @r"
+    ── work of board:hello against its base ────────────────────────────────────────────────────────────
+    diff --git a/hello.txt b/hello.txt
+    new file mode 100644
+    index 0000000..ce01362
+    --- /dev/null
+    +++ b/hello.txt
+    @@ -0,0 +1 @@
+    +hello
+    ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
+    ");
+
+    // `?` lists the keys.
+    tmux.keys(&["?"]);
+    let help = tmux.screen_when("the keys", |screen| screen.contains("── keys"));
+    let pane: Vec<&str> = help
+        .lines()
+        .skip_while(|line| !line.contains("── keys"))
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    insta::assert_snapshot!(pane.join("\n"), @r"
+    ── keys ────────────────────────────────────────────────────────────────────────────────────────────
+      j / k   move down / up
+      n       jump to the next agent that needs you
+      enter   its output (following)
+      d       its work against its base (space / u scroll)
+      a       answer its question
+      i       steer it (a message now)
+      f       follow up (a message at the end of its turn)
+      s       stop it (asks first)
+      r       resume it
+      /       filter by id, agent, branch or state
+      esc     close the pane or prompt (never touches an agent)
+      q       quit (every agent keeps running)
+    ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
+    ");
+
+    // Quitting leaves every agent running.
+    tmux.keys(&["q"]);
+    let end = tmux.screen_when("the board's end", |screen| screen.contains("EXITED-"));
+    assert!(end.contains("EXITED-0"), "{end}");
+    let states = live_states(&env, &repo);
+    assert!(
+        states.contains(&("second".to_owned(), "running".to_owned())),
+        "{states:?}"
+    );
+    assert!(
+        states.contains(&("hostile".to_owned(), "running".to_owned())),
+        "{states:?}"
+    );
+
+    let cancelled = env.crew(&repo, ["runs", "cancel", "board"]);
+    assert!(cancelled.status.success(), "{}", render_output(&cancelled));
+    wait_until(60, "the run's end", || {
+        let output = env.crew(&repo, ["runs", "show", "board", "--json"]);
+        let run: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        (run["status"] != "running").then_some(())
+    });
+}
+
+#[test]
+fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let mut args =
+        shell_worktree_args(&["good=echo hi > hi.txt; echo fine", "bad=echo oops; exit 2"]);
+    args.extend(["--name", "plain"].map(str::to_owned));
+    let finished = env.crew(&repo, &args);
+    assert_eq!(
+        finished.status.code(),
+        Some(1),
+        "{}",
+        render_output(&finished)
+    );
+    let script = crew_script_with(
+        &env,
+        &repo,
+        &["watch".to_owned()],
+        "watch.sh",
+        &[("LANG", "C"), ("NO_COLOR", "1")],
+    );
+    let test = "the_board_draws_in_ascii_without_colour_on_a_narrow_terminal";
+    let Some(tmux) = Tmux::start_sized(&env, test, &script, (48, 10)) else {
+        return;
+    };
+    let board = tmux.screen_when("the finished run", |screen| {
+        row(screen, "plain:good").contains("fine") && row(screen, "plain:bad").contains("oops")
+    });
+    // Runs that ended before the board started are not news: nothing needs the user.
+    insta::assert_snapshot!(shown(&env, &board), @r"
+    crew watch  project  agents: 2  waiting: 0
+        AGENT      STATE   LAST OUTPUT
+    > v plain:good done    fine
+      X plain:bad  failed  oops
+    ?: keys  n: next  q: quit
+    ");
+    assert!(board.is_ascii(), "{board}");
+    let styled = tmux.screen_with_styles();
+    for colour in [
+        "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[36m", "38;5;", "38;2;",
+    ] {
+        assert!(!styled.contains(colour), "{styled:?}");
+    }
+    tmux.keys(&["q"]);
+    tmux.screen_when("the board's end", |screen| screen.contains("EXITED-0"));
+}
