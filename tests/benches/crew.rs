@@ -284,7 +284,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
-    // sandbox, block.
+    // sandbox, block, board.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
     if wanted("eight") {
@@ -310,6 +310,9 @@ fn main() {
     }
     if wanted("block") {
         live_block(&bench);
+    }
+    if wanted("board") {
+        board(&bench);
     }
 
     let _ = std::fs::remove_dir_all(&root);
@@ -759,15 +762,211 @@ fn many_agents(bench: &Bench) {
     );
 }
 
+/// The share of a core process `pid` used over `span` (user and system time).
+fn cpu_share(pid: u32, span: Duration) -> f64 {
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        // utime and stime are the 12th and 13th fields after the command.
+        fields
+            .get(11)
+            .and_then(|utime| utime.parse::<u64>().ok())
+            .unwrap_or(0)
+            + fields
+                .get(12)
+                .and_then(|stime| stime.parse::<u64>().ok())
+                .unwrap_or(0)
+    };
+    let before = ticks();
+    std::thread::sleep(span);
+    (ticks() - before) as f64 / 100.0 / span.as_secs_f64()
+}
+
+fn tmux_installed() -> bool {
+    Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+/// `crew watch` in a terminal (tmux) beside runs of this process's own making:
+/// - its CPU while 50 agents print a line a second each, and while 50 agents print nothing;
+/// - beside 200 agents, one of them printing 100 MB: how long a key takes to show on the
+///   screen, against the same key before that agent starts (the reference), and the board's
+///   peak memory.
+fn board(bench: &Bench) {
+    if !tmux_installed() {
+        println!("{:<44} skipped: tmux is not installed", "crew watch");
+        return;
+    }
+    let project = bench.root.join("board-project");
+    std::fs::create_dir_all(&project).unwrap();
+    let crew = crew_binary();
+    let socket = bench.root.join("board-tmux.sock");
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(["-u", "-S", socket.as_str()])
+            .args(args)
+            .current_dir(&project)
+            .output()
+            .unwrap()
+    };
+    let pid_file = bench.root.join("board.pid");
+    let watch = format!("echo $$ > {pid_file}; LANG=C.UTF-8 exec {crew} watch --no-bell");
+    tmux(&[
+        "new-session",
+        "-d",
+        "-x",
+        "160",
+        "-y",
+        "70",
+        "sh",
+        "-c",
+        &watch,
+    ]);
+    let screen = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
+    let wait_for = |what: &str, ready: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let shown = screen();
+            if ready(&shown) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never on the board: {what}\n{shown}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("the empty board", &|screen| screen.contains("no runs yet"));
+    let board = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse::<u32>()
+        .unwrap();
+    let start = |agents: usize, script: &str| -> String {
+        let output = Command::new(&crew)
+            .args([
+                "run",
+                "--detach",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                "single",
+            ])
+            .args([
+                "--fan-out",
+                &agents.to_string(),
+                "--max-parallel",
+                &agents.to_string(),
+            ])
+            .arg(script)
+            .current_dir(&project)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    };
+    let cancel = |run: &str| {
+        let _ = Command::new(&crew)
+            .args(["runs", "cancel", "--force", run])
+            .current_dir(&project)
+            .output();
+    };
+    let working = |screen: &str| screen.matches(" working ").count();
+
+    let printing = start(50, "while true; do echo line; sleep 1; done");
+    wait_for("50 printing agents", &|screen| working(screen) >= 50);
+    // Settled: the new host found, the listing's lookups over.
+    std::thread::sleep(Duration::from_secs(8));
+    let busy = cpu_share(board, Duration::from_secs(10));
+    cancel(&printing);
+    wait_for("the printing run's end", &|screen| working(screen) == 0);
+
+    let quiet = start(50, "sleep 600");
+    wait_for("50 quiet agents", &|screen| working(screen) >= 50);
+    std::thread::sleep(Duration::from_secs(8));
+    let idle = cpu_share(board, Duration::from_secs(10));
+    println!(
+        "{:<44} board CPU {:.2}% of a core (≤ 5%: {})",
+        "crew watch, 50 agents printing 1 line/s",
+        busy * 100.0,
+        if busy <= 0.05 { "met" } else { "MISSED" }
+    );
+    println!(
+        "{:<44} board CPU {:.2}% of a core (≤ 0.5%: {})",
+        "crew watch, 50 quiet agents",
+        idle * 100.0,
+        if idle <= 0.005 { "met" } else { "MISSED" }
+    );
+
+    // 200 agents: how long `?` takes to open the keys and close them again.
+    let more = start(149, "sleep 600");
+    wait_for("199 agents", &|screen| screen.contains("working: 199 "));
+    let toggle = || {
+        let started = Instant::now();
+        tmux(&["send-keys", "?"]);
+        wait_for("the keys", &|screen| screen.contains("── keys"));
+        tmux(&["send-keys", "?"]);
+        wait_for("the keys closed", &|screen| !screen.contains("── keys"));
+        started.elapsed()
+    };
+    let reference: Vec<Duration> = (0..5).map(|_| toggle()).collect();
+    let flood = start(
+        1,
+        "head -c 100000000 /dev/zero | tr '\\0' x | fold -w 99; echo flood-done; sleep 600",
+    );
+    let flooding = Instant::now();
+    let mut loaded = Vec::new();
+    // Keys while it prints (at least one).
+    while loaded.is_empty() || !screen().contains("flood-done") {
+        loaded.push(toggle());
+        assert!(
+            flooding.elapsed() < Duration::from_secs(600),
+            "the flood never ended"
+        );
+    }
+    let flooded = flooding.elapsed();
+    let status = std::fs::read_to_string(format!("/proc/{board}/status")).unwrap_or_default();
+    let peak = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .map_or_else(String::new, |value| value.trim().to_owned());
+    let median = |mut samples: Vec<Duration>| {
+        samples.sort();
+        samples[samples.len() / 2]
+    };
+    let keys = loaded.len();
+    let (loaded, reference) = (median(loaded), median(reference));
+    println!(
+        "{:<44} a key on screen in {} (idle board: {}; {:.1}×; {keys} keys while 100 MB came in {}), board peak memory {peak}",
+        "crew watch, 200 agents, one printing 100 MB",
+        seconds(loaded),
+        seconds(reference),
+        loaded.as_secs_f64() / reference.as_secs_f64(),
+        seconds(flooded),
+    );
+    for run in [&quiet, &more, &flood] {
+        cancel(run);
+    }
+    tmux(&["send-keys", "q"]);
+    std::thread::sleep(Duration::from_secs(3));
+    tmux(&["kill-server"]);
+}
+
 /// `crew run` of 200 sleeping agents drawing its live block in a terminal (tmux): the host's
 /// CPU while they sleep, against the same run printing to a pipe. The block redraws at most ten
 /// times a second and once a second for the elapsed times; it must stay within the idle target.
 fn live_block(bench: &Bench) {
-    if !Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|output| output.status.success())
-    {
+    if !tmux_installed() {
         println!(
             "{:<44} skipped: tmux is not installed",
             "200 agents, live block"
@@ -783,26 +982,7 @@ fn live_block(bench: &Bench) {
         "echo $$ > {pid_file}; exec {crew} run --agent shell --workspace-mode single --fan-out {AGENTS} 'sleep 20'"
     );
     // The host's CPU share over three seconds once every agent is asleep.
-    let measure = |pid: u32| {
-        let ticks = || {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-            // utime and stime are the 12th and 13th fields after the command.
-            fields
-                .get(11)
-                .and_then(|utime| utime.parse::<u64>().ok())
-                .unwrap_or(0)
-                + fields
-                    .get(12)
-                    .and_then(|stime| stime.parse::<u64>().ok())
-                    .unwrap_or(0)
-        };
-        let before = ticks();
-        std::thread::sleep(Duration::from_secs(3));
-        (ticks() - before) as f64 / 100.0 / 3.0
-    };
+    let measure = |pid: u32| cpu_share(pid, Duration::from_secs(3));
     let wait_for_agents = || {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

@@ -267,10 +267,11 @@ impl Drop for ProjectWatch {
 /// How many heard things may wait for a slow client before the hosts' streams back up (and
 /// the hosts drop output lines for it).
 const QUEUE: usize = 4096;
-/// How often, and how many times, a new listing whose run is not recorded yet is looked up
-/// again (a host publishes its listing before it records its run).
+/// When a new listing's host is looked up again while its run is not recorded yet (a host
+/// publishes its listing before it records its run): after 100 ms, then twice as long each
+/// time, the last time about six seconds after the listing appeared.
 const FIND_HOST_RETRY: Duration = Duration::from_millis(100);
-const FIND_HOST_ATTEMPTS: u32 = 50;
+const FIND_HOST_LAST_RETRY: Duration = Duration::from_millis(3200);
 
 /// Starts watching the project whose state `store` holds, as `workspace`. `recent` is how many
 /// of the newest runs are read at the start.
@@ -416,10 +417,11 @@ impl Watcher {
         }
         let (from_hosts, mut heard) = mpsc::channel::<(Utf8PathBuf, FromHost)>(QUEUE);
         self.find_hosts(&from_hosts).await;
-        let mut retries = 0u32;
         let mut pending: HashSet<String> = HashSet::new();
+        // The next lookup of pending listings' hosts, and the wait before it.
+        let mut retry: Option<(tokio::time::Instant, Duration)> = None;
         loop {
-            let retry = tokio::time::sleep(FIND_HOST_RETRY);
+            let retry_at = retry.map(|(at, _)| at);
             tokio::select! {
                 names = listings.next() => {
                     let Some(names) = names else { return };
@@ -427,15 +429,27 @@ impl Watcher {
                         names.into_iter().filter(|name| !self.found.contains(name)).collect();
                     if !new.is_empty() {
                         pending.extend(new);
-                        retries = 0;
                         self.find_hosts(&from_hosts).await;
                         pending.retain(|name| !self.found.contains(name));
+                        retry = (!pending.is_empty()).then(|| {
+                            (tokio::time::Instant::now() + FIND_HOST_RETRY, FIND_HOST_RETRY)
+                        });
                     }
                 }
-                _ = retry, if !pending.is_empty() && retries < FIND_HOST_ATTEMPTS => {
-                    retries += 1;
+                _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if retry_at.is_some() =>
+                {
                     self.find_hosts(&from_hosts).await;
                     pending.retain(|name| !self.found.contains(name));
+                    retry = retry
+                        .map(|(_, waited)| waited * 2)
+                        .filter(|wait| !pending.is_empty() && *wait <= FIND_HOST_LAST_RETRY)
+                        .map(|wait| (tokio::time::Instant::now() + wait, wait));
+                    if retry.is_none() {
+                        // A listing whose host records no run (one that hosts none yet) is
+                        // looked up again when it is written again.
+                        pending.clear();
+                    }
                 }
                 heard = heard.recv() => {
                     let Some((socket, heard)) = heard else { return };

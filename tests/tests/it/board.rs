@@ -57,7 +57,7 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     // Started before any run: it says so, and shows runs as they start.
     let empty = tmux.screen_when("the empty board", |screen| screen.contains("no runs yet"));
     insta::assert_snapshot!(shown(&env, &empty), @r"
-    crew watch  project  agents: 0  waiting: 0
+    waiting: 0  working: 0  agents: 0  crew watch project
         AGENT DEF   STATE   BRANCH +/-         AGE  LAST OUTPUT
         no runs yet: start one with `crew run` (they show here as they start)
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
@@ -87,7 +87,7 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     // Waiting first, then finished work to review, then the rest in the run's order. The
     // hostile agent's escapes are text on its line: the board was not cleared or moved.
     insta::assert_snapshot!(shown(&env, &board), @r"
-    crew watch  project  agents: 5  waiting: 1
+    waiting: 1  working: 3  agents: 5  crew watch project
         AGENT         DEF   STATE   BRANCH             +/-         AGE  LAST OUTPUT
     › ? board:asker   shell waiting crew/board-asker               [DURATION]   question recorded; end your tur…
       ★ board:hello   shell done*   crew/board-hello   +1 -0       [DURATION]   wrote hello
@@ -267,7 +267,7 @@ fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
     });
     // Runs that ended before the board started are not news: nothing needs the user.
     insta::assert_snapshot!(shown(&env, &board), @r"
-    crew watch  project  agents: 2  waiting: 0
+    waiting: 0  working: 0  agents: 2  crew watch pr
         AGENT      STATE   LAST OUTPUT
     > v plain:good done    fine
       X plain:bad  failed  oops

@@ -17,8 +17,10 @@ use crew_live::{AgentSnapshot, WatchEvent, Watched};
 
 use crate::ui::sanitize;
 
-/// How many lines of each agent's output the board keeps.
+/// How many lines of each agent's output the board keeps, and how many bytes at most: 200
+/// agents printing long lines stay within a few tens of megabytes.
 const TAIL_LINES: usize = 2000;
+const TAIL_BYTES: usize = 128 * 1024;
 /// How many runs the board shows (the live ones always).
 pub const RECENT_RUNS: usize = 10;
 
@@ -168,7 +170,7 @@ pub struct Board {
     /// The runs shown, newest first.
     runs: Vec<RunManifest>,
     live: HashMap<AgentId, AgentSnapshot>,
-    tails: HashMap<AgentId, VecDeque<String>>,
+    tails: HashMap<AgentId, Tail>,
     /// Finished tasks nobody has opened yet (since the board started).
     unread: HashSet<AgentId>,
     /// Agents whose output log was read into their tail.
@@ -265,19 +267,20 @@ impl Board {
         let agent_id = agent.agent_id.clone();
         let before = self.state_of(&agent_id);
         let tail = self.tails.entry(agent_id.clone()).or_default();
-        if tail.is_empty() {
-            tail.extend(agent.last_lines.iter().map(|line| sanitize(line)));
+        if tail.lines.is_empty() {
+            for line in &agent.last_lines {
+                tail.push(sanitize(line));
+            }
         }
         self.live.insert(agent_id.clone(), agent);
         self.note_change(&agent_id, before);
     }
 
     fn push_line(&mut self, agent_id: &AgentId, line: &str) {
-        let tail = self.tails.entry(agent_id.clone()).or_default();
-        if tail.len() >= TAIL_LINES {
-            tail.pop_front();
-        }
-        tail.push_back(sanitize(line));
+        self.tails
+            .entry(agent_id.clone())
+            .or_default()
+            .push(sanitize(line));
     }
 
     /// Rings the bell when a shown agent has just started waiting or failed.
@@ -292,22 +295,24 @@ impl Board {
 
     /// The output lines the board holds for an agent (the end of its log once read).
     pub fn tail(&self, agent_id: &AgentId) -> Option<&VecDeque<String>> {
-        self.tails.get(agent_id)
+        self.tails.get(agent_id).map(|tail| &tail.lines)
     }
 
     /// Puts the end of an agent's output log before the lines heard since.
     pub fn set_log_tail(&mut self, agent_id: &AgentId, lines: Vec<String>) {
-        let heard = self.tails.remove(agent_id).unwrap_or_default();
-        let mut tail: VecDeque<String> = lines.iter().map(|line| sanitize(line)).collect();
-        // The log already holds what was heard, unless the agent wrote on meanwhile: keep
-        // heard lines the log does not end with.
+        let heard = self.tails.remove(agent_id).unwrap_or_default().lines;
+        let mut tail = Tail::default();
+        for line in &lines {
+            tail.push(sanitize(line));
+        }
+        // The log holds what was heard before it was read: only lines heard after the log's
+        // last line are added.
         let overlap = heard
             .iter()
-            .position(|line| tail.back() == Some(line))
+            .rposition(|line| tail.lines.back() == Some(line))
             .map_or(0, |at| at + 1);
-        tail.extend(heard.into_iter().skip(overlap));
-        while tail.len() > TAIL_LINES {
-            tail.pop_front();
+        for line in heard.into_iter().skip(overlap) {
+            tail.push(line);
         }
         self.tails.insert(agent_id.clone(), tail);
     }
@@ -378,7 +383,7 @@ impl Board {
                 let last_line = self
                     .tails
                     .get(&agent_id)
-                    .and_then(|tail| tail.iter().rev().find(|line| !line.trim().is_empty()))
+                    .and_then(|tail| tail.lines.iter().rev().find(|line| !line.trim().is_empty()))
                     .cloned()
                     .or_else(|| task.reason.as_deref().map(sanitize))
                     .unwrap_or_default();
@@ -692,6 +697,23 @@ impl Board {
                 },
             ),
             _ => None,
+        }
+    }
+}
+
+/// The newest output lines of an agent, at most [`TAIL_LINES`] and [`TAIL_BYTES`].
+#[derive(Debug, Default)]
+struct Tail {
+    lines: VecDeque<String>,
+    bytes: usize,
+}
+
+impl Tail {
+    fn push(&mut self, line: String) {
+        self.bytes += line.len();
+        self.lines.push_back(line);
+        while self.lines.len() > TAIL_LINES || (self.bytes > TAIL_BYTES && self.lines.len() > 1) {
+            self.bytes -= self.lines.pop_front().map_or(0, |line| line.len());
         }
     }
 }

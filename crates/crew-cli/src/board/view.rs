@@ -111,21 +111,25 @@ pub fn draw(frame: &mut Frame<'_>, board: &Board, title: &str, looks: Looks) {
     ])
     .areas(area);
 
-    let waiting = rows
-        .iter()
-        .filter(|row| row.state == RowState::Waiting)
-        .count();
+    let count = |state: RowState| rows.iter().filter(|row| row.state == state).count();
+    let waiting = count(RowState::Waiting);
+    // The waiting count first: it stays in view however narrow the terminal.
     let mut head = vec![
-        Span::styled("crew watch", Style::new().add_modifier(Modifier::BOLD)),
-        Span::raw(format!("  {title}  agents: {}  ", rows.len())),
         Span::styled(
             format!("waiting: {waiting}"),
             if waiting > 0 {
                 looks.state_style(RowState::Waiting)
             } else {
-                Style::new()
+                Style::new().add_modifier(Modifier::BOLD)
             },
         ),
+        Span::raw(format!(
+            "  working: {}  agents: {}  ",
+            count(RowState::Working) + count(RowState::Idle),
+            rows.len(),
+        )),
+        Span::styled("crew watch", Style::new().add_modifier(Modifier::BOLD)),
+        Span::raw(format!(" {title}")),
     ];
     if !board.filter.is_empty() {
         head.push(Span::raw(format!("  filter: {}", board.filter)));
