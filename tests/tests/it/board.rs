@@ -97,6 +97,8 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
     ");
     assert!(!tmux.title().contains("pwned"), "{}", tmux.title());
+    // The agent that started waiting rang the bell.
+    assert!(tmux.bell_rang());
 
     // Esc with nothing open changes nothing, and touches no agent.
     let before = live_states(&env, &repo);
@@ -189,6 +191,20 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
     ");
 
+    // `enter` follows an agent's output.
+    tmux.keys(&["/"]);
+    tmux.keys(&["BSpace"; 5]);
+    tmux.text("second");
+    tmux.keys(&["Enter", "Enter"]);
+    let following = |screen: &str| screen.lines().filter(|line| line.trim() == "tock").count();
+    let output = tmux.screen_when("the output pane", |screen| {
+        screen.contains("── output of board:second (following)") && following(screen) >= 3
+    });
+    let more = tmux.screen_when("more output", |screen| {
+        following(screen) > following(&output) || following(screen) >= 20
+    });
+    assert!(more.contains("filter: second"), "{more}");
+
     // `?` lists the keys.
     tmux.keys(&["?"]);
     let help = tmux.screen_when("the keys", |screen| screen.contains("── keys"));
@@ -274,6 +290,8 @@ fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
     ?: keys  n: next  q: quit
     ");
     assert!(board.is_ascii(), "{board}");
+    // Runs that ended before the board started ring no bell.
+    assert!(!tmux.bell_rang());
     let styled = tmux.screen_with_styles();
     for colour in [
         "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[36m", "38;5;", "38;2;",

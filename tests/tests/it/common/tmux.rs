@@ -92,6 +92,17 @@ impl Tmux {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
+    /// Whether the program on the terminal rang its bell (tmux flags the window; the session
+    /// has no client, so the current window is flagged too).
+    pub fn bell_rang(&self) -> bool {
+        let output = self
+            .command()
+            .args(["display-message", "-p", "#{window_bell_flag}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).trim() == "1"
+    }
+
     /// The screen as it is now, with the escape sequences of its colours and attributes.
     pub fn screen_with_styles(&self) -> String {
         let output = self
