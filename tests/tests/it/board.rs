@@ -70,8 +70,9 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
         "hello=echo hello > hello.txt; echo wrote hello",
         // An agent that clears the screen, moves the cursor and retitles the window.
         "hostile=printf '\\033[2J\\033[H\\033]0;pwned\\007hostile\\n'; sleep 600",
+        "steered=read line; echo \"steered: $line\"; sleep 600",
     ]);
-    args.extend(["--name", "board", "--detach"].map(str::to_owned));
+    args.extend(["--name", "board", "--max-parallel", "8", "--detach"].map(str::to_owned));
     let started = env.crew(&repo, &args);
     assert!(started.status.success(), "{}", render_output(&started));
 
@@ -83,17 +84,19 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
             && row(screen, "board:hostile").contains("pwned")
             && row(screen, "board:hostile").contains("working")
             && row(screen, "board:hostile").contains("crew/board-hostile")
+            && row(screen, "board:steered").contains("crew/board-steered")
     });
     // Waiting first, then finished work to review, then the rest in the run's order. The
     // hostile agent's escapes are text on its line: the board was not cleared or moved.
     insta::assert_snapshot!(shown(&env, &board), @r"
-    waiting: 1  working: 3  agents: 5  crew watch project
+    waiting: 1  working: 4  agents: 6  crew watch project
         AGENT         DEF   STATE   BRANCH             +/-         AGE  LAST OUTPUT
     › ? board:asker   shell waiting crew/board-asker               [DURATION]   question recorded; end your tur…
       ★ board:hello   shell done*   crew/board-hello   +1 -0       [DURATION]   wrote hello
       ▶ board:first   shell working crew/board-first               [DURATION]   tick
       ▶ board:second  shell working crew/board-second              [DURATION]   tock
       ▶ board:hostile shell working crew/board-hostile             [DURATION]   �[2J�[H�]0;pwned�hostile
+      ▶ board:steered shell working crew/board-steered             [DURATION]
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
     ");
     assert!(!tmux.title().contains("pwned"), "{}", tmux.title());
@@ -168,9 +171,29 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
         "{states:?}"
     );
 
-    // `d` shows a task's work against its base.
+    // `r` starts it again where it stopped.
+    tmux.keys(&["r"]);
+    tmux.screen_when("the resumed agent", |screen| {
+        screen.contains("resumed board:first") && row(screen, "board:first").contains("working")
+    });
+
+    // `i` steers an agent: the message reaches it now.
     tmux.keys(&["/"]);
     tmux.keys(&["BSpace"; 5]);
+    tmux.text("steered");
+    tmux.keys(&["Enter", "i"]);
+    tmux.screen_when("the steer prompt", |screen| {
+        screen.contains("steer board:steered:")
+    });
+    tmux.text("left");
+    tmux.keys(&["Enter"]);
+    tmux.screen_when("the steered agent", |screen| {
+        row(screen, "board:steered").contains("steered: left")
+    });
+
+    // `d` shows a task's work against its base.
+    tmux.keys(&["/"]);
+    tmux.keys(&["BSpace"; 7]);
     tmux.text("hello");
     tmux.keys(&["Enter", "d"]);
     let diff = tmux.screen_when("the diff", |screen| screen.contains("+hello"));
