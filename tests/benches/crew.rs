@@ -284,7 +284,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
-    // sandbox, block, board.
+    // sandbox, block, board, history.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
     if wanted("eight") {
@@ -313,6 +313,9 @@ fn main() {
     }
     if wanted("board") {
         board(&bench);
+    }
+    if wanted("history") {
+        history(&bench);
     }
 
     let _ = std::fs::remove_dir_all(&root);
@@ -760,6 +763,197 @@ fn many_agents(bench: &Bench) {
             "MISSED"
         },
     );
+}
+
+/// Records `count` finished one-task runs in the state of the project at `root`, as a day of
+/// `crew run --agent shell true` would leave them (through the store, without the agents).
+fn synthesize_runs(root: &Utf8Path, count: usize) {
+    use crew_core::model::{RunManifest, RunStatus, TaskRecord, TaskStatus};
+    let workspace = Workspace::at_root(root.as_std_path()).unwrap();
+    let store = crew_core::StateStore::new(workspace.id(), workspace.repo_root());
+    let task = TaskId::parse("shell").unwrap();
+    for _ in 0..count {
+        let run = store
+            .create_run(|run_id| {
+                RunManifest::new(
+                    run_id,
+                    workspace.id().clone(),
+                    WorkspaceMode::Single,
+                    vec![TaskRecord::new(
+                        task.clone(),
+                        "shell".into(),
+                        "true".into(),
+                        vec![],
+                        WorkspaceMode::Single,
+                    )],
+                )
+            })
+            .unwrap();
+        store
+            .update_run(&run.run_id, |manifest| {
+                for status in [
+                    TaskStatus::Preparing,
+                    TaskStatus::Running,
+                    TaskStatus::Succeeded,
+                ] {
+                    manifest.set_task_status(&task, status)?;
+                }
+                manifest.set_status(RunStatus::Completed)
+            })
+            .unwrap();
+    }
+}
+
+/// What a project's history costs: `crew runs list` and `crew run` of one `true` task with
+/// 2,000 finished runs against the same with 20, and `crew agents list` with 2,000 finished
+/// runs and 3 live runs of 16 agents against `git worktree list`.
+fn history(bench: &Bench) {
+    let crew = crew_binary();
+    let project = bench.root.join("history-project");
+    let cloned = Command::new("git")
+        .args([
+            "clone",
+            "-q",
+            "--shared",
+            bench.repo.as_str(),
+            project.as_str(),
+        ])
+        .status()
+        .unwrap();
+    assert!(cloned.success());
+    // Retention would prune the history this measures.
+    std::fs::create_dir_all(project.join(".crew")).unwrap();
+    std::fs::write(
+        project.join(".crew/config.toml"),
+        "[retention]\nautomatic = false\n",
+    )
+    .unwrap();
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let output = Command::new(&crew)
+            .args(args)
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        started.elapsed()
+    };
+    let rounds = bench.rounds * 4;
+    let measure = |args: &[&str]| {
+        let mut samples = Samples::default();
+        for _ in 0..rounds {
+            samples.push(timed(args));
+        }
+        samples
+    };
+    let run_true = [
+        "run",
+        "-q",
+        "--agent",
+        "shell",
+        "--workspace-mode",
+        "single",
+        "true",
+    ];
+    synthesize_runs(&project, 20);
+    let list_20 = measure(&["runs", "list"]);
+    let run_20 = measure(&run_true);
+    synthesize_runs(&project, 2000 - 20 - rounds);
+    let list_2000 = measure(&["runs", "list"]);
+    let run_2000 = measure(&run_true);
+    Comparison {
+        name: "crew runs list, 2,000 runs of history".into(),
+        crew: list_2000,
+        reference: list_20,
+        reference_name: "20 runs".into(),
+        target: Some(1.5),
+        paired: false,
+    }
+    .print();
+    Comparison {
+        name: "crew run (one `true`), 2,000 runs of history".into(),
+        crew: run_2000,
+        reference: run_20,
+        reference_name: "20 runs".into(),
+        target: Some(1.1),
+        paired: false,
+    }
+    .print();
+
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let output = Command::new(&crew)
+            .args([
+                "run",
+                "--detach",
+                "-q",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                "single",
+            ])
+            .args(["--fan-out", "16", "--max-parallel", "16", "sleep 600"])
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        runs.push(String::from_utf8(output.stdout).unwrap().trim().to_owned());
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let output = Command::new(&crew)
+            .args(["agents", "list", "--json"])
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+        if agents.as_array().is_some_and(|agents| agents.len() == 48) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the 48 agents never showed up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut crew_samples = Samples::default();
+    let mut git_samples = Samples::default();
+    let git_list = || {
+        let started = Instant::now();
+        let output = Command::new("git")
+            .args(["worktree", "list"])
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        started.elapsed()
+    };
+    for round in 0..bench.rounds * 10 {
+        if round % 2 == 0 {
+            crew_samples.push(timed(&["agents", "list"]));
+            git_samples.push(git_list());
+        } else {
+            git_samples.push(git_list());
+            crew_samples.push(timed(&["agents", "list"]));
+        }
+    }
+    Comparison {
+        name: "crew agents list, 2,000 runs + 3 × 16 live".into(),
+        crew: crew_samples,
+        reference: git_samples,
+        reference_name: "git worktree list".into(),
+        target: Some(1.5),
+        paired: false,
+    }
+    .print();
+    for run in runs {
+        let _ = Command::new(&crew)
+            .args(["runs", "cancel", "--force", "-q", &run])
+            .current_dir(&project)
+            .status();
+    }
 }
 
 /// The share of a core process `pid` used over `span` (user and system time).

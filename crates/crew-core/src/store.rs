@@ -6,7 +6,14 @@
 //! state/runs/<runId>/events.jsonl            append-only
 //! state/runs/<runId>/tasks/<taskId>/output.log
 //! state/ws/<runId>/<taskId>/                 `dedicated` workspaces
+//! state/running/<runId>                      an empty file per run whose manifest says running
 //! ```
+//!
+//! `running/` is an index kept with the manifests, under the lock: a marker is made before a
+//! manifest that says `running` is written and removed after one that says otherwise, so what
+//! is live is found without reading the finished runs, however many there are. A marker left by
+//! a crash between the two steps names a finished run; readers skip it and reconciling removes
+//! it. A state made before the index existed gets it built once, from every manifest.
 //!
 //! Every mutation is lock → read → modify → write, with the lock held only for that. Every
 //! directory on the way is checked to be a real directory, never a symlink, and files are opened
@@ -39,6 +46,7 @@ use crate::paths::{RemoveError, remove_contained};
 pub const STATE_DIR: &str = "state";
 const LOCK_FILE: &str = "lock";
 const RUNS_DIR: &str = "runs";
+const RUNNING_DIR: &str = "running";
 const WS_DIR: &str = "ws";
 const TASKS_DIR: &str = "tasks";
 const MANIFEST_FILE: &str = "manifest.json";
@@ -418,6 +426,7 @@ impl StateStore {
         Ok(result)
     }
 
+    /// Writes a manifest, keeping the running index with it. The caller holds the lock.
     fn write_manifest(&self, manifest: &RunManifest) -> Result<(), StateError> {
         let path = self.manifest_path(&manifest.run_id);
         let mut json = serde_json::to_vec(manifest).map_err(|source| StateError::Serialize {
@@ -425,7 +434,107 @@ impl StateStore {
             source,
         })?;
         json.push(b'\n');
-        write_atomic(&path, &json).map_err(|source| StateError::Write { path, source })
+        let running = manifest.status == RunStatus::Running;
+        if running {
+            // First the marker: a crash before the manifest leaves a marker of a run that is
+            // not running, which readers skip; never a running run the index misses.
+            self.ensure_running_index_locked()?;
+            let marker = self.running_dir().join(manifest.run_id.as_str());
+            open_rw_nofollow(&marker).map_err(StateError::Layout)?;
+        }
+        write_atomic(&path, &json).map_err(|source| StateError::Write { path, source })?;
+        if !running {
+            self.remove_marker(&manifest.run_id)?;
+        }
+        Ok(())
+    }
+
+    fn running_dir(&self) -> Utf8PathBuf {
+        self.state_dir.join(RUNNING_DIR)
+    }
+
+    /// Removes `run_id`'s running marker, if it has one. The caller holds the lock.
+    fn remove_marker(&self, run_id: &RunId) -> Result<(), StateError> {
+        let marker = self.running_dir().join(run_id.as_str());
+        match std::fs::remove_file(&marker) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(io_write(&marker, source)),
+        }
+    }
+
+    /// Builds `running/` from every manifest when it does not exist yet (a state made before
+    /// the index, or a new one). The caller holds the lock.
+    fn ensure_running_index_locked(&self) -> Result<(), StateError> {
+        let dir = self.running_dir();
+        let exists = real_dir_exists(&dir).map_err(|source| StateError::Read {
+            path: dir.clone(),
+            source,
+        })?;
+        if exists {
+            return Ok(());
+        }
+        // Built aside and renamed into place: a reader never sees half an index.
+        let building = self
+            .state_dir
+            .join(format!("{RUNNING_DIR}.building-{}", std::process::id()));
+        if std::fs::symlink_metadata(&building).is_ok() {
+            // Left by a build of this pid's that failed; a link there is removed, not followed.
+            std::fs::remove_dir_all(&building).map_err(|source| io_write(&building, source))?;
+        }
+        ensure_real_dir(&building).map_err(StateError::Layout)?;
+        for glance in self.glance_runs()? {
+            if glance.status == RunStatus::Running {
+                open_rw_nofollow(&building.join(glance.run_id.as_str()))
+                    .map_err(StateError::Layout)?;
+            }
+        }
+        std::fs::rename(&building, &dir).map_err(|source| io_write(&dir, source))
+    }
+
+    /// The runs the running index names, building it first when it does not exist. A name
+    /// may be stale (see the module doc): whoever reads the run learns whether it runs.
+    pub fn running_run_ids(&self) -> Result<Vec<RunId>, StateError> {
+        let dir = self.running_dir();
+        let exists = real_dir_exists(&dir).map_err(|source| StateError::Read {
+            path: dir.clone(),
+            source,
+        })?;
+        if !exists {
+            if !real_dir_exists(&self.runs_dir()).unwrap_or(false) {
+                // No run was ever recorded here.
+                return Ok(Vec::new());
+            }
+            let _lock = self.lock()?;
+            self.ensure_running_index_locked()?;
+        }
+        let entries = dir.read_dir_utf8().map_err(|source| StateError::List {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| StateError::List {
+                path: dir.clone(),
+                source,
+            })?;
+            if let Ok(run_id) = RunId::parse(entry.file_name()) {
+                ids.push(run_id);
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// [`StateStore::glance_run`] for every run the running index names whose manifest says
+    /// it is running: what is live, read without the finished runs.
+    pub fn glance_running(&self) -> Result<Vec<RunGlance>, StateError> {
+        Ok(self
+            .running_run_ids()?
+            .iter()
+            .filter_map(|run_id| self.glance_run(run_id).ok())
+            .filter(|glance| glance.status == RunStatus::Running)
+            .collect())
     }
 
     /// Appends one event line to the run's `events.jsonl`. Each line is written with a single
@@ -630,12 +739,31 @@ impl StateStore {
     /// workspaces are never looked at. Returns the runs it changed.
     pub fn reconcile(&self) -> Result<Vec<RunId>, StateError> {
         let mut interrupted = Vec::new();
-        for run_id in self.run_ids()? {
-            // Cheap check without the lock first; most runs are finished.
-            let Ok(manifest) = self.read_run(&run_id) else {
-                continue;
+        // Only the runs the index says are running: finished runs are never read.
+        for run_id in self.running_run_ids()? {
+            // Cheap check without the lock first.
+            let manifest = match self.read_run(&run_id) {
+                Ok(manifest) => manifest,
+                Err(_) if !real_dir_exists(&self.run_dir(&run_id)).unwrap_or(true) => {
+                    // The run is gone (removed by hand): so is its marker.
+                    let _lock = self.lock()?;
+                    self.remove_marker(&run_id)?;
+                    continue;
+                }
+                Err(_) => continue,
             };
-            if manifest.status != RunStatus::Running || host_alive(&manifest) {
+            if manifest.status != RunStatus::Running {
+                // A marker a crash left behind: checked again under the lock, then removed.
+                let _lock = self.lock()?;
+                if self
+                    .read_run(&run_id)
+                    .is_ok_and(|manifest| manifest.status != RunStatus::Running)
+                {
+                    self.remove_marker(&run_id)?;
+                }
+                continue;
+            }
+            if host_alive(&manifest) {
                 continue;
             }
             let changed = self.update_run(&run_id, |manifest| {
@@ -790,7 +918,20 @@ impl StateStore {
             run_id: run_id.clone(),
             source,
         })?;
+        // A running run is never removed; a stale marker goes with its run.
+        self.remove_marker(run_id)?;
         Ok(())
+    }
+}
+
+/// A failed write of `path` (a removal or a rename in the state directory).
+fn io_write(path: &Utf8Path, source: io::Error) -> StateError {
+    StateError::Write {
+        path: path.to_owned(),
+        source: FileError::Write {
+            path: path.to_owned(),
+            source,
+        },
     }
 }
 

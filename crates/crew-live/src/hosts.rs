@@ -1,6 +1,6 @@
 //! Where a project's live hosts are, and what is left of runs whose host is gone.
 
-use crew_core::model::{HostRecord, RunStatus};
+use crew_core::model::HostRecord;
 use crew_core::store::StateError;
 use crew_core::{RunId, StateStore};
 
@@ -26,13 +26,13 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
 }
 
 /// Every run of the workspace whose host is alive and serves a socket: where other processes
-/// find the live agents of the workspace. Runs that cannot be read are no live host's.
+/// find the live agents of the workspace. Only running runs are read (the store's running
+/// index); runs that cannot be read are no live host's.
 pub fn live_hosts(store: &StateStore) -> Vec<(RunId, HostRecord)> {
     store
-        .glance_runs()
+        .glance_running()
         .unwrap_or_default()
         .iter()
-        .filter(|run| run.status == RunStatus::Running)
         .filter_map(|run| {
             let host = run.host.clone()?;
             let socket = host.socket.as_deref()?;

@@ -280,8 +280,12 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
 fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
     let env = TestEnv::reachable_by_others();
     let repo = env.repo("project");
-    let mut args =
-        shell_worktree_args(&["good=echo hi > hi.txt; echo fine", "bad=echo oops; exit 2"]);
+    // A lead agent's sub-task shows under it.
+    let mut args = shell_worktree_args(&[
+        "good=echo hi > hi.txt; echo fine",
+        "bad=echo oops; exit 2",
+        "lead=crew submit --task 'kid=echo from the kid'",
+    ]);
     args.extend(["--name", "plain"].map(str::to_owned));
     let finished = env.crew(&repo, &args);
     assert_eq!(
@@ -302,16 +306,20 @@ fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
         return;
     };
     let board = tmux.screen_when("the finished run", |screen| {
-        row(screen, "plain:good").contains("fine") && row(screen, "plain:bad").contains("oops")
+        row(screen, "plain:good").contains("fine")
+            && row(screen, "plain:bad").contains("oops")
+            && row(screen, "plain:kid").contains("from the kid")
     });
     // Runs that ended before the board started are not news: nothing needs the user.
-    insta::assert_snapshot!(shown(&env, &board), @r"
-    waiting: 0  working: 0  agents: 2  crew watch pr
-        AGENT      STATE   LAST OUTPUT
-    > v plain:good done    fine
-      X plain:bad  failed  oops
+    insta::assert_snapshot!(shown(&env, &board), @r#"
+    waiting: 0  working: 0  agents: 4  crew watch pr
+        AGENT       STATE   LAST OUTPUT
+    > v plain:good  done    fine
+      X plain:bad   failed  oops
+      v plain:lead  done    accepted ["kid"]
+      v ` plain:kid done    from the kid
     ?: keys  n: next  q: quit
-    ");
+    "#);
     assert!(board.is_ascii(), "{board}");
     // Runs that ended before the board started ring no bell.
     assert!(!tmux.bell_rang());

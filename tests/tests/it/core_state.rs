@@ -630,3 +630,63 @@ fn state_is_excluded_from_git_without_touching_tracked_files() {
     assert_eq!((events.len(), unreadable), (1, 0));
     assert!(events[0].at <= Timestamp::now());
 }
+
+#[test]
+fn live_runs_are_found_through_the_running_index_without_reading_finished_ones() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let mut live = Command::new("sleep").arg("60").spawn().unwrap();
+    let running = hosted_run(&store, &workspace, host_of(&live));
+    let finished = new_run(&store, &workspace, &["api"]).run_id;
+    store
+        .update_run(&finished, |manifest| {
+            manifest.set_status(RunStatus::Completed)
+        })
+        .unwrap();
+    assert_eq!(
+        store.running_run_ids().unwrap(),
+        std::slice::from_ref(&running)
+    );
+
+    // The finished run's manifest becomes a FIFO: anything that read it would block forever.
+    let path = store.manifest_path(&finished);
+    let original = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let made = Command::new("mkfifo").arg(path.as_str()).status().unwrap();
+    assert!(made.success());
+    let (done, heard) = std::sync::mpsc::channel();
+    let reader = StateStore::new(workspace.id(), workspace.repo_root());
+    std::thread::spawn(move || {
+        let reconciled = reader.reconcile().map_err(|error| error.to_string());
+        let live = reader.glance_running().map(|runs| runs.len());
+        let _ = done.send((reconciled, live.map_err(|error| error.to_string())));
+    });
+    let (reconciled, live_runs) = heard
+        .recv_timeout(Duration::from_secs(20))
+        .expect("reconciling read a finished run's manifest");
+    assert_eq!(reconciled, Ok(Vec::new()));
+    assert_eq!(live_runs, Ok(1));
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, original).unwrap();
+
+    // A marker a crash left for a finished run is skipped, and reconciling removes it.
+    let marker = root.join(".crew/state/running").join(finished.as_str());
+    write(&marker, "");
+    assert_eq!(store.glance_running().unwrap().len(), 1);
+    store.reconcile().unwrap();
+    assert!(!marker.exists());
+
+    // A state made before the index gets it built from the manifests.
+    std::fs::remove_dir_all(root.join(".crew/state/running")).unwrap();
+    assert_eq!(
+        store.running_run_ids().unwrap(),
+        std::slice::from_ref(&running)
+    );
+
+    // The host gone, the run is interrupted and leaves the index.
+    live.kill().unwrap();
+    live.wait().unwrap();
+    assert_eq!(store.reconcile().unwrap(), std::slice::from_ref(&running));
+    assert_eq!(store.running_run_ids().unwrap(), Vec::<RunId>::new());
+}

@@ -79,8 +79,8 @@ pub struct Row {
     pub lines: Option<(usize, usize)>,
     pub started_at: Option<SystemTime>,
     pub last_line: String,
-    /// The task whose agent submitted it (a lead agent's sub-task).
-    pub parent: bool,
+    /// How many lead agents up it was submitted (0: a task of the run's own).
+    pub depth: usize,
 }
 
 /// What the lower part of the screen shows for the selected agent.
@@ -367,7 +367,8 @@ impl Board {
         let filter = self.filter.to_lowercase();
         let mut rows: Vec<Row> = Vec::new();
         for run in self.runs.iter().take(RECENT_RUNS.max(self.live_runs())) {
-            for task in &run.tasks {
+            // A lead agent's sub-tasks right after it.
+            for (task, depth) in run.family_order() {
                 let agent_id = AgentId::new(run.run_id.clone(), task.id.clone());
                 let state = self.state(&agent_id, task);
                 let branch = task
@@ -395,7 +396,7 @@ impl Board {
                     lines,
                     started_at: task.started_at.map(|at| at.0),
                     last_line,
-                    parent: task.parent.is_some(),
+                    depth,
                 };
                 if filter.is_empty() || row_matches(&row, &filter) {
                     rows.push(row);

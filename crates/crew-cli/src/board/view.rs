@@ -159,7 +159,7 @@ impl Columns {
     fn fitting(width: usize, rows: &[Row]) -> Self {
         let id = rows
             .iter()
-            .map(|row| row.agent_id.to_string().chars().count() + if row.parent { 2 } else { 0 })
+            .map(|row| row.agent_id.to_string().chars().count() + 2 * row.depth)
             .max()
             .unwrap_or(2)
             .clamp(2, 40);
@@ -232,10 +232,14 @@ fn draw_table(
         let is_selected = selected == Some(&row.agent_id);
         let style = looks.state_style(row.state);
         let pointer = if is_selected { looks.pointer() } else { " " };
-        let id = if row.parent {
-            format!("{}{}", looks.nested(), row.agent_id)
-        } else {
-            row.agent_id.to_string()
+        let id = match row.depth {
+            0 => row.agent_id.to_string(),
+            depth => format!(
+                "{}{}{}",
+                "  ".repeat(depth - 1),
+                looks.nested(),
+                row.agent_id
+            ),
         };
         let mut spans = vec![
             Span::raw(format!("{pointer} ")),
