@@ -852,7 +852,6 @@ fn history(bench: &Bench) {
     };
     let run_true = [
         "run",
-        "-q",
         "--agent",
         "shell",
         "--workspace-mode",

@@ -118,29 +118,47 @@ struct TaskInfo {
     waiting: bool,
 }
 
-/// The runs of the workspace and what their tasks are doing.
-fn known_tasks(store: &StateStore) -> HashMap<(RunId, TaskId), TaskInfo> {
-    let mut tasks = HashMap::new();
-    for listing in store.list_runs().unwrap_or_default() {
-        let Ok(manifest) = listing.manifest else {
-            continue;
-        };
-        let run_live = manifest.status == RunStatus::Running
-            && manifest
-                .host
-                .as_ref()
-                .is_some_and(|host| host.identity.is_alive());
-        for task in &manifest.tasks {
-            tasks.insert(
-                (manifest.run_id.clone(), task.id.clone()),
-                TaskInfo {
-                    run_live,
-                    waiting: task.status == TaskStatus::Waiting,
-                },
-            );
+/// What the tasks of the runs that have worktrees are doing, read run by run as worktrees
+/// name them: finished runs without a worktree (nearly all of a long history) are never read.
+struct KnownTasks<'a> {
+    store: &'a StateStore,
+    runs: HashMap<RunId, HashMap<TaskId, TaskInfo>>,
+}
+
+impl<'a> KnownTasks<'a> {
+    fn new(store: &'a StateStore) -> Self {
+        KnownTasks {
+            store,
+            runs: HashMap::new(),
         }
     }
-    tasks
+
+    /// The task's state, `None` when its run is not recorded (or cannot be read).
+    fn get(&mut self, run_id: &RunId, task_id: &TaskId) -> Option<TaskInfo> {
+        let store = self.store;
+        let tasks = self.runs.entry(run_id.clone()).or_insert_with(|| {
+            let Ok(manifest) = store.read_run(run_id) else {
+                return HashMap::new();
+            };
+            let run_live = manifest.status == RunStatus::Running
+                && manifest
+                    .host
+                    .as_ref()
+                    .is_some_and(|host| host.identity.is_alive());
+            manifest
+                .tasks
+                .iter()
+                .map(|task| {
+                    let info = TaskInfo {
+                        run_live,
+                        waiting: task.status == TaskStatus::Waiting,
+                    };
+                    (task.id.clone(), info)
+                })
+                .collect()
+        });
+        tasks.get(task_id).copied()
+    }
 }
 
 /// After a run's host died, its worktrees still say they are "in use by run … (pid …)" of a
@@ -182,10 +200,10 @@ pub fn list(
 ) -> Result<WorktreeListing, ListWorktreesError> {
     let repo = leader::open(Some(repo_root), repo_root)?;
     let common = leader::common_dir(&repo);
-    let tasks = known_tasks(store);
-    let mut runs: Vec<RunId> = tasks.keys().map(|(run_id, _)| run_id.clone()).collect();
-    runs.sort();
-    runs.dedup();
+    let mut tasks = KnownTasks::new(store);
+    // The runs' names (their directories), for telling task branches apart: listed only once
+    // a branch under crew's prefix is met, and no manifest is read for them.
+    let mut runs: Option<Vec<RunId>> = None;
     let root = worktrees_dir(repo_root, settings);
     let prefix = format!("{}-", admin_prefix(settings));
 
@@ -201,7 +219,7 @@ pub fn list(
         let Some((run_id, task_id)) = ids_from_path(&root, &path) else {
             continue;
         };
-        let info = tasks.get(&(run_id.clone(), task_id.clone()));
+        let info = tasks.get(&run_id, &task_id);
         let state = if !path.exists() {
             WorktreeState::MissingDirectory
         } else {
@@ -260,7 +278,11 @@ pub fn list(
             let Some(name) = branch.name().ok().flatten().map(str::to_owned) else {
                 continue;
             };
-            let Some((run_id, task_id)) = parse_task_branch(settings, &name, &runs) else {
+            if !name.starts_with(&format!("{}/", settings.branch_prefix)) {
+                continue;
+            }
+            let runs = runs.get_or_insert_with(|| store.run_ids().unwrap_or_default());
+            let Some((run_id, task_id)) = parse_task_branch(settings, &name, runs) else {
                 continue;
             };
             let Some(tip) = branch.get().target() else {
