@@ -741,8 +741,8 @@ impl StateStore {
         let mut interrupted = Vec::new();
         // Only the runs the index says are running: finished runs are never read.
         for run_id in self.running_run_ids()? {
-            // Cheap check without the lock first.
-            let manifest = match self.read_run(&run_id) {
+            // Cheap check without the lock first: the run's status and host, not its tasks.
+            let manifest = match self.glance_run(&run_id) {
                 Ok(manifest) => manifest,
                 Err(_) if !real_dir_exists(&self.run_dir(&run_id)).unwrap_or(true) => {
                     // The run is gone (removed by hand): so is its marker.
@@ -763,7 +763,11 @@ impl StateStore {
                 }
                 continue;
             }
-            if host_alive(&manifest) {
+            if manifest
+                .host
+                .as_ref()
+                .is_some_and(|host| host.identity.is_alive())
+            {
                 continue;
             }
             let changed = self.update_run(&run_id, |manifest| {

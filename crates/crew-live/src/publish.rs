@@ -91,9 +91,14 @@ pub fn remove_stale_listings(state_dir: &Utf8Path) {
             continue;
         }
         let path = entry.path();
+        // Only whose it is matters here: the agents are not built.
+        #[derive(Deserialize)]
+        struct Writer {
+            pid: u32,
+        }
         let stale = crew_core::fsutil::read_nofollow(path)
             .ok()
-            .and_then(|bytes| serde_json::from_slice::<PublishedAgents>(&bytes).ok())
+            .and_then(|bytes| serde_json::from_slice::<Writer>(&bytes).ok())
             .is_none_or(|published| {
                 crew_core::host::HostIdentity::of_pid(published.pid)
                     .ok()
