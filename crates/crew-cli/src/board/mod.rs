@@ -250,6 +250,12 @@ impl Board {
                 self.runs.push(manifest);
                 self.runs
                     .sort_by_key(|run| std::cmp::Reverse(run.created_at.0));
+                // A board left open for days keeps only what it shows.
+                let mut at = 0;
+                self.runs.retain(|run| {
+                    at += 1;
+                    at <= RECENT_RUNS || goes_on(run)
+                });
             }
         }
         for (agent_id, before) in changed {
@@ -366,7 +372,14 @@ impl Board {
     pub fn rows(&self) -> Vec<Row> {
         let filter = self.filter.to_lowercase();
         let mut rows: Vec<Row> = Vec::new();
-        for run in self.runs.iter().take(RECENT_RUNS.max(self.live_runs())) {
+        // The newest runs, and any older one that still goes on.
+        let shown = self
+            .runs
+            .iter()
+            .enumerate()
+            .filter(|(at, run)| *at < RECENT_RUNS || goes_on(run))
+            .map(|(_, run)| run);
+        for run in shown {
             // A lead agent's sub-tasks right after it.
             for (task, depth) in run.family_order() {
                 let agent_id = AgentId::new(run.run_id.clone(), task.id.clone());
@@ -411,13 +424,6 @@ impl Board {
             _ => 3,
         });
         rows
-    }
-
-    fn live_runs(&self) -> usize {
-        self.runs
-            .iter()
-            .filter(|run| run.tasks.iter().any(|task| !task.status.is_finished()))
-            .count()
     }
 
     /// The selected row's agent: the one chosen, or the first row.
@@ -719,6 +725,11 @@ impl Tail {
     }
 }
 
+/// Whether a run has a task that is not finished.
+fn goes_on(run: &RunManifest) -> bool {
+    run.tasks.iter().any(|task| !task.status.is_finished())
+}
+
 fn is_finished(state: RowState) -> bool {
     !matches!(
         state,
@@ -735,4 +746,121 @@ fn row_matches(row: &Row, filter: &str) -> bool {
     ]
     .iter()
     .any(|field| field.to_lowercase().contains(filter))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crew_core::config::WorkspaceMode;
+    use crew_core::{RunId, TaskId, WorkspaceId};
+
+    /// A board with one run whose tasks are in `statuses`, heard as a watch would tell it.
+    fn board(statuses: &[(&str, TaskStatus)]) -> (Board, RunId) {
+        let run_id = RunId::parse("board-test").unwrap();
+        let workspace = WorkspaceId::from_path(&std::env::temp_dir()).unwrap();
+        let tasks = statuses
+            .iter()
+            .map(|(id, _)| {
+                TaskRecord::new(
+                    TaskId::parse(id).unwrap(),
+                    "shell".into(),
+                    "true".into(),
+                    vec![],
+                    WorkspaceMode::Single,
+                )
+            })
+            .collect();
+        let manifest = RunManifest::new(run_id.clone(), workspace, WorkspaceMode::Single, tasks);
+        let mut board = Board::default();
+        board.hear(Watched::Run(Box::new(manifest)));
+        for (id, status) in statuses {
+            board.hear(Watched::Event(WatchEvent::Task {
+                run_id: run_id.clone(),
+                task_id: TaskId::parse(id).unwrap(),
+                status: *status,
+                task: None,
+            }));
+        }
+        (board, run_id)
+    }
+
+    fn order(board: &Board) -> Vec<(String, RowState)> {
+        board
+            .rows()
+            .into_iter()
+            .map(|row| (row.agent_id.task_id().to_string(), row.state))
+            .collect()
+    }
+
+    #[test]
+    fn who_needs_the_user_comes_first_and_rings_the_bell() {
+        let (mut board, _) = board(&[
+            ("working", TaskStatus::Running),
+            ("done", TaskStatus::Succeeded),
+            ("asks", TaskStatus::Waiting),
+            ("broke", TaskStatus::Failed),
+            ("later", TaskStatus::Pending),
+        ]);
+        assert_eq!(
+            order(&board),
+            [
+                ("asks".to_owned(), RowState::Waiting),
+                ("broke".to_owned(), RowState::FailedUnread),
+                ("done".to_owned(), RowState::DoneUnread),
+                ("working".to_owned(), RowState::Working),
+                ("later".to_owned(), RowState::Queued),
+            ]
+        );
+        assert!(board.bell, "a task that starts waiting or fails rings");
+        // `n` opens the waiting one's question first, then the failure; opening marks it read.
+        assert_eq!(board.key(Key::Char('n')), None);
+        assert_eq!(board.pane, Pane::Question);
+        let next = board.key(Key::Char('n'));
+        assert!(matches!(next, Some(Action::ReadTail(_, Glance::Pane))));
+        assert_eq!(board.pane, Pane::Output);
+        let states: Vec<RowState> = order(&board).into_iter().map(|(_, state)| state).collect();
+        assert!(states.contains(&RowState::Failed));
+    }
+
+    #[test]
+    fn esc_and_quit_never_touch_an_agent_and_stop_asks_first() {
+        let (mut board, run_id) = board(&[("working", TaskStatus::Running)]);
+        let agent = AgentId::new(run_id, TaskId::parse("working").unwrap());
+        assert_eq!(board.key(Key::Esc), None);
+        assert_eq!(board.key(Key::Char('s')), None);
+        assert_eq!(board.prompt, Some(Prompt::ConfirmStop(agent.clone())));
+        // Anything but `y` leaves it running.
+        assert_eq!(board.key(Key::Esc), None);
+        assert_eq!(board.prompt, None);
+        assert_eq!(board.key(Key::Char('s')), None);
+        assert_eq!(board.key(Key::Char('y')), Some(Action::Stop(agent.clone())));
+        // A message typed for steering, then Esc: nothing is sent.
+        assert_eq!(board.key(Key::Char('i')), None);
+        for c in "left".chars() {
+            assert_eq!(board.key(Key::Char(c)), None);
+        }
+        assert_eq!(board.key(Key::Esc), None);
+        assert_eq!(board.key(Key::Char('q')), Some(Action::Quit));
+        assert_eq!(board.key(Key::Interrupt), Some(Action::Quit));
+    }
+
+    #[test]
+    fn agent_output_is_kept_as_text_and_bounded() {
+        let (mut board, run_id) = board(&[("loud", TaskStatus::Running)]);
+        let agent = AgentId::new(run_id, TaskId::parse("loud").unwrap());
+        for index in 0..5000 {
+            board.hear(Watched::Event(WatchEvent::Output {
+                agent_id: agent.clone(),
+                line: format!("\x1b[2J\x1b]0;pwned\x07line {index} {}", "x".repeat(100)),
+            }));
+        }
+        let tail = board.tail(&agent).unwrap();
+        assert!(tail.len() <= TAIL_LINES);
+        assert!(tail.iter().map(String::len).sum::<usize>() <= TAIL_BYTES + 200);
+        assert!(
+            tail.iter()
+                .all(|line| !line.contains('\x1b') && !line.contains('\x07'))
+        );
+        assert!(tail.back().unwrap().contains("line 4999"));
+    }
 }
