@@ -385,6 +385,18 @@ pub struct TaskRecord {
     /// reports them. Unknown stays unknown: absent, never zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Other tasks of the run (or the branch it started from) whose work would conflict with
+    /// this task's if both were merged, found when their branches are there (the radar).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlaps: Vec<TaskOverlap>,
+}
+
+/// Work that would conflict with a task's: whose (a task id, or the branch the run started
+/// from), and in which files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskOverlap {
+    pub with: String,
+    pub files: Vec<String>,
 }
 
 /// Tokens and cost of an agent's turns, as its protocol reports them.
@@ -518,6 +530,7 @@ impl TaskRecord {
             sandbox: None,
             session_id: None,
             usage: None,
+            overlaps: Vec::new(),
         }
     }
 }
@@ -897,6 +910,12 @@ pub enum EventKind {
     /// A task's tokens and cost so far, when its agent's protocol reports them.
     Usage {
         usage: Usage,
+    },
+    /// The task's work would conflict with another's (a task id, or the branch the run
+    /// started from), in these files: the radar found it when the task's branch was there.
+    Overlap {
+        with: String,
+        files: Vec<String>,
     },
 }
 

@@ -322,6 +322,20 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         request: &TeardownRequest,
     ) -> Result<TeardownReport, TeardownError>;
 
+    /// Which of `others` (`(name, branch)`), and `target` (a branch) when given, would
+    /// conflict with `branch` if both were merged, and in which files — found without changing
+    /// any branch or file. The default knows of none.
+    fn overlaps(
+        &self,
+        repo_root: &Utf8Path,
+        branch: &str,
+        others: &[(String, String)],
+        target: Option<&str>,
+    ) -> Vec<crate::model::TaskOverlap> {
+        let _ = (repo_root, branch, others, target);
+        Vec::new()
+    }
+
     /// The host of `run_id` died: its workspaces may still say they are in use, and should
     /// now say what became of them. The default does nothing.
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {

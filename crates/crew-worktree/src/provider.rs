@@ -394,6 +394,26 @@ impl WorkspaceProvider for CrewWorkspaces {
         let _ = crate::listing::mark_interrupted(repo_root, &self.settings, run_id);
     }
 
+    fn overlaps(
+        &self,
+        repo_root: &Utf8Path,
+        branch: &str,
+        others: &[(String, String)],
+        target: Option<&str>,
+    ) -> Vec<crew_core::model::TaskOverlap> {
+        match crate::radar::overlaps_of(repo_root, ("", branch), others, target) {
+            Ok(found) => found
+                .into_iter()
+                .map(|overlap| crew_core::model::TaskOverlap {
+                    with: overlap.right,
+                    files: overlap.files,
+                })
+                .collect(),
+            // The radar is advice: a repository it cannot read leaves it silent.
+            Err(_) => Vec::new(),
+        }
+    }
+
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
         if !request.modes.contains(&WorkspaceMode::Worktree) {
             return Ok(RunPlan::default());

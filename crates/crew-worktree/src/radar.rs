@@ -55,6 +55,47 @@ pub fn overlaps(
     Ok(found)
 }
 
+/// The overlaps of one branch (`branch`, named `name`) with each of `others` and with
+/// `target`: what a task's branch meets when it appears, without the pairs among the others.
+/// A side that cannot be read is skipped.
+pub fn overlaps_of(
+    repo_root: &Utf8Path,
+    (name, branch): (&str, &str),
+    others: &[(String, String)],
+    target: Option<&str>,
+) -> Result<Vec<Overlap>, git2::Error> {
+    let repo = Repository::open(repo_root)?;
+    let tip = |branch: &str| -> Option<Oid> {
+        [BranchType::Local, BranchType::Remote]
+            .into_iter()
+            .find_map(|kind| repo.find_branch(branch, kind).ok())?
+            .get()
+            .target()
+    };
+    let Some(own) = tip(branch) else {
+        return Ok(Vec::new());
+    };
+    let mut found = Vec::new();
+    let sides = others
+        .iter()
+        .map(|(other, branch)| (other.as_str(), branch.as_str()))
+        .chain(target.map(|target| (target, target)));
+    for (other, other_branch) in sides {
+        let Some(their) = tip(other_branch) else {
+            continue;
+        };
+        let files = conflicting_files(&repo, own, their)?;
+        if !files.is_empty() {
+            found.push(Overlap {
+                left: name.to_owned(),
+                right: other.to_owned(),
+                files,
+            });
+        }
+    }
+    Ok(found)
+}
+
 /// The files a merge of the two commits would leave in conflict.
 fn conflicting_files(repo: &Repository, left: Oid, right: Oid) -> Result<Vec<String>, git2::Error> {
     if left == right {

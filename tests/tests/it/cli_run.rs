@@ -386,6 +386,36 @@ fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_noth
     let env = TestEnv::new();
     let repo = env.repo("project");
     let run = red_blue_docs(&env, &repo);
+    // The radar ran as the branches appeared: each side of the pair records the other, and
+    // the run's events say it was found, once.
+    let recorded = crate::common::runs::manifest(&env, &repo, &run);
+    let overlaps = |id: &str| crate::common::runs::task(&recorded, id)["overlaps"].clone();
+    assert_eq!(
+        overlaps("red"),
+        serde_json::json!([{ "with": "blue", "files": ["src/lib.txt"] }])
+    );
+    assert_eq!(
+        overlaps("blue"),
+        serde_json::json!([{ "with": "red", "files": ["src/lib.txt"] }])
+    );
+    assert!(overlaps("docs").is_null(), "{recorded:#}");
+    let events = env.crew(&repo, ["events", "--run", &run]);
+    let found: Vec<String> = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .filter(|line| line.contains("would conflict"))
+        .map(|line| {
+            line.split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{}", render_output(&events));
+    assert!(
+        found[0] == "red would conflict with blue in src/lib.txt"
+            || found[0] == "blue would conflict with red in src/lib.txt",
+        "{found:?}"
+    );
     let refs_before = env.git(&repo, ["show-ref"]);
     let status_before = env.git(&repo, ["status", "--porcelain"]);
     let shown = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();

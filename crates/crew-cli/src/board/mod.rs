@@ -394,12 +394,25 @@ impl Board {
                     .as_ref()
                     .and_then(|teardown| teardown.diffstat.as_ref())
                     .map(|stat| (stat.insertions, stat.deletions));
-                let last_line = self
-                    .tails
-                    .get(&agent_id)
-                    .and_then(|tail| tail.lines.iter().rev().find(|line| !line.trim().is_empty()))
-                    .cloned()
-                    .or_else(|| task.reason.as_deref().map(sanitize))
+                // Work that would conflict says so before any output line.
+                let conflict = (!task.overlaps.is_empty()).then(|| {
+                    let with: Vec<&str> = task
+                        .overlaps
+                        .iter()
+                        .map(|overlap| overlap.with.as_str())
+                        .collect();
+                    sanitize(&format!("would conflict with {}", with.join(", ")))
+                });
+                let last_line = conflict
+                    .or_else(|| {
+                        self.tails
+                            .get(&agent_id)
+                            .and_then(|tail| {
+                                tail.lines.iter().rev().find(|line| !line.trim().is_empty())
+                            })
+                            .cloned()
+                            .or_else(|| task.reason.as_deref().map(sanitize))
+                    })
                     .unwrap_or_default();
                 let row = Row {
                     agent_id,

@@ -87,6 +87,11 @@ fn human(event: &RunEvent) -> String {
         EventKind::Message { text } => sanitize(text),
         EventKind::CancelRequested { by } => format!("cancel requested {by}"),
         EventKind::Usage { usage } => format!("usage: {usage}"),
+        EventKind::Overlap { with, files } => format!(
+            "would conflict with {} in {}",
+            sanitize(with),
+            sanitize(&files.join(", "))
+        ),
     };
     format!("{time}  {subject:<14}  {what}")
 }

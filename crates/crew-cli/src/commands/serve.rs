@@ -414,6 +414,9 @@ fn event_line(event: &crew_core::model::RunEvent) -> String {
         EventKind::Message { text } => text.clone(),
         EventKind::CancelRequested { by } => format!("cancel requested {by}"),
         EventKind::Usage { usage } => format!("usage: {usage}"),
+        EventKind::Overlap { with, files } => {
+            format!("would conflict with {with} in {}", files.join(", "))
+        }
     };
     format!("{subject} {what}\n")
 }

@@ -17,8 +17,8 @@ use tokio::sync::{mpsc, watch};
 
 use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
 use crew_core::model::{
-    EventKind, ExitRecord, RunEvent, RunManifest, TaskRecord, TaskStatus, TransitionError, Usage,
-    WorkspaceRecord,
+    EventKind, ExitRecord, RunEvent, RunManifest, TaskOverlap, TaskRecord, TaskStatus,
+    TransitionError, Usage, WorkspaceRecord,
 };
 use crew_core::provider::{
     AllocateWorkspaceError, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
@@ -54,6 +54,9 @@ pub(super) struct RunContext {
     release: watch::Sender<bool>,
     /// Where the work of each torn-down task went: its branch, or the kept directory.
     saved: Mutex<Vec<String>>,
+    /// Held while a task's teardown is recorded and the other branches are read for the
+    /// radar: of two tasks ending at once, the second always sees the first's branch.
+    radar: tokio::sync::Mutex<()>,
 }
 
 /// Why a task could not get its agent's definition or its workspace.
@@ -122,6 +125,7 @@ impl RunContext {
             holds,
             release,
             saved: Mutex::default(),
+            radar: tokio::sync::Mutex::default(),
         }
     }
 
@@ -711,26 +715,112 @@ impl RunContext {
                 .push(format!("{task_id} in {saved_at}"));
         }
         let task = task_id.clone();
-        self.save(&format!("task {task_id}'s teardown"), move |manifest| {
-            let record = manifest.task_mut(&task)?;
-            match result {
-                Ok(report) => {
-                    record.warnings.extend(
-                        report
-                            .warnings
-                            .iter()
-                            .map(|warning| format!("teardown: {warning}")),
-                    );
-                    record.teardown = Some(report);
+        let radar_turn = self.radar.lock().await;
+        let branches = self
+            .save(&format!("task {task_id}'s teardown"), move |manifest| {
+                let record = manifest.task_mut(&task)?;
+                match result {
+                    Ok(report) => {
+                        record.warnings.extend(
+                            report
+                                .warnings
+                                .iter()
+                                .map(|warning| format!("teardown: {warning}")),
+                        );
+                        record.teardown = Some(report);
+                    }
+                    Err((message, partial)) => {
+                        record.warnings.push(format!("teardown: {message}"));
+                        record.teardown = Some(*partial);
+                    }
                 }
-                Err((message, partial)) => {
-                    record.warnings.push(format!("teardown: {message}"));
-                    record.teardown = Some(*partial);
+                Ok((manifest.task_branches(), manifest.base_branch.clone()))
+            })
+            .await;
+        drop(radar_turn);
+        if let Some((branches, target)) = branches {
+            self.radar(task_id, branches, target).await;
+        }
+    }
+
+    /// The conflict radar, when a task's branch appears: which other task branches of the run,
+    /// and the branch the run started from, its work would conflict with. Each overlap is
+    /// recorded on both tasks and as an event of this one.
+    async fn radar(
+        &self,
+        task_id: &TaskId,
+        branches: Vec<(String, String)>,
+        target: Option<String>,
+    ) {
+        let Some(repo_root) = self.runner.workspace.repo_root().map(ToOwned::to_owned) else {
+            return;
+        };
+        let name = task_id.to_string();
+        let Some(own) = branches
+            .iter()
+            .find(|(task, _)| *task == name)
+            .map(|(_, branch)| branch.clone())
+        else {
+            return;
+        };
+        let others: Vec<(String, String)> = branches
+            .into_iter()
+            .filter(|(task, _)| *task != name)
+            .collect();
+        let provider = self.runner.provider.clone();
+        let found = blocking(move || {
+            Ok::<_, std::convert::Infallible>(provider.overlaps(
+                &repo_root,
+                &own,
+                &others,
+                target.as_deref(),
+            ))
+        })
+        .await
+        .unwrap_or_else(|never| match never {});
+        if found.is_empty() {
+            return;
+        }
+        let task = task_id.clone();
+        let recorded = found.clone();
+        self.save(&format!("task {task_id}'s overlaps"), move |manifest| {
+            for overlap in recorded {
+                let mine = TaskOverlap {
+                    with: overlap.with.clone(),
+                    files: overlap.files.clone(),
+                };
+                let record = manifest.task_mut(&task)?;
+                if !record.overlaps.contains(&mine) {
+                    record.overlaps.push(mine);
+                }
+                // The other side learns of it too, when it is a task of the run.
+                if let Ok(other) = TaskId::parse(&overlap.with)
+                    && let Ok(record) = manifest.task_mut(&other)
+                {
+                    let theirs = TaskOverlap {
+                        with: task.to_string(),
+                        files: overlap.files,
+                    };
+                    if !record.overlaps.contains(&theirs) {
+                        record.overlaps.push(theirs);
+                    }
                 }
             }
             Ok(())
         })
         .await;
+        for overlap in found {
+            self.runner.record_event(
+                &self.run_id,
+                RunEvent::new(
+                    Some(task_id.clone()),
+                    EventKind::Overlap {
+                        with: overlap.with,
+                        files: overlap.files,
+                    },
+                ),
+            );
+        }
     }
 }
 
