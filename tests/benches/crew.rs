@@ -284,7 +284,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
-    // sandbox, block, board, history.
+    // sandbox, block, board, radar, history.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
     if wanted("eight") {
@@ -313,6 +313,9 @@ fn main() {
     }
     if wanted("board") {
         board(&bench);
+    }
+    if wanted("radar") {
+        radar(&bench);
     }
     if wanted("history") {
         history(&bench);
@@ -763,6 +766,111 @@ fn many_agents(bench: &Bench) {
             "MISSED"
         },
     );
+}
+
+/// The conflict radar over 16 task branches of the benchmark repository (each changes a file
+/// of its own and a line of a file it shares with every fourth other branch), in memory,
+/// against `git merge-tree --write-tree --stdin` merging the same pairs in one process.
+fn radar(bench: &Bench) {
+    use git2::build::TreeUpdateBuilder;
+    let repo = git2::Repository::open(&bench.repo).unwrap();
+    let base = repo
+        .revparse_single(&bench.base)
+        .unwrap()
+        .peel_to_commit()
+        .unwrap();
+    let base_tree = base.tree().unwrap();
+    // Paths of the repository's own files to change: one per branch, and four shared ones.
+    let mut paths = Vec::new();
+    base_tree
+        .walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+            if entry.kind() == Some(git2::ObjectType::Blob) && paths.len() < 20 {
+                paths.push(format!("{dir}{}", entry.name().unwrap_or_default()));
+            }
+            git2::TreeWalkResult::Ok
+        })
+        .unwrap();
+    let signature = git2::Signature::now("bench", "bench@example.com").unwrap();
+    let mut branches = Vec::new();
+    for index in 0..16 {
+        let mut update = TreeUpdateBuilder::new();
+        let own = repo
+            .blob(format!("branch {index} was here\n").as_bytes())
+            .unwrap();
+        update.upsert(&paths[index], own, git2::FileMode::Blob);
+        let shared = repo
+            .blob(format!("shared, as branch {index} has it\n").as_bytes())
+            .unwrap();
+        update.upsert(&paths[16 + index % 4], shared, git2::FileMode::Blob);
+        let tree = repo
+            .find_tree(update.create_updated(&repo, &base_tree).unwrap())
+            .unwrap();
+        let commit = repo
+            .commit(None, &signature, &signature, "radar", &tree, &[&base])
+            .unwrap();
+        let name = format!("bench-radar-{index}");
+        repo.branch(&name, &repo.find_commit(commit).unwrap(), true)
+            .unwrap();
+        branches.push((format!("task-{index}"), name));
+    }
+    let target = repo
+        .head()
+        .ok()
+        .and_then(|head| head.shorthand().ok().map(str::to_owned))
+        .unwrap_or_else(|| "main".to_owned());
+    let mut pairs = String::new();
+    for left in 0..branches.len() {
+        for right in left + 1..branches.len() {
+            pairs.push_str(&format!("{} {}\n", branches[left].1, branches[right].1));
+        }
+        pairs.push_str(&format!("{} {target}\n", branches[left].1));
+    }
+    let mut crew_samples = Samples::default();
+    let mut git_samples = Samples::default();
+    let mut found = 0;
+    for _ in 0..bench.rounds * 2 {
+        let started = Instant::now();
+        let overlaps =
+            crew_worktree::radar::overlaps(&bench.repo, &branches, Some(&target)).unwrap();
+        crew_samples.push(started.elapsed());
+        found = overlaps.len();
+        let started = Instant::now();
+        let mut merge = Command::new("git")
+            .args(["merge-tree", "--write-tree", "--stdin"])
+            .current_dir(&bench.repo)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        merge
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(pairs.as_bytes())
+            .unwrap();
+        assert!(merge.wait().unwrap().code().is_some());
+        git_samples.push(started.elapsed());
+    }
+    // Each group of four branches shares a file: 4 × 6 conflicting pairs.
+    assert_eq!(found, 24, "the radar found {found} overlaps");
+    Comparison {
+        name: format!(
+            "conflict radar, 16 branches ({} pairs)",
+            pairs.lines().count()
+        ),
+        crew: crew_samples,
+        reference: git_samples,
+        reference_name: "git merge-tree --stdin".into(),
+        target: Some(1.0),
+        paired: true,
+    }
+    .print();
+    for (_, name) in &branches {
+        if let Ok(mut branch) = repo.find_branch(name, git2::BranchType::Local) {
+            let _ = branch.delete();
+        }
+    }
 }
 
 /// Records `count` finished one-task runs in the state of the project at `root`, as a day of

@@ -2,6 +2,8 @@
 //! they will land on — found by merging their tips in memory (git2's `merge_commits`): no
 //! checkout, no branch or file changed.
 
+use std::collections::HashMap;
+
 use camino::Utf8Path;
 use git2::{BranchType, Oid, Repository};
 use serde::Serialize;
@@ -36,13 +38,14 @@ pub fn overlaps(
         .collect();
     let target = target.and_then(|name| Some((name.to_owned(), tip(name)?)));
     let mut found = Vec::new();
+    let mut changes = Changes::default();
     let count = sides.len();
     if let Some(target) = target {
         sides.push(target);
     }
     for left in 0..count {
         for right in left + 1..sides.len() {
-            let files = conflicting_files(&repo, sides[left].1, sides[right].1)?;
+            let files = conflicting_files(&repo, &mut changes, sides[left].1, sides[right].1)?;
             if !files.is_empty() {
                 found.push(Overlap {
                     left: sides[left].0.clone(),
@@ -76,6 +79,7 @@ pub fn overlaps_of(
         return Ok(Vec::new());
     };
     let mut found = Vec::new();
+    let mut changes = Changes::default();
     let sides = others
         .iter()
         .map(|(other, branch)| (other.as_str(), branch.as_str()))
@@ -84,7 +88,7 @@ pub fn overlaps_of(
         let Some(their) = tip(other_branch) else {
             continue;
         };
-        let files = conflicting_files(&repo, own, their)?;
+        let files = conflicting_files(&repo, &mut changes, own, their)?;
         if !files.is_empty() {
             found.push(Overlap {
                 left: name.to_owned(),
@@ -96,10 +100,118 @@ pub fn overlaps_of(
     Ok(found)
 }
 
-/// The files a merge of the two commits would leave in conflict.
-fn conflicting_files(repo: &Repository, left: Oid, right: Oid) -> Result<Vec<String>, git2::Error> {
+/// One path a commit changed since a base: its blob and mode before and after (`None`: it
+/// was not there, or is not any more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Change {
+    old: Option<(Oid, u32)>,
+    new: Option<(Oid, u32)>,
+}
+
+/// What commits changed since a base, by `(base, commit)`: each side is diffed once however
+/// many pairs it is in.
+#[derive(Default)]
+struct Changes(HashMap<(Oid, Oid), HashMap<String, Change>>);
+
+impl Changes {
+    /// The paths `commit` changed since `base`.
+    fn of(
+        &mut self,
+        repo: &Repository,
+        base: Oid,
+        commit: Oid,
+    ) -> Result<&HashMap<String, Change>, git2::Error> {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.0.entry((base, commit)) {
+            let old = repo.find_commit(base)?.tree()?;
+            let new = repo.find_commit(commit)?.tree()?;
+            let diff = repo.diff_tree_to_tree(Some(&old), Some(&new), None)?;
+            let side = |file: git2::DiffFile<'_>| {
+                (!file.id().is_zero()).then(|| (file.id(), u32::from(file.mode())))
+            };
+            let mut changed = HashMap::new();
+            for delta in diff.deltas() {
+                let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
+                    continue;
+                };
+                let change = Change {
+                    old: side(delta.old_file()),
+                    new: side(delta.new_file()),
+                };
+                changed.insert(path.to_string_lossy().into_owned(), change);
+            }
+            slot.insert(changed);
+        }
+        Ok(&self.0[&(base, commit)])
+    }
+}
+
+/// The files a merge of the two commits would leave in conflict (`changes` caches what each
+/// side changed across the pairs of one call). What each side changed since their merge base
+/// is compared first (tree diffs, which skip unchanged directories by their ids):
+/// - no path changed differently on both sides, and no file on one side where the other has a
+///   directory: no conflict (most pairs of task branches);
+/// - only files both sides edited in place, and neither side removed anything (so nothing was
+///   renamed): each such file is merged on its own, three ways, as the full merge would;
+/// - anything else (removals, renames, additions meeting): the full merge in memory
+///   (`merge_commits`), whose answer it is.
+fn conflicting_files(
+    repo: &Repository,
+    changes: &mut Changes,
+    left: Oid,
+    right: Oid,
+) -> Result<Vec<String>, git2::Error> {
     if left == right {
         return Ok(Vec::new());
+    }
+    if let Ok(base) = repo.merge_base(left, right) {
+        let ours = changes.of(repo, base, left)?.clone();
+        let theirs = changes.of(repo, base, right)?;
+        let meeting: Vec<(&String, &Change, &Change)> = ours
+            .iter()
+            .filter_map(|(path, our)| {
+                let their = theirs.get(path)?;
+                (their.new != our.new).then_some((path, our, their))
+            })
+            .collect();
+        let nested = ours
+            .keys()
+            .any(|path| ancestors(path).any(|dir| theirs.contains_key(dir)))
+            || theirs
+                .keys()
+                .any(|path| ancestors(path).any(|dir| ours.contains_key(dir)));
+        if meeting.is_empty() && !nested {
+            return Ok(Vec::new());
+        }
+        let removes =
+            |side: &HashMap<String, Change>| side.values().any(|change| change.new.is_none());
+        let in_place = |change: &Change| change.old.is_some() && change.new.is_some();
+        if !nested
+            && !removes(&ours)
+            && !removes(theirs)
+            && meeting
+                .iter()
+                .all(|(_, our, their)| in_place(our) && in_place(their))
+        {
+            let mut files = Vec::new();
+            for (path, our, their) in meeting {
+                let entry = |(id, mode): (Oid, u32)| index_entry(path, id, mode);
+                let (Some(ancestor), Some(mine), Some(other)) = (our.old, our.new, their.new)
+                else {
+                    continue;
+                };
+                let merged = repo.merge_file_from_index(
+                    &entry(ancestor),
+                    &entry(mine),
+                    &entry(other),
+                    None,
+                )?;
+                if !merged.is_automergeable() {
+                    files.push(path.clone());
+                }
+            }
+            files.sort();
+            return Ok(files);
+        }
     }
     let index = repo.merge_commits(&repo.find_commit(left)?, &repo.find_commit(right)?, None)?;
     if !index.has_conflicts() {
@@ -116,4 +228,177 @@ fn conflicting_files(repo: &Repository, left: Oid, right: Oid) -> Result<Vec<Str
     files.sort();
     files.dedup();
     Ok(files)
+}
+
+/// An index entry naming a blob at `path`, for merging it on its own.
+fn index_entry(path: &str, id: Oid, mode: u32) -> git2::IndexEntry {
+    let zero = git2::IndexTime::new(0, 0);
+    git2::IndexEntry {
+        ctime: zero,
+        mtime: zero,
+        dev: 0,
+        ino: 0,
+        mode,
+        uid: 0,
+        gid: 0,
+        file_size: 0,
+        id,
+        flags: 0,
+        flags_extended: 0,
+        path: path.as_bytes().to_vec(),
+    }
+}
+
+/// `a/b/c` → `a/b`, `a`.
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    path.char_indices()
+        .filter(|(_, c)| *c == '/')
+        .map(move |(at, _)| &path[..at])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use git2::build::TreeUpdateBuilder;
+    use git2::{FileMode, Signature};
+
+    /// A commit on `parent` with `changes` applied (`None`: removed).
+    fn commit(repo: &Repository, parent: Oid, changes: &[(&str, Option<&str>)]) -> Oid {
+        let parent = repo.find_commit(parent).unwrap();
+        // Removals first: a file may give way to a directory of the same name.
+        let mut removals = TreeUpdateBuilder::new();
+        let mut additions = TreeUpdateBuilder::new();
+        for (path, content) in changes {
+            match content {
+                Some(content) => {
+                    let blob = repo.blob(content.as_bytes()).unwrap();
+                    additions.upsert(*path, blob, FileMode::Blob);
+                }
+                None => {
+                    removals.remove(*path);
+                }
+            }
+        }
+        let tree = removals
+            .create_updated(repo, &parent.tree().unwrap())
+            .unwrap();
+        let tree = additions
+            .create_updated(repo, &repo.find_tree(tree).unwrap())
+            .unwrap();
+        let tree = repo.find_tree(tree).unwrap();
+        let signature = Signature::now("t", "t@example.com").unwrap();
+        repo.commit(None, &signature, &signature, "c", &tree, &[&parent])
+            .unwrap()
+    }
+
+    /// What a full in-memory merge says: the answer the quick comparison must give.
+    fn merged(repo: &Repository, left: Oid, right: Oid) -> Vec<String> {
+        let index = repo
+            .merge_commits(
+                &repo.find_commit(left).unwrap(),
+                &repo.find_commit(right).unwrap(),
+                None,
+            )
+            .unwrap();
+        let mut files: Vec<String> = index
+            .conflicts()
+            .unwrap()
+            .flatten()
+            .filter_map(|conflict| {
+                let entry = conflict.our.or(conflict.their).or(conflict.ancestor)?;
+                Some(String::from_utf8_lossy(&entry.path).into_owned())
+            })
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+
+    #[test]
+    fn the_quick_comparison_agrees_with_a_full_merge() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let empty = {
+            let tree = repo
+                .find_tree(repo.treebuilder(None).unwrap().write().unwrap())
+                .unwrap();
+            let signature = Signature::now("t", "t@example.com").unwrap();
+            repo.commit(None, &signature, &signature, "root", &tree, &[])
+                .unwrap()
+        };
+        let text = "one\ntwo\nthree\nfour\nfive\nsix\nseven\neight\n";
+        let base = commit(
+            &repo,
+            empty,
+            &[
+                ("x.txt", Some(text)),
+                ("d", Some("a file\n")),
+                ("same.txt", Some("s\n")),
+            ],
+        );
+        type Side<'a> = Vec<(&'a str, Option<&'a str>)>;
+        let cases: Vec<(&str, Side<'_>, Side<'_>)> = vec![
+            (
+                "other files",
+                vec![("a.txt", Some("a\n"))],
+                vec![("b.txt", Some("b\n"))],
+            ),
+            (
+                "the same line",
+                vec![(
+                    "x.txt",
+                    Some("ONE\ntwo\nthree\nfour\nfive\nsix\nseven\neight\n"),
+                )],
+                vec![(
+                    "x.txt",
+                    Some("uno\ntwo\nthree\nfour\nfive\nsix\nseven\neight\n"),
+                )],
+            ),
+            (
+                "other lines of one file",
+                vec![(
+                    "x.txt",
+                    Some("ONE\ntwo\nthree\nfour\nfive\nsix\nseven\neight\n"),
+                )],
+                vec![(
+                    "x.txt",
+                    Some("one\ntwo\nthree\nfour\nfive\nsix\nseven\nEIGHT\n"),
+                )],
+            ),
+            (
+                "the same change",
+                vec![("same.txt", Some("t\n"))],
+                vec![("same.txt", Some("t\n"))],
+            ),
+            (
+                "removed against changed",
+                vec![("x.txt", None)],
+                vec![("x.txt", Some("changed\n"))],
+            ),
+            (
+                "a file where the other side has a directory",
+                vec![("d", None), ("d/f", Some("inside\n"))],
+                vec![("d", Some("changed file\n"))],
+            ),
+            (
+                "a new directory where the other side adds a file",
+                vec![("e/f", Some("in a directory\n"))],
+                vec![("e", Some("a file\n"))],
+            ),
+            (
+                "renamed against changed",
+                vec![("x.txt", None), ("y.txt", Some(text))],
+                vec![(
+                    "x.txt",
+                    Some("one\ntwo\nthree\nfour\nfive\nsix\nseven\nEIGHT\n"),
+                )],
+            ),
+        ];
+        for (what, left, right) in cases {
+            let left = commit(&repo, base, &left);
+            let right = commit(&repo, base, &right);
+            let quick = conflicting_files(&repo, &mut Changes::default(), left, right).unwrap();
+            assert_eq!(quick, merged(&repo, left, right), "{what}");
+        }
+    }
 }
