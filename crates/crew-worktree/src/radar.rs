@@ -163,7 +163,7 @@ fn conflicting_files(
     if left == right {
         return Ok(Vec::new());
     }
-    if let Ok(base) = repo.merge_base(left, right) {
+    if let Some(base) = merge_base(repo, left, right) {
         let ours = changes.of(repo, base, left)?.clone();
         let theirs = changes.of(repo, base, right)?;
         let meeting: Vec<(&String, &Change, &Change)> = ours
@@ -228,6 +228,25 @@ fn conflicting_files(
     files.sort();
     files.dedup();
     Ok(files)
+}
+
+/// The merge base of two commits. Task branches are mostly one commit on the run's base: two
+/// commits with the same single parent have it as their base, and a commit whose single parent
+/// is the other has the other; only other shapes walk the history.
+fn merge_base(repo: &Repository, left: Oid, right: Oid) -> Option<Oid> {
+    let single_parent = |id: Oid| {
+        let commit = repo.find_commit(id).ok()?;
+        (commit.parent_count() == 1)
+            .then(|| commit.parent_id(0).ok())
+            .flatten()
+    };
+    match (single_parent(left), single_parent(right)) {
+        (Some(ours), Some(theirs)) if ours == theirs => return Some(ours),
+        (Some(ours), _) if ours == right => return Some(right),
+        (_, Some(theirs)) if theirs == left => return Some(left),
+        _ => {}
+    }
+    repo.merge_base(left, right).ok()
 }
 
 /// An index entry naming a blob at `path`, for merging it on its own.
