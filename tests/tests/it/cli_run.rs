@@ -416,6 +416,22 @@ fn the_conflict_radar_names_exactly_the_pairs_that_would_conflict_and_moves_noth
             || found[0] == "blue would conflict with red in src/lib.txt",
         "{found:?}"
     );
+    // `crew agents list` has a column for it.
+    let listed = env.crew(&repo, ["agents", "list", "--all-runs"]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let conflicts_of = |task: &str| {
+        listed
+            .lines()
+            .find(|line| line.starts_with(&format!("{run}:{task} ")))
+            .map(|line| line.split_whitespace().nth(5).unwrap_or("").to_owned())
+    };
+    assert!(
+        listed.lines().next().unwrap().contains("CONFLICTS"),
+        "{listed}"
+    );
+    assert_eq!(conflicts_of("red").as_deref(), Some("blue"), "{listed}");
+    assert_eq!(conflicts_of("blue").as_deref(), Some("red"), "{listed}");
+    assert_eq!(conflicts_of("docs").as_deref(), Some("-"), "{listed}");
     let refs_before = env.git(&repo, ["show-ref"]);
     let status_before = env.git(&repo, ["status", "--porcelain"]);
     let shown = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();

@@ -54,6 +54,10 @@ pub struct AgentRow {
     /// in its current host).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Other tasks (or the branch the run started from) its work would conflict with, once
+    /// its branch is there (the conflict radar).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overlaps: Vec<crew_core::model::TaskOverlap>,
 }
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
@@ -130,6 +134,7 @@ pub async fn rows(
             parent: agent.parent.clone(),
             activity: agent.activity,
             usage: agent.usage,
+            overlaps: task.map(|task| task.overlaps.clone()).unwrap_or_default(),
             sandbox: agent.sandbox.or_else(|| {
                 task.and_then(|task| task.sandbox.as_ref())
                     .map(|sandbox| sandbox.state)
@@ -171,6 +176,7 @@ pub async fn rows(
                 parent: task.parent.clone(),
                 activity: None,
                 usage: task.usage,
+                overlaps: task.overlaps.clone(),
             });
         }
     }
@@ -187,13 +193,16 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
         println!("no live agents in {}", ctx.workspace().id());
         return Ok(());
     }
-    // The cost column shows only when an agent reports one.
+    // The cost and conflict columns show only when an agent has something in them.
     let costs = rows.iter().any(|row| row.usage.is_some());
-    let mut table = Table::new(if costs {
-        &["AGENT", "STATUS", "PID", "AGE", "CMD", "COST", "LAST"][..]
-    } else {
-        &["AGENT", "STATUS", "PID", "AGE", "CMD", "LAST"][..]
-    });
+    let conflicts = rows.iter().any(|row| !row.overlaps.is_empty());
+    let headers: Vec<&str> = ["AGENT", "STATUS", "PID", "AGE", "CMD"]
+        .into_iter()
+        .chain(costs.then_some("COST"))
+        .chain(conflicts.then_some("CONFLICTS"))
+        .chain(["LAST"])
+        .collect();
+    let mut table = Table::new(&headers);
     for (row, depth) in family_order(rows) {
         let status = row.task_status.as_deref().and_then(|status| {
             serde_json::from_value::<crew_core::model::TaskStatus>(serde_json::Value::String(
@@ -237,6 +246,18 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
                         .and_then(|usage| usage.cost_usd)
                         .map_or_else(|| "-".into(), Usage::dollars),
                 )
+            }))
+            .chain(conflicts.then(|| {
+                let with: Vec<String> = row
+                    .overlaps
+                    .iter()
+                    .map(|overlap| sanitize(&overlap.with))
+                    .collect();
+                cell(if with.is_empty() {
+                    "-".to_owned()
+                } else {
+                    truncate(&with.join(", "), 30)
+                })
             }))
             .chain([cell(truncate(&last, 60))])
             .collect(),
