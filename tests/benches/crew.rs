@@ -597,23 +597,26 @@ fn crew_binary() -> Utf8PathBuf {
 
 /// `crew agents list` with 3 live runs of 16 agents each, against `git worktree list`.
 fn agents_list(bench: &Bench) {
+    agents_list_beside_live_runs(
+        &bench.repo,
+        bench.rounds,
+        "crew agents list (3 runs × 16 agents)",
+        &[],
+    );
+}
+
+/// Starts 3 detached runs of 16 sleeping agents in `project` (with `mode` arguments), times
+/// `crew agents list` against `git worktree list` there, prints the line `name`, and cancels
+/// the runs.
+fn agents_list_beside_live_runs(project: &Utf8Path, rounds: usize, name: &str, mode: &[&str]) {
     let crew = crew_binary();
     let mut runs = Vec::new();
     for _ in 0..3 {
         let output = Command::new(&crew)
-            .args([
-                "run",
-                "--detach",
-                "-q",
-                "--agent",
-                "shell",
-                "--fan-out",
-                "16",
-                "--max-parallel",
-                "16",
-                "sleep 600",
-            ])
-            .current_dir(&bench.repo)
+            .args(["run", "--detach", "-q", "--agent", "shell"])
+            .args(mode)
+            .args(["--fan-out", "16", "--max-parallel", "16", "sleep 600"])
+            .current_dir(project)
             .output()
             .unwrap();
         assert!(
@@ -624,11 +627,11 @@ fn agents_list(bench: &Bench) {
         runs.push(String::from_utf8(output.stdout).unwrap().trim().to_owned());
     }
     // All 48 listed before measuring.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let output = Command::new(&crew)
             .args(["agents", "list", "--json"])
-            .current_dir(&bench.repo)
+            .current_dir(project)
             .output()
             .unwrap();
         let agents: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
@@ -640,40 +643,31 @@ fn agents_list(bench: &Bench) {
     }
     // The hosts have just started 48 agents and written their listings; let them settle.
     std::thread::sleep(Duration::from_secs(1));
+    let timed = |program: &Utf8Path, args: &[&str]| {
+        let started = Instant::now();
+        let output = Command::new(program)
+            .args(args)
+            .current_dir(project)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        started.elapsed()
+    };
+    let git = Utf8PathBuf::from("git");
     let mut crew_samples = Samples::default();
     let mut git_samples = Samples::default();
-    let crew_list = || {
-        let started = Instant::now();
-        let output = Command::new(&crew)
-            .args(["agents", "list"])
-            .current_dir(&bench.repo)
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        started.elapsed()
-    };
-    let git_list = || {
-        let started = Instant::now();
-        let output = Command::new("git")
-            .args(["worktree", "list"])
-            .current_dir(&bench.repo)
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        started.elapsed()
-    };
-    for round in 0..bench.rounds * 10 {
+    for round in 0..rounds * 10 {
         // Alternate who goes first, so that neither always runs right after the other.
         if round % 2 == 0 {
-            crew_samples.push(crew_list());
-            git_samples.push(git_list());
+            crew_samples.push(timed(&crew, &["agents", "list"]));
+            git_samples.push(timed(&git, &["worktree", "list"]));
         } else {
-            git_samples.push(git_list());
-            crew_samples.push(crew_list());
+            git_samples.push(timed(&git, &["worktree", "list"]));
+            crew_samples.push(timed(&crew, &["agents", "list"]));
         }
     }
     Comparison {
-        name: "crew agents list (3 runs × 16 agents)".into(),
+        name: name.into(),
         crew: crew_samples,
         reference: git_samples,
         reference_name: "git worktree list".into(),
@@ -684,7 +678,7 @@ fn agents_list(bench: &Bench) {
     for run in runs {
         let _ = Command::new(&crew)
             .args(["runs", "cancel", "--force", "-q", &run])
-            .current_dir(&bench.repo)
+            .current_dir(project)
             .status();
     }
 }
@@ -991,76 +985,12 @@ fn history(bench: &Bench) {
     }
     .print();
 
-    let mut runs = Vec::new();
-    for _ in 0..3 {
-        let output = Command::new(&crew)
-            .args([
-                "run",
-                "--detach",
-                "-q",
-                "--agent",
-                "shell",
-                "--workspace-mode",
-                "single",
-            ])
-            .args(["--fan-out", "16", "--max-parallel", "16", "sleep 600"])
-            .current_dir(&project)
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        runs.push(String::from_utf8(output.stdout).unwrap().trim().to_owned());
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let output = Command::new(&crew)
-            .args(["agents", "list", "--json"])
-            .current_dir(&project)
-            .output()
-            .unwrap();
-        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
-        if agents.as_array().is_some_and(|agents| agents.len() == 48) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the 48 agents never showed up");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let mut crew_samples = Samples::default();
-    let mut git_samples = Samples::default();
-    let git_list = || {
-        let started = Instant::now();
-        let output = Command::new("git")
-            .args(["worktree", "list"])
-            .current_dir(&project)
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        started.elapsed()
-    };
-    for round in 0..bench.rounds * 10 {
-        if round % 2 == 0 {
-            crew_samples.push(timed(&["agents", "list"]));
-            git_samples.push(git_list());
-        } else {
-            git_samples.push(git_list());
-            crew_samples.push(timed(&["agents", "list"]));
-        }
-    }
-    Comparison {
-        name: "crew agents list, 2,000 runs + 3 × 16 live".into(),
-        crew: crew_samples,
-        reference: git_samples,
-        reference_name: "git worktree list".into(),
-        target: Some(1.5),
-        paired: false,
-    }
-    .print();
-    for run in runs {
-        let _ = Command::new(&crew)
-            .args(["runs", "cancel", "--force", "-q", &run])
-            .current_dir(&project)
-            .status();
-    }
+    agents_list_beside_live_runs(
+        &project,
+        bench.rounds,
+        "crew agents list, 2,000 runs + 3 × 16 live",
+        &["--workspace-mode", "single"],
+    );
 }
 
 /// The share of a core process `pid` used over `span` (user and system time).

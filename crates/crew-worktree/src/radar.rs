@@ -25,13 +25,7 @@ pub fn overlaps(
     target: Option<&str>,
 ) -> Result<Vec<Overlap>, git2::Error> {
     let repo = Repository::open(repo_root)?;
-    let tip = |branch: &str| -> Option<Oid> {
-        [BranchType::Local, BranchType::Remote]
-            .into_iter()
-            .find_map(|kind| repo.find_branch(branch, kind).ok())?
-            .get()
-            .target()
-    };
+    let tip = |branch: &str| tip(&repo, branch);
     let mut sides: Vec<(String, Oid)> = branches
         .iter()
         .filter_map(|(name, branch)| Some((name.clone(), tip(branch)?)))
@@ -68,13 +62,7 @@ pub fn overlaps_of(
     target: Option<&str>,
 ) -> Result<Vec<Overlap>, git2::Error> {
     let repo = Repository::open(repo_root)?;
-    let tip = |branch: &str| -> Option<Oid> {
-        [BranchType::Local, BranchType::Remote]
-            .into_iter()
-            .find_map(|kind| repo.find_branch(branch, kind).ok())?
-            .get()
-            .target()
-    };
+    let tip = |branch: &str| tip(&repo, branch);
     let Some(own) = tip(branch) else {
         return Ok(Vec::new());
     };
@@ -228,6 +216,15 @@ fn conflicting_files(
     files.sort();
     files.dedup();
     Ok(files)
+}
+
+/// The commit a local (or else remote-tracking) branch points at.
+fn tip(repo: &Repository, branch: &str) -> Option<Oid> {
+    [BranchType::Local, BranchType::Remote]
+        .into_iter()
+        .find_map(|kind| repo.find_branch(branch, kind).ok())?
+        .get()
+        .target()
 }
 
 /// The merge base of two commits. Task branches are mostly one commit on the run's base: two
