@@ -202,6 +202,11 @@ fn conflicting_files(
         }
     }
     let index = repo.merge_commits(&repo.find_commit(left)?, &repo.find_commit(right)?, None)?;
+    conflicted_paths(&index)
+}
+
+/// The paths a merged index holds in conflict, sorted.
+fn conflicted_paths(index: &git2::Index) -> Result<Vec<String>, git2::Error> {
     if !index.has_conflicts() {
         return Ok(Vec::new());
     }
@@ -316,18 +321,7 @@ mod tests {
                 None,
             )
             .unwrap();
-        let mut files: Vec<String> = index
-            .conflicts()
-            .unwrap()
-            .flatten()
-            .filter_map(|conflict| {
-                let entry = conflict.our.or(conflict.their).or(conflict.ancestor)?;
-                Some(String::from_utf8_lossy(&entry.path).into_owned())
-            })
-            .collect();
-        files.sort();
-        files.dedup();
-        files
+        conflicted_paths(&index).unwrap()
     }
 
     #[test]

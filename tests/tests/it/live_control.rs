@@ -395,6 +395,8 @@ async fn an_agent_may_ask_for_itself_but_never_control_another() {
         r#"{"op":"stop","agent":"victim"}"#.to_owned(),
         r#"{"op":"steer","agent":"victim","message":"rm -rf ~"}"#.to_owned(),
         r#"{"op":"list"}"#.to_owned(),
+        // Watching would stream every agent's output and state to it.
+        r#"{"op":"watch"}"#.to_owned(),
         format!(
             r#"{{"op":"ask","agent":"{}","question":"may I?"}}"#,
             fixture.agent_id("victim")
@@ -433,7 +435,14 @@ async fn an_agent_may_ask_for_itself_but_never_control_another() {
         .collect();
     assert_eq!(
         codes,
-        ["forbidden", "forbidden", "forbidden", "forbidden", "ok"],
+        [
+            "forbidden",
+            "forbidden",
+            "forbidden",
+            "forbidden",
+            "forbidden",
+            "ok"
+        ],
         "{answers:#?}"
     );
     // The victim got nothing and runs on; the attacker's own question was taken.
@@ -508,4 +517,48 @@ async fn a_client_turned_away_learns_the_host_is_busy() {
         .unwrap();
     assert_eq!(response.error.unwrap().code, ErrorCode::Busy);
     drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_streams_only_its_own_workspaces_agents() {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let handle = fixture
+        .host
+        .start(fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    let other = WorkspaceId::from_canonical(fixture.env.dir("other").to_string().into());
+    let mut ours = crew_live::watch::subscribe(server.path(), &fixture.workspace)
+        .await
+        .unwrap();
+    let mut theirs = crew_live::watch::subscribe(server.path(), &other)
+        .await
+        .unwrap();
+    assert_eq!(ours.take_agents().unwrap().len(), 1);
+    assert_eq!(theirs.take_agents().unwrap(), []);
+
+    handle.steer("hello from the user").await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ours.next().await {
+                Some(crew_live::WatchEvent::Output { line, .. }) if line.contains("hello") => {
+                    return line;
+                }
+                Some(_) => {}
+                None => panic!("the watch ended"),
+            }
+        }
+    })
+    .await
+    .expect("the owner's watch never heard the line");
+    assert!(heard.contains("hello from the user"), "{heard}");
+    // Another workspace's watcher hears nothing of it.
+    let leaked = tokio::time::timeout(Duration::from_millis(500), theirs.next()).await;
+    assert!(leaked.is_err(), "{leaked:?}");
+    handle.stop().await.unwrap();
 }
