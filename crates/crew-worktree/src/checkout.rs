@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, LazyLock, Mutex, Once};
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use std::time::Duration;
 
 use camino::{Utf8Path, Utf8PathBuf};
@@ -265,10 +265,7 @@ struct Entry {
 
 /// Fills every target from one pass over the commit. One result per target.
 fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8PathBuf, Filled> {
-    static FAST_READS: Once = Once::new();
-    // libgit2 re-hashes every object it reads; git does not. The objects come from crew's own
-    // repository and are still checked by zlib and the pack's checksums.
-    FAST_READS.call_once(|| git2::opts::strict_hash_verification(false));
+    crate::leader::fast_reads();
 
     let every = |filled: Filled| -> HashMap<Utf8PathBuf, Filled> {
         targets

@@ -262,3 +262,11 @@ pub fn upstream_base(
     }
     Ok(merged)
 }
+
+/// Reads objects as git does: libgit2 re-hashes every object it reads, git does not. The
+/// objects come from the user's own repository and are still checked by zlib and the packs'
+/// checksums. Set once per process, before the first read that counts (a checkout, the radar).
+pub fn fast_reads() {
+    static FAST_READS: std::sync::Once = std::sync::Once::new();
+    FAST_READS.call_once(|| git2::opts::strict_hash_verification(false));
+}

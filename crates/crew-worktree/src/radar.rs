@@ -24,6 +24,7 @@ pub fn overlaps(
     branches: &[(String, String)],
     target: Option<&str>,
 ) -> Result<Vec<Overlap>, git2::Error> {
+    crate::leader::fast_reads();
     let repo = Repository::open(repo_root)?;
     let tip = |branch: &str| tip(&repo, branch);
     let mut sides: Vec<(String, Oid)> = branches
@@ -61,6 +62,7 @@ pub fn overlaps_of(
     others: &[(String, String)],
     target: Option<&str>,
 ) -> Result<Vec<Overlap>, git2::Error> {
+    crate::leader::fast_reads();
     let repo = Repository::open(repo_root)?;
     let tip = |branch: &str| tip(&repo, branch);
     let Some(own) = tip(branch) else {
