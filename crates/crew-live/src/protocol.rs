@@ -78,10 +78,26 @@ pub fn read_line(protocol: Protocol, line: &str) -> Option<Reading> {
 /// A line of a finished agent's log as a person would have seen it live: the last line a
 /// message of any protocol shows, else the line itself.
 pub fn shown_as(line: &str) -> String {
-    [Protocol::ClaudeStreamJson, Protocol::CodexJson]
+    shown_lines(line).pop().unwrap_or_else(|| line.to_owned())
+}
+
+/// Every line a person would have seen live for one line of an agent's log: what a message of
+/// any protocol shows (nothing for one that shows nothing, as a session's start), else the
+/// line itself.
+pub fn shown_lines(line: &str) -> Vec<String> {
+    let readings: Vec<Reading> = [Protocol::ClaudeStreamJson, Protocol::CodexJson]
         .into_iter()
-        .find_map(|protocol| read_line(protocol, line)?.shown.pop())
-        .unwrap_or_else(|| line.to_owned())
+        .filter_map(|protocol| read_line(protocol, line))
+        .collect();
+    if readings.is_empty() {
+        return vec![line.to_owned()];
+    }
+    // A message another protocol also parses shows what the protocol that knows it says.
+    readings
+        .into_iter()
+        .map(|reading| reading.shown)
+        .find(|shown| !shown.is_empty())
+        .unwrap_or_default()
 }
 
 /// Reads one line of Claude Code's stream-json output. `None` when it is not such a message.
@@ -404,6 +420,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(said.shown, ["Looking.", "Done", "→ Bash ls -la"]);
+        // Read back from a log, a message is what it showed, and a plain line itself.
+        let logged = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"Looking.\n\nDone"}]},"session_id":"s-1"}"#;
+        assert_eq!(shown_lines(logged), ["Looking.", "Done"]);
+        assert_eq!(shown_as(logged), "Done");
+        assert_eq!(shown_lines("plain output"), ["plain output"]);
         assert_eq!(said.event, None);
         let result = read_claude_line(
             r#"{"type":"result","subtype":"success","is_error":false,"num_turns":3,"result":"ok","session_id":"s-1","total_cost_usd":0.25,"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":7,"cache_creation_input_tokens":1}}"#,

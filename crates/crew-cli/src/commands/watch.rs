@@ -45,8 +45,6 @@ const FRAME: Duration = Duration::from_millis(100);
 const TICK: Duration = Duration::from_secs(1);
 /// How much of an agent's log the output pane starts from.
 const TAIL_BYTES: u64 = 256 * 1024;
-/// How much of a finished agent's log is read for its last line.
-const LAST_LINE_BYTES: u64 = 4096;
 /// How many heard things are taken in before the board is drawn again.
 const BURST: usize = 4096;
 
@@ -327,13 +325,12 @@ async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) 
             let path = project
                 .store()
                 .output_log_path(agent_id.run_id(), agent_id.task_id());
-            let bytes = match glance {
-                Glance::LastLine => LAST_LINE_BYTES,
-                Glance::Pane => TAIL_BYTES,
-            };
-            let lines = tokio::task::spawn_blocking(move || read_tail(&path, bytes))
-                .await
-                .unwrap_or_default();
+            let lines = tokio::task::spawn_blocking(move || match glance {
+                Glance::LastLine => crew_live::output::last_line_of(&path).into_iter().collect(),
+                Glance::Pane => read_tail(&path),
+            })
+            .await
+            .unwrap_or_default();
             Done::Tail(agent_id, lines)
         }
         Action::Quit => return,
@@ -385,22 +382,52 @@ fn diff(repo_root: Option<&camino::Utf8Path>, task: &TaskRecord) -> String {
     patch.unwrap_or_else(|error| format!("the diff could not be computed: {}", error.message()))
 }
 
-/// The last lines of an output log (at most `bytes` of it).
-fn read_tail(path: &camino::Utf8Path, bytes: u64) -> Vec<String> {
+/// The last lines of an output log (at most [`TAIL_BYTES`] of it), as the agent's protocol
+/// showed them live: a Claude Code or Codex message is what it said, not its JSON.
+fn read_tail(path: &camino::Utf8Path) -> Vec<String> {
     let Ok(mut file) = crew_core::fsutil::open_nofollow(path) else {
         return Vec::new();
     };
     let length = file.metadata().map(|metadata| metadata.len()).unwrap_or(0);
-    let start = length.saturating_sub(bytes);
+    let start = length.saturating_sub(TAIL_BYTES);
     let mut bytes = Vec::new();
     if file.seek(SeekFrom::Start(start)).is_err() || file.read_to_end(&mut bytes).is_err() {
         return Vec::new();
     }
     let text = String::from_utf8_lossy(&bytes);
-    let mut lines: Vec<String> = text.lines().map(ToOwned::to_owned).collect();
-    if start > 0 && !lines.is_empty() {
-        // The first line was cut by where the read began.
-        lines.remove(0);
+    // The first line was cut by where the read began.
+    let whole = text.lines().skip(usize::from(start > 0));
+    whole.flat_map(crew_live::protocol::shown_lines).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_pane_reads_a_protocol_agents_log_as_it_was_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = camino::Utf8PathBuf::from_path_buf(dir.path().join("output.log")).unwrap();
+        let log = concat!(
+            r#"{"type":"system","subtype":"init","session_id":"s-1","model":"m","tools":[]}"#,
+            "\n",
+            r#"{"type":"assistant","message":{"content":[{"type":"text","text":"Reading the code.\n\nDone"}]},"session_id":"s-1"}"#,
+            "\n",
+            "a plain line\n",
+        );
+        std::fs::write(&path, log).unwrap();
+        assert_eq!(
+            read_tail(&path),
+            [
+                "[session s-1, model m]",
+                "Reading the code.",
+                "Done",
+                "a plain line"
+            ]
+        );
+        assert_eq!(
+            crew_live::output::last_line_of(&path).as_deref(),
+            Some("a plain line")
+        );
     }
-    lines
 }
