@@ -25,6 +25,16 @@ fn row<'a>(screen: &'a str, id: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// Changes the board's filter from `from` (what `/` shows typed already) to `to`.
+fn filter(tmux: &Tmux, from: &str, to: &str) {
+    tmux.keys(&["/"]);
+    for _ in from.chars() {
+        tmux.keys(&["BSpace"]);
+    }
+    tmux.text(to);
+    tmux.keys(&["Enter"]);
+}
+
 /// The states of the live agents of the project, by task.
 fn live_states(env: &TestEnv, repo: &Utf8Path) -> Vec<(String, String)> {
     let output = env.crew(repo, ["agents", "list", "--json"]);
@@ -138,9 +148,8 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     assert_eq!(color.trim(), "blue");
 
     // `s` asks first; `y` stops that agent and no other.
-    tmux.keys(&["Escape", "/"]);
-    tmux.text("first");
-    tmux.keys(&["Enter"]);
+    tmux.keys(&["Escape"]);
+    filter(&tmux, "", "first");
     tmux.screen_when("the filtered board", |screen| {
         screen.contains("filter: first") && !row(screen, "board:second").contains("tock")
     });
@@ -178,10 +187,8 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     });
 
     // `i` steers an agent: the message reaches it now.
-    tmux.keys(&["/"]);
-    tmux.keys(&["BSpace"; 5]);
-    tmux.text("steered");
-    tmux.keys(&["Enter", "i"]);
+    filter(&tmux, "first", "steered");
+    tmux.keys(&["i"]);
     tmux.screen_when("the steer prompt", |screen| {
         screen.contains("steer board:steered:")
     });
@@ -192,10 +199,8 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     });
 
     // `d` shows a task's work against its base.
-    tmux.keys(&["/"]);
-    tmux.keys(&["BSpace"; 7]);
-    tmux.text("hello");
-    tmux.keys(&["Enter", "d"]);
+    filter(&tmux, "steered", "hello");
+    tmux.keys(&["d"]);
     let diff = tmux.screen_when("the diff", |screen| screen.contains("+hello"));
     let pane: Vec<&str> = diff
         .lines()
@@ -215,10 +220,8 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     ");
 
     // `enter` follows an agent's output.
-    tmux.keys(&["/"]);
-    tmux.keys(&["BSpace"; 5]);
-    tmux.text("second");
-    tmux.keys(&["Enter", "Enter"]);
+    filter(&tmux, "hello", "second");
+    tmux.keys(&["Enter"]);
     let following = |screen: &str| screen.lines().filter(|line| line.trim() == "tock").count();
     let output = tmux.screen_when("the output pane", |screen| {
         screen.contains("── output of board:second (following)") && following(screen) >= 3

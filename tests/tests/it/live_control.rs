@@ -25,6 +25,27 @@ async fn serving() -> (LiveFixture, ControlServer, camino::Utf8PathBuf) {
     (fixture, server, path)
 }
 
+/// A host with one agent (`api`, echoing its input) that is ready, serving its socket.
+async fn one_agent_serving() -> (
+    LiveFixture,
+    crew_live::AgentHandle,
+    tokio::sync::broadcast::Receiver<crew_live::AgentEvent>,
+    ControlServer,
+) {
+    let fixture = LiveFixture::new();
+    let mut events = fixture.host.subscribe();
+    let handle = fixture
+        .host
+        .start(fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines)))
+        .await
+        .unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "ready").await;
+    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
+        .await
+        .unwrap();
+    (fixture, handle, events, server)
+}
+
 /// Sends raw bytes on a fresh connection and returns the answer line.
 fn raw_exchange(path: &camino::Utf8Path, bytes: &[u8]) -> serde_json::Value {
     let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
@@ -150,17 +171,7 @@ async fn hostile_input_gets_structured_errors_and_the_server_goes_on() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn other_workspaces_are_refused_whatever_their_spelling() {
-    let fixture = LiveFixture::new();
-    let mut events = fixture.host.subscribe();
-    let handle = fixture
-        .host
-        .start(fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines)))
-        .await
-        .unwrap();
-    wait_for_line(&mut events, handle.agent_id(), "ready").await;
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
+    let (fixture, handle, mut events, server) = one_agent_serving().await;
     let other = fixture.env.dir("other");
     std::fs::create_dir_all(other.join("sub")).unwrap();
     let link_to_other = fixture.env.root().join("link-to-other");
@@ -521,17 +532,7 @@ async fn a_client_turned_away_learns_the_host_is_busy() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_watch_streams_only_its_own_workspaces_agents() {
-    let fixture = LiveFixture::new();
-    let mut events = fixture.host.subscribe();
-    let handle = fixture
-        .host
-        .start(fixture.spec("api", fake(&["echo-stdin"], SteerMode::StdinLines)))
-        .await
-        .unwrap();
-    wait_for_line(&mut events, handle.agent_id(), "ready").await;
-    let server = ControlServer::bind(fixture.host.clone(), &fixture.workspace)
-        .await
-        .unwrap();
+    let (fixture, handle, _events, server) = one_agent_serving().await;
     let other = WorkspaceId::from_canonical(fixture.env.dir("other").to_string().into());
     let mut ours = crew_live::watch::subscribe(server.path(), &fixture.workspace)
         .await
