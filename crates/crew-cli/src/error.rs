@@ -124,6 +124,7 @@ impl From<RunError> for CliError {
         let user = matches!(
             error,
             RunError::Prepare(_)
+                | RunError::Plan(_)
                 | RunError::NotResumable { .. }
                 | RunError::AlreadyHosted { .. }
                 | RunError::State(StateError::NameTaken { .. })

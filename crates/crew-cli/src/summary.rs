@@ -36,10 +36,16 @@ pub enum SummaryFor {
 /// inspect or merge it.
 pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> String {
     let ui = &ctx.ui;
-    let mut table = Table::new(&[
+    let checks = manifest.tasks.iter().any(|task| task.check.is_some());
+    let mut header = vec![
         "TASK", "STATUS", "DURATION", "EXIT", "BRANCH", "+/-", "WORK",
-    ]);
+    ];
+    if checks {
+        header.push("CHECK");
+    }
+    let mut table = Table::new(&header);
     let mut next = Vec::new();
+    let mut compared = Vec::new();
     for (task, depth) in manifest.family_order() {
         let elapsed = between(task.started_at, task.finished_at)
             .filter(|_| task.started_at.is_some())
@@ -79,7 +85,7 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             (Some(report), _) if report.removed => "removed (temp)".into(),
             _ => "-".into(),
         };
-        table.row(vec![
+        let mut row = vec![
             cell(crate::ui::nested(task.id.as_str(), depth)),
             styled(task.status.as_str(), task_style(task.status)),
             cell(elapsed),
@@ -87,7 +93,43 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             cell(branch.clone().unwrap_or_else(|| "-".into())),
             cell(plus_minus),
             cell(work),
-        ]);
+        ];
+        if checks {
+            row.push(match &task.check {
+                Some(check) => check_cell(check),
+                None => cell("-"),
+            });
+        }
+        table.row(row);
+        if let Some(attempt) = &task.attempt_of
+            && !compared.contains(&attempt.task)
+        {
+            compared.push(attempt.task.clone());
+            let spec = format!("{}:{}", manifest.run_id, attempt.task);
+            next.push(if let Some(picked) = manifest
+                .attempts_of(&attempt.task)
+                .into_iter()
+                .find(|task| task.attempt_of.as_ref().is_some_and(|a| a.picked))
+            {
+                format!("# {}: attempt {} was picked (`crew compare {spec}`)", attempt.task, picked.id)
+            } else {
+                format!(
+                    "crew compare {spec}   # {} attempts of {}; keep one with `crew pick {spec} <N>`",
+                    attempt.of, attempt.task
+                )
+            });
+        }
+        if let Some(check) = &task.check
+            && check.passed == Some(false)
+        {
+            next.push(format!(
+                "# {}: its check `{}` {}; the end of its output:\n{}",
+                task.id,
+                sanitize(&check.command),
+                check.verdict(),
+                indent_tail(&check.output_tail)
+            ));
+        }
         if let (Some(branch), Some(base)) = (
             &branch,
             task.workspace
@@ -99,7 +141,8 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 &base[..base.len().min(12)],
                 task.id
             ));
-            if findings.is_empty() || reader == SummaryFor::Review {
+            // An attempt is one of several alternatives: it is landed once picked.
+            if (findings.is_empty() || reader == SummaryFor::Review) && task.attempt_of.is_none() {
                 next.push(format!("git merge {branch}"));
             }
         }
@@ -335,15 +378,33 @@ pub fn base_movement(
 /// The run's task branches that would conflict with each other or with the branch it started
 /// from (the conflict radar); none when that cannot be read.
 fn overlaps(ctx: &Context, manifest: &RunManifest) -> Vec<crew_worktree::radar::Overlap> {
-    let Some(repo_root) = ctx.workspace().repo_root() else {
-        return Vec::new();
-    };
-    let branches = manifest.task_branches();
-    if branches.is_empty() {
-        return Vec::new();
-    }
-    crew_worktree::radar::overlaps(repo_root, &branches, manifest.base_branch.as_deref())
+    ctx.workspace()
+        .repo_root()
+        .and_then(|repo_root| crate::commands::conflicts::run_overlaps(repo_root, manifest).ok())
         .unwrap_or_default()
+}
+
+/// A check's verdict as a table cell, coloured by it.
+pub fn check_cell(check: &crew_core::model::CheckRecord) -> (String, Option<crate::ui::Style>) {
+    let style = match check.passed {
+        Some(true) => crate::ui::Style::Good,
+        Some(false) => crate::ui::Style::Bad,
+        None => crate::ui::Style::Dim,
+    };
+    styled(check.verdict(), style)
+}
+
+/// A check's output tail, each line indented and made safe to print.
+fn indent_tail(tail: &str) -> String {
+    let lines: Vec<String> = tail
+        .lines()
+        .map(|line| format!("  #   {}", sanitize(line)))
+        .collect();
+    if lines.is_empty() {
+        "  #   (it printed nothing)".to_owned()
+    } else {
+        lines.join("\n")
+    }
 }
 
 /// A size for people: `812 B`, `4.2 KB`, `1.3 MB`, `2.0 GB`.

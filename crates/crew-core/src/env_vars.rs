@@ -2,6 +2,8 @@
 
 /// Set for every agent: the run it belongs to.
 pub const CREW_RUN_ID: &str = "CREW_RUN_ID";
+/// Set (to `1`) for a task's check command, which otherwise gets its agent's variables.
+pub const CREW_CHECK: &str = "CREW_CHECK";
 /// Set for every agent: its task id.
 pub const CREW_TASK_ID: &str = "CREW_TASK_ID";
 /// Set for every agent: `<runId>:<taskId>`. Also the marker by which crew finds processes an

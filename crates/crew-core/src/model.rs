@@ -389,6 +389,80 @@ pub struct TaskRecord {
     /// this task's if both were merged, found when their branches are there (the radar).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overlaps: Vec<TaskOverlap>,
+    /// Which attempt of which task this is, when the task runs several times (best of N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_of: Option<AttemptOf>,
+    /// The check command its result is held to, and how it ended once it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckRecord>,
+}
+
+/// One of several attempts at the same task: the task as the team names it, which attempt,
+/// and of how many.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptOf {
+    pub task: TaskId,
+    pub number: u32,
+    pub of: u32,
+    /// `crew pick` kept this attempt as the task's result.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub picked: bool,
+}
+
+/// A task's check command (run with `sh -c` in its workspace once its agent finished, confined
+/// like the agent) and its outcome: `passed` is absent until it ran, and stays absent when the
+/// agent did not finish successfully.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckRecord {
+    pub command: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// The end of what it printed (stdout and stderr as they came); the whole is in the task's
+    /// `check.log`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub output_tail: String,
+    /// Why it could not run (the workspace was gone, the shell would not start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl CheckRecord {
+    /// A check to run, not run yet.
+    pub fn pending(command: String) -> Self {
+        CheckRecord {
+            command,
+            passed: None,
+            code: None,
+            signal: None,
+            timed_out: false,
+            duration_ms: None,
+            output_tail: String::new(),
+            error: None,
+        }
+    }
+
+    /// `passed`, `failed (exit 1)`, `timed out`, `not run`.
+    pub fn verdict(&self) -> String {
+        match (self.passed, self.timed_out) {
+            (Some(true), _) => "passed".to_owned(),
+            (Some(false), true) => "timed out".to_owned(),
+            (Some(false), false) => match (self.code, self.signal, &self.error) {
+                (Some(code), _, _) => format!("failed (exit {code})"),
+                (None, Some(signal), _) => format!("failed (signal {signal})"),
+                (None, None, Some(_)) => "could not run".to_owned(),
+                (None, None, None) => "failed".to_owned(),
+            },
+            (None, _) => "not run".to_owned(),
+        }
+    }
 }
 
 /// Work that would conflict with a task's: whose (a task id, or the branch the run started
@@ -501,6 +575,14 @@ impl TaskRecord {
         Some((base, branch))
     }
 
+    /// Whether this is an attempt (best of N) that is not the task's result: none was
+    /// picked yet, or another one was.
+    pub fn is_unpicked_attempt(&self) -> bool {
+        self.attempt_of
+            .as_ref()
+            .is_some_and(|attempt| !attempt.picked)
+    }
+
     pub fn new(
         id: TaskId,
         agent: String,
@@ -531,6 +613,8 @@ impl TaskRecord {
             session_id: None,
             usage: None,
             overlaps: Vec::new(),
+            attempt_of: None,
+            check: None,
         }
     }
 }
@@ -795,6 +879,32 @@ impl RunManifest {
         self.tasks
             .iter()
             .filter_map(|task| Some((task.id.to_string(), task.work_range()?.1)))
+            .collect()
+    }
+
+    /// Whether tasks `a` and `b` are attempts of one task: alternatives, of which at most one
+    /// lands, so never in conflict with each other.
+    pub fn rivals(&self, a: &str, b: &str) -> bool {
+        let task_of = |name: &str| {
+            self.tasks
+                .iter()
+                .find(|task| task.id.as_str() == name)
+                .and_then(|task| task.attempt_of.as_ref())
+                .map(|attempt| attempt.task.clone())
+        };
+        a != b && task_of(a).is_some_and(|task| Some(task) == task_of(b))
+    }
+
+    /// The attempts of `task` (best of N), in order: empty when it is not a task with attempts.
+    pub fn attempts_of(&self, task: &TaskId) -> Vec<&TaskRecord> {
+        self.tasks
+            .iter()
+            .filter(|record| {
+                record
+                    .attempt_of
+                    .as_ref()
+                    .is_some_and(|attempt| &attempt.task == task)
+            })
             .collect()
     }
 

@@ -229,6 +229,10 @@ pub struct TeardownReport {
     /// The task branch, kept because it holds work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+    /// The commit that branch pointed to when crew kept it: a branch whose tip moved since
+    /// holds more than the task's work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tip: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diffstat: Option<DiffStat>,
     /// The workspace directory was removed from its place.

@@ -52,6 +52,7 @@ const TASKS_DIR: &str = "tasks";
 const MANIFEST_FILE: &str = "manifest.json";
 const EVENTS_FILE: &str = "events.jsonl";
 const OUTPUT_LOG: &str = "output.log";
+const CHECK_LOG: &str = "check.log";
 
 /// How long a state operation waits for another process to release the lock.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -230,6 +231,11 @@ impl StateStore {
 
     pub fn output_log_path(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
         self.task_dir(run_id, task_id).join(OUTPUT_LOG)
+    }
+
+    /// What the task's check command printed, the last time it ran.
+    pub fn check_log_path(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
+        self.task_dir(run_id, task_id).join(CHECK_LOG)
     }
 
     /// `ws/`, the parent of every `dedicated` workspace.

@@ -413,17 +413,8 @@ async fn launch(
     for (name, value) in &spec.workspace_env {
         crew_vars.push((name.as_str(), value.clone()));
     }
-    let home = launcher
-        .env
-        .get("HOME")
-        .and_then(|home| home.to_str())
-        .map(Utf8Path::new);
-    let mut extra_writes = definition.sandbox.write_paths(home);
-    extra_writes.push(temp_path);
-    let mut plan = spec.sandbox.clone();
-    plan.mode = plan.mode.and(definition.sandbox.mode);
     let sandbox =
-        sandbox::prepare(&plan, &extra_writes).map_err(|source| SpawnAgentError::Sandbox {
+        confinement(spec, launcher, temp_path).map_err(|source| SpawnAgentError::Sandbox {
             agent_id: spec.agent_id.clone(),
             source,
         })?;
@@ -529,9 +520,28 @@ async fn launch(
     })
 }
 
+/// The ruleset of one start of the agent (or of its check): the plan, narrowed by its
+/// definition's mode, plus its definition's paths and its private temp dir.
+pub(crate) fn confinement(
+    spec: &AgentSpec,
+    launcher: &Launcher,
+    temp_path: Utf8PathBuf,
+) -> Result<sandbox::Prepared, sandbox::BuildSandboxError> {
+    let home = launcher
+        .env
+        .get("HOME")
+        .and_then(|home| home.to_str())
+        .map(Utf8Path::new);
+    let mut extra_writes = spec.definition.sandbox.write_paths(home);
+    extra_writes.push(temp_path);
+    let mut plan = spec.sandbox.clone();
+    plan.mode = plan.mode.and(spec.definition.sandbox.mode);
+    sandbox::prepare(&plan, &extra_writes)
+}
+
 /// A temp dir of the agent's own (mode 0700) in the host's temp directory: its `TMPDIR`, and
 /// the one place outside its workspace the sandbox lets every agent write.
-fn private_temp_dir(spec: &AgentSpec) -> Result<tempfile::TempDir, SpawnAgentError> {
+pub(crate) fn private_temp_dir(spec: &AgentSpec) -> Result<tempfile::TempDir, SpawnAgentError> {
     tempfile::Builder::new()
         .prefix(&format!(
             "crew-agent-{}-",

@@ -85,6 +85,7 @@ compile_error!(
 );
 
 pub mod agent;
+mod check;
 pub mod control;
 pub mod env;
 pub mod error;

@@ -299,6 +299,34 @@ impl Project {
             .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
     }
 
+    /// The task with attempts (best of N) `spec` names, as `find_task` reads a spec, and the
+    /// run it ran in: `fix`, `<run>:fix` for attempts `fix.1` … `fix.N`.
+    pub fn find_attempted(
+        &self,
+        spec: &str,
+    ) -> Result<Option<(RunManifest, TaskId)>, FindAgentError> {
+        let mut tasks: Vec<(AgentId, RunManifest)> = Vec::new();
+        for manifest in self.manifests()? {
+            let mut named: Vec<&TaskId> = Vec::new();
+            for task in &manifest.tasks {
+                if let Some(attempt) = &task.attempt_of
+                    && !named.contains(&&attempt.task)
+                {
+                    named.push(&attempt.task);
+                }
+            }
+            let ids: Vec<AgentId> = named
+                .into_iter()
+                .map(|task| AgentId::new(manifest.run_id.clone(), task.clone()))
+                .collect();
+            for id in ids {
+                tasks.push((id, manifest.clone()));
+            }
+        }
+        Ok(resolve_spec(&tasks, |(id, _)| id, spec)?
+            .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
+    }
+
     /// Sends `op` (made for the agent's exact id) to the host of the live agent `spec` names.
     pub async fn control(
         &self,

@@ -68,6 +68,96 @@ pub fn branch_stat(
     Ok((String::from_utf8_lossy(&text).into_owned(), counts))
 }
 
+/// The files `base..branch` changes, each with its lines added and removed, in path order.
+pub fn branch_files(
+    repo_root: &Utf8Path,
+    base: &str,
+    branch: &str,
+) -> Result<Vec<(String, usize, usize)>, git2::Error> {
+    let repo = Repository::open(repo_root)?;
+    let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
+    let tip_tree = repo
+        .find_branch(branch, BranchType::Local)?
+        .get()
+        .peel_to_commit()?
+        .tree()?;
+    let diff = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)?;
+    let mut files = Vec::new();
+    for index in 0..diff.deltas().len() {
+        let Some(delta) = diff.get_delta(index) else {
+            continue;
+        };
+        let path = delta
+            .new_file()
+            .path()
+            .or_else(|| delta.old_file().path())
+            .map(|path| path.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (added, removed) = match git2::Patch::from_diff(&diff, index)? {
+            Some(patch) => {
+                let (_, added, removed) = patch.line_stats()?;
+                (added, removed)
+            }
+            None => (0, 0),
+        };
+        files.push((path, added, removed));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// What became of a branch crew was asked to delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BranchDrop {
+    Deleted,
+    /// It was gone already.
+    Missing,
+    /// Its tip is no longer the commit crew recorded: it holds more than the task's work.
+    Moved {
+        tip: String,
+    },
+    /// git would not delete it (checked out in a worktree, a locked ref); the message says why.
+    Refused {
+        message: String,
+    },
+}
+
+/// Deletes `branch` if it still points at `tip` (compared and deleted in one step, so that a
+/// commit made meanwhile is never lost), and is checked out nowhere.
+pub fn drop_branch(repo_root: &Utf8Path, branch: &str, tip: &str) -> BranchDrop {
+    let repo = match Repository::open(repo_root) {
+        Ok(repo) => repo,
+        Err(error) => {
+            return BranchDrop::Refused {
+                message: error.message().to_owned(),
+            };
+        }
+    };
+    let mut found = match repo.find_branch(branch, BranchType::Local) {
+        Ok(found) => found,
+        Err(error) if error.code() == git2::ErrorCode::NotFound => return BranchDrop::Missing,
+        Err(error) => {
+            return BranchDrop::Refused {
+                message: error.message().to_owned(),
+            };
+        }
+    };
+    let now = found.get().target().map(|oid| oid.to_string());
+    if now.as_deref() != Some(tip) {
+        return BranchDrop::Moved {
+            tip: now.unwrap_or_default(),
+        };
+    }
+    // libgit2 refuses a branch checked out in any worktree, and a reference that changed
+    // since it was looked up.
+    match found.delete() {
+        Ok(()) => BranchDrop::Deleted,
+        Err(error) => BranchDrop::Refused {
+            message: error.message().to_owned(),
+        },
+    }
+}
+
 /// A new repository at `dir` (which must exist) on branch `main`, with `files` committed by
 /// crew's own identity: needs no git configuration at all.
 pub fn create_repository(dir: &Utf8Path, files: &[(&str, &str)]) -> Result<Oid, git2::Error> {

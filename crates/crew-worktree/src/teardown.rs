@@ -607,6 +607,7 @@ fn settle_branches(
     };
     report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
     report.merge_hint = Some(format!("git merge {kept}"));
+    report.tip = Some(tip.to_string());
     report.branch = Some(kept);
 }
 

@@ -167,21 +167,14 @@ fn dropped_cancel(dir: &str) {
         let provider = std::sync::Arc::new(crew_worktree::CrewWorkspaces::new(&config));
         let runner = crew_live::Runner::new(AgentHost::new().unwrap(), provider, workspace, config);
         let team = crew_core::Team {
-            def: TeamDef {
-                name: "sleepy".into(),
-                description: None,
-                workspace_mode: None,
-                max_parallel: None,
-                fail_fast: None,
-                tasks: vec![TaskDef {
-                    id: TaskId::parse("sleepy").unwrap(),
-                    agent: "shell".into(),
-                    prompt: "sleep 1".into(),
-                    depends_on: Vec::new(),
-                    timeout: None,
-                    workspace_mode: None,
-                }],
-            },
+            def: TeamDef::new(
+                "sleepy",
+                vec![TaskDef::new(
+                    TaskId::parse("sleepy").unwrap(),
+                    "shell",
+                    "sleep 1",
+                )],
+            ),
             agents: [("shell".to_owned(), AgentDef::builtin_shell())].into(),
         };
         let spec = crew_live::RunSpec::of(team);

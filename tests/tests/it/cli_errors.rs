@@ -261,7 +261,7 @@ fn init_writes_the_example_set_and_its_hello_team_runs() {
 fn help_lists_the_commands() {
     let env = TestEnv::new();
     let output = env.crew(env.root(), ["--help"]);
-    insta::assert_snapshot!(render_output(&output), @"
+    insta::assert_snapshot!(render_output(&output), @r"
     crew runs a team of coding agents in parallel, each task in its own isolated workspace
 
     Usage: crew [OPTIONS] <COMMAND>
@@ -274,6 +274,8 @@ fn help_lists_the_commands() {
       conflicts    Which task branches of a run would conflict, and in which files
       diff         A task's work against its base, as git diff prints it (a run: each of its tasks)
       land         Land tasks' work on a branch, in dependency order: all of them, or none
+      compare      A task's attempts side by side: status, files, lines, check, cost
+      pick         Keep one attempt as the task's result; delete the other attempts' branches
       events       What happened in a run, in order (`--follow` as it happens, `--json` for scripts)
       worktrees    crew's worktrees and task branches in this repository
       sandbox      What the kernel lets agents write, and whether this machine can confine them

@@ -10,6 +10,7 @@
 mod common;
 
 mod agent_protocols;
+mod best_of;
 mod board;
 mod cli_errors;
 mod cli_lifecycle;

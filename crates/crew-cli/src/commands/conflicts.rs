@@ -35,8 +35,7 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
     let manifest = ctx.read_run(&run_id)?;
     let branches = manifest.task_branches();
     let target = manifest.base_branch.as_deref();
-    let overlaps = crew_worktree::radar::overlaps(repo_root, &branches, target)
-        .map_err(|error| CliError::internal(error.message().to_owned()))?;
+    let overlaps = run_overlaps(repo_root, &manifest)?;
     if args.json {
         let value = serde_json::json!({
             "run_id": run_id,
@@ -66,4 +65,23 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
         );
     }
     Ok(Outcome::Success)
+}
+
+/// The overlaps among a run's task branches and with the branch it started from, without
+/// those between attempts of one task: alternatives, of which only one lands.
+pub fn run_overlaps(
+    repo_root: &camino::Utf8Path,
+    manifest: &crew_core::RunManifest,
+) -> Result<Vec<crew_worktree::radar::Overlap>, CliError> {
+    let branches = manifest.task_branches();
+    if branches.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(
+        crew_worktree::radar::overlaps(repo_root, &branches, manifest.base_branch.as_deref())
+            .map_err(|error| CliError::internal(error.message().to_owned()))?
+            .into_iter()
+            .filter(|overlap| !manifest.rivals(&overlap.left, &overlap.right))
+            .collect(),
+    )
 }

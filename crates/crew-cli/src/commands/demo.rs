@@ -70,22 +70,21 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     ];
     let team = Team {
         def: TeamDef {
-            name: "demo".into(),
             description: Some("three shell agents, one file, three worktrees".into()),
             workspace_mode: Some(WorkspaceMode::Worktree),
-            max_parallel: None,
-            fail_fast: None,
-            tasks: tasks
-                .iter()
-                .map(|(id, prompt)| TaskDef {
-                    id: TaskId::parse(id).expect("demo task ids are valid"),
-                    agent: "shell".into(),
-                    prompt: (*prompt).into(),
-                    depends_on: Vec::new(),
-                    timeout: None,
-                    workspace_mode: None,
-                })
-                .collect(),
+            ..TeamDef::new(
+                "demo",
+                tasks
+                    .iter()
+                    .map(|(id, prompt)| {
+                        TaskDef::new(
+                            TaskId::parse(id).expect("demo task ids are valid"),
+                            "shell",
+                            *prompt,
+                        )
+                    })
+                    .collect(),
+            )
         },
         agents: BTreeMap::from([("shell".to_owned(), AgentDef::builtin_shell())]),
     };
@@ -100,12 +99,8 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     }
     let host = start_host(&ctx, "crew demo").await?;
     let spec = RunSpec {
-        team,
-        mode: None,
         max_parallel: Some(3),
-        base: None,
-        fail_fast: None,
-        name: None,
+        ..RunSpec::of(team)
     };
     let manifest = host.create(&spec).await?;
     let manifest =

@@ -30,7 +30,17 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
         CliError::user("this workspace is not in a git repository: its tasks have no branches")
     })?;
     // A task first (`api`, `run:api`), then a run.
-    let found = ctx.project().find_task(&args.target)?;
+    let found = match ctx.project().find_task(&args.target)? {
+        Some(found) => Some(found),
+        // A task with attempts: its picked one.
+        None => match ctx.project().find_attempted(&args.target)? {
+            Some((manifest, task)) => {
+                let result = crate::commands::land::picked_attempt(&manifest, &task)?;
+                Some((manifest, result))
+            }
+            None => None,
+        },
+    };
     let (manifest, only) = match found {
         Some((manifest, task)) => (manifest, Some(task)),
         None => (ctx.read_run(&ctx.resolve_run(&args.target)?)?, None),

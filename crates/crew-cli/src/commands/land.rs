@@ -57,6 +57,9 @@ pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
             if landed.checkout_updated {
                 println!("your checkout of {into} is up to date");
             }
+            if !landed.checks.is_empty() {
+                println!("checks: {}", landed.checks.join(", "));
+            }
         }
     }
     Ok(Outcome::Success)
@@ -69,6 +72,8 @@ pub struct Landed {
     pub into: String,
     /// The tasks, in the order they landed.
     pub tasks: Vec<String>,
+    /// The check of each landed task that has one: `fix.2 passed`, `docs failed (exit 1)`.
+    pub checks: Vec<String>,
     /// The target's commit before and after (equal when everything was already there).
     pub from: String,
     pub to: String,
@@ -144,8 +149,16 @@ pub fn land_targets(
         };
         CliError::user(error).with_hints(hint)
     })?;
+    let checks = picked
+        .iter()
+        .filter_map(|(manifest, id)| {
+            let check = manifest.task(id)?.check.as_ref()?;
+            Some(format!("{id} {}", check.verdict()))
+        })
+        .collect();
     Ok(Landed {
         into,
+        checks,
         tasks: landings.into_iter().map(|landing| landing.name).collect(),
         from: landed.from,
         to: landed.to,
@@ -153,21 +166,52 @@ pub fn land_targets(
     })
 }
 
+/// The attempt of `task` that was picked as its result; until one is, the task has no result
+/// to land.
+pub fn picked_attempt(manifest: &RunManifest, task: &TaskId) -> Result<TaskId, CliError> {
+    let attempts = manifest.attempts_of(task);
+    attempts
+        .iter()
+        .find(|record| record.attempt_of.as_ref().is_some_and(|a| a.picked))
+        .map(|record| record.id.clone())
+        .ok_or_else(|| {
+            let spec = format!("{}:{task}", manifest.run_id);
+            CliError::user(format!(
+                "task {spec} ran {} attempts and none is picked yet as its result",
+                attempts.len()
+            ))
+            .with_hint(format!(
+                "compare them (`crew compare {spec}`), keep one (`crew pick {spec} <N>`), then land again"
+            ))
+        })
+}
+
 /// The tasks the arguments name, in dependency order: a run's tasks with work, or each task.
 fn pick(ctx: &Context, targets: &[String]) -> Result<Vec<(RunManifest, TaskId)>, CliError> {
     let project = ctx.project();
     let mut picked: Vec<(RunManifest, TaskId)> = Vec::new();
     for target in targets {
-        match project.find_task(target)? {
-            Some(found) => picked.push(found),
-            None => {
-                let manifest = ctx.read_run(&ctx.resolve_run(target)?)?;
-                for task in &manifest.tasks {
-                    if task.work_range().is_some() {
-                        picked.push((manifest.clone(), task.id.clone()));
+        if let Some(found) = project.find_task(target)? {
+            picked.push(found);
+        } else if let Some((manifest, task)) = project.find_attempted(target)? {
+            let result = picked_attempt(&manifest, &task)?;
+            picked.push((manifest, result));
+        } else {
+            let manifest = ctx.read_run(&ctx.resolve_run(target)?)?;
+            let mut results = Vec::new();
+            for task in &manifest.tasks {
+                match &task.attempt_of {
+                    Some(attempt) => {
+                        let result = picked_attempt(&manifest, &attempt.task)?;
+                        if !results.contains(&result) {
+                            results.push(result);
+                        }
                     }
+                    None if task.work_range().is_some() => results.push(task.id.clone()),
+                    None => {}
                 }
             }
+            picked.extend(results.into_iter().map(|task| (manifest.clone(), task)));
         }
     }
     // A task after those it depends on (stable otherwise).

@@ -2,6 +2,7 @@
 
 pub mod agents;
 pub mod ask;
+pub mod attempts;
 pub mod completions;
 pub mod conflicts;
 pub mod demo;
@@ -43,6 +44,10 @@ pub enum Command {
     Diff(diff::DiffArgs),
     /// Land tasks' work on a branch, in dependency order: all of them, or none.
     Land(land::LandArgs),
+    /// A task's attempts side by side: status, files, lines, check, cost.
+    Compare(attempts::CompareArgs),
+    /// Keep one attempt as the task's result; delete the other attempts' branches.
+    Pick(attempts::PickArgs),
     /// What happened in a run, in order (`--follow` as it happens, `--json` for scripts).
     Events(events::EventsArgs),
     /// crew's worktrees and task branches in this repository.
@@ -97,6 +102,8 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Agents(command) => agents::run(command, ui).await,
         Command::Runs(command) => runs::run(command, ui).await,
         Command::Conflicts(args) => conflicts::cmd_conflicts(args, ui).await,
+        Command::Compare(args) => attempts::cmd_compare(args, ui).await,
+        Command::Pick(args) => attempts::cmd_pick(args, ui).await,
         Command::Diff(args) => diff::cmd_diff(args, ui).await,
         Command::Events(args) => events::cmd_events(args, ui).await,
         Command::Land(args) => land::cmd_land(args, ui).await,

@@ -52,6 +52,14 @@ pub struct RunArgs {
     /// `<name>:<task>`. Lowercase letters, digits and `-`; unique in the project.
     #[arg(long, value_name = "NAME", value_parser = parse_run_name)]
     pub name: Option<RunId>,
+    /// Run each task N times, each attempt in its own worktree and branch (`<task>.1` …
+    /// `<task>.N`); compare them with `crew compare`, keep one with `crew pick`.
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u32>,
+    /// A command run (`sh -c`, confined like the agent) in each task's workspace once its
+    /// agent finished; its exit says whether the result passes. Overrides the team's `check`.
+    #[arg(long, value_name = "COMMAND")]
+    pub check: Option<String>,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
@@ -75,6 +83,15 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
             Parallelism::MAX
         )));
     }
+    if args
+        .check
+        .as_deref()
+        .is_some_and(|check| check.trim().is_empty())
+    {
+        return Err(CliError::user(
+            "--check needs a command, such as --check \"cargo test\"",
+        ));
+    }
     ctx.reconcile()?;
     crate::commands::worktrees::warn_attention(&ctx);
     let spec = RunSpec {
@@ -90,6 +107,8 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
             None
         },
         name: args.name.clone(),
+        attempts: args.attempts,
+        check: args.check.clone(),
     };
     if args.detach {
         return detach(&ctx, &spec).await;

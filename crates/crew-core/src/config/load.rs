@@ -10,6 +10,7 @@ use toml::Spanned;
 
 use crate::fsutil::{FileError, read_nofollow};
 
+use super::attempts::MAX_ATTEMPTS;
 use super::checks::{
     check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
 };
@@ -56,6 +57,7 @@ pub(super) struct TeamFile {
     workspace_mode: Option<WorkspaceMode>,
     max_parallel: Option<Parallelism>,
     fail_fast: Option<bool>,
+    check: Option<Spanned<String>>,
     tasks: Spanned<Vec<TaskFile>>,
 }
 
@@ -69,6 +71,8 @@ pub(super) struct TaskFile {
     depends_on: Vec<Spanned<String>>,
     timeout: Option<HumanDuration>,
     workspace_mode: Option<WorkspaceMode>,
+    attempts: Option<Spanned<u32>>,
+    check: Option<Spanned<String>>,
 }
 
 /// An ad hoc team that could not be made.
@@ -267,6 +271,8 @@ impl ConfigDir {
                 depends_on,
                 timeout: None,
                 workspace_mode: None,
+                attempts: None,
+                check: None,
             })
             .collect();
         Ok(Team {
@@ -276,6 +282,7 @@ impl ConfigDir {
                 workspace_mode: None,
                 max_parallel: None,
                 fail_fast: None,
+                check: None,
                 tasks,
             },
             agents,
@@ -363,6 +370,11 @@ impl ConfigDir {
                 Vec::new()
             }
         };
+        problems.extend(
+            attempts_problems(&file)
+                .into_iter()
+                .map(|(span, key, message)| invalid(span, key, message)),
+        );
         if !problems.is_empty() {
             return Err(several(problems));
         }
@@ -385,6 +397,8 @@ impl ConfigDir {
                 depends_on,
                 timeout: task.timeout,
                 workspace_mode: task.workspace_mode,
+                attempts: task.attempts.map(Spanned::into_inner),
+                check: task.check.map(Spanned::into_inner),
             })
             .collect();
         Ok(Team {
@@ -394,11 +408,72 @@ impl ConfigDir {
                 workspace_mode: file.workspace_mode,
                 max_parallel: file.max_parallel,
                 fail_fast: file.fail_fast,
+                check: file.check.map(Spanned::into_inner),
                 tasks,
             },
             agents,
         })
     }
+}
+
+/// What a team file's `attempts` and `check` values break: a count out of range, a task
+/// others build on run more than once (which attempt would they build on?), an empty check.
+fn attempts_problems(file: &TeamFile) -> Vec<(Range<usize>, String, String)> {
+    let mut problems = Vec::new();
+    let tasks = file.tasks.get_ref();
+    if let Some(check) = &file.check
+        && check.get_ref().trim().is_empty()
+    {
+        problems.push((
+            check.span(),
+            "check".to_owned(),
+            "an empty check command: give one (`check = \"cargo test\"`) or leave the key out"
+                .to_owned(),
+        ));
+    }
+    for (index, task) in tasks.iter().enumerate() {
+        if let Some(check) = &task.check
+            && check.get_ref().trim().is_empty()
+        {
+            problems.push((
+                check.span(),
+                format!("tasks[{index}].check"),
+                "an empty check command: give one or leave the key out".to_owned(),
+            ));
+        }
+        let Some(attempts) = &task.attempts else {
+            continue;
+        };
+        let key = format!("tasks[{index}].attempts");
+        let count = *attempts.get_ref();
+        if !(1..=MAX_ATTEMPTS).contains(&count) {
+            problems.push((
+                attempts.span(),
+                key,
+                format!("attempts must be from 1 to {MAX_ATTEMPTS}, not {count}"),
+            ));
+            continue;
+        }
+        if count == 1 {
+            continue;
+        }
+        let id = task.id.get_ref();
+        if let Some(dependent) = tasks
+            .iter()
+            .find(|other| other.depends_on.iter().any(|dep| dep.get_ref() == id))
+        {
+            problems.push((
+                attempts.span(),
+                key,
+                format!(
+                    "task `{}` depends on `{id}`, which would run {count} attempts: crew cannot know which one it builds on; run `{id}` on its own, `crew pick` an attempt, then start `{}` from its branch (`crew run --base`)",
+                    dependent.id.get_ref(),
+                    dependent.id.get_ref()
+                ),
+            ));
+        }
+    }
+    problems
 }
 
 pub(super) fn read_optional(path: &Utf8Path) -> Result<Option<String>, LoadConfigError> {

@@ -8,8 +8,9 @@
 //! One idea per file: `settings` (what the files say), `values` (durations, sizes,
 //! parallelism), `load` (`ConfigDir`: reading and checking a directory), `graph` (task graphs),
 //! `locate` (where in a TOML file a problem is), `template` (agent command templates), `checks`
-//! (the rules single values follow).
+//! (the rules single values follow), `attempts` (best of N: a task run several times).
 
+mod attempts;
 mod checks;
 mod graph;
 mod load;
@@ -18,6 +19,7 @@ mod settings;
 mod template;
 mod values;
 
+pub use attempts::{MAX_ATTEMPTS, RunTask, run_tasks};
 pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
 pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};

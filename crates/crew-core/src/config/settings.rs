@@ -391,6 +391,8 @@ pub struct TeamDef {
     pub workspace_mode: Option<WorkspaceMode>,
     pub max_parallel: Option<Parallelism>,
     pub fail_fast: Option<bool>,
+    /// The check command of every task that names none of its own.
+    pub check: Option<String>,
     pub tasks: Vec<TaskDef>,
 }
 
@@ -403,6 +405,42 @@ pub struct TaskDef {
     pub depends_on: Vec<TaskId>,
     pub timeout: Option<HumanDuration>,
     pub workspace_mode: Option<WorkspaceMode>,
+    /// Run the task this many times, each attempt in its own worktree and branch (best of N).
+    pub attempts: Option<u32>,
+    /// Run with `sh -c` in the task's workspace once its agent finished: whether the result
+    /// passes.
+    pub check: Option<String>,
+}
+
+impl TeamDef {
+    /// A team of `tasks`, nothing else set.
+    pub fn new(name: impl Into<String>, tasks: Vec<TaskDef>) -> Self {
+        TeamDef {
+            name: name.into(),
+            description: None,
+            workspace_mode: None,
+            max_parallel: None,
+            fail_fast: None,
+            check: None,
+            tasks,
+        }
+    }
+}
+
+impl TaskDef {
+    /// A task of `agent` on `prompt`, depending on nothing, nothing else set.
+    pub fn new(id: TaskId, agent: impl Into<String>, prompt: impl Into<String>) -> Self {
+        TaskDef {
+            id,
+            agent: agent.into(),
+            prompt: prompt.into(),
+            depends_on: Vec::new(),
+            timeout: None,
+            workspace_mode: None,
+            attempts: None,
+            check: None,
+        }
+    }
 }
 
 /// A team with every agent its tasks name.

@@ -5,7 +5,9 @@
 use camino::Utf8PathBuf;
 
 use crew_core::config::WorkspaceMode;
-use crew_core::model::{EventKind, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus};
+use crew_core::model::{
+    CheckRecord, EventKind, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus,
+};
 use crew_core::provider::RunRequest;
 use crew_core::{CancelRecord, RunId, TaskId};
 
@@ -22,21 +24,43 @@ impl Runner {
     ) -> Result<RunManifest, RunError> {
         let team = &spec.team.def;
         let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
-        let tasks: Vec<TaskRecord> = team
-            .tasks
-            .iter()
-            .map(|task| {
-                let mut record = TaskRecord::new(
-                    task.id.clone(),
-                    task.agent.clone(),
-                    task.prompt.clone(),
-                    task.depends_on.clone(),
-                    spec.mode.or(task.workspace_mode).unwrap_or(run_mode),
-                );
-                record.timeout = task.timeout.or(self.config.run.task_timeout);
-                record
-            })
-            .collect();
+        let mut run_tasks =
+            crew_core::config::run_tasks(team, spec.attempts).map_err(RunError::Plan)?;
+        if let Some(check) = &spec.check {
+            for task in &mut run_tasks {
+                task.def.check = Some(check.clone());
+            }
+        }
+        let mut tasks: Vec<TaskRecord> = Vec::with_capacity(run_tasks.len());
+        for run_task in run_tasks {
+            let task = run_task.def;
+            // Attempts work in worktrees unless a mode was asked for.
+            let asked = spec.mode.or(task.workspace_mode).or(team.workspace_mode);
+            let mode = match (asked, &run_task.attempt_of) {
+                (Some(mode), _) => mode,
+                (None, Some(_)) => WorkspaceMode::Worktree,
+                (None, None) => run_mode,
+            };
+            if let Some(attempt) = &run_task.attempt_of
+                && mode != WorkspaceMode::Worktree
+            {
+                return Err(RunError::Plan(format!(
+                    "task `{}` would run {} attempts in {mode} mode: attempts need worktree mode, each in its own worktree and branch (`--workspace-mode worktree`)",
+                    attempt.task, attempt.of
+                )));
+            }
+            let mut record = TaskRecord::new(
+                task.id.clone(),
+                task.agent.clone(),
+                task.prompt.clone(),
+                task.depends_on.clone(),
+                mode,
+            );
+            record.timeout = task.timeout.or(self.config.run.task_timeout);
+            record.attempt_of = run_task.attempt_of;
+            record.check = task.check.map(CheckRecord::pending);
+            tasks.push(record);
+        }
         let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();
         modes.dedup();
         let provider = self.provider.clone();
@@ -46,7 +70,7 @@ impl Runner {
             base: spec.base.clone(),
             modes,
             name: spec.name.clone(),
-            tasks: team.tasks.iter().map(|task| task.id.clone()).collect(),
+            tasks: tasks.iter().map(|task| task.id.clone()).collect(),
         };
         let plan = tokio::task::spawn_blocking(move || provider.prepare_run(&request))
             .await

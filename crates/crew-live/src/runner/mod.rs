@@ -61,6 +61,10 @@ pub struct RunSpec {
     pub fail_fast: Option<bool>,
     /// `--name`: the run's id, chosen by a person, so that branches read `crew/<name>-<task>`.
     pub name: Option<RunId>,
+    /// `--attempts`: run every task this many times (best of N), overriding the team's counts.
+    pub attempts: Option<u32>,
+    /// `--check`: the check command of every task, overriding the team's.
+    pub check: Option<String>,
 }
 
 impl RunSpec {
@@ -73,6 +77,8 @@ impl RunSpec {
             base: None,
             fail_fast: None,
             name: None,
+            attempts: None,
+            check: None,
         }
     }
 }
@@ -84,6 +90,10 @@ pub enum RunError {
     State(#[from] StateError),
     #[error("the run cannot start")]
     Prepare(#[source] AllocateWorkspaceError),
+    /// The tasks asked for cannot be run as asked (attempts of a task others depend on, in a
+    /// mode without branches); the message says which and why.
+    #[error("{0}")]
+    Plan(String),
     #[error("failed to record this process as the run's host")]
     Host(#[from] HostIdentityError),
     #[error(

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
 use crew_core::model::{
-    EventKind, ExitRecord, RunEvent, RunManifest, TaskOverlap, TaskRecord, TaskStatus,
+    CheckRecord, EventKind, ExitRecord, RunEvent, RunManifest, TaskOverlap, TaskRecord, TaskStatus,
     TransitionError, Usage, WorkspaceRecord,
 };
 use crew_core::provider::{
@@ -592,6 +592,11 @@ impl RunContext {
                     why.push_str(&format!(" (its last turn: {turn_error})"));
                 }
                 self.record_exit(&task_id, exit, &handle, task.usage).await;
+                if status == TaskStatus::Succeeded
+                    && let Some(check) = &task.check
+                {
+                    self.check(&task, &check.command, &workspace).await;
+                }
                 self.teardown(&task_id, &workspace, false).await;
                 self.record_status(&task_id, status, reason).await;
                 status
@@ -682,6 +687,33 @@ impl RunContext {
         );
     }
 
+    /// Runs the task's check command in its workspace, confined like its agent, and records
+    /// how it ended. The task's status stays what its agent's exit made it.
+    async fn check(&self, task: &TaskRecord, command: &str, workspace: &TaskWorkspace) {
+        let record = match self.agent_definition(&task.agent) {
+            Ok(definition) => {
+                let spec = self.agent_spec(task, definition, workspace);
+                let log = self.runner.store.check_log_path(&self.run_id, &task.id);
+                let timeout = task.timeout.map_or(CHECK_TIMEOUT, |timeout| timeout.0);
+                self.runner
+                    .host
+                    .run_check(&spec, command, &log, timeout)
+                    .await
+            }
+            Err(error) => CheckRecord {
+                passed: Some(false),
+                error: Some(error.reason()),
+                ..CheckRecord::pending(command.to_owned())
+            },
+        };
+        let task_id = task.id.clone();
+        self.save(&format!("task {task_id}'s check"), move |manifest| {
+            manifest.task_mut(&task_id)?.check = Some(record);
+            Ok(())
+        })
+        .await;
+    }
+
     /// Tears the workspace down and records the report. A teardown error is recorded as a
     /// warning; it never replaces the task's outcome.
     async fn teardown(&self, task_id: &TaskId, workspace: &TaskWorkspace, keep: bool) {
@@ -734,7 +766,12 @@ impl RunContext {
                         record.teardown = Some(*partial);
                     }
                 }
-                Ok((manifest.task_branches(), manifest.base_branch.clone()))
+                let branches = manifest
+                    .task_branches()
+                    .into_iter()
+                    .filter(|(other, _)| !manifest.rivals(task.as_str(), other))
+                    .collect::<Vec<_>>();
+                Ok((branches, manifest.base_branch.clone()))
             })
             .await;
         drop(radar_turn);
@@ -871,6 +908,9 @@ fn workspace_env(workspace: &TaskWorkspace) -> Vec<(String, String)> {
 }
 
 const STOPPED_BY_REQUEST: &str = "stopped by request";
+
+/// How long a check command may run when its task has no timeout of its own.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The task status an exit means, and why.
 fn outcome(

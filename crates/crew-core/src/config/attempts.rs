@@ -1,0 +1,156 @@
+//! Best of N: a task run several times at once, each attempt a task of the run of its own
+//! (`<id>.1` … `<id>.N`, each in its own worktree and branch), and the check command each
+//! result is held to.
+
+use crate::ids::TaskId;
+use crate::model::AttemptOf;
+
+use super::settings::{TaskDef, TeamDef};
+
+/// The most attempts of one task a run makes.
+pub const MAX_ATTEMPTS: u32 = 10;
+
+/// A task as a run records it: a team's task, or one attempt of it, with its check command
+/// (its own, else the team's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunTask {
+    pub def: TaskDef,
+    pub attempt_of: Option<AttemptOf>,
+}
+
+/// The tasks a run of `team` records. A task with `attempts` above 1 (its own, or `all`, which
+/// overrides every task's) becomes `<id>.1` … `<id>.N`; the others stay as they are. Refused
+/// with a message naming the task: a count out of range, a task others depend on run more than
+/// once, an attempt's id that is not a valid id or is taken by another task.
+pub fn run_tasks(team: &TeamDef, all: Option<u32>) -> Result<Vec<RunTask>, String> {
+    if let Some(count) = all
+        && !(1..=MAX_ATTEMPTS).contains(&count)
+    {
+        return Err(format!(
+            "attempts must be from 1 to {MAX_ATTEMPTS}, not {count}"
+        ));
+    }
+    let mut tasks = Vec::new();
+    for task in &team.tasks {
+        let mut def = task.clone();
+        def.check = task.check.clone().or_else(|| team.check.clone());
+        let count = all.or(task.attempts).unwrap_or(1);
+        if count <= 1 {
+            tasks.push(RunTask {
+                def,
+                attempt_of: None,
+            });
+            continue;
+        }
+        if let Some(dependent) = team
+            .tasks
+            .iter()
+            .find(|other| other.depends_on.contains(&task.id))
+        {
+            return Err(format!(
+                "task `{}` depends on `{}`, which would run {count} attempts: crew cannot know which one it builds on; run `{}` on its own, `crew pick` an attempt, then start `{}` from its branch (`crew run --base`)",
+                dependent.id, task.id, task.id, dependent.id
+            ));
+        }
+        for number in 1..=count {
+            let id = TaskId::parse(&format!("{}.{number}", task.id))
+                .map_err(|error| format!("attempt {number} of task `{}`: {error}", task.id))?;
+            if let Some(taken) = team
+                .tasks
+                .iter()
+                .find(|other| other.id.collision_key() == id.collision_key())
+            {
+                return Err(format!(
+                    "attempt {number} of task `{}` would be task `{id}`, but the team has a task `{}` already: rename one of them",
+                    task.id, taken.id
+                ));
+            }
+            let mut attempt = def.clone();
+            attempt.id = id;
+            attempt.attempts = None;
+            tasks.push(RunTask {
+                def: attempt,
+                attempt_of: Some(AttemptOf {
+                    task: task.id.clone(),
+                    number,
+                    of: count,
+                    picked: false,
+                }),
+            });
+        }
+    }
+    Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str, depends_on: &[&str], attempts: Option<u32>) -> TaskDef {
+        TaskDef {
+            depends_on: depends_on
+                .iter()
+                .map(|dep| TaskId::parse(dep).unwrap())
+                .collect(),
+            attempts,
+            ..TaskDef::new(TaskId::parse(id).unwrap(), "shell", "true")
+        }
+    }
+
+    fn team(tasks: Vec<TaskDef>) -> TeamDef {
+        TeamDef {
+            check: Some("make test".to_owned()),
+            ..TeamDef::new("t", tasks)
+        }
+    }
+
+    fn ids(tasks: &[RunTask]) -> Vec<String> {
+        tasks.iter().map(|task| task.def.id.to_string()).collect()
+    }
+
+    #[test]
+    fn attempts_become_numbered_tasks_with_the_teams_check() {
+        let mut own = task("docs", &[], None);
+        own.check = Some("true".to_owned());
+        let tasks = run_tasks(&team(vec![task("fix", &[], Some(3)), own]), None).unwrap();
+        assert_eq!(ids(&tasks), ["fix.1", "fix.2", "fix.3", "docs"]);
+        assert_eq!(
+            tasks[1].attempt_of,
+            Some(AttemptOf {
+                task: TaskId::parse("fix").unwrap(),
+                number: 2,
+                of: 3,
+                picked: false,
+            })
+        );
+        assert_eq!(tasks[0].def.check.as_deref(), Some("make test"));
+        assert_eq!(tasks[3].def.check.as_deref(), Some("true"));
+        assert_eq!(tasks[3].attempt_of, None);
+    }
+
+    #[test]
+    fn the_run_wide_count_overrides_and_one_changes_nothing() {
+        let def = team(vec![task("a", &[], Some(4)), task("b", &[], None)]);
+        assert_eq!(
+            ids(&run_tasks(&def, Some(2)).unwrap()),
+            ["a.1", "a.2", "b.1", "b.2"]
+        );
+        assert_eq!(ids(&run_tasks(&def, Some(1)).unwrap()), ["a", "b"]);
+        assert!(
+            run_tasks(&def, Some(0))
+                .unwrap_err()
+                .contains("from 1 to 10")
+        );
+        assert!(run_tasks(&def, Some(11)).unwrap_err().contains("not 11"));
+    }
+
+    #[test]
+    fn a_task_others_build_on_and_a_taken_id_are_refused() {
+        let def = team(vec![task("a", &[], Some(2)), task("b", &["a"], None)]);
+        let error = run_tasks(&def, None).unwrap_err();
+        assert!(error.contains("task `b` depends on `a`"), "{error}");
+        let def = team(vec![task("a", &[], Some(2)), task("A.2", &[], None)]);
+        let error = run_tasks(&def, None).unwrap_err();
+        assert!(error.contains("task `A.2` already"), "{error}");
+    }
+}
