@@ -112,28 +112,107 @@ impl Changes {
         commit: Oid,
     ) -> Result<&HashMap<String, Change>, git2::Error> {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.0.entry((base, commit)) {
-            let old = repo.find_commit(base)?.tree()?;
-            let new = repo.find_commit(commit)?.tree()?;
-            let diff = repo.diff_tree_to_tree(Some(&old), Some(&new), None)?;
-            let side = |file: git2::DiffFile<'_>| {
-                (!file.id().is_zero()).then(|| (file.id(), u32::from(file.mode())))
-            };
+            let old = repo.find_commit(base)?.tree_id();
+            let new = repo.find_commit(commit)?.tree_id();
             let mut changed = HashMap::new();
-            for delta in diff.deltas() {
-                let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
-                    continue;
-                };
-                let change = Change {
-                    old: side(delta.old_file()),
-                    new: side(delta.new_file()),
-                };
-                changed.insert(path.to_string_lossy().into_owned(), change);
-            }
+            tree_changes(repo, Some(old), Some(new), "", &mut changed)?;
             slot.insert(changed);
         }
         Ok(&self.0[&(base, commit)])
     }
 }
+
+/// The files that differ between trees `old` and `new` (`None`: no tree), under `prefix`, as
+/// a tree diff without renames lists them — but reading only the subtrees whose ids differ:
+/// libgit2's diff walks every entry of both trees, which on a large repository is most of the
+/// radar's time. A path that is a file on one side and a directory on the other is the file
+/// removed (or added) and each file of the directory added (or removed).
+fn tree_changes(
+    repo: &Repository,
+    old: Option<Oid>,
+    new: Option<Oid>,
+    prefix: &str,
+    changed: &mut HashMap<String, Change>,
+) -> Result<(), git2::Error> {
+    if old == new {
+        return Ok(());
+    }
+    let entries = |tree: Option<Oid>| -> Result<Vec<(String, Oid, u32)>, git2::Error> {
+        let Some(tree) = tree else {
+            return Ok(Vec::new());
+        };
+        Ok(repo
+            .find_tree(tree)?
+            .iter()
+            .map(|entry| {
+                let name = String::from_utf8_lossy(entry.name_bytes()).into_owned();
+                let mode = u32::try_from(entry.filemode()).unwrap_or_default();
+                (name, entry.id(), mode)
+            })
+            .collect())
+    };
+    let ours = entries(old)?;
+    let mut theirs: HashMap<String, (Oid, u32)> = entries(new)?
+        .into_iter()
+        .map(|(name, id, mode)| (name, (id, mode)))
+        .collect();
+    let is_tree = |mode: u32| mode == TREE_MODE;
+    for (name, id, mode) in ours {
+        let path = format!("{prefix}{name}");
+        match theirs.remove(&name) {
+            None => one_side(repo, path, (id, mode), true, changed)?,
+            Some(their) if their == (id, mode) => {}
+            Some((their_id, their_mode)) if is_tree(mode) && is_tree(their_mode) => {
+                tree_changes(repo, Some(id), Some(their_id), &format!("{path}/"), changed)?;
+            }
+            Some(their) if !is_tree(mode) && !is_tree(their.1) => {
+                changed.insert(
+                    path,
+                    Change {
+                        old: Some((id, mode)),
+                        new: Some(their),
+                    },
+                );
+            }
+            Some(their) => {
+                one_side(repo, path.clone(), (id, mode), true, changed)?;
+                one_side(repo, path, their, false, changed)?;
+            }
+        }
+    }
+    for (name, their) in theirs {
+        one_side(repo, format!("{prefix}{name}"), their, false, changed)?;
+    }
+    Ok(())
+}
+
+/// A path only one side has (`removed`: the old one): a file, or every file of a directory.
+fn one_side(
+    repo: &Repository,
+    path: String,
+    (id, mode): (Oid, u32),
+    removed: bool,
+    changed: &mut HashMap<String, Change>,
+) -> Result<(), git2::Error> {
+    if mode == TREE_MODE {
+        let (old, new) = if removed {
+            (Some(id), None)
+        } else {
+            (None, Some(id))
+        };
+        return tree_changes(repo, old, new, &format!("{path}/"), changed);
+    }
+    let (old, new) = if removed {
+        (Some((id, mode)), None)
+    } else {
+        (None, Some((id, mode)))
+    };
+    changed.insert(path, Change { old, new });
+    Ok(())
+}
+
+/// The mode of a tree entry that is a directory.
+const TREE_MODE: u32 = 0o040000;
 
 /// The files a merge of the two commits would leave in conflict (`changes` caches what each
 /// side changed across the pairs of one call). What each side changed since their merge base
@@ -412,5 +491,103 @@ mod tests {
             let quick = conflicting_files(&repo, &mut Changes::default(), left, right).unwrap();
             assert_eq!(quick, merged(&repo, left, right), "{what}");
         }
+    }
+
+    /// What libgit2's full tree diff lists: the answer the pruned walk must give.
+    fn diffed(repo: &Repository, old: Oid, new: Oid) -> HashMap<String, Change> {
+        let old = repo.find_commit(old).unwrap().tree().unwrap();
+        let new = repo.find_commit(new).unwrap().tree().unwrap();
+        let diff = repo
+            .diff_tree_to_tree(Some(&old), Some(&new), None)
+            .unwrap();
+        let side = |file: git2::DiffFile<'_>| {
+            (!file.id().is_zero()).then(|| (file.id(), u32::from(file.mode())))
+        };
+        let mut changed = HashMap::new();
+        for delta in diff.deltas() {
+            let path = delta.new_file().path().or(delta.old_file().path()).unwrap();
+            let change = Change {
+                old: side(delta.old_file()),
+                new: side(delta.new_file()),
+            };
+            changed.insert(path.to_string_lossy().into_owned(), change);
+        }
+        changed
+    }
+
+    #[test]
+    fn the_pruned_tree_walk_lists_what_a_full_diff_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let root = {
+            let tree = repo
+                .find_tree(repo.treebuilder(None).unwrap().write().unwrap())
+                .unwrap();
+            let signature = Signature::now("t", "t@example.com").unwrap();
+            repo.commit(None, &signature, &signature, "root", &tree, &[])
+                .unwrap()
+        };
+        let base = commit(
+            &repo,
+            root,
+            &[
+                ("a/b/c.txt", Some("c\n")),
+                ("a/b/same.txt", Some("s\n")),
+                ("a/kept.txt", Some("k\n")),
+                ("d.txt", Some("d\n")),
+                ("e", Some("a file\n")),
+                ("f/g.txt", Some("g\n")),
+                ("f/h/i.txt", Some("i\n")),
+                ("x.sh", Some("run\n")),
+            ],
+        );
+        let changed = commit(
+            &repo,
+            base,
+            &[
+                ("a/b/c.txt", Some("changed\n")),
+                ("d.txt", None),
+                ("e", None),
+                ("e/inside.txt", Some("now a directory\n")),
+                ("f", None),
+                ("f", Some("now a file\n")),
+                ("new/deep/n.txt", Some("n\n")),
+            ],
+        );
+        // An executable bit, by hand: the helper writes plain files.
+        let changed = {
+            let parent = repo.find_commit(changed).unwrap();
+            let blob = repo.blob(b"run\n").unwrap();
+            let mut update = TreeUpdateBuilder::new();
+            update.upsert("x.sh", blob, FileMode::BlobExecutable);
+            let tree = update
+                .create_updated(&repo, &parent.tree().unwrap())
+                .unwrap();
+            let tree = repo.find_tree(tree).unwrap();
+            let signature = Signature::now("t", "t@example.com").unwrap();
+            repo.commit(None, &signature, &signature, "x", &tree, &[&parent])
+                .unwrap()
+        };
+        for (old, new) in [
+            (base, changed),
+            (changed, base),
+            (root, changed),
+            (base, base),
+        ] {
+            let mut walked = HashMap::new();
+            tree_changes(
+                &repo,
+                Some(repo.find_commit(old).unwrap().tree_id()),
+                Some(repo.find_commit(new).unwrap().tree_id()),
+                "",
+                &mut walked,
+            )
+            .unwrap();
+            assert_eq!(walked, diffed(&repo, old, new));
+        }
+        let mut walked = HashMap::new();
+        let tree = repo.find_commit(changed).unwrap().tree_id();
+        tree_changes(&repo, Some(tree), Some(tree), "", &mut walked).unwrap();
+        assert!(walked.is_empty());
     }
 }
