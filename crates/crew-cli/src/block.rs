@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crew_core::model::{TaskRecord, TaskStatus};
+use crew_core::provider::Progress;
 use crew_core::{RunId, TaskId};
 use crew_live::{AgentEvent, HostEvent, HostEvents};
 
@@ -35,6 +36,8 @@ enum Doing {
     Asks(String),
     /// Its agent exited: the work is being saved and the workspace taken away.
     Saving,
+    /// Its agent finished, and this check command runs.
+    Checks(String),
     /// How it ended: its branch and lines, or why it failed.
     Ended(String),
 }
@@ -116,11 +119,13 @@ impl Block {
             }
             HostEvent::Activity(activity) if activity.run_id == self.run_id => {
                 let line = self.line_of(&activity.task_id);
-                if line.status != TaskStatus::Preparing {
-                    return;
-                }
-                let crew_core::provider::Progress::Checkout { done, total } = activity.progress;
-                line.doing = Doing::ChecksOut { done, total };
+                line.doing = match (activity.progress, line.status) {
+                    (Progress::Checkout { done, total }, TaskStatus::Preparing) => {
+                        Doing::ChecksOut { done, total }
+                    }
+                    (Progress::Check { command }, TaskStatus::Running) => Doing::Checks(command),
+                    _ => return,
+                };
                 let index = self.index_of(&activity.task_id);
                 self.redraw(index);
             }
@@ -194,6 +199,7 @@ impl Block {
                 Style::Warn,
             ),
             Doing::Saving => "saving work".to_owned(),
+            Doing::Checks(command) => format!("check: {}", sanitize(command)),
             Doing::ChecksOut { done, total } => format!(
                 "checkout {}% ({done} of {total} files)",
                 (done * 100).checked_div(*total).unwrap_or(100)

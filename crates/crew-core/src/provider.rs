@@ -80,10 +80,12 @@ pub struct WorkspaceRequest {
 }
 
 /// How far a long step of preparing a workspace has come.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
     /// Files of the task's commit written into its workspace, of all of them.
     Checkout { done: u64, total: u64 },
+    /// Its agent finished, and its check command runs.
+    Check { command: String },
 }
 
 /// Where a provider tells [`Progress`]: called from whichever thread does the work, a few

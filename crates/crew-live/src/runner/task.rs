@@ -21,7 +21,7 @@ use crew_core::model::{
     TransitionError, Usage, WorkspaceRecord,
 };
 use crew_core::provider::{
-    AllocateWorkspaceError, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
+    AllocateWorkspaceError, Progress, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
     WorkspaceKind, WorkspaceRequest,
 };
 use crew_core::{AgentId, RunId, TaskId};
@@ -690,6 +690,9 @@ impl RunContext {
     /// Runs the task's check command in its workspace, confined like its agent, and records
     /// how it ended. The task's status stays what its agent's exit made it.
     async fn check(&self, task: &TaskRecord, command: &str, workspace: &TaskWorkspace) {
+        self.progress_sink(&task.id).tell(Progress::Check {
+            command: command.to_owned(),
+        });
         let record = match self.agent_definition(&task.agent) {
             Ok(definition) => {
                 let spec = self.agent_spec(task, definition, workspace);
