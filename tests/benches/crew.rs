@@ -320,6 +320,9 @@ fn main() {
     if wanted("history") {
         history(&bench);
     }
+    if wanted("hundred") {
+        hundred_tasks(&bench);
+    }
 
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -487,11 +490,47 @@ fn recycled(bench: &mut Bench) {
         paired: false,
     }
     .print();
-    crew_worktree::pool::empty(
-        &bench.repo.join(".git"),
-        &bench.repo,
-        bench.pooled.settings(),
-    );
+    let common = bench.repo.join(".git");
+    crew_worktree::pool::empty(&common, &bench.repo, bench.pooled.settings());
+
+    // The first task of a run after a run's end refilled the pool (what `crew worktrees
+    // refill` does in the background, untimed), one worktree deep.
+    let mut settings = bench.pooled.settings().clone();
+    settings.pool_size = 1;
+    let mut crew = Samples::default();
+    let mut git = Samples::default();
+    for round in 0..bench.rounds {
+        crew_worktree::pool::empty(&common, &bench.repo, &settings);
+        let added = crew_worktree::pool::refill_at_head(&bench.repo, &settings, || false).unwrap();
+        assert_eq!(added, 1);
+        let task = format!("refilled{round}");
+        let started = Instant::now();
+        let workspace = bench
+            .pooled
+            .allocate(&bench.request(&run_id, &task))
+            .unwrap();
+        crew.push(started.elapsed());
+        bench
+            .pooled
+            .teardown(&workspace, &bench.teardown_request(&run_id, &task))
+            .unwrap();
+
+        let name = bench.next_name();
+        let path = bench.git_worktrees().join(&name);
+        git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
+        bench.git(&["worktree", "remove", path.as_str()]);
+        bench.git(&["branch", "-D", &name]);
+    }
+    Comparison {
+        name: "first task after the pool refilled".into(),
+        crew,
+        reference: git,
+        reference_name: "git worktree add".into(),
+        target: Some(0.15),
+        paired: false,
+    }
+    .print();
+    crew_worktree::pool::empty(&common, &bench.repo, bench.pooled.settings());
     bench.clean_up();
 }
 
@@ -904,6 +943,179 @@ fn synthesize_runs(root: &Utf8Path, count: usize) {
             })
             .unwrap();
     }
+}
+
+/// CPU time (user and system) of this process, all its threads.
+fn own_cpu() -> Duration {
+    cpu_of(libc::RUSAGE_SELF)
+}
+
+fn cpu_of(who: libc::c_int) -> Duration {
+    // SAFETY: getrusage writes into the struct it is given, nothing else.
+    #[allow(unsafe_code)]
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    timeval(usage.ru_utime) + timeval(usage.ru_stime)
+}
+
+fn timeval(time: libc::timeval) -> Duration {
+    Duration::from_secs(time.tv_sec as u64) + Duration::from_micros(time.tv_usec as u64)
+}
+
+/// A run of 100 `true` tasks, 8 at once, in worktrees of a clone of the benchmark repository,
+/// through the `crew` binary: the host's peak memory, and its CPU per task beyond what the same
+/// 100 workspaces cost the worktree provider alone (in this process, 8 threads, the same pool)
+/// and what 100 `sh -c true` cost.
+fn hundred_tasks(bench: &Bench) {
+    const TASKS: usize = 100;
+    const PARALLEL: usize = 8;
+    let crew = crew_binary();
+    let project = bench.root.join("hundred-project");
+    let cloned = Command::new("git")
+        .args([
+            "clone",
+            "-q",
+            "--shared",
+            bench.repo.as_str(),
+            project.as_str(),
+        ])
+        .status()
+        .unwrap();
+    assert!(cloned.success());
+    let config = "[worktree]\npool_size = 8\n\n[retention]\nautomatic = false\n";
+    std::fs::create_dir_all(project.join(".crew")).unwrap();
+    std::fs::write(project.join(".crew/config.toml"), config).unwrap();
+    let workspace = Workspace::at_root(project.as_std_path()).unwrap();
+    let mut settings = ProjectConfig::default();
+    settings.worktree.pool_size = PARALLEL;
+    let provider = Arc::new(CrewWorkspaces::new(&settings));
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    let base = String::from_utf8(head.stdout).unwrap().trim().to_owned();
+    let empty_pool = || {
+        crew_worktree::pool::empty(&project.join(".git"), &project, &settings.worktree);
+    };
+
+    // The workspaces alone: 8 workers, each preparing and tearing down task after task.
+    empty_pool();
+    let run_id = RunId::generate();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let before = own_cpu();
+    let workers: Vec<_> = (0..PARALLEL)
+        .map(|_| {
+            let (provider, next, run_id) = (provider.clone(), next.clone(), run_id.clone());
+            let (id, project, base) = (workspace.id().clone(), project.clone(), base.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if index >= TASKS {
+                        break;
+                    }
+                    let task_id = TaskId::parse(&format!("task{index}")).unwrap();
+                    let request = WorkspaceRequest {
+                        workspace: id.clone(),
+                        repo_root: Some(project.clone()),
+                        invocation_dir: Utf8PathBuf::new(),
+                        run_id: run_id.clone(),
+                        task_id: task_id.clone(),
+                        mode: WorkspaceMode::Worktree,
+                        base: Some(base.clone()),
+                        upstream: Vec::new(),
+                        progress: None,
+                    };
+                    let allocated = provider.allocate(&request).unwrap();
+                    let teardown = TeardownRequest {
+                        workspace: id.clone(),
+                        repo_root: Some(project.clone()),
+                        run_id: run_id.clone(),
+                        task_id,
+                        agent_alive: false,
+                        keep: false,
+                    };
+                    provider.teardown(&allocated, &teardown).unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    let workspaces_cpu = own_cpu() - before;
+
+    // The agents alone: 100 `sh -c true`.
+    let before = cpu_of(libc::RUSAGE_CHILDREN);
+    for _ in 0..TASKS {
+        assert!(
+            Command::new("sh")
+                .args(["-c", "true"])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    let agents_cpu = cpu_of(libc::RUSAGE_CHILDREN) - before;
+
+    // The run, through the binary, from the same empty pool.
+    empty_pool();
+    // Reaped by the wait4 below, which also gives its resource usage.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(&crew)
+        .args([
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--fan-out",
+            &TASKS.to_string(),
+            "--max-parallel",
+            &PARALLEL.to_string(),
+            "--quiet",
+            "true",
+        ])
+        .current_dir(&project)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // SAFETY: wait4 on our own child, with buffers it fills.
+    #[allow(unsafe_code)]
+    let (status, usage) = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage);
+        (status, usage)
+    };
+    let elapsed = started.elapsed();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the run failed"
+    );
+    let run_cpu = timeval(usage.ru_utime) + timeval(usage.ru_stime);
+    let rss_mb = usage.ru_maxrss as u64 / 1024;
+    let own = run_cpu.saturating_sub(workspaces_cpu + agents_cpu) / TASKS as u32;
+    println!(
+        "{:<44} in {}; host RSS {} MB (≤ 64 MB: {}); crew's own CPU {} per task (≤ 5ms: {}) beyond the workspaces' {} and the agents' {} per task",
+        "100 tasks, 8 at once (crew run)",
+        seconds(elapsed),
+        rss_mb,
+        if rss_mb <= 64 { "met" } else { "MISSED" },
+        seconds(own),
+        if own <= Duration::from_millis(5) {
+            "met"
+        } else {
+            "MISSED"
+        },
+        seconds(workspaces_cpu / TASKS as u32),
+        seconds(agents_cpu / TASKS as u32),
+    );
+    empty_pool();
 }
 
 /// What a project's history costs: `crew runs list` and `crew run` of one `true` task with

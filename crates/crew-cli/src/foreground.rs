@@ -74,7 +74,9 @@ pub async fn run_here(
         let _ = printer.await;
     }
     crate::commands::runs::prune::prune_in_background(ctx);
-    Ok(result?)
+    let manifest = result?;
+    crate::commands::worktrees::refill::refill_in_background(ctx, &manifest);
+    Ok(manifest)
 }
 
 /// Turns SIGINT and SIGTERM into cancels: the first is graceful, the second kills.

@@ -92,7 +92,7 @@ impl RunId {
             ));
         }
         let id = RunId(name.to_owned());
-        if id.time_part().is_some() {
+        if Self::time_part(&id.0).is_some() {
             return Err(invalid(
                 "must not look like a generated run id (8 and 9 characters around a `-`)",
             ));
@@ -103,15 +103,33 @@ impl RunId {
     /// When the run was created, in milliseconds since the epoch, read from a generated id;
     /// `None` for a run a person named.
     pub fn created_millis(&self) -> Option<u64> {
-        self.time_part()?.bytes().try_fold(0u64, |millis, digit| {
-            let value = (digit as char).to_digit(36)?;
-            millis.checked_mul(36)?.checked_add(u64::from(value))
-        })
+        Self::created_millis_of(&self.0)
+    }
+
+    /// [`RunId::created_millis`] of a valid id's text, without making the id.
+    pub fn created_millis_of(id: &str) -> Option<u64> {
+        Self::time_part(id)?
+            .bytes()
+            .try_fold(0u64, |millis, digit| {
+                let value = (digit as char).to_digit(36)?;
+                millis.checked_mul(36)?.checked_add(u64::from(value))
+            })
+    }
+
+    /// Whether `name` follows the rules of [`RunId::parse`] (what a directory listing checks
+    /// before it makes an id).
+    pub fn is_valid(name: &[u8]) -> bool {
+        !name.is_empty()
+            && name.len() <= RUN_ID_MAX_LEN
+            && name[0] != b'-'
+            && name
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
     }
 
     /// The timestamp of a generated id, wherever it stands.
-    fn time_part(&self) -> Option<&str> {
-        match self.0.split_once('-') {
+    fn time_part(id: &str) -> Option<&str> {
+        match id.split_once('-') {
             Some((random, time))
                 if random.len() == RUN_ID_RANDOM_WIDTH && time.len() == RUN_ID_TIME_WIDTH =>
             {
@@ -139,7 +157,7 @@ impl RunId {
     /// The part of the id that orders runs by creation: the fixed-width timestamp of a
     /// generated id, wherever it stands; the whole id otherwise.
     fn created_key(&self) -> &str {
-        self.time_part().unwrap_or(&self.0)
+        Self::time_part(&self.0).unwrap_or(&self.0)
     }
 
     /// Checks a run id given from outside (a directory name, a manifest, a socket message).

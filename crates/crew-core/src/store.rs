@@ -658,43 +658,100 @@ impl StateStore {
     /// The ids of the runs on disk, newest first.
     pub fn run_ids(&self) -> Result<Vec<RunId>, StateError> {
         let runs_dir = self.runs_dir();
-        let crew_dir = self.workspace.as_path().join(CREW_DIR);
-        if !real_dir_exists(&crew_dir)
-            .and_then(|exists| Ok(exists && real_dir_exists(&self.state_dir)?))
-            .and_then(|exists| Ok(exists && real_dir_exists(&runs_dir)?))
-            .map_err(|source| StateError::Read {
-                path: runs_dir.clone(),
-                source,
-            })?
-        {
+        if !self.run_ids_exist(&runs_dir)? {
             return Ok(Vec::new());
         }
-        let entries = runs_dir
-            .read_dir_utf8()
-            .map_err(|source| StateError::List {
-                path: runs_dir.clone(),
+        Ok(self.newest_run_ids_in(&runs_dir, usize::MAX)?.0)
+    }
+
+    /// The `limit` newest runs' ids, newest first, and how many runs there are: one pass over
+    /// the runs directory that keeps only the newest (the directory's order is not the runs'),
+    /// without a heap allocation for the others.
+    pub fn newest_run_ids(&self, limit: usize) -> Result<(Vec<RunId>, usize), StateError> {
+        let runs_dir = self.runs_dir();
+        match self.run_ids_exist(&runs_dir)? {
+            true => self.newest_run_ids_in(&runs_dir, limit),
+            false => Ok((Vec::new(), 0)),
+        }
+    }
+
+    /// Whether `.crew/state/runs` is there, each step a real directory.
+    fn run_ids_exist(&self, runs_dir: &Utf8Path) -> Result<bool, StateError> {
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        real_dir_exists(&crew_dir)
+            .and_then(|exists| Ok(exists && real_dir_exists(&self.state_dir)?))
+            .and_then(|exists| Ok(exists && real_dir_exists(runs_dir)?))
+            .map_err(|source| StateError::Read {
+                path: runs_dir.to_owned(),
                 source,
-            })?;
-        let mut ids = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| StateError::List {
-                path: runs_dir.clone(),
-                source,
-            })?;
+            })
+    }
+
+    fn newest_run_ids_in(
+        &self,
+        runs_dir: &Utf8Path,
+        limit: usize,
+    ) -> Result<(Vec<RunId>, usize), StateError> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let list_error = |source: std::io::Error| StateError::List {
+            path: runs_dir.to_owned(),
+            source,
+        };
+        let fd = rustix::fs::open(
+            runs_dir.as_std_path(),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|errno| list_error(errno.into()))?;
+        let mut dir = rustix::fs::Dir::read_from(&fd).map_err(|errno| list_error(errno.into()))?;
+        // The newest `limit` seen so far, the oldest of them on top.
+        let mut newest: BinaryHeap<Reverse<(u64, String)>> = BinaryHeap::new();
+        let mut total = 0;
+        while let Some(entry) = dir.read() {
+            let entry = entry.map_err(|errno| list_error(errno.into()))?;
+            let name = entry.file_name().to_bytes();
             // Anything that is not a run directory (a stray file, a temp file) is not a run.
-            if let Ok(run_id) = RunId::parse(entry.file_name())
-                && entry.file_type().is_ok_and(|kind| kind.is_dir())
-            {
-                // A named run has no time in its id: its directory's birth says when.
-                let created = run_id
-                    .created_millis()
-                    .or_else(|| created_millis(entry.path()))
-                    .unwrap_or(0);
-                ids.push((created, run_id));
+            if !RunId::is_valid(name) {
+                continue;
+            }
+            let name = std::str::from_utf8(name).expect("a valid run id is ASCII");
+            let is_dir = match entry.file_type() {
+                rustix::fs::FileType::Directory => true,
+                rustix::fs::FileType::Unknown => {
+                    real_dir_exists(&runs_dir.join(name)).unwrap_or(false)
+                }
+                _ => false,
+            };
+            if !is_dir {
+                continue;
+            }
+            total += 1;
+            // A named run has no time in its id: its directory's birth says when.
+            let created = RunId::created_millis_of(name)
+                .or_else(|| created_millis(&runs_dir.join(name)))
+                .unwrap_or(0);
+            let newer = newest.len() < limit
+                || newest
+                    .peek()
+                    .is_some_and(|Reverse(oldest)| (created, name) > (oldest.0, oldest.1.as_str()));
+            if newer {
+                newest.push(Reverse((created, name.to_owned())));
+                if newest.len() > limit {
+                    newest.pop();
+                }
             }
         }
+        let mut ids: Vec<(u64, String)> = newest.into_iter().map(|Reverse(id)| id).collect();
         ids.sort_by(|a, b| b.cmp(a));
-        Ok(ids.into_iter().map(|(_, run_id)| run_id).collect())
+        let ids = ids
+            .into_iter()
+            .filter_map(|(_, name)| RunId::parse(&name).ok())
+            .collect();
+        Ok((ids, total))
     }
 
     /// Every run of the workspace, newest first; unreadable ones carry their error.
@@ -704,8 +761,7 @@ impl StateStore {
 
     /// The `limit` newest runs, reading no other run's manifest, and how many runs there are.
     pub fn list_newest_runs(&self, limit: usize) -> Result<(Vec<RunListing>, usize), StateError> {
-        let ids = self.run_ids()?;
-        let total = ids.len();
+        let (ids, total) = self.newest_run_ids(limit)?;
         let listed = ids
             .into_iter()
             .take(limit)

@@ -332,7 +332,7 @@ fn task_dir(
 }
 
 /// `<repo-root>/<dir>`, each level a real directory (never a symlink leading elsewhere).
-fn ensure_worktrees_dir(
+pub(crate) fn ensure_worktrees_dir(
     repo_root: &Utf8Path,
     settings: &WorktreeSettings,
 ) -> Result<Utf8PathBuf, PrepareWorktreeError> {

@@ -23,6 +23,9 @@ use crate::names::{POOL_DIR, TaskNames, admin_prefix, worktrees_dir};
 /// The lock reason of a pooled worktree.
 pub const POOLED: &str = "crew: pooled (a recycled worktree)";
 
+/// The lock reason of a worktree `refill` is checking out for the pool, with its process.
+const FILLING: &str = "crew: filling the pool";
+
 /// `<repo-root>/<dir>/.pool`
 pub fn pool_dir(repo_root: &Utf8Path, settings: &WorktreeSettings) -> Utf8PathBuf {
     worktrees_dir(repo_root, settings).join(POOL_DIR)
@@ -46,7 +49,12 @@ pub fn pooled(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettin
     let prefix = pool_prefix(settings);
     let mut found: Vec<Pooled> = admin::read_entries(common)
         .into_iter()
-        .filter(|entry| entry.name.starts_with(&prefix) && entry.is_valid())
+        .filter(|entry| {
+            // A worktree still being filled (`refill`) is not there to take yet.
+            entry.name.starts_with(&prefix)
+                && entry.locked.as_deref() == Some(POOLED)
+                && entry.is_valid()
+        })
         .filter_map(|entry| {
             let path = entry.worktree.clone()?;
             if path.parent() != Some(dir.as_path()) {
@@ -83,7 +91,7 @@ pub fn evict(
 /// Removes every pooled worktree, and any directory left in the pool by a crash. Returns how
 /// many went.
 pub fn empty(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettings) -> usize {
-    let mut removed = 0;
+    let mut removed = evict_abandoned(common, repo_root, settings);
     for entry in pooled(common, repo_root, settings) {
         removed += usize::from(evict(common, repo_root, settings, &entry));
     }
@@ -257,6 +265,176 @@ pub fn give_back(
         })
         .and_then(|()| admin::set_lock(common, &pooled_admin, Some(POOLED)));
     moved.is_ok()
+}
+
+/// How many worktrees the pool lacks to hold `pool_size`.
+pub fn missing(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettings) -> usize {
+    settings
+        .pool_size
+        .saturating_sub(pooled(common, repo_root, settings).len())
+}
+
+/// [`missing`] for the repository at `repo_root`; 0 when it cannot be read.
+pub fn missing_at(repo_root: &Utf8Path, settings: &WorktreeSettings) -> usize {
+    Repository::open(repo_root).map_or(0, |repo| {
+        missing(&crate::leader::common_dir(&repo), repo_root, settings)
+    })
+}
+
+/// [`refill`] of the repository at `repo_root` with its HEAD's commit.
+pub fn refill_at_head(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    stop: impl Fn() -> bool,
+) -> Result<usize, git2::Error> {
+    let repo = Repository::open(repo_root)?;
+    let commit = repo.head()?.peel_to_commit()?.id();
+    refill(
+        &crate::leader::common_dir(&repo),
+        repo_root,
+        settings,
+        commit,
+        stop,
+    )
+}
+
+/// Fills the pool up to `pool_size` with fresh checkouts of `commit` (HEAD detached), one
+/// after the other, so that the next run's first tasks start recycled. Each is checked out
+/// outside the repository lock, locked [`FILLING`] with this process's id meanwhile, and only
+/// then pooled; `stop` is asked before each. A worktree left half-filled by a refill that was
+/// stopped (or died) is removed by the next refill or `crew worktrees prune`. Returns how many
+/// were added.
+pub fn refill(
+    common: &Utf8Path,
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    commit: Oid,
+    stop: impl Fn() -> bool,
+) -> Result<usize, git2::Error> {
+    let lock_error =
+        |error: crew_core::fsutil::LockError| git2::Error::from_str(&error.to_string());
+    let file_error =
+        |error: crew_core::fsutil::FileError| git2::Error::from_str(&error.to_string());
+    {
+        let _lock = crate::create::repo_lock(common).map_err(lock_error)?;
+        evict_abandoned(common, repo_root, settings);
+    }
+    let mut added = 0;
+    while !stop() {
+        let filling = {
+            let _lock = crate::create::repo_lock(common).map_err(lock_error)?;
+            if missing(common, repo_root, settings) == 0 {
+                break;
+            }
+            crate::create::ensure_worktrees_dir(repo_root, settings)
+                .map_err(|error| git2::Error::from_str(&error.to_string()))?;
+            // Not fatal: without it `git status` in the leader is merely noisier.
+            let _ = crew_core::git_exclude::ensure_excluded(
+                repo_root,
+                &[format!("/{}/", settings.dir)],
+            );
+            let dir = pool_dir(repo_root, settings);
+            crew_core::fsutil::ensure_real_dir(&dir).map_err(file_error)?;
+            let id = uuid_like();
+            let name = format!("{}{id}", pool_prefix(settings));
+            let path = dir.join(&id);
+            std::fs::create_dir(&path)
+                .map_err(|error| git2::Error::from_str(&format!("{path}: {error}")))?;
+            let registered = admin::write_entry(common, &name, &path, "HEAD")
+                .and_then(|_| admin::set_head(common, &name, &commit.to_string()))
+                .and_then(|()| admin::set_lock(common, &name, Some(&filling_reason())));
+            if let Err(error) = registered {
+                let _ = remove_contained(&path, &[&dir]);
+                let _ = admin::remove_entry(common, &name);
+                return Err(file_error(error));
+            }
+            Pooled {
+                admin: name,
+                path,
+                pooled_at: SystemTime::now(),
+            }
+        };
+        let filled = crate::checkout::populate(&filling.path, common, commit, None);
+        let _lock = crate::create::repo_lock(common).map_err(lock_error)?;
+        match filled
+            .map_err(|error| error.message().to_owned())
+            .and_then(|()| {
+                admin::set_lock(common, &filling.admin, Some(POOLED))
+                    .map_err(|error| error.to_string())
+            }) {
+            Ok(()) => added += 1,
+            Err(message) => {
+                evict(common, repo_root, settings, &filling);
+                return Err(git2::Error::from_str(&message));
+            }
+        }
+    }
+    Ok(added)
+}
+
+/// `crew: filling the pool (pid N)`
+fn filling_reason() -> String {
+    format!("{FILLING} (pid {})", std::process::id())
+}
+
+/// Removes what a refill that was stopped or died left in the pool: entries still locked as
+/// it registers them ([`admin::INITIALIZING`]: every step between happens under the lock, so
+/// under it such an entry is abandoned) or [`FILLING`] by a process that is gone, and
+/// directories no entry names. Under the repository lock; nothing there holds work. Returns
+/// how many went.
+fn evict_abandoned(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettings) -> usize {
+    let prefix = pool_prefix(settings);
+    let dir = pool_dir(repo_root, settings);
+    let mut removed = 0;
+    let mut named = Vec::new();
+    for entry in admin::read_entries(common) {
+        if !entry.name.starts_with(&prefix) {
+            continue;
+        }
+        let abandoned = match entry.locked.as_deref() {
+            Some(admin::INITIALIZING) => true,
+            Some(reason) => filling_pid(reason).is_some_and(|pid| {
+                rustix::process::Pid::from_raw(pid)
+                    .is_none_or(|pid| rustix::process::test_kill_process(pid).is_err())
+            }),
+            None => false,
+        };
+        let inside = entry
+            .worktree
+            .clone()
+            .filter(|path| path.parent() == Some(dir.as_path()));
+        if !abandoned {
+            named.extend(inside);
+            continue;
+        }
+        if let Some(path) = &inside {
+            let _ = remove_contained(path, &[&dir]);
+        }
+        if admin::remove_entry(common, &entry.name).is_ok() {
+            removed += 1;
+        }
+    }
+    if let Ok(entries) = dir.read_dir_utf8() {
+        for entry in entries.flatten() {
+            if !named.iter().any(|path| path == entry.path())
+                && remove_contained(entry.path(), &[&dir]).is_ok()
+            {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// The process a [`FILLING`] lock reason names.
+fn filling_pid(reason: &str) -> Option<i32> {
+    reason
+        .strip_prefix(FILLING)?
+        .trim()
+        .strip_prefix("(pid ")?
+        .strip_suffix(')')?
+        .parse()
+        .ok()
 }
 
 fn uuid_like() -> String {

@@ -297,7 +297,8 @@ fn an_exited_agent_is_listed_with_its_tasks_status_beside_a_running_one() {
 #[test]
 fn worktree_listing_and_pruning_from_the_command_line() {
     let env = TestEnv::new();
-    let repo = env.repo("project");
+    // The two worktrees the run gives back fill the pool: no refill adds to them.
+    let repo = crate::common::runs::repo_with_config(&env, "[worktree]\npool_size = 2\n");
     let run = finished_run(
         &env,
         &repo,
@@ -507,7 +508,8 @@ fn an_agents_log_keeps_its_newest_output_within_its_limit() {
 #[test]
 fn an_agents_ignored_files_are_named_and_kept_and_never_reach_the_next_task() {
     let env = TestEnv::new();
-    let repo = env.repo("project");
+    // One pooled worktree, the one the first task gives back: the next task must get it.
+    let repo = crate::common::runs::repo_with_config(&env, "[worktree]\npool_size = 1\n");
     write(&repo.join(".gitignore"), ".env\nbuild/\n");
     env.git(&repo, ["add", ".gitignore"]);
     env.git(&repo, ["commit", "-q", "-m", "ignores"]);

@@ -224,3 +224,136 @@ fn a_worktree_a_leftover_process_still_uses_is_never_pooled() {
     assert!(!report.recycled, "not handed to the next task: {report:?}");
     assert_eq!(pooled_dirs(&fixture), 0);
 }
+
+/// The pool's worktrees that are ready to take: locked as pooled, their directory there.
+fn ready_in_pool(env: &crew_tests::TestEnv, repo: &camino::Utf8Path) -> Vec<String> {
+    let listed = env.git(repo, ["worktree", "list", "--porcelain"]);
+    let mut ready = Vec::new();
+    for block in listed.split("\n\n") {
+        let path = block
+            .lines()
+            .find_map(|line| line.strip_prefix("worktree "))
+            .unwrap_or_default();
+        if path.contains("/.worktrees/.pool/")
+            && block.contains(crew_worktree::pool::POOLED)
+            && camino::Utf8Path::new(path).is_dir()
+        {
+            ready.push(path.to_owned());
+        }
+    }
+    ready
+}
+
+/// The inode of a directory: kept when the pool hands a worktree on (it is renamed).
+fn inode(path: &str) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap())
+}
+
+#[test]
+fn the_pool_refills_itself_after_a_run_and_the_next_run_starts_recycled() {
+    let env = crew_tests::TestEnv::new();
+    let repo = crate::common::runs::repo_with_config(&env, "[worktree]\npool_size = 3\n");
+    let head = env.git(&repo, ["rev-parse", "HEAD"]);
+    crate::common::runs::shell_worktree_run(&env, &repo, &["first=true"]);
+    // The run's one worktree went back to the pool; the refill adds the two it lacks.
+    let ready = crew_tests::wait_until(60, "the pool to refill", || {
+        let ready = ready_in_pool(&env, &repo);
+        (ready.len() == 3).then_some(ready)
+    });
+    for path in &ready {
+        let path = camino::Utf8Path::new(path);
+        assert_eq!(
+            env.git(path, ["status", "--porcelain"]),
+            "",
+            "{path} is clean"
+        );
+        assert_eq!(
+            env.git(path, ["rev-parse", "HEAD"]),
+            head,
+            "{path} is at HEAD"
+        );
+    }
+    let pooled: Vec<u64> = ready.iter().map(|path| inode(path)).collect();
+
+    // The next run's tasks each get one of them, not a fresh checkout.
+    let run = crate::common::runs::shell_worktree_run(
+        &env,
+        &repo,
+        &[
+            "a=stat -c %i . > inode.txt",
+            "b=stat -c %i . > inode.txt",
+            "c=stat -c %i . > inode.txt",
+        ],
+    );
+    for task in ["a", "b", "c"] {
+        let shown = env.git(&repo, ["show", &format!("crew/{run}-{task}:inode.txt")]);
+        let used: u64 = shown.trim().parse().unwrap();
+        assert!(
+            pooled.contains(&used),
+            "{task} ran in inode {used}, not one of {pooled:?}"
+        );
+    }
+}
+
+#[test]
+fn a_refill_gives_way_to_a_running_run_and_what_it_leaves_is_swept() {
+    let env = crew_tests::TestEnv::new();
+    let repo = crate::common::runs::repo_with_config(&env, "[worktree]\npool_size = 2\n");
+    // A run going on: the refill does nothing.
+    let mut running = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "single",
+            "sleep 30",
+        ],
+    );
+    crew_tests::wait_until(30, "the run to start", || {
+        let agents = env.agents_json(&repo)?;
+        (!agents.as_array()?.is_empty()).then_some(())
+    });
+    let refill = env.crew(&repo, ["worktrees", "refill"]);
+    assert!(
+        refill.status.success(),
+        "{}",
+        crew_tests::render_output(&refill)
+    );
+    assert!(ready_in_pool(&env, &repo).is_empty());
+    let _ = running.kill();
+    let _ = running.wait();
+    let _ = env.crew(&repo, ["runs", "list"]);
+
+    // Nothing running: it fills the pool. Killed at any moment, what it leaves is swept by
+    // the next refill, and nothing is lost or left registered beside the pool.
+    let mut killed = env
+        .crew_command(&repo)
+        .args(["worktrees", "refill"])
+        .spawn()
+        .unwrap();
+    crew_tests::wait_until(30, "the refill to start filling", || {
+        let listed = env.git(&repo, ["worktree", "list", "--porcelain"]);
+        listed.contains("/.worktrees/.pool/").then_some(())
+    });
+    let _ = killed.kill();
+    let _ = killed.wait();
+    let again = env.crew(&repo, ["worktrees", "refill"]);
+    assert!(
+        again.status.success(),
+        "{}",
+        crew_tests::render_output(&again)
+    );
+    assert_eq!(ready_in_pool(&env, &repo).len(), 2);
+    let listed = env.git(&repo, ["worktree", "list", "--porcelain"]);
+    assert_eq!(
+        listed.matches("worktree ").count(),
+        3,
+        "the project and two pooled worktrees: {listed}"
+    );
+    let pool_dirs = std::fs::read_dir(repo.join(".worktrees/.pool"))
+        .unwrap()
+        .count();
+    assert_eq!(pool_dirs, 2, "no half-filled directory left");
+}

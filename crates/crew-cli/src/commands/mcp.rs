@@ -345,8 +345,11 @@ impl CrewMcp {
         let running = host.start_run(&manifest.run_id, Default::default());
         let ctx = self.ctx.clone();
         let finished = tokio::spawn(async move {
-            if let Err(error) = running.finish().await {
-                tracing::warn!(%error, "a run started over MCP failed");
+            match running.finish().await {
+                Ok(manifest) => {
+                    crate::commands::worktrees::refill::refill_in_background(&ctx, &manifest);
+                }
+                Err(error) => tracing::warn!(%error, "a run started over MCP failed"),
             }
             crate::commands::runs::prune::prune_in_background(&ctx);
         });

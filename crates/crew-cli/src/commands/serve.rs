@@ -635,6 +635,9 @@ async fn prompt(
             },
             result = &mut finish => {
                 crate::commands::runs::prune::prune_in_background(&ctx);
+                if let Ok(manifest) = &result {
+                    crate::commands::worktrees::refill::refill_in_background(&ctx, manifest);
+                }
                 break result;
             }
         }

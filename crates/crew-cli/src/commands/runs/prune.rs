@@ -30,11 +30,19 @@ pub fn prune_in_background(ctx: &Context) {
     if !retention.automatic || !ctx.store().prune_due(retention, SystemTime::now()) {
         return;
     }
+    start_in_background(ctx, &["runs", "prune", "--if-due"]);
+}
+
+/// Starts `crew <args> --quiet --color never` in the project, detached from this process's
+/// output; it is reaped when it ends. What a run's end starts (a prune, a refill of the pool)
+/// is a courtesy: one that cannot start now happens after a later run, or by hand.
+pub fn start_in_background(ctx: &Context, args: &[&str]) {
     let Ok(exe) = std::env::current_exe() else {
         return;
     };
     let started = std::process::Command::new(exe)
-        .args(["runs", "prune", "--if-due", "--quiet", "--color", "never"])
+        .args(args)
+        .args(["--quiet", "--color", "never"])
         .current_dir(ctx.workspace().root())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -46,9 +54,7 @@ pub fn prune_in_background(ctx: &Context) {
         Ok(mut child) => {
             std::thread::spawn(move || child.wait());
         }
-        // Retention is a courtesy: a prune that cannot start now happens after a later run,
-        // or by hand.
-        Err(error) => tracing::debug!("could not start the background prune: {error}"),
+        Err(error) => tracing::debug!("could not start crew {args:?} in the background: {error}"),
     }
 }
 

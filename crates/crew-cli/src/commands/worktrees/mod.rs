@@ -2,6 +2,7 @@
 
 pub mod list;
 pub mod prune;
+pub mod refill;
 
 use crew_worktree::listing::{self, WorktreeListing};
 
@@ -18,12 +19,16 @@ pub enum WorktreesCommand {
     List(list::ListArgs),
     /// Remove crew's worktrees and task branches that hold no work.
     Prune(prune::PruneArgs),
+    /// Fill the worktree pool up to `[worktree] pool_size` (what a run's end starts by itself).
+    #[command(hide = true)]
+    Refill(refill::RefillArgs),
 }
 
 pub async fn run(command: WorktreesCommand, ui: Ui) -> Result<Outcome, CliError> {
     match command {
         WorktreesCommand::List(args) => list::cmd_worktrees_list(args, ui).await,
         WorktreesCommand::Prune(args) => prune::cmd_worktrees_prune(args, ui).await,
+        WorktreesCommand::Refill(args) => refill::cmd_worktrees_refill(args, ui).await,
     }
 }
 

@@ -1,0 +1,93 @@
+//! `crew worktrees refill` (hidden): fills crew's worktree pool in the background after a run,
+//! so that the next run's first tasks start from recycled worktrees instead of fresh checkouts.
+
+use std::time::Duration;
+
+use crew_core::RunManifest;
+use crew_core::config::WorkspaceMode;
+
+use crate::context::Context;
+use crate::{CliError, Outcome};
+
+/// Fill the worktree pool up to `[worktree] pool_size` (what a run's end starts by itself).
+#[derive(Debug, clap::Args)]
+pub struct RefillArgs {}
+
+/// How often a refill looks whether a run started, and gives way to it.
+const GIVE_WAY_POLL: Duration = Duration::from_millis(100);
+
+/// Starts `crew worktrees refill` in the background after a run that used worktrees, when the
+/// pool lacks some. The run's end never waits for it.
+pub fn refill_in_background(ctx: &Context, manifest: &RunManifest) {
+    let used_worktrees = manifest
+        .tasks
+        .iter()
+        .any(|task| task.workspace_mode == WorkspaceMode::Worktree);
+    let settings = &ctx.config().worktree;
+    let Some(repo_root) = ctx.workspace().repo_root() else {
+        return;
+    };
+    if !used_worktrees || settings.pool_size == 0 {
+        return;
+    }
+    if crew_worktree::pool::missing_at(repo_root, settings) == 0 {
+        return;
+    }
+    crate::commands::runs::prune::start_in_background(ctx, &["worktrees", "refill"]);
+}
+
+pub async fn cmd_worktrees_refill(
+    _args: RefillArgs,
+    ui: crate::ui::Ui,
+) -> Result<Outcome, CliError> {
+    // Out of the terminal's session, and last in line for the CPU and the disk: a run that
+    // starts meanwhile comes first.
+    let _ = rustix::process::setsid();
+    lowest_priority();
+    let ctx = Context::discover(ui)?;
+    let Some(repo_root) = ctx.workspace().repo_root().map(ToOwned::to_owned) else {
+        return Ok(Outcome::Success);
+    };
+    let store = ctx.store().clone();
+    let run_started = move || {
+        store
+            .running_run_ids()
+            .map_or(true, |running| !running.is_empty())
+    };
+    if run_started() {
+        return Ok(Outcome::Success);
+    }
+    // A checkout cannot be stopped halfway: a run that starts during one ends this process,
+    // and the next refill removes what it left.
+    let watcher = run_started.clone();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(GIVE_WAY_POLL);
+            if watcher() {
+                std::process::exit(0);
+            }
+        }
+    });
+    crew_worktree::pool::refill_at_head(&repo_root, &ctx.config().worktree, run_started)
+        .map_err(|error| CliError::internal(error.message().to_owned()))?;
+    Ok(Outcome::Success)
+}
+
+/// `nice 19` and the idle I/O class, for this process and what it starts.
+fn lowest_priority() {
+    let _ = rustix::process::nice(19);
+    // ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << 13): no wrapper in rustix.
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: a plain system call with integer arguments; it changes only this process's I/O
+    // priority.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0 as libc::c_long,
+            IOPRIO_CLASS_IDLE << 13,
+        );
+    }
+}
