@@ -284,7 +284,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
-    // sandbox, block, board, radar, history.
+    // sandbox, block, board, radar, history, hundred.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
     if wanted("eight") {
@@ -546,6 +546,7 @@ fn eight_at_once(bench: &mut Bench) {
         let crew_round = |bench: &mut Bench| {
             let run_id = RunId::generate();
             let provider = Arc::new(bench.provider.clone());
+            settle_disk();
             let started = Instant::now();
             let threads: Vec<_> = (0..8)
                 .map(|index| {
@@ -560,6 +561,7 @@ fn eight_at_once(bench: &mut Bench) {
             started.elapsed()
         };
         let git_round = |bench: &mut Bench| {
+            settle_disk();
             let started = Instant::now();
             for _ in 0..8 {
                 let name = bench.next_name();
@@ -575,8 +577,11 @@ fn eight_at_once(bench: &mut Bench) {
             git.push(git_round(bench));
             crew.push(crew_round(bench));
         }
-        bench.clean_up();
     }
+    // Only now: ext4 creates files 2–3× slower for minutes after many were deleted, and
+    // deleting between rounds made every later round measure that instead (0.39× to 0.64×
+    // between full runs; `git worktree add` alone went from 2.5 s to 6 s of system time).
+    bench.clean_up();
     Comparison {
         name: "8 tasks' worktrees".into(),
         crew,
@@ -586,6 +591,17 @@ fn eight_at_once(bench: &mut Bench) {
         paired: false,
     }
     .print();
+}
+
+/// Writes back every dirty page before a timed side starts: 8 checkouts leave gigabytes of
+/// them, and the side that came second used to pay for the first one's writeback (0.39× to
+/// 0.64× between full runs).
+fn settle_disk() {
+    // SAFETY: sync takes no arguments and only flushes the page cache.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::sync();
+    }
 }
 
 /// Linking `node_modules` into a worktree: 50,000 files against 10, measured alternately so that
@@ -966,9 +982,9 @@ fn timeval(time: libc::timeval) -> Duration {
 }
 
 /// A run of 100 `true` tasks, 8 at once, in worktrees of a clone of the benchmark repository,
-/// through the `crew` binary: the host's peak memory, and its CPU per task beyond what the same
-/// 100 workspaces cost the worktree provider alone (in this process, 8 threads, the same pool)
-/// and what 100 `sh -c true` cost.
+/// through the `crew` binary, from a full pool (as the pool's refill leaves it): the host's peak
+/// memory, and its CPU per task beyond what the same 100 workspaces cost the worktree provider
+/// alone (in this process, 8 threads, from the same full pool) and what 100 `sh -c true` cost.
 fn hundred_tasks(bench: &Bench) {
     const TASKS: usize = 100;
     const PARALLEL: usize = 8;
@@ -1001,9 +1017,14 @@ fn hundred_tasks(bench: &Bench) {
     let empty_pool = || {
         crew_worktree::pool::empty(&project.join(".git"), &project, &settings.worktree);
     };
+    let fill_pool = || {
+        empty_pool();
+        let filled = crew_worktree::pool::refill_at_head(&project, &settings.worktree, || false);
+        assert_eq!(filled.ok(), Some(PARALLEL), "the pool fills");
+    };
 
     // The workspaces alone: 8 workers, each preparing and tearing down task after task.
-    empty_pool();
+    fill_pool();
     let run_id = RunId::generate();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let before = own_cpu();
@@ -1061,61 +1082,145 @@ fn hundred_tasks(bench: &Bench) {
     }
     let agents_cpu = cpu_of(libc::RUSAGE_CHILDREN) - before;
 
-    // The run, through the binary, from the same empty pool.
-    empty_pool();
-    // Reaped by the wait4 below, which also gives its resource usage.
-    #[allow(clippy::zombie_processes)]
-    let child = Command::new(&crew)
-        .args([
-            "run",
-            "--agent",
-            "shell",
-            "--workspace-mode",
-            "worktree",
-            "--fan-out",
-            &TASKS.to_string(),
-            "--max-parallel",
-            &PARALLEL.to_string(),
-            "--quiet",
-            "true",
-        ])
-        .current_dir(&project)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    // SAFETY: wait4 on our own child, with buffers it fills.
-    #[allow(unsafe_code)]
-    let (status, usage) = unsafe {
-        let mut status = 0;
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage);
-        (status, usage)
-    };
-    let elapsed = started.elapsed();
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the run failed"
+    // The run, through the binary, from the same full pool.
+    fill_pool();
+    let fan_out = ["--fan-out", "100", "--max-parallel", "8", "--quiet", "true"];
+    let run = run_measured(
+        &crew,
+        &project,
+        &[
+            &["run", "--agent", "shell", "--workspace-mode", "worktree"],
+            &fan_out[..],
+        ]
+        .concat(),
     );
-    let run_cpu = timeval(usage.ru_utime) + timeval(usage.ru_stime);
-    let rss_mb = usage.ru_maxrss as u64 / 1024;
-    let own = run_cpu.saturating_sub(workspaces_cpu + agents_cpu) / TASKS as u32;
+    // crew's own work per task, with no git work at all: the same run in the project itself.
+    let single = run_measured(
+        &crew,
+        &project,
+        &[
+            &["run", "--agent", "shell", "--workspace-mode", "single"],
+            &fan_out[..],
+        ]
+        .concat(),
+    );
+    empty_pool();
+
+    let per_task = |cpu: Duration| cpu / TASKS as u32;
+    let own_mb = run.peak_anonymous_kb / 1024;
     println!(
-        "{:<44} in {}; host RSS {} MB (≤ 64 MB: {}); crew's own CPU {} per task (≤ 5ms: {}) beyond the workspaces' {} and the agents' {} per task",
-        "100 tasks, 8 at once (crew run)",
-        seconds(elapsed),
-        rss_mb,
-        if rss_mb <= 64 { "met" } else { "MISSED" },
+        "{:<44} in {}; {} CPU per task, the workspaces alone {} ({:.2}×); host peak RSS {} MB, of which {} MB its own memory (≤ 64 MB: {}) and {} MB the repository's pack as libgit2 maps it",
+        "100 tasks, 8 at once, worktrees (crew run)",
+        seconds(run.elapsed),
+        seconds(per_task(run.cpu)),
+        seconds(per_task(workspaces_cpu)),
+        run.cpu.as_secs_f64() / workspaces_cpu.as_secs_f64(),
+        run.peak_rss_kb / 1024,
+        own_mb,
+        if own_mb <= 64 { "met" } else { "MISSED" },
+        run.peak_pack_kb / 1024,
+    );
+    let own = per_task(single.cpu.saturating_sub(agents_cpu));
+    println!(
+        "{:<44} {} per task beyond the agents' own {} (≤ 5ms: {}); in {}",
+        "100 tasks, 8 at once: crew's own CPU",
         seconds(own),
+        seconds(per_task(agents_cpu)),
         if own <= Duration::from_millis(5) {
             "met"
         } else {
             "MISSED"
         },
-        seconds(workspaces_cpu / TASKS as u32),
-        seconds(agents_cpu / TASKS as u32),
+        seconds(single.elapsed),
     );
-    empty_pool();
+}
+
+/// What one `crew` command cost: its time, its CPU with its children's, its peak resident
+/// memory, and — sampled from /proc every 20 ms — the peaks of its anonymous memory and of the
+/// pack files mapped in it.
+struct Measured {
+    elapsed: Duration,
+    cpu: Duration,
+    peak_rss_kb: u64,
+    peak_anonymous_kb: u64,
+    peak_pack_kb: u64,
+}
+
+fn run_measured(crew: &Utf8Path, dir: &Utf8Path, args: &[&str]) -> Measured {
+    // Reaped by the wait4 below, which also gives its resource usage.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(crew)
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let pid = child.id();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut anonymous, mut pack) = (0u64, 0u64);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) {
+                    let (now_anonymous, now_pack) = mapped_kb(&maps);
+                    anonymous = anonymous.max(now_anonymous);
+                    pack = pack.max(now_pack);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (anonymous, pack)
+        })
+    };
+    // SAFETY: wait4 on our own child, with buffers it fills.
+    #[allow(unsafe_code)]
+    let (status, usage) = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage);
+        (status, usage)
+    };
+    let elapsed = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (peak_anonymous_kb, peak_pack_kb) = sampler.join().unwrap();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{args:?} failed"
+    );
+    Measured {
+        elapsed,
+        cpu: timeval(usage.ru_utime) + timeval(usage.ru_stime),
+        peak_rss_kb: usage.ru_maxrss as u64,
+        peak_anonymous_kb,
+        peak_pack_kb,
+    }
+}
+
+/// The anonymous memory of a process, and the resident pages of the `.pack` files it maps, from
+/// its `/proc/<pid>/smaps`.
+fn mapped_kb(smaps: &str) -> (u64, u64) {
+    let (mut anonymous, mut pack) = (0, 0);
+    let mut in_pack = false;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        match fields.next() {
+            Some("Anonymous:") => {
+                anonymous += fields.next().and_then(|kb| kb.parse().ok()).unwrap_or(0)
+            }
+            Some("Rss:") if in_pack => {
+                pack += fields
+                    .next()
+                    .and_then(|kb| kb.parse::<u64>().ok())
+                    .unwrap_or(0)
+            }
+            Some(range) if range.contains('-') && !range.ends_with(':') => {
+                in_pack = line.ends_with(".pack");
+            }
+            _ => {}
+        }
+    }
+    (anonymous, pack)
 }
 
 /// What a project's history costs: `crew runs list` and `crew run` of one `true` task with

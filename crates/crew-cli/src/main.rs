@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    few_malloc_arenas();
     let cli = crew_cli::Cli::parse();
     if !cli.command.hosts_agents() {
         quiet_on_closed_stdout();
@@ -31,5 +32,18 @@ fn quiet_on_closed_stdout() {
     #[allow(unsafe_code)]
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// glibc gives each thread that allocates a heap of its own, up to eight per core, and keeps
+/// what was freed in each: a host whose blocking threads take turns reading 20,000-entry indexes
+/// ended a 16-task run at 110 MB resident for 15 MB of live heap. Two heaps hold it to 50 MB at
+/// the same speed (passes over worktrees run one per core at most anyway).
+fn few_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes a malloc setting; called before any other thread exists.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }

@@ -164,6 +164,18 @@ fn classify_open_error(path: &Utf8Path, source: io::Error, writing: bool) -> Fil
 /// complete old file or the complete new one, never a mix. A symlink at `path` is refused, not
 /// written through.
 pub fn write_atomic(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
+    replace_file(path, contents, true)
+}
+
+/// [`write_atomic`] without waiting for the disk, for a file that describes the present (a live
+/// host's listing) and that a crash makes stale anyway: readers see the old content or the new,
+/// never a mix; after a power loss they may find either, or an empty file, and must treat a
+/// file they cannot parse as absent.
+pub fn write_replace(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
+    replace_file(path, contents, false)
+}
+
+fn replace_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), FileError> {
     let write_error = |source| FileError::Write {
         path: path.to_owned(),
         source,
@@ -202,10 +214,12 @@ pub fn write_atomic(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
             .mode(0o600)
             .open(&temp_path)?;
         temp.write_all(contents)?;
-        temp.sync_all()?;
+        if durable {
+            temp.sync_all()?;
+        }
         drop(temp);
         std::fs::rename(&temp_path, path)?;
-        sync_dir(dir)
+        if durable { sync_dir(dir) } else { Ok(()) }
     })();
     if let Err(source) = result {
         // Best effort: the temp file carries no state anyone reads.

@@ -20,8 +20,9 @@
 //! without following links. A manifest that cannot be parsed is reported with its path and left
 //! exactly as it is; the other runs stay usable.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use camino::{Utf8Path, Utf8PathBuf};
@@ -145,6 +146,42 @@ pub struct StateStore {
     repo_root: Option<Utf8PathBuf>,
     state_dir: Utf8PathBuf,
     layout_ready: OnceLock<()>,
+    /// The manifests of running runs as this store last wrote them, with the file each went
+    /// into: while that file is still the one in place, it is not read and parsed again.
+    written: Mutex<HashMap<RunId, Written>>,
+}
+
+/// A manifest this store wrote, and the file it went into.
+#[derive(Debug)]
+struct Written {
+    stamp: FileStamp,
+    manifest: RunManifest,
+}
+
+/// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it,
+/// so another writer's manifest is another inode (made while this one still existed), and a
+/// reused inode number would also need the same size and change times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &Utf8Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::symlink_metadata(path).ok()?;
+        metadata.is_file().then(|| FileStamp {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            len: metadata.len(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+            ctime: (metadata.ctime(), metadata.ctime_nsec()),
+        })
+    }
 }
 
 /// One run as found on disk: its manifest, or why it could not be read.
@@ -198,6 +235,7 @@ impl StateStore {
             repo_root: repo_root.map(Utf8Path::to_owned),
             state_dir: workspace.as_path().join(CREW_DIR).join(STATE_DIR),
             layout_ready: OnceLock::new(),
+            written: Mutex::new(HashMap::new()),
         }
     }
 
@@ -343,7 +381,70 @@ impl StateStore {
     /// Reads a run's manifest. A newer schema is returned when it parses (it is read-only: any
     /// update is refused); a corrupt file is an error naming it.
     pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
-        self.read_manifest_as(run_id)
+        match self.as_written(run_id) {
+            Some(manifest) => Ok(manifest),
+            None => self.read_manifest_as(run_id),
+        }
+    }
+
+    /// The manifest as this store last wrote it, if that is still the file in place (and the
+    /// directories leading to it are still real directories).
+    fn as_written(&self, run_id: &RunId) -> Option<RunManifest> {
+        let written = self
+            .written
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = written.get(run_id)?;
+        self.still_in_place(run_id, entry.stamp)
+            .then(|| entry.manifest.clone())
+    }
+
+    /// [`StateStore::as_written`], taken out of the store's memory.
+    fn take_written(&self, run_id: &RunId) -> Option<RunManifest> {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = written.remove(run_id)?;
+        self.still_in_place(run_id, entry.stamp)
+            .then_some(entry.manifest)
+    }
+
+    fn still_in_place(&self, run_id: &RunId, stamp: FileStamp) -> bool {
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        let dirs = [
+            &crew_dir,
+            &self.state_dir,
+            &self.runs_dir(),
+            &self.run_dir(run_id),
+        ];
+        dirs.iter().all(|dir| real_dir_exists(dir).is_ok())
+            && FileStamp::of(&self.manifest_path(run_id)) == Some(stamp)
+    }
+
+    fn forget_written(&self, run_id: &RunId) {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        written.remove(run_id);
+    }
+
+    /// Remembers `manifest` as just written, while its run is running.
+    fn remember_written(&self, manifest: RunManifest) {
+        let stamp = FileStamp::of(&self.manifest_path(&manifest.run_id));
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match stamp.filter(|_| manifest.status == RunStatus::Running) {
+            Some(stamp) => {
+                written.insert(manifest.run_id.clone(), Written { stamp, manifest });
+            }
+            None => {
+                written.remove(&manifest.run_id);
+            }
+        }
     }
 
     /// Whether a run is live and who hosts it, without reading its tasks: cheaper than
@@ -419,7 +520,11 @@ impl StateStore {
         change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError>,
     ) -> Result<T, StateError> {
         let _lock = self.lock()?;
-        let mut manifest = self.read_run(run_id)?;
+        // Taken out while it changes: a change that fails leaves nothing behind to trust.
+        let mut manifest = match self.take_written(run_id) {
+            Some(manifest) => manifest,
+            None => self.read_manifest_as(run_id)?,
+        };
         if manifest.schema_version > MANIFEST_SCHEMA_VERSION {
             return Err(StateError::NewerSchema {
                 path: self.manifest_path(run_id),
@@ -429,6 +534,7 @@ impl StateStore {
         }
         let result = change(&mut manifest)?;
         self.write_manifest(&manifest)?;
+        self.remember_written(manifest);
         Ok(result)
     }
 
@@ -448,6 +554,8 @@ impl StateStore {
             let marker = self.running_dir().join(manifest.run_id.as_str());
             open_rw_nofollow(&marker).map_err(StateError::Layout)?;
         }
+        // Whatever this store remembered of the run is no longer what is on disk.
+        self.forget_written(&manifest.run_id);
         write_atomic(&path, &json).map_err(|source| StateError::Write { path, source })?;
         if !running {
             self.remove_marker(&manifest.run_id)?;

@@ -184,7 +184,7 @@ async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
     };
     let path = path.to_owned();
     let written = tokio::task::spawn_blocking(move || {
-        if crew_core::fsutil::write_atomic(&path, &json).is_ok() {
+        if crew_core::fsutil::write_replace(&path, &json).is_ok() {
             return Ok(());
         }
         // The state directory may not have existed when the host started (the first run of a
@@ -196,7 +196,7 @@ async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
             }
             crew_core::fsutil::ensure_real_dir(dir).map_err(|error| error.to_string())?;
         }
-        crew_core::fsutil::write_atomic(&path, &json).map_err(|error| error.to_string())
+        crew_core::fsutil::write_replace(&path, &json).map_err(|error| error.to_string())
     })
     .await;
     // Other processes then see this host's agents through its socket only (`crew agents list`

@@ -277,6 +277,7 @@ fn finish_outside_lock(
     recycled: bool,
 ) -> Result<(Utf8PathBuf, Vec<String>), PrepareWorktreeError> {
     let filled = if recycled {
+        let _turn = crate::passes::turn();
         pool::switch(&names.root, tip, request.settings)
     } else {
         checkout::populate(&names.root, common, tip, request.progress)

@@ -32,6 +32,7 @@ pub mod land;
 pub mod leader;
 pub mod listing;
 pub mod names;
+mod passes;
 pub mod pool;
 pub mod provider;
 pub mod radar;

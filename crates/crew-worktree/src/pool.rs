@@ -153,15 +153,118 @@ pub fn take(
 
 /// Switches a recycled worktree to `commit`: files that differ are rewritten, anything
 /// untracked is removed, ignored paths outside `keep_ignored` are removed, and the index
-/// follows. HEAD already names the task's branch.
+/// follows. HEAD already names the task's branch, at `commit`.
+///
+/// One pass over the worktree finds what differs from HEAD (in the index or in the files),
+/// what is untracked and what is ignored; only those paths are checked out, so a worktree that
+/// left the pool as it entered it costs one status, not a status and a checkout of every file.
 pub fn switch(
     root: &Utf8Path,
     commit: Oid,
     settings: &WorktreeSettings,
 ) -> Result<(), git2::Error> {
-    remove_ignored(root, settings)?;
     let repo = Repository::open(root)?;
     let tree = repo.find_commit(commit)?.tree()?;
+    let on_commit = repo.head().ok().and_then(|head| head.target()) == Some(commit);
+    let Some(found) = on_commit
+        .then(|| Differences::read(&repo))
+        .transpose()?
+        .flatten()
+    else {
+        // HEAD elsewhere, or a name that is not UTF-8: the whole worktree is checked out.
+        return switch_all(root, &repo, &tree, settings);
+    };
+    remove_ignored_paths(root, settings, &found.ignored)?;
+    for path in &found.untracked {
+        let path = root.join(path.trim_end_matches('/'));
+        remove_contained(&path, &[root])
+            .map_err(|error| git2::Error::from_str(&format!("could not remove {path}: {error}")))?;
+    }
+    if !found.changed.is_empty() {
+        let mut checkout = git2::build::CheckoutBuilder::new();
+        checkout
+            .force()
+            .remove_untracked(true)
+            .disable_pathspec_match(true);
+        for path in &found.changed {
+            checkout.path(path.as_str());
+        }
+        repo.checkout_tree(tree.as_object(), Some(&mut checkout))?;
+    }
+    sync_index(&repo, &tree)
+}
+
+/// What a status pass found different from HEAD in a worktree, by kind.
+struct Differences {
+    /// Paths whose index entry or file differs from HEAD.
+    changed: Vec<String>,
+    /// Untracked paths (a directory once, with a trailing `/`).
+    untracked: Vec<String>,
+    /// Ignored paths (a directory once, with a trailing `/`).
+    ignored: Vec<String>,
+}
+
+impl Differences {
+    /// `None` when a path is not UTF-8 and cannot be named to the checkout.
+    fn read(repo: &Repository) -> Result<Option<Self>, git2::Error> {
+        let mut options = StatusOptions::new();
+        options
+            .include_untracked(true)
+            .recurse_untracked_dirs(false)
+            .include_ignored(true)
+            .recurse_ignored_dirs(false)
+            .exclude_submodules(true);
+        let mut found = Differences {
+            changed: Vec::new(),
+            untracked: Vec::new(),
+            ignored: Vec::new(),
+        };
+        for entry in repo.statuses(Some(&mut options))?.iter() {
+            let Ok(path) = std::str::from_utf8(entry.path_bytes()) else {
+                return Ok(None);
+            };
+            let status = entry.status();
+            let kind = if status.is_ignored() {
+                &mut found.ignored
+            } else if status == git2::Status::WT_NEW {
+                &mut found.untracked
+            } else if status.is_empty() {
+                continue;
+            } else {
+                &mut found.changed
+            };
+            kind.push(path.to_owned());
+        }
+        Ok(Some(found))
+    }
+}
+
+/// The switch without knowing what differs: every ignored path is looked at and every file
+/// checked out.
+fn switch_all(
+    root: &Utf8Path,
+    repo: &Repository,
+    tree: &git2::Tree<'_>,
+    settings: &WorktreeSettings,
+) -> Result<(), git2::Error> {
+    let mut options = StatusOptions::new();
+    options
+        .include_untracked(false)
+        .include_ignored(true)
+        .recurse_ignored_dirs(false);
+    let mut ignored = Vec::new();
+    for entry in repo.statuses(Some(&mut options))?.iter() {
+        if entry.status().is_ignored() {
+            let path = std::str::from_utf8(entry.path_bytes()).map_err(|_| {
+                git2::Error::from_str(&format!(
+                    "{root}: the ignored file {} has a name that is not UTF-8; remove it, or `crew worktrees prune` to empty the pool",
+                    String::from_utf8_lossy(entry.path_bytes())
+                ))
+            })?;
+            ignored.push(path.to_owned());
+        }
+    }
+    remove_ignored_paths(root, settings, &ignored)?;
     repo.checkout_tree(
         tree.as_object(),
         Some(
@@ -170,37 +273,37 @@ pub fn switch(
                 .remove_untracked(true),
         ),
     )?;
-    // The index must describe the new commit even where no file changed.
+    sync_index(repo, tree)
+}
+
+/// The index must describe the new commit even where no file changed.
+fn sync_index(repo: &Repository, tree: &git2::Tree<'_>) -> Result<(), git2::Error> {
     let mut index = repo.index()?;
     if index.write_tree()? != tree.id() {
-        index.read_tree(&tree)?;
+        index.read_tree(tree)?;
         index.write()?;
     }
     Ok(())
 }
 
-/// Removes the ignored paths of a worktree (crew's own links and copies included), except those
-/// `keep_ignored` names. Fails at the first that cannot be removed.
-pub fn remove_ignored(root: &Utf8Path, settings: &WorktreeSettings) -> Result<(), git2::Error> {
-    let repo = Repository::open(root)?;
-    let mut options = StatusOptions::new();
-    options
-        .include_untracked(false)
-        .include_ignored(true)
-        .recurse_ignored_dirs(false);
-    let statuses = repo.statuses(Some(&mut options))?;
-    for entry in statuses.iter().filter(|entry| entry.status().is_ignored()) {
-        let relative = String::from_utf8_lossy(entry.path_bytes())
-            .trim_end_matches('/')
-            .to_owned();
+/// Removes the ignored `paths` of the worktree at `root` (as a status pass named them; crew's
+/// own links and copies included), except those `keep_ignored` names. Fails at the first that
+/// cannot be removed.
+pub(crate) fn remove_ignored_paths(
+    root: &Utf8Path,
+    settings: &WorktreeSettings,
+    paths: &[String],
+) -> Result<(), git2::Error> {
+    for path in paths {
+        let relative = path.trim_end_matches('/');
         let kept = settings
             .keep_ignored
             .iter()
-            .any(|keep| Utf8Path::new(&relative).starts_with(keep));
+            .any(|keep| Utf8Path::new(relative).starts_with(keep));
         if !kept {
             // A worktree still holding them would hand them to the next task: fail, and the
             // worktree is not pooled.
-            let path = root.join(&relative);
+            let path = root.join(relative);
             remove_contained(&path, &[root]).map_err(|error| {
                 git2::Error::from_str(&format!("could not remove {path}: {error}"))
             })?;

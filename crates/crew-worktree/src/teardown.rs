@@ -49,6 +49,7 @@ pub fn teardown_worktree(
     request: &TeardownWorktree<'_>,
     report: &mut TeardownReport,
 ) -> Result<(), TeardownWorktreeError> {
+    let _turn = crate::passes::turn();
     let root = &request.workspace.root;
     let names = TaskNames::new(
         request.repo_root,
@@ -79,20 +80,26 @@ pub fn teardown_worktree(
             .unwrap_or_default();
         // What setup made and the agent left as it was: the task's baseline, not its work.
         let untouched = baseline.untouched(root);
-        work_branch = save_work(&repo, root, &links, &untouched, request, report)?;
+        // One pass over the worktree serves the commit, the ignored files and the pool.
+        let status = WorkStatus::read(&repo, root)?;
+        work_branch = save_work(&repo, root, &links, &untouched, &status, request, report)?;
         report.setup_paths = untouched
             .iter()
             .take(TeardownReport::NAMED)
             .cloned()
             .collect();
         let head = repo.head().ok().and_then(|head| head.target());
-        set_aside_ignored(&repo, root, request, &links, &baseline, report)?;
+        set_aside_ignored(root, request, &links, &baseline, &status.ignored, report)?;
         // A pooled worktree keeps nothing of this task but the ignored paths the project
         // allows (crew's links and copies go too). One still holding setup's files is not
         // pooled: the next task would find them.
         let cleaned = match head {
-            Some(_) if request.settings.pool_size > 0 && untouched.is_empty() => {
-                pool::remove_ignored(root, request.settings).ok()
+            Some(_)
+                if request.settings.pool_size > 0
+                    && untouched.is_empty()
+                    && !status.odd_ignored =>
+            {
+                pool::remove_ignored_paths(root, request.settings, &status.ignored).ok()
             }
             _ => None,
         };
@@ -253,6 +260,56 @@ fn work_status_options() -> StatusOptions {
     options
 }
 
+/// What one status pass found in a worktree at teardown: what git would commit and what it
+/// ignores.
+struct WorkStatus {
+    /// Every path git would commit, with its status, crew's links among them.
+    pending: Vec<(String, Status)>,
+    /// Ignored paths (a directory once, with a trailing `/`).
+    ignored: Vec<String>,
+    /// Whether an ignored path's name is not UTF-8: it cannot be named for removal, and the
+    /// worktree is not pooled.
+    odd_ignored: bool,
+}
+
+impl WorkStatus {
+    fn read(repo: &Repository, root: &Utf8Path) -> Result<Self, TeardownWorktreeError> {
+        let mut options = work_status_options();
+        options.include_ignored(true).recurse_ignored_dirs(false);
+        let statuses =
+            repo.statuses(Some(&mut options))
+                .map_err(|source| TeardownWorktreeError::Stage {
+                    path: root.to_owned(),
+                    source,
+                })?;
+        let mut found = WorkStatus {
+            pending: Vec::new(),
+            ignored: Vec::new(),
+            odd_ignored: false,
+        };
+        for entry in statuses.iter() {
+            let path = String::from_utf8_lossy(entry.path_bytes()).into_owned();
+            let status = entry.status();
+            if status.is_ignored() {
+                found.odd_ignored |= std::str::from_utf8(entry.path_bytes()).is_err();
+                found.ignored.push(path);
+            } else if !status.is_empty() {
+                found.pending.push((path, status));
+            }
+        }
+        Ok(found)
+    }
+
+    /// What git would commit, without `left_out` (crew's links, what setup made).
+    fn work(&self, left_out: &[String]) -> Vec<(String, Status)> {
+        self.pending
+            .iter()
+            .filter(|(path, _)| !is_link_path(left_out, path))
+            .cloned()
+            .collect()
+    }
+}
+
 /// The uncommitted paths of the worktree, without crew's links.
 pub(crate) fn uncommitted(
     repo: &Repository,
@@ -286,12 +343,13 @@ fn save_work(
     root: &Utf8Path,
     links: &[String],
     untouched: &[String],
+    status: &WorkStatus,
     request: &TeardownWorktree<'_>,
     report: &mut TeardownReport,
 ) -> Result<Option<String>, TeardownWorktreeError> {
     // Neither crew's links nor what setup made (and the agent left alone) is the agent's work.
     let left_out: Vec<String> = links.iter().chain(untouched).cloned().collect();
-    let pending = uncommitted(repo, root, &left_out)?;
+    let pending = status.work(&left_out);
     // A nested repository (or an initialized submodule) holds work git cannot take into this
     // branch; removing it would lose that work.
     for (path, _) in &pending {
@@ -479,24 +537,13 @@ fn verify_commit(
 /// `keep_ignored_in`, so that they are neither lost with it nor handed to the next task. A file
 /// that cannot be moved keeps the worktree in place.
 fn set_aside_ignored(
-    repo: &Repository,
     root: &Utf8Path,
     request: &TeardownWorktree<'_>,
     links: &[String],
     baseline: &SetupBaseline,
+    ignored: &[String],
     report: &mut TeardownReport,
 ) -> Result<(), TeardownWorktreeError> {
-    let mut options = StatusOptions::new();
-    options
-        .include_untracked(false)
-        .include_ignored(true)
-        .recurse_ignored_dirs(false);
-    let statuses =
-        repo.statuses(Some(&mut options))
-            .map_err(|source| TeardownWorktreeError::Stage {
-                path: root.to_owned(),
-                source,
-            })?;
     let settings = request.settings;
     let crews = |relative: &str| {
         let path = Utf8Path::new(relative);
@@ -508,10 +555,8 @@ fn set_aside_ignored(
                 .iter()
                 .any(|keep| path.starts_with(keep))
     };
-    let ignored: Vec<String> = statuses
+    let ignored: Vec<&String> = ignored
         .iter()
-        .filter(|entry| entry.status().is_ignored())
-        .map(|entry| String::from_utf8_lossy(entry.path_bytes()).into_owned())
         .filter(|path| !crews(path.trim_end_matches('/')))
         .collect();
     for path in &ignored {
@@ -520,7 +565,7 @@ fn set_aside_ignored(
         report.ignored_files += files;
         report.ignored_bytes += bytes;
         if report.ignored_paths.len() < TeardownReport::NAMED {
-            report.ignored_paths.push(path.clone());
+            report.ignored_paths.push((*path).clone());
         }
     }
     let Some(keep) = request

@@ -13,6 +13,42 @@ fn pooled_dirs(fixture: &Fixture) -> usize {
     std::fs::read_dir(fixture.repo.join(".worktrees/.pool")).map_or(0, |entries| entries.count())
 }
 
+fn pooled_paths(fixture: &Fixture) -> Vec<camino::Utf8PathBuf> {
+    std::fs::read_dir(fixture.repo.join(".worktrees/.pool"))
+        .unwrap()
+        .map(|entry| camino::Utf8PathBuf::try_from(entry.unwrap().path()).unwrap())
+        .collect()
+}
+
+/// Each file's path and a hash of what it holds, as `tree_fingerprint` gives them.
+type Files = Vec<(String, String)>;
+
+/// The files of `workspace`, and those of a fresh `git worktree add` of its base: `.git`,
+/// `target/` and `node_modules` aside.
+fn beside_a_fresh_checkout(
+    fixture: &Fixture,
+    workspace: &crew_core::provider::TaskWorkspace,
+) -> (Files, Files) {
+    let fresh = fixture.env.root().join("fresh");
+    fixture.git(&[
+        "worktree",
+        "add",
+        "-q",
+        "--detach",
+        fresh.as_str(),
+        workspace.base_commit.as_deref().unwrap(),
+    ]);
+    let strip = |dir: &camino::Utf8Path| -> Files {
+        tree_fingerprint(dir.as_std_path())
+            .into_iter()
+            .filter(|(path, _)| {
+                path != ".git" && !path.starts_with("target") && path != "node_modules"
+            })
+            .collect()
+    };
+    (strip(&workspace.root), strip(&fresh))
+}
+
 #[test]
 fn a_recycled_worktree_holds_nothing_of_the_previous_task_but_keep_ignored() {
     let mut config = ProjectConfig::default();
@@ -49,28 +85,8 @@ fn a_recycled_worktree_holds_nothing_of_the_previous_task_but_keep_ignored() {
     let second = fixture.allocate("second");
     assert_eq!(pooled_dirs(&fixture), 0, "the pooled worktree was taken");
     assert_ne!(second.root, root);
-    let fresh = fixture.env.root().join("fresh");
-    fixture.git(&[
-        "worktree",
-        "add",
-        "-q",
-        "--detach",
-        fresh.as_str(),
-        second.base_commit.as_deref().unwrap(),
-    ]);
-    let strip = |dir: &camino::Utf8Path| -> Vec<(String, String)> {
-        tree_fingerprint(dir.as_std_path())
-            .into_iter()
-            .filter(|(path, _)| {
-                path != ".git" && !path.starts_with("target") && path != "node_modules"
-            })
-            .collect()
-    };
-    assert_eq!(
-        strip(&second.root),
-        strip(&fresh),
-        "exactly the files of the base commit"
-    );
+    let (files, fresh) = beside_a_fresh_checkout(&fixture, &second);
+    assert_eq!(files, fresh, "exactly the files of the base commit");
     assert_eq!(
         std::fs::read_to_string(second.root.join("target/debug/cache.bin")).unwrap(),
         "build cache\n",
@@ -201,6 +217,113 @@ fn pool_size_zero_turns_recycling_off() {
     assert_eq!(pooled_dirs(&fixture), 0);
     let list = fixture.git(&["worktree", "list", "--porcelain"]);
     assert_eq!(list.matches("worktree ").count(), 1, "{list}");
+}
+
+/// A process the old task left behind (or anything else) may still write into a worktree
+/// while it waits in the pool: whatever it changed, staged, added or ignored is undone when the
+/// next task takes it, and a directory it swapped for a link is not written through.
+#[test]
+fn what_changes_in_a_pooled_worktree_while_it_waits_is_undone_when_taken() {
+    let mut config = ProjectConfig::default();
+    config.worktree.keep_ignored = vec!["target".into()];
+    let fixture = Fixture::with_config(config);
+    write(&fixture.repo.join(".gitignore"), "target/\n*.log\n");
+    write(&fixture.repo.join("lib/deep/mod.txt"), "module\n");
+    fixture.git(&["add", "-A"]);
+    fixture.git(&["commit", "-q", "-m", "more files"]);
+
+    let first = fixture.allocate("first");
+    write(&first.root.join("target/cache.bin"), "kept cache\n");
+    let report = fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    assert!(report.recycled, "{report:?}");
+    let pooled = pooled_paths(&fixture);
+    let [waiting] = pooled.as_slice() else {
+        panic!("one pooled worktree: {pooled:?}")
+    };
+
+    // The hostile writer, while the worktree waits.
+    let outside = fixture.env.root().join("outside");
+    write(&outside.join("mod.txt"), "outside, never written\n");
+    write(&waiting.join("src/lib.txt"), "planted\n");
+    std::fs::remove_file(waiting.join("README.md")).unwrap();
+    write(&waiting.join("staged.txt"), "staged\n");
+    fixture.env.git(waiting, ["add", "staged.txt"]);
+    write(&waiting.join("untracked/a/b.txt"), "untracked\n");
+    write(&waiting.join("run.log"), "ignored\n");
+    std::fs::remove_dir_all(waiting.join("lib/deep")).unwrap();
+    std::os::unix::fs::symlink(&outside, waiting.join("lib/deep")).unwrap();
+
+    let second = fixture.allocate("second");
+    assert_eq!(pooled_dirs(&fixture), 0, "the pooled worktree was taken");
+    let (files, fresh) = beside_a_fresh_checkout(&fixture, &second);
+    assert_eq!(files, fresh, "exactly the base commit");
+    assert!(
+        !std::fs::symlink_metadata(second.root.join("lib/deep"))
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link is gone, the directory is back"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("mod.txt")).unwrap(),
+        "outside, never written\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(second.root.join("target/cache.bin")).unwrap(),
+        "kept cache\n",
+        "keep_ignored is kept"
+    );
+    assert_eq!(
+        fixture.env.git(
+            &second.root,
+            [
+                "status",
+                "--porcelain",
+                "--untracked-files=all",
+                "--ignored"
+            ]
+        ),
+        "!! target/cache.bin\n"
+    );
+}
+
+/// A name that is not UTF-8 cannot be handed to the checkout one by one: the whole worktree is
+/// checked out instead, and the file still goes.
+#[test]
+fn a_pooled_worktree_given_a_name_that_is_not_utf8_is_still_cleaned() {
+    use std::os::unix::ffi::OsStrExt;
+    let fixture = Fixture::new();
+    let first = fixture.allocate("first");
+    fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    let waiting = pooled_paths(&fixture).remove(0);
+    let odd = waiting
+        .as_std_path()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9.txt"));
+    std::fs::write(&odd, "latin-1 name\n").unwrap();
+    write(&waiting.join("src/lib.txt"), "planted\n");
+
+    let second = fixture.allocate("second");
+    let names: Vec<_> = std::fs::read_dir(&second.root)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert!(
+        !names.iter().any(|name| name.as_bytes() == b"caf\xe9.txt"),
+        "{names:?}"
+    );
+    assert_eq!(
+        fixture.env.git(
+            &second.root,
+            ["status", "--porcelain", "--untracked-files=all"]
+        ),
+        ""
+    );
 }
 
 #[test]

@@ -329,9 +329,9 @@ impl RunContext {
             return TaskStatus::Failed;
         };
         if self.cancel_level() > CancelLevel::None {
-            self.teardown(&task_id, &workspace, false).await;
-            self.record_status(
+            self.finish(
                 &task_id,
+                &workspace,
                 TaskStatus::Cancelled,
                 Some("the run was cancelled".into()),
             )
@@ -357,9 +357,7 @@ impl RunContext {
                     .await;
             }
         };
-        self.note_started(&task_id, &handle).await;
-        self.record_status(&task_id, TaskStatus::Running, None)
-            .await;
+        self.record_started(&task_id, &handle).await;
         self.follow_through(task, workspace, handle, true, 0).await
     }
 
@@ -412,8 +410,7 @@ impl RunContext {
         workspace: &TaskWorkspace,
         reason: String,
     ) -> TaskStatus {
-        self.teardown(task_id, workspace, false).await;
-        self.record_status(task_id, TaskStatus::Failed, Some(reason))
+        self.finish(task_id, workspace, TaskStatus::Failed, Some(reason))
             .await;
         TaskStatus::Failed
     }
@@ -446,18 +443,22 @@ impl RunContext {
             .await
     }
 
-    async fn note_started(&self, task_id: &TaskId, handle: &AgentHandle) {
+    /// The agent runs: its process and sandbox, and the task `running`, in one write.
+    async fn record_started(&self, task_id: &TaskId, handle: &AgentHandle) {
         let status = handle.status();
         let task = task_id.clone();
-        self.save(&format!("task {task_id}'s start"), move |manifest| {
-            let record = manifest.task_mut(&task)?;
-            record.pid = status.pid;
-            record.attempts += 1;
-            record.question = None;
-            record.sandbox = status.sandbox;
-            Ok(())
-        })
-        .await;
+        let record = self
+            .save(&format!("task {task_id}'s start"), move |manifest| {
+                let record = manifest.set_task_status(&task, TaskStatus::Running)?;
+                record.pid = status.pid;
+                record.attempts += 1;
+                record.question = None;
+                record.sandbox = status.sandbox;
+                Ok(record.clone())
+            })
+            .await;
+        self.runner
+            .announce(&self.run_id, task_id, TaskStatus::Running, None, record);
     }
 
     /// Waits for the agent through questions, stops and restarts, then tears down and records
@@ -557,8 +558,7 @@ impl RunContext {
                             if held {
                                 self.tell_scheduler(&task_id, false);
                             }
-                            self.note_started(&task_id, &handle).await;
-                            self.record_status(&task_id, TaskStatus::Running, None).await;
+                            self.record_started(&task_id, &handle).await;
                             phase = Phase::Running;
                         }
                         _ = release.changed(), if held => {}
@@ -597,8 +597,7 @@ impl RunContext {
                 {
                     self.check(&task, &check.command, &workspace).await;
                 }
-                self.teardown(&task_id, &workspace, false).await;
-                self.record_status(&task_id, status, reason).await;
+                self.finish(&task_id, &workspace, status, reason).await;
                 status
             }
         }
@@ -720,6 +719,29 @@ impl RunContext {
     /// Tears the workspace down and records the report. A teardown error is recorded as a
     /// warning; it never replaces the task's outcome.
     async fn teardown(&self, task_id: &TaskId, workspace: &TaskWorkspace, keep: bool) {
+        self.teardown_then(task_id, workspace, keep, None).await;
+    }
+
+    /// Tears the workspace down, then records the report and the task's final `status` (with
+    /// its reason) in one write.
+    async fn finish(
+        &self,
+        task_id: &TaskId,
+        workspace: &TaskWorkspace,
+        status: TaskStatus,
+        reason: Option<String>,
+    ) {
+        self.teardown_then(task_id, workspace, false, Some((status, reason)))
+            .await;
+    }
+
+    async fn teardown_then(
+        &self,
+        task_id: &TaskId,
+        workspace: &TaskWorkspace,
+        keep: bool,
+        finish: Option<(TaskStatus, Option<String>)>,
+    ) {
         let provider = self.runner.provider.clone();
         let request = TeardownRequest {
             workspace: self.runner.workspace.id().clone(),
@@ -751,7 +773,8 @@ impl RunContext {
         }
         let task = task_id.clone();
         let radar_turn = self.radar.lock().await;
-        let branches = self
+        let finishing = finish.clone();
+        let saved = self
             .save(&format!("task {task_id}'s teardown"), move |manifest| {
                 let record = manifest.task_mut(&task)?;
                 match result {
@@ -769,16 +792,41 @@ impl RunContext {
                         record.teardown = Some(*partial);
                     }
                 }
+                // A refused status never costs the report its record.
+                let finished = finishing.map(|(status, why)| {
+                    manifest.set_task_status(&task, status).map(|record| {
+                        if why.is_some() {
+                            record.reason = why;
+                        }
+                        record.clone()
+                    })
+                });
                 let branches = manifest
                     .task_branches()
                     .into_iter()
                     .filter(|(other, _)| !manifest.rivals(task.as_str(), other))
                     .collect::<Vec<_>>();
-                Ok((branches, manifest.base_branch.clone()))
+                Ok((branches, manifest.base_branch.clone(), finished))
             })
             .await;
         drop(radar_turn);
-        if let Some((branches, target)) = branches {
+        if let Some((status, reason)) = finish {
+            let record = match saved.as_ref().and_then(|(_, _, finished)| finished.clone()) {
+                Some(Ok(record)) => Some(record),
+                Some(Err(refused)) => {
+                    self.runner.unrecorded(
+                        &self.run_id,
+                        &format!("task {task_id} {status}"),
+                        &refused,
+                    );
+                    None
+                }
+                None => None,
+            };
+            self.runner
+                .announce(&self.run_id, task_id, status, reason, record);
+        }
+        if let Some((branches, target, _)) = saved {
             self.radar(task_id, branches, target).await;
         }
     }
