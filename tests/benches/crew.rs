@@ -463,23 +463,13 @@ fn recycled(bench: &mut Bench) {
         .teardown(&first, &bench.teardown_request(&run_id, "seed"))
         .unwrap();
     for round in 0..bench.rounds {
-        let task = format!("recycled{round}");
-        let started = Instant::now();
-        let workspace = bench
-            .pooled
-            .allocate(&bench.request(&run_id, &task))
-            .unwrap();
-        crew.push(started.elapsed());
-        bench
-            .pooled
-            .teardown(&workspace, &bench.teardown_request(&run_id, &task))
-            .unwrap();
-
-        let name = bench.next_name();
-        let path = bench.git_worktrees().join(&name);
-        git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
-        bench.git(&["worktree", "remove", path.as_str()]);
-        bench.git(&["branch", "-D", &name]);
+        recycled_round(
+            bench,
+            &run_id,
+            &format!("recycled{round}"),
+            &mut crew,
+            &mut git,
+        );
     }
     Comparison {
         name: "recycled worktree workspace".into(),
@@ -503,23 +493,13 @@ fn recycled(bench: &mut Bench) {
         crew_worktree::pool::empty(&common, &bench.repo, &settings);
         let added = crew_worktree::pool::refill_at_head(&bench.repo, &settings, || false).unwrap();
         assert_eq!(added, 1);
-        let task = format!("refilled{round}");
-        let started = Instant::now();
-        let workspace = bench
-            .pooled
-            .allocate(&bench.request(&run_id, &task))
-            .unwrap();
-        crew.push(started.elapsed());
-        bench
-            .pooled
-            .teardown(&workspace, &bench.teardown_request(&run_id, &task))
-            .unwrap();
-
-        let name = bench.next_name();
-        let path = bench.git_worktrees().join(&name);
-        git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
-        bench.git(&["worktree", "remove", path.as_str()]);
-        bench.git(&["branch", "-D", &name]);
+        recycled_round(
+            bench,
+            &run_id,
+            &format!("refilled{round}"),
+            &mut crew,
+            &mut git,
+        );
     }
     Comparison {
         name: "first task after the pool refilled".into(),
@@ -532,6 +512,30 @@ fn recycled(bench: &mut Bench) {
     .print();
     crew_worktree::pool::empty(&common, &bench.repo, bench.pooled.settings());
     bench.clean_up();
+}
+
+/// One round of a recycled-worktree comparison: crew's task `task` takes a pooled worktree
+/// (timed) and gives it back; `git worktree add` (timed) makes one, removed again.
+fn recycled_round(
+    bench: &mut Bench,
+    run_id: &RunId,
+    task: &str,
+    crew: &mut Samples,
+    git: &mut Samples,
+) {
+    let started = Instant::now();
+    let workspace = bench.pooled.allocate(&bench.request(run_id, task)).unwrap();
+    crew.push(started.elapsed());
+    bench
+        .pooled
+        .teardown(&workspace, &bench.teardown_request(run_id, task))
+        .unwrap();
+
+    let name = bench.next_name();
+    let path = bench.git_worktrees().join(&name);
+    git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
+    bench.git(&["worktree", "remove", path.as_str()]);
+    bench.git(&["branch", "-D", &name]);
 }
 
 /// Eight tasks' workspaces prepared by crew (as a run does, at once) against eight sequential

@@ -49,7 +49,7 @@ pub fn teardown_worktree(
     request: &TeardownWorktree<'_>,
     report: &mut TeardownReport,
 ) -> Result<(), TeardownWorktreeError> {
-    let _turn = crate::passes::turn();
+    let turn = crate::passes::turn();
     let root = &request.workspace.root;
     let names = TaskNames::new(
         request.repo_root,
@@ -131,6 +131,8 @@ pub fn teardown_worktree(
                 && std::fs::rename(root, &trash).is_ok();
             forget_admin_entry(&common, &names.admin, root, report);
             drop(lock);
+            // Deleting is the file system's work, not a pass: the next pass need not wait.
+            drop(turn);
             let doomed = if moved { &trash } else { root };
             remove_contained(doomed, &[&worktrees]).map_err(|source| {
                 TeardownWorktreeError::Remove {

@@ -13,6 +13,13 @@ fn pooled_dirs(fixture: &Fixture) -> usize {
     std::fs::read_dir(fixture.repo.join(".worktrees/.pool")).map_or(0, |entries| entries.count())
 }
 
+/// A project whose recycled worktrees keep their ignored `target/`.
+fn keeping_target() -> Fixture {
+    let mut config = ProjectConfig::default();
+    config.worktree.keep_ignored = vec!["target".into()];
+    Fixture::with_config(config)
+}
+
 fn pooled_paths(fixture: &Fixture) -> Vec<camino::Utf8PathBuf> {
     std::fs::read_dir(fixture.repo.join(".worktrees/.pool"))
         .unwrap()
@@ -51,9 +58,7 @@ fn beside_a_fresh_checkout(
 
 #[test]
 fn a_recycled_worktree_holds_nothing_of_the_previous_task_but_keep_ignored() {
-    let mut config = ProjectConfig::default();
-    config.worktree.keep_ignored = vec!["target".into()];
-    let fixture = Fixture::with_config(config);
+    let fixture = keeping_target();
     write(&fixture.repo.join(".gitignore"), "target/\n*.log\n.env\n");
     write(&fixture.repo.join("node_modules/pkg/index.js"), "linked\n");
     fixture.git(&["add", ".gitignore"]);
@@ -224,9 +229,7 @@ fn pool_size_zero_turns_recycling_off() {
 /// next task takes it, and a directory it swapped for a link is not written through.
 #[test]
 fn what_changes_in_a_pooled_worktree_while_it_waits_is_undone_when_taken() {
-    let mut config = ProjectConfig::default();
-    config.worktree.keep_ignored = vec!["target".into()];
-    let fixture = Fixture::with_config(config);
+    let fixture = keeping_target();
     write(&fixture.repo.join(".gitignore"), "target/\n*.log\n");
     write(&fixture.repo.join("lib/deep/mod.txt"), "module\n");
     fixture.git(&["add", "-A"]);
