@@ -993,18 +993,7 @@ fn hundred_tasks(bench: &Bench) {
     const TASKS: usize = 100;
     const PARALLEL: usize = 8;
     let crew = crew_binary();
-    let project = bench.root.join("hundred-project");
-    let cloned = Command::new("git")
-        .args([
-            "clone",
-            "-q",
-            "--shared",
-            bench.repo.as_str(),
-            project.as_str(),
-        ])
-        .status()
-        .unwrap();
-    assert!(cloned.success());
+    let project = clone_repository(bench, "hundred-project");
     let config = "[worktree]\npool_size = 8\n\n[retention]\nautomatic = false\n";
     std::fs::create_dir_all(project.join(".crew")).unwrap();
     std::fs::write(project.join(".crew/config.toml"), config).unwrap();
@@ -1227,12 +1216,10 @@ fn mapped_kb(smaps: &str) -> (u64, u64) {
     (anonymous, pack)
 }
 
-/// What a project's history costs: `crew runs list` and `crew run` of one `true` task with
-/// 2,000 finished runs against the same with 20, and `crew agents list` with 2,000 finished
-/// runs and 3 live runs of 16 agents against `git worktree list`.
-fn history(bench: &Bench) {
-    let crew = crew_binary();
-    let project = bench.root.join("history-project");
+/// A clone of the benchmark repository (`--shared`: its objects are the same files) at
+/// `<root>/<name>`.
+fn clone_repository(bench: &Bench, name: &str) -> Utf8PathBuf {
+    let project = bench.root.join(name);
     let cloned = Command::new("git")
         .args([
             "clone",
@@ -1244,6 +1231,15 @@ fn history(bench: &Bench) {
         .status()
         .unwrap();
     assert!(cloned.success());
+    project
+}
+
+/// What a project's history costs: `crew runs list` and `crew run` of one `true` task with
+/// 2,000 finished runs against the same with 20, and `crew agents list` with 2,000 finished
+/// runs and 3 live runs of 16 agents against `git worktree list`.
+fn history(bench: &Bench) {
+    let crew = crew_binary();
+    let project = clone_repository(bench, "history-project");
     // Retention would prune the history this measures.
     std::fs::create_dir_all(project.join(".crew")).unwrap();
     std::fs::write(

@@ -8,14 +8,22 @@ use crate::leader::crew_signature;
 /// The patch between `base` and the tip of `branch`, as `git diff base..branch` prints it.
 pub fn branch_patch(repo_root: &Utf8Path, base: &str, branch: &str) -> Result<String, git2::Error> {
     let repo = Repository::open(repo_root)?;
+    patch_text(&branch_diff(&repo, base, branch)?)
+}
+
+/// The tree diff between commit `base` and the tip of local `branch`.
+fn branch_diff<'repo>(
+    repo: &'repo Repository,
+    base: &str,
+    branch: &str,
+) -> Result<git2::Diff<'repo>, git2::Error> {
     let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
     let tip_tree = repo
         .find_branch(branch, BranchType::Local)?
         .get()
         .peel_to_commit()?
         .tree()?;
-    let diff = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)?;
-    patch_text(&diff)
+    repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)
 }
 
 /// The patch between `base` and what the worktree at `dir` holds now, committed or not
@@ -75,13 +83,7 @@ pub fn branch_files(
     branch: &str,
 ) -> Result<Vec<(String, usize, usize)>, git2::Error> {
     let repo = Repository::open(repo_root)?;
-    let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
-    let tip_tree = repo
-        .find_branch(branch, BranchType::Local)?
-        .get()
-        .peel_to_commit()?
-        .tree()?;
-    let diff = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None)?;
+    let diff = branch_diff(&repo, base, branch)?;
     let mut files = Vec::new();
     for index in 0..diff.deltas().len() {
         let Some(delta) = diff.get_delta(index) else {

@@ -405,18 +405,21 @@ mod tests {
         conflicted_paths(&index).unwrap()
     }
 
+    /// A root commit with an empty tree.
+    fn empty_root(repo: &Repository) -> Oid {
+        let tree = repo
+            .find_tree(repo.treebuilder(None).unwrap().write().unwrap())
+            .unwrap();
+        let signature = Signature::now("t", "t@example.com").unwrap();
+        repo.commit(None, &signature, &signature, "root", &tree, &[])
+            .unwrap()
+    }
+
     #[test]
     fn the_quick_comparison_agrees_with_a_full_merge() {
         let dir = tempfile::tempdir().unwrap();
         let repo = Repository::init(dir.path()).unwrap();
-        let empty = {
-            let tree = repo
-                .find_tree(repo.treebuilder(None).unwrap().write().unwrap())
-                .unwrap();
-            let signature = Signature::now("t", "t@example.com").unwrap();
-            repo.commit(None, &signature, &signature, "root", &tree, &[])
-                .unwrap()
-        };
+        let empty = empty_root(&repo);
         let text = "one\ntwo\nthree\nfour\nfive\nsix\nseven\neight\n";
         let base = commit(
             &repo,
@@ -519,14 +522,7 @@ mod tests {
     fn the_pruned_tree_walk_lists_what_a_full_diff_lists() {
         let dir = tempfile::tempdir().unwrap();
         let repo = Repository::init(dir.path()).unwrap();
-        let root = {
-            let tree = repo
-                .find_tree(repo.treebuilder(None).unwrap().write().unwrap())
-                .unwrap();
-            let signature = Signature::now("t", "t@example.com").unwrap();
-            repo.commit(None, &signature, &signature, "root", &tree, &[])
-                .unwrap()
-        };
+        let root = empty_root(&repo);
         let base = commit(
             &repo,
             root,
