@@ -35,6 +35,7 @@ use crew_core::env_vars;
 use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage};
 use crew_core::{AgentId, TaskId, WorkspaceId};
 
+use crate::acp::{AcpInput, AcpLink, AcpStart};
 use crate::env::{BaseEnv, agent_env};
 use crate::error::{AgentOpError, SpawnAgentError};
 use crate::events::{AgentEvent, OutputStream, answer, emit};
@@ -83,6 +84,10 @@ pub struct AgentSpec {
     /// The session an earlier start reported (see `Protocol`): what `{session_id}` in the
     /// resume template takes up, until the agent reports one itself.
     pub session_id: Option<String>,
+    /// What that session has cost so far in US dollars, as recorded on the task (starts of
+    /// other hosts): an `acp` agent reports its session's cost as a running total, and a
+    /// resumed task's share is what comes on top.
+    pub session_cost: Option<f64>,
 }
 
 /// Whether the agent's process is alive.
@@ -127,6 +132,9 @@ pub struct AgentStatus {
     /// Its turn is over and it waits, alive, for a message (an agent that reads its input
     /// between turns).
     pub idle: bool,
+    /// Its question waits on the live agent (an `acp` permission request): the answer goes to
+    /// it as it runs, with no restart.
+    pub asks_alive: bool,
 }
 
 /// What a live agent is doing, as far as crew can tell: what listings show to say who needs
@@ -185,6 +193,8 @@ pub enum FollowUpOutcome {
     Queued { position: usize },
     /// The agent had exited and was resumed with the message.
     Resumed { pid: u32 },
+    /// It answered the question the running agent waits on.
+    Answered,
 }
 
 pub(crate) enum Control {
@@ -228,6 +238,8 @@ struct Running {
     readers: Vec<JoinHandle<()>>,
     /// What the agent's protocol says: sessions, ends of turns (see `OutputSink::supervisor`).
     protocol: mpsc::UnboundedReceiver<ProtocolEvent>,
+    /// The client connection of an `acp` agent, which holds its stdin.
+    acp: Option<AcpLink>,
     sandbox: SandboxRecord,
     /// How many processes the warden killed after the agent exited.
     leftovers: LeftoverCount,
@@ -246,7 +258,15 @@ pub(crate) struct Started {
 /// started is an error for this agent only.
 pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
     let tail = Arc::new(Mutex::new(OutputTail::default()));
-    let running = launch(&spec, &launcher, &tail, None, spec.session_id.as_deref()).await?;
+    let running = launch(
+        &spec,
+        &launcher,
+        &tail,
+        None,
+        spec.session_id.as_deref(),
+        None,
+    )
+    .await?;
     // The first `Started` event is sent by the host once the agent is registered, so that a
     // subscriber reacting to it finds the agent.
     let status = AgentStatus {
@@ -264,6 +284,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         turn_error: None,
         protocol_warning: None,
         idle: false,
+        asks_alive: false,
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -292,6 +313,7 @@ pub(crate) fn start_idle(
         turn_error: None,
         protocol_warning: None,
         idle: false,
+        asks_alive: false,
     };
     supervise_from(
         spec,
@@ -339,6 +361,7 @@ async fn launch(
     tail: &Arc<Mutex<OutputTail>>,
     resume_message: Option<&str>,
     session_id: Option<&str>,
+    session_cost: Option<f64>,
 ) -> Result<Running, SpawnAgentError> {
     let definition = &spec.definition;
     let template = match (resume_message, &definition.resume) {
@@ -355,6 +378,7 @@ async fn launch(
             agent_id: spec.agent_id.clone(),
         });
     }
+    let acp = definition.protocol == Protocol::Acp;
     // A stream-json agent takes what it is asked as its first input message, unless its
     // template passes it as an argument.
     let first_message = match resume_message {
@@ -418,7 +442,7 @@ async fn launch(
             agent_id: spec.agent_id.clone(),
             source,
         })?;
-    let steerable = definition.steer != SteerMode::None;
+    let steerable = definition.steer != SteerMode::None || acp;
     let mut command = Command::new(program);
     command
         .args(args)
@@ -472,6 +496,7 @@ async fn launch(
         source: std::io::Error::other("the process exited before its pid was known"),
     })?;
     let (protocol_tx, protocol_rx) = mpsc::unbounded_channel();
+    let (acp_lines, acp_incoming) = mpsc::unbounded_channel();
     let sink = OutputSink {
         agent_id: spec.agent_id.clone(),
         log: Arc::new(Mutex::new(Some(log))),
@@ -481,8 +506,35 @@ async fn launch(
         supervisor: (definition.steer == SteerMode::StdinJson
             || definition.protocol != Protocol::Lines)
             .then_some(protocol_tx),
+        acp: acp.then_some(acp_lines),
     };
     let mut stdin = child.stdin.take();
+    // An ACP agent's input belongs to its client connection, which sends the first prompt:
+    // the task's, or the message it is resumed with, in the session it had.
+    let acp = match stdin.take() {
+        Some(input) if acp => Some(crate::acp::start(
+            AcpStart {
+                workspace: spec.dir.clone(),
+                first: resume_message
+                    .filter(|message| !message.is_empty())
+                    .unwrap_or(&spec.prompt)
+                    .to_owned(),
+                resume: resume_message.and(session_id).map(str::to_owned),
+                resume_cost: session_cost,
+            },
+            input,
+            acp_incoming,
+            // Without the line sender: the connection ends when the agent's stdout does.
+            OutputSink {
+                acp: None,
+                ..sink.clone()
+            },
+        )),
+        input => {
+            stdin = input;
+            None
+        }
+    };
     if let (Some(message), Some(input)) = (first_message, stdin.as_mut()) {
         let line = format!("{}\n", user_message_line(message));
         let written = async {
@@ -514,6 +566,7 @@ async fn launch(
         pid,
         readers,
         protocol: protocol_rx,
+        acp,
         sandbox: sandbox.record,
         leftovers,
         _temp_dir: temp_dir,
@@ -689,25 +742,35 @@ impl Supervisor {
             };
             // A resume without a message delivers the oldest follow-up still queued (one sent
             // before a stop), else the default message of a `resume` template.
+            let definition = &self.spec.definition;
             let message = message.or_else(|| self.follow_ups.pop_front()).or_else(|| {
-                self.spec
-                    .definition
-                    .resume
-                    .as_ref()
-                    .map(|_| DEFAULT_RESUME_MESSAGE.to_owned())
+                (definition.resume.is_some() || definition.protocol == Protocol::Acp)
+                    .then(|| DEFAULT_RESUME_MESSAGE.to_owned())
             });
-            let session = self
-                .status
-                .borrow()
-                .session_id
-                .clone()
-                .or_else(|| self.spec.session_id.clone());
+            let (session, cost_here) = {
+                let status = self.status.borrow();
+                (
+                    status
+                        .session_id
+                        .clone()
+                        .or_else(|| self.spec.session_id.clone()),
+                    status.usage.map(|usage| usage.cost_usd),
+                )
+            };
+            // Recorded starts, and this host's: unknown when either did not say.
+            let session_cost = match cost_here {
+                None => self.spec.session_cost,
+                Some(here) => here
+                    .zip(self.spec.session_cost.or(Some(0.0)))
+                    .map(|(a, b)| a + b),
+            };
             match launch(
                 &self.spec,
                 &self.launcher,
                 &self.tail,
                 message.as_deref(),
                 session.as_deref(),
+                session_cost,
             )
             .await
             {
@@ -721,6 +784,7 @@ impl Supervisor {
                         status.sandbox = Some(sandbox);
                         status.attempt += 1;
                         status.question = None;
+                        status.asks_alive = false;
                         status.queued_follow_ups = self.follow_ups.len();
                     });
                     let attempt = self.status.borrow().attempt;
@@ -796,6 +860,34 @@ impl Supervisor {
                 self.status
                     .send_modify(|status| status.protocol_warning = Some(warning));
             }
+            ProtocolEvent::Asked(question) => {
+                self.status.send_modify(|status| {
+                    status.question = Some(question.clone());
+                    status.asks_alive = true;
+                });
+                emit(
+                    &self.launcher.events,
+                    AgentEvent::Question {
+                        agent_id: self.spec.agent_id.clone(),
+                        question,
+                    },
+                );
+                self.publish_status();
+            }
+            ProtocolEvent::Answered => {
+                if self.status.borrow().asks_alive {
+                    self.status.send_modify(|status| {
+                        status.question = None;
+                        status.asks_alive = false;
+                    });
+                    self.publish_status();
+                }
+            }
+            ProtocolEvent::Failed(reason) => {
+                self.status
+                    .send_modify(|status| status.turn_error = Some(reason));
+                self.publish_status();
+            }
             ProtocolEvent::TurnEnded { usage, error } => {
                 self.status.send_modify(|status| {
                     if let Some(usage) = usage {
@@ -804,7 +896,18 @@ impl Supervisor {
                     status.turn_error = error;
                 });
                 self.publish_status();
-                if let Some(message) = self.follow_ups.pop_front() {
+                if let Some(acp) = &running.acp {
+                    // The next follow-up is the next prompt; with none, the session is over.
+                    let input = match self.follow_ups.pop_front() {
+                        Some(message) => AcpInput::Prompt(message),
+                        None => AcpInput::End,
+                    };
+                    // The driver is gone only with the connection, when the agent is ending.
+                    let _ = acp.inputs.send(input);
+                    let queued = self.follow_ups.len();
+                    self.status
+                        .send_modify(|status| status.queued_follow_ups = queued);
+                } else if let Some(message) = self.follow_ups.pop_front() {
                     if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
                         // The agent's input is closed (it is ending): the follow-up waits for
                         // its next start, as one sent to an exited agent does.
@@ -864,11 +967,28 @@ impl Supervisor {
                         }
                     }
                     Some(Control::Steer { message, reply }) => {
-                        let result = self.steer(running.stdin.as_mut(), &message).await;
+                        let result = match &running.acp {
+                            Some(acp) => acp.inputs.send(AcpInput::Steer(message)).map_err(|_| {
+                                AgentOpError::Input {
+                                    agent_id: self.spec.agent_id.clone(),
+                                    reason: "its protocol connection is closed".to_owned(),
+                                }
+                            }),
+                            None => self.steer(running.stdin.as_mut(), &message).await,
+                        };
                         if result.is_ok() {
                             self.status.send_modify(|status| status.idle = false);
                         }
                         answer(reply, result);
+                    }
+                    Some(Control::FollowUp { message, reply }) if self.status.borrow().asks_alive
+                        && running.acp.as_ref().is_some_and(|acp| acp.inputs.send(AcpInput::Answer(message.clone())).is_ok()) => {
+                        self.status.send_modify(|status| {
+                            status.question = None;
+                            status.asks_alive = false;
+                        });
+                        self.publish_status();
+                        answer(reply, Ok(FollowUpOutcome::Answered));
                     }
                     Some(Control::FollowUp { message, reply }) => {
                         self.follow_ups.push_back(message);
@@ -912,6 +1032,7 @@ impl Supervisor {
             }
         };
         drop(running.stdin.take());
+        let acp = running.acp.take();
 
         let mut exit = ExitRecord {
             code: None,
@@ -938,9 +1059,18 @@ impl Supervisor {
         );
         // Its output is read to the end now: what its protocol said last (often the end of
         // its turn, printed just before it exited) counts too.
+        if let Some(acp) = acp {
+            // Its stdout is read to the end: the connection ends with what it said last.
+            let mut driver = acp.driver;
+            if tokio::time::timeout(PIPE_GRACE, &mut driver).await.is_err() {
+                driver.abort();
+            }
+        }
         while let Ok(event) = running.protocol.try_recv() {
             self.heard(event, &mut running).await;
         }
+        // A question that waited on the live agent waits for its next start now.
+        self.status.send_modify(|status| status.asks_alive = false);
         Ended {
             exit,
             stop_waiters,

@@ -59,6 +59,7 @@
 //!         sandbox: SandboxPlan::confined_to(workspace.as_path()),
 //!         workspace_env: Vec::new(),
 //!         session_id: None,
+//!         session_cost: None,
 //!         parent: None,
 //!     })
 //!     .await?;
@@ -84,6 +85,7 @@ compile_error!(
     "crew runs on Linux only: it relies on /proc, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER and Landlock"
 );
 
+mod acp;
 pub mod agent;
 mod check;
 pub mod control;

@@ -191,11 +191,13 @@ pub struct OutputSink {
     /// Told what the agent's protocol says (for `lines` agents steered with `stdin-json`: each
     /// end of a turn).
     pub supervisor: Option<mpsc::UnboundedSender<ProtocolEvent>>,
+    /// Where an `acp` agent's JSON-RPC lines go: its client connection (see `acp`).
+    pub acp: Option<mpsc::UnboundedSender<String>>,
 }
 
 impl OutputSink {
     /// Shows `line` as the agent's output: in the in-memory tail and as an event.
-    fn show(&self, stream: OutputStream, line: String) {
+    pub(crate) fn show(&self, stream: OutputStream, line: String) {
         self.tail
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -210,7 +212,7 @@ impl OutputSink {
         );
     }
 
-    fn tell(&self, event: ProtocolEvent) {
+    pub(crate) fn tell(&self, event: ProtocolEvent) {
         if let Some(supervisor) = &self.supervisor {
             // Nobody to tell once the agent's supervisor is gone.
             let _ = supervisor.send(event);
@@ -267,10 +269,20 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             continue;
         };
         for line in messages.push(chunk) {
+            // An `acp` agent's messages go to its client connection, which shows what they say.
+            let line = match (&sink.acp, line) {
+                (Some(acp), Ok(line)) if is_json_rpc(&line) => {
+                    // Once the connection is over, what the agent still sends is only logged.
+                    let _ = acp.send(line);
+                    continue;
+                }
+                (_, line) => line,
+            };
             let reading = line
                 .as_deref()
                 .ok()
-                .and_then(|line| read_line(sink.protocol, line));
+                .and_then(|line| read_line(sink.protocol, line))
+                .filter(|_| sink.acp.is_none());
             match reading {
                 Some(reading) => {
                     for shown in reading.shown {
@@ -297,6 +309,12 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             }
         }
     }
+}
+
+/// Whether a line is a JSON-RPC 2.0 message (what an `acp` agent's stdout carries).
+fn is_json_rpc(line: &str) -> bool {
+    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line.trim())
+        .is_ok_and(|message| message.get("jsonrpc").and_then(|v| v.as_str()) == Some("2.0"))
 }
 
 /// The line Claude Code's `stream-json` output prints when a turn is over (for an agent read

@@ -55,6 +55,12 @@ pub enum ProtocolEvent {
     },
     /// A line that was not a message of the protocol (the first one only).
     NotProtocol(String),
+    /// The agent asks for permission and waits, alive, for the answer (`acp`).
+    Asked(String),
+    /// Its permission request was answered or withdrawn.
+    Answered,
+    /// The protocol connection failed (`acp`): the agent's input is closed.
+    Failed(String),
 }
 
 /// One stdout line of a protocol agent, read.
@@ -72,6 +78,7 @@ pub fn read_line(protocol: Protocol, line: &str) -> Option<Reading> {
         Protocol::Lines => None,
         Protocol::ClaudeStreamJson => read_claude_line(line),
         Protocol::CodexJson => read_codex_line(line),
+        Protocol::Acp => read_acp_line(line),
     }
 }
 
@@ -85,10 +92,14 @@ pub fn shown_as(line: &str) -> String {
 /// any protocol shows (nothing for one that shows nothing, as a session's start), else the
 /// line itself.
 pub fn shown_lines(line: &str) -> Vec<String> {
-    let readings: Vec<Reading> = [Protocol::ClaudeStreamJson, Protocol::CodexJson]
-        .into_iter()
-        .filter_map(|protocol| read_line(protocol, line))
-        .collect();
+    let readings: Vec<Reading> = [
+        Protocol::ClaudeStreamJson,
+        Protocol::CodexJson,
+        Protocol::Acp,
+    ]
+    .into_iter()
+    .filter_map(|protocol| read_line(protocol, line))
+    .collect();
     if readings.is_empty() {
         return vec![line.to_owned()];
     }
@@ -229,6 +240,71 @@ pub fn read_codex_line(line: &str) -> Option<Reading> {
         _ => {}
     }
     Some(reading)
+}
+
+/// Reads one line of an Agent Client Protocol agent's stdout, as a log is read back: what its
+/// `session/update` notifications showed (a message chunk's lines, `→ <tool call>`). Live, the
+/// `acp` driver shows whole lines and tells the supervisor; this reader never does.
+pub fn read_acp_line(line: &str) -> Option<Reading> {
+    let message: JsonRpc = serde_json::from_str(line.trim()).ok()?;
+    if message.jsonrpc != "2.0" {
+        return None;
+    }
+    let mut reading = Reading::default();
+    let update = message
+        .params
+        .filter(|_| message.method.as_deref() == Some("session/update"))
+        .and_then(|params| params.update);
+    match update {
+        Some(AcpUpdate::AgentMessageChunk {
+            content: AcpContent::Text { text },
+        }) => reading.shown.extend(
+            text.lines()
+                .filter(|line| !line.trim().is_empty())
+                .map(str::to_owned),
+        ),
+        Some(AcpUpdate::ToolCall { title }) => reading.shown.push(format!("→ {title}")),
+        _ => {}
+    }
+    Some(reading)
+}
+
+#[derive(Deserialize)]
+struct JsonRpc {
+    jsonrpc: String,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    params: Option<AcpParams>,
+}
+
+#[derive(Deserialize)]
+struct AcpParams {
+    #[serde(default)]
+    update: Option<AcpUpdate>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "sessionUpdate", rename_all = "snake_case")]
+enum AcpUpdate {
+    AgentMessageChunk {
+        content: AcpContent,
+    },
+    ToolCall {
+        title: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum AcpContent {
+    Text {
+        text: String,
+    },
+    #[serde(other)]
+    Other,
 }
 
 /// A line cut to what a listing shows of a tool's input.

@@ -145,6 +145,17 @@ impl AgentHandle {
             .map(|status| status.clone())
     }
 
+    /// Waits until whether the running agent waits on a question of its own (an `acp`
+    /// permission request) is other than `asking`. `None` when the supervisor is gone.
+    pub async fn wait_asking(&self, asking: bool) -> Option<AgentStatus> {
+        let mut status = self.status.clone();
+        status
+            .wait_for(|status| status.asks_alive != asking)
+            .await
+            .ok()
+            .map(|status| status.clone())
+    }
+
     async fn request<T>(
         &self,
         build: impl FnOnce(oneshot::Sender<T>) -> Control,

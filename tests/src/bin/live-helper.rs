@@ -71,6 +71,7 @@ fn host(args: &[String]) {
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
                 session_id: None,
+                session_cost: None,
                 parent: None,
             })
             .await
@@ -131,6 +132,7 @@ fn many(args: &[String]) {
                 sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
                 workspace_env: Vec::new(),
                 session_id: None,
+                session_cost: None,
                 parent: None,
             })
             .await
@@ -271,6 +273,7 @@ fn start(args: &[String]) {
                     },
                     workspace_env: Vec::new(),
                     session_id: None,
+                    session_cost: None,
                     parent: None,
                 })
                 .await

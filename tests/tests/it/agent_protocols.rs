@@ -207,6 +207,19 @@ fn a_stream_json_agent_steers_with_json_or_its_file_is_refused() {
         shown.contains("steers with stream-json messages") && shown.contains("agents/claude.toml"),
         "{shown}"
     );
+    // An ACP agent steers through its protocol, and says so just as plainly.
+    write(
+        &repo.join(".crew/agents/claude.toml"),
+        "command = [\"gemini\", \"--acp\"]\nprotocol = \"acp\"\nsteer = \"stdin-json\"\n",
+    );
+    let refused = env.crew(&repo, ["run", "--agent", "claude", "hello"]);
+    let shown = render_output(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{shown}");
+    assert!(
+        shown.contains("steers with the protocol's own prompts")
+            && shown.contains("agents/claude.toml:3"),
+        "{shown}"
+    );
     assert!(run_ids(&env, &repo).is_empty());
 }
 

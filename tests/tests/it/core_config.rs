@@ -20,7 +20,7 @@ fn example_config_loads_through_the_run_code_path() {
     );
     assert_eq!(
         config.agent_names().unwrap(),
-        ["aider", "claude", "codex", "shell"]
+        ["aider", "claude", "codex", "gemini", "shell"]
     );
     for name in config.agent_names().unwrap() {
         config.load_agent(&name).unwrap();
@@ -169,7 +169,7 @@ fn agent_mistakes_are_located() {
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox]\nwrite = [\"~/.claude\", \"build/cache\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:23: key `sandbox.write`: `build/cache` must be an absolute path or start with `~/` (the agent's home directory)");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox]\nmode = \"loose\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:8: key `sandbox.mode`: unknown variant `loose`, expected `enforce` or `off`");
     insta::assert_snapshot!(load_error("config.toml", "[sandbox]\nwrite = [\"/tmp\"]\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `sandbox.write`: unknown field `write`, expected `mode`");
-    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nsteer = \"telepathy\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`");
+    insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nsteer = \"telepathy\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`, `protocol`");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nenv = { \"BAD NAME\" = \"1\" }\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)");
 }
 
@@ -232,7 +232,7 @@ fn every_problem_of_a_file_is_reported_at_once() {
     ");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = \"x\"\nsteer = \"telepathy\"\n[sandbox]\nmode = \"loose\"\n"), @r#"
     error: $TEST_ENV/project/.crew/agents/a.toml:1:11: key `command`: invalid type: string "x", expected a sequence
-    $TEST_ENV/project/.crew/agents/a.toml:2:1: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`
+    $TEST_ENV/project/.crew/agents/a.toml:2:1: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`, `protocol`
     $TEST_ENV/project/.crew/agents/a.toml:4:1: key `sandbox.mode`: unknown variant `loose`, expected `enforce` or `off`
     "#);
 }

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod acp_agents;
 mod agent_protocols;
 mod best_of;
 mod board;

@@ -20,6 +20,10 @@ pub const EXAMPLE_FILES: &[(&str, &str)] = &[
         include_str!("../../../../.crew.example/agents/codex.toml"),
     ),
     (
+        "agents/gemini.toml",
+        include_str!("../../../../.crew.example/agents/gemini.toml"),
+    ),
+    (
         "agents/aider.toml",
         include_str!("../../../../.crew.example/agents/aider.toml"),
     ),

@@ -617,6 +617,10 @@ pub(super) fn parse_agent(
             SteerMode::None,
             "protocol = \"codex-json\" reads no input while the agent runs (follow-ups resume it): leave `steer` out, or set it to \"none\"",
         )),
+        Protocol::Acp => Some((
+            SteerMode::Protocol,
+            "protocol = \"acp\" steers with the protocol's own prompts: leave `steer` out, or set it to \"protocol\"",
+        )),
     };
     let steer = match (required, file.steer) {
         (None, steer) => steer.map_or_else(SteerMode::default, Spanned::into_inner),

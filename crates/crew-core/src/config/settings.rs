@@ -77,6 +77,9 @@ pub enum SteerMode {
     /// The agent cannot be steered while it runs; follow-ups resume it afterwards.
     #[default]
     None,
+    /// Messages go in as the agent's protocol's own prompts (`protocol = "acp"`): a steer
+    /// cancels the turn under way and sends the message as the next one.
+    Protocol,
 }
 
 /// How crew reads what an agent prints, and how it talks to it.
@@ -94,6 +97,11 @@ pub enum Protocol {
     /// takes up), what the agent says and runs, each turn's tokens, and why a turn failed.
     /// Codex reads no input while it runs: follow-ups resume it.
     CodexJson,
+    /// The Agent Client Protocol (JSON-RPC on stdio), with crew as the client: a session per
+    /// task in its workspace, prompts, cancel, the agent's permission requests as questions,
+    /// its file requests confined to the workspace, and `session/load` to take up exactly the
+    /// task's session again.
+    Acp,
 }
 
 /// How `[worktree] link` paths reach a worktree.

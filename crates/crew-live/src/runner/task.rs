@@ -284,6 +284,7 @@ impl RunContext {
             },
             workspace_env: workspace_env(workspace),
             session_id: task.session_id.clone(),
+            session_cost: task.usage.and_then(|usage| usage.cost_usd),
             parent: task.parent.clone(),
         }
     }
@@ -461,6 +462,20 @@ impl RunContext {
             .announce(&self.run_id, task_id, TaskStatus::Running, None, record);
     }
 
+    /// The running agent's question was answered and it goes on: the task is `running` again.
+    async fn record_answered(&self, task_id: &TaskId) {
+        let task = task_id.clone();
+        let record = self
+            .save(&format!("task {task_id}'s answer"), move |manifest| {
+                let record = manifest.set_task_status(&task, TaskStatus::Running)?;
+                record.question = None;
+                Ok(record.clone())
+            })
+            .await;
+        self.runner
+            .announce(&self.run_id, task_id, TaskStatus::Running, None, record);
+    }
+
     /// Waits for the agent through questions, stops and restarts, then tears down and records
     /// the outcome.
     async fn follow_through(
@@ -482,6 +497,8 @@ impl RunContext {
         };
         // The attempt that last exited (asked, or was stopped): any later attempt goes on.
         let mut exited_attempt = waiting_since;
+        // The running agent waits on a question of its own (an `acp` permission request).
+        let mut asking = false;
         let ending = loop {
             match phase {
                 Phase::Running => {
@@ -527,6 +544,23 @@ impl RunContext {
                                 break Ending::Exited(exit);
                             }
                         }
+                        status = handle.wait_asking(asking) => match status {
+                            Some(status) => {
+                                asking = status.asks_alive;
+                                match status.question {
+                                    Some(question) if asking => {
+                                        self.record_waiting(&task_id, &question, &handle, task.usage).await;
+                                    }
+                                    // Answered, and it goes on.
+                                    None => self.record_answered(&task_id).await,
+                                    // It exits with its question: the exit records it.
+                                    Some(_) => {}
+                                }
+                            }
+                            None => {
+                                handle.wait_exited().await;
+                            }
+                        },
                         changed = cancel.changed() => {
                             if changed.is_err() {
                                 // The run is over for this task's purposes; its exit decides

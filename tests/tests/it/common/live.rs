@@ -50,6 +50,7 @@ impl LiveFixture {
             sandbox: crew_live::SandboxPlan::confined_to(self.workspace.as_path()),
             workspace_env: Vec::new(),
             session_id: None,
+            session_cost: None,
             parent: None,
         }
     }

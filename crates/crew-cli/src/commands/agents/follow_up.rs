@@ -40,6 +40,7 @@ pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome,
             .and_then(|outcome| outcome.as_str());
         match outcome {
             Some("resumed") => println!("resumed {} with the message", agent.agent_id),
+            Some("answered") => println!("answered {}'s question; it goes on", agent.agent_id),
             Some("requeued") => println!(
                 "resuming {} with the message: its task starts again in a new workspace on its branch",
                 agent.agent_id

@@ -1,0 +1,743 @@
+//! Agents that speak the Agent Client Protocol: crew is their client.
+//!
+//! One driver per process of such an agent, a tokio task that holds the client side of the
+//! connection (the `agent-client-protocol` crate's `Client` role, over the process's stdin and
+//! the JSON-RPC lines of its stdout):
+//!
+//! 1. `initialize`, offering file reads and writes (confined to the task's workspace) and no
+//!    terminal: the agent runs its commands itself, inside its sandbox.
+//! 2. `session/new` in the task's workspace, or `session/load` of the task's recorded session
+//!    when the agent is started again and supports it: a resume takes up exactly that session.
+//! 3. A prompt turn per message (`session/prompt`): the task's prompt, then each follow-up the
+//!    supervisor hands over when a turn ends. A steer cancels the turn under way
+//!    (`session/cancel`) and goes in as the next prompt.
+//! 4. What the agent sends meanwhile: `session/update` notifications become the lines a person
+//!    sees (what it says, line by line; `→ <tool call>`); its cost (`usage_update`) and the
+//!    turn's tokens count on the task; a `session/request_permission` becomes the task's
+//!    question, answered by whoever answers crew's questions (`crew agents follow-up`, the board,
+//!    an editor); `fs/read_text_file` and `fs/write_text_file` are served beneath the
+//!    workspace only, by the kernel's `RESOLVE_BENEATH`.
+//! 5. When the supervisor has nothing more to say, the driver ends the connection: the agent's
+//!    input closes and it exits.
+//!
+//! The supervisor hears of all this as [`ProtocolEvent`]s, as it does for the line protocols.
+
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation,
+    InitializeRequest, LoadSessionRequest, NewSessionRequest, PermissionOption,
+    PermissionOptionKind, PromptRequest, PromptResponse, ReadTextFileRequest, ReadTextFileResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionId, SessionNotification, SessionUpdate, StopReason,
+    TextContent, ToolCallStatus, WriteTextFileRequest, WriteTextFileResponse,
+};
+use agent_client_protocol::{Client, Lines, on_receive_notification, on_receive_request};
+use camino::Utf8PathBuf;
+use crew_core::model::Usage;
+use tokio::io::AsyncWriteExt;
+use tokio::process::ChildStdin;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::events::OutputStream;
+use crate::output::OutputSink;
+use crate::protocol::ProtocolEvent;
+
+/// The largest file an agent may read or write through crew.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// What the supervisor tells a running ACP agent.
+#[derive(Debug)]
+pub(crate) enum AcpInput {
+    /// The next prompt turn (a follow-up, when the last turn ended).
+    Prompt(String),
+    /// Cancel the turn under way and send this as the next one.
+    Steer(String),
+    /// The answer to the agent's pending permission request.
+    Answer(String),
+    /// Nothing more to say: end the session, so that the agent exits.
+    End,
+}
+
+/// One start of an ACP agent.
+#[derive(Debug)]
+pub(crate) struct AcpStart {
+    /// The task's workspace: the session's `cwd`, and the only place its file requests reach.
+    pub workspace: Utf8PathBuf,
+    /// The first prompt: the task's prompt, or the message it was resumed with.
+    pub first: String,
+    /// The session to take up (`session/load`), when the agent is started again.
+    pub resume: Option<String>,
+    /// What that session cost before, as crew counted it: the agent's running total starts
+    /// there.
+    pub resume_cost: Option<f64>,
+}
+
+/// The supervisor's end of a driver.
+#[derive(Debug)]
+pub(crate) struct AcpLink {
+    pub inputs: mpsc::UnboundedSender<AcpInput>,
+    pub driver: JoinHandle<()>,
+}
+
+/// Starts the client side of the connection with a freshly started agent: `stdin` is its
+/// input, `lines` the JSON-RPC lines of its stdout (the output drain sends them on), `sink`
+/// where what it says is shown and the supervisor told.
+pub(crate) fn start(
+    start: AcpStart,
+    stdin: ChildStdin,
+    lines: mpsc::UnboundedReceiver<String>,
+    sink: OutputSink,
+) -> AcpLink {
+    let (inputs, receiver) = mpsc::unbounded_channel();
+    let driver = tokio::spawn(drive(start, stdin, lines, receiver, sink));
+    AcpLink { inputs, driver }
+}
+
+/// What the connection's handlers and its main flow share.
+struct Shared {
+    sink: OutputSink,
+    workspace: PathBuf,
+    /// What the agent said that no newline has ended yet.
+    said: Mutex<String>,
+    /// The permission request waiting for an answer.
+    permission: Mutex<Option<oneshot::Sender<String>>>,
+    /// The session's cost so far, in US dollars, as its last `usage_update` said.
+    cost: Mutex<Option<f64>>,
+    /// A loaded session's history is being replayed: not shown again.
+    replaying: Mutex<bool>,
+}
+
+impl Shared {
+    fn show(&self, line: String) {
+        self.sink.show(OutputStream::Stdout, line);
+    }
+
+    /// Shows what the agent said up to its last newline (everything, when `all`).
+    fn show_said(&self, all: bool) {
+        let lines: Vec<String> = {
+            let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
+            let end = if all {
+                said.len()
+            } else {
+                match said.rfind('\n') {
+                    Some(newline) => newline + 1,
+                    None => return,
+                }
+            };
+            let done: String = said.drain(..end).collect();
+            done.lines()
+                .filter(|line| !line.trim().is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        for line in lines {
+            self.show(line);
+        }
+    }
+
+    fn heard(&self, notification: SessionNotification) {
+        let replaying = *self.replaying.lock().unwrap_or_else(|e| e.into_inner());
+        match notification.update {
+            SessionUpdate::UsageUpdate(update) => {
+                if let Some(cost) = update.cost.filter(|cost| cost.currency == "USD") {
+                    *self.cost.lock().unwrap_or_else(|e| e.into_inner()) = Some(cost.amount);
+                }
+            }
+            _ if replaying => {}
+            SessionUpdate::AgentMessageChunk(chunk) => {
+                if let ContentBlock::Text(text) = chunk.content {
+                    self.said
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_str(&text.text);
+                    self.show_said(false);
+                }
+            }
+            SessionUpdate::ToolCall(call) => {
+                self.show_said(true);
+                self.show(format!("→ {}", call.title));
+            }
+            SessionUpdate::ToolCallUpdate(update)
+                if update.fields.status == Some(ToolCallStatus::Failed) =>
+            {
+                let what = update
+                    .fields
+                    .title
+                    .unwrap_or_else(|| update.tool_call_id.0.to_string());
+                self.show(format!("  ({what} failed)"));
+            }
+            // Thoughts, plans, commands, modes and what newer agents send: not shown.
+            _ => {}
+        }
+    }
+
+    /// Hands `answer` to the pending permission request, if there is one.
+    fn answer(&self, answer: String) {
+        let pending = self
+            .permission
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(pending) = pending {
+            // The request's responder is gone only with the connection: nobody left to answer.
+            let _ = pending.send(answer);
+        }
+    }
+
+    /// Cancels the pending permission request (the turn is being cancelled).
+    fn cancel_permission(&self) {
+        // Dropping the sender answers the request `cancelled`.
+        drop(
+            self.permission
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+    }
+}
+
+async fn drive(
+    start: AcpStart,
+    stdin: ChildStdin,
+    lines: mpsc::UnboundedReceiver<String>,
+    mut inputs: mpsc::UnboundedReceiver<AcpInput>,
+    sink: OutputSink,
+) {
+    let shared = Arc::new(Shared {
+        sink: sink.clone(),
+        workspace: start.workspace.clone().into_std_path_buf(),
+        said: Mutex::new(String::new()),
+        permission: Mutex::new(None),
+        cost: Mutex::new(None),
+        replaying: Mutex::new(false),
+    });
+    let outgoing = futures::sink::unfold(stdin, |mut stdin, line: String| async move {
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        Ok::<_, std::io::Error>(stdin)
+    });
+    let incoming = futures::stream::unfold(lines, |mut lines| async move {
+        lines.recv().await.map(|line| (Ok(line), lines))
+    });
+    let (on_update, on_permission, on_read, on_write, flow) = (
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+    );
+    let result = Client
+        .v1()
+        .name("crew")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx| {
+                on_update.heard(notification);
+                Ok(())
+            },
+            on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: RequestPermissionRequest, responder, cx| {
+                let (sender, answer) = oneshot::channel();
+                *on_permission
+                    .permission
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(sender);
+                on_permission.show_said(true);
+                on_permission
+                    .sink
+                    .tell(ProtocolEvent::Asked(question(&request)));
+                let shared = on_permission.clone();
+                cx.spawn(async move {
+                    let outcome = match answer.await {
+                        Ok(answer) => choose(&answer, &request.options),
+                        Err(_) => RequestPermissionOutcome::Cancelled,
+                    };
+                    shared.sink.tell(ProtocolEvent::Answered);
+                    responder.respond(RequestPermissionResponse::new(outcome))
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReadTextFileRequest, responder, _cx| {
+                responder.respond_with_result(read_file(&on_read.workspace, &request))
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WriteTextFileRequest, responder, _cx| {
+                responder.respond_with_result(write_file(&on_write.workspace, &request))
+            },
+            on_receive_request!(),
+        )
+        .connect_with(Lines::new(outgoing, incoming), async |cx| {
+            let version = env!("CARGO_PKG_VERSION");
+            let initialized = cx
+                .send_request(
+                    InitializeRequest::new(ProtocolVersion::V1)
+                        .client_capabilities(
+                            ClientCapabilities::new().fs(FileSystemCapabilities::new()
+                                .read_text_file(true)
+                                .write_text_file(true)),
+                        )
+                        .client_info(Implementation::new("crew", version)),
+                )
+                .block_task()
+                .await?;
+            let cwd = start.workspace.as_std_path();
+            let session = match start
+                .resume
+                .filter(|_| initialized.agent_capabilities.load_session)
+            {
+                Some(session) => {
+                    let session = SessionId::new(session);
+                    // What it reports while replaying the session says better.
+                    *flow.cost.lock().unwrap_or_else(|e| e.into_inner()) = start.resume_cost;
+                    *flow.replaying.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    let loaded = cx
+                        .send_request(LoadSessionRequest::new(session.clone(), cwd))
+                        .block_task()
+                        .await;
+                    *flow.replaying.lock().unwrap_or_else(|e| e.into_inner()) = false;
+                    loaded?;
+                    session
+                }
+                None => {
+                    // A new session has cost nothing yet.
+                    *flow.cost.lock().unwrap_or_else(|e| e.into_inner()) = Some(0.0);
+                    cx.send_request(NewSessionRequest::new(cwd))
+                        .block_task()
+                        .await?
+                        .session_id
+                }
+            };
+            flow.sink
+                .tell(ProtocolEvent::Session(session.0.to_string()));
+            let mut next = Some(start.first);
+            // The usage of turns a steer cut short counts with the turn that follows.
+            let mut carried: Option<Usage> = None;
+            loop {
+                let text = match next.take() {
+                    Some(text) => text,
+                    None => match inputs.recv().await {
+                        Some(AcpInput::Prompt(text) | AcpInput::Steer(text)) => text,
+                        Some(AcpInput::Answer(answer)) => {
+                            flow.answer(answer);
+                            continue;
+                        }
+                        Some(AcpInput::End) | None => break,
+                    },
+                };
+                let cost_before = *flow.cost.lock().unwrap_or_else(|e| e.into_inner());
+                let prompt = cx.send_request(PromptRequest::new(
+                    session.clone(),
+                    vec![ContentBlock::Text(TextContent::new(text))],
+                ));
+                let response = prompt.block_task();
+                tokio::pin!(response);
+                let mut steered: Option<String> = None;
+                let mut ending = false;
+                let outcome = loop {
+                    tokio::select! {
+                        outcome = &mut response => break outcome,
+                        input = inputs.recv(), if !ending => match input {
+                            Some(AcpInput::Steer(text) | AcpInput::Prompt(text)) => {
+                                steered = Some(match steered.take() {
+                                    Some(earlier) => format!("{earlier}\n\n{text}"),
+                                    None => text,
+                                });
+                                flow.cancel_permission();
+                                cx.send_notification(CancelNotification::new(session.clone()))?;
+                            }
+                            Some(AcpInput::Answer(answer)) => flow.answer(answer),
+                            Some(AcpInput::End) | None => {
+                                ending = true;
+                                flow.cancel_permission();
+                                cx.send_notification(CancelNotification::new(session.clone()))?;
+                            }
+                        },
+                    }
+                };
+                flow.show_said(true);
+                let cost_after = *flow.cost.lock().unwrap_or_else(|e| e.into_inner());
+                let (usage, error) = match outcome {
+                    Ok(response) => (
+                        turn_usage(&response, cost_before, cost_after),
+                        stop_error(response.stop_reason),
+                    ),
+                    Err(error) => (None, Some(format!("the prompt failed: {error}"))),
+                };
+                if let Some(usage) = usage {
+                    carried = Some(carried.map_or(usage, |sum| sum.plus(usage)));
+                }
+                if ending {
+                    break;
+                }
+                if let Some(text) = steered {
+                    next = Some(text);
+                    continue;
+                }
+                flow.sink.tell(ProtocolEvent::TurnEnded {
+                    usage: carried.take(),
+                    error,
+                });
+            }
+            if let Some(usage) = carried {
+                flow.sink.tell(ProtocolEvent::TurnEnded {
+                    usage: Some(usage),
+                    error: None,
+                });
+            }
+            Ok(())
+        })
+        .await;
+    shared.show_said(true);
+    if let Err(error) = result {
+        shared.show(format!(
+            "[crew: the Agent Client Protocol connection failed: {error}]"
+        ));
+        sink.tell(ProtocolEvent::Failed(error.to_string()));
+    }
+}
+
+/// The task's question for a permission request: what the agent wants to do, and the answers
+/// that pick each option.
+fn question(request: &RequestPermissionRequest) -> String {
+    let what = request
+        .tool_call
+        .fields
+        .title
+        .clone()
+        .unwrap_or_else(|| request.tool_call.tool_call_id.0.to_string());
+    let options: Vec<String> = request
+        .options
+        .iter()
+        .map(|option| format!("{} ({})", option.option_id.0, option.name))
+        .collect();
+    format!(
+        "allow {what}? answer yes or no, or one of: {}",
+        options.join(", ")
+    )
+}
+
+/// The option an answer picks: its id or its name, else a yes or a no by the options' kinds
+/// (the narrower one first). An answer that picks nothing rejects, once.
+fn choose(answer: &str, options: &[PermissionOption]) -> RequestPermissionOutcome {
+    let answer = answer.trim();
+    let picked = options
+        .iter()
+        .find(|option| {
+            option.option_id.0.eq_ignore_ascii_case(answer)
+                || option.name.eq_ignore_ascii_case(answer)
+        })
+        .or_else(|| {
+            let word = answer
+                .split(|c: char| !c.is_alphanumeric())
+                .next()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            use PermissionOptionKind::{AllowAlways, AllowOnce, RejectAlways, RejectOnce};
+            let kinds: &[PermissionOptionKind] = match word.as_str() {
+                "yes" | "y" | "allow" | "ok" | "okay" | "approve" | "sure" | "go" => {
+                    &[AllowOnce, AllowAlways]
+                }
+                "always" => &[AllowAlways, AllowOnce],
+                "never" => &[RejectAlways, RejectOnce],
+                _ => &[RejectOnce, RejectAlways],
+            };
+            kinds
+                .iter()
+                .find_map(|kind| options.iter().find(|option| option.kind == *kind))
+        });
+    match picked {
+        Some(option) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(
+            option.option_id.clone(),
+        )),
+        None => RequestPermissionOutcome::Cancelled,
+    }
+}
+
+/// Why a turn that did not end normally ended.
+fn stop_error(reason: StopReason) -> Option<String> {
+    match reason {
+        StopReason::EndTurn | StopReason::Cancelled => None,
+        StopReason::MaxTokens => Some("max_tokens: the model's token limit".to_owned()),
+        StopReason::MaxTurnRequests => {
+            Some("max_turn_requests: the agent's limit of requests in a turn".to_owned())
+        }
+        StopReason::Refusal => Some("refusal: the agent refused to go on".to_owned()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+/// What one turn cost: its tokens when the agent said (`usage` on the prompt's response), and
+/// its share of the session's cost when the agent reports a cost in US dollars before and
+/// after. `None` when it said neither.
+fn turn_usage(
+    response: &PromptResponse,
+    cost_before: Option<f64>,
+    cost_after: Option<f64>,
+) -> Option<Usage> {
+    let cost = match (cost_before, cost_after) {
+        (Some(before), Some(after)) => Some((after - before).max(0.0)),
+        _ => None,
+    };
+    let tokens = response.usage.as_ref();
+    if tokens.is_none() && cost.is_none() {
+        return None;
+    }
+    let mut usage = Usage {
+        cost_usd: cost,
+        turns: 1,
+        ..Usage::default()
+    };
+    if let Some(tokens) = tokens {
+        usage.cache_read_input_tokens = tokens.cached_read_tokens.unwrap_or(0);
+        usage.cache_creation_input_tokens = tokens.cached_write_tokens.unwrap_or(0);
+        usage.input_tokens = tokens.input_tokens;
+        usage.output_tokens = tokens.output_tokens;
+    }
+    Some(usage)
+}
+
+/// Why a file request was refused, as the agent is told.
+fn refused(path: &Path, why: impl std::fmt::Display) -> agent_client_protocol::Error {
+    agent_client_protocol::Error::invalid_params()
+        .data(serde_json::json!(format!("{}: {why}", path.display())))
+}
+
+/// The path below the workspace that an absolute path in it names. `..` is refused here, and
+/// links are held beneath the workspace by the kernel when the file is opened.
+fn beneath(workspace: &Path, path: &Path) -> Result<PathBuf, agent_client_protocol::Error> {
+    if !path.is_absolute() {
+        return Err(refused(path, "paths must be absolute"));
+    }
+    let relative = path
+        .strip_prefix(workspace)
+        .map_err(|_| refused(path, "outside the task's workspace"))?;
+    if relative
+        .components()
+        .any(|component| !matches!(component, Component::Normal(_)))
+    {
+        return Err(refused(path, "`..` is not followed"));
+    }
+    if relative.as_os_str().is_empty() {
+        return Err(refused(path, "the workspace itself is not a file"));
+    }
+    Ok(relative.to_owned())
+}
+
+/// Opens `relative` beneath the workspace: every step of the path, links included, must stay
+/// beneath it (`RESOLVE_BENEATH`), or the kernel refuses.
+fn open_beneath(
+    workspace: &Path,
+    relative: &Path,
+    flags: rustix::fs::OFlags,
+) -> Result<OwnedFd, agent_client_protocol::Error> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let root = rustix::fs::open(
+        workspace,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|error| refused(workspace, error))?;
+    rustix::fs::openat2(
+        &root,
+        relative,
+        flags | OFlags::CLOEXEC,
+        // openat2 takes a mode only with O_CREAT.
+        if flags.contains(OFlags::CREATE) {
+            Mode::from_raw_mode(0o644)
+        } else {
+            Mode::empty()
+        },
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|error| {
+        let why = if error == rustix::io::Errno::XDEV {
+            "it leads outside the task's workspace".to_owned()
+        } else {
+            std::io::Error::from(error).to_string()
+        };
+        refused(&workspace.join(relative), why)
+    })
+}
+
+/// `fs/read_text_file`, beneath the workspace: the file, or `limit` lines of it from `line`
+/// (1-based).
+fn read_file(
+    workspace: &Path,
+    request: &ReadTextFileRequest,
+) -> Result<ReadTextFileResponse, agent_client_protocol::Error> {
+    use std::io::Read;
+    let relative = beneath(workspace, &request.path)?;
+    let file = std::fs::File::from(open_beneath(
+        workspace,
+        &relative,
+        rustix::fs::OFlags::RDONLY,
+    )?);
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| refused(&request.path, error))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(refused(&request.path, "larger than 16 MiB"));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| refused(&request.path, "not UTF-8 text"))?;
+    let skip = request.line.map_or(0, |line| line.saturating_sub(1)) as usize;
+    let content = match request.limit {
+        None if skip == 0 => text,
+        limit => text
+            .split_inclusive('\n')
+            .skip(skip)
+            .take(limit.map_or(usize::MAX, |limit| limit as usize))
+            .collect(),
+    };
+    Ok(ReadTextFileResponse::new(content))
+}
+
+/// `fs/write_text_file`, beneath the workspace: missing directories are made, one step at a
+/// time, each beneath it.
+fn write_file(
+    workspace: &Path,
+    request: &WriteTextFileRequest,
+) -> Result<WriteTextFileResponse, agent_client_protocol::Error> {
+    use rustix::fs::OFlags;
+    use std::io::Write;
+    let relative = beneath(workspace, &request.path)?;
+    if request.content.len() as u64 > MAX_FILE_BYTES {
+        return Err(refused(&request.path, "larger than 16 MiB"));
+    }
+    if let Some(parent) = relative
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        let mut made = PathBuf::new();
+        for component in parent.components() {
+            let below = made.clone();
+            made.push(component);
+            if open_beneath(workspace, &made, OFlags::PATH | OFlags::DIRECTORY).is_ok() {
+                continue;
+            }
+            let at = if below.as_os_str().is_empty() {
+                open_beneath_root(workspace)?
+            } else {
+                open_beneath(workspace, &below, OFlags::PATH | OFlags::DIRECTORY)?
+            };
+            // One name, made in a directory already held beneath the workspace: `mkdirat`
+            // never follows a link in the last step.
+            match rustix::fs::mkdirat(
+                &at,
+                component.as_os_str(),
+                rustix::fs::Mode::from_raw_mode(0o755),
+            ) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(error) => {
+                    return Err(refused(&workspace.join(&made), std::io::Error::from(error)));
+                }
+            }
+        }
+    }
+    let mut file = std::fs::File::from(open_beneath(
+        workspace,
+        &relative,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+    )?);
+    file.write_all(request.content.as_bytes())
+        .map_err(|error| refused(&request.path, error))?;
+    Ok(WriteTextFileResponse::new())
+}
+
+fn open_beneath_root(workspace: &Path) -> Result<OwnedFd, agent_client_protocol::Error> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        workspace,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|error| refused(workspace, std::io::Error::from(error)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Vec<PermissionOption> {
+        vec![
+            PermissionOption::new("allow", "Allow once", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("always", "Always allow", PermissionOptionKind::AllowAlways),
+            PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
+        ]
+    }
+
+    fn picked(answer: &str) -> Option<String> {
+        match choose(answer, &options()) {
+            RequestPermissionOutcome::Selected(selected) => Some(selected.option_id.0.to_string()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_answer_picks_an_option_by_id_name_or_a_yes_or_no() {
+        assert_eq!(picked("yes").as_deref(), Some("allow"));
+        assert_eq!(picked("Yes, go ahead").as_deref(), Some("allow"));
+        assert_eq!(picked("always").as_deref(), Some("always"));
+        assert_eq!(picked("Always allow").as_deref(), Some("always"));
+        assert_eq!(picked("no").as_deref(), Some("reject"));
+        assert_eq!(picked("something else").as_deref(), Some("reject"));
+        assert!(matches!(
+            choose("yes", &[]),
+            RequestPermissionOutcome::Cancelled
+        ));
+    }
+
+    #[test]
+    fn file_requests_stay_beneath_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        std::fs::write(dir.path().join("secret"), "outside").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), workspace.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), workspace.join("up")).unwrap();
+        let write = |path: PathBuf| {
+            write_file(&workspace, &WriteTextFileRequest::new("s", path, "written"))
+        };
+        let read = |path: PathBuf| read_file(&workspace, &ReadTextFileRequest::new("s", path));
+        write(workspace.join("a/b/c.txt")).unwrap();
+        assert_eq!(
+            read(workspace.join("a/b/c.txt")).unwrap().content,
+            "written"
+        );
+        for escape in [
+            workspace.join("link"),
+            workspace.join("up/secret"),
+            workspace.join("up/new/file"),
+            workspace.join("../secret"),
+            dir.path().join("secret"),
+            PathBuf::from("relative.txt"),
+        ] {
+            assert!(write(escape.clone()).is_err(), "{}", escape.display());
+            assert!(read(escape.clone()).is_err(), "{}", escape.display());
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("secret")).unwrap(),
+            "outside"
+        );
+        assert!(!dir.path().join("new").exists());
+        std::fs::write(workspace.join("lines.txt"), "1\n2\n3\n4\n").unwrap();
+        let some = read_file(
+            &workspace,
+            &ReadTextFileRequest::new("s", workspace.join("lines.txt"))
+                .line(2)
+                .limit(2),
+        )
+        .unwrap();
+        assert_eq!(some.content, "2\n3\n");
+    }
+}

@@ -1,0 +1,398 @@
+//! Agents that speak the Agent Client Protocol, with crew as their client: a stand-in built with
+//! the protocol's Rust SDK (`fake-acp`), and an agent built with the official TypeScript SDK
+//! (`tests/acp-client/agent.mjs`). Neither knows anything of crew.
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_tests::{TestEnv, render_output, wait_until, write};
+
+use crate::common::runs::{manifest, run_ids, task};
+
+/// A project whose `acp` agent is the Rust stand-in; its sessions are kept in `sessions/`
+/// beside the project (the only place besides its workspace it may write).
+fn project_with_acp(env: &TestEnv, args: &str) -> Utf8PathBuf {
+    let repo = env.repo("project");
+    let sessions = env.root().join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let fake = crew_tests::helper_bin("fake-acp");
+    write(
+        &repo.join(".crew/agents/acp.toml"),
+        &format!(
+            "command = [\"{fake}\"{args}]\nprotocol = \"acp\"\nenv = {{ FAKE_ACP_STATE = \"{sessions}\" }}\n[sandbox]\nwrite = [\"{sessions}\"]\n"
+        ),
+    );
+    repo
+}
+
+fn log(repo: &Utf8Path, run: &str, task: &str) -> String {
+    std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
+        .unwrap()
+}
+
+/// Whether `branch` exists and holds `file` (a task that changed nothing leaves no branch).
+fn branch_has(env: &TestEnv, repo: &Utf8Path, branch: &str, file: &str) -> bool {
+    let files = env.git_output(repo, ["ls-tree", "-r", "--name-only", branch]);
+    String::from_utf8_lossy(&files.stdout)
+        .lines()
+        .any(|line| line == file)
+}
+
+/// Everything the agent said in its log, its message chunks joined.
+fn said(log: &str) -> String {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|message| {
+            message["params"]["update"]["content"]["text"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[test]
+fn an_acp_agent_works_in_its_session_its_file_requests_stay_in_its_workspace_and_a_follow_up_loads_that_session()
+ {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, "");
+    let outside = env.root().join("outside.txt");
+    let prompt = format!(
+        "touch own.txt\nwrite sub/client.txt from the client\nread sub/client.txt\nwrite ../escape.txt no\nwrite {outside} no\nread {}/.git/config\nfail at the end",
+        repo
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "acp",
+            "--workspace-mode",
+            "worktree",
+            &prompt,
+        ],
+    );
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "acp").clone();
+    assert_eq!(record["status"], "failed", "{record:#}");
+    let session = record["session_id"].as_str().unwrap().to_owned();
+    assert!(session.starts_with("acp-"), "{record:#}");
+    assert_eq!(
+        record["usage"],
+        serde_json::json!({
+            "input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 50,
+            "cache_creation_input_tokens": 0, "cost_usd": 0.01, "turns": 1
+        }),
+        "{record:#}"
+    );
+    assert!(
+        shown.contains("# acp: 150 tokens in, 20 out, $0.0100, 1 turn(s)"),
+        "{shown}"
+    );
+    let said_first = said(&log(&repo, &run, "acp"));
+    for line in [
+        "wrote sub/client.txt",
+        "read sub/client.txt: from the client",
+        "refused ../escape.txt: ",
+        &format!("refused {outside}: "),
+        "outside the task's workspace",
+        &format!("refused {repo}/.git/config: "),
+    ] {
+        assert!(said_first.contains(line), "no {line:?} in {said_first}");
+    }
+    let branch = format!("crew/{run}-acp");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:sub/client.txt")]),
+        "from the client"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:own.txt")]),
+        "touched by the agent\n"
+    );
+    // Nothing was written outside the workspace, and the project's own files were not read.
+    assert!(!outside.exists());
+    assert!(!repo.join("escape.txt").exists());
+
+    // A follow-up to the failed task starts it again in the same session, loaded: it knows
+    // its history.
+    let follow = env.crew(
+        &repo,
+        ["agents", "follow-up", &format!("{run}:acp"), "history"],
+    );
+    assert!(follow.status.success(), "{}", render_output(&follow));
+    let resumed = wait_until(30, "the resumed task to end", || {
+        let recorded = manifest(&env, &repo, &run);
+        let record = task(&recorded, "acp").clone();
+        (record["status"] == "succeeded" && record["attempts"] == 2).then_some(record)
+    });
+    assert_eq!(resumed["session_id"], session.as_str(), "{resumed:#}");
+    assert_eq!(resumed["usage"]["turns"], 2, "{resumed:#}");
+    let cost = resumed["usage"]["cost_usd"].as_f64().unwrap();
+    assert!((cost - 0.02).abs() < 1e-9, "{resumed:#}");
+    let said_all = said(&log(&repo, &run, "acp"));
+    assert!(
+        said_all.contains("history: touch own.txt / write sub/client.txt from the client / "),
+        "{said_all}"
+    );
+    assert!(said_all.contains("| history"), "{said_all}");
+}
+
+#[test]
+fn a_permission_request_is_the_tasks_question_and_the_answer_goes_to_the_running_agent() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, "");
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "acp",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "deploy=ask deploy",
+            "--task",
+            "delete=ask delete",
+        ],
+    );
+    let run = wait_until(30, "both tasks to ask", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        let recorded = manifest(&env, &repo, &run);
+        ["deploy", "delete"]
+            .iter()
+            .all(|id| task(&recorded, id)["status"] == "waiting")
+            .then_some(run)
+    });
+    let recorded = manifest(&env, &repo, &run);
+    let question = task(&recorded, "deploy")["question"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        question.contains("deploy") && question.contains("allow (Allow once)"),
+        "{question}"
+    );
+    // The agents wait alive, and listings say who needs the user.
+    let listed = env.crew(&repo, ["agents", "list", "--json"]);
+    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let agents = agents.as_array().unwrap();
+    assert_eq!(agents.len(), 2, "{agents:#?}");
+    for agent in agents {
+        assert_eq!(agent["activity"], "waiting_for_input", "{agent:#}");
+        assert_eq!(agent["state"], "running", "{agent:#}");
+        // What it said came in pieces; a person sees it as one line.
+        let what = agent["task_id"].as_str().unwrap();
+        assert_eq!(agent["last_line"], format!("about to {what}"), "{agent:#}");
+    }
+
+    for (id, answer) in [("deploy", "yes"), ("delete", "no")] {
+        let answered = env.crew(
+            &repo,
+            ["agents", "follow-up", &format!("{run}:{id}"), answer],
+        );
+        assert!(answered.status.success(), "{}", render_output(&answered));
+        assert!(
+            String::from_utf8_lossy(&answered.stdout).contains("answered"),
+            "{}",
+            render_output(&answered)
+        );
+    }
+    let ended = wait_until(30, "the run's end", || host.try_wait().unwrap());
+    assert!(ended.success());
+    let recorded = manifest(&env, &repo, &run);
+    for id in ["deploy", "delete"] {
+        let record = task(&recorded, id);
+        assert_eq!(record["status"], "succeeded", "{record:#}");
+        // One process: the answer went to it, it was not restarted.
+        assert_eq!(record["attempts"], 1, "{record:#}");
+        assert!(record["question"].is_null(), "{record:#}");
+    }
+    assert_eq!(
+        env.git(
+            &repo,
+            ["show", &format!("crew/{run}-deploy:deploy.allowed")]
+        ),
+        "allow\n"
+    );
+    assert!(!branch_has(
+        &env,
+        &repo,
+        &format!("crew/{run}-delete"),
+        "delete.allowed"
+    ));
+    assert!(
+        said(&log(&repo, &run, "delete")).contains("permission for delete: reject"),
+        "{}",
+        log(&repo, &run, "delete")
+    );
+}
+
+#[test]
+fn a_steer_cancels_the_turn_under_way_and_goes_in_as_the_next_prompt() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, "");
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "acp",
+            "--workspace-mode",
+            "worktree",
+            "wait",
+        ],
+    );
+    let run = wait_until(30, "the agent to wait for a steer", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        let log = std::fs::read_to_string(
+            repo.join(format!(".crew/state/runs/{run}/tasks/acp/output.log")),
+        )
+        .ok()?;
+        said(&log).contains("waiting for a steer").then_some(run)
+    });
+    let steer = env.crew(
+        &repo,
+        [
+            "agents",
+            "steer",
+            &format!("{run}:acp"),
+            "touch steered.txt",
+        ],
+    );
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    let ended = wait_until(30, "the run's end", || host.try_wait().unwrap());
+    assert!(ended.success());
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "acp");
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    // The cancelled turn and the steered one, both counted.
+    assert_eq!(record["usage"]["turns"], 2, "{record:#}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-acp:steered.txt")]),
+        "touched by the agent\n"
+    );
+    // The first turn ended as the agent acknowledged the cancel.
+    let log = log(&repo, &run, "acp");
+    assert!(log.contains(r#""stopReason":"cancelled""#), "{log}");
+}
+
+#[test]
+fn output_that_is_not_the_protocol_is_shown_with_a_warning_and_a_truncated_session_fails_plainly() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, ", \"--garbage\"");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "acp",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "noisy=touch noisy.txt",
+            "--task",
+            "cut=touch cut.txt\nexit 3",
+        ],
+    );
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let noisy = task(&recorded, "noisy");
+    assert_eq!(noisy["status"], "succeeded", "{noisy:#}");
+    let warnings = noisy["warnings"].to_string();
+    assert!(
+        warnings.contains("not acp messages") && warnings.contains("this line is not JSON-RPC"),
+        "{noisy:#}"
+    );
+    assert!(shown.contains("this line is not JSON-RPC"), "{shown}");
+    assert!(log(&repo, &run, "noisy").contains("this line is not JSON-RPC\n"));
+    // An agent that dies mid-turn fails with its exit; its work so far is on its branch.
+    let cut = task(&recorded, "cut");
+    assert_eq!(cut["status"], "failed", "{cut:#}");
+    assert!(
+        cut["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("the agent exited with code 3"),
+        "{cut:#}"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-cut:cut.txt")]),
+        "touched by the agent\n"
+    );
+}
+
+#[test]
+fn an_agent_built_with_the_official_typescript_sdk_is_driven_with_no_crew_code_in_it() {
+    let Some(script) = crew_tests::node_client(
+        "acp-client",
+        "@agentclientprotocol/sdk",
+        "an_agent_built_with_the_official_typescript_sdk_is_driven_with_no_crew_code_in_it",
+    ) else {
+        return;
+    };
+    let agent = script.with_file_name("agent.mjs");
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/agents/ts.toml"),
+        &format!("command = [\"node\", \"{agent}\"]\nprotocol = \"acp\"\n"),
+    );
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "ts",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            "yes=make the change",
+            "--task",
+            "no=make another change",
+        ],
+    );
+    let run = wait_until(60, "both tasks to ask", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        let recorded = manifest(&env, &repo, &run);
+        ["yes", "no"]
+            .iter()
+            .all(|id| task(&recorded, id)["status"] == "waiting")
+            .then_some(run)
+    });
+    for (id, answer) in [("yes", "allow"), ("no", "reject")] {
+        let answered = env.crew(
+            &repo,
+            ["agents", "follow-up", &format!("{run}:{id}"), answer],
+        );
+        assert!(answered.status.success(), "{}", render_output(&answered));
+    }
+    let ended = wait_until(60, "the run's end", || host.try_wait().unwrap());
+    assert!(ended.success());
+    let recorded = manifest(&env, &repo, &run);
+    let yes = task(&recorded, "yes");
+    assert_eq!(yes["status"], "succeeded", "{yes:#}");
+    assert!(yes["session_id"].as_str().unwrap().starts_with("ts-"));
+    // The agent reports a cost and no tokens: the cost is known, the turn counted.
+    assert_eq!(yes["usage"]["cost_usd"], 0.5, "{yes:#}");
+    assert_eq!(yes["usage"]["turns"], 1, "{yes:#}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-yes:ts-agent.txt")]),
+        "make the change\n"
+    );
+    assert!(
+        said(&log(&repo, &run, "yes")).contains("wrote and read back: make the change"),
+        "{}",
+        log(&repo, &run, "yes")
+    );
+    let no = task(&recorded, "no");
+    assert_eq!(no["status"], "succeeded", "{no:#}");
+    assert!(!branch_has(
+        &env,
+        &repo,
+        &format!("crew/{run}-no"),
+        "ts-agent.txt"
+    ));
+}
