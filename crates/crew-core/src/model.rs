@@ -385,6 +385,9 @@ pub struct TaskRecord {
     /// reports them. Unknown stays unknown: absent, never zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The usage or rate limit the agent last reported hitting, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<UsageLimit>,
     /// Other tasks of the run (or the branch it started from) whose work would conflict with
     /// this task's if both were merged, found when their branches are there (the radar).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -489,6 +492,25 @@ pub struct Usage {
     pub cost_usd: Option<f64>,
     #[serde(default)]
     pub turns: u32,
+}
+
+/// A usage or rate limit an agent reported hitting: what it said, and when the limit lifts,
+/// when it said that too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageLimit {
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resets_at: Option<Timestamp>,
+}
+
+impl fmt::Display for UsageLimit {
+    /// `a usage limit, which lifts at <time>: <what the agent said>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.resets_at {
+            Some(at) => write!(f, "a usage limit, which lifts at {at}: {}", self.message),
+            None => write!(f, "a usage limit: {}", self.message),
+        }
+    }
 }
 
 impl fmt::Display for Usage {
@@ -612,6 +634,7 @@ impl TaskRecord {
             sandbox: None,
             session_id: None,
             usage: None,
+            limit: None,
             overlaps: Vec::new(),
             attempt_of: None,
             check: None,

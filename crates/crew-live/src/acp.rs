@@ -371,8 +371,12 @@ async fn drive(
                         turn_usage(&response, cost_before, cost_after),
                         stop_error(response.stop_reason),
                     ),
-                    Err(error) => (None, Some(format!("the prompt failed: {error}"))),
+                    Err(error) => (
+                        None,
+                        Some(format!("the prompt failed: {}", error_text(&error))),
+                    ),
                 };
+                let limit = error.as_deref().and_then(crate::protocol::usage_limit);
                 if let Some(usage) = usage {
                     carried = Some(carried.map_or(usage, |sum| sum.plus(usage)));
                 }
@@ -386,12 +390,14 @@ async fn drive(
                 flow.sink.tell(ProtocolEvent::TurnEnded {
                     usage: carried.take(),
                     error,
+                    limit,
                 });
             }
             if let Some(usage) = carried {
                 flow.sink.tell(ProtocolEvent::TurnEnded {
                     usage: Some(usage),
                     error: None,
+                    limit: None,
                 });
             }
             Ok(())
@@ -460,6 +466,14 @@ fn choose(answer: &str, options: &[PermissionOption]) -> RequestPermissionOutcom
             option.option_id.clone(),
         )),
         None => RequestPermissionOutcome::Cancelled,
+    }
+}
+
+/// An error from the agent as a person reads it: its message, and its data when that is text.
+fn error_text(error: &agent_client_protocol::Error) -> String {
+    match error.data.as_ref().and_then(|data| data.as_str()) {
+        Some(data) => format!("{}: {data}", error.message),
+        None => error.message.clone(),
     }
 }
 

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crew_core::config::{AgentDef, Protocol, SteerMode, fill_template};
 use crew_core::env_vars;
-use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage};
+use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage, UsageLimit};
 use crew_core::{AgentId, TaskId, WorkspaceId};
 
 use crate::acp::{AcpInput, AcpLink, AcpStart};
@@ -127,6 +127,8 @@ pub struct AgentStatus {
     pub usage: Option<Usage>,
     /// Why its last turn failed, when its protocol said.
     pub turn_error: Option<String>,
+    /// The usage or rate limit its last turn hit, when that is why it failed.
+    pub limit: Option<UsageLimit>,
     /// Output that did not follow the agent's protocol (shown as plain lines).
     pub protocol_warning: Option<String>,
     /// Its turn is over and it waits, alive, for a message (an agent that reads its input
@@ -282,6 +284,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         session_id: None,
         usage: None,
         turn_error: None,
+        limit: None,
         protocol_warning: None,
         idle: false,
         asks_alive: false,
@@ -311,6 +314,7 @@ pub(crate) fn start_idle(
         session_id: None,
         usage: None,
         turn_error: None,
+        limit: None,
         protocol_warning: None,
         idle: false,
         asks_alive: false,
@@ -888,12 +892,17 @@ impl Supervisor {
                     .send_modify(|status| status.turn_error = Some(reason));
                 self.publish_status();
             }
-            ProtocolEvent::TurnEnded { usage, error } => {
+            ProtocolEvent::TurnEnded {
+                usage,
+                error,
+                limit,
+            } => {
                 self.status.send_modify(|status| {
                     if let Some(usage) = usage {
                         status.usage = Some(status.usage.map_or(usage, |sum| sum.plus(usage)));
                     }
                     status.turn_error = error;
+                    status.limit = limit;
                 });
                 self.publish_status();
                 if let Some(acp) = &running.acp {

@@ -255,6 +255,7 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
                     sink.tell(ProtocolEvent::TurnEnded {
                         usage: None,
                         error: None,
+                        limit: None,
                     });
                 }
                 emit(

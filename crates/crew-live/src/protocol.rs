@@ -32,7 +32,7 @@
 //! it is, and the task says its output was not all protocol.
 
 use crew_core::config::Protocol;
-use crew_core::model::Usage;
+use crew_core::model::{Timestamp, Usage, UsageLimit};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -52,6 +52,8 @@ pub enum ProtocolEvent {
         usage: Option<Usage>,
         /// Why the turn failed, when it did.
         error: Option<String>,
+        /// The usage or rate limit the turn hit, when that is why it failed.
+        limit: Option<UsageLimit>,
     },
     /// A line that was not a message of the protocol (the first one only).
     NotProtocol(String),
@@ -163,6 +165,11 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                     .filter(|result| !result.is_empty())
                     .map_or_else(|| subtype.clone(), |result| format!("{subtype}: {result}"))
             });
+            let limit = message
+                .result
+                .as_deref()
+                .filter(|_| error.is_some())
+                .and_then(usage_limit);
             let cost = message
                 .total_cost_usd
                 .map(|cost| format!(", ${cost:.4}"))
@@ -171,7 +178,11 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                 "[turn over: {subtype}, {} model turn(s){cost}]",
                 message.num_turns.unwrap_or(0)
             ));
-            reading.event = Some(ProtocolEvent::TurnEnded { usage, error });
+            reading.event = Some(ProtocolEvent::TurnEnded {
+                usage,
+                error,
+                limit,
+            });
         }
         // Tool results, and message types newer than this reader: nothing to show.
         _ => {}
@@ -231,7 +242,12 @@ pub fn read_codex_line(line: &str) -> Option<Reading> {
                 Some(message) => format!("[turn failed: {message}]"),
                 None => "[turn over]".to_owned(),
             });
-            reading.event = Some(ProtocolEvent::TurnEnded { usage, error });
+            let limit = error.as_deref().and_then(usage_limit);
+            reading.event = Some(ProtocolEvent::TurnEnded {
+                usage,
+                error,
+                limit,
+            });
         }
         "error" => reading
             .shown
@@ -305,6 +321,72 @@ enum AcpContent {
     },
     #[serde(other)]
     Other,
+}
+
+/// The usage or rate limit an agent's account of a failed turn names, if it names one, with
+/// when it lifts when that can be read from it. The forms agents print:
+/// - Claude Code: `Claude AI usage limit reached|<unix seconds>` (the reset time after the
+///   bar), or `You've hit your limit · resets 2am (Europe/Berlin)` (a time in a named zone,
+///   which is kept in the message and not read);
+/// - Codex: `You've hit your usage limit. … Try again in 2 hours 5 minutes.`
+pub fn usage_limit(text: &str) -> Option<UsageLimit> {
+    let lower = text.to_ascii_lowercase();
+    let names_a_limit = [
+        "usage limit",
+        "rate limit",
+        "hit your limit",
+        "session limit",
+        "out of extra usage",
+    ]
+    .iter()
+    .any(|phrase| lower.contains(phrase));
+    if !names_a_limit {
+        return None;
+    }
+    // `…usage limit reached|1762952400`
+    if let Some((message, epoch)) = text.trim().rsplit_once('|')
+        && let Ok(seconds) = epoch.trim().parse::<u64>()
+    {
+        return Some(UsageLimit {
+            message: message.trim().to_owned(),
+            resets_at: Some(Timestamp(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds),
+            )),
+        });
+    }
+    let resets_at = lower
+        .find("try again in ")
+        .and_then(|at| spelled_duration(&lower[at + "try again in ".len()..]))
+        .map(|wait| Timestamp(std::time::SystemTime::now() + wait));
+    Some(UsageLimit {
+        message: text.trim().to_owned(),
+        resets_at,
+    })
+}
+
+/// `2 hours 5 minutes`, `1 day`, `30 seconds` (and `and`s and commas between): the duration the
+/// words at the start of `text` spell, `None` when they spell none.
+fn spelled_duration(text: &str) -> Option<std::time::Duration> {
+    let mut total = 0u64;
+    let mut words = text
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '.')
+        .filter(|word| !word.is_empty() && *word != "and");
+    let mut read_any = false;
+    while let Some(number) = words.next() {
+        let Ok(count) = number.parse::<u64>() else {
+            break;
+        };
+        let unit = match words.next().map(|unit| unit.trim_end_matches('s')) {
+            Some("day") => 86_400,
+            Some("hour") => 3_600,
+            Some("minute" | "min") => 60,
+            Some("second" | "sec") => 1,
+            _ => break,
+        };
+        total = total.saturating_add(count.saturating_mul(unit));
+        read_any = true;
+    }
+    read_any.then(|| std::time::Duration::from_secs(total))
 }
 
 /// A line cut to what a listing shows of a tool's input.
@@ -518,6 +600,7 @@ mod tests {
                     turns: 3,
                 }),
                 error: None,
+                limit: None,
             })
         );
         let failed = read_claude_line(
@@ -529,6 +612,7 @@ mod tests {
             Some(ProtocolEvent::TurnEnded {
                 usage: None,
                 error: Some("error_max_turns".into()),
+                limit: None,
             })
         );
     }
@@ -567,6 +651,7 @@ mod tests {
                     ..Usage::default()
                 }),
                 error: None,
+                limit: None,
             })
         );
         let failed =
@@ -577,6 +662,7 @@ mod tests {
             Some(ProtocolEvent::TurnEnded {
                 usage: None,
                 error: Some("stream error".into()),
+                limit: None,
             })
         );
         assert_eq!(
@@ -584,6 +670,50 @@ mod tests {
             "[turn failed: x]"
         );
         assert_eq!(shown_as("plain"), "plain");
+    }
+
+    #[test]
+    fn usage_limits_are_read_with_when_they_lift() {
+        let claude = read_claude_line(
+            r#"{"type":"result","subtype":"success","is_error":true,"num_turns":1,"result":"Claude AI usage limit reached|1762952400","session_id":"s"}"#,
+        )
+        .unwrap();
+        let Some(ProtocolEvent::TurnEnded {
+            limit: Some(limit), ..
+        }) = claude.event
+        else {
+            panic!("{claude:?}");
+        };
+        assert_eq!(limit.message, "Claude AI usage limit reached");
+        assert_eq!(
+            limit.resets_at.unwrap().to_string(),
+            "2025-11-12T13:00:00.000Z"
+        );
+        let newer = usage_limit("You've hit your limit · resets 2am (Europe/Berlin)").unwrap();
+        assert_eq!(newer.resets_at, None);
+        let before = std::time::SystemTime::now();
+        let codex = read_codex_line(
+            r#"{"type":"turn.failed","error":{"message":"You've hit your usage limit. Upgrade to Pro, or try again in 2 hours 5 minutes."}}"#,
+        )
+        .unwrap();
+        let Some(ProtocolEvent::TurnEnded {
+            limit: Some(limit), ..
+        }) = codex.event
+        else {
+            panic!("{codex:?}");
+        };
+        let wait = limit.resets_at.unwrap().0.duration_since(before).unwrap();
+        assert!((7_500..7_510).contains(&wait.as_secs()), "{wait:?}");
+        // A failure that is not a limit is not one.
+        assert_eq!(usage_limit("stream error"), None);
+        let plain = read_claude_line(
+            r#"{"type":"result","subtype":"success","is_error":false,"num_turns":1,"result":"I looked at the rate limit code","session_id":"s"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            plain.event,
+            Some(ProtocolEvent::TurnEnded { limit: None, .. })
+        ));
     }
 
     #[test]

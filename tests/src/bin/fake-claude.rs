@@ -5,7 +5,10 @@
 //! - `write <file>`: the turn writes that file in the current directory;
 //! - `wait for steer`: the turn reads one more message before it ends and says `steered: <it>`;
 //! - `emit garbage`: a line that is not stream-json comes first;
-//! - `then fail`: the turn ends in an error, and the program exits 1.
+//! - `then fail`: the turn ends in an error, and the program exits 1;
+//! - `then hit the limit`: the turn ends in Claude Code's usage-limit error (`Claude AI usage
+//!   limit reached|<unix seconds>`, as its issue tracker shows it, the reset two hours on),
+//!   and the program exits 1.
 //!
 //! It reads user messages until its input ends, then exits 0.
 
@@ -48,13 +51,26 @@ fn main() {
         if text.contains("write ") {
             std::fs::write(&file, "written by the stand-in\n").unwrap();
         }
-        let fail = text.contains("then fail");
+        let limit = text.contains("then hit the limit");
+        let fail = text.contains("then fail") || limit;
         for (index, template) in TURN.lines().enumerate() {
             // The init message starts a session, or takes it up again: once per process.
             if index == 0 && !first {
                 continue;
             }
-            let template = if fail {
+            let template = if limit {
+                let resets = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs()
+                    + 7200;
+                template
+                    .replace(r#""is_error":false"#, r#""is_error":true"#)
+                    .replace(
+                        r#""result":"{text}""#,
+                        &format!(r#""result":"Claude AI usage limit reached|{resets}""#),
+                    )
+            } else if fail {
                 template.replace(
                     r#""subtype":"success","is_error":false"#,
                     r#""subtype":"error_during_execution","is_error":true"#,

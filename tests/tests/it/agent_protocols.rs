@@ -134,6 +134,37 @@ fn sessions_usage_and_cost_are_recorded_and_a_follow_up_resumes_that_session() {
 }
 
 #[test]
+fn a_usage_limit_fails_the_task_with_the_limit_named_and_when_it_lifts() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let output = run_claude(&env, &repo, &["write half.txt then hit the limit"]);
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "claude");
+    assert_eq!(record["status"], "failed", "{record:#}");
+    assert_eq!(
+        record["limit"]["message"], "Claude AI usage limit reached",
+        "{record:#}"
+    );
+    let resets = record["limit"]["resets_at"].as_str().unwrap();
+    let reason = record["reason"].as_str().unwrap();
+    assert_eq!(
+        reason,
+        format!(
+            "the agent exited with code 1 after it hit a usage limit, which lifts at {resets}: Claude AI usage limit reached"
+        )
+    );
+    assert!(shown.contains(reason), "{shown}");
+    // The work done before the limit is on the task's branch.
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-claude:half.txt")]),
+        "written by the stand-in\n"
+    );
+}
+
+#[test]
 fn a_steer_reaches_the_running_session_mid_turn() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);

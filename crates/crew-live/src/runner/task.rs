@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
 use crew_core::model::{
     CheckRecord, EventKind, ExitRecord, RunEvent, RunManifest, TaskOverlap, TaskRecord, TaskStatus,
-    TransitionError, Usage, WorkspaceRecord,
+    TransitionError, Usage, UsageLimit, WorkspaceRecord,
 };
 use crew_core::provider::{
     AllocateWorkspaceError, Progress, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
@@ -620,10 +620,18 @@ impl RunContext {
                 let cancelled = self.cancel_level() > CancelLevel::None;
                 let (status, mut reason) =
                     outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
+                let agent = handle.status();
                 if status == TaskStatus::Failed
-                    && let (Some(why), Some(turn_error)) = (&mut reason, handle.status().turn_error)
+                    && let Some(why) = &mut reason
                 {
-                    why.push_str(&format!(" (its last turn: {turn_error})"));
+                    // A limit is named as one: what it is, and when it lifts.
+                    match (agent.limit, agent.turn_error) {
+                        (Some(limit), _) => why.push_str(&format!(" after it hit {limit}")),
+                        (None, Some(turn_error)) => {
+                            why.push_str(&format!(" (its last turn: {turn_error})"));
+                        }
+                        (None, None) => {}
+                    }
                 }
                 self.record_exit(&task_id, exit, &handle, task.usage).await;
                 if status == TaskStatus::Succeeded
@@ -952,6 +960,7 @@ struct AgentReport {
     /// The task's usage before this host's starts, plus theirs.
     usage: Option<Usage>,
     warning: Option<String>,
+    limit: Option<UsageLimit>,
 }
 
 impl AgentReport {
@@ -961,6 +970,7 @@ impl AgentReport {
             session_id: status.session_id,
             usage: Usage::sum(prior.into_iter().chain(status.usage)),
             warning: status.protocol_warning,
+            limit: status.limit,
         }
     }
 
@@ -971,6 +981,8 @@ impl AgentReport {
         if self.usage.is_some() {
             record.usage = self.usage;
         }
+        // The last start's: a limit that lifted and let a resume finish is no longer there.
+        record.limit = self.limit;
         if let Some(warning) = self.warning
             && !record.warnings.contains(&warning)
         {
