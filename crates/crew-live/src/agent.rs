@@ -990,20 +990,25 @@ impl Supervisor {
                         }
                         answer(reply, result);
                     }
-                    Some(Control::FollowUp { message, reply }) if self.status.borrow().asks_alive
-                        && running.acp.as_ref().is_some_and(|acp| acp.inputs.send(AcpInput::Answer(message.clone())).is_ok()) => {
-                        self.status.send_modify(|status| {
-                            status.question = None;
-                            status.asks_alive = false;
-                        });
-                        self.publish_status();
-                        answer(reply, Ok(FollowUpOutcome::Answered));
-                    }
                     Some(Control::FollowUp { message, reply }) => {
-                        self.follow_ups.push_back(message);
-                        let position = self.follow_ups.len();
-                        self.status.send_modify(|status| status.queued_follow_ups = position);
-                        answer(reply, Ok(FollowUpOutcome::Queued { position }));
+                        // A question the live agent waits on takes the message as its answer.
+                        let answered = self.status.borrow().asks_alive
+                            && running.acp.as_ref().is_some_and(|acp| {
+                                acp.inputs.send(AcpInput::Answer(message.clone())).is_ok()
+                            });
+                        if answered {
+                            self.status.send_modify(|status| {
+                                status.question = None;
+                                status.asks_alive = false;
+                            });
+                            self.publish_status();
+                            answer(reply, Ok(FollowUpOutcome::Answered));
+                        } else {
+                            self.follow_ups.push_back(message);
+                            let position = self.follow_ups.len();
+                            self.status.send_modify(|status| status.queued_follow_ups = position);
+                            answer(reply, Ok(FollowUpOutcome::Queued { position }));
+                        }
                     }
                     Some(Control::Resume { reply, .. }) => {
                         answer(reply, Err(AgentOpError::AlreadyRunning {

@@ -17,7 +17,8 @@
 //!
 //! - stdout and stderr are drained continuously into `output.log`; only the last lines, each
 //!   capped, stay in memory ([`output`]);
-//! - `steer` writes to stdin now (`stdin-lines` or `stdin-json`), `follow-up` queues a message
+//! - `steer` writes to stdin now (`stdin-lines` or `stdin-json`; an `acp` agent gets it as its
+//!   next prompt through its protocol, crew being its client), `follow-up` queues a message
 //!   for the end of the turn (or resumes an exited agent with it), `resume` restarts a stopped
 //!   or finished agent in the same workspace;
 //! - the exit is recorded as an exit code or a signal, with how a stop ended it and whether
