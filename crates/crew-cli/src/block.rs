@@ -106,6 +106,7 @@ impl Block {
                 line.status = change.status;
                 line.doing = match change.status {
                     TaskStatus::Waiting => Doing::Asks(change.reason.clone().unwrap_or_default()),
+                    TaskStatus::Paused => Doing::Says(change.reason.clone().unwrap_or_default()),
                     status if status.is_finished() => Doing::Ended(ended(&change)),
                     TaskStatus::Running => match &line.doing {
                         Doing::Says(said) => Doing::Says(said.clone()),
@@ -235,6 +236,7 @@ fn symbol(status: TaskStatus) -> &'static str {
         TaskStatus::Pending => "·",
         TaskStatus::Preparing | TaskStatus::Running => "▸",
         TaskStatus::Waiting => "?",
+        TaskStatus::Paused => "=",
         TaskStatus::Succeeded => "✓",
         TaskStatus::Stopped | TaskStatus::Cancelled | TaskStatus::Skipped => "-",
         TaskStatus::Failed => "✗",

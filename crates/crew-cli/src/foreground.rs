@@ -171,6 +171,13 @@ async fn print_progress(
                     change.task_id
                 );
             }
+            TaskStatus::Paused => {
+                let _ = write!(
+                    line,
+                    "  {}",
+                    sanitize(change.reason.as_deref().unwrap_or(""))
+                );
+            }
             status if status.is_finished() => {
                 if let Some(task) = task {
                     if let Some(elapsed) = between(task.started_at, task.finished_at) {

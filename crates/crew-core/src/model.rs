@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use camino::Utf8PathBuf;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::config::{HumanDuration, WorkspaceMode};
+use crate::config::{HumanDuration, OnLimit, WorkspaceMode};
 use crate::host::HostIdentity;
 use crate::ids::{AgentId, RunId, TaskId, WorkspaceId};
 use crate::paths::DirIdentity;
@@ -99,6 +99,9 @@ pub enum TaskStatus {
     Running,
     /// The agent asked a question and waits for the answer.
     Waiting,
+    /// The agent hit a usage limit: the task keeps its workspace, and its agent takes up its
+    /// session again when the limit lifts (`on_limit = "pause"`).
+    Paused,
     Succeeded,
     Failed,
     Stopped,
@@ -133,6 +136,8 @@ impl TaskStatus {
             (Preparing, Running | Failed | Cancelled | Stopped) => true,
             (Running, Waiting | Succeeded | Failed | Stopped | Cancelled) => true,
             (Waiting, Running | Succeeded | Failed | Stopped | Cancelled) => true,
+            (Running, Paused) => true,
+            (Paused, Running | Failed | Stopped | Cancelled) => true,
             // A stopped agent resumed in the workspace its task kept while the run went on.
             (Stopped, Running) => true,
             // Resume: a finished task is prepared again, or queued again with its run.
@@ -147,6 +152,7 @@ impl TaskStatus {
             TaskStatus::Preparing => "preparing",
             TaskStatus::Running => "running",
             TaskStatus::Waiting => "waiting",
+            TaskStatus::Paused => "paused",
             TaskStatus::Succeeded => "succeeded",
             TaskStatus::Failed => "failed",
             TaskStatus::Stopped => "stopped",
@@ -388,6 +394,9 @@ pub struct TaskRecord {
     /// The usage or rate limit the agent last reported hitting, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<UsageLimit>,
+    /// What the task does when its agent hits a usage limit.
+    #[serde(default, skip_serializing_if = "OnLimit::is_fail")]
+    pub on_limit: OnLimit,
     /// Other tasks of the run (or the branch it started from) whose work would conflict with
     /// this task's if both were merged, found when their branches are there (the radar).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -635,6 +644,7 @@ impl TaskRecord {
             session_id: None,
             usage: None,
             limit: None,
+            on_limit: OnLimit::Fail,
             overlaps: Vec::new(),
             attempt_of: None,
             check: None,

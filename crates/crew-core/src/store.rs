@@ -1041,7 +1041,7 @@ impl StateStore {
                 && !manifest
                     .tasks
                     .iter()
-                    .any(|task| task.status == TaskStatus::Waiting)
+                    .any(|task| matches!(task.status, TaskStatus::Waiting | TaskStatus::Paused))
                 && may_remove(&manifest);
             if !prunable {
                 report.kept += 1;

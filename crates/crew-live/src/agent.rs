@@ -789,6 +789,8 @@ impl Supervisor {
                         status.attempt += 1;
                         status.question = None;
                         status.asks_alive = false;
+                        // A limit its last start hit is behind it.
+                        status.limit = None;
                         status.queued_follow_ups = self.follow_ups.len();
                     });
                     let attempt = self.status.borrow().attempt;

@@ -6,9 +6,9 @@
 //! - `wait for steer`: the turn reads one more message before it ends and says `steered: <it>`;
 //! - `emit garbage`: a line that is not stream-json comes first;
 //! - `then fail`: the turn ends in an error, and the program exits 1;
-//! - `then hit the limit`: the turn ends in Claude Code's usage-limit error (`Claude AI usage
-//!   limit reached|<unix seconds>`, as its issue tracker shows it, the reset two hours on),
-//!   and the program exits 1.
+//! - `then hit the limit` (`… for <n> seconds`): the turn ends in Claude Code's usage-limit
+//!   error (`Claude AI usage limit reached|<unix seconds>`, as its issue tracker shows it; the
+//!   reset two hours on, or `n` seconds), and the program exits 1.
 //!
 //! It reads user messages until its input ends, then exits 0.
 
@@ -63,7 +63,7 @@ fn main() {
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap()
                     .as_secs()
-                    + 7200;
+                    + limit_seconds(&text);
                 template
                     .replace(r#""is_error":false"#, r#""is_error":true"#)
                     .replace(
@@ -111,4 +111,11 @@ fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").unwrap();
     out.flush().unwrap();
+}
+
+/// How long the limit of `then hit the limit for <n> seconds` lasts: two hours unless said.
+fn limit_seconds(text: &str) -> u64 {
+    text.split_once("then hit the limit for ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(7200)
 }

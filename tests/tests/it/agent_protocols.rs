@@ -28,6 +28,21 @@ fn run_claude(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> std::process::Ou
     env.crew(repo, all)
 }
 
+/// The same, in the background: the host, to wait for.
+fn spawn_claude(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> std::process::Child {
+    let mut all = vec!["run", "--agent", "claude", "--workspace-mode", "worktree"];
+    all.extend(args);
+    env.spawn_crew(repo, all)
+}
+
+/// The run whose `claude` task is `status`, once it is.
+fn run_once_claude_is(env: &TestEnv, repo: &Utf8Path, status: &str) -> String {
+    wait_until(30, &format!("the task to be {status}"), || {
+        let run = run_ids(env, repo).into_iter().next()?;
+        (task(&manifest(env, repo, &run), "claude")["status"] == status).then_some(run)
+    })
+}
+
 fn log(repo: &Utf8Path, run: &str, task: &str) -> String {
     std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
         .unwrap()
@@ -165,25 +180,158 @@ fn a_usage_limit_fails_the_task_with_the_limit_named_and_when_it_lifts() {
 }
 
 #[test]
+fn a_task_that_pauses_on_a_limit_goes_on_in_its_session_when_the_limit_lifts() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let output = run_claude(
+        &env,
+        &repo,
+        &[
+            "--on-limit",
+            "pause",
+            "write half.txt then hit the limit for 2 seconds",
+        ],
+    );
+    let shown = render_output(&output);
+    assert!(output.status.success(), "{shown}");
+    assert!(
+        shown.contains("paused: it hit a usage limit, which lifts at"),
+        "{shown}"
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "claude");
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    // Two starts of one session: the limit's, and the one after it lifted.
+    assert_eq!(record["attempts"], 2, "{record:#}");
+    assert_eq!(record["on_limit"], "pause", "{record:#}");
+    assert!(record["limit"].is_null(), "{record:#}");
+    let session = record["session_id"].as_str().unwrap();
+    assert!(
+        log(&repo, &run, "claude").contains(&format!(
+            "resumed session {session}: Continue where you left off."
+        )),
+        "{}",
+        log(&repo, &run, "claude")
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-claude:half.txt")]),
+        "written by the stand-in\n"
+    );
+}
+
+#[test]
+fn a_paused_task_holds_the_run_shows_when_it_goes_on_and_a_resume_takes_it_up_early() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    write(
+        &repo.join(".crew/teams/limited.toml"),
+        "workspace_mode = \"worktree\"\non_limit = \"pause\"\nmax_parallel = 1\n\n[[tasks]]\nid = \"long\"\nagent = \"claude\"\nprompt = \"write long.txt then hit the limit for 3600 seconds\"\n\n[[tasks]]\nid = \"next\"\nagent = \"claude\"\nprompt = \"write next.txt\"\n",
+    );
+    let mut host = env.spawn_crew(&repo, ["run", "limited"]);
+    let run = wait_until(
+        30,
+        "the first task to pause and the second to finish",
+        || {
+            let run = run_ids(&env, &repo).into_iter().next()?;
+            let recorded = manifest(&env, &repo, &run);
+            (task(&recorded, "long")["status"] == "paused"
+                && task(&recorded, "next")["status"] == "succeeded")
+                .then_some(run)
+        },
+    );
+    // The paused task gave its slot to the next one, and the run waits for it.
+    assert!(host.try_wait().unwrap().is_none());
+    let recorded = manifest(&env, &repo, &run);
+    let long = task(&recorded, "long");
+    let resets = long["limit"]["resets_at"].as_str().unwrap().to_owned();
+    let listed = env.crew(&repo, ["runs", "list", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows[0]["continues_at"], resets.as_str(), "{rows:#}");
+    assert_eq!(rows[0]["tasks"]["paused"], 1, "{rows:#}");
+    let table = env.crew(&repo, ["runs", "list"]);
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains(&format!(
+            "1 paused, 1 succeeded (goes on at {})",
+            resets[..19].replace('T', " ")
+        )),
+        "{}",
+        render_output(&table)
+    );
+    // A person need not wait for the limit to lift.
+    let resumed = env.crew(&repo, ["agents", "resume", &format!("{run}:long")]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    let ended = wait_until(30, "the run's end", || host.try_wait().unwrap());
+    assert!(ended.success());
+    let recorded = manifest(&env, &repo, &run);
+    let long = task(&recorded, "long");
+    assert_eq!(long["status"], "succeeded", "{long:#}");
+    assert_eq!(long["attempts"], 2, "{long:#}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-long:long.txt")]),
+        "written by the stand-in\n"
+    );
+}
+
+#[test]
+fn a_paused_task_outlives_its_cancelled_run_and_a_follow_up_takes_up_its_session() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let mut host = spawn_claude(
+        &env,
+        &repo,
+        &[
+            "--on-limit",
+            "pause",
+            "write first.txt then hit the limit for 3600 seconds",
+        ],
+    );
+    let run = run_once_claude_is(&env, &repo, "paused");
+    let cancelled = env.crew(&repo, ["runs", "cancel", &run]);
+    assert!(cancelled.status.success(), "{}", render_output(&cancelled));
+    wait_until(30, "the host to end", || host.try_wait().unwrap());
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "claude");
+    // Still paused, its workspace kept with the work in it.
+    assert_eq!(record["status"], "paused", "{record:#}");
+    let dir = record["workspace"]["dir"].as_str().unwrap();
+    assert!(
+        std::path::Path::new(dir).join("first.txt").exists(),
+        "{record:#}"
+    );
+    let session = record["session_id"].as_str().unwrap().to_owned();
+    // A follow-up hosts the run again and takes the session up at once.
+    let follow = env.crew(
+        &repo,
+        [
+            "agents",
+            "follow-up",
+            &format!("{run}:claude"),
+            "write second.txt",
+        ],
+    );
+    assert!(follow.status.success(), "{}", render_output(&follow));
+    let done = wait_until(30, "the task to finish", || {
+        let recorded = manifest(&env, &repo, &run);
+        let record = task(&recorded, "claude").clone();
+        (record["status"] == "succeeded").then_some(record)
+    });
+    assert_eq!(done["session_id"], session.as_str(), "{done:#}");
+    for file in ["first.txt", "second.txt"] {
+        assert_eq!(
+            env.git(&repo, ["show", &format!("crew/{run}-claude:{file}")]),
+            "written by the stand-in\n"
+        );
+    }
+}
+
+#[test]
 fn a_steer_reaches_the_running_session_mid_turn() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);
-    let mut host = env.spawn_crew(
-        &repo,
-        [
-            "run",
-            "--agent",
-            "claude",
-            "--workspace-mode",
-            "worktree",
-            "wait for steer",
-        ],
-    );
+    let mut host = spawn_claude(&env, &repo, &["wait for steer"]);
     // The stand-in reads the steer before it prints anything of its turn.
-    let run = wait_until(30, "the agent to start", || {
-        let run = run_ids(&env, &repo).into_iter().next()?;
-        (task(&manifest(&env, &repo, &run), "claude")["status"] == "running").then_some(run)
-    });
+    let run = run_once_claude_is(&env, &repo, "running");
     let steer = env.crew(
         &repo,
         ["agents", "steer", &format!("{run}:claude"), "go left"],

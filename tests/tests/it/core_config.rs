@@ -85,13 +85,18 @@ const TASK: &str = "agent = \"shell\"\nprompt = \"true\"\n";
 #[test]
 fn unknown_key_names_file_line_column_and_key() {
     insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}promt = \"typo\"\n")), @r"
-    error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`, `attempts`, `check`
+    error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`, `attempts`, `check`, `on_limit`
     ");
 }
 
 #[test]
 fn wrong_type_is_located() {
     insta::assert_snapshot!(load_error("teams/t.toml", "max_parallel = \"four\"\n[[tasks]]\nid = \"a\"\nagent = \"shell\"\nprompt = \"true\"\n"), @r#"error: $TEST_ENV/project/.crew/teams/t.toml:1:16: key `max_parallel`: invalid type: string "four", expected i64"#);
+}
+
+#[test]
+fn an_unknown_on_limit_is_refused_with_what_it_may_be() {
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("on_limit = \"wait\"\n[[tasks]]\nid = \"a\"\n{TASK}")), @"error: $TEST_ENV/project/.crew/teams/t.toml:1:12: key `on_limit`: unknown variant `wait`, expected `fail` or `pause`");
 }
 
 #[test]

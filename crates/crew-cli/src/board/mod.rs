@@ -36,6 +36,8 @@ pub enum RowState {
     Working,
     /// Alive between turns, waiting for a message.
     Idle,
+    /// Its agent hit a usage limit and goes on when it lifts.
+    Paused,
     /// Not started yet (its dependencies, its workspace being prepared).
     Queued,
     Failed,
@@ -61,6 +63,7 @@ impl RowState {
             RowState::Done => "done",
             RowState::Working => "working",
             RowState::Idle => "idle",
+            RowState::Paused => "paused",
             RowState::Queued => "queued",
             RowState::Stopped => "stopped",
             RowState::Skipped => "skipped",
@@ -342,6 +345,7 @@ impl Board {
         let unread = self.unread.contains(agent_id);
         match task.status {
             TaskStatus::Waiting => RowState::Waiting,
+            TaskStatus::Paused => RowState::Paused,
             TaskStatus::Running if live.is_some_and(|agent| agent.question.is_some()) => {
                 RowState::Waiting
             }
@@ -746,7 +750,11 @@ fn goes_on(run: &RunManifest) -> bool {
 fn is_finished(state: RowState) -> bool {
     !matches!(
         state,
-        RowState::Waiting | RowState::Working | RowState::Idle | RowState::Queued
+        RowState::Waiting
+            | RowState::Working
+            | RowState::Idle
+            | RowState::Paused
+            | RowState::Queued
     )
 }
 

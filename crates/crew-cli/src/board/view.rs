@@ -33,6 +33,7 @@ impl Looks {
             RowState::Done => ("✓", "v"),
             RowState::Working => ("▶", ">"),
             RowState::Idle => ("…", "~"),
+            RowState::Paused => ("⏸", "="),
             RowState::Queued => ("·", "."),
             RowState::Stopped => ("■", "#"),
             RowState::Skipped => ("-", "-"),
@@ -56,6 +57,7 @@ impl Looks {
             RowState::DoneUnread => Style::new().fg(Color::Green).add_modifier(Modifier::BOLD),
             RowState::Done => Style::new().fg(Color::Green),
             RowState::Working | RowState::Idle => Style::new().fg(Color::Cyan),
+            RowState::Paused => Style::new().fg(Color::Yellow),
             RowState::Queued | RowState::Stopped | RowState::Skipped => {
                 Style::new().add_modifier(Modifier::DIM)
             }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crew_core::config::{AdHocTeamError, ConfigDir, Parallelism, WorkspaceMode};
+use crew_core::config::{AdHocTeamError, ConfigDir, OnLimit, Parallelism, WorkspaceMode};
 use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
@@ -60,12 +60,25 @@ pub struct RunArgs {
     /// agent finished; its exit says whether the result passes. Overrides the team's `check`.
     #[arg(long, value_name = "COMMAND")]
     pub check: Option<String>,
+    /// What a task does when its agent hits a usage or rate limit: `fail` (the limit is named)
+    /// or `pause` (its workspace is kept and its session goes on when the limit lifts).
+    /// Overrides the team's `on_limit`.
+    #[arg(long, value_name = "fail|pause", value_parser = parse_on_limit)]
+    pub on_limit: Option<OnLimit>,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
     /// Print the final run manifest as JSON instead of the summary.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_on_limit(value: &str) -> Result<OnLimit, String> {
+    match value {
+        "fail" => Ok(OnLimit::Fail),
+        "pause" => Ok(OnLimit::Pause),
+        other => Err(format!("`{other}` is neither `fail` nor `pause`")),
+    }
 }
 
 fn parse_run_name(value: &str) -> Result<RunId, String> {
@@ -109,6 +122,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         name: args.name.clone(),
         attempts: args.attempts,
         check: args.check.clone(),
+        on_limit: args.on_limit,
     };
     if args.detach {
         return detach(&ctx, &spec).await;

@@ -17,8 +17,8 @@ use super::checks::{
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
 use super::settings::{
-    AgentDef, AgentSandbox, MAX_STOP_GRACE, PlannedTask, ProjectConfig, Protocol, SandboxMode,
-    SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
+    AgentDef, AgentSandbox, MAX_STOP_GRACE, OnLimit, PlannedTask, ProjectConfig, Protocol,
+    SandboxMode, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
 };
 use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template};
 use super::values::{HumanDuration, Parallelism};
@@ -58,6 +58,7 @@ pub(super) struct TeamFile {
     max_parallel: Option<Parallelism>,
     fail_fast: Option<bool>,
     check: Option<Spanned<String>>,
+    on_limit: Option<OnLimit>,
     tasks: Spanned<Vec<TaskFile>>,
 }
 
@@ -73,6 +74,7 @@ pub(super) struct TaskFile {
     workspace_mode: Option<WorkspaceMode>,
     attempts: Option<Spanned<u32>>,
     check: Option<Spanned<String>>,
+    on_limit: Option<OnLimit>,
 }
 
 /// An ad hoc team that could not be made.
@@ -273,6 +275,7 @@ impl ConfigDir {
                 workspace_mode: None,
                 attempts: None,
                 check: None,
+                on_limit: None,
             })
             .collect();
         Ok(Team {
@@ -283,6 +286,7 @@ impl ConfigDir {
                 max_parallel: None,
                 fail_fast: None,
                 check: None,
+                on_limit: None,
                 tasks,
             },
             agents,
@@ -399,6 +403,7 @@ impl ConfigDir {
                 workspace_mode: task.workspace_mode,
                 attempts: task.attempts.map(Spanned::into_inner),
                 check: task.check.map(Spanned::into_inner),
+                on_limit: task.on_limit,
             })
             .collect();
         Ok(Team {
@@ -409,6 +414,7 @@ impl ConfigDir {
                 max_parallel: file.max_parallel,
                 fail_fast: file.fail_fast,
                 check: file.check.map(Spanned::into_inner),
+                on_limit: file.on_limit,
                 tasks,
             },
             agents,

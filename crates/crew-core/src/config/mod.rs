@@ -25,7 +25,7 @@ pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_g
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
 pub use settings::{
     AgentDef, AgentSandbox, BaseMoved, IsolationFallback, IsolationSettings, LinkMode,
-    MAX_STOP_GRACE, PlannedTask, ProjectConfig, Protocol, RetentionSettings, RunSettings,
+    MAX_STOP_GRACE, OnLimit, PlannedTask, ProjectConfig, Protocol, RetentionSettings, RunSettings,
     SandboxMode, SandboxSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings, WorkspaceMode,
     WorktreeSettings,
 };

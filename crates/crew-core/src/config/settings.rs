@@ -104,6 +104,25 @@ pub enum Protocol {
     Acp,
 }
 
+/// What a task does when its agent hits a usage or rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLimit {
+    /// The task fails, with the limit named (and when it lifts, when the agent said).
+    #[default]
+    Fail,
+    /// The task is `paused` with its workspace kept, and its agent takes up its session again
+    /// when the limit lifts (or on `crew agents resume`); the run waits for it.
+    Pause,
+}
+
+impl OnLimit {
+    /// Whether this is the default, which records leave out.
+    pub fn is_fail(&self) -> bool {
+        *self == OnLimit::Fail
+    }
+}
+
 /// How `[worktree] link` paths reach a worktree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -401,6 +420,8 @@ pub struct TeamDef {
     pub fail_fast: Option<bool>,
     /// The check command of every task that names none of its own.
     pub check: Option<String>,
+    /// What a task that names nothing of its own does when its agent hits a usage limit.
+    pub on_limit: Option<OnLimit>,
     pub tasks: Vec<TaskDef>,
 }
 
@@ -418,6 +439,8 @@ pub struct TaskDef {
     /// Run with `sh -c` in the task's workspace once its agent finished: whether the result
     /// passes.
     pub check: Option<String>,
+    /// What the task does when its agent hits a usage limit.
+    pub on_limit: Option<OnLimit>,
 }
 
 impl TeamDef {
@@ -430,6 +453,7 @@ impl TeamDef {
             max_parallel: None,
             fail_fast: None,
             check: None,
+            on_limit: None,
             tasks,
         }
     }
@@ -447,6 +471,7 @@ impl TaskDef {
             workspace_mode: None,
             attempts: None,
             check: None,
+            on_limit: None,
         }
     }
 }

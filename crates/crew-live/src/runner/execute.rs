@@ -38,9 +38,9 @@ impl Runner {
         let resume_messages = resumes
             .iter()
             .filter(|(task_id, _)| {
-                manifest
-                    .task(task_id)
-                    .is_some_and(|task| task.status != TaskStatus::Waiting)
+                manifest.task(task_id).is_some_and(|task| {
+                    !matches!(task.status, TaskStatus::Waiting | TaskStatus::Paused)
+                })
             })
             .map(|(task_id, message)| (task_id.clone(), message.clone()))
             .collect();
@@ -72,6 +72,21 @@ impl Runner {
             running.spawn(async move {
                 let id = task.id.clone();
                 (id, context.adopt_waiting(task, answer).await)
+            });
+        }
+        // Tasks a usage limit paused go on when it lifts, or now when the resume names them.
+        for task in manifest
+            .tasks
+            .iter()
+            .filter(|task| task.status == TaskStatus::Paused)
+        {
+            let context = context.clone();
+            let task = task.clone();
+            let message = resumes.get(&task.id).cloned();
+            schedule.adopt(&task.id);
+            running.spawn(async move {
+                let id = task.id.clone();
+                (id, context.adopt_paused(task, message).await)
             });
         }
 

@@ -59,6 +59,7 @@ impl Runner {
             record.timeout = task.timeout.or(self.config.run.task_timeout);
             record.attempt_of = run_task.attempt_of;
             record.check = task.check.map(CheckRecord::pending);
+            record.on_limit = spec.on_limit.or(task.on_limit).unwrap_or_default();
             tasks.push(record);
         }
         let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use camino::Utf8PathBuf;
 
-use crew_core::config::{ProjectConfig, WorkspaceMode};
+use crew_core::config::{OnLimit, ProjectConfig, WorkspaceMode};
 use crew_core::host::{HostIdentity, HostIdentityError};
 use crew_core::model::{EventKind, HostRecord, RunEvent, RunStatus, TaskRecord, TaskStatus};
 use crew_core::provider::{AllocateWorkspaceError, Progress, WorkspaceProvider};
@@ -65,6 +65,9 @@ pub struct RunSpec {
     pub attempts: Option<u32>,
     /// `--check`: the check command of every task, overriding the team's.
     pub check: Option<String>,
+    /// `--on-limit`: what every task does when its agent hits a usage limit, overriding the
+    /// team's.
+    pub on_limit: Option<OnLimit>,
 }
 
 impl RunSpec {
@@ -79,6 +82,7 @@ impl RunSpec {
             name: None,
             attempts: None,
             check: None,
+            on_limit: None,
         }
     }
 }

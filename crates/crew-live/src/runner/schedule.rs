@@ -9,7 +9,8 @@
 //!    cancelled;
 //! 2. a task one of whose upstream tasks ended without succeeding is skipped, naming it;
 //! 3. a task whose upstream tasks all succeeded starts when a slot is free: at most
-//!    `max_parallel` tasks are active, not counting those whose agent a person stopped (held).
+//!    `max_parallel` tasks are active, not counting those whose agent a person stopped (held)
+//!    or that wait for a usage limit to lift (paused).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -29,6 +30,17 @@ pub(super) enum Step {
     },
 }
 
+/// What became of an active task's agent, as far as its slot goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// A person stopped it: no slot, and the run goes on for it only while something else does.
+    Stopped,
+    /// It waits for a usage limit to lift: no slot, and the run waits for it.
+    Paused,
+    /// It goes on again.
+    Going,
+}
+
 /// The scheduling state of one run.
 #[derive(Debug)]
 pub(super) struct Schedule {
@@ -41,6 +53,9 @@ pub(super) struct Schedule {
     /// Active tasks whose agent a person stopped: they take no slot, and keep the run going
     /// only while something else is.
     held: HashSet<TaskId>,
+    /// Active tasks that wait for a usage limit to lift: they take no slot, and the run waits
+    /// for them.
+    paused: HashSet<TaskId>,
     max_parallel: usize,
     fail_fast: bool,
     cancelled: bool,
@@ -55,6 +70,7 @@ impl Schedule {
             statuses: BTreeMap::new(),
             active: HashSet::new(),
             held: HashSet::new(),
+            paused: HashSet::new(),
             max_parallel: max_parallel.max(1),
             fail_fast,
             cancelled: false,
@@ -114,7 +130,8 @@ impl Schedule {
             let ready = depends
                 .iter()
                 .all(|upstream| self.statuses.get(upstream) == Some(&TaskStatus::Succeeded));
-            if ready && self.active.len() - self.held.len() < self.max_parallel {
+            if ready && self.active.len() - self.held.len() - self.paused.len() < self.max_parallel
+            {
                 self.active.insert(task.clone());
                 self.statuses.insert(task.clone(), TaskStatus::Preparing);
                 steps.push(Step::Start(task));
@@ -128,6 +145,7 @@ impl Schedule {
     pub(super) fn ended(&mut self, task: &TaskId, status: TaskStatus) -> bool {
         self.active.remove(task);
         self.held.remove(task);
+        self.paused.remove(task);
         self.statuses.insert(task.clone(), status);
         let fails_fast = self.fail_fast
             && !self.failed_fast
@@ -136,13 +154,18 @@ impl Schedule {
         fails_fast
     }
 
-    /// A person stopped a task's agent (`stopped`), or resumed it.
-    pub(super) fn hold(&mut self, task: &TaskId, stopped: bool) {
-        if !stopped {
-            self.held.remove(task);
-        } else if self.active.contains(task) {
-            self.held.insert(task.clone());
+    /// A person stopped a task's agent, a usage limit paused it, or it goes on again.
+    pub(super) fn hold(&mut self, task: &TaskId, hold: Hold) {
+        self.held.remove(task);
+        self.paused.remove(task);
+        if !self.active.contains(task) {
+            return;
         }
+        match hold {
+            Hold::Stopped => self.held.insert(task.clone()),
+            Hold::Paused => self.paused.insert(task.clone()),
+            Hold::Going => false,
+        };
     }
 
     /// The run was cancelled: no task starts any more.
@@ -201,7 +224,7 @@ mod tests {
     use crew_core::config::WorkspaceMode;
     use crew_core::model::{RunStatus, TaskRecord, TaskStatus};
 
-    use super::{Schedule, Step};
+    use super::{Hold, Schedule, Step};
 
     fn task(id: &str, depends_on: &[&str]) -> TaskRecord {
         TaskRecord::new(
@@ -276,22 +299,40 @@ mod tests {
         let tasks = [task("a", &[]), task("b", &[])];
         let mut schedule = Schedule::new(&tasks, 1, false);
         assert_eq!(started(&schedule.next_steps()), ["a"]);
-        schedule.hold(&id("a"), true);
+        schedule.hold(&id("a"), Hold::Stopped);
         assert!(schedule.only_held_left());
         assert_eq!(started(&schedule.next_steps()), ["b"]);
         assert!(!schedule.only_held_left());
         // Resumed: a takes its slot again, and b's end leaves it running.
-        schedule.hold(&id("a"), false);
+        schedule.hold(&id("a"), Hold::Going);
         schedule.ended(&id("b"), TaskStatus::Succeeded);
         assert!(!schedule.only_held_left());
-        schedule.hold(&id("a"), true);
+        schedule.hold(&id("a"), Hold::Stopped);
         assert!(schedule.only_held_left());
         // A hold for a task that is not going changes nothing.
-        schedule.hold(&id("b"), true);
+        schedule.hold(&id("b"), Hold::Stopped);
         schedule.ended(&id("a"), TaskStatus::Stopped);
         assert!(!schedule.only_held_left());
         assert!(schedule.is_over());
         assert_eq!(schedule.run_status(), RunStatus::Failed);
+    }
+
+    #[test]
+    fn a_paused_task_frees_its_slot_and_the_run_waits_for_it() {
+        let tasks = [task("a", &[]), task("b", &[]), task("c", &[])];
+        let mut schedule = Schedule::new(&tasks, 1, false);
+        assert_eq!(started(&schedule.next_steps()), ["a"]);
+        schedule.hold(&id("a"), Hold::Paused);
+        assert_eq!(started(&schedule.next_steps()), ["b"]);
+        schedule.ended(&id("b"), TaskStatus::Succeeded);
+        // Only the paused task is left: the run neither lets it go nor ends.
+        assert!(!schedule.only_held_left());
+        assert!(!schedule.is_over());
+        // Going again, it takes its slot back: c waits for it.
+        schedule.hold(&id("a"), Hold::Going);
+        assert!(started(&schedule.next_steps()).is_empty());
+        schedule.ended(&id("a"), TaskStatus::Succeeded);
+        assert_eq!(started(&schedule.next_steps()), ["c"]);
     }
 
     #[test]

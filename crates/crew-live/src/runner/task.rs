@@ -15,10 +15,10 @@ use std::time::Duration;
 use camino::Utf8PathBuf;
 use tokio::sync::{mpsc, watch};
 
-use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
+use crew_core::config::{AgentDef, ConfigDir, LoadConfigError, OnLimit};
 use crew_core::model::{
     CheckRecord, EventKind, ExitRecord, RunEvent, RunManifest, TaskOverlap, TaskRecord, TaskStatus,
-    TransitionError, Usage, UsageLimit, WorkspaceRecord,
+    Timestamp, TransitionError, Usage, UsageLimit, WorkspaceRecord,
 };
 use crew_core::provider::{
     AllocateWorkspaceError, Progress, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
@@ -26,6 +26,7 @@ use crew_core::provider::{
 };
 use crew_core::{AgentId, RunId, TaskId};
 
+use super::schedule::Hold;
 use super::{CancelLevel, RunError, Runner, TaskActivity, blocking};
 use crate::agent::AgentSpec;
 use crate::registry::AgentHandle;
@@ -48,7 +49,7 @@ pub(super) struct RunContext {
     resume_messages: Mutex<HashMap<TaskId, Option<String>>>,
     /// Tasks tell the scheduler when their agent was stopped by a person (`true`: the task
     /// holds its workspace for a resume) and when it was resumed (`false`).
-    holds: mpsc::UnboundedSender<(TaskId, bool)>,
+    holds: mpsc::UnboundedSender<(TaskId, Hold)>,
     /// Set by the scheduler when nothing but stopped tasks is left: they let go of their
     /// workspaces and the run ends.
     release: watch::Sender<bool>,
@@ -92,16 +93,28 @@ enum Ending {
     /// A person stopped the agent, and the run ended without a resume: the task stays
     /// `stopped`.
     Stopped,
+    /// A usage limit paused the task and the run stopped before it lifted: the workspace is
+    /// kept, and the task stays `paused` for `crew runs resume`.
+    StillPaused,
 }
 
 /// Where a task's agent is, as its task follows it.
-enum Phase {
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Phase {
     Running,
     /// Exited with a question, waiting for an answer.
     Waiting,
     /// Stopped by a person: the workspace is held for a resume while the run goes on.
     Held,
+    /// Exited on a usage limit: the agent takes up its session again when the limit lifts
+    /// (`None`: when a person resumes it).
+    Paused {
+        resets_at: Option<Timestamp>,
+    },
 }
+
+/// How long after a limit's reset time a paused agent starts again: clocks differ a little.
+const LIMIT_SLACK: Duration = Duration::from_secs(1);
 
 impl RunContext {
     pub(super) fn new(
@@ -110,7 +123,7 @@ impl RunContext {
         socket: Option<Utf8PathBuf>,
         cancel: watch::Sender<CancelLevel>,
         resume_messages: HashMap<TaskId, Option<String>>,
-        holds: mpsc::UnboundedSender<(TaskId, bool)>,
+        holds: mpsc::UnboundedSender<(TaskId, Hold)>,
         release: watch::Sender<bool>,
     ) -> Self {
         RunContext {
@@ -359,7 +372,8 @@ impl RunContext {
             }
         };
         self.record_started(&task_id, &handle).await;
-        self.follow_through(task, workspace, handle, true, 0).await
+        self.follow_through(task, workspace, handle, Phase::Running, 0)
+            .await
     }
 
     /// A task that waited for an answer when its previous host went away: its workspace is
@@ -390,17 +404,69 @@ impl RunContext {
             && let Err(error) = handle.follow_up(&answer).await
         {
             // The agent waits on: the answer can be given again.
-            let warning = format!("the answer given with the resume was not delivered: {error}");
-            let id = task_id.clone();
-            self.save(&format!("task {task_id}'s warning"), move |manifest| {
-                manifest.task_mut(&id)?.warnings.push(warning);
-                Ok(())
-            })
+            self.record_warning(
+                &task_id,
+                format!("the answer given with the resume was not delivered: {error}"),
+            )
             .await;
         }
         let attempt = task.attempts;
-        self.follow_through(task, workspace, handle, false, attempt)
+        self.follow_through(task, workspace, handle, Phase::Waiting, attempt)
             .await
+    }
+
+    /// A task a usage limit paused when its previous host went away: its workspace is taken up
+    /// again, and its agent starts again in its session when the limit lifts — at once when it
+    /// already has, or when the resume names the task (`message`).
+    pub(super) async fn adopt_paused(
+        self: Arc<Self>,
+        task: TaskRecord,
+        message: Option<Option<String>>,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let Some((definition, workspace)) = self.prepare(&task).await else {
+            return TaskStatus::Failed;
+        };
+        let spec = self.agent_spec(&task, definition, &workspace);
+        let Some(handle) = self.adopt_exited(&task, &workspace, spec).await else {
+            return TaskStatus::Failed;
+        };
+        self.tell_scheduler(&task_id, Hold::Paused);
+        if let Some(message) = message
+            && let Err(error) = handle.resume(message.as_deref()).await
+        {
+            return self
+                .fail_to_start(&task_id, &workspace, error.to_string())
+                .await;
+        }
+        let attempt = task.attempts;
+        let resets_at = task.limit.as_ref().and_then(|limit| limit.resets_at);
+        self.follow_through(
+            task,
+            workspace,
+            handle,
+            Phase::Paused { resets_at },
+            attempt,
+        )
+        .await
+    }
+
+    /// Registers the task's agent as exited, for a resume to start it in its workspace; an
+    /// agent that cannot be registered fails its task (`None`).
+    async fn adopt_exited(
+        &self,
+        task: &TaskRecord,
+        workspace: &TaskWorkspace,
+        spec: AgentSpec,
+    ) -> Option<AgentHandle> {
+        match self.runner.host.adopt(spec, None, task.attempts) {
+            Ok(handle) => Some(handle),
+            Err(error) => {
+                self.fail_to_start(&task.id, workspace, error.to_string())
+                    .await;
+                None
+            }
+        }
     }
 
     /// A task whose agent could not be started: its workspace is torn down (what is there is
@@ -426,13 +492,8 @@ impl RunContext {
         message: Option<&str>,
     ) -> TaskStatus {
         let task_id = task.id.clone();
-        let handle = match self.runner.host.adopt(spec, None, task.attempts) {
-            Ok(handle) => handle,
-            Err(error) => {
-                return self
-                    .fail_to_start(&task_id, &workspace, error.to_string())
-                    .await;
-            }
+        let Some(handle) = self.adopt_exited(&task, &workspace, spec).await else {
+            return TaskStatus::Failed;
         };
         if let Err(error) = handle.resume(message).await {
             return self
@@ -440,7 +501,7 @@ impl RunContext {
                 .await;
         }
         let attempt = task.attempts;
-        self.follow_through(task, workspace, handle, false, attempt)
+        self.follow_through(task, workspace, handle, Phase::Waiting, attempt)
             .await
     }
 
@@ -454,12 +515,24 @@ impl RunContext {
                 record.pid = status.pid;
                 record.attempts += 1;
                 record.question = None;
+                // Why it stopped or paused before is over now.
+                record.reason = None;
                 record.sandbox = status.sandbox;
                 Ok(record.clone())
             })
             .await;
         self.runner
             .announce(&self.run_id, task_id, TaskStatus::Running, None, record);
+    }
+
+    /// Adds a warning to the task's record.
+    async fn record_warning(&self, task_id: &TaskId, warning: String) {
+        let id = task_id.clone();
+        self.save(&format!("task {task_id}'s warning"), move |manifest| {
+            manifest.task_mut(&id)?.warnings.push(warning);
+            Ok(())
+        })
+        .await;
     }
 
     /// The running agent's question was answered and it goes on: the task is `running` again.
@@ -483,18 +556,14 @@ impl RunContext {
         task: TaskRecord,
         workspace: TaskWorkspace,
         handle: AgentHandle,
-        started: bool,
+        from: Phase,
         waiting_since: u32,
     ) -> TaskStatus {
         let task_id = task.id.clone();
         let mut cancel = self.cancel.subscribe();
         let mut release = self.release.subscribe();
         let mut stop_requests = 0;
-        let mut phase = if started {
-            Phase::Running
-        } else {
-            Phase::Waiting
-        };
+        let mut phase = from;
         // The attempt that last exited (asked, or was stopped): any later attempt goes on.
         let mut exited_attempt = waiting_since;
         // The running agent waits on a question of its own (an `acp` permission request).
@@ -532,6 +601,17 @@ impl RunContext {
                                 leaked_processes: 0,
                                 timed_out: false,
                             });
+                            if let Some(limit) = status.limit.clone()
+                                && task.on_limit == OnLimit::Pause
+                                && exit.stopped_by.is_none()
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                self.pause(&task_id, exit, &limit, &handle, task.usage).await;
+                                phase = Phase::Paused {
+                                    resets_at: limit.resets_at,
+                                };
+                                continue;
+                            }
                             if exit.stopped_by.is_some()
                                 && !exit.timed_out
                                 && self.cancel_level() == CancelLevel::None
@@ -570,6 +650,43 @@ impl RunContext {
                         }
                     }
                 }
+                Phase::Paused { resets_at } => {
+                    if self.cancel_level() > CancelLevel::None {
+                        break Ending::StillPaused;
+                    }
+                    // The limit's reset time, on this machine's clock; one that is past is now.
+                    let wake = resets_at.map(|at| {
+                        let wait =
+                            at.0.duration_since(std::time::SystemTime::now())
+                                .unwrap_or_default();
+                        tokio::time::Instant::now() + wait + LIMIT_SLACK
+                    });
+                    let never =
+                        tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+                    tokio::select! {
+                        restarted = handle.wait_restarted(exited_attempt) => {
+                            if restarted.is_none() {
+                                break Ending::StillPaused;
+                            }
+                            self.tell_scheduler(&task_id, Hold::Going);
+                            self.record_started(&task_id, &handle).await;
+                            phase = Phase::Running;
+                        }
+                        _ = tokio::time::sleep_until(wake.unwrap_or(never)), if wake.is_some() => {
+                            // The limit lifted: its session goes on (the restart is seen above).
+                            if let Err(error) = handle.resume(None).await {
+                                self.record_warning(
+                                    &task_id,
+                                    format!("could not start the agent again when its limit lifted: {error}"),
+                                )
+                                .await;
+                                // It waits for a person's resume.
+                                phase = Phase::Paused { resets_at: None };
+                            }
+                        }
+                        _ = cancel.changed() => {}
+                    }
+                }
                 Phase::Waiting | Phase::Held => {
                     let held = matches!(phase, Phase::Held);
                     if self.cancel_level() > CancelLevel::None {
@@ -590,7 +707,7 @@ impl RunContext {
                                 break if held { Ending::Stopped } else { Ending::StillWaiting };
                             }
                             if held {
-                                self.tell_scheduler(&task_id, false);
+                                self.tell_scheduler(&task_id, Hold::Going);
                             }
                             self.record_started(&task_id, &handle).await;
                             phase = Phase::Running;
@@ -605,6 +722,10 @@ impl RunContext {
             Ending::StillWaiting => {
                 self.teardown(&task_id, &workspace, true).await;
                 TaskStatus::Waiting
+            }
+            Ending::StillPaused => {
+                self.teardown(&task_id, &workspace, true).await;
+                TaskStatus::Paused
             }
             Ending::Stopped => {
                 self.teardown(&task_id, &workspace, false).await;
@@ -661,14 +782,36 @@ impl RunContext {
         );
         self.record_status(task_id, TaskStatus::Stopped, Some(reason))
             .await;
-        self.tell_scheduler(task_id, true);
+        self.tell_scheduler(task_id, Hold::Stopped);
     }
 
-    /// Tells the scheduler that a person stopped (`true`) or resumed the task's agent.
-    fn tell_scheduler(&self, task_id: &TaskId, stopped: bool) {
+    /// The agent hit a usage limit and the task pauses on it (`on_limit = "pause"`): its
+    /// workspace is kept, its slot freed, and the run waits for it.
+    async fn pause(
+        &self,
+        task_id: &TaskId,
+        exit: ExitRecord,
+        limit: &UsageLimit,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
+        self.record_exit(task_id, exit, handle, prior).await;
+        let resume = format!("crew agents resume {}:{task_id}", self.run_id);
+        let reason = match limit.resets_at {
+            Some(_) => format!("paused: it hit {limit}; it goes on then, or with `{resume}`"),
+            None => format!("paused: it hit {limit}; it goes on with `{resume}`"),
+        };
+        self.record_status(task_id, TaskStatus::Paused, Some(reason))
+            .await;
+        self.tell_scheduler(task_id, Hold::Paused);
+    }
+
+    /// Tells the scheduler what became of the task's agent: stopped by a person, paused by a
+    /// limit, or going again.
+    fn tell_scheduler(&self, task_id: &TaskId, hold: Hold) {
         // Sending fails only once the scheduler has gone, when the run is over: nobody is
         // left to tell.
-        let _ = self.holds.send((task_id.clone(), stopped));
+        let _ = self.holds.send((task_id.clone(), hold));
     }
 
     /// Records how the agent's process ended, with what its protocol reported.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crew_core::RunId;
-use crew_core::model::{RunStatus, Timestamp};
+use crew_core::model::{RunStatus, TaskStatus, Timestamp};
 
 use crate::context::Context;
 use crate::ui::{Style, Table, cell, run_style, sanitize, styled, truncate};
@@ -39,6 +39,10 @@ pub struct RunRow {
     pub finished_at: Option<Timestamp>,
     /// How many tasks are in each status.
     pub tasks: BTreeMap<String, usize>,
+    /// When the first of its tasks a usage limit paused goes on (`null` when none is paused,
+    /// or when none of their limits said when they lift).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continues_at: Option<Timestamp>,
     pub host_pid: Option<u32>,
     pub host_alive: bool,
     pub error: Option<String>,
@@ -70,6 +74,12 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                     created_at: Some(manifest.created_at),
                     finished_at: manifest.finished_at,
                     tasks,
+                    continues_at: manifest
+                        .tasks
+                        .iter()
+                        .filter(|task| task.status == TaskStatus::Paused)
+                        .filter_map(|task| task.limit.as_ref()?.resets_at)
+                        .min(),
                     host_pid: manifest.host.as_ref().map(|host| host.identity.pid),
                     host_alive: manifest
                         .host
@@ -86,6 +96,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                 created_at: None,
                 finished_at: None,
                 tasks: BTreeMap::new(),
+                continues_at: None,
                 host_pid: None,
                 host_alive: false,
                 error: Some(error.to_string()),
@@ -108,22 +119,26 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         };
         let tasks = match &row.error {
             Some(error) => truncate(&sanitize(error), 70),
-            None => row
-                .tasks
-                .iter()
-                .map(|(status, count)| format!("{count} {status}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            None => {
+                let counts = row
+                    .tasks
+                    .iter()
+                    .map(|(status, count)| format!("{count} {status}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                match (row.continues_at, row.tasks.contains_key("paused")) {
+                    (Some(at), _) => format!("{counts} (goes on at {})", table_time(at)),
+                    (None, true) => format!("{counts} (goes on when resumed)"),
+                    (None, false) => counts,
+                }
+            }
         };
         table.row(vec![
             cell(row.run_id.to_string()),
             status,
             cell(row.team.clone().unwrap_or_else(|| "-".into())),
             cell(row.workspace_mode.clone().unwrap_or_else(|| "-".into())),
-            cell(
-                row.created_at
-                    .map_or_else(|| "-".into(), |at| at.to_string()[..19].replace('T', " ")),
-            ),
+            cell(row.created_at.map_or_else(|| "-".into(), table_time)),
             cell(tasks),
         ]);
     }
@@ -137,4 +152,9 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         }
     }
     Ok(Outcome::Success)
+}
+
+/// A time as the table shows it: `2026-12-01 10:30:00` (UTC, to the second).
+fn table_time(at: Timestamp) -> String {
+    at.to_string()[..19].replace('T', " ")
 }
