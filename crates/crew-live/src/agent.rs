@@ -525,6 +525,7 @@ async fn launch(
                     .to_owned(),
                 resume: resume_message.and(session_id).map(str::to_owned),
                 resume_cost: session_cost,
+                terminals: crate::acp::Terminals::new(launcher.clone(), spec.clone()),
             },
             input,
             acp_incoming,

@@ -17,7 +17,7 @@ use crew_core::AgentId;
 use crew_core::config::Protocol;
 
 use crate::events::{AgentEvent, OutputStream, emit};
-use crate::protocol::{MessageLines, ProtocolEvent, read_line, shown_as};
+use crate::protocol::{MessageLines, ProtocolEvent, read_line, shown_log};
 
 /// The longest line kept in memory; the rest of a longer line is only in `output.log`.
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -97,7 +97,36 @@ impl OutputTail {
 /// [`MAX_LINE_BYTES`]): what a listing shows for an agent that is no longer live. A protocol
 /// message is shown as a person sees it live (see `protocol`).
 pub fn last_line_of(path: &Utf8Path) -> Option<String> {
-    Some(shown_as(&last_log_line(path)?))
+    last_log_lines(path)?.pop()
+}
+
+/// The lines of the end of the log at `path` (at most [`MAX_LINE_BYTES`]), as they were shown
+/// live; the first, cut where the read began, left out.
+fn last_log_lines(path: &Utf8Path) -> Option<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = crew_core::fsutil::open_nofollow(path).ok()?;
+    let length = file.metadata().ok()?.len();
+    let start = length.saturating_sub(MAX_LINE_BYTES as u64);
+    file.seek(SeekFrom::Start(start)).ok()?;
+    let mut tail = Vec::new();
+    file.take(MAX_LINE_BYTES as u64)
+        .read_to_end(&mut tail)
+        .ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    let mut lines: Vec<&str> = text
+        .lines()
+        .map(|line| line.trim_end_matches('\r'))
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    if start > 0 && lines.len() > 1 {
+        lines.remove(0);
+    }
+    let shown = shown_log(lines);
+    if shown.is_empty() {
+        // A last line that shows nothing of itself (a session's start) is shown as it is.
+        return last_log_line(path).map(|line| vec![line]);
+    }
+    Some(shown)
 }
 
 fn last_log_line(path: &Utf8Path) -> Option<String> {

@@ -282,7 +282,52 @@ pub fn read_acp_line(line: &str) -> Option<Reading> {
         Some(AcpUpdate::ToolCall { title }) => reading.shown.push(format!("→ {title}")),
         _ => {}
     }
+    // The answer to a prompt: the turn is over.
+    if let Some(stop) = message.result.and_then(|result| result.stop_reason) {
+        reading.shown.push(format!("[turn over: {stop}]"));
+    }
     Some(reading)
+}
+
+/// The text of an ACP agent's message chunk, when `line` is one.
+fn acp_chunk(line: &str) -> Option<String> {
+    let message: JsonRpc = serde_json::from_str(line.trim()).ok()?;
+    match message.params?.update? {
+        AcpUpdate::AgentMessageChunk {
+            content: AcpContent::Text { text },
+        } if message.method.as_deref() == Some("session/update") => Some(text),
+        _ => None,
+    }
+}
+
+/// The lines of an agent's log as a person saw them live: each line as [`shown_lines`] reads
+/// it, with an ACP agent's message chunks joined into whole lines first.
+pub fn shown_log<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut shown = Vec::new();
+    let mut said = String::new();
+    let flush = |said: &mut String, shown: &mut Vec<String>| {
+        shown.extend(
+            said.lines()
+                .filter(|line| !line.trim().is_empty())
+                .map(str::to_owned),
+        );
+        said.clear();
+    };
+    for line in lines {
+        if let Some(text) = acp_chunk(line) {
+            said.push_str(&text);
+            if let Some(newline) = said.rfind('\n') {
+                let rest = said.split_off(newline + 1);
+                flush(&mut said, &mut shown);
+                said = rest;
+            }
+            continue;
+        }
+        flush(&mut said, &mut shown);
+        shown.extend(shown_lines(line));
+    }
+    flush(&mut said, &mut shown);
+    shown
 }
 
 #[derive(Deserialize)]
@@ -292,6 +337,14 @@ struct JsonRpc {
     method: Option<String>,
     #[serde(default)]
     params: Option<AcpParams>,
+    #[serde(default)]
+    result: Option<AcpResult>,
+}
+
+#[derive(Deserialize)]
+struct AcpResult {
+    #[serde(default, rename = "stopReason")]
+    stop_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -714,6 +767,28 @@ mod tests {
             plain.event,
             Some(ProtocolEvent::TurnEnded { limit: None, .. })
         ));
+    }
+
+    #[test]
+    fn an_acp_log_reads_back_as_it_was_shown_live() {
+        let transcript = include_str!("../../../tests/fixtures/acp/turn.jsonl");
+        assert_eq!(
+            shown_log(transcript.lines()),
+            [
+                "→ Write notes.txt",
+                "wrote notes.txt",
+                "→ Read notes.txt",
+                "read notes.txt: from the client",
+                "→ Run echo hello",
+                "ran `echo hello`: exit 0: hello",
+                "[turn over: end_turn]",
+            ]
+        );
+        // The other protocols and plain lines read as they do line by line.
+        assert_eq!(
+            shown_log(["plain", r#"{"type":"turn.failed","error":{"message":"x"}}"#]),
+            ["plain", "[turn failed: x]"]
+        );
     }
 
     #[test]

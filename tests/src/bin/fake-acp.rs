@@ -13,6 +13,9 @@
 //!     taken beneath the session's `cwd`);
 //!   - `read <path>`: `fs/read_text_file` through the client;
 //!   - `touch <file>`: writes the file itself, in its `cwd`;
+//!   - `run <shell command>`: runs `sh -c <command>` in a terminal of the client
+//!     (`terminal/create`, `wait_for_exit`, `output`, `release`) and says how it ended and what
+//!     it printed; `run-in <dir> <shell command>` asks for that working directory;
 //!   - `ask <what>`: `session/request_permission` (allow once, allow always, reject once);
 //!     `<what>.allowed` is written when allowed, and the outcome said;
 //!   - `wait`: waits for `session/cancel` and ends the turn `cancelled`;
@@ -34,12 +37,13 @@ use std::sync::{Arc, Mutex};
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Cost, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
-    ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest, SessionId,
-    SessionNotification, SessionUpdate, StopReason, TextContent, ToolCall, ToolCallUpdate,
-    ToolCallUpdateFields, Usage, UsageUpdate, WriteTextFileRequest,
+    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Cost, CreateTerminalRequest,
+    EnvVariable, InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
+    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest,
+    PromptResponse, ReadTextFileRequest, ReleaseTerminalRequest, RequestPermissionOutcome,
+    RequestPermissionRequest, SessionId, SessionNotification, SessionUpdate, StopReason,
+    TerminalOutputRequest, TextContent, ToolCall, ToolCallUpdate, ToolCallUpdateFields, Usage,
+    UsageUpdate, WaitForTerminalExitRequest, WriteTextFileRequest,
 };
 use agent_client_protocol::{
     Agent, Client, Error, Stdio, on_receive_notification, on_receive_request,
@@ -230,6 +234,20 @@ async fn turn(
                     Err(error) => format!("refused {rest}: {}", error_text(&error)),
                 })?;
             }
+            "run" | "run-in" => {
+                let (dir, script) = match command {
+                    "run-in" => {
+                        let (dir, script) = rest.split_once(' ').unwrap_or((rest, ""));
+                        (Some(absolute(&cwd, dir)), script)
+                    }
+                    _ => (None, rest),
+                };
+                call(cx, session, &format!("Run {script}"))?;
+                say(format!(
+                    "ran `{script}`: {}",
+                    run_in_terminal(cx, session, dir, script).await
+                ))?;
+            }
             "touch" => {
                 std::fs::write(cwd.join(rest), "touched by the agent\n").unwrap();
                 say(format!("touched {rest}"))?;
@@ -289,6 +307,50 @@ async fn turn(
         }
     }
     Ok(StopReason::EndTurn)
+}
+
+/// Runs `sh -c <script>` in a terminal of the client: how it ended and what it printed, or why
+/// the client refused.
+async fn run_in_terminal(
+    cx: &ConnectionTo<Client>,
+    session: &SessionId,
+    dir: Option<PathBuf>,
+    script: &str,
+) -> String {
+    let create = CreateTerminalRequest::new(session.clone(), "sh")
+        .args(vec!["-c".to_owned(), script.to_owned()])
+        .env(vec![EnvVariable::new("FAKE_ACP_TERMINAL", "yes")])
+        .cwd(dir);
+    let terminal = match cx.send_request(create).block_task().await {
+        Ok(created) => created.terminal_id,
+        Err(error) => return format!("refused: {}", error_text(&error)),
+    };
+    let exited = cx
+        .send_request(WaitForTerminalExitRequest::new(
+            session.clone(),
+            terminal.clone(),
+        ))
+        .block_task()
+        .await
+        .unwrap();
+    let output = cx
+        .send_request(TerminalOutputRequest::new(
+            session.clone(),
+            terminal.clone(),
+        ))
+        .block_task()
+        .await
+        .unwrap();
+    cx.send_request(ReleaseTerminalRequest::new(session.clone(), terminal))
+        .block_task()
+        .await
+        .unwrap();
+    let how = match (exited.exit_status.exit_code, exited.exit_status.signal) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(signal)) => signal,
+        (None, None) => "unknown".to_owned(),
+    };
+    format!("{how}: {}", output.output.trim_end().replace('\n', " / "))
 }
 
 fn text(text: &str) -> ContentChunk {

@@ -139,6 +139,70 @@ fn an_acp_agent_works_in_its_session_its_file_requests_stay_in_its_workspace_and
 }
 
 #[test]
+fn an_acp_agents_terminals_run_in_its_workspace_confined_like_the_agent() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, "");
+    let outside = env.root().join("outside.txt");
+    let prompt = format!(
+        "run echo made > made.txt && echo \"$FAKE_ACP_TERMINAL $CREW_TASK_ID\" && pwd\nrun echo no > {outside}\nrun-in sub pwd\nrun-in {} pwd\nrun kill -9 $$",
+        env.root()
+    );
+    std::fs::create_dir_all(repo.join("sub")).unwrap();
+    write(&repo.join("sub/keep.txt"), "a directory the worktree has\n");
+    env.git(&repo, ["add", "sub"]);
+    env.git(&repo, ["commit", "-qm", "sub"]);
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "acp",
+            "--workspace-mode",
+            "worktree",
+            &prompt,
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let dir = task(&recorded, "acp")["workspace"]["dir"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let said = said(&log(&repo, &run, "acp"));
+    // In its workspace, with the variables it asked for besides the agent's own.
+    assert!(said.contains(&format!("exit 0: yes acp / {dir}")), "{said}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-acp:made.txt")]),
+        "made\n"
+    );
+    // Confined by the agent's sandbox: a write outside its workspace fails.
+    assert!(!outside.exists());
+    assert!(
+        said.contains(&format!("ran `echo no > {outside}`: exit ")),
+        "{said}"
+    );
+    assert!(
+        !said.contains(&format!("ran `echo no > {outside}`: exit 0")),
+        "{said}"
+    );
+    // A working directory beneath the workspace is fine; one outside it is refused.
+    assert!(
+        said.contains(&format!("ran `pwd`: exit 0: {dir}/sub")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "ran `pwd`: refused: {}: outside the task's workspace",
+            env.root()
+        )),
+        "{said}"
+    );
+    // A command killed by a signal says which.
+    assert!(said.contains("ran `kill -9 $$`: SIGKILL"), "{said}");
+}
+
+#[test]
 fn a_permission_request_is_the_tasks_question_and_the_answer_goes_to_the_running_agent() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, "");
@@ -275,6 +339,13 @@ fn a_steer_cancels_the_turn_under_way_and_goes_in_as_the_next_prompt() {
     // The first turn ended as the agent acknowledged the cancel.
     let log = log(&repo, &run, "acp");
     assert!(log.contains(r#""stopReason":"cancelled""#), "{log}");
+    // Listed once it is over, its last line is what a person saw, not the protocol's JSON.
+    let listed = env.crew(&repo, ["agents", "list", "--all-runs", "--json"]);
+    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(
+        agents[0]["last_line"], "[turn over: end_turn]",
+        "{agents:#}"
+    );
 }
 
 #[test]

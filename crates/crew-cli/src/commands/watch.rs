@@ -383,7 +383,7 @@ fn diff(repo_root: Option<&camino::Utf8Path>, task: &TaskRecord) -> String {
 }
 
 /// The last lines of an output log (at most [`TAIL_BYTES`] of it), as the agent's protocol
-/// showed them live: a Claude Code or Codex message is what it said, not its JSON.
+/// showed them live: a Claude Code, Codex or ACP message is what it said, not its JSON.
 fn read_tail(path: &camino::Utf8Path) -> Vec<String> {
     let Ok(mut file) = crew_core::fsutil::open_nofollow(path) else {
         return Vec::new();
@@ -397,7 +397,7 @@ fn read_tail(path: &camino::Utf8Path) -> Vec<String> {
     let text = String::from_utf8_lossy(&bytes);
     // The first line was cut by where the read began.
     let whole = text.lines().skip(usize::from(start > 0));
-    whole.flat_map(crew_live::protocol::shown_lines).collect()
+    crew_live::protocol::shown_log(whole)
 }
 
 #[cfg(test)]

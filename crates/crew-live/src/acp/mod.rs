@@ -4,8 +4,8 @@
 //! connection (the `agent-client-protocol` crate's `Client` role, over the process's stdin and
 //! the JSON-RPC lines of its stdout):
 //!
-//! 1. `initialize`, offering file reads and writes (confined to the task's workspace) and no
-//!    terminal: the agent runs its commands itself, inside its sandbox.
+//! 1. `initialize`, offering file reads and writes and terminals, all confined to the task's
+//!    workspace (`files`, `terminals`).
 //! 2. `session/new` in the task's workspace, or `session/load` of the task's recorded session
 //!    when the agent is started again and supports it: a resume takes up exactly that session.
 //! 3. A prompt turn per message (`session/prompt`): the task's prompt, then each follow-up the
@@ -22,18 +22,18 @@
 //!
 //! The supervisor hears of all this as [`ProtocolEvent`]s, as it does for the line protocols.
 
-use std::os::fd::OwnedFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation,
-    InitializeRequest, LoadSessionRequest, NewSessionRequest, PermissionOption,
-    PermissionOptionKind, PromptRequest, PromptResponse, ReadTextFileRequest, ReadTextFileResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionId, SessionNotification, SessionUpdate, StopReason,
-    TextContent, ToolCallStatus, WriteTextFileRequest, WriteTextFileResponse,
+    CancelNotification, ClientCapabilities, ContentBlock, CreateTerminalRequest,
+    FileSystemCapabilities, Implementation, InitializeRequest, KillTerminalRequest,
+    LoadSessionRequest, NewSessionRequest, PermissionOption, PermissionOptionKind, PromptRequest,
+    PromptResponse, ReadTextFileRequest, ReleaseTerminalRequest, RequestPermissionOutcome,
+    RequestPermissionRequest, RequestPermissionResponse, SelectedPermissionOutcome, SessionId,
+    SessionNotification, SessionUpdate, StopReason, TerminalOutputRequest, TextContent,
+    ToolCallStatus, WaitForTerminalExitRequest, WriteTextFileRequest,
 };
 use agent_client_protocol::{Client, Lines, on_receive_notification, on_receive_request};
 use camino::Utf8PathBuf;
@@ -47,8 +47,10 @@ use crate::events::OutputStream;
 use crate::output::OutputSink;
 use crate::protocol::ProtocolEvent;
 
-/// The largest file an agent may read or write through crew.
-const MAX_FILE_BYTES: u64 = 16 << 20;
+mod files;
+mod terminals;
+
+pub(crate) use terminals::Terminals;
 
 /// What the supervisor tells a running ACP agent.
 #[derive(Debug)]
@@ -75,6 +77,8 @@ pub(crate) struct AcpStart {
     /// What that session cost before, as crew counted it: the agent's running total starts
     /// there.
     pub resume_cost: Option<f64>,
+    /// Where the commands it asks crew to run go.
+    pub terminals: Terminals,
 }
 
 /// The supervisor's end of a driver.
@@ -231,6 +235,14 @@ async fn drive(
         shared.clone(),
         shared.clone(),
     );
+    let terminals = Arc::new(start.terminals);
+    let (on_create, on_output, on_wait, on_kill, on_release) = (
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals,
+    );
     let result = Client
         .v1()
         .name("crew")
@@ -266,13 +278,49 @@ async fn drive(
         )
         .on_receive_request(
             async move |request: ReadTextFileRequest, responder, _cx| {
-                responder.respond_with_result(read_file(&on_read.workspace, &request))
+                responder.respond_with_result(files::read_file(&on_read.workspace, &request))
             },
             on_receive_request!(),
         )
         .on_receive_request(
             async move |request: WriteTextFileRequest, responder, _cx| {
-                responder.respond_with_result(write_file(&on_write.workspace, &request))
+                responder.respond_with_result(files::write_file(&on_write.workspace, &request))
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: CreateTerminalRequest, responder, cx| {
+                let terminals = on_create.clone();
+                cx.spawn(
+                    async move { responder.respond_with_result(terminals.create(&request).await) },
+                )
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: TerminalOutputRequest, responder, _cx| {
+                responder.respond_with_result(on_output.output(&request.terminal_id))
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WaitForTerminalExitRequest, responder, cx| {
+                let terminals = on_wait.clone();
+                cx.spawn(async move {
+                    responder.respond_with_result(terminals.wait(&request.terminal_id).await)
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: KillTerminalRequest, responder, _cx| {
+                responder.respond_with_result(on_kill.kill(&request.terminal_id))
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReleaseTerminalRequest, responder, _cx| {
+                responder.respond_with_result(on_release.release(&request.terminal_id))
             },
             on_receive_request!(),
         )
@@ -282,9 +330,11 @@ async fn drive(
                 .send_request(
                     InitializeRequest::new(ProtocolVersion::V1)
                         .client_capabilities(
-                            ClientCapabilities::new().fs(FileSystemCapabilities::new()
-                                .read_text_file(true)
-                                .write_text_file(true)),
+                            ClientCapabilities::new()
+                                .fs(FileSystemCapabilities::new()
+                                    .read_text_file(true)
+                                    .write_text_file(true))
+                                .terminal(true),
                         )
                         .client_info(Implementation::new("crew", version)),
                 )
@@ -520,164 +570,6 @@ fn turn_usage(
     Some(usage)
 }
 
-/// Why a file request was refused, as the agent is told.
-fn refused(path: &Path, why: impl std::fmt::Display) -> agent_client_protocol::Error {
-    agent_client_protocol::Error::invalid_params()
-        .data(serde_json::json!(format!("{}: {why}", path.display())))
-}
-
-/// The path below the workspace that an absolute path in it names. `..` is refused here, and
-/// links are held beneath the workspace by the kernel when the file is opened.
-fn beneath(workspace: &Path, path: &Path) -> Result<PathBuf, agent_client_protocol::Error> {
-    if !path.is_absolute() {
-        return Err(refused(path, "paths must be absolute"));
-    }
-    let relative = path
-        .strip_prefix(workspace)
-        .map_err(|_| refused(path, "outside the task's workspace"))?;
-    if relative
-        .components()
-        .any(|component| !matches!(component, Component::Normal(_)))
-    {
-        return Err(refused(path, "`..` is not followed"));
-    }
-    if relative.as_os_str().is_empty() {
-        return Err(refused(path, "the workspace itself is not a file"));
-    }
-    Ok(relative.to_owned())
-}
-
-/// Opens `relative` beneath the workspace: every step of the path, links included, must stay
-/// beneath it (`RESOLVE_BENEATH`), or the kernel refuses.
-fn open_beneath(
-    workspace: &Path,
-    relative: &Path,
-    flags: rustix::fs::OFlags,
-) -> Result<OwnedFd, agent_client_protocol::Error> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    let root = rustix::fs::open(
-        workspace,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|error| refused(workspace, error))?;
-    rustix::fs::openat2(
-        &root,
-        relative,
-        flags | OFlags::CLOEXEC,
-        // openat2 takes a mode only with O_CREAT.
-        if flags.contains(OFlags::CREATE) {
-            Mode::from_raw_mode(0o644)
-        } else {
-            Mode::empty()
-        },
-        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(|error| {
-        let why = if error == rustix::io::Errno::XDEV {
-            "it leads outside the task's workspace".to_owned()
-        } else {
-            std::io::Error::from(error).to_string()
-        };
-        refused(&workspace.join(relative), why)
-    })
-}
-
-/// `fs/read_text_file`, beneath the workspace: the file, or `limit` lines of it from `line`
-/// (1-based).
-fn read_file(
-    workspace: &Path,
-    request: &ReadTextFileRequest,
-) -> Result<ReadTextFileResponse, agent_client_protocol::Error> {
-    use std::io::Read;
-    let relative = beneath(workspace, &request.path)?;
-    let file = std::fs::File::from(open_beneath(
-        workspace,
-        &relative,
-        rustix::fs::OFlags::RDONLY,
-    )?);
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|error| refused(&request.path, error))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(refused(&request.path, "larger than 16 MiB"));
-    }
-    let text = String::from_utf8(bytes).map_err(|_| refused(&request.path, "not UTF-8 text"))?;
-    let skip = request.line.map_or(0, |line| line.saturating_sub(1)) as usize;
-    let content = match request.limit {
-        None if skip == 0 => text,
-        limit => text
-            .split_inclusive('\n')
-            .skip(skip)
-            .take(limit.map_or(usize::MAX, |limit| limit as usize))
-            .collect(),
-    };
-    Ok(ReadTextFileResponse::new(content))
-}
-
-/// `fs/write_text_file`, beneath the workspace: missing directories are made, one step at a
-/// time, each beneath it.
-fn write_file(
-    workspace: &Path,
-    request: &WriteTextFileRequest,
-) -> Result<WriteTextFileResponse, agent_client_protocol::Error> {
-    use rustix::fs::OFlags;
-    use std::io::Write;
-    let relative = beneath(workspace, &request.path)?;
-    if request.content.len() as u64 > MAX_FILE_BYTES {
-        return Err(refused(&request.path, "larger than 16 MiB"));
-    }
-    if let Some(parent) = relative
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        let mut made = PathBuf::new();
-        for component in parent.components() {
-            let below = made.clone();
-            made.push(component);
-            if open_beneath(workspace, &made, OFlags::PATH | OFlags::DIRECTORY).is_ok() {
-                continue;
-            }
-            let at = if below.as_os_str().is_empty() {
-                open_beneath_root(workspace)?
-            } else {
-                open_beneath(workspace, &below, OFlags::PATH | OFlags::DIRECTORY)?
-            };
-            // One name, made in a directory already held beneath the workspace: `mkdirat`
-            // never follows a link in the last step.
-            match rustix::fs::mkdirat(
-                &at,
-                component.as_os_str(),
-                rustix::fs::Mode::from_raw_mode(0o755),
-            ) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(error) => {
-                    return Err(refused(&workspace.join(&made), std::io::Error::from(error)));
-                }
-            }
-        }
-    }
-    let mut file = std::fs::File::from(open_beneath(
-        workspace,
-        &relative,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
-    )?);
-    file.write_all(request.content.as_bytes())
-        .map_err(|error| refused(&request.path, error))?;
-    Ok(WriteTextFileResponse::new())
-}
-
-fn open_beneath_root(workspace: &Path) -> Result<OwnedFd, agent_client_protocol::Error> {
-    use rustix::fs::{Mode, OFlags};
-    rustix::fs::open(
-        workspace,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|error| refused(workspace, std::io::Error::from(error)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -709,49 +601,5 @@ mod tests {
             choose("yes", &[]),
             RequestPermissionOutcome::Cancelled
         ));
-    }
-
-    #[test]
-    fn file_requests_stay_beneath_the_workspace() {
-        let dir = tempfile::tempdir().unwrap();
-        let workspace = dir.path().join("ws");
-        std::fs::create_dir(&workspace).unwrap();
-        std::fs::write(dir.path().join("secret"), "outside").unwrap();
-        std::os::unix::fs::symlink(dir.path().join("secret"), workspace.join("link")).unwrap();
-        std::os::unix::fs::symlink(dir.path(), workspace.join("up")).unwrap();
-        let write = |path: PathBuf| {
-            write_file(&workspace, &WriteTextFileRequest::new("s", path, "written"))
-        };
-        let read = |path: PathBuf| read_file(&workspace, &ReadTextFileRequest::new("s", path));
-        write(workspace.join("a/b/c.txt")).unwrap();
-        assert_eq!(
-            read(workspace.join("a/b/c.txt")).unwrap().content,
-            "written"
-        );
-        for escape in [
-            workspace.join("link"),
-            workspace.join("up/secret"),
-            workspace.join("up/new/file"),
-            workspace.join("../secret"),
-            dir.path().join("secret"),
-            PathBuf::from("relative.txt"),
-        ] {
-            assert!(write(escape.clone()).is_err(), "{}", escape.display());
-            assert!(read(escape.clone()).is_err(), "{}", escape.display());
-        }
-        assert_eq!(
-            std::fs::read_to_string(dir.path().join("secret")).unwrap(),
-            "outside"
-        );
-        assert!(!dir.path().join("new").exists());
-        std::fs::write(workspace.join("lines.txt"), "1\n2\n3\n4\n").unwrap();
-        let some = read_file(
-            &workspace,
-            &ReadTextFileRequest::new("s", workspace.join("lines.txt"))
-                .line(2)
-                .limit(2),
-        )
-        .unwrap();
-        assert_eq!(some.content, "2\n3\n");
     }
 }
