@@ -97,12 +97,6 @@ impl OutputTail {
 /// [`MAX_LINE_BYTES`]): what a listing shows for an agent that is no longer live. A protocol
 /// message is shown as a person sees it live (see `protocol`).
 pub fn last_line_of(path: &Utf8Path) -> Option<String> {
-    last_log_lines(path)?.pop()
-}
-
-/// The lines of the end of the log at `path` (at most [`MAX_LINE_BYTES`]), as they were shown
-/// live; the first, cut where the read began, left out.
-fn last_log_lines(path: &Utf8Path) -> Option<Vec<String>> {
     use std::io::{Read, Seek, SeekFrom};
     let mut file = crew_core::fsutil::open_nofollow(path).ok()?;
     let length = file.metadata().ok()?.len();
@@ -118,30 +112,13 @@ fn last_log_lines(path: &Utf8Path) -> Option<Vec<String>> {
         .map(|line| line.trim_end_matches('\r'))
         .filter(|line| !line.trim().is_empty())
         .collect();
+    // The first line was cut where the read began, unless it is the only one.
     if start > 0 && lines.len() > 1 {
         lines.remove(0);
     }
-    let shown = shown_log(lines);
-    if shown.is_empty() {
-        // A last line that shows nothing of itself (a session's start) is shown as it is.
-        return last_log_line(path).map(|line| vec![line]);
-    }
-    Some(shown)
-}
-
-fn last_log_line(path: &Utf8Path) -> Option<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = crew_core::fsutil::open_nofollow(path).ok()?;
-    let length = file.metadata().ok()?.len();
-    let start = length.saturating_sub(MAX_LINE_BYTES as u64);
-    file.seek(SeekFrom::Start(start)).ok()?;
-    let mut tail = Vec::new();
-    file.take(MAX_LINE_BYTES as u64)
-        .read_to_end(&mut tail)
-        .ok()?;
-    let text = String::from_utf8_lossy(&tail);
-    let line = text.lines().rev().find(|line| !line.trim().is_empty())?;
-    Some(line.trim_end_matches('\r').to_owned())
+    let last = (*lines.last()?).to_owned();
+    // A log whose end shows nothing of itself (a session's start) is shown as it is.
+    Some(shown_log(lines).pop().unwrap_or(last))
 }
 
 /// The suffix of the part of a log before its last rotation.

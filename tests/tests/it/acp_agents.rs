@@ -23,6 +23,22 @@ fn project_with_acp(env: &TestEnv, args: &str) -> Utf8PathBuf {
     repo
 }
 
+/// `crew run --agent acp --workspace-mode worktree args…` in `repo`, to its end.
+fn run_acp(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> std::process::Output {
+    env.crew(repo, acp_run_args(args))
+}
+
+/// The same, in the background: the host, to wait for.
+fn spawn_acp(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> std::process::Child {
+    env.spawn_crew(repo, acp_run_args(args))
+}
+
+fn acp_run_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["run", "--agent", "acp", "--workspace-mode", "worktree"];
+    all.extend(args);
+    all
+}
+
 fn log(repo: &Utf8Path, run: &str, task: &str) -> String {
     std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
         .unwrap()
@@ -59,17 +75,7 @@ fn an_acp_agent_works_in_its_session_its_file_requests_stay_in_its_workspace_and
         "touch own.txt\nwrite sub/client.txt from the client\nread sub/client.txt\nwrite ../escape.txt no\nwrite {outside} no\nread {}/.git/config\nfail at the end",
         repo
     );
-    let output = env.crew(
-        &repo,
-        [
-            "run",
-            "--agent",
-            "acp",
-            "--workspace-mode",
-            "worktree",
-            &prompt,
-        ],
-    );
+    let output = run_acp(&env, &repo, &[&prompt]);
     let shown = render_output(&output);
     assert_eq!(output.status.code(), Some(1), "{shown}");
     let run = run_ids(&env, &repo).remove(0);
@@ -151,17 +157,7 @@ fn an_acp_agents_terminals_run_in_its_workspace_confined_like_the_agent() {
     write(&repo.join("sub/keep.txt"), "a directory the worktree has\n");
     env.git(&repo, ["add", "sub"]);
     env.git(&repo, ["commit", "-qm", "sub"]);
-    let output = env.crew(
-        &repo,
-        [
-            "run",
-            "--agent",
-            "acp",
-            "--workspace-mode",
-            "worktree",
-            &prompt,
-        ],
-    );
+    let output = run_acp(&env, &repo, &[&prompt]);
     assert!(output.status.success(), "{}", render_output(&output));
     let run = run_ids(&env, &repo).remove(0);
     let recorded = manifest(&env, &repo, &run);
@@ -206,19 +202,10 @@ fn an_acp_agents_terminals_run_in_its_workspace_confined_like_the_agent() {
 fn a_permission_request_is_the_tasks_question_and_the_answer_goes_to_the_running_agent() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, "");
-    let mut host = env.spawn_crew(
+    let mut host = spawn_acp(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "acp",
-            "--workspace-mode",
-            "worktree",
-            "--task",
-            "deploy=ask deploy",
-            "--task",
-            "delete=ask delete",
-        ],
+        &["--task", "deploy=ask deploy", "--task", "delete=ask delete"],
     );
     let run = wait_until(30, "both tasks to ask", || {
         let run = run_ids(&env, &repo).into_iter().next()?;
@@ -296,17 +283,7 @@ fn a_permission_request_is_the_tasks_question_and_the_answer_goes_to_the_running
 fn a_steer_cancels_the_turn_under_way_and_goes_in_as_the_next_prompt() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, "");
-    let mut host = env.spawn_crew(
-        &repo,
-        [
-            "run",
-            "--agent",
-            "acp",
-            "--workspace-mode",
-            "worktree",
-            "wait",
-        ],
-    );
+    let mut host = spawn_acp(&env, &repo, &["wait"]);
     let run = wait_until(30, "the agent to wait for a steer", || {
         let run = run_ids(&env, &repo).into_iter().next()?;
         let log = std::fs::read_to_string(
@@ -352,14 +329,10 @@ fn a_steer_cancels_the_turn_under_way_and_goes_in_as_the_next_prompt() {
 fn output_that_is_not_the_protocol_is_shown_with_a_warning_and_a_truncated_session_fails_plainly() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, ", \"--garbage\"");
-    let output = env.crew(
+    let output = run_acp(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "acp",
-            "--workspace-mode",
-            "worktree",
+        &[
             "--task",
             "noisy=touch noisy.txt",
             "--task",
