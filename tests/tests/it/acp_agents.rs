@@ -5,21 +5,13 @@
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output, wait_until, write};
 
+use crate::common::agents::define_fake_acp;
 use crate::common::runs::{manifest, run_ids, task};
 
-/// A project whose `acp` agent is the Rust stand-in; its sessions are kept in `sessions/`
-/// beside the project (the only place besides its workspace it may write).
+/// A project whose `acp` agent is the Rust stand-in.
 fn project_with_acp(env: &TestEnv, args: &str) -> Utf8PathBuf {
     let repo = env.repo("project");
-    let sessions = env.root().join("sessions");
-    std::fs::create_dir_all(&sessions).unwrap();
-    let fake = crew_tests::helper_bin("fake-acp");
-    write(
-        &repo.join(".crew/agents/acp.toml"),
-        &format!(
-            "command = [\"{fake}\"{args}]\nprotocol = \"acp\"\nenv = {{ FAKE_ACP_STATE = \"{sessions}\" }}\n[sandbox]\nwrite = [\"{sessions}\"]\n"
-        ),
-    );
+    define_fake_acp(env, &repo, args);
     repo
 }
 

@@ -82,7 +82,8 @@ fn an_acp_client_runs_teams_sees_only_its_folder_and_cancels() {
 /// The same flows through the Rust SDK's client side: a team run reported as a plan and
 /// messages, an agent's question answered through the client, a second folder that sees
 /// nothing of the first, and a cancel mid-run that ends the turn `cancelled` with the work on
-/// its branch.
+/// its branch. An ACP agent that crew runs asks for permission too: crew asks the editor, and
+/// the editor's answer reaches the agent, which goes on as it waited, alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_acp_client_runs_answers_and_cancels() {
     use agent_client_protocol::schema::ProtocolVersion;
@@ -91,9 +92,8 @@ async fn the_rust_acp_client_runs_answers_and_cancels() {
         RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
         SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
     };
-    use agent_client_protocol::{Client, Lines, on_receive_notification, on_receive_request};
+    use agent_client_protocol::{Client, on_receive_notification, on_receive_request};
     use std::sync::{Arc, Mutex};
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
     let env = TestEnv::new();
     let (a, b) = editor_folders(
@@ -104,30 +104,14 @@ async fn the_rust_acp_client_runs_answers_and_cancels() {
             "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"asker\"\nagent = \"shell\"\nprompt = \"if [ -z \\\"$CREW_MESSAGE\\\" ]; then crew ask 'merge?'; exit 0; fi; echo \\\"got $CREW_MESSAGE\\\" > answer.txt; cat answer.txt\"\n",
         )],
     );
-    let mut command = tokio::process::Command::from({
-        let mut command = env.crew_command(&a);
-        command.args(["serve", "--stdio"]);
-        command
-    });
-    let mut crew = command
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdin = crew.stdin.take().unwrap();
-    let stdout = tokio::io::BufReader::new(crew.stdout.take().unwrap()).lines();
-    let outgoing = futures::sink::unfold(stdin, |mut stdin, line: String| async move {
-        stdin.write_all(format!("{line}\n").as_bytes()).await?;
-        Ok::<_, std::io::Error>(stdin)
-    });
-    let incoming = futures::stream::unfold(stdout, |mut lines| async move {
-        match lines.next_line().await {
-            Ok(Some(line)) => Some((Ok(line), lines)),
-            Ok(None) => None,
-            Err(error) => Some((Err(error), lines)),
-        }
-    });
+    crate::common::agents::define_fake_acp(&env, &a, "");
+    write(
+        &a.join(".crew/teams/perm.toml"),
+        "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"deploy\"\nagent = \"acp\"\nprompt = \"ask deploy\"\n",
+    );
+    env.git(&a, ["add", ".crew"]);
+    env.git(&a, ["commit", "-q", "-m", "an ACP agent"]);
+    let (crew, transport) = serve(&env, &a);
 
     // What each session was told, as text.
     let told: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
@@ -170,7 +154,7 @@ async fn the_rust_acp_client_runs_answers_and_cancels() {
             },
             on_receive_request!(),
         )
-        .connect_with(Lines::new(outgoing, incoming), async |cx| {
+        .connect_with(transport, async |cx| {
             let text = |text: &str| vec![ContentBlock::Text(TextContent::new(text))];
             cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
                 .block_task()
@@ -188,6 +172,13 @@ async fn the_rust_acp_client_runs_answers_and_cancels() {
             let told_a = transcript(&session_a.0);
             assert!(told_a.contains("[asker] got yes"), "{told_a}");
             assert!(told_a.contains("asker succeeded"), "{told_a}");
+            let permitted = cx
+                .send_request(PromptRequest::new(session_a.clone(), text("/run perm")))
+                .block_task()
+                .await?;
+            assert_eq!(permitted.stop_reason, StopReason::EndTurn);
+            let told_a = transcript(&session_a.0);
+            assert!(told_a.contains("deploy succeeded"), "{told_a}");
 
             let session_b = cx
                 .send_request(NewSessionRequest::new(b.as_std_path()))
@@ -226,8 +217,10 @@ async fn the_rust_acp_client_runs_answers_and_cancels() {
         })
         .await;
     result.unwrap();
-    assert_eq!(asked.lock().unwrap().len(), 1);
-    assert!(asked.lock().unwrap()[0].contains("merge?"));
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert!(asked[0].contains("merge?"), "{asked:?}");
+    assert!(asked[1].contains("allow deploy?"), "{asked:?}");
     drop(crew);
     let files = |branch_suffix: &str| {
         let branch = env
@@ -246,10 +239,51 @@ async fn the_rust_acp_client_runs_answers_and_cancels() {
         env.git(&a, ["ls-tree", "-r", "--name-only", &branch])
     };
     assert!(files("-asker").contains("answer.txt"));
+    assert!(files("-deploy").contains("deploy.allowed"));
     assert!(
         files("-slow").contains("slow.txt"),
         "the cancelled task's work is on its branch"
     );
+}
+
+/// `crew serve --stdio` in `dir` (killed when dropped), and the Rust SDK's line transport over
+/// its stdin and stdout.
+fn serve(
+    env: &TestEnv,
+    dir: &camino::Utf8Path,
+) -> (
+    tokio::process::Child,
+    agent_client_protocol::Lines<
+        impl futures::Sink<String, Error = std::io::Error> + Send + 'static,
+        impl futures::Stream<Item = std::io::Result<String>> + Send + 'static,
+    >,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut command = tokio::process::Command::from({
+        let mut command = env.crew_command(dir);
+        command.args(["serve", "--stdio"]);
+        command
+    });
+    let mut crew = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdin = crew.stdin.take().unwrap();
+    let stdout = tokio::io::BufReader::new(crew.stdout.take().unwrap()).lines();
+    let outgoing = futures::sink::unfold(stdin, |mut stdin, line: String| async move {
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        Ok::<_, std::io::Error>(stdin)
+    });
+    let incoming = futures::stream::unfold(stdout, |mut lines| async move {
+        match lines.next_line().await {
+            Ok(Some(line)) => Some((Ok(line), lines)),
+            Ok(None) => None,
+            Err(error) => Some((Err(error), lines)),
+        }
+    });
+    (crew, agent_client_protocol::Lines::new(outgoing, incoming))
 }
 
 /// Two project folders for an editor: `<name>-a` with the given teams and a team `slow` (one
