@@ -21,6 +21,9 @@
 //!   - `wait`: waits for `session/cancel` and ends the turn `cancelled`;
 //!   - `history`: says the session's prompts so far;
 //!   - `exit <code>`: exits at once, mid-turn;
+//!   - `limit <seconds>`: the prompt fails with `Usage limit reached|<unix seconds>`, the
+//!     reset that many seconds on (no ACP agent's limit error is documented; this is Claude
+//!     Code's form);
 //!   - `fail`: the program exits 1 when its input ends;
 //!   - anything else: `working on: <line>`.
 //! - `--garbage` prints a line that is not JSON-RPC before it serves.
@@ -130,7 +133,11 @@ async fn main() {
                 let state = on_prompt.clone();
                 let connection = cx.clone();
                 cx.spawn(async move {
-                    let stop = turn(&state, &connection, &request).await?;
+                    let stop = match turn(&state, &connection, &request).await {
+                        Ok(stop) => stop,
+                        // The prompt fails; the session goes on.
+                        Err(error) => return responder.respond_with_error(error),
+                    };
                     let cost = {
                         let mut state = state.lock().unwrap();
                         state.cost += 0.01;
@@ -299,6 +306,15 @@ async fn turn(
             }
             "history" => say(format!("history: {}", prompts.join(" | ")))?,
             "exit" => std::process::exit(rest.parse().unwrap_or(1)),
+            "limit" => {
+                let resets = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs()
+                    + rest.parse::<u64>().unwrap_or(3600);
+                return Err(Error::internal_error()
+                    .data(serde_json::json!(format!("Usage limit reached|{resets}"))));
+            }
             "fail" => {
                 FAIL.store(true, std::sync::atomic::Ordering::SeqCst);
                 say("will fail when the session ends".to_owned())?;

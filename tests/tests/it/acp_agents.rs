@@ -191,6 +191,50 @@ fn an_acp_agents_terminals_run_in_its_workspace_confined_like_the_agent() {
 }
 
 #[test]
+fn a_usage_limit_pauses_an_acp_task_that_asks_to_and_fails_one_that_does_not() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, "");
+    write(
+        &repo.join(".crew/teams/limits.toml"),
+        "workspace_mode = \"worktree\"\n\n[[tasks]]\nid = \"patient\"\nagent = \"acp\"\nprompt = \"touch patient.txt\\nlimit 2\"\non_limit = \"pause\"\n\n[[tasks]]\nid = \"hasty\"\nagent = \"acp\"\nprompt = \"touch hasty.txt\\nlimit 3600\"\n",
+    );
+    let output = env.crew(&repo, ["run", "limits"]);
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    // The agent exited 0 after its limit; the task fails all the same, naming the limit.
+    let hasty = task(&recorded, "hasty");
+    assert_eq!(hasty["status"], "failed", "{hasty:#}");
+    assert_eq!(hasty["exit"]["code"], 0, "{hasty:#}");
+    let resets = hasty["limit"]["resets_at"].as_str().unwrap();
+    assert_eq!(
+        hasty["reason"],
+        format!(
+            "the agent stopped when it hit a usage limit, which lifts at {resets}: the prompt failed: Internal error: Usage limit reached"
+        ),
+        "{hasty:#}"
+    );
+    // The patient one went on in its session once the limit lifted, and finished.
+    let patient = task(&recorded, "patient");
+    assert_eq!(patient["status"], "succeeded", "{patient:#}");
+    assert_eq!(patient["attempts"], 2, "{patient:#}");
+    let said = said(&log(&repo, &run, "patient"));
+    assert!(
+        said.contains("(replayed) touch patient.txt / limit 2"),
+        "{said}"
+    );
+    assert!(
+        said.contains("working on: Continue where you left off."),
+        "{said}"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-patient:patient.txt")]),
+        "touched by the agent\n"
+    );
+}
+
+#[test]
 fn a_permission_request_is_the_tasks_question_and_the_answer_goes_to_the_running_agent() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, "");

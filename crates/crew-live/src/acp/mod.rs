@@ -270,7 +270,15 @@ async fn drive(
                         Ok(answer) => choose(&answer, &request.options),
                         Err(_) => RequestPermissionOutcome::Cancelled,
                     };
-                    shared.sink.tell(ProtocolEvent::Answered);
+                    // A newer request that replaced this one is the question now.
+                    if shared
+                        .permission
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_none()
+                    {
+                        shared.sink.tell(ProtocolEvent::Answered);
+                    }
                     responder.respond(RequestPermissionResponse::new(outcome))
                 })
             },

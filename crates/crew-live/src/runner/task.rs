@@ -739,20 +739,25 @@ impl RunContext {
             }
             Ending::Exited(exit) => {
                 let cancelled = self.cancel_level() > CancelLevel::None;
-                let (status, mut reason) =
+                let (mut status, mut reason) =
                     outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
                 let agent = handle.status();
-                if status == TaskStatus::Failed
-                    && let Some(why) = &mut reason
-                {
-                    // A limit is named as one: what it is, and when it lifts.
-                    match (agent.limit, agent.turn_error) {
-                        (Some(limit), _) => why.push_str(&format!(" after it hit {limit}")),
-                        (None, Some(turn_error)) => {
+                // A limit is named as one: what it is, and when it lifts. A last turn that
+                // ended on one leaves the work undone, whatever the exit says.
+                match (status, agent.limit, &mut reason) {
+                    (TaskStatus::Succeeded, Some(limit), _) => {
+                        status = TaskStatus::Failed;
+                        reason = Some(format!("the agent stopped when it hit {limit}"));
+                    }
+                    (TaskStatus::Failed, Some(limit), Some(why)) => {
+                        why.push_str(&format!(" after it hit {limit}"));
+                    }
+                    (TaskStatus::Failed, None, Some(why)) => {
+                        if let Some(turn_error) = agent.turn_error {
                             why.push_str(&format!(" (its last turn: {turn_error})"));
                         }
-                        (None, None) => {}
                     }
+                    _ => {}
                 }
                 self.record_exit(&task_id, exit, &handle, task.usage).await;
                 if status == TaskStatus::Succeeded
