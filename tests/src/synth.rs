@@ -34,6 +34,18 @@ impl RepoSpec {
         }
     }
 
+    /// 100,000 files in 10,000 directories, ~250 MB, 110 commits: a large monorepo's
+    /// checkout, for `-- --large`.
+    pub fn large() -> Self {
+        RepoSpec {
+            files: 100_000,
+            dirs: 10_000,
+            average_size: 2_500,
+            commits: 110,
+            ..Self::reference()
+        }
+    }
+
     /// A tenth of the reference, for quick runs.
     pub fn quick() -> Self {
         RepoSpec {
