@@ -133,6 +133,23 @@ check(
   `usage in status: ${JSON.stringify(priced)}`,
 );
 
+// Best of two, each with a check: the lead agent sees which attempts pass.
+const best = await call(a, "run_tasks", {
+  tasks: [{ id: "best", agent: "shell", prompt: "echo $CREW_TASK_ID > attempt.txt" }],
+  attempts: 2,
+  check: "grep -q best.2 attempt.txt",
+  wait: true,
+});
+check(
+  JSON.stringify(best.tasks.map((t) => [t.id, t.status, t.check_passed])) ===
+    JSON.stringify([["best.1", "succeeded", false], ["best.2", "succeeded", true]]),
+  `best of two: ${JSON.stringify(best)}`,
+);
+const emptyCheck = await refused(a, "run_tasks", { tasks: [{ id: "z", prompt: "true", agent: "shell" }], check: " " });
+check(emptyCheck && emptyCheck.includes("check"), `an empty check: ${emptyCheck}`);
+const badLimit = await refused(a, "run_tasks", { tasks: [{ id: "z", prompt: "true", agent: "shell" }], on_limit: "wait" });
+check(badLimit && badLimit.includes("`fail` or `pause`"), `on_limit: ${badLimit}`);
+
 // A task asks; the answer reaches it.
 const asking = await call(a, "run_tasks", {
   tasks: [{

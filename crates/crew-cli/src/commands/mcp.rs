@@ -78,6 +78,35 @@ struct RunTasksArgs {
     /// Return only when the run has ended (or a task asks a question).
     #[serde(default)]
     wait: bool,
+    /// Run each task this many times at once, each attempt in its own worktree and branch
+    /// (best of N): the tasks are `<id>.1` … `<id>.N`.
+    #[serde(default)]
+    attempts: Option<u32>,
+    /// A shell command run in each task's workspace once its agent finished, confined like
+    /// the agent: its exit says whether the result passes (`check_passed`).
+    #[serde(default)]
+    check: Option<String>,
+    /// What a task does when its agent hits a usage limit: `fail` (the default) or `pause`
+    /// (its workspace kept, its session taken up again when the limit lifts).
+    #[serde(default)]
+    on_limit: Option<LimitArg>,
+}
+
+/// `run_tasks`'s `on_limit`.
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+enum LimitArg {
+    Fail,
+    Pause,
+}
+
+impl From<LimitArg> for crew_core::config::OnLimit {
+    fn from(limit: LimitArg) -> Self {
+        match limit {
+            LimitArg::Fail => crew_core::config::OnLimit::Fail,
+            LimitArg::Pause => crew_core::config::OnLimit::Pause,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -201,6 +230,9 @@ struct TaskReport {
     /// What the task cost in US dollars, when its agent reports it.
     #[serde(skip_serializing_if = "Option::is_none")]
     cost_usd: Option<f64>,
+    /// Whether its check passed, once it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    check_passed: Option<bool>,
 }
 
 #[derive(Debug, Serialize, schemars::JsonSchema)]
@@ -265,6 +297,7 @@ fn report(manifest: &RunManifest) -> RunReport {
                     tokens_in: task.usage.map(|usage| usage.input_total()),
                     tokens_out: task.usage.map(|usage| usage.output_tokens),
                     cost_usd: task.usage.and_then(|usage| usage.cost_usd),
+                    check_passed: task.check.as_ref().and_then(|check| check.passed),
                 }
             })
             .collect(),
@@ -332,14 +365,33 @@ impl CrewMcp {
             (Some(_), false) => return Err(invalid("give either `tasks` or `team`, not both")),
             (None, true) => return Err(invalid("tasks: give at least one task, or a `team`")),
         };
+        if args
+            .check
+            .as_deref()
+            .is_some_and(|check| check.trim().is_empty())
+        {
+            return Err(invalid("check: give a command, such as \"cargo test\""));
+        }
+        let spec = RunSpec {
+            attempts: args.attempts,
+            check: args.check,
+            on_limit: args.on_limit.map(Into::into),
+            ..RunSpec::of(team)
+        };
         if let Some(caller) = nested_caller() {
+            if spec.attempts.is_some() || spec.check.is_some() || spec.on_limit.is_some() {
+                return Err(invalid(
+                    "attempts, check and on_limit apply to a run of its own; inside a crew run, sub-tasks join the run as they are",
+                ));
+            }
+            let team = spec.team;
             return self
                 .submit_into_own_run(caller, team, args.wait.then_some(&context))
                 .await;
         }
         let host = self.host().await?;
         let manifest = host
-            .create(&RunSpec::of(team))
+            .create(&spec)
             .await
             .map_err(|error| invalid(error.to_string()))?;
         let running = host.start_run(&manifest.run_id, Default::default());
