@@ -13,6 +13,8 @@
 //!     taken beneath the session's `cwd`);
 //!   - `read <path>`: `fs/read_text_file` through the client;
 //!   - `touch <file>`: writes the file itself, in its `cwd`;
+//!   - `hoard <n>`: opens `n` terminals running `sleep 600.4242` (a length no other test uses) and never
+//!     releases them;
 //!   - `run <shell command>`: runs `sh -c <command>` in a terminal of the client
 //!     (`terminal/create`, `wait_for_exit`, `output`, `release`) and says how it ended and what
 //!     it printed; `run-in <dir> <shell command>` asks for that working directory;
@@ -253,6 +255,22 @@ async fn turn(
                 say(format!(
                     "ran `{script}`: {}",
                     run_in_terminal(cx, session, dir, script).await
+                ))?;
+            }
+            "hoard" => {
+                // Terminals never released: the client says how many it holds.
+                let mut refusal = None;
+                for _ in 0..rest.parse::<usize>().unwrap_or(1) {
+                    let create = CreateTerminalRequest::new(session.clone(), "sleep")
+                        .args(vec!["600.4242".to_owned()]);
+                    if let Err(error) = cx.send_request(create).block_task().await {
+                        refusal = Some(error_text(&error));
+                        break;
+                    }
+                }
+                say(format!(
+                    "hoarded: {}",
+                    refusal.unwrap_or_else(|| "all".to_owned())
                 ))?;
             }
             "touch" => {

@@ -157,9 +157,9 @@ fn an_acp_agents_terminals_run_in_its_workspace_confined_like_the_agent() {
         .as_str()
         .unwrap()
         .to_owned();
-    let said = said(&log(&repo, &run, "acp"));
+    let told = said(&log(&repo, &run, "acp"));
     // In its workspace, with the variables it asked for besides the agent's own.
-    assert!(said.contains(&format!("exit 0: yes acp / {dir}")), "{said}");
+    assert!(told.contains(&format!("exit 0: yes acp / {dir}")), "{told}");
     assert_eq!(
         env.git(&repo, ["show", &format!("crew/{run}-acp:made.txt")]),
         "made\n"
@@ -167,27 +167,51 @@ fn an_acp_agents_terminals_run_in_its_workspace_confined_like_the_agent() {
     // Confined by the agent's sandbox: a write outside its workspace fails.
     assert!(!outside.exists());
     assert!(
-        said.contains(&format!("ran `echo no > {outside}`: exit ")),
-        "{said}"
+        told.contains(&format!("ran `echo no > {outside}`: exit ")),
+        "{told}"
     );
     assert!(
-        !said.contains(&format!("ran `echo no > {outside}`: exit 0")),
-        "{said}"
+        !told.contains(&format!("ran `echo no > {outside}`: exit 0")),
+        "{told}"
     );
     // A working directory beneath the workspace is fine; one outside it is refused.
     assert!(
-        said.contains(&format!("ran `pwd`: exit 0: {dir}/sub")),
-        "{said}"
+        told.contains(&format!("ran `pwd`: exit 0: {dir}/sub")),
+        "{told}"
     );
     assert!(
-        said.contains(&format!(
+        told.contains(&format!(
             "ran `pwd`: refused: {}: outside the task's workspace",
             env.root()
         )),
-        "{said}"
+        "{told}"
     );
     // A command killed by a signal says which.
-    assert!(said.contains("ran `kill -9 $$`: SIGKILL"), "{said}");
+    assert!(told.contains("ran `kill -9 $$`: SIGKILL"), "{told}");
+
+    // An agent that opens terminals without end is held to a few, and what they run ends
+    // with the agent.
+    let output = run_acp(&env, &repo, &["hoard 40"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)
+        .into_iter()
+        .find(|id| *id != run)
+        .unwrap();
+    let hoarded = said(&log(&repo, &run, "acp"));
+    assert!(
+        hoarded.contains("hoarded: ")
+            && hoarded.contains("16 terminals are open: release one first"),
+        "{hoarded}"
+    );
+    let sleepers = std::process::Command::new("pgrep")
+        .args(["-f", "^sleep 600.4242$"])
+        .output()
+        .unwrap();
+    assert!(
+        sleepers.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&sleepers.stdout)
+    );
 }
 
 #[test]

@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::events::OutputStream;
-use crate::output::OutputSink;
+use crate::output::{MAX_LINE_BYTES, OutputSink};
 use crate::protocol::ProtocolEvent;
 
 mod files;
@@ -121,22 +121,28 @@ impl Shared {
         self.sink.show(OutputStream::Stdout, line);
     }
 
-    /// Shows what the agent said up to its last newline (everything, when `all`).
+    /// Shows what the agent said up to its last newline (everything, when `all`). A line
+    /// longer than a listing keeps is shown as it grows, a piece at a time, so that an agent
+    /// that never ends its line costs the host no more than one piece.
     fn show_said(&self, all: bool) {
         let lines: Vec<String> = {
             let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
-            let end = if all {
-                said.len()
-            } else {
-                match said.rfind('\n') {
-                    Some(newline) => newline + 1,
-                    None => return,
-                }
+            let end = match said.rfind('\n') {
+                _ if all => said.len(),
+                Some(newline) => newline + 1,
+                None if said.len() > MAX_LINE_BYTES => said.len(),
+                None => return,
             };
             let done: String = said.drain(..end).collect();
             done.lines()
                 .filter(|line| !line.trim().is_empty())
-                .map(str::to_owned)
+                .map(
+                    |line| match line.char_indices().find(|(at, _)| *at >= MAX_LINE_BYTES) {
+                        // Cut as the output tail cuts a long line.
+                        Some((at, _)) => format!("{}…", &line[..at]),
+                        None => line.to_owned(),
+                    },
+                )
                 .collect()
         };
         for line in lines {
@@ -595,6 +601,52 @@ mod tests {
             RequestPermissionOutcome::Selected(selected) => Some(selected.option_id.0.to_string()),
             _ => None,
         }
+    }
+
+    #[test]
+    fn what_an_agent_says_is_shown_in_whole_lines_and_a_line_without_end_in_pieces() {
+        let (events, mut heard) = tokio::sync::broadcast::channel(64);
+        let shared = Shared {
+            sink: OutputSink {
+                agent_id: crew_core::AgentId::new(
+                    crew_core::RunId::generate(),
+                    crew_core::TaskId::parse("t").unwrap(),
+                ),
+                log: Arc::new(Mutex::new(None)),
+                tail: Arc::default(),
+                events,
+                protocol: crew_core::config::Protocol::Acp,
+                supervisor: None,
+                acp: None,
+            },
+            workspace: PathBuf::from("/nowhere"),
+            said: Mutex::new(String::new()),
+            permission: Mutex::new(None),
+            cost: Mutex::new(None),
+            replaying: Mutex::new(false),
+        };
+        let mut shown = || {
+            let mut lines = Vec::new();
+            while let Ok(crate::events::AgentEvent::Output { line, .. }) = heard.try_recv() {
+                lines.push(line);
+            }
+            lines
+        };
+        let say = |text: &str| {
+            shared.said.lock().unwrap().push_str(text);
+            shared.show_said(false);
+        };
+        say("Hel");
+        say("lo\nwor");
+        assert_eq!(shown(), ["Hello"]);
+        say(&"x".repeat(MAX_LINE_BYTES + 10));
+        let long = shown();
+        assert_eq!(long.len(), 1);
+        assert!(long[0].starts_with("worxxx") && long[0].ends_with('…'));
+        assert_eq!(long[0].len(), MAX_LINE_BYTES + '…'.len_utf8());
+        assert!(shared.said.lock().unwrap().is_empty());
+        say("end\n");
+        assert_eq!(shown(), ["end"]);
     }
 
     #[test]

@@ -30,6 +30,8 @@ use crate::spawn::guard_with_warden;
 
 /// The most output a terminal keeps, whatever the agent asks for.
 const MAX_OUTPUT_BYTES: usize = 4 << 20;
+/// How many terminals an agent may hold at once: what they keep is the host's memory.
+const MAX_OPEN: usize = 16;
 
 /// The terminals of one start of an agent. Dropping them kills what still runs.
 pub(crate) struct Terminals {
@@ -120,6 +122,12 @@ impl Terminals {
         &self,
         request: &CreateTerminalRequest,
     ) -> Result<CreateTerminalResponse, agent_client_protocol::Error> {
+        if self.open.lock().unwrap_or_else(|e| e.into_inner()).len() >= MAX_OPEN {
+            return Err(refused(
+                Path::new(&request.command),
+                format!("{MAX_OPEN} terminals are open: release one first"),
+            ));
+        }
         let workspace = self.spec.dir.as_std_path();
         let cwd = match &request.cwd {
             Some(cwd) => in_workspace(workspace, cwd)?,
