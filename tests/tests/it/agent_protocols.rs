@@ -206,6 +206,11 @@ fn a_task_that_pauses_on_a_limit_goes_on_in_its_session_when_the_limit_lifts() {
     assert_eq!(record["attempts"], 2, "{record:#}");
     assert_eq!(record["on_limit"], "pause", "{record:#}");
     assert!(record["limit"].is_null(), "{record:#}");
+    // Woken once: no second start was tried while the first ran.
+    assert!(
+        !record["warnings"].to_string().contains("could not start"),
+        "{record:#}"
+    );
     let session = record["session_id"].as_str().unwrap();
     assert!(
         log(&repo, &run, "claude").contains(&format!(

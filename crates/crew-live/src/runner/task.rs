@@ -673,15 +673,16 @@ impl RunContext {
                             phase = Phase::Running;
                         }
                         _ = tokio::time::sleep_until(wake.unwrap_or(never)), if wake.is_some() => {
-                            // The limit lifted: its session goes on (the restart is seen above).
+                            // The limit lifted: its session goes on (the restart is seen above),
+                            // or, when it cannot start, waits for a person's resume. Either way
+                            // the reset time is spent: it never wakes the task twice.
+                            phase = Phase::Paused { resets_at: None };
                             if let Err(error) = handle.resume(None).await {
                                 self.record_warning(
                                     &task_id,
                                     format!("could not start the agent again when its limit lifted: {error}"),
                                 )
                                 .await;
-                                // It waits for a person's resume.
-                                phase = Phase::Paused { resets_at: None };
                             }
                         }
                         _ = cancel.changed() => {}
