@@ -17,7 +17,7 @@ use crew_core::AgentId;
 use crew_core::config::Protocol;
 
 use crate::events::{AgentEvent, OutputStream, emit};
-use crate::protocol::{MessageLines, ProtocolEvent, read_line, shown_log};
+use crate::protocol::{MessageLines, ProtocolEvent, is_json_rpc, read_line, shown_log};
 
 /// The longest line kept in memory; the rest of a longer line is only in `output.log`.
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -316,12 +316,6 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             }
         }
     }
-}
-
-/// Whether a line is a JSON-RPC 2.0 message (what an `acp` agent's stdout carries).
-fn is_json_rpc(line: &str) -> bool {
-    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line.trim())
-        .is_ok_and(|message| message.get("jsonrpc").and_then(|v| v.as_str()) == Some("2.0"))
 }
 
 /// The line Claude Code's `stream-json` output prints when a turn is over (for an agent read

@@ -84,12 +84,6 @@ pub fn read_line(protocol: Protocol, line: &str) -> Option<Reading> {
     }
 }
 
-/// A line of a finished agent's log as a person would have seen it live: the last line a
-/// message of any protocol shows, else the line itself.
-pub fn shown_as(line: &str) -> String {
-    shown_lines(line).pop().unwrap_or_else(|| line.to_owned())
-}
-
 /// Every line a person would have seen live for one line of an agent's log: what a message of
 /// any protocol shows (nothing for one that shows nothing, as a session's start), else the
 /// line itself.
@@ -287,6 +281,17 @@ pub fn read_acp_line(line: &str) -> Option<Reading> {
         reading.shown.push(format!("[turn over: {stop}]"));
     }
     Some(reading)
+}
+
+/// Whether a line is a JSON-RPC 2.0 message (what an `acp` agent's stdout carries): the
+/// version read, the rest only checked to be JSON, nothing else kept.
+pub fn is_json_rpc(line: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Version<'a> {
+        #[serde(borrow)]
+        jsonrpc: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_str::<Version>(line.trim()).is_ok_and(|message| message.jsonrpc == "2.0")
 }
 
 /// The text of an ACP agent's message chunk, when `line` is one.
@@ -634,7 +639,7 @@ mod tests {
         // Read back from a log, a message is what it showed, and a plain line itself.
         let logged = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"Looking.\n\nDone"}]},"session_id":"s-1"}"#;
         assert_eq!(shown_lines(logged), ["Looking.", "Done"]);
-        assert_eq!(shown_as(logged), "Done");
+        assert_eq!(shown_log([logged]), ["Looking.", "Done"]);
         assert_eq!(shown_lines("plain output"), ["plain output"]);
         assert_eq!(said.event, None);
         let result = read_claude_line(
@@ -719,10 +724,10 @@ mod tests {
             })
         );
         assert_eq!(
-            shown_as(r#"{"type":"turn.failed","error":{"message":"x"}}"#),
-            "[turn failed: x]"
+            shown_lines(r#"{"type":"turn.failed","error":{"message":"x"}}"#),
+            ["[turn failed: x]"]
         );
-        assert_eq!(shown_as("plain"), "plain");
+        assert_eq!(shown_lines("plain"), ["plain"]);
     }
 
     #[test]
@@ -793,6 +798,13 @@ mod tests {
 
     #[test]
     fn what_is_not_a_message_is_told_apart() {
+        assert!(is_json_rpc(
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{}}"#
+        ));
+        assert!(!is_json_rpc(r#"{"jsonrpc":"1.0","id":1}"#));
+        assert!(!is_json_rpc(r#"{"type":"result"}"#));
+        assert!(!is_json_rpc(r#"{"jsonrpc":"2.0","id":"#));
+        assert!(!is_json_rpc("this line is not JSON-RPC"));
         assert_eq!(read_claude_line("plain text"), None);
         assert_eq!(read_claude_line(r#"{"no":"type"}"#), None);
         assert_eq!(read_claude_line(r#"{"type":"result","usage":"#), None);
