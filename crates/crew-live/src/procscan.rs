@@ -87,26 +87,45 @@ pub fn carries_marker(pid: u32, marker: &str) -> bool {
     })
 }
 
-/// The session id of `pid` (`None` for this process), as `/proc/<pid>/stat` gives it: `None`
-/// when the process is gone, 0 when its session leader lies outside this pid namespace (a
-/// container started from another session). Compare sessions with [`same_session`].
-pub fn session_of(pid: Option<u32>) -> Option<u32> {
+/// The terminal session of a process, as `/proc/<pid>/stat` gives it. Compare two with
+/// [`same_session`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    /// The session id: 0 when the session's leader lies outside this pid namespace (a
+    /// container started from another session).
+    pub id: u32,
+    /// The controlling terminal's device number, 0 when the process has none.
+    pub terminal: u32,
+}
+
+/// The session of `pid` (`None` for this process); `None` when the process is gone.
+pub fn session_of(pid: Option<u32>) -> Option<Session> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/stat"),
         None => "/proc/self/stat".to_owned(),
     };
     let stat = std::fs::read_to_string(path).ok()?;
-    // `pid (comm) state ppid pgrp session …`; comm may itself hold spaces and parentheses.
+    // `pid (comm) state ppid pgrp session tty_nr …`; comm may itself hold spaces and
+    // parentheses.
     let (_, fields) = stat.rsplit_once(')')?;
-    fields.split_whitespace().nth(3)?.parse::<u32>().ok()
+    let mut fields = fields.split_whitespace().skip(3);
+    let id = fields.next()?.parse().ok()?;
+    let terminal = fields.next()?.parse::<i64>().ok()?;
+    Some(Session {
+        id,
+        terminal: u32::try_from(terminal).unwrap_or(0),
+    })
 }
 
 /// Whether two sessions read by [`session_of`] are one: `None` when that is unknown (either
-/// process is gone, or both leaders lie outside this pid namespace). A leader inside the
-/// namespace and one outside it are two sessions.
-pub fn same_session(a: Option<u32>, b: Option<u32>) -> Option<bool> {
-    match (a?, b?) {
-        (0, 0) => None,
+/// process is gone, or both leaders lie outside this pid namespace and the two share no
+/// controlling terminal). A leader inside the namespace and one outside it are two sessions;
+/// where both lie outside, one controlling terminal makes them one and two make them two.
+pub fn same_session(a: Option<Session>, b: Option<Session>) -> Option<bool> {
+    let (a, b) = (a?, b?);
+    match (a.id, b.id) {
+        (0, 0) if a.terminal == 0 || b.terminal == 0 => None,
+        (0, 0) => Some(a.terminal == b.terminal),
         (a, b) => Some(a == b),
     }
 }
@@ -116,7 +135,7 @@ mod tests {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
 
-    use super::{same_session, session_of};
+    use super::{Session, same_session, session_of};
 
     #[test]
     fn a_new_session_is_told_apart_from_this_one() {
@@ -135,16 +154,25 @@ mod tests {
         let leader_pid = rustix::process::Pid::from_raw(leader as i32).unwrap();
         rustix::process::kill_process(leader_pid, rustix::process::Signal::KILL).unwrap();
         child.wait().unwrap();
-        assert_eq!(session, Some(leader));
-        assert_ne!(session_of(None), session);
-        assert_eq!(session_of(None), session_of(Some(std::process::id())));
+        let session = session.expect("the new session's leader was alive");
+        assert_eq!(session.id, leader);
+        assert_eq!(session.terminal, 0, "setsid leaves the controlling terminal behind");
+        let own = session_of(None).unwrap();
+        assert_ne!(own, session);
+        assert_eq!(Some(own), session_of(Some(std::process::id())));
         assert_eq!(session_of(Some(u32::MAX)), None);
-        assert_eq!(same_session(session_of(None), session), Some(false));
-        if session_of(None) != Some(0) {
-            assert_eq!(same_session(session_of(None), session_of(None)), Some(true));
+        assert_eq!(same_session(Some(own), Some(session)), Some(false));
+        if own.id != 0 {
+            assert_eq!(same_session(Some(own), Some(own)), Some(true));
         }
-        assert_eq!(same_session(Some(0), session), Some(false));
-        assert_eq!(same_session(Some(0), Some(0)), None);
+        // Leaders outside this pid namespace: told apart by their terminals, where they have one.
+        let outside = |terminal| Some(Session { id: 0, terminal });
+        assert_eq!(same_session(outside(0), Some(session)), Some(false));
+        assert_eq!(same_session(outside(0), outside(0)), None);
+        assert_eq!(same_session(outside(34816), outside(0)), None);
+        assert_eq!(same_session(outside(34816), outside(34816)), Some(true));
+        assert_eq!(same_session(outside(34816), outside(34817)), Some(false));
+        let session = Some(session);
         assert_eq!(same_session(None, session), None);
     }
 }

@@ -282,19 +282,38 @@ fn a_paused_task_holds_the_run_shows_when_it_goes_on_and_a_resume_takes_it_up_ea
 fn a_paused_task_outlives_its_cancelled_run_and_a_follow_up_takes_up_its_session() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);
-    let mut host = spawn_claude(
-        &env,
+    // Detached, so the run is this test's own to cancel wherever it runs: a foreground run's
+    // session cannot be told from another's where both sessions began outside the pid
+    // namespace (some CI containers), and a cancel there asks for --force.
+    let started = env.crew(
         &repo,
-        &[
+        [
+            "run",
+            "--agent",
+            "claude",
+            "--workspace-mode",
+            "worktree",
+            "--detach",
             "--on-limit",
             "pause",
             "write first.txt then hit the limit for 3600 seconds",
         ],
     );
-    let run = run_once_claude_is(&env, &repo, "paused");
+    assert!(started.status.success(), "{}", render_output(&started));
+    let run = String::from_utf8(started.stdout).unwrap().trim().to_owned();
+    wait_until(30, "the task to be paused", || {
+        (task(&manifest(&env, &repo, &run), "claude")["status"] == "paused").then_some(())
+    });
     let cancelled = env.crew(&repo, ["runs", "cancel", &run]);
     assert!(cancelled.status.success(), "{}", render_output(&cancelled));
-    wait_until(30, "the host to end", || host.try_wait().unwrap());
+    let host = manifest(&env, &repo, &run)["host"]["pid"].as_u64().unwrap();
+    wait_until(30, "the host to end", || {
+        let stat = std::fs::read_to_string(format!("/proc/{host}/stat")).unwrap_or_default();
+        // Gone, or a zombie its new parent has not reaped yet.
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        (state.is_none_or(|rest| rest.starts_with('Z'))).then_some(())
+    });
+    assert_ne!(manifest(&env, &repo, &run)["status"], "running");
     let recorded = manifest(&env, &repo, &run);
     let record = task(&recorded, "claude");
     // Still paused, its workspace kept with the work in it.
