@@ -31,15 +31,21 @@ pub struct Workspace {
 /// The current directory could not be turned into a workspace.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoverWorkspaceError {
+    /// A path could not be made canonical (it is missing, or not UTF-8).
     #[error("failed to find the workspace for {path}")]
     Path {
+        /// The path as it was given.
         path: String,
+        /// Why it could not be resolved.
         #[source]
         source: WorkspacePathError,
     },
+    /// A directory on the way up could not be read.
     #[error("failed to inspect {path} while looking for the workspace")]
     Inspect {
+        /// The directory.
         path: Utf8PathBuf,
+        /// Why it could not be read.
         #[source]
         source: io::Error,
     },
@@ -83,18 +89,22 @@ impl Workspace {
         })
     }
 
+    /// The workspace's id: its canonical root.
     pub fn id(&self) -> &WorkspaceId {
         &self.id
     }
 
+    /// The project folder: where `.crew/` is (or would be).
     pub fn root(&self) -> &Utf8Path {
         self.id.as_path()
     }
 
+    /// The canonical directory crew was started in: the root or a directory beneath it.
     pub fn invoked_from(&self) -> &Utf8Path {
         &self.invoked_from
     }
 
+    /// The git repository that holds the root, if there is one.
     pub fn repo_root(&self) -> Option<&Utf8Path> {
         self.repo_root.as_deref()
     }

@@ -11,30 +11,46 @@ use camino::{Utf8Path, Utf8PathBuf};
 /// A file crew failed to read or write, or refused to touch.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
+    /// The path is a symlink.
     #[error(
         "refusing to use {path}: it is a symlink; crew never reads or writes state through links"
     )]
-    Symlink { path: Utf8PathBuf },
+    Symlink {
+        /// The link.
+        path: Utf8PathBuf,
+    },
+    /// The path is something else than was asked for.
     #[error("refusing to use {path}: it exists but is not a {expected}")]
     WrongType {
+        /// The path.
         path: Utf8PathBuf,
+        /// `directory` or `file`.
         expected: &'static str,
     },
+    /// A directory could not be made.
     #[error("failed to create directory {path}")]
     CreateDir {
+        /// The directory.
         path: Utf8PathBuf,
+        /// Why it could not be made.
         #[source]
         source: io::Error,
     },
+    /// A file could not be read.
     #[error("failed to read {path}")]
     Read {
+        /// The file.
         path: Utf8PathBuf,
+        /// Why it could not be read.
         #[source]
         source: io::Error,
     },
+    /// A file could not be written.
     #[error("failed to write {path}")]
     Write {
+        /// The file.
         path: Utf8PathBuf,
+        /// Why it could not be written.
         #[source]
         source: io::Error,
     },
@@ -241,22 +257,34 @@ pub struct FileLock {
 /// A lock that could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
+    /// The lock file could not be opened.
     #[error("failed to open lock file {path}")]
     Open {
+        /// The lock file.
         path: Utf8PathBuf,
+        /// Why it could not be opened.
         #[source]
         source: FileError,
     },
+    /// The lock could not be taken.
     #[error("failed to lock {path}")]
     Lock {
+        /// The lock file.
         path: Utf8PathBuf,
+        /// Why it could not be taken.
         #[source]
         source: io::Error,
     },
+    /// Another process held the lock for longer than crew waits.
     #[error(
         "timed out after {waited:?} waiting for the lock {path}; another crew process holds it"
     )]
-    Timeout { path: Utf8PathBuf, waited: Duration },
+    Timeout {
+        /// The lock file.
+        path: Utf8PathBuf,
+        /// How long crew waited.
+        waited: Duration,
+    },
 }
 
 impl FileLock {

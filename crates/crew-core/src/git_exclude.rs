@@ -13,15 +13,21 @@ use crate::fsutil::{FileError, ensure_real_dir, read_nofollow, write_atomic};
 /// The exclude file could not be updated.
 #[derive(Debug, thiserror::Error)]
 pub enum ExcludeError {
+    /// The repository's git directory could not be found.
     #[error("failed to locate the git directory of {repo_root}")]
     GitDir {
+        /// The repository whose git directory was looked for.
         repo_root: Utf8PathBuf,
+        /// Why it could not be found.
         #[source]
         source: io::Error,
     },
+    /// The exclude file could not be written.
     #[error("failed to update {path}")]
     Update {
+        /// The exclude file.
         path: Utf8PathBuf,
+        /// Why it could not be written.
         #[source]
         source: FileError,
     },

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The identity of a live process, as recorded in a run manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostIdentity {
+    /// The process id.
     pub pid: u32,
     /// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
     pub start_time: u64,
@@ -22,7 +23,9 @@ pub struct HostIdentity {
 #[derive(Debug, thiserror::Error)]
 #[error("failed to read the identity of process {pid} from /proc")]
 pub struct HostIdentityError {
+    /// The process whose identity was asked for.
     pub pid: u32,
+    /// Why `/proc/<pid>/stat` could not be read.
     #[source]
     pub source: std::io::Error,
 }

@@ -185,6 +185,7 @@ impl RunId {
         Ok(RunId(value.to_owned()))
     }
 
+    /// The id as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -221,6 +222,7 @@ const RESERVED_TASK_IDS: &[&str] = &[
 ];
 
 impl TaskId {
+    /// Checks `value` against the task id rules.
     pub fn parse(value: &str) -> Result<Self, InvalidIdError> {
         let invalid = |rule: &'static str| InvalidIdError {
             field: "task id",
@@ -262,6 +264,7 @@ impl TaskId {
         Ok(TaskId(value.to_owned()))
     }
 
+    /// The id as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -282,10 +285,12 @@ pub struct AgentId {
 }
 
 impl AgentId {
+    /// The agent of task `task_id` in run `run_id`.
     pub fn new(run_id: RunId, task_id: TaskId) -> Self {
         AgentId { run_id, task_id }
     }
 
+    /// Parses `<runId>:<taskId>`, each part under its own rules.
     pub fn parse(value: &str) -> Result<Self, InvalidIdError> {
         let Some((run, task)) = value.split_once(':') else {
             return Err(InvalidIdError {
@@ -300,10 +305,12 @@ impl AgentId {
         })
     }
 
+    /// The run the agent belongs to.
     pub fn run_id(&self) -> &RunId {
         &self.run_id
     }
 
+    /// The task the agent works on.
     pub fn task_id(&self) -> &TaskId {
         &self.task_id
     }
@@ -326,6 +333,7 @@ impl WorkspaceId {
         WorkspaceId(path)
     }
 
+    /// The canonical path.
     pub fn as_path(&self) -> &Utf8Path {
         &self.0
     }
@@ -373,8 +381,11 @@ pub fn safe_segment(value: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {field} {value:?}: {rule}")]
 pub struct InvalidIdError {
+    /// What the id was meant to be, e.g. `task id`.
     pub field: &'static str,
+    /// The value given.
     pub value: String,
+    /// The rule it breaks.
     pub rule: &'static str,
 }
 

@@ -8,6 +8,8 @@
 //! It must not depend on tokio, git2 or any terminal code, and it never prints: it returns
 //! data and typed errors.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod discovery;
 pub mod env_vars;

@@ -21,6 +21,7 @@ pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
 pub struct Timestamp(pub SystemTime);
 
 impl Timestamp {
+    /// The current time.
     pub fn now() -> Self {
         Timestamp(SystemTime::now())
     }
@@ -52,19 +53,25 @@ impl<'de> Deserialize<'de> for Timestamp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
+    /// Its host is working on it.
     Running,
+    /// Every task that was to run succeeded.
     Completed,
+    /// A task failed, or the run could not go on.
     Failed,
+    /// Someone cancelled it.
     Cancelled,
     /// Set by reconciliation: the process hosting the run is gone.
     Interrupted,
 }
 
 impl RunStatus {
+    /// Whether the run has ended (interrupted counts: nothing works on it).
     pub fn is_finished(self) -> bool {
         !matches!(self, RunStatus::Running)
     }
 
+    /// Whether a run may go from this status to `next`.
     pub fn can_become(self, next: RunStatus) -> bool {
         use RunStatus::*;
         match (self, next) {
@@ -77,6 +84,7 @@ impl RunStatus {
         }
     }
 
+    /// The name written in manifests and listings.
     pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Running => "running",
@@ -94,22 +102,31 @@ impl RunStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskStatus {
+    /// Waiting for its dependencies or a free slot.
     Pending,
+    /// Its workspace is being made.
     Preparing,
+    /// Its agent is working.
     Running,
     /// The agent asked a question and waits for the answer.
     Waiting,
     /// The agent hit a usage limit: the task keeps its workspace, and its agent takes up its
     /// session again when the limit lifts (`on_limit = "pause"`).
     Paused,
+    /// Its agent finished with success (and its check passed, when it has one).
     Succeeded,
+    /// Its agent failed, could not start, or its check failed.
     Failed,
+    /// Someone stopped its agent (or its timeout did).
     Stopped,
+    /// Its run was cancelled before or while it ran.
     Cancelled,
+    /// A task it depends on did not succeed, so it never ran.
     Skipped,
 }
 
 impl TaskStatus {
+    /// Whether the task has ended: nothing works on it until it is resumed.
     pub fn is_finished(self) -> bool {
         matches!(
             self,
@@ -129,6 +146,7 @@ impl TaskStatus {
         )
     }
 
+    /// Whether a task may go from this status to `next`.
     pub fn can_become(self, next: TaskStatus) -> bool {
         use TaskStatus::*;
         match (self, next) {
@@ -146,6 +164,7 @@ impl TaskStatus {
         }
     }
 
+    /// The name written in manifests and listings.
     pub fn as_str(self) -> &'static str {
         match self {
             TaskStatus::Pending => "pending",
@@ -177,20 +196,34 @@ impl fmt::Display for TaskStatus {
 /// A status change that the model does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
+    /// A run status change the lifecycle does not allow.
     #[error("run {run_id} cannot go from {from} to {to}")]
     Run {
+        /// The run.
         run_id: RunId,
+        /// Its status.
         from: RunStatus,
+        /// The status asked for.
         to: RunStatus,
     },
+    /// A task status change the lifecycle does not allow.
     #[error("task {agent_id} cannot go from {from} to {to}")]
     Task {
+        /// The task's agent.
         agent_id: AgentId,
+        /// Its status.
         from: TaskStatus,
+        /// The status asked for.
         to: TaskStatus,
     },
+    /// The run has no task of that id.
     #[error("run {run_id} has no task {task_id}")]
-    UnknownTask { run_id: RunId, task_id: TaskId },
+    UnknownTask {
+        /// The run.
+        run_id: RunId,
+        /// The id asked for.
+        task_id: TaskId,
+    },
 }
 
 /// The signal a stop needed to end an agent.
@@ -238,6 +271,7 @@ fn count_or_flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::E
 }
 
 impl ExitRecord {
+    /// Whether the agent exited with code 0.
     pub fn success(&self) -> bool {
         self.code == Some(0)
     }
@@ -246,16 +280,20 @@ impl ExitRecord {
 /// Where a task worked, as recorded once its workspace was allocated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkspaceRecord {
+    /// Which of the four modes made it.
     pub kind: WorkspaceKind,
     /// The top of the allocated directory (the worktree root, the temp dir).
     #[serde(default)]
     pub root: Utf8PathBuf,
     /// Where the agent works: `root` plus the run's invocation subdirectory.
     pub dir: Utf8PathBuf,
+    /// The task's branch (`worktree` mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+    /// The commit the workspace started from, when it is a git checkout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_commit: Option<String>,
+    /// Whether it was a recycled worktree from the pool.
     #[serde(default)]
     pub reused: bool,
     /// Which directory `root` was when crew made it (device and inode): teardown acts on
@@ -268,6 +306,7 @@ pub struct WorkspaceRecord {
 }
 
 impl WorkspaceRecord {
+    /// The record of an allocated workspace.
     pub fn of(workspace: &TaskWorkspace) -> Self {
         WorkspaceRecord {
             kind: workspace.kind,
@@ -311,6 +350,7 @@ pub enum SandboxState {
 }
 
 impl SandboxState {
+    /// The name written in manifests and listings.
     pub fn as_str(self) -> &'static str {
         match self {
             SandboxState::Enforced => "enforced",
@@ -329,6 +369,7 @@ impl fmt::Display for SandboxState {
 /// How an agent was confined, as recorded on its task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRecord {
+    /// Whether the agent was confined, and if not, why.
     pub state: SandboxState,
     /// The Landlock ABI version of the kernel, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -344,35 +385,48 @@ pub struct SandboxRecord {
 /// A task of a run, with everything that happened to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
+    /// The task's id, unique in its run.
     pub id: TaskId,
+    /// The name of its agent.
     pub agent: String,
+    /// What its agent was asked to do.
     pub prompt: String,
+    /// Tasks that must succeed before it starts.
     #[serde(default)]
     pub depends_on: Vec<TaskId>,
     /// The task whose agent submitted this one (a lead agent's sub-task), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<TaskId>,
+    /// How long its agent may work before it is stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<HumanDuration>,
     /// The mode asked for: the run's mode unless the team overrides it for this task.
     pub workspace_mode: WorkspaceMode,
+    /// Where it stands: see [`TaskStatus`].
     pub status: TaskStatus,
     /// Why the task is in its status, when that needs saying (the upstream that failed, the
     /// timeout that stopped it, the error that failed it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When its agent started (the latest start, after a resume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Timestamp>,
+    /// When it last finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Timestamp>,
+    /// Its agent's process id while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// How its agent's process ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ExitRecord>,
+    /// Where it works, once that was allocated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceRecord>,
+    /// What went wrong without failing it, in the order it happened.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What teardown did with its workspace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teardown: Option<TeardownReport>,
     /// The question the agent asked and waits on.
@@ -413,8 +467,11 @@ pub struct TaskRecord {
 /// and of how many.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptOf {
+    /// The task this is an attempt of.
     pub task: TaskId,
+    /// The attempt's number, from 1.
     pub number: u32,
+    /// How many attempts the task makes.
     pub of: u32,
     /// `crew pick` kept this attempt as the task's result.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -426,15 +483,21 @@ pub struct AttemptOf {
 /// agent did not finish successfully.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckRecord {
+    /// The command, run with `sh -c` in the task's workspace.
     pub command: String,
+    /// Whether it passed; `None` until it ran, or when it could not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed: Option<bool>,
+    /// Its exit code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<i32>,
+    /// The signal that ended it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// Whether it ran out of time and was killed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// How long it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     /// The end of what it printed (stdout and stderr as they came); the whole is in the task's
@@ -481,24 +544,31 @@ impl CheckRecord {
 /// from), and in which files.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskOverlap {
+    /// The other task's id, or the branch the run started from.
     pub with: String,
+    /// The files both change.
     pub files: Vec<String>,
 }
 
 /// Tokens and cost of an agent's turns, as its protocol reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens read, not counting the cache.
     #[serde(default)]
     pub input_tokens: u64,
+    /// Tokens written.
     #[serde(default)]
     pub output_tokens: u64,
+    /// Tokens read from the prompt cache.
     #[serde(default)]
     pub cache_read_input_tokens: u64,
+    /// Tokens written to the prompt cache.
     #[serde(default)]
     pub cache_creation_input_tokens: u64,
     /// In US dollars; `None` when any turn counted here did not say.
     #[serde(default)]
     pub cost_usd: Option<f64>,
+    /// Turns of the agent's session.
     #[serde(default)]
     pub turns: u32,
 }
@@ -507,7 +577,9 @@ pub struct Usage {
 /// when it said that too.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageLimit {
+    /// What the agent said about the limit.
     pub message: String,
+    /// When the limit lifts, when the agent said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resets_at: Option<Timestamp>,
 }
@@ -614,6 +686,7 @@ impl TaskRecord {
             .is_some_and(|attempt| !attempt.picked)
     }
 
+    /// A task that has not started, with nothing recorded yet.
     pub fn new(
         id: TaskId,
         agent: String,
@@ -655,6 +728,7 @@ impl TaskRecord {
 /// Where the host of a run can be reached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostRecord {
+    /// Who the host is: pid, start time and boot id.
     #[serde(flatten)]
     pub identity: HostIdentity,
     /// The control socket of the host, when it serves one.
@@ -668,23 +742,33 @@ pub struct HostRecord {
 /// `runs/<runId>/manifest.json`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunManifest {
+    /// The manifest's format; a newer one is read-only to this crew.
     pub schema_version: u32,
+    /// The run's id.
     pub run_id: RunId,
     /// The workspace the run belongs to.
     pub cwd: WorkspaceId,
     /// Where in the workspace the run was started, relative to the repository root.
     #[serde(default)]
     pub invocation_dir: Utf8PathBuf,
+    /// The team it runs, when it runs one (not an ad hoc run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
+    /// The workspace mode of every task that names none of its own.
     pub workspace_mode: WorkspaceMode,
+    /// Where it stands: see [`RunStatus`].
     pub status: RunStatus,
+    /// Why it ended as it did, when that needs saying.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When it was created.
     pub created_at: Timestamp,
+    /// When its manifest was last written.
     pub updated_at: Timestamp,
+    /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Timestamp>,
+    /// The process hosting it while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostRecord>,
     /// The commit or ref worktree tasks start from; the leader's HEAD when absent.
@@ -693,22 +777,27 @@ pub struct RunManifest {
     /// The branch `base` was the tip of when the run started (`main`), when it was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_branch: Option<String>,
+    /// How many tasks run at once.
     pub max_parallel: usize,
+    /// Whether a failed task cancels the rest.
     #[serde(default)]
     pub fail_fast: bool,
     /// Who cancelled the run and why: the first request, when there were several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancelled_by: Option<CancelRecord>,
+    /// Its tasks, in the order they were planned (attempts after their task).
     pub tasks: Vec<TaskRecord>,
 }
 
 /// Who asked for a run to be cancelled, from where, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CancelRecord {
+    /// Why.
     pub cause: CancelCause,
     /// The process that asked (for a signal: the host that received it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// The user id of the process that asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
     /// Whether it asked from another terminal session than the host's.
@@ -720,6 +809,7 @@ pub struct CancelRecord {
     /// The task whose failure cancelled the run (`fail_fast`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskId>,
+    /// When.
     pub at: Timestamp,
 }
 
@@ -742,6 +832,7 @@ pub enum CancelCause {
 }
 
 impl CancelRecord {
+    /// A request for `cause`, nothing else known yet.
     pub fn new(cause: CancelCause) -> Self {
         CancelRecord {
             cause,
@@ -806,10 +897,15 @@ impl fmt::Display for CancelRecord {
 /// included.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct RunGlance {
+    /// The manifest's format.
     pub schema_version: u32,
+    /// The run's id.
     pub run_id: RunId,
+    /// The project folder the run belongs to.
     pub cwd: WorkspaceId,
+    /// Whether it runs.
     pub status: RunStatus,
+    /// The process hosting it, while it runs.
     #[serde(default)]
     pub host: Option<HostRecord>,
 }
@@ -941,10 +1037,12 @@ impl RunManifest {
             .collect()
     }
 
+    /// The task of that id.
     pub fn task(&self, id: &TaskId) -> Option<&TaskRecord> {
         self.tasks.iter().find(|task| &task.id == id)
     }
 
+    /// The task of that id, to change; an error names the run when it has none.
     pub fn task_mut(&mut self, id: &TaskId) -> Result<&mut TaskRecord, TransitionError> {
         let run_id = self.run_id.clone();
         self.tasks
@@ -1009,15 +1107,20 @@ impl RunManifest {
 /// One line of `events.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunEvent {
+    /// The event's format.
     pub schema_version: u32,
+    /// When it happened.
     pub at: Timestamp,
+    /// The task it is about, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskId>,
+    /// What happened.
     #[serde(flatten)]
     pub kind: EventKind,
 }
 
 impl RunEvent {
+    /// An event that happens now.
     pub fn new(task: Option<TaskId>, kind: EventKind) -> Self {
         RunEvent {
             schema_version: MANIFEST_SCHEMA_VERSION,
@@ -1032,32 +1135,45 @@ impl RunEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
+    /// The run was created.
     RunCreated,
+    /// The run's status changed.
     RunStatus {
+        /// The new status.
         status: RunStatus,
+        /// Why, when that needs saying.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// A task's status changed.
     TaskStatus {
+        /// The new status.
         status: TaskStatus,
+        /// Why, when that needs saying.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// Something a user should read, not a change of status.
     Message {
+        /// The text.
         text: String,
     },
     /// Someone asked for the run to be cancelled.
     CancelRequested {
+        /// The request.
         by: CancelRecord,
     },
     /// A task's tokens and cost so far, when its agent's protocol reports them.
     Usage {
+        /// The usage.
         usage: Usage,
     },
     /// The task's work would conflict with another's (a task id, or the branch the run
     /// started from), in these files: the radar found it when the task's branch was there.
     Overlap {
+        /// The other task's id, or the branch.
         with: String,
+        /// The files both change.
         files: Vec<String>,
     },
 }

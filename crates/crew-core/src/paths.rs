@@ -12,16 +12,23 @@ use camino::{Utf8Component, Utf8Path, Utf8PathBuf};
 /// A path crew cannot use as a workspace or state location.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspacePathError {
+    /// The path could not be resolved (it is missing, or a link on the way is broken).
     #[error("failed to resolve {path}")]
     Resolve {
+        /// The path as given.
         path: String,
+        /// Why it could not be resolved.
         #[source]
         source: io::Error,
     },
+    /// The resolved path is not UTF-8.
     #[error(
         "path {path} is not valid UTF-8; crew needs UTF-8 paths to record and compare workspaces"
     )]
-    NotUtf8 { path: String },
+    NotUtf8 {
+        /// The path as given, with what is not UTF-8 replaced.
+        path: String,
+    },
 }
 
 /// Resolves every symlink, `.` and `..` of an existing path and checks that it is UTF-8.
@@ -40,18 +47,35 @@ pub fn canonical_utf8(path: &Path) -> Result<Utf8PathBuf, WorkspacePathError> {
 /// A path that would leave the root it must stay in.
 #[derive(Debug, thiserror::Error)]
 pub enum ContainmentError {
+    /// The path leads outside the root.
     #[error("path {path} leaves {root}")]
-    Escapes { path: String, root: Utf8PathBuf },
+    Escapes {
+        /// The path as given.
+        path: String,
+        /// The root it must stay in.
+        root: Utf8PathBuf,
+    },
+    /// The root is relative.
     #[error("root {root} must be an absolute path")]
-    RelativeRoot { root: Utf8PathBuf },
+    RelativeRoot {
+        /// The root.
+        root: Utf8PathBuf,
+    },
+    /// The path could not be resolved.
     #[error("failed to resolve {path}")]
     Resolve {
+        /// The path.
         path: Utf8PathBuf,
+        /// Why it could not be resolved.
         #[source]
         source: io::Error,
     },
+    /// The path is not UTF-8.
     #[error("path {path} is not valid UTF-8")]
-    NotUtf8 { path: String },
+    NotUtf8 {
+        /// The path as given, with what is not UTF-8 replaced.
+        path: String,
+    },
 }
 
 /// `true` when `path` is `base` or lies below it, compared component by component.
@@ -185,7 +209,9 @@ fn utf8(path: PathBuf) -> Result<Utf8PathBuf, ContainmentError> {
 /// clean or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DirIdentity {
+    /// The device.
     pub dev: u64,
+    /// The inode number.
     pub ino: u64,
 }
 
@@ -229,29 +255,44 @@ pub enum Removed {
     Absent,
     /// A symlink was removed as a link; its target was not touched.
     Symlink,
+    /// A file was removed.
     File,
+    /// A directory was removed with everything in it.
     Directory,
 }
 
 /// A removal crew refused or could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoveError {
+    /// The path lies outside every root given.
     #[error("refusing to remove {path}: it is not inside any of {roots:?}")]
     OutsideRoots {
+        /// The path.
         path: Utf8PathBuf,
+        /// The roots it must lie in.
         roots: Vec<Utf8PathBuf>,
     },
+    /// The path is relative or holds `.` or `..`.
     #[error("refusing to remove {path}: the path must be absolute and free of `.` and `..`")]
-    NotNormalized { path: Utf8PathBuf },
+    NotNormalized {
+        /// The path.
+        path: Utf8PathBuf,
+    },
+    /// The path's directory could not be resolved.
     #[error("failed to resolve {path} before removing it")]
     Resolve {
+        /// The path.
         path: Utf8PathBuf,
+        /// Why it could not be resolved.
         #[source]
         source: io::Error,
     },
+    /// The removal failed partway or at once.
     #[error("failed to remove {path}")]
     Remove {
+        /// The path.
         path: Utf8PathBuf,
+        /// Why it failed.
         #[source]
         source: io::Error,
     },

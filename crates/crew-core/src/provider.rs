@@ -18,13 +18,18 @@ use crate::paths::DirIdentity;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkspaceKind {
+    /// The project root itself.
     Single,
+    /// A git worktree on the task's own branch.
     Worktree,
+    /// A fresh directory in the system temp dir.
     Temp,
+    /// `.crew/state/ws/<runId>/<taskId>`.
     Dedicated,
 }
 
 impl WorkspaceKind {
+    /// The name written in manifests and listings.
     pub fn as_str(self) -> &'static str {
         match self {
             WorkspaceKind::Single => "single",
@@ -55,6 +60,7 @@ impl fmt::Display for WorkspaceKind {
 /// A task's upstream result, for a task that depends on earlier tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamWork {
+    /// The upstream task.
     pub task_id: TaskId,
     /// The branch holding the upstream task's work, when it worked in a worktree.
     pub branch: Option<String>,
@@ -63,17 +69,22 @@ pub struct UpstreamWork {
 /// Everything a provider needs to place one task.
 #[derive(Debug, Clone)]
 pub struct WorkspaceRequest {
+    /// The project folder of the run.
     pub workspace: WorkspaceId,
     /// The top level of the git repository holding the workspace, if any.
     pub repo_root: Option<Utf8PathBuf>,
     /// Where the run was started, relative to the repository root (or the workspace root).
     pub invocation_dir: Utf8PathBuf,
+    /// The run the task belongs to.
     pub run_id: RunId,
+    /// The task.
     pub task_id: TaskId,
+    /// The workspace mode the task asks for.
     pub mode: WorkspaceMode,
     /// The run's base commit as fixed by `prepare_run`; when absent the provider checks the
     /// leader and takes its HEAD itself.
     pub base: Option<String>,
+    /// The tasks this one depends on, with where their work is.
     pub upstream: Vec<UpstreamWork>,
     /// Where to tell how far a long step has come (a checkout of many files), if anywhere.
     pub progress: Option<ProgressSink>,
@@ -83,9 +94,17 @@ pub struct WorkspaceRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
     /// Files of the task's commit written into its workspace, of all of them.
-    Checkout { done: u64, total: u64 },
+    Checkout {
+        /// Files written so far.
+        done: u64,
+        /// Files to write.
+        total: u64,
+    },
     /// Its agent finished, and its check command runs.
-    Check { command: String },
+    Check {
+        /// The check command.
+        command: String,
+    },
 }
 
 /// Where a provider tells [`Progress`]: called from whichever thread does the work, a few
@@ -94,10 +113,12 @@ pub enum Progress {
 pub struct ProgressSink(std::sync::Arc<dyn Fn(Progress) + Send + Sync>);
 
 impl ProgressSink {
+    /// A sink that calls `tell` with each report.
     pub fn new(tell: impl Fn(Progress) + Send + Sync + 'static) -> Self {
         ProgressSink(std::sync::Arc::new(tell))
     }
 
+    /// Reports how far the step has come.
     pub fn tell(&self, progress: Progress) {
         (self.0)(progress);
     }
@@ -112,7 +133,9 @@ impl fmt::Debug for ProgressSink {
 /// What a run asks of its provider before any task starts.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
+    /// The project folder of the run.
     pub workspace: WorkspaceId,
+    /// The top level of the git repository holding it, if any.
     pub repo_root: Option<Utf8PathBuf>,
     /// The commit or ref tasks start from; the leader's HEAD when absent.
     pub base: Option<String>,
@@ -139,13 +162,16 @@ pub struct RunPlan {
 /// A task's allocated workspace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskWorkspace {
+    /// Which of the four modes made it.
     pub kind: WorkspaceKind,
     /// The top of the allocated directory (the worktree root, the temp dir).
     pub root: Utf8PathBuf,
     /// Where the agent starts: `root` plus the run's invocation subdirectory.
     pub dir: Utf8PathBuf,
+    /// The task's branch (`worktree` mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+    /// The commit the workspace started from, when it is a git checkout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_commit: Option<String>,
     /// An existing workspace for the same task was taken up again.
@@ -180,7 +206,9 @@ pub enum AllocateErrorKind {
 /// A workspace that could not be allocated. Nothing of it is left behind.
 #[derive(Debug)]
 pub struct AllocateWorkspaceError {
+    /// What kind of failure it was.
     pub kind: AllocateErrorKind,
+    /// What went wrong, for the user.
     pub message: String,
     /// What the user can do about it.
     pub hint: Option<String>,
@@ -204,9 +232,13 @@ impl std::error::Error for AllocateWorkspaceError {
 /// What the task's end means for its workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TeardownRequest {
+    /// The project folder of the run.
     pub workspace: WorkspaceId,
+    /// The top level of the git repository holding it, if any.
     pub repo_root: Option<Utf8PathBuf>,
+    /// The run the task belongs to.
     pub run_id: RunId,
+    /// The task.
     pub task_id: TaskId,
     /// The agent (or one of its processes) may still be running: nothing may be removed.
     pub agent_alive: bool,
@@ -217,8 +249,11 @@ pub struct TeardownRequest {
 /// Lines added and removed between the base and the task branch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiffStat {
+    /// Files changed.
     pub files_changed: usize,
+    /// Lines added.
     pub insertions: usize,
+    /// Lines removed.
     pub deletions: usize,
 }
 
@@ -235,6 +270,7 @@ pub struct TeardownReport {
     /// holds more than the task's work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tip: Option<String>,
+    /// What the task's branch changes from the base.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diffstat: Option<DiffStat>,
     /// The workspace directory was removed from its place.
@@ -246,6 +282,7 @@ pub struct TeardownReport {
     /// The workspace directory was kept here, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserved: Option<Utf8PathBuf>,
+    /// Why the workspace was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserved_reason: Option<String>,
     /// The branch held no change from the base and was deleted.
@@ -256,10 +293,13 @@ pub struct TeardownReport {
     /// directory as `dir/`), and where they were kept, if they were.
     #[serde(default)]
     pub ignored_files: u64,
+    /// Their size in bytes.
     #[serde(default)]
     pub ignored_bytes: u64,
+    /// Which they are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignored_paths: Vec<String>,
+    /// Where they were kept, when they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignored_kept_in: Option<Utf8PathBuf>,
     /// Paths the worktree's `setup` made that the agent left as they were: not its work, so
@@ -269,6 +309,7 @@ pub struct TeardownReport {
     /// The command that brings the work into the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_hint: Option<String>,
+    /// What went wrong without losing anything.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// Files git runs or trusts on the user's behalf (the shared `config`, `hooks/`, `info/`)
@@ -285,6 +326,7 @@ impl TeardownReport {
 /// A change to a file git runs or trusts on the user's behalf, found when a task ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecurityFinding {
+    /// The file, in the shared git directory.
     pub path: Utf8PathBuf,
     /// `added`, `modified` or `removed`.
     pub change: String,
@@ -299,9 +341,11 @@ pub struct SecurityFinding {
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct TeardownError {
+    /// What went wrong, for the user.
     pub message: String,
     /// What was done before the failure; `preserved` says where the work is.
     pub partial: Box<TeardownReport>,
+    /// The error beneath it, if any.
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }

@@ -61,80 +61,125 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 /// A state operation that failed. Each variant names the file it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// The state directory could not be made or is not a real directory.
     #[error("failed to prepare the state directory")]
     Layout(#[source] FileError),
+    /// The workspace's state lock could not be taken.
     #[error("failed to lock the state of the workspace")]
     Lock(#[from] LockError),
+    /// A state file could not be read.
     #[error("failed to read {path}")]
     Read {
+        /// The file.
         path: Utf8PathBuf,
+        /// Why it could not be read.
         #[source]
         source: FileError,
     },
+    /// A state file could not be written.
     #[error("failed to write {path}")]
     Write {
+        /// The file.
         path: Utf8PathBuf,
+        /// Why it could not be written.
         #[source]
         source: FileError,
     },
+    /// A manifest is not valid JSON of its schema.
     #[error("run manifest {path} is corrupt; it was left as it is")]
     Corrupt {
+        /// The manifest.
         path: Utf8PathBuf,
+        /// What the parser said.
         #[source]
         source: serde_json::Error,
     },
+    /// A manifest a newer crew wrote.
     #[error(
         "run manifest {path} has schema version {found}, newer than this crew supports ({supported}); it is read-only to this crew"
     )]
     NewerSchema {
+        /// The manifest.
         path: Utf8PathBuf,
+        /// Its schema version.
         found: u32,
+        /// The newest this crew reads.
         supported: u32,
     },
+    /// A manifest of a schema version no crew writes.
     #[error(
         "run manifest {path} has schema version {found}, which no crew writes (this one writes {supported}); it was left as it is"
     )]
     OlderSchema {
+        /// The manifest.
         path: Utf8PathBuf,
+        /// Its schema version.
         found: u32,
+        /// The version this crew writes.
         supported: u32,
     },
+    /// A manifest that names another project folder (copied or edited).
     #[error("run manifest {path} belongs to workspace {found}, not {expected}")]
     ForeignManifest {
+        /// The manifest.
         path: Utf8PathBuf,
+        /// This store's project folder.
         expected: WorkspaceId,
+        /// The folder the manifest names.
         found: WorkspaceId,
     },
+    /// No run id starts with the prefix.
     #[error("no run matches `{prefix}` in workspace {workspace}")]
     UnknownRun {
+        /// The prefix given.
         prefix: String,
+        /// The project folder searched.
         workspace: WorkspaceId,
     },
+    /// More than one run id starts with the prefix.
     #[error("`{prefix}` matches several runs: {}", candidates.iter().map(RunId::as_str).collect::<Vec<_>>().join(", "))]
     AmbiguousRun {
+        /// The prefix given.
         prefix: String,
+        /// The runs it matches.
         candidates: Vec<RunId>,
     },
+    /// A run name another run already has, or whose branches another run's could be.
     #[error("the run name `{name}` is taken: {}", if name == taken_by { "a run of this workspace has it".to_owned() } else { format!("its branches could be those of run {taken_by}") })]
-    NameTaken { name: RunId, taken_by: RunId },
+    NameTaken {
+        /// The name asked for.
+        name: RunId,
+        /// The run that has it.
+        taken_by: RunId,
+    },
+    /// A state directory could not be listed.
     #[error("failed to list {path}")]
     List {
+        /// The directory.
         path: Utf8PathBuf,
+        /// Why it could not be listed.
         #[source]
         source: io::Error,
     },
+    /// A run could not be removed.
     #[error("failed to remove run {run_id}")]
     Remove {
+        /// The run.
         run_id: RunId,
+        /// Why it could not be removed.
         #[source]
         source: RemoveError,
     },
+    /// A manifest could not be written as JSON.
     #[error("failed to serialize {path}")]
     Serialize {
+        /// The manifest.
         path: Utf8PathBuf,
+        /// What the serializer said.
         #[source]
         source: serde_json::Error,
     },
+    /// A status change the lifecycle does not allow.
     #[error(transparent)]
     Transition(#[from] TransitionError),
 }
@@ -187,14 +232,18 @@ impl FileStamp {
 /// One run as found on disk: its manifest, or why it could not be read.
 #[derive(Debug)]
 pub struct RunListing {
+    /// The run's id (its directory's name).
     pub run_id: RunId,
+    /// Its manifest, or why it could not be read.
     pub manifest: Result<RunManifest, StateError>,
 }
 
 /// What retention removed (or would remove, in a dry run).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PruneReport {
+    /// The runs removed (or that would be).
     pub pruned: Vec<RunId>,
+    /// How many finished runs were kept.
     pub kept: usize,
 }
 
@@ -239,34 +288,42 @@ impl StateStore {
         }
     }
 
+    /// The project folder whose state this is.
     pub fn workspace(&self) -> &WorkspaceId {
         &self.workspace
     }
 
+    /// `.crew/state`.
     pub fn state_dir(&self) -> &Utf8Path {
         &self.state_dir
     }
 
+    /// `runs/`, a directory per run.
     pub fn runs_dir(&self) -> Utf8PathBuf {
         self.state_dir.join(RUNS_DIR)
     }
 
+    /// The directory of one run.
     pub fn run_dir(&self, run_id: &RunId) -> Utf8PathBuf {
         self.runs_dir().join(run_id.as_str())
     }
 
+    /// The run's `manifest.json`.
     pub fn manifest_path(&self, run_id: &RunId) -> Utf8PathBuf {
         self.run_dir(run_id).join(MANIFEST_FILE)
     }
 
+    /// The run's `events.jsonl`.
     pub fn events_path(&self, run_id: &RunId) -> Utf8PathBuf {
         self.run_dir(run_id).join(EVENTS_FILE)
     }
 
+    /// The directory of one task of a run.
     pub fn task_dir(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
         self.run_dir(run_id).join(TASKS_DIR).join(task_id.as_str())
     }
 
+    /// The task's `output.log`: what its agent printed.
     pub fn output_log_path(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
         self.task_dir(run_id, task_id).join(OUTPUT_LOG)
     }
@@ -281,6 +338,7 @@ impl StateStore {
         self.state_dir.join(WS_DIR)
     }
 
+    /// The `dedicated` workspace of one task.
     pub fn dedicated_dir(&self, run_id: &RunId, task_id: &TaskId) -> Utf8PathBuf {
         self.dedicated_root()
             .join(run_id.as_str())

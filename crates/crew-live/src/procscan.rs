@@ -156,7 +156,10 @@ mod tests {
         child.wait().unwrap();
         let session = session.expect("the new session's leader was alive");
         assert_eq!(session.id, leader);
-        assert_eq!(session.terminal, 0, "setsid leaves the controlling terminal behind");
+        assert_eq!(
+            session.terminal, 0,
+            "setsid leaves the controlling terminal behind"
+        );
         let own = session_of(None).unwrap();
         assert_ne!(own, session);
         assert_eq!(Some(own), session_of(Some(std::process::id())));

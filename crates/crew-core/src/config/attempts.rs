@@ -14,7 +14,9 @@ pub const MAX_ATTEMPTS: u32 = 10;
 /// (its own, else the team's).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunTask {
+    /// The task as it runs: for an attempt, the team's task under the attempt's own id.
     pub def: TaskDef,
+    /// Which task this is an attempt of, and its number; `None` for a task run once.
     pub attempt_of: Option<AttemptOf>,
 }
 

@@ -11,16 +11,22 @@ use crate::ids::TaskId;
 /// A task's id and dependencies as written, for graph validation.
 #[derive(Debug, Clone)]
 pub struct TaskSpec {
+    /// Where the task stands in its file's `tasks` list.
     pub index: usize,
+    /// The task's id, with where it is written.
     pub id: Spanned<String>,
+    /// The ids it depends on, each with where it is written.
     pub depends_on: Vec<Spanned<String>>,
 }
 
 /// A task graph that breaks a rule, located at the offending value.
 #[derive(Debug, Clone)]
 pub struct GraphError {
+    /// The bytes of the file the error points at.
     pub span: Range<usize>,
+    /// The key that holds them, e.g. `tasks[2].depends_on`.
     pub key: String,
+    /// What is wrong, in a sentence.
     pub message: String,
 }
 

@@ -80,6 +80,7 @@ pub(super) struct TaskFile {
 /// An ad hoc team that could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum AdHocTeamError {
+    /// An agent of the team could not be loaded.
     #[error(transparent)]
     Agent(#[from] LoadConfigError),
     /// The task ids break a rule; the message says which.
@@ -90,46 +91,74 @@ pub enum AdHocTeamError {
 /// A configuration file that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadConfigError {
+    /// A file could not be read.
     #[error("failed to read {path}")]
     Read {
+        /// The file.
         path: Utf8PathBuf,
+        /// Why it could not be read.
         #[source]
         source: FileError,
     },
+    /// A file is not UTF-8.
     #[error("{path} is not valid UTF-8")]
-    NotUtf8 { path: Utf8PathBuf },
+    NotUtf8 {
+        /// The file.
+        path: Utf8PathBuf,
+    },
+    /// A value breaks a rule, located in its file.
     #[error("{}", render_invalid(path, *line, *column, key.as_deref(), message))]
     Invalid {
+        /// The file.
         path: Utf8PathBuf,
+        /// The line, from 1.
         line: usize,
+        /// The column, from 1.
         column: usize,
+        /// The key that holds the value, e.g. `tasks[0].agent`, when one is known.
         key: Option<String>,
+        /// What is wrong.
         message: String,
     },
     /// Every problem of one file, in the order they appear.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Several(Vec<LoadConfigError>),
+    /// No team file has the name.
     #[error("unknown team `{name}`")]
     UnknownTeam {
+        /// The name asked for.
         name: String,
+        /// Where team files are.
         teams_dir: Utf8PathBuf,
+        /// The teams there are.
         available: Vec<String>,
     },
+    /// No agent file has the name, and no built-in agent either.
     #[error("unknown agent `{name}`")]
     UnknownAgent {
+        /// The name asked for.
         name: String,
+        /// Where agent files are.
         agents_dir: Utf8PathBuf,
+        /// The agents there are.
         available: Vec<String>,
     },
+    /// A team or agent name breaks the naming rule.
     #[error("invalid {kind} name `{name}`: {rule}")]
     InvalidName {
+        /// `team` or `agent`.
         kind: &'static str,
+        /// The name given.
         name: String,
+        /// The rule it breaks.
         rule: &'static str,
     },
+    /// A configuration directory could not be listed.
     #[error("failed to list {dir}")]
     ListDir {
+        /// The directory.
         dir: Utf8PathBuf,
+        /// Why it could not be listed.
         #[source]
         source: std::io::Error,
     },
@@ -184,10 +213,12 @@ pub struct ConfigDir {
 }
 
 impl ConfigDir {
+    /// The configuration in `dir` (a project's `.crew/`); nothing is read yet.
     pub fn new(dir: impl Into<Utf8PathBuf>) -> Self {
         ConfigDir { dir: dir.into() }
     }
 
+    /// The directory.
     pub fn path(&self) -> &Utf8Path {
         &self.dir
     }

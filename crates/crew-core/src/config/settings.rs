@@ -30,6 +30,7 @@ pub enum WorkspaceMode {
 }
 
 impl WorkspaceMode {
+    /// Every mode, in the order help lists them.
     pub const ALL: [WorkspaceMode; 4] = [
         WorkspaceMode::Single,
         WorkspaceMode::Worktree,
@@ -37,6 +38,7 @@ impl WorkspaceMode {
         WorkspaceMode::Dedicated,
     ];
 
+    /// The name written in files and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             WorkspaceMode::Single => "single",
@@ -168,6 +170,7 @@ impl SandboxMode {
         }
     }
 
+    /// The name written in files.
     pub fn as_str(self) -> &'static str {
         match self {
             SandboxMode::Enforce => "enforce",
@@ -183,11 +186,17 @@ pub const MAX_STOP_GRACE: HumanDuration = HumanDuration(Duration::from_secs(3600
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProjectConfig {
+    /// `[run]`: how runs go.
     pub run: RunSettings,
+    /// `[worktree]`: where worktrees and their branches go, and the pool of ready ones.
     pub worktree: WorktreeSettings,
+    /// `[isolation]`: what happens where a mode cannot be had.
     pub isolation: IsolationSettings,
+    /// `[retention]`: which finished runs are pruned.
     pub retention: RetentionSettings,
+    /// `[sandbox]`: whether agents are confined.
     pub sandbox: SandboxSettings,
+    /// `[watch]`: the board of `crew watch`.
     pub watch: WatchSettings,
 }
 
@@ -311,6 +320,7 @@ impl Default for WorktreeSettings {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IsolationSettings {
+    /// What a task asking for `worktree` gets outside a git repository.
     pub fallback: IsolationFallback,
 }
 
@@ -373,22 +383,27 @@ impl Default for RetentionSettings {
 /// An agent definition, from `.crew/agents/<name>.toml` or built in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentDef {
+    /// The agent's name: its file's name, or the built-in's.
     pub name: String,
+    /// What the agent is, for listings.
     pub description: Option<String>,
     /// argv template; never run through a shell.
     pub command: Vec<String>,
+    /// How `crew agents steer` reaches the running agent.
     pub steer: SteerMode,
     /// How crew reads the agent's output and writes its input.
     pub protocol: Protocol,
     /// argv template used to resume a stopped or finished agent; `{message}` is the follow-up,
     /// `{session_id}` the session the agent's protocol reported.
     pub resume: Option<Vec<String>>,
+    /// Variables set for the agent; values may hold the command's placeholders.
     pub env: BTreeMap<String, String>,
     /// Variables of the user's environment the agent may see, besides the always-passed ones.
     /// A trailing `*` matches a prefix (`LC_*`).
     pub pass_env: Vec<String>,
     /// What the agent may write besides its workspace, and whether it is confined at all.
     pub sandbox: AgentSandbox,
+    /// Whether crew provides the agent itself (`shell`) rather than a file.
     pub builtin: bool,
 }
 
@@ -413,26 +428,38 @@ impl AgentDef {
 /// A team: the tasks of a run, from `.crew/teams/<name>.toml` or built ad hoc.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TeamDef {
+    /// The team's name: its file's name, or the ad hoc team's.
     pub name: String,
+    /// What the team does, for listings.
     pub description: Option<String>,
+    /// The workspace mode of every task that names none of its own.
     pub workspace_mode: Option<WorkspaceMode>,
+    /// How many tasks run at once.
     pub max_parallel: Option<Parallelism>,
+    /// Whether a failed task cancels the rest of the run.
     pub fail_fast: Option<bool>,
     /// The check command of every task that names none of its own.
     pub check: Option<String>,
     /// What a task that names nothing of its own does when its agent hits a usage limit.
     pub on_limit: Option<OnLimit>,
+    /// The tasks, in the order written.
     pub tasks: Vec<TaskDef>,
 }
 
 /// One task of a team.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TaskDef {
+    /// The task's id, unique in its run.
     pub id: TaskId,
+    /// The name of the agent that works on it.
     pub agent: String,
+    /// What the agent is asked to do.
     pub prompt: String,
+    /// Tasks that must succeed before this one starts.
     pub depends_on: Vec<TaskId>,
+    /// How long the agent may work before it is stopped.
     pub timeout: Option<HumanDuration>,
+    /// Where the task works, when not the team's mode.
     pub workspace_mode: Option<WorkspaceMode>,
     /// Run the task this many times, each attempt in its own worktree and branch (best of N).
     pub attempts: Option<u32>,
@@ -479,7 +506,9 @@ impl TaskDef {
 /// A team with every agent its tasks name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Team {
+    /// The team as written.
     pub def: TeamDef,
+    /// Every agent its tasks name, by name.
     pub agents: BTreeMap<String, AgentDef>,
 }
 
@@ -487,8 +516,12 @@ pub struct Team {
 /// workspace mode, path or sandbox setting).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedTask {
+    /// The task id the lead asked for.
     pub id: String,
+    /// The agent's name.
     pub agent: String,
+    /// What the agent is asked to do.
     pub prompt: String,
+    /// Tasks of the same plan that must succeed first.
     pub depends_on: Vec<String>,
 }

@@ -139,6 +139,7 @@ impl Serialize for ByteSize {
 pub struct Parallelism(pub NonZeroUsize);
 
 impl Parallelism {
+    /// How many tasks may run at once (at least 1).
     pub fn get(self) -> usize {
         self.0.get()
     }
