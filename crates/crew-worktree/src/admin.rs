@@ -20,7 +20,9 @@ pub const INITIALIZING: &str = "crew: initializing";
 /// One entry of `<common>/worktrees/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminEntry {
+    /// The entry's name (its directory under `worktrees/`).
     pub name: String,
+    /// Its directory: `<common>/worktrees/<name>`.
     pub dir: Utf8PathBuf,
     /// The worktree directory, from the `gitdir` file (without its trailing `/.git`).
     pub worktree: Option<Utf8PathBuf>,
@@ -46,6 +48,7 @@ impl AdminEntry {
             .is_some_and(|gitdir| Utf8Path::new(gitdir.trim()) == self.dir)
     }
 
+    /// Whether crew locked it (its lock reason starts with `crew`).
     pub fn is_crew_locked(&self) -> bool {
         self.locked
             .as_deref()

@@ -23,7 +23,9 @@ pub struct SetupBaseline {
 /// One path setup made, changed or deleted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetupPath {
+    /// The path, relative to the worktree root.
     pub path: String,
+    /// Its blob id after setup; `None` when setup deleted it.
     pub blob: Option<String>,
 }
 
@@ -62,6 +64,7 @@ impl SetupBaseline {
             .unwrap_or_default()
     }
 
+    /// Writes the baseline to `file`, atomically.
     pub fn save(&self, file: &Utf8Path) -> Result<(), crew_core::fsutil::FileError> {
         let json = serde_json::to_vec_pretty(self).expect("a baseline serializes");
         crew_core::fsutil::write_atomic(file, &json)

@@ -46,12 +46,17 @@ pub fn in_use_reason(run_id: &RunId, task_id: &TaskId) -> String {
 /// What a worktree task needs.
 #[derive(Debug, Clone)]
 pub struct CreateWorktree<'a> {
+    /// The repository's top level.
     pub repo_root: &'a Utf8Path,
+    /// The project's `[worktree]` settings.
     pub settings: &'a WorktreeSettings,
+    /// The run.
     pub run_id: &'a RunId,
+    /// The task.
     pub task_id: &'a TaskId,
     /// The run's base commit.
     pub base: Oid,
+    /// The tasks it depends on: their branches are merged into its start.
     pub upstream: &'a [UpstreamWork],
     /// Where the run was started, relative to the repository root.
     pub invocation_dir: &'a Utf8Path,

@@ -111,15 +111,18 @@ pub fn branch_files(
 /// What became of a branch crew was asked to delete.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BranchDrop {
+    /// It was deleted.
     Deleted,
     /// It was gone already.
     Missing,
     /// Its tip is no longer the commit crew recorded: it holds more than the task's work.
     Moved {
+        /// Its tip now.
         tip: String,
     },
     /// git would not delete it (checked out in a worktree, a locked ref); the message says why.
     Refused {
+        /// What git said.
         message: String,
     },
 }

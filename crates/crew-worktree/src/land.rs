@@ -32,7 +32,9 @@ pub enum LandMode {
 /// One task to land: its name (for messages) and its branch.
 #[derive(Debug, Clone)]
 pub struct Landing {
+    /// The task's name, for messages.
     pub name: String,
+    /// Its branch.
     pub branch: String,
     /// Where to put both sides of a conflict of this task, if anywhere (a branch that must not
     /// exist yet, or one this function made before).
@@ -42,8 +44,11 @@ pub struct Landing {
 /// What moved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Landed {
+    /// The branch that moved.
     pub target: String,
+    /// Its tip before.
     pub from: String,
+    /// Its tip after.
     pub to: String,
     /// Whether the target's files in the user's working tree were brought up to date.
     pub checkout_updated: bool,
@@ -52,22 +57,37 @@ pub struct Landed {
 /// A landing that did not happen: the target is as it was.
 #[derive(Debug, thiserror::Error)]
 pub enum LandError {
+    /// A task's work conflicts with what landed before it.
     #[error("{task} conflicts with what lands before it on {target}, in: {}", files.join(", "))]
     Conflict {
+        /// The task.
         task: String,
+        /// The branch it was landing on.
         target: String,
+        /// The files both change.
         files: Vec<String>,
         /// The branch holding both sides with conflict markers, when one was made.
         both_sides: Option<String>,
     },
+    /// The target is checked out with uncommitted changes in the way.
     #[error("{target} is checked out in {path} with uncommitted changes: {}", paths.join(", "))]
     DirtyCheckout {
+        /// The target branch.
         target: String,
+        /// Where it is checked out.
         path: String,
+        /// The uncommitted paths.
         paths: Vec<String>,
     },
+    /// The target moved while the landing was prepared.
     #[error("{target} moved while the landing was prepared (from {expected}); nothing was changed")]
-    TargetMoved { target: String, expected: String },
+    TargetMoved {
+        /// The target branch.
+        target: String,
+        /// Its tip when the landing began.
+        expected: String,
+    },
+    /// git failed; the message says how.
     #[error("{0}")]
     Git(String),
 }

@@ -151,7 +151,9 @@ pub fn base_branch(repo: &Repository, spec: Option<&str>) -> Option<String> {
 /// longer on it (the branch was rewritten).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BaseMovement {
+    /// Commits on `branch` that `base` does not have.
     pub gained: usize,
+    /// Whether `base` is no longer on `branch`.
     pub diverged: bool,
 }
 

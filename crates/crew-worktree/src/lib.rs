@@ -21,6 +21,8 @@
 //!
 //! It must not spawn agents or print.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod baseline;
 pub mod checkout;

@@ -43,10 +43,15 @@ pub enum WorktreeState {
 /// One crew worktree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CrewWorktree {
+    /// The worktree's directory.
     pub path: Utf8PathBuf,
+    /// Its run.
     pub run_id: RunId,
+    /// Its task.
     pub task_id: TaskId,
+    /// The branch it has checked out.
     pub branch: Option<String>,
+    /// What it holds, for prune.
     pub state: WorktreeState,
     /// The lock reason, when locked.
     pub locked: Option<String>,
@@ -57,9 +62,13 @@ pub struct CrewWorktree {
 /// One task branch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TaskBranch {
+    /// The branch's name.
     pub name: String,
+    /// Its run.
     pub run_id: RunId,
+    /// Its task.
     pub task_id: TaskId,
+    /// Its tip commit.
     pub tip: String,
     /// Its tip is already contained in the leader's HEAD: deleting it loses nothing.
     pub merged: bool,
@@ -70,7 +79,9 @@ pub struct TaskBranch {
 /// crew's worktrees and branches in a repository.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct WorktreeListing {
+    /// Crew's worktrees, pooled ones left out.
     pub worktrees: Vec<CrewWorktree>,
+    /// Crew's task branches.
     pub branches: Vec<TaskBranch>,
     /// Worktrees in crew's recycling pool, hidden from the listings above.
     pub pooled: usize,
@@ -103,12 +114,17 @@ impl WorktreeListing {
 /// What `prune` removed or would remove, and what it kept and why.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct WorktreePruneReport {
+    /// Worktree directories removed.
     pub removed_worktrees: Vec<Utf8PathBuf>,
     /// Recycled worktrees removed from crew's pool (and leftovers of interrupted deletions).
     pub emptied_pool: usize,
+    /// Admin entries under `.git/worktrees/` removed.
     pub removed_admin_entries: Vec<String>,
+    /// Task branches deleted (merged or empty).
     pub deleted_branches: Vec<String>,
+    /// What was kept, each with why.
     pub kept: Vec<(String, String)>,
+    /// Whether nothing was removed, only reported.
     pub dry_run: bool,
 }
 

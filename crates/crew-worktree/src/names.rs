@@ -21,6 +21,7 @@ pub struct TaskNames {
 }
 
 impl TaskNames {
+    /// The names of `task_id` of `run_id` under the project's settings.
     pub fn new(
         repo_root: &Utf8Path,
         settings: &WorktreeSettings,
@@ -36,6 +37,7 @@ impl TaskNames {
         }
     }
 
+    /// The branch's full ref: `refs/heads/<branch>`.
     pub fn branch_ref(&self) -> String {
         format!("refs/heads/{}", self.branch)
     }

@@ -38,8 +38,11 @@ fn pool_prefix(settings: &WorktreeSettings) -> String {
 /// A pooled worktree.
 #[derive(Debug, Clone)]
 pub struct Pooled {
+    /// Its admin entry's name.
     pub admin: String,
+    /// Its directory.
     pub path: Utf8PathBuf,
+    /// When it went to the pool.
     pub pooled_at: SystemTime,
 }
 

@@ -65,6 +65,7 @@ impl CrewWorkspaces {
         self
     }
 
+    /// The project's `[worktree]` settings.
     pub fn settings(&self) -> &WorktreeSettings {
         &self.settings
     }

@@ -13,7 +13,9 @@ use serde::Serialize;
 pub struct Overlap {
     /// The names given for the two sides (a task id, or the target branch's name).
     pub left: String,
+    /// The other side.
     pub right: String,
+    /// The files whose merge conflicts.
     pub files: Vec<String>,
 }
 

@@ -32,10 +32,15 @@ use crate::pool;
 /// What the teardown of one worktree task needs.
 #[derive(Debug, Clone)]
 pub struct TeardownWorktree<'a> {
+    /// The task's workspace, as recorded.
     pub workspace: &'a TaskWorkspace,
+    /// The project's `[worktree]` settings.
     pub settings: &'a WorktreeSettings,
+    /// The repository's top level.
     pub repo_root: &'a Utf8Path,
+    /// The run.
     pub run_id: &'a RunId,
+    /// The task.
     pub task_id: &'a TaskId,
     /// Where the agent's ignored files go (`None`: they go with the worktree).
     pub keep_ignored_in: Option<Utf8PathBuf>,
