@@ -56,12 +56,15 @@ const PIPE_GRACE: Duration = Duration::from_millis(300);
 /// Everything needed to run one agent.
 #[derive(Debug, Clone)]
 pub struct AgentSpec {
+    /// The agent's id: its run and task.
     pub agent_id: AgentId,
     /// The workspace (project root) the agent belongs to.
     pub workspace: WorkspaceId,
     /// Where it works.
     pub dir: Utf8PathBuf,
+    /// The agent definition it runs.
     pub definition: AgentDef,
+    /// What it is asked to do.
     pub prompt: String,
     /// Stop the agent when one of its processes runs longer than this.
     pub timeout: Option<Duration>,
@@ -94,15 +97,18 @@ pub struct AgentSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentState {
+    /// Its process is alive and no stop is under way.
     Running,
     /// A stop is under way: TERM was sent, KILL may follow.
     Stopping,
+    /// Its process ended.
     Exited,
 }
 
 /// The live status of an agent, published on its watch channel.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentStatus {
+    /// Whether its process is alive.
     pub state: AgentState,
     /// The pid of the process group (its warden) of the agent's latest process, kept after it
     /// exits so that whoever looks late still learns which process ran; `state` says whether
@@ -110,11 +116,13 @@ pub struct AgentStatus {
     pub pid: Option<u32>,
     /// How many times a process of the agent was started.
     pub attempt: u32,
+    /// When its latest process started.
     pub started_at: Timestamp,
     /// How the last process ended.
     pub exit: Option<ExitRecord>,
     /// The question the agent asked and waits on.
     pub question: Option<String>,
+    /// Follow-ups waiting for the end of the turn.
     pub queued_follow_ups: usize,
     /// The runner tore the workspace down: the agent cannot be resumed here any more.
     pub closed: bool,
@@ -165,6 +173,7 @@ impl AgentStatus {
         }
     }
 
+    /// Whether its latest process ended.
     pub fn is_exited(&self) -> bool {
         self.state == AgentState::Exited
     }
@@ -192,9 +201,15 @@ pub enum StopOutcome {
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum FollowUpOutcome {
     /// Queued: delivered when the current turn (or process) ends.
-    Queued { position: usize },
+    Queued {
+        /// Its place in the queue, from 1.
+        position: usize,
+    },
     /// The agent had exited and was resumed with the message.
-    Resumed { pid: u32 },
+    Resumed {
+        /// The new process's id.
+        pid: u32,
+    },
     /// It answered the question the running agent waits on.
     Answered,
 }

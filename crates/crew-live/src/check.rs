@@ -113,8 +113,10 @@ async fn run(
             .map_err(|error| format!("could not wait for the check: {error}")),
         Err(_) => {
             if let Some(group) = pid.and_then(|pid| rustix::process::Pid::from_raw(pid as i32)) {
+                // The group may be gone already; whatever left it is killed by its marker next.
                 let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
             }
+            // Best effort: the check already failed by its timeout, and its wait below ends it.
             let _ = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker)).await;
             child
                 .wait()

@@ -57,10 +57,12 @@ const MAX_SOCKET_PATH: usize = 107;
 /// A request to a host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {
+    /// Echoed in the response, to pair them.
     #[serde(default)]
     pub id: Option<u64>,
     /// The caller's workspace: only its agents are visible and controllable.
     pub workspace: Utf8PathBuf,
+    /// What the caller wants.
     #[serde(flatten)]
     pub op: Op,
 }
@@ -69,34 +71,50 @@ pub struct Request {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
+    /// Whether the host answers.
     Ping,
+    /// The workspace's live agents.
     List,
     /// Streams what happens to the workspace's agents and tasks until the caller hangs up
     /// (see [`crate::watch`]). Only the user may watch.
     Watch,
+    /// Delivers a message to a running agent now.
     Steer {
+        /// The agent: its id or a unique part of it.
         agent: String,
+        /// The message.
         message: String,
     },
+    /// Queues a message for the end of the agent's turn (or resumes an exited agent with it).
     FollowUp {
+        /// The agent: its id or a unique part of it.
         agent: String,
+        /// The message.
         message: String,
     },
+    /// Stops an agent: TERM, then KILL after the grace period.
     Stop {
+        /// The agent: its id or a unique part of it.
         agent: String,
     },
+    /// Starts a stopped or finished agent again in its workspace.
     Resume {
+        /// The agent: its id or a unique part of it.
         agent: String,
+        /// What to tell it, if anything.
         #[serde(default)]
         message: Option<String>,
     },
     /// Sent by an agent about itself (`crew ask`).
     Ask {
+        /// The asking agent (its `CREW_AGENT_ID`).
         agent: AgentId,
+        /// The question.
         question: String,
     },
     /// Cancels a run hosted here: its agents are stopped gracefully and their work kept.
     CancelRun {
+        /// The run.
         run: RunId,
         /// The caller's `--force` (recorded: it cancels a run of another session).
         #[serde(default)]
@@ -105,7 +123,9 @@ pub enum Op {
     /// Tasks an agent submits to its own run (an agent-authored plan). They carry no
     /// workspace mode and no path: they run in the mode the run chose.
     SubmitTasks {
+        /// The submitting agent (its `CREW_AGENT_ID`).
         agent: AgentId,
+        /// The tasks.
         tasks: Vec<SubmittedTask>,
     },
 }
@@ -115,11 +135,14 @@ pub enum Op {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmittedTask {
+    /// The task id, unique in the run.
     pub id: String,
     /// The agent definition to run; the submitting agent's own when absent.
     #[serde(default)]
     pub agent: Option<String>,
+    /// What the agent is asked to do.
     pub prompt: String,
+    /// Ids of tasks (of the run or of this submission) that must succeed first.
     #[serde(default)]
     pub depends_on: Vec<String>,
 }
@@ -127,24 +150,36 @@ pub struct SubmittedTask {
 /// A request the control channel hands to the runner of a run.
 #[derive(Debug)]
 pub enum RunCommand {
+    /// Cancels the run: its agents stop gracefully and their work is kept.
     Cancel {
+        /// The caller's workspace.
         workspace: WorkspaceId,
         /// Who asked, as the socket's peer credentials say.
         by: CancelRecord,
+        /// Where the answer goes.
         reply: oneshot::Sender<Result<Value, ErrorBody>>,
     },
+    /// Adds tasks an agent submitted to the run.
     Submit {
+        /// The caller's workspace.
         workspace: WorkspaceId,
+        /// The submitting agent.
         agent: AgentId,
+        /// The tasks.
         tasks: Vec<SubmittedTask>,
+        /// Where the answer goes.
         reply: oneshot::Sender<Result<Value, ErrorBody>>,
     },
     /// Starts a finished task of the run again by resuming its agent (its workspace was torn
     /// down, so the task is prepared anew).
     Resume {
+        /// The caller's workspace.
         workspace: WorkspaceId,
+        /// The task.
         task: TaskId,
+        /// What to tell its agent, if anything.
         message: Option<String>,
+        /// Where the answer goes.
         reply: oneshot::Sender<Result<Value, ErrorBody>>,
     },
 }
@@ -155,12 +190,17 @@ pub type RunRoutes = Arc<DashMap<RunId, mpsc::Sender<RunCommand>>>;
 /// The answer to a request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
+    /// The protocol version.
     pub v: u32,
+    /// The request's id.
     #[serde(default)]
     pub id: Option<u64>,
+    /// Whether the request succeeded.
     pub ok: bool,
+    /// What it gave, when it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// Why it failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
 }
@@ -168,11 +208,14 @@ pub struct Response {
 /// A structured error: a stable code and a message for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
+    /// What went wrong, for programs.
     pub code: ErrorCode,
+    /// What went wrong, for people.
     pub message: String,
 }
 
 impl ErrorBody {
+    /// An error of `code` saying `message`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ErrorBody {
             code,
@@ -191,26 +234,43 @@ pub enum ErrorCode {
     PermissionDenied,
     /// Too many connections: retry.
     Busy,
+    /// The request is larger than a request may be.
     RequestTooLarge,
+    /// The request is not valid JSON of the protocol.
     InvalidRequest,
+    /// The caller's workspace is not a project folder.
     InvalidWorkspace,
     /// An agent asked for what only people may do.
     Forbidden,
+    /// The host failed in a way that is not the caller's.
     Internal,
     // Agents.
+    /// No live agent matches.
     NotFound,
+    /// The agent belongs to another project folder.
     ForeignWorkspace,
+    /// Several live agents match.
     Ambiguous,
+    /// The agent cannot be steered while it runs.
     SteerUnsupported,
+    /// The agent is not running.
     NotRunning,
+    /// The agent is already running.
     AlreadyRunning,
+    /// The agent's workspace was torn down.
     Closed,
+    /// The agent did not take the message.
     Input,
+    /// The agent could not be started again.
     Restart,
+    /// The agent is no longer supervised.
     Gone,
     // Runs.
+    /// No run of that id is hosted here.
     UnknownRun,
+    /// The run is ending.
     RunStopping,
+    /// The submitted tasks break a rule.
     InvalidTasks,
     /// The task already succeeded: it is not started again.
     Succeeded,
@@ -254,37 +314,70 @@ impl Response {
 /// The control channel failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// The socket directory is not safe: another user owns it, or others may write it.
     #[error("the socket directory {path} is not safe to use: {problem}")]
-    UnsafeSocketDir { path: Utf8PathBuf, problem: String },
+    UnsafeSocketDir {
+        /// The directory.
+        path: Utf8PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Every candidate path for the socket is too long.
     #[error("no directory for the control socket: every candidate path is too long or unusable")]
     NoSocketDir,
+    /// The socket directory could not be made.
     #[error("failed to create the socket directory {path}")]
     CreateSocketDir {
+        /// The directory.
         path: Utf8PathBuf,
+        /// Why it could not be made.
         #[source]
         source: io::Error,
     },
+    /// The socket could not be bound.
     #[error("failed to bind the control socket {path}")]
     Bind {
+        /// The socket.
         path: Utf8PathBuf,
+        /// Why it could not be bound.
         #[source]
         source: io::Error,
     },
+    /// Nothing listens on the socket any more.
     #[error("the host behind {path} is gone (stale socket)")]
-    HostGone { path: Utf8PathBuf },
+    HostGone {
+        /// The socket.
+        path: Utf8PathBuf,
+    },
+    /// The socket could not be reached.
     #[error("failed to reach the host at {path}")]
     Connect {
+        /// The socket.
         path: Utf8PathBuf,
+        /// Why it could not be reached.
         #[source]
         source: io::Error,
     },
+    /// The host did not answer in time.
     #[error("the host at {path} did not answer within {waited:?}")]
-    Timeout { path: Utf8PathBuf, waited: Duration },
+    Timeout {
+        /// The socket.
+        path: Utf8PathBuf,
+        /// How long crew waited.
+        waited: Duration,
+    },
+    /// The host closed the connection before it answered.
     #[error("the host at {path} closed the connection")]
-    Closed { path: Utf8PathBuf },
+    Closed {
+        /// The socket.
+        path: Utf8PathBuf,
+    },
+    /// The host's answer is not the protocol.
     #[error("the host at {path} answered something crew cannot read")]
     Protocol {
+        /// The socket.
         path: Utf8PathBuf,
+        /// What the parser said.
         #[source]
         source: serde_json::Error,
     },
@@ -469,6 +562,7 @@ impl ControlServer {
         self.runs.insert(run_id, commands);
     }
 
+    /// Stops routing requests for `run_id`: its run has ended.
     pub fn detach_run(&self, run_id: &RunId) {
         self.runs.remove(run_id);
     }
@@ -479,6 +573,7 @@ impl ControlServer {
         self.runs.clone()
     }
 
+    /// The socket's path.
     pub fn path(&self) -> &Utf8Path {
         &self.path
     }

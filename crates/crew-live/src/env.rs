@@ -43,6 +43,7 @@ impl BaseEnv {
         self
     }
 
+    /// The value the agent will see for `name`, if it will see one.
     pub fn get(&self, name: &str) -> Option<&OsStr> {
         self.vars
             .iter()

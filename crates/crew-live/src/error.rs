@@ -6,41 +6,72 @@ use crew_core::{AgentId, WorkspaceId};
 /// An agent could not be started. This fails that agent's task only.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnAgentError {
+    /// The agent's program could not be started.
     #[error(
         "failed to start agent {agent_id}: cannot run `{program}`: {}",
         spawn_reason(program, source)
     )]
     Spawn {
+        /// The agent.
         agent_id: AgentId,
+        /// The program.
         program: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The agent's command is empty.
     #[error("agent {agent_id} has an empty command")]
-    EmptyCommand { agent_id: AgentId },
+    EmptyCommand {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent's resume template takes up a session, and none was reported.
     #[error(
         "agent {agent_id} cannot be resumed: its resume template takes up its session, and its protocol reported none"
     )]
-    NoSession { agent_id: AgentId },
+    NoSession {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent's working directory does not exist.
     #[error("the working directory {dir} of agent {agent_id} does not exist")]
-    MissingDir { agent_id: AgentId, dir: Utf8PathBuf },
+    MissingDir {
+        /// The agent.
+        agent_id: AgentId,
+        /// The directory.
+        dir: Utf8PathBuf,
+    },
+    /// The agent's output log could not be opened.
     #[error("failed to open the output log {path}")]
     OutputLog {
+        /// The log file.
         path: Utf8PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The agent is already live in this host.
     #[error("agent {agent_id} is already live in this host")]
-    Duplicate { agent_id: AgentId },
+    Duplicate {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent's private temp directory could not be made.
     #[error("failed to make the private temp dir of agent {agent_id}")]
     TempDir {
+        /// The agent.
         agent_id: AgentId,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The agent's sandbox could not be built.
     #[error("failed to confine agent {agent_id}")]
     Sandbox {
+        /// The agent.
         agent_id: AgentId,
+        /// Why.
         #[source]
         source: crate::sandbox::BuildSandboxError,
     },
@@ -71,39 +102,80 @@ fn spawn_reason(program: &str, error: &std::io::Error) -> String {
 /// the variant says otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AgentOpError {
+    /// No live agent of the workspace matches.
     #[error("no live agent '{spec}' in workspace {workspace}")]
     NotFound {
+        /// The agent as the caller named it.
         spec: String,
+        /// The workspace searched.
         workspace: WorkspaceId,
     },
+    /// The agent belongs to another workspace.
     #[error("live agent '{agent_id}' does not belong to workspace {workspace}")]
     ForeignWorkspace {
+        /// The agent.
         agent_id: AgentId,
+        /// The caller's workspace.
         workspace: WorkspaceId,
     },
+    /// Several live agents match.
     #[error("'{spec}' matches several live agents: {}", candidates.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
     Ambiguous {
+        /// The agent as the caller named it.
         spec: String,
+        /// The agents it matches.
         candidates: Vec<AgentId>,
     },
+    /// The agent's steer mode is `none`.
     #[error(
         "live agent '{agent_id}' cannot be steered while it runs (its steer mode is \"none\"); send a follow-up instead"
     )]
-    SteerUnsupported { agent_id: AgentId },
+    SteerUnsupported {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent is not running.
     #[error("live agent '{agent_id}' is not running")]
-    NotRunning { agent_id: AgentId },
+    NotRunning {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent is already running.
     #[error("live agent '{agent_id}' is already running")]
-    AlreadyRunning { agent_id: AgentId },
+    AlreadyRunning {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent ended and its workspace was torn down.
     #[error(
         "live agent '{agent_id}' has ended and its workspace was torn down; resume its run instead"
     )]
-    Closed { agent_id: AgentId },
+    Closed {
+        /// The agent.
+        agent_id: AgentId,
+    },
+    /// The agent did not take the message (its input is closed or failed).
     #[error("live agent '{agent_id}' did not take the message: {reason}")]
-    Input { agent_id: AgentId, reason: String },
+    Input {
+        /// The agent.
+        agent_id: AgentId,
+        /// Why.
+        reason: String,
+    },
+    /// The agent could not be started again.
     #[error("failed to restart live agent '{agent_id}': {reason}")]
-    Restart { agent_id: AgentId, reason: String },
+    Restart {
+        /// The agent.
+        agent_id: AgentId,
+        /// Why.
+        reason: String,
+    },
+    /// The agent is no longer supervised (its supervisor ended).
     #[error("live agent '{agent_id}' is no longer supervised")]
-    Gone { agent_id: AgentId },
+    Gone {
+        /// The agent.
+        agent_id: AgentId,
+    },
 }
 
 impl AgentOpError {

@@ -11,7 +11,9 @@ use crate::agent::AgentStatus;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputStream {
+    /// Standard output.
     Stdout,
+    /// Standard error.
     Stderr,
 }
 
@@ -21,28 +23,47 @@ pub enum OutputStream {
 pub enum AgentEvent {
     /// A process of the agent started (the first start, or a resume).
     Started {
+        /// The agent.
         agent_id: AgentId,
+        /// The process's group id (its warden).
         pid: u32,
+        /// Which start of the agent it is, from 1.
         attempt: u32,
     },
     /// A complete line of output (capped at [`crate::output::MAX_LINE_BYTES`]).
     Output {
+        /// The agent.
         agent_id: AgentId,
+        /// The pipe.
         stream: OutputStream,
+        /// The line, without its newline.
         line: String,
     },
     /// The agent asked a question and waits for the answer.
-    Question { agent_id: AgentId, question: String },
+    Question {
+        /// The agent.
+        agent_id: AgentId,
+        /// The question.
+        question: String,
+    },
     /// The agent's status changed.
     Status {
+        /// The agent.
         agent_id: AgentId,
+        /// Its status now.
         status: Box<AgentStatus>,
     },
     /// A process of the agent ended.
-    Exited { agent_id: AgentId, exit: ExitRecord },
+    Exited {
+        /// The agent.
+        agent_id: AgentId,
+        /// How the process ended.
+        exit: ExitRecord,
+    },
 }
 
 impl AgentEvent {
+    /// The agent the event is about.
     pub fn agent_id(&self) -> &AgentId {
         match self {
             AgentEvent::Started { agent_id, .. }

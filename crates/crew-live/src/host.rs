@@ -136,6 +136,7 @@ impl AgentHost {
         crate::check::run_check(&self.inner.launcher, spec, command, log, timeout).await
     }
 
+    /// The agents this host runs.
     pub fn registry(&self) -> &Registry {
         &self.inner.registry
     }

@@ -43,8 +43,10 @@ pub struct HostOptions {
 /// A host that could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    /// The agent host could not start.
     #[error("failed to start the agent host")]
     Agents(#[source] std::io::Error),
+    /// The control socket could not be opened.
     #[error(transparent)]
     Socket(#[from] ControlError),
 }
@@ -137,6 +139,7 @@ impl Host {
         })
     }
 
+    /// The runner that runs this host's runs.
     pub fn runner(&self) -> &Runner {
         &self.runner
     }
@@ -238,6 +241,7 @@ impl Canceller {
 }
 
 impl RunningRun {
+    /// The run's id.
     pub fn run_id(&self) -> &RunId {
         &self.run_id
     }

@@ -79,6 +79,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 // Agents are confined with Landlock, tied to their host with the parent-death signal and
 // found again through `/proc`: Linux only, said plainly rather than through a missing symbol.
 #[cfg(not(target_os = "linux"))]

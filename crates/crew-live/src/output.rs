@@ -159,6 +159,7 @@ impl LogWriter {
         Utf8PathBuf::from(format!("{path}{ROTATED_SUFFIX}"))
     }
 
+    /// Appends `chunk`, starting over (the part before kept as `output.log.1`) when the limit would be passed.
     pub fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
         if self.written > 0 && self.written + chunk.len() as u64 > self.limit {
             self.rotate()?;
@@ -187,10 +188,13 @@ impl LogWriter {
 /// Where one agent's output goes.
 #[derive(Debug, Clone)]
 pub struct OutputSink {
+    /// The agent.
     pub agent_id: AgentId,
     /// `output.log`, shared by both streams; `None` once writing to it failed.
     pub log: Arc<Mutex<Option<LogWriter>>>,
+    /// The last lines, kept in memory for listings.
     pub tail: Arc<Mutex<OutputTail>>,
+    /// Where each line goes as an event.
     pub events: broadcast::Sender<AgentEvent>,
     /// How stdout is read: plain lines, or the messages of a protocol.
     pub protocol: Protocol,

@@ -33,8 +33,10 @@ pub struct Project {
 /// A project folder that could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenProjectError {
+    /// The project folder could not be found.
     #[error(transparent)]
     Discover(#[from] DiscoverWorkspaceError),
+    /// Its configuration could not be loaded.
     #[error(transparent)]
     Config(#[from] LoadConfigError),
 }
@@ -42,16 +44,23 @@ pub enum OpenProjectError {
 /// An agent (or task) a person named could not be told apart or reached.
 #[derive(Debug, thiserror::Error)]
 pub enum FindAgentError {
+    /// Several agents match.
     #[error("'{spec}' matches several agents: {}", candidates.join(", "))]
     Ambiguous {
+        /// The agent as the caller named it.
         spec: String,
+        /// The agents it matches.
         candidates: Vec<String>,
     },
+    /// No agent matches among the hosts that answered, and some did not.
     #[error("no live agent '{spec}' found, but {} host(s) of this workspace did not answer: {}", unanswered.len(), unanswered.join("; "))]
     Unanswered {
+        /// The agent as the caller named it.
         spec: String,
+        /// The hosts that did not answer.
         unanswered: Vec<String>,
     },
+    /// The state directory could not be read.
     #[error(transparent)]
     State(#[from] StateError),
 }
@@ -59,21 +68,28 @@ pub enum FindAgentError {
 /// An operation on an agent that did not happen; the agent received nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlAgentError {
+    /// The agent could not be found.
     #[error(transparent)]
     Find(#[from] FindAgentError),
+    /// No live agent matches.
     #[error("no live agent '{spec}' in workspace {workspace}")]
     NotLive {
+        /// The agent as the caller named it.
         spec: String,
+        /// The project folder searched.
         workspace: crew_core::WorkspaceId,
         /// The task `spec` names, when it waits for an answer in a run no process hosts.
         waiting_in: Option<RunId>,
     },
+    /// Its host could not be reached.
     #[error(transparent)]
     Host(#[from] ControlError),
     /// The host refused (see the code: `foreign_workspace`, `steer_unsupported`, …).
     #[error("{message}")]
     Refused {
+        /// The code, for programs.
         code: crate::control::ErrorCode,
+        /// The host's message.
         message: String,
     },
 }
@@ -114,7 +130,9 @@ pub fn resolve_spec<'a, T>(
 /// are missing, and whoever shows the list must say so.
 #[derive(Debug, Default)]
 pub struct LiveAgents {
+    /// Each live agent, with the host that runs it.
     pub agents: Vec<(AgentSnapshot, HostRecord)>,
+    /// Hosts that did not answer, each said in a sentence.
     pub unanswered: Vec<String>,
 }
 
@@ -146,22 +164,27 @@ impl Project {
         })
     }
 
+    /// The project folder.
     pub fn workspace(&self) -> &Workspace {
         &self.workspace
     }
 
+    /// Its `.crew/config.toml`.
     pub fn config(&self) -> &ProjectConfig {
         &self.config
     }
 
+    /// Its `.crew/` directory.
     pub fn config_dir(&self) -> ConfigDir {
         ConfigDir::new(self.workspace.crew_dir())
     }
 
+    /// Its state store.
     pub fn store(&self) -> &Arc<StateStore> {
         &self.store
     }
 
+    /// Where its tasks work.
     pub fn provider(&self) -> &Arc<dyn WorkspaceProvider> {
         &self.provider
     }

@@ -70,6 +70,7 @@ pub enum ProtocolEvent {
 pub struct Reading {
     /// What a person sees for it, one entry per line.
     pub shown: Vec<String>,
+    /// What the line means for the task, if anything.
     pub event: Option<ProtocolEvent>,
 }
 

@@ -36,10 +36,13 @@ const OUTPUT_DELAY: Duration = Duration::from_secs(1);
 /// A host's published listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PublishedAgents {
+    /// The listing's format.
     pub schema_version: u32,
     /// The host process that wrote it.
     pub pid: u32,
+    /// When it was written.
     pub written_at: Timestamp,
+    /// The host's agents, as listings show them.
     pub agents: Vec<AgentSnapshot>,
 }
 
@@ -121,11 +124,13 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// Publishes `host`'s agents of `workspace` to `path` until dropped.
     pub fn start(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) -> Self {
         let task = tokio::spawn(publish_loop(host, workspace, path.clone()));
         Publisher { path, task }
     }
 
+    /// Where the listing is written.
     pub fn path(&self) -> &Utf8Path {
         &self.path
     }

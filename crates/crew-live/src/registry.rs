@@ -42,19 +42,31 @@ pub struct AgentHandle {
 /// An agent as a listing shows it (and as the control socket sends it).
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct AgentSnapshot {
+    /// The agent's id.
     pub agent_id: AgentId,
+    /// Its run.
     pub run_id: RunId,
+    /// Its task.
     pub task_id: TaskId,
+    /// The project folder it belongs to.
     pub workspace: WorkspaceId,
     /// The agent definition it runs (`claude`, `shell`, …).
     pub agent: String,
+    /// Where it works.
     pub dir: Utf8PathBuf,
+    /// Whether its process is alive.
     pub state: AgentState,
+    /// Its process group's id.
     pub pid: Option<u32>,
+    /// Which start of the agent this is, from 1.
     pub attempt: u32,
+    /// When its latest process started.
     pub started_at: Timestamp,
+    /// How its latest process ended.
     pub exit: Option<ExitRecord>,
+    /// The question it waits on.
     pub question: Option<String>,
+    /// Follow-ups waiting for the end of its turn.
     pub queued_follow_ups: usize,
     /// The last lines of its output (each capped).
     pub last_lines: Vec<String>,
@@ -73,10 +85,12 @@ pub struct AgentSnapshot {
 }
 
 impl AgentHandle {
+    /// The agent's id.
     pub fn agent_id(&self) -> &AgentId {
         &self.info.agent_id
     }
 
+    /// The project folder it belongs to.
     pub fn workspace(&self) -> &WorkspaceId {
         &self.info.workspace
     }
@@ -91,6 +105,7 @@ impl AgentHandle {
         self.status.clone()
     }
 
+    /// The agent as a listing shows it now.
     pub fn snapshot(&self) -> AgentSnapshot {
         let status = self.status();
         let activity = status.activity();
@@ -283,6 +298,7 @@ impl Registry {
             .collect()
     }
 
+    /// How many agents are registered.
     pub fn len(&self) -> usize {
         self.agents.len()
     }
@@ -310,6 +326,7 @@ impl Registry {
         }
     }
 
+    /// Whether no agent is registered.
     pub fn is_empty(&self) -> bool {
         self.agents.is_empty()
     }
@@ -371,6 +388,7 @@ impl Registry {
         }
     }
 
+    /// Delivers `message` to the running agent `spec` of `workspace` now.
     pub async fn steer(
         &self,
         workspace: &WorkspaceId,
@@ -382,6 +400,7 @@ impl Registry {
         Ok(handle.info.agent_id.clone())
     }
 
+    /// Queues `message` for the end of the turn of agent `spec` of `workspace`, or resumes it with the message when it exited.
     pub async fn follow_up(
         &self,
         workspace: &WorkspaceId,
@@ -393,6 +412,7 @@ impl Registry {
         Ok((handle.info.agent_id.clone(), outcome))
     }
 
+    /// Stops agent `spec` of `workspace`: TERM, then KILL after its grace period.
     pub async fn stop(
         &self,
         workspace: &WorkspaceId,
@@ -403,6 +423,7 @@ impl Registry {
         Ok((handle.info.agent_id.clone(), outcome))
     }
 
+    /// Starts agent `spec` of `workspace` again in its workspace, with `message` if given.
     pub async fn resume(
         &self,
         workspace: &WorkspaceId,

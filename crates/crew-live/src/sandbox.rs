@@ -82,6 +82,7 @@ pub(crate) struct Prepared {
 #[derive(Debug, thiserror::Error)]
 #[error("failed to build the sandbox of the agent: {message}")]
 pub struct BuildSandboxError {
+    /// What the kernel said.
     pub message: String,
 }
 

@@ -45,19 +45,34 @@ use crate::runner::TaskProgress;
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum WatchEvent {
     /// An agent started, asked, changed state or exited: how it is now.
-    Agent { agent: Box<AgentSnapshot> },
+    Agent {
+        /// The agent as listings show it.
+        agent: Box<AgentSnapshot>,
+    },
     /// A line of an agent's output.
-    Output { agent_id: AgentId, line: String },
+    Output {
+        /// The agent.
+        agent_id: AgentId,
+        /// The line.
+        line: String,
+    },
     /// A task changed status: its record as the change left it.
     Task {
+        /// The run.
         run_id: RunId,
+        /// The task.
         task_id: TaskId,
+        /// Its new status.
         status: TaskStatus,
+        /// Its record as the change left it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         task: Option<Box<TaskRecord>>,
     },
     /// The watcher fell behind and missed this many events (output lines, mostly).
-    Lagged { missed: u64 },
+    Lagged {
+        /// How many.
+        missed: u64,
+    },
 }
 
 /// A line of the stream: the protocol version and the event.
@@ -226,13 +241,18 @@ pub enum Watched {
 /// A watch that could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
+    /// The state directory could not be read.
     #[error(transparent)]
     State(#[from] StateError),
+    /// The directory of live listings could not be made.
     #[error(transparent)]
     LiveDir(#[from] crew_core::fsutil::FileError),
+    /// The directory of live listings could not be watched.
     #[error("failed to watch {path} for new hosts")]
     Notify {
+        /// The directory.
         path: Utf8PathBuf,
+        /// Why it could not be watched.
         #[source]
         source: std::io::Error,
     },

@@ -406,7 +406,7 @@ pub fn refill_at_head(
 
 /// Fills the pool up to `pool_size` with fresh checkouts of `commit` (HEAD detached), one
 /// after the other, so that the next run's first tasks start recycled. Each is checked out
-/// outside the repository lock, locked [`FILLING`] with this process's id meanwhile, and only
+/// outside the repository lock, locked as filling with this process's id meanwhile, and only
 /// then pooled; `stop` is asked before each. A worktree left half-filled by a refill that was
 /// stopped (or died) is removed by the next refill or `crew worktrees prune`. Returns how many
 /// were added.
@@ -450,6 +450,8 @@ pub fn refill(
                 .and_then(|_| admin::set_head(common, &name, &commit.to_string()))
                 .and_then(|()| admin::set_lock(common, &name, Some(&filling_reason())));
             if let Err(error) = registered {
+                // A fresh checkout with nobody's work in it: what is left of it is swept by
+                // the next refill or `crew worktrees prune`, and the error returned says why.
                 let _ = remove_contained(&path, &[&dir]);
                 let _ = admin::remove_entry(common, &name);
                 return Err(file_error(error));
@@ -514,6 +516,8 @@ fn evict_abandoned(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeS
             continue;
         }
         if let Some(path) = &inside {
+            // An abandoned fill holds no work; a directory that stays is removed by the
+            // sweep of unnamed directories below or by the next prune.
             let _ = remove_contained(path, &[&dir]);
         }
         if admin::remove_entry(common, &entry.name).is_ok() {

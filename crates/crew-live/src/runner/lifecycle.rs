@@ -197,7 +197,7 @@ impl Runner {
 
     /// Records who asked for the run to be cancelled, and why: in the manifest (the first
     /// request only) and as an event. The request itself goes to the run through its cancel
-    /// watch or a [`RunCommand::Cancel`].
+    /// watch or a [`crate::control::RunCommand::Cancel`].
     pub async fn record_cancel(&self, run_id: &RunId, by: CancelRecord) {
         let store = self.store.clone();
         let (run, record) = (run_id.clone(), by.clone());

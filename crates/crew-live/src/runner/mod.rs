@@ -43,6 +43,7 @@ mod task;
 /// How far a cancellation goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CancelLevel {
+    /// No cancellation.
     None,
     /// Stop every agent gracefully (TERM, grace, KILL) and keep their work.
     Graceful,
@@ -53,11 +54,15 @@ pub enum CancelLevel {
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
+    /// The team to run.
     pub team: Team,
     /// `--workspace-mode`: overrides the team's mode and every task's own.
     pub mode: Option<WorkspaceMode>,
+    /// `--max-parallel`: how many tasks run at once, over the team's setting.
     pub max_parallel: Option<usize>,
+    /// `--base`: the commit or ref tasks start from; the leader's HEAD when absent.
     pub base: Option<String>,
+    /// `--fail-fast` / `--keep-going`, over the team's setting.
     pub fail_fast: Option<bool>,
     /// `--name`: the run's id, chosen by a person, so that branches read `crew/<name>-<task>`.
     pub name: Option<RunId>,
@@ -90,22 +95,37 @@ impl RunSpec {
 /// A run that could not be created, resumed or finished.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The state could not be read or written.
     #[error(transparent)]
     State(#[from] StateError),
+    /// The provider refused the run before any task started.
     #[error("the run cannot start")]
     Prepare(#[source] AllocateWorkspaceError),
     /// The tasks asked for cannot be run as asked (attempts of a task others depend on, in a
     /// mode without branches); the message says which and why.
     #[error("{0}")]
     Plan(String),
+    /// This process's identity could not be read.
     #[error("failed to record this process as the run's host")]
     Host(#[from] HostIdentityError),
+    /// The run cannot be resumed in its status.
     #[error(
         "run {run_id} is {status}; only an interrupted, failed or cancelled run can be resumed"
     )]
-    NotResumable { run_id: RunId, status: RunStatus },
+    NotResumable {
+        /// The run.
+        run_id: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// Another live process hosts the run.
     #[error("run {run_id} is still hosted by process {pid}")]
-    AlreadyHosted { run_id: RunId, pid: u32 },
+    AlreadyHosted {
+        /// The run.
+        run_id: RunId,
+        /// The host's pid.
+        pid: u32,
+    },
     /// Changes to the run's record could not be saved while it went on: its manifest and
     /// events may be behind. The agents' work was saved all the same, as `saved` says.
     #[error(
@@ -114,7 +134,9 @@ pub enum RunError {
         .problems.first().map_or("", String::as_str)
     )]
     Unrecorded {
+        /// The run.
         run_id: RunId,
+        /// What could not be recorded.
         problems: Vec<String>,
         /// Where the work of each task went (its branch, or the preserved directory).
         saved: Vec<String>,
@@ -122,6 +144,7 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// What the user can do about it.
     pub fn hint(&self) -> Option<String> {
         match self {
             RunError::Prepare(error) => error.hint.clone(),
@@ -157,9 +180,13 @@ impl RunError {
 /// A task changed status: what a host shows while a run goes on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskProgress {
+    /// The run.
     pub run_id: RunId,
+    /// The task.
     pub task_id: TaskId,
+    /// Its new status.
     pub status: TaskStatus,
+    /// Why, when that needs saying.
     pub reason: Option<String>,
     /// The task's record as this change left it (its pid, workspace, teardown), so that a
     /// listener need not read the manifest, which may already have moved on. `None` when the
@@ -170,8 +197,11 @@ pub struct TaskProgress {
 /// A long step of preparing a task's workspace moved on: what a host shows while it waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskActivity {
+    /// The run.
     pub run_id: RunId,
+    /// The task.
     pub task_id: TaskId,
+    /// How far the step has come.
     pub progress: Progress,
 }
 
@@ -191,6 +221,7 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner that starts agents in `host` and places tasks with `provider`.
     pub fn new(
         host: AgentHost,
         provider: Arc<dyn WorkspaceProvider>,
@@ -290,10 +321,12 @@ impl Runner {
         self
     }
 
+    /// The state store of the runner's project.
     pub fn store(&self) -> &Arc<StateStore> {
         &self.store
     }
 
+    /// The agent host the runner starts agents in.
     pub fn host(&self) -> &AgentHost {
         &self.host
     }
