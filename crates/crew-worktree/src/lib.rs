@@ -29,6 +29,7 @@ pub mod checkout;
 pub mod create;
 pub mod envsetup;
 pub mod error;
+pub mod incoming;
 pub mod inspect;
 pub mod land;
 pub mod leader;

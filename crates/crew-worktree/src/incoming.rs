@@ -1,0 +1,464 @@
+//! Work that comes back from a workspace on another machine, checked before it lands on the
+//! task's branch (ARCHITECTURE.md, "Work from elsewhere"; docs/distributed.md).
+//!
+//! The side that holds the work ([`pack_work`]) writes the commits from the run's base to the
+//! task's tip as a git pack and says what they are: a [`WorkClaim`] of base, tip and the tip's
+//! tree. The side that receives it ([`accept_work`]) trusts neither the pack nor the claim —
+//! the agent that made the commits is untrusted, and so is the way they travelled:
+//!
+//! 1. the pack is indexed into the repository's object store (objects only: no ref moves);
+//! 2. a quarantine ref names the tip, so that whatever happens next, the objects stay reachable
+//!    and the user can look at them;
+//! 3. the tip must be a commit that descends from the base, and its tree must be the claimed
+//!    one;
+//! 4. every commit from the base to the tip must be whole: each object it changes from its
+//!    first parent is present, and no path it names is one git refuses (`.git`, `.`, `..`,
+//!    an empty name) — what a checkout of it would otherwise write;
+//! 5. only then does the task's branch move to the tip, and only from where it was expected to
+//!    be (created when it was expected not to exist); the quarantine ref is deleted last.
+//!
+//! A refusal changes no branch and keeps the quarantine ref, which the error names.
+
+use std::io::Write;
+
+use camino::Utf8Path;
+use git2::{Delta, DiffOptions, Oid, Repository, Sort};
+use serde::{Deserialize, Serialize};
+
+use crate::create::repo_lock;
+
+/// What the side that holds the work says it sends. Ids are full hexadecimal object ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkClaim {
+    /// The run's base commit: the receiving repository has it.
+    pub base: String,
+    /// The task's tip: the newest commit of its work.
+    pub tip: String,
+    /// The tip's tree: what the task's files are.
+    pub tree: String,
+}
+
+/// Where received work goes.
+#[derive(Debug, Clone)]
+pub struct AcceptWork<'a> {
+    /// The receiving repository's top level.
+    pub repo_root: &'a Utf8Path,
+    /// What the sender said it sent.
+    pub claim: &'a WorkClaim,
+    /// The pack, as a file.
+    pub pack: &'a Utf8Path,
+    /// The task's branch, e.g. `crew/<run>-<task>`.
+    pub branch: &'a str,
+    /// Where the branch must be for it to move: `None` when it must not exist yet.
+    pub branch_expected_at: Option<&'a str>,
+    /// The ref that holds the tip while it is checked, and after a refusal, e.g.
+    /// `refs/crew/incoming/<run>-<task>`.
+    pub quarantine: &'a str,
+}
+
+/// Work that landed on its branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// The branch's tip now.
+    pub tip: String,
+    /// Commits from the base to the tip.
+    pub commits: usize,
+}
+
+/// Work that could not be sent or was refused. A refusal moved no branch.
+#[derive(Debug, thiserror::Error)]
+pub enum IncomingError {
+    /// git failed on something that is not the work's fault.
+    #[error("failed to {what} in {repo}")]
+    Git {
+        /// The repository.
+        repo: String,
+        /// What crew was doing.
+        what: &'static str,
+        /// What git said.
+        #[source]
+        source: git2::Error,
+    },
+    /// An id in the claim is not an object id.
+    #[error("the claim's {field} `{value}` is not an object id")]
+    BadId {
+        /// `base`, `tip` or `tree`.
+        field: &'static str,
+        /// What it said.
+        value: String,
+    },
+    /// The pack is not a pack git can read.
+    #[error("the work's pack could not be read; it is kept at {quarantine} if any of it arrived")]
+    BadPack {
+        /// The quarantine ref.
+        quarantine: String,
+        /// What git said.
+        #[source]
+        source: git2::Error,
+    },
+    /// The work does not hold the commit it claims as its tip.
+    #[error("the work's tip {tip} is not a commit it holds")]
+    NoTip {
+        /// The claimed tip.
+        tip: String,
+    },
+    /// The tip does not descend from the run's base.
+    #[error(
+        "the work's tip {tip} does not start from the run's base {base}; it is kept at {quarantine}"
+    )]
+    NotFromBase {
+        /// The tip.
+        tip: String,
+        /// The run's base.
+        base: String,
+        /// The quarantine ref.
+        quarantine: String,
+    },
+    /// The tip's tree is not the one the sender reported.
+    #[error(
+        "the work's tree is {found}, not the {claimed} its sender reported; it is kept at {quarantine}"
+    )]
+    TreeMismatch {
+        /// The tree the claim names.
+        claimed: String,
+        /// The tip's tree.
+        found: String,
+        /// The quarantine ref.
+        quarantine: String,
+    },
+    /// A commit of the work names an object the pack did not bring.
+    #[error(
+        "commit {commit} of the work names {path} ({object}), which is missing; it is kept at {quarantine}"
+    )]
+    Incomplete {
+        /// The commit.
+        commit: String,
+        /// The path.
+        path: String,
+        /// The missing object.
+        object: String,
+        /// The quarantine ref.
+        quarantine: String,
+    },
+    /// A commit of the work names a path git refuses to write.
+    #[error(
+        "commit {commit} of the work names the path {path:?}, which git never writes; it is kept at {quarantine}"
+    )]
+    UnsafePath {
+        /// The commit.
+        commit: String,
+        /// The path.
+        path: String,
+        /// The quarantine ref.
+        quarantine: String,
+    },
+    /// The task's branch is not where it was expected.
+    #[error("{branch} is at {found}, not {expected}; the work is kept at {quarantine}")]
+    BranchMoved {
+        /// The branch.
+        branch: String,
+        /// Where it was expected (`nothing` when it was not to exist).
+        expected: String,
+        /// Where it is (`nothing` when it does not exist).
+        found: String,
+        /// The quarantine ref.
+        quarantine: String,
+    },
+    /// The pack file could not be read or written.
+    #[error("failed to {what} {path}")]
+    File {
+        /// The pack file.
+        path: String,
+        /// Reading or writing.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Writes the commits from `base` to the tip of `branch` in the repository at `repo_root` as a
+/// pack to `out`, and says what they are.
+pub fn pack_work(
+    repo_root: &Utf8Path,
+    base: &str,
+    branch: &str,
+    out: &mut dyn Write,
+) -> Result<WorkClaim, IncomingError> {
+    let repo = open(repo_root)?;
+    let git = |what| {
+        move |source| IncomingError::Git {
+            repo: repo_root.to_string(),
+            what,
+            source,
+        }
+    };
+    let base = parse_id("base", base)?;
+    let tip = repo
+        .revparse_single(branch)
+        .and_then(|object| object.peel_to_commit())
+        .map_err(git("read the task's branch"))?;
+    let mut walk = repo.revwalk().map_err(git("walk the work's commits"))?;
+    walk.push(tip.id())
+        .map_err(git("walk the work's commits"))?;
+    walk.hide(base).map_err(git("walk the work's commits"))?;
+    let mut builder = repo.packbuilder().map_err(git("pack the work"))?;
+    builder
+        .insert_walk(&mut walk)
+        .map_err(git("pack the work"))?;
+    let mut written = Ok(());
+    builder
+        .foreach(|chunk| {
+            written = out.write_all(chunk);
+            written.is_ok()
+        })
+        .map_err(git("pack the work"))?;
+    written.map_err(|source| IncomingError::File {
+        path: "the work's pack".to_owned(),
+        what: "write",
+        source,
+    })?;
+    Ok(WorkClaim {
+        base: base.to_string(),
+        tip: tip.id().to_string(),
+        tree: tip.tree_id().to_string(),
+    })
+}
+
+/// Takes in work another repository sent (see the module documentation for the steps).
+pub fn accept_work(request: &AcceptWork<'_>) -> Result<Accepted, IncomingError> {
+    let repo = open(request.repo_root)?;
+    let git = |what| {
+        move |source| IncomingError::Git {
+            repo: request.repo_root.to_string(),
+            what,
+            source,
+        }
+    };
+    let claim = request.claim;
+    let base = parse_id("base", &claim.base)?;
+    let tip = parse_id("tip", &claim.tip)?;
+    let tree = parse_id("tree", &claim.tree)?;
+    let quarantine = request.quarantine.to_owned();
+
+    // 1. The objects, and nothing else.
+    // Streamed, never held whole: a task's work may be large.
+    let mut pack = std::fs::File::open(request.pack).map_err(|source| IncomingError::File {
+        path: request.pack.to_string(),
+        what: "read",
+        source,
+    })?;
+    let odb = repo.odb().map_err(git("open the object store"))?;
+    let mut writer = odb.packwriter().map_err(git("open the object store"))?;
+    std::io::copy(&mut pack, &mut writer)
+        .map(|_| ())
+        .map_err(|error| git2::Error::from_str(&error.to_string()))
+        .and_then(|()| writer.commit().map(|_| ()))
+        .map_err(|source| IncomingError::BadPack {
+            quarantine: quarantine.clone(),
+            source,
+        })?;
+
+    // 2. The tip, held where the user can find it.
+    let tip_commit = repo.find_commit(tip).map_err(|_| IncomingError::NoTip {
+        tip: claim.tip.clone(),
+    })?;
+    repo.reference(&quarantine, tip, true, "crew: work received")
+        .map_err(git("hold the work in its quarantine ref"))?;
+
+    // 3. From the base, with the claimed tree.
+    if tip != base
+        && !repo
+            .graph_descendant_of(tip, base)
+            .map_err(git("compare the work with the base"))?
+    {
+        return Err(IncomingError::NotFromBase {
+            tip: claim.tip.clone(),
+            base: claim.base.clone(),
+            quarantine,
+        });
+    }
+    if tip_commit.tree_id() != tree {
+        return Err(IncomingError::TreeMismatch {
+            claimed: claim.tree.clone(),
+            found: tip_commit.tree_id().to_string(),
+            quarantine,
+        });
+    }
+
+    // 4. Every commit whole and safe to write.
+    let commits = check_commits(&repo, base, tip, &quarantine)?;
+
+    // 5. The branch, from where it was expected.
+    let _lock =
+        repo_lock(&crate::leader::common_dir(&repo)).map_err(|error| IncomingError::Git {
+            repo: request.repo_root.to_string(),
+            what: "lock the repository's worktrees",
+            source: git2::Error::from_str(&error.to_string()),
+        })?;
+    let name = format!("refs/heads/{}", request.branch);
+    let found = repo.refname_to_id(&name).ok();
+    let expected = request
+        .branch_expected_at
+        .map(|id| parse_id("branch tip", id))
+        .transpose()?;
+    if found != expected {
+        let show = |id: Option<Oid>| id.map_or_else(|| "nothing".to_owned(), |id| id.to_string());
+        return Err(IncomingError::BranchMoved {
+            branch: request.branch.to_owned(),
+            expected: show(expected),
+            found: show(found),
+            quarantine,
+        });
+    }
+    let message = "crew: work received and checked";
+    match expected {
+        Some(expected) => repo
+            .reference_matching(&name, tip, true, expected, message)
+            .map(|_| ()),
+        None => repo.reference(&name, tip, false, message).map(|_| ()),
+    }
+    .map_err(git("move the task's branch"))?;
+    if let Ok(mut held) = repo.find_reference(&quarantine) {
+        // The branch holds the work now: the quarantine ref only named it meanwhile, and one
+        // left behind is harmless (it names a commit the branch holds).
+        let _ = held.delete();
+    }
+    Ok(Accepted {
+        tip: claim.tip.clone(),
+        commits,
+    })
+}
+
+/// Checks each commit from `base` (exclusive) to `tip` against its first parent: every object
+/// it adds or changes is present, and no path it names is one git refuses. Returns how many
+/// commits there are.
+fn check_commits(
+    repo: &Repository,
+    base: Oid,
+    tip: Oid,
+    quarantine: &str,
+) -> Result<usize, IncomingError> {
+    let git = |what| {
+        move |source| IncomingError::Git {
+            repo: repo.path().display().to_string(),
+            what,
+            source,
+        }
+    };
+    let odb = repo.odb().map_err(git("open the object store"))?;
+    let mut walk = repo.revwalk().map_err(git("walk the work's commits"))?;
+    walk.set_sorting(Sort::TOPOLOGICAL | Sort::REVERSE)
+        .map_err(git("walk the work's commits"))?;
+    walk.push(tip).map_err(git("walk the work's commits"))?;
+    walk.hide(base).map_err(git("walk the work's commits"))?;
+    let mut count = 0;
+    for id in walk {
+        let id = id.map_err(git("walk the work's commits"))?;
+        let incomplete = |path: String, object: Oid| IncomingError::Incomplete {
+            commit: id.to_string(),
+            path,
+            object: object.to_string(),
+            quarantine: quarantine.to_owned(),
+        };
+        let commit = repo
+            .find_commit(id)
+            .map_err(|_| incomplete("(the commit itself)".to_owned(), id))?;
+        let tree = commit
+            .tree()
+            .map_err(|_| incomplete("(its root tree)".to_owned(), commit.tree_id()))?;
+        let parent = commit
+            .parents()
+            .next()
+            .map(|parent| parent.tree())
+            .transpose();
+        let parent = parent.map_err(git("read a parent of the work's commits"))?;
+        let mut options = DiffOptions::new();
+        options.include_typechange(true);
+        let diff = repo
+            .diff_tree_to_tree(parent.as_ref(), Some(&tree), Some(&mut options))
+            .map_err(|source| match source.code() {
+                git2::ErrorCode::NotFound => incomplete("(a directory)".to_owned(), tree.id()),
+                _ => git("compare the work's commits")(source),
+            })?;
+        for delta in diff.deltas() {
+            if delta.status() == Delta::Deleted {
+                continue;
+            }
+            let file = delta.new_file();
+            let path = file
+                .path_bytes()
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+                .unwrap_or_default();
+            if !safe_path(&path) {
+                return Err(IncomingError::UnsafePath {
+                    commit: id.to_string(),
+                    path,
+                    quarantine: quarantine.to_owned(),
+                });
+            }
+            // A submodule's commit lives in another repository: nothing to find here.
+            let submodule = file.mode() == git2::FileMode::Commit;
+            if !submodule && !odb.exists(file.id()) {
+                return Err(incomplete(path, file.id()));
+            }
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Whether git would write `path` (slash-separated, relative): no empty component, no `.` or
+/// `..`, no `.git` in any spelling a case-insensitive file system folds to it.
+fn safe_path(path: &str) -> bool {
+    !path.is_empty()
+        && path.split('/').all(|part| {
+            !part.is_empty()
+                && part != "."
+                && part != ".."
+                && !part.eq_ignore_ascii_case(".git")
+                && !part.contains('\\')
+        })
+}
+
+fn open(repo_root: &Utf8Path) -> Result<Repository, IncomingError> {
+    Repository::open(repo_root).map_err(|source| IncomingError::Git {
+        repo: repo_root.to_string(),
+        what: "open the repository",
+        source,
+    })
+}
+
+fn parse_id(field: &'static str, value: &str) -> Result<Oid, IncomingError> {
+    let bad = || IncomingError::BadId {
+        field,
+        value: value.to_owned(),
+    };
+    if value.len() != 40 {
+        return Err(bad());
+    }
+    Oid::from_str(value).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_path;
+
+    #[test]
+    fn paths_git_refuses_are_unsafe() {
+        for path in ["src/main.rs", "a", ".github/workflows/ci.yml", ".gitignore"] {
+            assert!(safe_path(path), "{path}");
+        }
+        for path in [
+            "",
+            ".git/hooks/post-checkout",
+            "x/.GIT/config",
+            "a//b",
+            "../up",
+            "a/./b",
+            "a\\b",
+        ] {
+            assert!(!safe_path(path), "{path}");
+        }
+    }
+}
