@@ -20,6 +20,7 @@ pub mod ids;
 pub mod model;
 pub mod paths;
 pub mod provider;
+pub mod shim;
 pub mod store;
 
 pub use config::{AgentDef, ConfigDir, ProjectConfig, Team, TeamDef, WorkspaceMode};

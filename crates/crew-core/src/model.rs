@@ -829,6 +829,8 @@ pub enum CancelCause {
     HostGone,
     /// The editor's `session/cancel` (`crew serve`).
     Editor,
+    /// `crew shim`: the connection to the crew host that asked for the run was lost.
+    TransportLost,
 }
 
 impl CancelRecord {
@@ -872,6 +874,9 @@ impl fmt::Display for CancelRecord {
                 f.write_str("by `crew runs cancel` after its host was gone")?
             }
             CancelCause::Editor => f.write_str("by the editor (session/cancel)")?,
+            CancelCause::TransportLost => {
+                f.write_str("because the connection to its host was lost")?
+            }
         }
         let mut who = Vec::new();
         if let Some(pid) = self.pid {

@@ -95,6 +95,28 @@ impl HostEvents {
         }
     }
 
+    /// An event already queued (of any kind, task changes first), without waiting; `None`
+    /// when none is. A listener that fell behind skips what it lost.
+    pub fn try_next(&mut self) -> Option<HostEvent> {
+        use broadcast::error::TryRecvError;
+        fn take<T: Clone>(receiver: &mut broadcast::Receiver<T>) -> Option<T> {
+            loop {
+                match receiver.try_recv() {
+                    Ok(value) => return Some(value),
+                    Err(TryRecvError::Lagged(_)) => continue,
+                    Err(_) => return None,
+                }
+            }
+        }
+        if let Some(task) = take(&mut self.tasks) {
+            return Some(HostEvent::Task(Box::new(task)));
+        }
+        if let Some(agent) = take(&mut self.agents) {
+            return Some(HostEvent::Agent(Box::new(agent)));
+        }
+        take(&mut self.activity).map(HostEvent::Activity)
+    }
+
     /// A task status change already queued, without waiting.
     pub fn try_next_task(&mut self) -> Option<TaskProgress> {
         loop {

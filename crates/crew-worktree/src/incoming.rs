@@ -23,20 +23,10 @@ use std::io::Write;
 
 use camino::Utf8Path;
 use git2::{Delta, DiffOptions, Oid, Repository, Sort};
-use serde::{Deserialize, Serialize};
 
 use crate::create::repo_lock;
 
-/// What the side that holds the work says it sends. Ids are full hexadecimal object ids.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkClaim {
-    /// The run's base commit: the receiving repository has it.
-    pub base: String,
-    /// The task's tip: the newest commit of its work.
-    pub tip: String,
-    /// The tip's tree: what the task's files are.
-    pub tree: String,
-}
+pub use crew_core::shim::WorkClaim;
 
 /// Where received work goes.
 #[derive(Debug, Clone)]
@@ -202,27 +192,136 @@ pub fn pack_work(
     walk.push(tip.id())
         .map_err(git("walk the work's commits"))?;
     walk.hide(base).map_err(git("walk the work's commits"))?;
-    let mut builder = repo.packbuilder().map_err(git("pack the work"))?;
-    builder
-        .insert_walk(&mut walk)
-        .map_err(git("pack the work"))?;
-    let mut written = Ok(());
-    builder
-        .foreach(|chunk| {
-            written = out.write_all(chunk);
-            written.is_ok()
-        })
-        .map_err(git("pack the work"))?;
-    written.map_err(|source| IncomingError::File {
-        path: "the work's pack".to_owned(),
-        what: "write",
-        source,
-    })?;
+    write_pack(&repo, &mut walk, out).map_err(git("pack the work"))?;
     Ok(WorkClaim {
         base: base.to_string(),
         tip: tip.id().to_string(),
         tree: tip.tree_id().to_string(),
     })
+}
+
+/// Writes the whole history of `commit` in the repository at `repo_root` as a pack to `out`:
+/// what a clone that lacks the commit needs to start from it.
+pub fn pack_history(
+    repo_root: &Utf8Path,
+    commit: &str,
+    out: &mut dyn Write,
+) -> Result<(), IncomingError> {
+    let repo = open(repo_root)?;
+    let git = |what| {
+        move |source| IncomingError::Git {
+            repo: repo_root.to_string(),
+            what,
+            source,
+        }
+    };
+    let commit = parse_id("base", commit)?;
+    let mut walk = repo.revwalk().map_err(git("walk the base's history"))?;
+    walk.push(commit).map_err(git("walk the base's history"))?;
+    write_pack(&repo, &mut walk, out).map_err(git("pack the base's history"))
+}
+
+/// A clone of crew's own at `dir` (made, with nothing checked out, when missing): where a shim
+/// keeps one project's history and workspaces.
+pub fn open_clone(dir: &Utf8Path) -> Result<(), IncomingError> {
+    let git = |source| IncomingError::Git {
+        repo: dir.to_string(),
+        what: "make the clone",
+        source,
+    };
+    if dir.join(".git").exists() {
+        return open(dir).map(|_| ());
+    }
+    std::fs::create_dir_all(dir).map_err(|source| IncomingError::File {
+        path: dir.to_string(),
+        what: "make",
+        source,
+    })?;
+    let mut options = git2::RepositoryInitOptions::new();
+    options.initial_head("main");
+    Repository::init_opts(dir, &options)
+        .map(|_| ())
+        .map_err(git)
+}
+
+/// Whether the repository at `repo_root` holds `commit`.
+pub fn has_commit(repo_root: &Utf8Path, commit: &str) -> Result<bool, IncomingError> {
+    let repo = open(repo_root)?;
+    let id = parse_id("base", commit)?;
+    Ok(repo.find_commit(id).is_ok())
+}
+
+/// Takes in the history of a base commit from `pack` (written by [`pack_history`] on the
+/// other side) and names it with `refs/crew/bases/<commit>`, so that it stays.
+pub fn import_base(
+    repo_root: &Utf8Path,
+    pack: &Utf8Path,
+    commit: &str,
+) -> Result<(), IncomingError> {
+    let repo = open(repo_root)?;
+    let id = parse_id("base", commit)?;
+    let name = format!("refs/crew/bases/{id}");
+    write_objects(&repo, repo_root, pack, &name)?;
+    if repo.find_commit(id).is_err() {
+        return Err(IncomingError::NoTip {
+            tip: commit.to_owned(),
+        });
+    }
+    repo.reference(&name, id, true, "crew: base received")
+        .map(|_| ())
+        .map_err(|source| IncomingError::Git {
+            repo: repo_root.to_string(),
+            what: "name the base",
+            source,
+        })
+}
+
+fn write_pack(
+    repo: &Repository,
+    walk: &mut git2::Revwalk<'_>,
+    out: &mut dyn Write,
+) -> Result<(), git2::Error> {
+    let mut builder = repo.packbuilder()?;
+    builder.insert_walk(walk)?;
+    let mut written = Ok(());
+    builder.foreach(|chunk| {
+        written = out.write_all(chunk);
+        written.is_ok()
+    })?;
+    written.map_err(|error| git2::Error::from_str(&format!("writing the pack: {error}")))
+}
+
+/// Streams `pack` into the object store of `repo` (no ref moves); a pack git cannot read is
+/// [`IncomingError::BadPack`], naming `quarantine`.
+fn write_objects(
+    repo: &Repository,
+    repo_root: &Utf8Path,
+    pack: &Utf8Path,
+    quarantine: &str,
+) -> Result<(), IncomingError> {
+    // Streamed, never held whole: a task's work may be large.
+    let mut file = std::fs::File::open(pack).map_err(|source| IncomingError::File {
+        path: pack.to_string(),
+        what: "read",
+        source,
+    })?;
+    let git = |what| {
+        move |source| IncomingError::Git {
+            repo: repo_root.to_string(),
+            what,
+            source,
+        }
+    };
+    let odb = repo.odb().map_err(git("open the object store"))?;
+    let mut writer = odb.packwriter().map_err(git("open the object store"))?;
+    std::io::copy(&mut file, &mut writer)
+        .map(|_| ())
+        .map_err(|error| git2::Error::from_str(&error.to_string()))
+        .and_then(|()| writer.commit().map(|_| ()))
+        .map_err(|source| IncomingError::BadPack {
+            quarantine: quarantine.to_owned(),
+            source,
+        })
 }
 
 /// Takes in work another repository sent (see the module documentation for the steps).
@@ -242,22 +341,7 @@ pub fn accept_work(request: &AcceptWork<'_>) -> Result<Accepted, IncomingError> 
     let quarantine = request.quarantine.to_owned();
 
     // 1. The objects, and nothing else.
-    // Streamed, never held whole: a task's work may be large.
-    let mut pack = std::fs::File::open(request.pack).map_err(|source| IncomingError::File {
-        path: request.pack.to_string(),
-        what: "read",
-        source,
-    })?;
-    let odb = repo.odb().map_err(git("open the object store"))?;
-    let mut writer = odb.packwriter().map_err(git("open the object store"))?;
-    std::io::copy(&mut pack, &mut writer)
-        .map(|_| ())
-        .map_err(|error| git2::Error::from_str(&error.to_string()))
-        .and_then(|()| writer.commit().map(|_| ()))
-        .map_err(|source| IncomingError::BadPack {
-            quarantine: quarantine.clone(),
-            source,
-        })?;
+    write_objects(&repo, request.repo_root, request.pack, &quarantine)?;
 
     // 2. The tip, held where the user can find it.
     let tip_commit = repo.find_commit(tip).map_err(|_| IncomingError::NoTip {

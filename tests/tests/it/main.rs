@@ -30,6 +30,7 @@ mod live_agents;
 mod live_control;
 mod remote_work;
 mod run_records;
+mod shim;
 mod terminal;
 mod worktree_listing;
 mod worktree_pool;

@@ -16,6 +16,7 @@ pub mod run;
 pub mod runs;
 pub mod sandbox;
 pub mod serve;
+pub mod shim;
 pub mod submit;
 pub mod watch;
 pub mod worktrees;
@@ -68,6 +69,8 @@ pub enum Command {
     Init(init::InitArgs),
     /// See crew at work in ten seconds: three agents, three worktrees, one file.
     Demo(demo::DemoArgs),
+    /// The other side of a placement: run tasks here for a crew host elsewhere.
+    Shim(shim::ShimArgs),
     /// Print shell completions for crew.
     Completions(completions::CompletionsArgs),
     /// The background host of a detached run (started by `crew run --detach`).
@@ -83,6 +86,7 @@ impl Command {
             | Command::Host(_)
             | Command::Demo(_)
             | Command::Serve(_)
+            | Command::Shim(_)
             | Command::Mcp(_) => true,
             Command::Runs(command) => matches!(command, runs::RunsCommand::Resume(_)),
             // A follow-up or resume whose run has no live host hosts it here.
@@ -115,6 +119,7 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Mcp(args) => mcp::cmd_mcp(args, ui).await,
         Command::Init(args) => init::cmd_init(args, ui),
         Command::Demo(args) => demo::cmd_demo(args, ui).await,
+        Command::Shim(args) => shim::cmd_shim(args, ui).await,
         Command::Completions(args) => completions::cmd_completions(args),
         Command::Host(args) => run::cmd_host(args, ui).await,
     }

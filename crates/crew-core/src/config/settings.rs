@@ -334,7 +334,7 @@ pub struct SandboxSettings {
 
 /// `[sandbox]` of an agent definition: what its program needs to write besides its workspace
 /// and its private temp dir.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentSandbox {
     /// `"off"` turns the sandbox off for this agent.
     pub mode: SandboxMode,
@@ -380,8 +380,9 @@ impl Default for RetentionSettings {
     }
 }
 
-/// An agent definition, from `.crew/agents/<name>.toml` or built in.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An agent definition, from `.crew/agents/<name>.toml` or built in. (Files are read through
+/// their own checks; `Deserialize` is for a definition another crew sent, as a shim gets it.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentDef {
     /// The agent's name: its file's name, or the built-in's.
     pub name: String,
