@@ -285,6 +285,7 @@ fn help_lists_the_commands() {
       serve        Serve the Agent Client Protocol on stdio, for editors
       init         Write `.crew/` with a commented example of each configuration file
       demo         See crew at work in ten seconds: three agents, three worktrees, one file
+      shim         The other side of a placement: run tasks here for a crew host elsewhere
       completions  Print shell completions for crew
       help         Print this message or the help of the given subcommand(s)
 
