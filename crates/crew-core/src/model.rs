@@ -451,6 +451,10 @@ pub struct TaskRecord {
     /// What the task does when its agent hits a usage limit.
     #[serde(default, skip_serializing_if = "OnLimit::is_fail")]
     pub on_limit: OnLimit,
+    /// The placement it runs on (`[placements.<name>]`), when not here: its agent works in
+    /// the placement's clone, and its work comes back as its branch here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     /// Other tasks of the run (or the branch it started from) whose work would conflict with
     /// this task's if both were merged, found when their branches are there (the radar).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -718,6 +722,7 @@ impl TaskRecord {
             usage: None,
             limit: None,
             on_limit: OnLimit::Fail,
+            placement: None,
             overlaps: Vec::new(),
             attempt_of: None,
             check: None,

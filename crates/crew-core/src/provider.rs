@@ -391,4 +391,38 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {
         let _ = (repo_root, run_id);
     }
+
+    /// Writes the whole history of `commit` as a git pack to `out`: what a placement's clone
+    /// that lacks the run's base needs. The default cannot.
+    fn pack_history(
+        &self,
+        repo_root: &Utf8Path,
+        commit: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(), String> {
+        let _ = (repo_root, commit, out);
+        Err("this workspace provider cannot send history to a placement".to_owned())
+    }
+
+    /// Takes in work a placement sent back (a pack and its claim), checked before the task's
+    /// branch moves to it (crew-worktree `incoming`). The default cannot.
+    fn accept_work(&self, request: &ReceivedWork) -> Result<(), String> {
+        let _ = request;
+        Err("this workspace provider cannot take in work from a placement".to_owned())
+    }
+}
+
+/// Work a placement sent back, for [`WorkspaceProvider::accept_work`].
+#[derive(Debug, Clone)]
+pub struct ReceivedWork {
+    /// The receiving repository's top level.
+    pub repo_root: Utf8PathBuf,
+    /// What the placement says it sent.
+    pub claim: crate::shim::WorkClaim,
+    /// The pack, as a file.
+    pub pack: Utf8PathBuf,
+    /// The task's branch, which must not exist yet.
+    pub branch: String,
+    /// The ref holding the work while it is checked, and after a refusal.
+    pub quarantine: String,
 }

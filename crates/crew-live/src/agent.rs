@@ -40,6 +40,7 @@ use crate::env::{BaseEnv, agent_env};
 use crate::error::{AgentOpError, SpawnAgentError};
 use crate::events::{AgentEvent, OutputStream, answer, emit};
 use crate::output::{LogWriter, OutputSink, OutputTail, drain};
+use crate::placed::PlacedInput;
 use crate::procscan;
 use crate::protocol::ProtocolEvent;
 use crate::sandbox::{self, SandboxPlan};
@@ -91,6 +92,8 @@ pub struct AgentSpec {
     /// other hosts): an `acp` agent reports its session's cost as a running total, and a
     /// resumed task's share is what comes on top.
     pub session_cost: Option<f64>,
+    /// The task runs on a placement: `definition` is its transport, and this what runs there.
+    pub placed: Option<crate::placed::Placed>,
 }
 
 /// Whether the agent's process is alive.
@@ -145,6 +148,8 @@ pub struct AgentStatus {
     /// Its question waits on the live agent (an `acp` permission request): the answer goes to
     /// it as it runs, with no restart.
     pub asks_alive: bool,
+    /// A placed task's work came back, was checked, and this branch holds it.
+    pub landed: Option<String>,
 }
 
 /// What a live agent is doing, as far as crew can tell: what listings show to say who needs
@@ -257,6 +262,7 @@ struct Running {
     protocol: mpsc::UnboundedReceiver<ProtocolEvent>,
     /// The client connection of an `acp` agent, which holds its stdin.
     acp: Option<AcpLink>,
+    placed: Option<crate::placed::PlacedLink>,
     sandbox: SandboxRecord,
     /// How many processes the warden killed after the agent exited.
     leftovers: LeftoverCount,
@@ -303,6 +309,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         protocol_warning: None,
         idle: false,
         asks_alive: false,
+        landed: None,
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -333,6 +340,7 @@ pub(crate) fn start_idle(
         protocol_warning: None,
         idle: false,
         asks_alive: false,
+        landed: None,
     };
     supervise_from(
         spec,
@@ -398,6 +406,7 @@ async fn launch(
         });
     }
     let acp = definition.protocol == Protocol::Acp;
+    let shim = definition.protocol == Protocol::Shim;
     // A stream-json agent takes what it is asked as its first input message, unless its
     // template passes it as an argument.
     let first_message = match resume_message {
@@ -525,9 +534,10 @@ async fn launch(
         supervisor: (definition.steer == SteerMode::StdinJson
             || definition.protocol != Protocol::Lines)
             .then_some(protocol_tx),
-        acp: acp.then_some(acp_lines),
+        acp: (acp || shim).then_some(acp_lines),
     };
     let mut stdin = child.stdin.take();
+    let mut driver_lines = Some(acp_incoming);
     // An ACP agent's input belongs to its client connection, which sends the first prompt:
     // the task's, or the message it is resumed with, in the session it had.
     let acp = match stdin.take() {
@@ -543,7 +553,7 @@ async fn launch(
                 terminals: crate::acp::Terminals::new(launcher.clone(), spec.clone()),
             },
             input,
-            acp_incoming,
+            driver_lines.take().expect("one driver reads the lines"),
             // Without the line sender: the connection ends when the agent's stdout does.
             OutputSink {
                 acp: None,
@@ -551,6 +561,29 @@ async fn launch(
             },
         )),
         input => {
+            stdin = input;
+            None
+        }
+    };
+    // A placed task's transport speaks the shim protocol with its driver, which sends the
+    // task's prompt (or, started again, the message) to the placement.
+    let placed = match (stdin.take(), spec.placed.clone(), driver_lines.take()) {
+        (Some(input), Some(placed), Some(lines)) if shim => Some(crate::placed::start(
+            placed,
+            spec.agent_id.clone(),
+            resume_message
+                .filter(|message| !message.is_empty())
+                .unwrap_or(&spec.prompt)
+                .to_owned(),
+            spec.dir.clone(),
+            input,
+            lines,
+            OutputSink {
+                acp: None,
+                ..sink.clone()
+            },
+        )),
+        (input, _, _) => {
             stdin = input;
             None
         }
@@ -587,6 +620,7 @@ async fn launch(
         readers,
         protocol: protocol_rx,
         acp,
+        placed,
         sandbox: sandbox.record,
         leftovers,
         _temp_dir: temp_dir,
@@ -910,6 +944,10 @@ impl Supervisor {
                     .send_modify(|status| status.turn_error = Some(reason));
                 self.publish_status();
             }
+            ProtocolEvent::Landed { branch } => {
+                self.status
+                    .send_modify(|status| status.landed = Some(branch));
+            }
             ProtocolEvent::TurnEnded {
                 usage,
                 error,
@@ -994,19 +1032,40 @@ impl Supervisor {
                         }
                     }
                     Some(Control::Steer { message, reply }) => {
-                        let result = match &running.acp {
-                            Some(acp) => acp.inputs.send(AcpInput::Steer(message)).map_err(|_| {
-                                AgentOpError::Input {
-                                    agent_id: self.spec.agent_id.clone(),
-                                    reason: "its protocol connection is closed".to_owned(),
-                                }
-                            }),
-                            None => self.steer(running.stdin.as_mut(), &message).await,
+                        let closed = || AgentOpError::Input {
+                            agent_id: self.spec.agent_id.clone(),
+                            reason: "its protocol connection is closed".to_owned(),
+                        };
+                        let result = match (&running.acp, &running.placed) {
+                            (Some(acp), _) => {
+                                acp.inputs.send(AcpInput::Steer(message)).map_err(|_| closed())
+                            }
+                            (_, Some(placed)) => placed
+                                .inputs
+                                .send(PlacedInput::Steer(message))
+                                .map_err(|_| closed()),
+                            (None, None) => self.steer(running.stdin.as_mut(), &message).await,
                         };
                         if result.is_ok() {
                             self.status.send_modify(|status| status.idle = false);
                         }
                         answer(reply, result);
+                    }
+                    Some(Control::FollowUp { message, reply }) if running.placed.is_some() => {
+                        // The placement's agent takes it: as the answer to its question, or
+                        // queued there for the end of its turn.
+                        let asked = self.status.borrow().question.is_some();
+                        let sent = running.placed.as_ref().is_some_and(|placed| {
+                            placed.inputs.send(PlacedInput::FollowUp(message)).is_ok()
+                        });
+                        answer(reply, match (sent, asked) {
+                            (false, _) => Err(AgentOpError::Input {
+                                agent_id: self.spec.agent_id.clone(),
+                                reason: "its placement's connection is closed".to_owned(),
+                            }),
+                            (true, true) => Ok(FollowUpOutcome::Answered),
+                            (true, false) => Ok(FollowUpOutcome::Queued { position: 1 }),
+                        });
                     }
                     Some(Control::FollowUp { message, reply }) => {
                         // A question the live agent waits on takes the message as its answer.
@@ -1065,6 +1124,7 @@ impl Supervisor {
         };
         drop(running.stdin.take());
         let acp = running.acp.take();
+        let placed = running.placed.take();
 
         let mut exit = ExitRecord {
             code: None,
@@ -1094,6 +1154,13 @@ impl Supervisor {
         if let Some(acp) = acp {
             // Its stdout is read to the end: the connection ends with what it said last.
             let mut driver = acp.driver;
+            if tokio::time::timeout(PIPE_GRACE, &mut driver).await.is_err() {
+                driver.abort();
+            }
+        }
+        if let Some(placed) = placed {
+            // The transport's stdout is read to the end: the driver has heard all it will.
+            let mut driver = placed.driver;
             if tokio::time::timeout(PIPE_GRACE, &mut driver).await.is_err() {
                 driver.abort();
             }

@@ -99,6 +99,7 @@ pub mod host;
 pub mod hosting;
 pub mod hosts;
 pub mod output;
+pub mod placed;
 pub mod procscan;
 pub mod project;
 pub mod protocol;

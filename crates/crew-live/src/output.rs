@@ -208,6 +208,17 @@ pub struct OutputSink {
 impl OutputSink {
     /// Shows `line` as the agent's output: in the in-memory tail and as an event.
     pub(crate) fn show(&self, stream: OutputStream, line: String) {
+        if self.protocol == Protocol::Shim {
+            let mut log = self
+                .log
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(writer) = log.as_mut()
+                && writer.write(format!("{line}\n").as_bytes()).is_err()
+            {
+                *log = None;
+            }
+        }
         self.tail
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -242,7 +253,9 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             Ok(read) => read,
         };
         let chunk = &buffer[..read];
-        {
+        // A placement's transport speaks the shim protocol on stdout (pack chunks among it):
+        // its log holds what the task shows instead (see `show`).
+        if !(stream == OutputStream::Stdout && sink.protocol == Protocol::Shim) {
             let mut log = sink
                 .log
                 .lock()
@@ -282,7 +295,7 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
         for line in messages.push(chunk) {
             // An `acp` agent's messages go to its client connection, which shows what they say.
             let line = match (&sink.acp, line) {
-                (Some(acp), Ok(line)) if is_json_rpc(&line) => {
+                (Some(acp), Ok(line)) if sink.protocol == Protocol::Shim || is_json_rpc(&line) => {
                     // Once the connection is over, what the agent still sends is only logged.
                     let _ = acp.send(line);
                     continue;

@@ -63,6 +63,11 @@ pub enum ProtocolEvent {
     Answered,
     /// The protocol connection failed (`acp`): the agent's input is closed.
     Failed(String),
+    /// A placed task's work came back, was checked, and its branch here holds it.
+    Landed {
+        /// The branch.
+        branch: String,
+    },
 }
 
 /// One stdout line of a protocol agent, read.
@@ -82,6 +87,8 @@ pub fn read_line(protocol: Protocol, line: &str) -> Option<Reading> {
         Protocol::ClaudeStreamJson => read_claude_line(line),
         Protocol::CodexJson => read_codex_line(line),
         Protocol::Acp => read_acp_line(line),
+        // A placement's transport: its driver reads every line (see `placed`).
+        Protocol::Shim => None,
     }
 }
 

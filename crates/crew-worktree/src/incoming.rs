@@ -229,6 +229,9 @@ pub fn open_clone(dir: &Utf8Path) -> Result<(), IncomingError> {
         what: "make the clone",
         source,
     };
+    // Two shims may start on one project at once (a run's placed tasks): one makes it, and
+    // the other waits rather than open a repository half made.
+    let _lock = clone_lock(dir)?;
     if dir.join(".git").exists() {
         return open(dir).map(|_| ());
     }
@@ -242,6 +245,20 @@ pub fn open_clone(dir: &Utf8Path) -> Result<(), IncomingError> {
     Repository::init_opts(dir, &options)
         .map(|_| ())
         .map_err(git)
+}
+
+/// The lock of a shim's clone at `dir`, beside it: taken while the clone is made and while
+/// history arrives in it.
+fn clone_lock(dir: &Utf8Path) -> Result<crew_core::fsutil::FileLock, IncomingError> {
+    crew_core::fsutil::FileLock::acquire(
+        &dir.with_extension("lock"),
+        std::time::Duration::from_secs(120),
+    )
+    .map_err(|error| IncomingError::Git {
+        repo: dir.to_string(),
+        what: "lock the clone",
+        source: git2::Error::from_str(&error.to_string()),
+    })
 }
 
 /// Whether the repository at `repo_root` holds `commit`.
@@ -261,19 +278,28 @@ pub fn import_base(
     let repo = open(repo_root)?;
     let id = parse_id("base", commit)?;
     let name = format!("refs/crew/bases/{id}");
+    // One at a time per clone: two shims of a run receive the same history at once, and the
+    // second finds the commit there.
+    let _lock = clone_lock(repo_root)?;
+    if repo.find_commit(id).is_ok() && repo.refname_to_id(&name).is_ok() {
+        return Ok(());
+    }
     write_objects(&repo, repo_root, pack, &name)?;
     if repo.find_commit(id).is_err() {
         return Err(IncomingError::NoTip {
             tip: commit.to_owned(),
         });
     }
-    repo.reference(&name, id, true, "crew: base received")
-        .map(|_| ())
-        .map_err(|source| IncomingError::Git {
+    match repo.reference(&name, id, true, "crew: base received") {
+        Ok(_) => Ok(()),
+        // Another shim of the project named it at the same moment.
+        Err(_) if repo.refname_to_id(&name).ok() == Some(id) => Ok(()),
+        Err(source) => Err(IncomingError::Git {
             repo: repo_root.to_string(),
             what: "name the base",
             source,
-        })
+        }),
+    }
 }
 
 fn write_pack(

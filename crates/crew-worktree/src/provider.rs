@@ -415,6 +415,28 @@ impl WorkspaceProvider for CrewWorkspaces {
         }
     }
 
+    fn pack_history(
+        &self,
+        repo_root: &Utf8Path,
+        commit: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(), String> {
+        crate::incoming::pack_history(repo_root, commit, out).map_err(|error| error.to_string())
+    }
+
+    fn accept_work(&self, request: &crew_core::provider::ReceivedWork) -> Result<(), String> {
+        crate::incoming::accept_work(&crate::incoming::AcceptWork {
+            repo_root: &request.repo_root,
+            claim: &request.claim,
+            pack: &request.pack,
+            branch: &request.branch,
+            branch_expected_at: None,
+            quarantine: &request.quarantine,
+        })
+        .map(|_| ())
+        .map_err(|error| error.to_string())
+    }
+
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
         if !request.modes.contains(&WorkspaceMode::Worktree) {
             return Ok(RunPlan::default());

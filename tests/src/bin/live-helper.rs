@@ -72,6 +72,7 @@ fn host(args: &[String]) {
                 workspace_env: Vec::new(),
                 session_id: None,
                 session_cost: None,
+                placed: None,
                 parent: None,
             })
             .await
@@ -133,6 +134,7 @@ fn many(args: &[String]) {
                 workspace_env: Vec::new(),
                 session_id: None,
                 session_cost: None,
+                placed: None,
                 parent: None,
             })
             .await
@@ -274,6 +276,7 @@ fn start(args: &[String]) {
                     workspace_env: Vec::new(),
                     session_id: None,
                     session_cost: None,
+                    placed: None,
                     parent: None,
                 })
                 .await

@@ -28,6 +28,7 @@ mod lead_agents;
 mod library;
 mod live_agents;
 mod live_control;
+mod placements;
 mod remote_work;
 mod run_records;
 mod shim;

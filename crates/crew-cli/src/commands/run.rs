@@ -65,6 +65,10 @@ pub struct RunArgs {
     /// Overrides the team's `on_limit`.
     #[arg(long, value_name = "fail|pause", value_parser = parse_on_limit)]
     pub on_limit: Option<OnLimit>,
+    /// Run every task on this placement (a `[placements.<name>]` of .crew/config.toml): in a
+    /// clone the placement's shim keeps, its work coming back as its branch here.
+    #[arg(long, value_name = "NAME")]
+    pub placement: Option<String>,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
@@ -123,6 +127,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         attempts: args.attempts,
         check: args.check.clone(),
         on_limit: args.on_limit,
+        placement: args.placement.clone(),
     };
     if args.detach {
         return detach(&ctx, &spec).await;

@@ -84,7 +84,14 @@ pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
     let mut pack = PackBuffer::default();
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut finishing = Vec::new();
-    while let Ok(Some(line)) = lines.next_line().await {
+    let mut failures = 0usize;
+    // TERM or Ctrl-C (the host stops its task, or its user the shim): every run stops
+    // gracefully, and its work is sent as usual; the shim ends when its input does.
+    let stop_signals = tokio::spawn(cancel_on_signals(tasks.clone()));
+    loop {
+        let Ok(Some(line)) = lines.next_line().await else {
+            break;
+        };
         if line.trim().is_empty() {
             continue;
         }
@@ -124,7 +131,10 @@ pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
                             ended: Ended::default(),
                         });
                     }
-                    Err(error) => refuse(&out, None, "protocol", error.to_string()),
+                    Err(error) => {
+                        failures += 1;
+                        refuse(&out, None, "protocol", error.to_string());
+                    }
                 }
             }
             message => {
@@ -153,9 +163,51 @@ pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
     for finish in finishing {
         let _ = finish.await;
     }
+    stop_signals.abort();
     drop(out);
     let _ = writer.await;
-    Ok(Outcome::Success)
+    // Every task it ran succeeded and was released: the host's transport says so by its exit.
+    let unfinished = tasks
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .len();
+    Ok(
+        if failures == 0 && unfinished == 0 && !FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+            Outcome::Success
+        } else {
+            Outcome::TaskFailed
+        },
+    )
+}
+
+/// A task of this shim ended without success.
+static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Cancels every run still going at each TERM or Ctrl-C: gracefully the first time, at once
+/// after (their work is committed in the clone either way).
+async fn cancel_on_signals(tasks: Tasks) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    loop {
+        let cause = tokio::select! {
+            _ = term.recv() => CancelCause::Terminate,
+            _ = interrupt.recv() => CancelCause::Interrupt,
+        };
+        let cancellers: Vec<Canceller> = tasks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .filter_map(|held| held.canceller.clone())
+            .collect();
+        for canceller in cancellers {
+            canceller.cancel(CancelRecord::by_this_process(cause)).await;
+        }
+    }
 }
 
 /// One message after `hello`; a run it starts is awaited through the handle it returns.
@@ -176,8 +228,11 @@ async fn handle(
         }
         ToShim::Base { commit } => {
             let result = pack.take().and_then(|file| {
-                incoming::import_base(&session.clone, &file, &commit)
-                    .map_err(|error| error.to_string())
+                let imported = incoming::import_base(&session.clone, &file, &commit)
+                    .map_err(|error| error.to_string());
+                // Its objects are in the clone's store now (or were refused): the file is spent.
+                let _ = std::fs::remove_file(&file);
+                imported
             });
             if let Err(message) = result {
                 refuse(out, None, "base", message);
@@ -285,6 +340,7 @@ async fn start(
         let manifest = match ended {
             Ok(manifest) => manifest,
             Err(error) => {
+                FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
                 refuse(&out, Some(task), "work", error.to_string());
                 return;
             }
@@ -292,6 +348,9 @@ async fn start(
         let Some(record) = manifest.task(&task) else {
             return;
         };
+        if record.status != TaskStatus::Succeeded {
+            FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let _ = out.send(FromShim::Finished {
             task: task.clone(),
             status: record.status,
@@ -312,6 +371,7 @@ async fn start(
             held.kept = kept;
         }
         if let Err(message) = sent {
+            FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
             refuse(&out, Some(task), "work", message);
         }
     })))
@@ -472,16 +532,31 @@ async fn control(session: &Session, out: &Out, tasks: &Tasks, task: TaskId, what
     let registry = host.runner().host().registry();
     let workspace = host.runner().store().workspace().clone();
     let agent = format!("{run}:{task}");
-    let done = match what {
-        Control::Steer(message) => registry
-            .steer(&workspace, &agent, &message)
-            .await
-            .map(|_| ()),
-        Control::FollowUp(message) => registry
-            .follow_up(&workspace, &agent, &message)
-            .await
-            .map(|_| ()),
-        Control::Stop => registry.stop(&workspace, &agent).await.map(|_| ()),
+    // A task whose agent is starting is not in the registry yet (its first lines may already
+    // have gone out): the message waits for it a little, as a user's would.
+    let started_by = tokio::time::Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        let done = match &what {
+            Control::Steer(message) => registry
+                .steer(&workspace, &agent, message)
+                .await
+                .map(|_| ()),
+            Control::FollowUp(message) => registry
+                .follow_up(&workspace, &agent, message)
+                .await
+                .map(|_| ()),
+            Control::Stop => registry.stop(&workspace, &agent).await.map(|_| ()),
+        };
+        let starting = matches!(done, Err(crew_live::AgentOpError::NotFound { .. }))
+            && tasks
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get(&task)
+                .is_some_and(|held| held.canceller.is_some());
+        if !starting || tokio::time::Instant::now() > started_by {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     if let Err(error) = done {
         refuse(out, Some(task), "control", error.to_string());
@@ -557,7 +632,10 @@ impl PackBuffer {
             .decode(data)
             .map_err(|error| format!("a pack chunk is not base64: {error}"))?;
         if self.file.is_none() {
-            let path = clone.join(".git").join("crew-incoming.pack");
+            // Of this process: another shim of the project may receive a pack at once.
+            let path = clone
+                .join(".git")
+                .join(format!("crew-incoming-{}.pack", std::process::id()));
             let file = std::fs::File::create(&path)
                 .map_err(|error| format!("failed to write {path}: {error}"))?;
             self.file = Some((path, file));

@@ -17,8 +17,8 @@ use super::checks::{
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
 use super::settings::{
-    AgentDef, AgentSandbox, MAX_STOP_GRACE, OnLimit, PlannedTask, ProjectConfig, Protocol,
-    SandboxMode, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
+    AgentDef, AgentSandbox, MAX_STOP_GRACE, OnLimit, PlacementKind, PlannedTask, ProjectConfig,
+    Protocol, SandboxMode, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
 };
 use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template};
 use super::values::{HumanDuration, Parallelism};
@@ -59,6 +59,7 @@ pub(super) struct TeamFile {
     fail_fast: Option<bool>,
     check: Option<Spanned<String>>,
     on_limit: Option<OnLimit>,
+    placement: Option<String>,
     tasks: Spanned<Vec<TaskFile>>,
 }
 
@@ -75,6 +76,7 @@ pub(super) struct TaskFile {
     attempts: Option<Spanned<u32>>,
     check: Option<Spanned<String>>,
     on_limit: Option<OnLimit>,
+    placement: Option<String>,
 }
 
 /// An ad hoc team that could not be made.
@@ -146,7 +148,7 @@ pub enum LoadConfigError {
     /// A team or agent name breaks the naming rule.
     #[error("invalid {kind} name `{name}`: {rule}")]
     InvalidName {
-        /// `team` or `agent`.
+        /// `team`, `agent` or `placement`.
         kind: &'static str,
         /// The name given.
         name: String,
@@ -307,6 +309,7 @@ impl ConfigDir {
                 attempts: None,
                 check: None,
                 on_limit: None,
+                placement: None,
             })
             .collect();
         Ok(Team {
@@ -318,6 +321,7 @@ impl ConfigDir {
                 fail_fast: None,
                 check: None,
                 on_limit: None,
+                placement: None,
                 tasks,
             },
             agents,
@@ -435,6 +439,7 @@ impl ConfigDir {
                 attempts: task.attempts.map(Spanned::into_inner),
                 check: task.check.map(Spanned::into_inner),
                 on_limit: task.on_limit,
+                placement: task.placement,
             })
             .collect();
         Ok(Team {
@@ -446,6 +451,7 @@ impl ConfigDir {
                 fail_fast: file.fail_fast,
                 check: file.check.map(Spanned::into_inner),
                 on_limit: file.on_limit,
+                placement: file.placement,
                 tasks,
             },
             agents,
@@ -581,6 +587,36 @@ pub(super) fn validate_project_config(
             ),
         );
     }
+    for (name, placement) in &config.placements {
+        let key = format!("placements.{name}");
+        if let Err(problem) = check_name("placement", name) {
+            invalid(&key, problem.to_string());
+        }
+        if !(placement.dir.starts_with('/') || placement.dir.starts_with("~/")) {
+            invalid(
+                &format!("{key}.dir"),
+                format!(
+                    "`{}` must be an absolute path or start with `~/` (on the shim's machine)",
+                    placement.dir
+                ),
+            );
+        }
+        match (placement.kind, &placement.host) {
+            (PlacementKind::Ssh, None) => invalid(
+                &key,
+                "an ssh placement needs `host` (a name from your ssh configuration, or user@host)"
+                    .to_owned(),
+            ),
+            (PlacementKind::Ssh, Some(host)) if host.is_empty() || host.starts_with('-') => {
+                invalid(&format!("{key}.host"), format!("`{host}` is not a host"));
+            }
+            (PlacementKind::Local, Some(_)) => invalid(
+                &format!("{key}.host"),
+                "a local placement has no host (it runs on this machine)".to_owned(),
+            ),
+            _ => {}
+        }
+    }
     let worktree = &config.worktree;
     if let Err(rule) = check_relative_path(&worktree.dir) {
         invalid("worktree.dir", format!("`{}` {rule}", worktree.dir));
@@ -658,6 +694,15 @@ pub(super) fn parse_agent(
             SteerMode::Protocol,
             "protocol = \"acp\" steers with the protocol's own prompts: leave `steer` out, or set it to \"protocol\"",
         )),
+        Protocol::Shim => {
+            let offset = find_key_offset(source, "protocol");
+            invalid(
+                offset..offset,
+                "protocol",
+                "\"shim\" is crew's own protocol with a placement, not an agent's: to run this agent elsewhere, give its task a `placement`".to_owned(),
+            );
+            None
+        }
     };
     let steer = match (required, file.steer) {
         (None, steer) => steer.map_or_else(SteerMode::default, Spanned::into_inner),

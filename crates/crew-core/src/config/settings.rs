@@ -104,6 +104,9 @@ pub enum Protocol {
     /// its file requests confined to the workspace, and `session/load` to take up exactly the
     /// task's session again.
     Acp,
+    /// The shim protocol (`crate::shim`), spoken with a placement's transport: crew sets it
+    /// on the transport of a task that runs on a placement. An agent file cannot name it.
+    Shim,
 }
 
 /// What a task does when its agent hits a usage or rate limit.
@@ -198,6 +201,64 @@ pub struct ProjectConfig {
     pub sandbox: SandboxSettings,
     /// `[watch]`: the board of `crew watch`.
     pub watch: WatchSettings,
+    /// `[placements.<name>]`: where tasks that name a placement run, by name.
+    pub placements: BTreeMap<String, PlacementDef>,
+}
+
+/// How a placement's shim is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementKind {
+    /// `crew shim` as a child process on this machine, its clones under `dir` (another disk,
+    /// and the tests).
+    Local,
+    /// `ssh <host> <crew> shim`: the user's own ssh, keys and configuration.
+    Ssh,
+}
+
+/// `[placements.<name>]`: somewhere else tasks can run (docs/distributed.md). A task that
+/// names it runs in a clone the shim keeps there, and its work comes back as its branch here.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementDef {
+    /// How the shim is reached.
+    pub kind: PlacementKind,
+    /// Where the shim keeps its clones, on its machine: an absolute path, or `~/…`.
+    pub dir: String,
+    /// The host `ssh` connects to (`ssh` only): a name from the user's ssh configuration, or
+    /// `user@host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The `crew` program on the shim's machine (`ssh` only; `crew` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crew: Option<String>,
+}
+
+impl PlacementDef {
+    /// The command that starts the placement's shim, speaking the shim protocol on its stdin
+    /// and stdout. `crew` is this machine's crew program.
+    pub fn transport(&self, crew: &str) -> Vec<String> {
+        match self.kind {
+            PlacementKind::Local => vec![
+                crew.to_owned(),
+                "shim".to_owned(),
+                "--stdio".to_owned(),
+                self.dir.clone(),
+            ],
+            PlacementKind::Ssh => vec![
+                "ssh".to_owned(),
+                "-T".to_owned(),
+                "-o".to_owned(),
+                "BatchMode=yes".to_owned(),
+                self.host.clone().unwrap_or_default(),
+                "--".to_owned(),
+                self.crew.clone().unwrap_or_else(|| "crew".to_owned()),
+                "shim".to_owned(),
+                "--stdio".to_owned(),
+                self.dir.clone(),
+            ],
+        }
+    }
 }
 
 /// `[watch]`: the board of `crew watch`.
@@ -443,6 +504,8 @@ pub struct TeamDef {
     pub check: Option<String>,
     /// What a task that names nothing of its own does when its agent hits a usage limit.
     pub on_limit: Option<OnLimit>,
+    /// The placement of every task that names none of its own; none: tasks run here.
+    pub placement: Option<String>,
     /// The tasks, in the order written.
     pub tasks: Vec<TaskDef>,
 }
@@ -469,6 +532,8 @@ pub struct TaskDef {
     pub check: Option<String>,
     /// What the task does when its agent hits a usage limit.
     pub on_limit: Option<OnLimit>,
+    /// Where the task runs, when elsewhere: a `[placements.<name>]` of the project.
+    pub placement: Option<String>,
 }
 
 impl TeamDef {
@@ -482,6 +547,7 @@ impl TeamDef {
             fail_fast: None,
             check: None,
             on_limit: None,
+            placement: None,
             tasks,
         }
     }
@@ -500,6 +566,7 @@ impl TaskDef {
             attempts: None,
             check: None,
             on_limit: None,
+            placement: None,
         }
     }
 }

@@ -60,9 +60,45 @@ impl Runner {
             record.attempt_of = run_task.attempt_of;
             record.check = task.check.map(CheckRecord::pending);
             record.on_limit = spec.on_limit.or(task.on_limit).unwrap_or_default();
+            record.placement = spec.placement.clone().or(task.placement);
+            if let Some(placement) = &record.placement {
+                if !self.config.placements.contains_key(placement) {
+                    let known: Vec<&str> =
+                        self.config.placements.keys().map(String::as_str).collect();
+                    return Err(RunError::Plan(format!(
+                        "task `{}` names the placement `{placement}`, which .crew/config.toml does not define ({})",
+                        record.id,
+                        if known.is_empty() {
+                            "it defines none: add a [placements.<name>] section".to_owned()
+                        } else {
+                            format!("it defines: {}", known.join(", "))
+                        }
+                    )));
+                }
+                // Elsewhere a task works in a worktree of the placement's clone; here it has
+                // only a scratch directory, where its work arrives.
+                if let Some(asked) = asked.filter(|asked| *asked != WorkspaceMode::Worktree) {
+                    return Err(RunError::Plan(format!(
+                        "task `{}` runs on the placement `{placement}`, where tasks work in worktrees; it asks for {asked} mode",
+                        record.id
+                    )));
+                }
+                if record.attempt_of.is_some() {
+                    return Err(RunError::Plan(format!(
+                        "task `{}` runs on the placement `{placement}`, which does not run attempts yet",
+                        record.id
+                    )));
+                }
+                record.workspace_mode = WorkspaceMode::Temp;
+            }
             tasks.push(record);
         }
         let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();
+        // A placed task starts from the run's base commit, fixed as for worktrees.
+        if tasks.iter().any(|task| task.placement.is_some()) {
+            modes.push(WorkspaceMode::Worktree);
+        }
+        modes.sort_by_key(|mode| mode.as_str());
         modes.dedup();
         let provider = self.provider.clone();
         let request = RunRequest {

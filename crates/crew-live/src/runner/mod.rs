@@ -73,6 +73,8 @@ pub struct RunSpec {
     /// `--on-limit`: what every task does when its agent hits a usage limit, overriding the
     /// team's.
     pub on_limit: Option<OnLimit>,
+    /// `--placement`: where every task runs, overriding the team's and the tasks' own.
+    pub placement: Option<String>,
 }
 
 impl RunSpec {
@@ -88,6 +90,7 @@ impl RunSpec {
             attempts: None,
             check: None,
             on_limit: None,
+            placement: None,
         }
     }
 }

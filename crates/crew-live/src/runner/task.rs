@@ -55,6 +55,9 @@ pub(super) struct RunContext {
     release: watch::Sender<bool>,
     /// Where the work of each torn-down task went: its branch, or the kept directory.
     saved: Mutex<Vec<String>>,
+    /// The branches that hold the work placed tasks sent back, by task: their teardown
+    /// (of a scratch directory here) reports them.
+    landed: Mutex<HashMap<TaskId, String>>,
     /// Held while a task's teardown is recorded and the other branches are read for the
     /// radar: of two tasks ending at once, the second always sees the first's branch.
     radar: tokio::sync::Mutex<()>,
@@ -138,6 +141,7 @@ impl RunContext {
             holds,
             release,
             saved: Mutex::default(),
+            landed: Mutex::default(),
             radar: tokio::sync::Mutex::default(),
         }
     }
@@ -299,7 +303,62 @@ impl RunContext {
             session_id: task.session_id.clone(),
             session_cost: task.usage.and_then(|usage| usage.cost_usd),
             parent: task.parent.clone(),
+            placed: None,
         }
+    }
+
+    /// The spec of a task that runs on a placement: its agent runs there, and what this host
+    /// supervises is the placement's transport (`crew shim`, or ssh to one), unconfined (it is
+    /// crew's own; the agent is confined there). `None` with the reason it cannot run there.
+    fn placed_spec(&self, mut spec: AgentSpec, placement: &str) -> Result<AgentSpec, String> {
+        let def = self
+            .runner
+            .config
+            .placements
+            .get(placement)
+            .ok_or_else(|| {
+                format!("the placement `{placement}` is no longer in .crew/config.toml")
+            })?;
+        let base = self.base.clone().ok_or_else(|| {
+            format!("the run has no base commit to start from on the placement `{placement}`")
+        })?;
+        let repo_root = self.runner.workspace.repo_root().ok_or_else(|| {
+            format!("the placement `{placement}` takes tasks of a git repository, and this project is not one")
+        })?;
+        let branch = format!(
+            "{}/{}-{}",
+            self.runner.config.worktree.branch_prefix,
+            self.run_id,
+            spec.agent_id.task_id()
+        );
+        let agent = spec.definition.clone();
+        let mut pass_env = vec!["SSH_AUTH_SOCK".to_owned(), "SSH_AGENT_PID".to_owned()];
+        pass_env.extend(agent.pass_env.iter().cloned());
+        spec.definition = AgentDef {
+            name: format!("{}@{placement}", agent.name),
+            description: Some(format!("{} on the placement {placement}", agent.name)),
+            command: def.transport("crew"),
+            steer: crew_core::config::SteerMode::Protocol,
+            protocol: crew_core::config::Protocol::Shim,
+            resume: None,
+            env: std::collections::BTreeMap::new(),
+            pass_env,
+            sandbox: crew_core::config::AgentSandbox {
+                mode: crew_core::config::SandboxMode::Off,
+                write: Vec::new(),
+            },
+            builtin: false,
+        };
+        spec.placed = Some(crate::placed::Placed {
+            name: placement.to_owned(),
+            agent,
+            project: self.runner.workspace.id().to_string(),
+            base,
+            repo_root: repo_root.to_owned(),
+            branch,
+            provider: self.runner.provider.clone(),
+        });
+        Ok(spec)
     }
 
     /// The task's agent definition and workspace; a failure of either fails the task (recorded
@@ -353,6 +412,13 @@ impl RunContext {
             return TaskStatus::Cancelled;
         }
         let spec = self.agent_spec(&task, definition, &workspace);
+        let spec = match &task.placement {
+            Some(placement) => match self.placed_spec(spec, placement) {
+                Ok(spec) => spec,
+                Err(reason) => return self.fail_to_start(&task_id, &workspace, reason).await,
+            },
+            None => spec,
+        };
         let resume_message = self
             .resume_messages
             .lock()
@@ -760,6 +826,12 @@ impl RunContext {
                     }
                     _ => {}
                 }
+                if let Some(branch) = agent.landed {
+                    self.landed
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .insert(task_id.clone(), branch);
+                }
                 self.record_exit(&task_id, exit, &handle, task.usage).await;
                 if status == TaskStatus::Succeeded
                     && let Some(check) = &task.check
@@ -943,12 +1015,22 @@ impl RunContext {
             keep,
         };
         let allocated = workspace.clone();
-        let result = blocking(move || {
+        let mut result = blocking(move || {
             provider
                 .teardown(&allocated, &request)
                 .map_err(|error| (error.message.clone(), error.partial))
         })
         .await;
+        let landed = self
+            .landed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(task_id);
+        if let (Ok(report), Some(branch)) = (&mut result, landed) {
+            // A placed task: its work is on its branch here, checked as it came back.
+            report.merge_hint = Some(format!("git merge {branch}"));
+            report.branch = Some(branch);
+        }
         let saved_at = match &result {
             Ok(report) => report
                 .branch

@@ -51,6 +51,7 @@ impl LiveFixture {
             workspace_env: Vec::new(),
             session_id: None,
             session_cost: None,
+            placed: None,
             parent: None,
         }
     }

@@ -1,0 +1,164 @@
+//! Tasks on a placement (`[placements.<name>]`): `crew run` drives `crew shim` through its stdin
+//! and stdout, the agent works only in the shim's clone (confined there as here), and its work
+//! comes back checked as its branch in the project — in one run with tasks that work here.
+
+use camino::Utf8PathBuf;
+use crew_tests::{TestEnv, render_output, write};
+
+use crate::common::runs::{manifest, run_ids, task};
+
+/// A project with a local placement `box` whose clones live under the returned directory.
+fn project_with_box(env: &TestEnv) -> (Utf8PathBuf, Utf8PathBuf) {
+    let repo = env.repo("project");
+    let shim = env.dir("box");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!("[placements.box]\nkind = \"local\"\ndir = \"{shim}\"\n"),
+    );
+    (repo, shim)
+}
+
+#[test]
+fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its_branch() {
+    let env = TestEnv::new();
+    let (repo, shim) = project_with_box(&env);
+    // The agent also tries to write into the project it came from: it works in the shim's
+    // clone, confined there, and the project is out of its reach.
+    let prompt = format!(
+        "printf 'the api\\n' > api.txt; touch {repo}/owned.txt 2>/dev/null && echo reached || echo refused; echo done"
+    );
+    let output = env.crew(
+        &repo,
+        ["run", "--placement", "box", "--agent", "shell", &prompt],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "shell");
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    assert_eq!(record["placement"], "box", "{record:#}");
+    let branch = format!("crew/{run}-shell");
+    assert_eq!(record["teardown"]["branch"], branch.as_str(), "{record:#}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:api.txt")]),
+        "the api\n"
+    );
+    assert!(!repo.join("owned.txt").exists());
+    // It never had a worktree here; its clone is the shim's.
+    assert!(!repo.join(".worktrees").join(&run).exists());
+    let clones: Vec<_> = std::fs::read_dir(&shim)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.join(".git").is_dir())
+        .collect();
+    assert_eq!(clones.len(), 1, "{clones:?}");
+    // What it printed, and where it worked, are in its log here.
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log")),
+    )
+    .unwrap();
+    assert!(log.contains("refused"), "{log}");
+    assert!(!log.contains("reached"), "{log}");
+    assert!(log.contains("done"), "{log}");
+    assert!(log.contains(&format!("[box] working in {shim}")), "{log}");
+    // The quarantine ref went once the branch held the work; the shim dropped its copy.
+    let quarantine = env.git_output(
+        &repo,
+        [
+            "rev-parse",
+            "--verify",
+            "-q",
+            &format!("refs/crew/incoming/{run}-shell"),
+        ],
+    );
+    assert!(!quarantine.status.success());
+}
+
+#[test]
+fn placed_and_local_tasks_make_one_run_and_a_failure_there_is_named_here_with_its_work_kept() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    write(
+        &repo.join(".crew/teams/mixed.toml"),
+        r#"workspace_mode = "worktree"
+[[tasks]]
+id = "here"
+agent = "shell"
+prompt = "echo here > here.txt"
+
+[[tasks]]
+id = "there"
+agent = "shell"
+placement = "box"
+prompt = "echo there > there.txt"
+
+[[tasks]]
+id = "broken"
+agent = "shell"
+placement = "box"
+prompt = "echo trying > broken.txt; exit 3"
+"#,
+    );
+    let output = env.crew(&repo, ["run", "mixed"]);
+    assert!(!output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    for (id, file) in [("here", "here.txt"), ("there", "there.txt")] {
+        let record = task(&recorded, id);
+        assert_eq!(record["status"], "succeeded", "{record:#}");
+        assert_eq!(
+            env.git(&repo, ["show", &format!("crew/{run}-{id}:{file}")]),
+            format!("{id}\n")
+        );
+    }
+    assert_eq!(
+        task(&recorded, "here")["placement"],
+        serde_json::Value::Null
+    );
+    let broken = task(&recorded, "broken");
+    assert_eq!(broken["status"], "failed", "{broken:#}");
+    let reason = broken["reason"].as_str().unwrap();
+    assert!(reason.contains("on box, the task failed"), "{reason}");
+    assert!(reason.contains("code 3"), "{reason}");
+    // What it did before it failed came back too.
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-broken:broken.txt")]),
+        "trying\n"
+    );
+}
+
+#[test]
+fn a_placement_that_is_not_defined_or_not_whole_is_refused_before_anything_starts() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    let refused = env.crew(
+        &repo,
+        ["run", "--placement", "nowhere", "--agent", "shell", "true"],
+    );
+    assert!(!refused.status.success());
+    let said = render_output(&refused);
+    assert!(
+        said.contains("`nowhere`") && said.contains("defines: box"),
+        "{said}"
+    );
+    assert!(
+        run_ids(&env, &repo).is_empty() || {
+            let run = run_ids(&env, &repo).remove(0);
+            manifest(&env, &repo, &run)["tasks"][0]["started_at"].is_null()
+        }
+    );
+    // An ssh placement without a host, and a relative dir: named with file, line and key.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[placements.far]\nkind = \"ssh\"\ndir = \"shims\"\n",
+    );
+    let refused = env.crew(
+        &repo,
+        ["run", "--placement", "far", "--agent", "shell", "true"],
+    );
+    assert!(!refused.status.success());
+    let said = env.redact(&render_output(&refused));
+    assert!(said.contains("config.toml:"), "{said}");
+    assert!(said.contains("needs `host`"), "{said}");
+    assert!(said.contains("`shims` must be an absolute path"), "{said}");
+}
