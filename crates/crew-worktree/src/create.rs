@@ -35,6 +35,14 @@ pub fn repo_lock(common: &Utf8Path) -> Result<FileLock, crew_core::fsutil::LockE
     FileLock::acquire(&common.join("crew-worktrees.lock"), REPO_LOCK_TIMEOUT)
 }
 
+/// What the leader's `info/exclude` gets so that `git status` there ignores crew's worktrees
+/// and the paths it links into them.
+pub fn excluded_patterns(settings: &WorktreeSettings) -> Vec<String> {
+    let mut patterns = vec![format!("/{}/", settings.dir)];
+    patterns.extend(settings.link.iter().map(|link| format!("/{link}")));
+    patterns
+}
+
 /// The lock reason of a worktree whose task is running.
 pub fn in_use_reason(run_id: &RunId, task_id: &TaskId) -> String {
     format!(
@@ -191,10 +199,9 @@ fn create_locked(
     made: &mut Made,
 ) -> Result<(Oid, Oid), PrepareWorktreeError> {
     let worktrees = ensure_worktrees_dir(request.repo_root, request.settings)?;
-    let mut patterns = vec![format!("/{}/", request.settings.dir)];
-    patterns.extend(request.settings.link.iter().map(|link| format!("/{link}")));
-    // Not fatal: without it `git status` in the leader is merely noisier.
-    let _ = ensure_excluded(request.repo_root, &patterns);
+    // Not fatal: without it `git status` in the leader is merely noisier. (A run's
+    // `prepare_run` wrote them before any task started; this is for callers without one.)
+    let _ = ensure_excluded(request.repo_root, &excluded_patterns(request.settings));
 
     if std::fs::symlink_metadata(&names.root).is_ok() {
         return Err(PrepareWorktreeError::TargetExists {

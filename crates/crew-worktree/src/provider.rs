@@ -444,11 +444,22 @@ impl WorkspaceProvider for CrewWorkspaces {
         if let (Some(name), Some(repo_root)) = (&request.name, request.repo_root.as_deref()) {
             self.check_name_free(repo_root, name, &request.tasks)?;
         }
-        match self.check_leader(
+        let checked = self.check_leader(
             request.workspace.as_path(),
             request.repo_root.as_deref(),
             request.base.as_deref(),
-        ) {
+        );
+        if let (Ok(_), Some(repo_root)) = (&checked, request.repo_root.as_deref()) {
+            // Before any task arms the tripwire on the repository's git files: crew's own
+            // lines in `info/exclude` are never taken for an agent's change (a `temp` or placed
+            // task armed before a worktree task writes them). Not fatal: without them `git
+            // status` in the leader is merely noisier, and each worktree's creation tries again.
+            let _ = crew_core::git_exclude::ensure_excluded(
+                repo_root,
+                &crate::create::excluded_patterns(&self.settings),
+            );
+        }
+        match checked {
             Ok(base) => Ok(RunPlan {
                 base_commit: Some(base.to_string()),
                 base_branch: leader::open(

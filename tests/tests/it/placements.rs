@@ -6,6 +6,7 @@ use camino::Utf8PathBuf;
 use crew_tests::{TestEnv, render_output, write};
 
 use crate::common::runs::{manifest, run_ids, task};
+use crate::common::sshd::Sshd;
 
 /// A project with a local placement `box` whose clones live under the returned directory.
 fn project_with_box(env: &TestEnv) -> (Utf8PathBuf, Utf8PathBuf) {
@@ -101,6 +102,13 @@ prompt = "echo trying > broken.txt; exit 3"
     );
     let output = env.crew(&repo, ["run", "mixed"]);
     assert!(!output.status.success(), "{}", render_output(&output));
+    // crew's own lines in info/exclude (written for the worktree task) are not taken for a
+    // placed task's change to the repository's git files.
+    assert!(
+        !render_output(&output).contains("SECURITY"),
+        "{}",
+        render_output(&output)
+    );
     let run = run_ids(&env, &repo).remove(0);
     let recorded = manifest(&env, &repo, &run);
     for (id, file) in [("here", "here.txt"), ("there", "there.txt")] {
@@ -161,4 +169,72 @@ fn a_placement_that_is_not_defined_or_not_whole_is_refused_before_anything_start
     assert!(said.contains("config.toml:"), "{said}");
     assert!(said.contains("needs `host`"), "{said}");
     assert!(said.contains("`shims` must be an absolute path"), "{said}");
+}
+
+#[test]
+fn a_task_on_an_ssh_placement_goes_through_a_real_sshd_and_its_work_comes_back() {
+    let env = TestEnv::new();
+    let test =
+        "placements::a_task_on_an_ssh_placement_goes_through_a_real_sshd_and_its_work_comes_back";
+    let Some(sshd) = Sshd::start(&env, test) else {
+        return;
+    };
+    let repo = env.repo("project");
+    // The other machine is this one, reached as `crewbox` through a real ssh with the test's
+    // own configuration; its crew is this build.
+    let far = env.dir("far");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!(
+            "[placements.far]\nkind = \"ssh\"\nhost = \"{}\"\nssh_args = [\"-F\", \"{}\"]\ndir = \"{far}\"\ncrew = \"{}\"\n",
+            sshd.alias,
+            sshd.config,
+            crew_tests::crew_bin()
+        ),
+    );
+    write(
+        &repo.join(".crew/teams/split.toml"),
+        r#"workspace_mode = "worktree"
+[[tasks]]
+id = "near"
+agent = "shell"
+prompt = "echo near > near.txt"
+
+[[tasks]]
+id = "far"
+agent = "shell"
+placement = "far"
+prompt = "echo far > far.txt; echo done"
+"#,
+    );
+    let output = env.crew(&repo, ["run", "split"]);
+    let run = run_ids(&env, &repo).remove(0);
+    let log = |task: &str| {
+        std::fs::read_to_string(
+            repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")),
+        )
+        .unwrap_or_default()
+    };
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        render_output(&output),
+        log("far")
+    );
+    assert!(
+        !render_output(&output).contains("SECURITY"),
+        "{}",
+        render_output(&output)
+    );
+    let recorded = manifest(&env, &repo, &run);
+    for id in ["near", "far"] {
+        assert_eq!(task(&recorded, id)["status"], "succeeded", "{recorded:#}");
+        assert_eq!(
+            env.git(&repo, ["show", &format!("crew/{run}-{id}:{id}.txt")]),
+            format!("{id}\n")
+        );
+    }
+    let log = log("far");
+    assert!(log.contains(&format!("[far] working in {far}")), "{log}");
+    assert!(log.contains("done"), "{log}");
 }

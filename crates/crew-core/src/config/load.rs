@@ -614,6 +614,10 @@ pub(super) fn validate_project_config(
                 &format!("{key}.host"),
                 "a local placement has no host (it runs on this machine)".to_owned(),
             ),
+            (PlacementKind::Local, None) if !placement.ssh_args.is_empty() => invalid(
+                &format!("{key}.ssh_args"),
+                "a local placement uses no ssh".to_owned(),
+            ),
             _ => {}
         }
     }

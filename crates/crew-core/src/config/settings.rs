@@ -232,6 +232,10 @@ pub struct PlacementDef {
     /// The `crew` program on the shim's machine (`ssh` only; `crew` when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crew: Option<String>,
+    /// Options for `ssh` before the host (`ssh` only), such as `["-p", "2222"]` or
+    /// `["-F", "/path/to/ssh_config"]`; ssh reads the user's own configuration anyway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_args: Vec<String>,
 }
 
 impl PlacementDef {
@@ -245,18 +249,19 @@ impl PlacementDef {
                 "--stdio".to_owned(),
                 self.dir.clone(),
             ],
-            PlacementKind::Ssh => vec![
-                "ssh".to_owned(),
-                "-T".to_owned(),
-                "-o".to_owned(),
-                "BatchMode=yes".to_owned(),
-                self.host.clone().unwrap_or_default(),
-                "--".to_owned(),
-                self.crew.clone().unwrap_or_else(|| "crew".to_owned()),
-                "shim".to_owned(),
-                "--stdio".to_owned(),
-                self.dir.clone(),
-            ],
+            PlacementKind::Ssh => ["ssh", "-T", "-o", "BatchMode=yes"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(self.ssh_args.iter().cloned())
+                .chain([
+                    self.host.clone().unwrap_or_default(),
+                    "--".to_owned(),
+                    self.crew.clone().unwrap_or_else(|| "crew".to_owned()),
+                    "shim".to_owned(),
+                    "--stdio".to_owned(),
+                    self.dir.clone(),
+                ])
+                .collect(),
         }
     }
 }

@@ -4,5 +4,6 @@
 pub mod agents;
 pub mod live;
 pub mod runs;
+pub mod sshd;
 pub mod tmux;
 pub mod worktrees;
