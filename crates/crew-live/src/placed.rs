@@ -93,6 +93,8 @@ pub(crate) fn start(
         pack: None,
         asked: false,
         told_not_protocol: false,
+        remote: None,
+        over: false,
     };
     let driver = tokio::spawn(driver.drive(prompt, lines, receiver));
     PlacedLink { inputs, driver }
@@ -110,6 +112,10 @@ struct Driver {
     /// The remote task waits on a question.
     asked: bool,
     told_not_protocol: bool,
+    /// Where the task works there, once it started: its directory and branch in the clone.
+    remote: Option<(String, Option<String>)>,
+    /// The connection's end was said (`released`, a refusal): its close is no loss.
+    over: bool,
 }
 
 impl Driver {
@@ -135,7 +141,10 @@ impl Driver {
         loop {
             tokio::select! {
                 line = lines.recv() => {
-                    let Some(line) = line else { break };
+                    let Some(line) = line else {
+                        self.lost();
+                        break;
+                    };
                     let message = match serde_json::from_str::<FromShim>(&line) {
                         Ok(message) => message,
                         Err(_) => {
@@ -144,6 +153,7 @@ impl Driver {
                         }
                     };
                     if !self.heard(message, &start).await {
+                        self.over = true;
                         self.close();
                     }
                 }
@@ -194,8 +204,9 @@ impl Driver {
                     }
                 }
             }
-            FromShim::Started { dir, .. } => {
+            FromShim::Started { dir, branch, .. } => {
                 self.note(format!("working in {dir}"));
+                self.remote = Some((dir, branch));
             }
             FromShim::Status { status, reason, .. } => {
                 if status == TaskStatus::Waiting {
@@ -340,6 +351,27 @@ impl Driver {
             tracing::debug!(agent = %self.agent_id, "the placement's transport took no more: {error}");
             self.stdin = None;
         }
+    }
+
+    /// The transport ended before the task's work came back: the task's reason says where the
+    /// work is.
+    fn lost(&mut self) {
+        if self.over {
+            return;
+        }
+        let placement = &self.placed.name;
+        let reason = match &self.remote {
+            Some((dir, Some(branch))) => format!(
+                "the connection to the placement `{placement}` ended before the task's work came back; it is in {dir} there, and on the branch {branch} of that clone once its shim stopped the agent"
+            ),
+            Some((dir, None)) => format!(
+                "the connection to the placement `{placement}` ended before the task's work came back; it is in {dir} there"
+            ),
+            None => format!(
+                "the connection to the placement `{placement}` ended before the task started there"
+            ),
+        };
+        self.fail(reason);
     }
 
     /// Closes the transport's input: the shim ends once its tasks have.

@@ -238,3 +238,58 @@ prompt = "echo far > far.txt; echo done"
     assert!(log.contains(&format!("[far] working in {far}")), "{log}");
     assert!(log.contains("done"), "{log}");
 }
+
+#[test]
+fn a_lost_connection_fails_the_task_saying_where_its_work_is_there() {
+    let env = TestEnv::new();
+    let (repo, shim) = project_with_box(&env);
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "echo partial > partial.txt; echo written; sleep 600",
+        ],
+    );
+    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
+    crew_tests::wait_until(30, "the remote agent's line", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains("written"))
+    });
+    // The transport dies at once, its shim with it (as a machine that goes away would).
+    let pid = task(&manifest(&env, &repo, &run), "shell")["pid"]
+        .as_u64()
+        .unwrap();
+    rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let ended = crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
+    assert!(!ended.success());
+    let record = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert_eq!(record["status"], "failed", "{record:#}");
+    let reason = record["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(
+            "the connection to the placement `box` ended before the task's work came back"
+        ),
+        "{reason}"
+    );
+    // The work is where the reason says, there.
+    let dir = reason
+        .split("it is in ")
+        .nth(1)
+        .and_then(|rest| rest.split(" there").next())
+        .unwrap();
+    assert!(dir.starts_with(shim.as_str()), "{reason}");
+    assert_eq!(
+        std::fs::read_to_string(Utf8PathBuf::from(dir).join("partial.txt")).unwrap(),
+        "partial\n"
+    );
+}
