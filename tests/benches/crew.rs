@@ -293,7 +293,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
-    // sandbox, block, board, radar, history, hundred.
+    // sandbox, block, board, radar, history, hundred, placement.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
         Some(only) => only == name,
@@ -334,6 +334,9 @@ fn main() {
     }
     if wanted("hundred") {
         hundred_tasks(&bench);
+    }
+    if wanted("placement") {
+        placement(&bench);
     }
 
     let _ = std::fs::remove_dir_all(&root);
@@ -1147,6 +1150,108 @@ fn hundred_tasks(bench: &Bench) {
             "MISSED"
         },
         seconds(single.elapsed),
+    );
+}
+
+/// A task on a `local` placement (its agent in the clone `crew shim` keeps, its work back
+/// through a pack, checked) against the same one-task run in a local worktree; and the host's
+/// own memory per placed task, from a run of 1 placed task to one of 17 at once.
+fn placement(bench: &Bench) {
+    let crew = crew_binary();
+    let project = clone_repository(bench, "placement-project");
+    let shim = bench.root.join("placement-shim");
+    std::fs::create_dir_all(project.join(".crew")).unwrap();
+    std::fs::write(
+        project.join(".crew/config.toml"),
+        format!(
+            "[retention]\nautomatic = false\n\n[placements.box]\nkind = \"local\"\ndir = \"{shim}\"\n"
+        ),
+    )
+    .unwrap();
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let output = Command::new(&crew)
+            .args(args)
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        started.elapsed()
+    };
+    let placed: &[&str] = &[
+        "run",
+        "--quiet",
+        "--placement",
+        "box",
+        "--agent",
+        "shell",
+        "true",
+    ];
+    let local: &[&str] = &[
+        "run",
+        "--quiet",
+        "--workspace-mode",
+        "worktree",
+        "--agent",
+        "shell",
+        "true",
+    ];
+    // Once each first: the clone takes in the base's history, and the pool fills.
+    timed(placed);
+    timed(local);
+    let (mut crew_samples, mut reference) = (Samples::default(), Samples::default());
+    for round in 0..bench.rounds * 2 {
+        if round % 2 == 0 {
+            crew_samples.push(timed(placed));
+            reference.push(timed(local));
+        } else {
+            reference.push(timed(local));
+            crew_samples.push(timed(placed));
+        }
+    }
+    Comparison {
+        name: "one task on a local placement (crew run)".into(),
+        crew: crew_samples,
+        reference,
+        reference_name: "in a local worktree".into(),
+        target: Some(1.5),
+        paired: true,
+    }
+    .print();
+
+    let fan_out = |count: &str| {
+        run_measured(
+            &crew,
+            &project,
+            &[
+                "run",
+                "--quiet",
+                "--placement",
+                "box",
+                "--agent",
+                "shell",
+                "--fan-out",
+                count,
+                "--max-parallel",
+                count,
+                "sleep 2",
+            ],
+        )
+    };
+    let one = fan_out("1");
+    let many = fan_out("17");
+    let per_task_kb = many.peak_anonymous_kb.saturating_sub(one.peak_anonymous_kb) / 16;
+    println!(
+        "{:<44} {} KB of the host's own memory per placed task ({} MB with 1, {} MB with 17; ≤ 2 MB: {})",
+        "placed tasks: host memory per task",
+        per_task_kb,
+        one.peak_anonymous_kb / 1024,
+        many.peak_anonymous_kb / 1024,
+        if per_task_kb <= 2048 { "met" } else { "MISSED" },
     );
 }
 

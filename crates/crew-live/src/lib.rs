@@ -61,6 +61,7 @@
 //!         workspace_env: Vec::new(),
 //!         session_id: None,
 //!         session_cost: None,
+//!         placed: None,
 //!         parent: None,
 //!     })
 //!     .await?;
