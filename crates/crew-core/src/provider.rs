@@ -421,8 +421,10 @@ pub struct ReceivedWork {
     pub claim: crate::shim::WorkClaim,
     /// The pack, as a file.
     pub pack: Utf8PathBuf,
-    /// The task's branch, which must not exist yet.
+    /// The task's branch.
     pub branch: String,
+    /// Where the branch must be for it to move: `None` when it must not exist yet.
+    pub branch_expected_at: Option<String>,
     /// The ref holding the work while it is checked, and after a refusal.
     pub quarantine: String,
 }

@@ -78,8 +78,13 @@ pub enum ToShim {
         agent: Box<AgentDef>,
         /// What the agent is asked to do.
         prompt: String,
-        /// The commit the task starts from.
+        /// The run's base commit: what the work sent back is measured from.
         base: String,
+        /// Where the task starts when not at `base`: the tip of its earlier work the host
+        /// holds (its branch there, when the task is taken up again). Without it, a task this
+        /// shim ran before for the same run goes on from the work it left in the clone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// Deliver `message` to the running agent now.
     Steer {

@@ -148,8 +148,9 @@ pub struct AgentStatus {
     /// Its question waits on the live agent (an `acp` permission request): the answer goes to
     /// it as it runs, with no restart.
     pub asks_alive: bool,
-    /// A placed task's work came back, was checked, and this branch holds it.
-    pub landed: Option<String>,
+    /// A placed task's work came back, was checked, and this branch holds it (its name and
+    /// tip).
+    pub landed: Option<(String, String)>,
 }
 
 /// What a live agent is doing, as far as crew can tell: what listings show to say who needs
@@ -944,9 +945,9 @@ impl Supervisor {
                     .send_modify(|status| status.turn_error = Some(reason));
                 self.publish_status();
             }
-            ProtocolEvent::Landed { branch } => {
+            ProtocolEvent::Landed { branch, tip } => {
                 self.status
-                    .send_modify(|status| status.landed = Some(branch));
+                    .send_modify(|status| status.landed = Some((branch, tip)));
             }
             ProtocolEvent::TurnEnded {
                 usage,

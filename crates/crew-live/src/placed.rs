@@ -45,8 +45,12 @@ pub struct Placed {
     pub agent: AgentDef,
     /// The project's id, which names its clone on the placement.
     pub project: String,
-    /// The run's base commit: where the task starts there.
+    /// The run's base commit: where the task starts there, and what its work is measured
+    /// from.
     pub base: String,
+    /// The tip of the task's earlier work here, when it is taken up again: it goes on from
+    /// there, and its branch moves on from there.
+    pub from: Option<String>,
     /// This repository's top level, where the work comes back.
     pub repo_root: Utf8PathBuf,
     /// The task's branch here.
@@ -131,6 +135,7 @@ impl Driver {
             agent: Box::new(self.placed.agent.clone()),
             prompt,
             base: self.placed.base.clone(),
+            from: self.placed.from.clone(),
         };
         self.send(&ToShim::Hello {
             v: SHIM_PROTOCOL,
@@ -244,6 +249,7 @@ impl Driver {
                     self.send(&ToShim::Release { task }).await;
                     return true;
                 };
+                let tip = claim.tip.clone();
                 match self.accept(claim).await {
                     Ok(()) => {
                         self.note(format!(
@@ -252,6 +258,7 @@ impl Driver {
                         ));
                         self.sink.tell(ProtocolEvent::Landed {
                             branch: self.placed.branch.clone(),
+                            tip: tip.clone(),
                         });
                         self.send(&ToShim::Release { task }).await;
                     }
@@ -324,6 +331,7 @@ impl Driver {
             claim,
             pack,
             branch: self.placed.branch.clone(),
+            branch_expected_at: self.placed.from.clone(),
             quarantine: format!(
                 "refs/crew/incoming/{}-{}",
                 self.agent_id.run_id(),

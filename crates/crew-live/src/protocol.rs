@@ -67,6 +67,8 @@ pub enum ProtocolEvent {
     Landed {
         /// The branch.
         branch: String,
+        /// Its tip.
+        tip: String,
     },
 }
 

@@ -261,6 +261,15 @@ fn clone_lock(dir: &Utf8Path) -> Result<crew_core::fsutil::FileLock, IncomingErr
     })
 }
 
+/// The commit `branch` points to in the repository at `repo_root`, if it exists.
+pub fn branch_tip(repo_root: &Utf8Path, branch: &str) -> Option<String> {
+    open(repo_root)
+        .ok()?
+        .refname_to_id(&format!("refs/heads/{branch}"))
+        .ok()
+        .map(|id| id.to_string())
+}
+
 /// Whether the repository at `repo_root` holds `commit`.
 pub fn has_commit(repo_root: &Utf8Path, commit: &str) -> Result<bool, IncomingError> {
     let repo = open(repo_root)?;

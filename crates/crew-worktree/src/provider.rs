@@ -430,7 +430,7 @@ impl WorkspaceProvider for CrewWorkspaces {
             claim: &request.claim,
             pack: &request.pack,
             branch: &request.branch,
-            branch_expected_at: None,
+            branch_expected_at: request.branch_expected_at.as_deref(),
             quarantine: &request.quarantine,
         })
         .map(|_| ())

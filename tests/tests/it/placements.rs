@@ -293,3 +293,87 @@ fn a_lost_connection_fails_the_task_saying_where_its_work_is_there() {
         "partial\n"
     );
 }
+
+#[test]
+fn runs_resume_takes_a_placed_task_up_from_the_work_it_left_there_or_brought_back() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    // Lost: the transport and its shim die mid-task, the agent's file uncommitted there.
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "--task",
+            "lost=if [ -f partial.txt ]; then echo more > more.txt; else echo partial > partial.txt; echo written; sleep 600; fi",
+        ],
+    );
+    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/lost/output.log"));
+    crew_tests::wait_until(30, "the remote agent's line", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains("written"))
+    });
+    let pid = task(&manifest(&env, &repo, &run), "lost")["pid"]
+        .as_u64()
+        .unwrap();
+    rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
+    assert_eq!(
+        task(&manifest(&env, &repo, &run), "lost")["status"],
+        "failed"
+    );
+    let resumed = env.crew(&repo, ["runs", "resume", &run]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    let record = task(&manifest(&env, &repo, &run), "lost").clone();
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    for (file, text) in [("partial.txt", "partial\n"), ("more.txt", "more\n")] {
+        assert_eq!(
+            env.git(&repo, ["show", &format!("crew/{run}-lost:{file}")]),
+            text,
+            "{record:#}"
+        );
+    }
+
+    // Brought back: the task failed there and its work came back; taken up again, it goes
+    // on from that work, and its branch moves on from where it was.
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "--task",
+            "again=if [ -f try.txt ]; then echo fixed > fixed.txt; else echo try > try.txt; exit 3; fi",
+        ],
+    );
+    assert!(!output.status.success());
+    let run = run_ids(&env, &repo).remove(0);
+    let branch = format!("crew/{run}-again");
+    let first = env.git(&repo, ["rev-parse", &branch]).trim().to_owned();
+    let resumed = env.crew(&repo, ["runs", "resume", &run]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:fixed.txt")]),
+        "fixed\n"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:try.txt")]),
+        "try\n"
+    );
+    let ancestor = env.git_output(&repo, ["merge-base", "--is-ancestor", &first, &branch]);
+    assert!(
+        ancestor.status.success(),
+        "the branch moved on from its first tip"
+    );
+}

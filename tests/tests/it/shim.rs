@@ -133,6 +133,7 @@ impl Shim {
             agent: Box::new(AgentDef::builtin_shell()),
             prompt: prompt.to_owned(),
             base: base.to_owned(),
+            from: None,
         };
         self.send(&start);
         let answer = self.next();

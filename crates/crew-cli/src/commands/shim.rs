@@ -52,6 +52,9 @@ struct Held {
     canceller: Option<Canceller>,
     /// The branch and tip the work is kept at in the clone, once sent.
     kept: Option<(String, String)>,
+    /// The branch (and tip) of an earlier start's work this one went on from: it goes too
+    /// when the work is released.
+    prior: Option<(String, String)>,
 }
 
 type Tasks = Arc<Mutex<HashMap<TaskId, Held>>>;
@@ -61,6 +64,7 @@ type Tasks = Arc<Mutex<HashMap<TaskId, Held>>>;
 struct Session {
     clone: Utf8PathBuf,
     host: Option<Arc<Host>>,
+    project: Option<Project>,
     /// Told when the forwarder has sent everything of a task up to its end.
     ended: Ended,
 }
@@ -128,6 +132,7 @@ pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
                         session = Some(Session {
                             clone,
                             host: None,
+                            project: None,
                             ended: Ended::default(),
                         });
                     }
@@ -245,7 +250,19 @@ async fn handle(
             agent,
             prompt,
             base,
-        } => match start(session, out, tasks, task.clone(), run, *agent, prompt, base).await {
+            from,
+        } => match start(
+            session,
+            out,
+            tasks,
+            task.clone(),
+            run,
+            *agent,
+            prompt,
+            (base, from),
+        )
+        .await
+        {
             Ok(finish) => finish,
             Err(message) => {
                 refuse(out, Some(task), "start", message);
@@ -280,7 +297,7 @@ async fn start(
     run: RunId,
     agent: AgentDef,
     prompt: String,
-    base: String,
+    (base, from): (String, Option<String>),
 ) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
     if tasks
         .lock()
@@ -289,11 +306,23 @@ async fn start(
     {
         return Err(format!("task {task} is already here; release it first"));
     }
-    if !incoming::has_commit(&session.clone, &base).map_err(|error| error.to_string())? {
-        let _ = out.send(FromShim::NeedBase { commit: base });
+    // The base's history, or that of the earlier work the host holds, which includes it.
+    let needed = from.as_deref().unwrap_or(&base);
+    if !incoming::has_commit(&session.clone, needed).map_err(|error| error.to_string())? {
+        let _ = out.send(FromShim::NeedBase {
+            commit: needed.to_owned(),
+        });
         return Ok(None);
     }
     let host = host_of(session, out).await?;
+    let prior = match &from {
+        Some(_) => None,
+        None => earlier_work(session, &host, &run, &task).await?,
+    };
+    let start_at = from
+        .clone()
+        .or_else(|| prior.as_ref().map(|(_, tip)| tip.clone()))
+        .unwrap_or_else(|| base.clone());
     let mut def = TeamDef::new(
         format!("shim-{run}"),
         vec![TaskDef::new(task.clone(), agent.name.clone(), prompt)],
@@ -305,7 +334,7 @@ async fn start(
     };
     let spec = RunSpec {
         mode: Some(WorkspaceMode::Worktree),
-        base: Some(base.clone()),
+        base: Some(start_at),
         ..RunSpec::of(team)
     };
     let manifest = host
@@ -322,6 +351,7 @@ async fn start(
                 run: manifest.run_id.clone(),
                 canceller: Some(running.canceller()),
                 kept: None,
+                prior,
             },
         );
     let (out, tasks, clone) = (out.clone(), tasks.clone(), session.clone.clone());
@@ -375,6 +405,75 @@ async fn start(
             refuse(&out, Some(task), "work", message);
         }
     })))
+}
+
+/// The work an earlier start of `task` of the host's run `run` left in the clone (the host
+/// lost its connection before it came back): the branch of the newest such run of this
+/// shim and its tip. A worktree a dead shim left with the agent's files in it is torn down
+/// first, its work committed to its branch as any teardown does.
+async fn earlier_work(
+    session: &Session,
+    host: &Host,
+    run: &RunId,
+    task: &TaskId,
+) -> Result<Option<(String, String)>, String> {
+    let Some(project) = &session.project else {
+        return Ok(None);
+    };
+    let store = host.runner().store().clone();
+    let provider = project.provider().clone();
+    let workspace = project.workspace().id().clone();
+    let clone = session.clone.clone();
+    let (team, task) = (format!("shim-{run}"), task.clone());
+    tokio::task::spawn_blocking(move || {
+        crew_live::hosts::reconcile_workspace(&store).map_err(|error| error.to_string())?;
+        let listings = store.list_runs().map_err(|error| error.to_string())?;
+        for listing in listings {
+            let Ok(manifest) = listing.manifest else {
+                continue;
+            };
+            if manifest.team.as_deref() != Some(team.as_str()) || !manifest.status.is_finished() {
+                continue;
+            }
+            let Some(record) = manifest.task(&task) else {
+                continue;
+            };
+            let branch = match (&record.teardown, &record.workspace) {
+                (Some(teardown), _) => teardown.branch.clone(),
+                (None, Some(recorded)) if recorded.dir.exists() => {
+                    let request = crew_core::provider::TeardownRequest {
+                        workspace: workspace.clone(),
+                        repo_root: Some(clone.clone()),
+                        run_id: manifest.run_id.clone(),
+                        task_id: task.clone(),
+                        agent_alive: false,
+                        keep: false,
+                    };
+                    let saved = provider
+                        .teardown(&recorded.to_task_workspace(), &request)
+                        .map_err(|error| {
+                            format!(
+                                "the earlier work of {task} in {} could not be saved: {}",
+                                recorded.dir, error.message
+                            )
+                        })?;
+                    saved.branch
+                }
+                (None, recorded) => recorded
+                    .as_ref()
+                    .and_then(|recorded| recorded.branch.clone()),
+            };
+            let Some(branch) = branch else {
+                continue;
+            };
+            if let Some(tip) = incoming::branch_tip(&clone, &branch) {
+                return Ok(Some((branch, tip)));
+            }
+        }
+        Ok(None)
+    })
+    .await
+    .map_err(|error| error.to_string())?
 }
 
 /// Sends the work on `kept` (branch and tip) as a pack and its claim; `None`: no work.
@@ -464,6 +563,7 @@ async fn host_of(session: &mut Session, out: &Out) -> Result<Arc<Host>, String> 
         }
     });
     session.host = Some(host.clone());
+    session.project = Some(project);
     Ok(host)
 }
 
@@ -592,7 +692,7 @@ fn release(session: &Session, out: &Out, tasks: &Tasks, task: TaskId) {
             .insert(task, held);
         return;
     }
-    if let Some((branch, tip)) = &held.kept {
+    for (branch, tip) in held.kept.iter().chain(held.prior.iter()) {
         match crew_worktree::inspect::drop_branch(&session.clone, branch, tip) {
             crew_worktree::inspect::BranchDrop::Deleted
             | crew_worktree::inspect::BranchDrop::Missing => {}

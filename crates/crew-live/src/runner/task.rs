@@ -55,9 +55,9 @@ pub(super) struct RunContext {
     release: watch::Sender<bool>,
     /// Where the work of each torn-down task went: its branch, or the kept directory.
     saved: Mutex<Vec<String>>,
-    /// The branches that hold the work placed tasks sent back, by task: their teardown
-    /// (of a scratch directory here) reports them.
-    landed: Mutex<HashMap<TaskId, String>>,
+    /// The branches (and tips) that hold the work placed tasks sent back, by task: their
+    /// teardown (of a scratch directory here) reports them.
+    landed: Mutex<HashMap<TaskId, (String, String)>>,
     /// Held while a task's teardown is recorded and the other branches are read for the
     /// radar: of two tasks ending at once, the second always sees the first's branch.
     radar: tokio::sync::Mutex<()>,
@@ -310,7 +310,12 @@ impl RunContext {
     /// The spec of a task that runs on a placement: its agent runs there, and what this host
     /// supervises is the placement's transport (`crew shim`, or ssh to one), unconfined (it is
     /// crew's own; the agent is confined there). `None` with the reason it cannot run there.
-    fn placed_spec(&self, mut spec: AgentSpec, placement: &str) -> Result<AgentSpec, String> {
+    fn placed_spec(
+        &self,
+        mut spec: AgentSpec,
+        task: &TaskRecord,
+        placement: &str,
+    ) -> Result<AgentSpec, String> {
         let def = self
             .runner
             .config
@@ -349,11 +354,19 @@ impl RunContext {
             },
             builtin: false,
         };
+        // Taken up again after its work came back once: it goes on from that work, and its
+        // branch moves on from there.
+        let from = task
+            .teardown
+            .as_ref()
+            .filter(|report| report.branch.as_deref() == Some(branch.as_str()))
+            .and_then(|report| report.tip.clone());
         spec.placed = Some(crate::placed::Placed {
             name: placement.to_owned(),
             agent,
             project: self.runner.workspace.id().to_string(),
             base,
+            from,
             repo_root: repo_root.to_owned(),
             branch,
             provider: self.runner.provider.clone(),
@@ -413,7 +426,7 @@ impl RunContext {
         }
         let spec = self.agent_spec(&task, definition, &workspace);
         let spec = match &task.placement {
-            Some(placement) => match self.placed_spec(spec, placement) {
+            Some(placement) => match self.placed_spec(spec, &task, placement) {
                 Ok(spec) => spec,
                 Err(reason) => return self.fail_to_start(&task_id, &workspace, reason).await,
             },
@@ -1026,10 +1039,11 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(task_id);
-        if let (Ok(report), Some(branch)) = (&mut result, landed) {
+        if let (Ok(report), Some((branch, tip))) = (&mut result, landed) {
             // A placed task: its work is on its branch here, checked as it came back.
             report.merge_hint = Some(format!("git merge {branch}"));
             report.branch = Some(branch);
+            report.tip = Some(tip);
         }
         let saved_at = match &result {
             Ok(report) => report
