@@ -85,6 +85,11 @@ pub enum ToShim {
         /// shim ran before for the same run goes on from the work it left in the clone.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<String>,
+        /// The values of the variables the agent's `pass_env` names, from the host's
+        /// environment: the agent sees them there as it would here (they cross the transport,
+        /// never a disk).
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        env: std::collections::BTreeMap<String, String>,
     },
     /// Deliver `message` to the running agent now.
     Steer {

@@ -53,7 +53,7 @@ impl BaseEnv {
 }
 
 /// `pattern` is an exact name or a prefix ending in `*`.
-fn matches(pattern: &str, name: &[u8]) -> bool {
+pub(crate) fn matches(pattern: &str, name: &[u8]) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix.as_bytes()),
         None => name == pattern.as_bytes(),

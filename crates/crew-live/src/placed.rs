@@ -136,6 +136,7 @@ impl Driver {
             prompt,
             base: self.placed.base.clone(),
             from: self.placed.from.clone(),
+            env: passed_env(&self.placed.agent),
         };
         self.send(&ToShim::Hello {
             v: SHIM_PROTOCOL,
@@ -408,4 +409,19 @@ impl Driver {
         }
         self.show(line);
     }
+}
+
+/// The host's values of what `agent`'s `pass_env` names (git's location variables aside, as
+/// here): what the agent would see here, for the placement to give it there.
+fn passed_env(agent: &AgentDef) -> std::collections::BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, _)| {
+            !crew_core::config::GIT_LOCATION_VARIABLES.contains(&name.as_str())
+                && agent
+                    .pass_env
+                    .iter()
+                    .any(|pattern| crate::env::matches(pattern, name.as_bytes()))
+        })
+        .collect()
 }

@@ -202,13 +202,26 @@ prompt = "echo near > near.txt"
 
 [[tasks]]
 id = "far"
-agent = "shell"
+agent = "keyed"
 placement = "far"
-prompt = "echo far > far.txt; echo done"
+prompt = "echo far > far.txt; printf '%s' \"$TEST_API_KEY\" > key.txt; echo done"
 "#,
     );
-    let output = env.crew(&repo, ["run", "split"]);
-    let run = run_ids(&env, &repo).remove(0);
+    // An agent that passes a key from the user's environment: the shim's session over ssh
+    // has no such variable, so the agent sees it only if it crossed the connection.
+    write(
+        &repo.join(".crew/agents/keyed.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\npass_env = [\"TEST_API_KEY\"]\n",
+    );
+    let output = env
+        .crew_command(&repo)
+        .env("TEST_API_KEY", "k-12345")
+        .args(["run", "split"])
+        .output()
+        .unwrap();
+    let Some(run) = run_ids(&env, &repo).into_iter().next() else {
+        panic!("no run: {}", render_output(&output));
+    };
     let log = |task: &str| {
         std::fs::read_to_string(
             repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")),
@@ -237,6 +250,24 @@ prompt = "echo far > far.txt; echo done"
     let log = log("far");
     assert!(log.contains(&format!("[far] working in {far}")), "{log}");
     assert!(log.contains("done"), "{log}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-far:key.txt")]),
+        "k-12345"
+    );
+    // The key crossed the connection, and no file of either side's state holds it.
+    for state in [repo.join(".crew/state"), far.clone()] {
+        let found = std::process::Command::new("grep")
+            .args(["-r", "-l", "--exclude-dir=objects", "k-12345"])
+            .arg(state.as_str())
+            .output()
+            .unwrap();
+        let files = String::from_utf8_lossy(&found.stdout);
+        let leaked: Vec<&str> = files
+            .lines()
+            .filter(|file| !file.contains("/.worktrees/") && !file.contains("/.pool/"))
+            .collect();
+        assert!(leaked.is_empty(), "{leaked:?}");
+    }
 }
 
 #[test]

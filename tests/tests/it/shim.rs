@@ -134,6 +134,7 @@ impl Shim {
             prompt: prompt.to_owned(),
             base: base.to_owned(),
             from: None,
+            env: Default::default(),
         };
         self.send(&start);
         let answer = self.next();

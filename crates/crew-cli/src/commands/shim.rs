@@ -251,13 +251,18 @@ async fn handle(
             prompt,
             base,
             from,
+            env,
         } => match start(
             session,
             out,
             tasks,
             task.clone(),
             run,
-            *agent,
+            // The host's values of what the agent passes: set for it here.
+            AgentDef {
+                env: agent.env.into_iter().chain(env).collect(),
+                ..*agent
+            },
             prompt,
             (base, from),
         )
@@ -328,6 +333,7 @@ async fn start(
         vec![TaskDef::new(task.clone(), agent.name.clone(), prompt)],
     );
     def.workspace_mode = Some(WorkspaceMode::Worktree);
+    let given: HashMap<String, AgentDef> = [(agent.name.clone(), agent.clone())].into();
     let team = Team {
         def,
         agents: [(agent.name.clone(), agent)].into_iter().collect(),
@@ -341,6 +347,8 @@ async fn start(
         .create(&spec)
         .await
         .map_err(|error| error.to_string())?;
+    // The agent as the crew host defined it, not as a file of the clone might.
+    host.runner().give_agents(&manifest.run_id, given);
     let running = host.start_run(&manifest.run_id, HashMap::new());
     tasks
         .lock()

@@ -29,7 +29,7 @@ use crew_core::host::{HostIdentity, HostIdentityError};
 use crew_core::model::{EventKind, HostRecord, RunEvent, RunStatus, TaskRecord, TaskStatus};
 use crew_core::provider::{AllocateWorkspaceError, Progress, WorkspaceProvider};
 use crew_core::store::StateError;
-use crew_core::{RunId, StateStore, TaskId, Team, Workspace};
+use crew_core::{AgentDef, RunId, StateStore, TaskId, Team, Workspace};
 
 use crate::control::{ErrorBody, ErrorCode};
 use crate::host::AgentHost;
@@ -221,6 +221,8 @@ pub struct Runner {
     activity: tokio::sync::broadcast::Sender<TaskActivity>,
     /// Per run, the changes that could not be saved (see [`RunError::Unrecorded`]).
     unrecorded: Arc<Mutex<HashMap<RunId, Vec<String>>>>,
+    /// Per run, agent definitions given with it (see [`Runner::give_agents`]).
+    given_agents: Arc<Mutex<HashMap<RunId, HashMap<String, AgentDef>>>>,
 }
 
 impl Runner {
@@ -241,6 +243,7 @@ impl Runner {
             label: None,
             progress: tokio::sync::broadcast::channel(1024).0,
             activity: tokio::sync::broadcast::channel(256).0,
+            given_agents: Arc::default(),
             unrecorded: Arc::default(),
         }
     }
@@ -322,6 +325,25 @@ impl Runner {
     pub fn with_label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self
+    }
+
+    /// The next execution of `run_id` runs its tasks' agents by these definitions, before any
+    /// file of the project: a host that got them from elsewhere (`crew shim`, from the crew
+    /// host whose task it runs) needs no agent file.
+    pub fn give_agents(&self, run_id: &RunId, agents: HashMap<String, AgentDef>) {
+        self.given_agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(run_id.clone(), agents);
+    }
+
+    /// The definitions given with `run_id`, taken.
+    pub(crate) fn take_given_agents(&self, run_id: &RunId) -> HashMap<String, AgentDef> {
+        self.given_agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(run_id)
+            .unwrap_or_default()
     }
 
     /// The state store of the runner's project.

@@ -129,6 +129,7 @@ impl RunContext {
         holds: mpsc::UnboundedSender<(TaskId, Hold)>,
         release: watch::Sender<bool>,
     ) -> Self {
+        let given = runner.take_given_agents(&manifest.run_id);
         RunContext {
             runner,
             run_id: manifest.run_id.clone(),
@@ -136,7 +137,7 @@ impl RunContext {
             base: manifest.base.clone(),
             invocation_dir: manifest.invocation_dir.clone(),
             cancel,
-            agents: Mutex::default(),
+            agents: Mutex::new(given),
             resume_messages: Mutex::new(resume_messages),
             holds,
             release,
