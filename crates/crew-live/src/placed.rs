@@ -41,6 +41,9 @@ use crate::protocol::ProtocolEvent;
 pub struct Placed {
     /// The placement's name, for what the task shows.
     pub name: String,
+    /// Whether `start` carries the values of what the agent's `pass_env` names (not where
+    /// the transport gives them otherwise, as a Kubernetes Secret).
+    pub send_env: bool,
     /// The agent that runs there.
     pub agent: AgentDef,
     /// The project's id, which names its clone on the placement.
@@ -136,7 +139,11 @@ impl Driver {
             prompt,
             base: self.placed.base.clone(),
             from: self.placed.from.clone(),
-            env: passed_env(&self.placed.agent),
+            env: if self.placed.send_env {
+                passed_env(&self.placed.agent)
+            } else {
+                Default::default()
+            },
         };
         self.send(&ToShim::Hello {
             v: SHIM_PROTOCOL,

@@ -169,6 +169,21 @@ fn a_placement_that_is_not_defined_or_not_whole_is_refused_before_anything_start
     assert!(said.contains("config.toml:"), "{said}");
     assert!(said.contains("needs `host`"), "{said}");
     assert!(said.contains("`shims` must be an absolute path"), "{said}");
+    // A kubernetes placement needs the image its pods run.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[placements.pods]\nkind = \"kubernetes\"\ndir = \"/work\"\n",
+    );
+    let refused = env.crew(
+        &repo,
+        ["run", "--placement", "pods", "--agent", "shell", "true"],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        render_output(&refused).contains("a kubernetes placement needs `image`"),
+        "{}",
+        render_output(&refused)
+    );
 }
 
 #[test]
@@ -406,5 +421,45 @@ fn runs_resume_takes_a_placed_task_up_from_the_work_it_left_there_or_brought_bac
     assert!(
         ancestor.status.success(),
         "the branch moved on from its first tip"
+    );
+}
+
+/// Against a real cluster: `cargo test -p crew-tests --test it -- --ignored kubernetes` with
+/// `KUBECONFIG` naming one and `CREW_TEST_KUBE_IMAGE` an image that holds git, a shell and
+/// this crew as `/usr/local/bin/crew`. Without a cluster it is reported as ignored, never as
+/// passed.
+#[test]
+#[ignore = "needs a Kubernetes cluster: KUBECONFIG and CREW_TEST_KUBE_IMAGE"]
+fn kubernetes_a_task_runs_in_a_pod_of_its_own_and_its_work_comes_back() {
+    let kubeconfig =
+        std::env::var("KUBECONFIG").expect("KUBECONFIG names the cluster this test runs against");
+    let image = std::env::var("CREW_TEST_KUBE_IMAGE")
+        .expect("CREW_TEST_KUBE_IMAGE names an image with git, sh and crew in /usr/local/bin");
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!(
+            "[placements.pod]\nkind = \"kubernetes\"\nimage = \"{image}\"\ndir = \"/tmp/crew-shim\"\ncrew = \"/usr/local/bin/crew\"\n"
+        ),
+    );
+    let output = env
+        .crew_command(&repo)
+        .env("KUBECONFIG", &kubeconfig)
+        .args([
+            "run",
+            "--placement",
+            "pod",
+            "--agent",
+            "shell",
+            "echo pod > pod.txt",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:pod.txt")]),
+        "pod\n"
     );
 }

@@ -618,6 +618,23 @@ pub(super) fn validate_project_config(
                 &format!("{key}.ssh_args"),
                 "a local placement uses no ssh".to_owned(),
             ),
+            (PlacementKind::Kubernetes, Some(_)) => invalid(
+                &format!("{key}.host"),
+                "a kubernetes placement has no host: its Jobs go to the cluster your kubeconfig names"
+                    .to_owned(),
+            ),
+            _ => {}
+        }
+        match (placement.kind, &placement.image) {
+            (PlacementKind::Kubernetes, None) => invalid(
+                &key,
+                "a kubernetes placement needs `image`: one with git, crew and the agent's program"
+                    .to_owned(),
+            ),
+            (PlacementKind::Local | PlacementKind::Ssh, Some(_)) => invalid(
+                &format!("{key}.image"),
+                "only a kubernetes placement runs an image".to_owned(),
+            ),
             _ => {}
         }
     }

@@ -214,6 +214,23 @@ pub enum PlacementKind {
     Local,
     /// `ssh <host> <crew> shim`: the user's own ssh, keys and configuration.
     Ssh,
+    /// A Kubernetes Job per task in the user's image, `crew shim` its container's command,
+    /// reached through the pod's attach stream (`crew kube-transport`).
+    Kubernetes,
+}
+
+/// Who a placement's transport serves: what a Kubernetes Job is named and labelled by, and
+/// which variables its Secret holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedTask {
+    /// The project's id.
+    pub project: String,
+    /// The run.
+    pub run: String,
+    /// The task.
+    pub task: String,
+    /// What the agent's `pass_env` names.
+    pub pass_env: Vec<String>,
 }
 
 /// `[placements.<name>]`: somewhere else tasks can run (docs/distributed.md). A task that
@@ -236,13 +253,60 @@ pub struct PlacementDef {
     /// `["-F", "/path/to/ssh_config"]`; ssh reads the user's own configuration anyway.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_args: Vec<String>,
+    /// The image of a task's pod (`kubernetes` only): it needs git, the `crew` binary (`crew`)
+    /// and the agent's program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The namespace of the Jobs (`kubernetes` only; the client configuration's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The CPU a task's pod requests and may use (`kubernetes` only), such as `"2"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// The memory a task's pod requests and may use (`kubernetes` only), such as `"4Gi"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
 }
 
 impl PlacementDef {
-    /// The command that starts the placement's shim, speaking the shim protocol on its stdin
-    /// and stdout. `crew` is this machine's crew program.
-    pub fn transport(&self, crew: &str) -> Vec<String> {
+    /// The command that starts the placement's shim for `task`, speaking the shim protocol on
+    /// its stdin and stdout. `crew` is this machine's crew program.
+    pub fn transport(&self, crew: &str, task: &PlacedTask) -> Vec<String> {
         match self.kind {
+            PlacementKind::Kubernetes => {
+                let mut argv: Vec<String> = [
+                    crew,
+                    "kube-transport",
+                    "--image",
+                    self.image.as_deref().unwrap_or_default(),
+                    "--dir",
+                    &self.dir,
+                    "--crew",
+                    self.crew.as_deref().unwrap_or("crew"),
+                    "--project",
+                    &task.project,
+                    "--run",
+                    &task.run,
+                    "--task",
+                    &task.task,
+                ]
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+                for (flag, value) in [
+                    ("--namespace", &self.namespace),
+                    ("--cpu", &self.cpu),
+                    ("--memory", &self.memory),
+                ] {
+                    if let Some(value) = value {
+                        argv.extend([flag.to_owned(), value.clone()]);
+                    }
+                }
+                for name in &task.pass_env {
+                    argv.extend(["--pass-env".to_owned(), name.clone()]);
+                }
+                argv
+            }
             PlacementKind::Local => vec![
                 crew.to_owned(),
                 "shim".to_owned(),

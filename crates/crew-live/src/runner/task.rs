@@ -338,12 +338,24 @@ impl RunContext {
             spec.agent_id.task_id()
         );
         let agent = spec.definition.clone();
-        let mut pass_env = vec!["SSH_AUTH_SOCK".to_owned(), "SSH_AGENT_PID".to_owned()];
+        let mut pass_env = vec![
+            "SSH_AUTH_SOCK".to_owned(),
+            "SSH_AGENT_PID".to_owned(),
+            "KUBECONFIG".to_owned(),
+        ];
         pass_env.extend(agent.pass_env.iter().cloned());
         spec.definition = AgentDef {
             name: format!("{}@{placement}", agent.name),
             description: Some(format!("{} on the placement {placement}", agent.name)),
-            command: def.transport("crew"),
+            command: def.transport(
+                "crew",
+                &crew_core::config::PlacedTask {
+                    project: self.runner.workspace.id().to_string(),
+                    run: self.run_id.to_string(),
+                    task: spec.agent_id.task_id().to_string(),
+                    pass_env: agent.pass_env.clone(),
+                },
+            ),
             steer: crew_core::config::SteerMode::Protocol,
             protocol: crew_core::config::Protocol::Shim,
             resume: None,
@@ -364,6 +376,8 @@ impl RunContext {
             .and_then(|report| report.tip.clone());
         spec.placed = Some(crate::placed::Placed {
             name: placement.to_owned(),
+            // A pod gets them from its Secret, never through the attach stream.
+            send_env: def.kind != crew_core::config::PlacementKind::Kubernetes,
             agent,
             project: self.runner.workspace.id().to_string(),
             base,
