@@ -463,3 +463,73 @@ fn kubernetes_a_task_runs_in_a_pod_of_its_own_and_its_work_comes_back() {
         "pod\n"
     );
 }
+
+#[test]
+fn a_placed_agents_question_is_listed_here_and_a_follow_up_answers_it_there() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "if [ -z \"$CREW_MESSAGE\" ]; then echo draft > canvas.txt; crew ask 'which color?'; exit 0; fi; echo \"$CREW_MESSAGE\" >> canvas.txt",
+        ],
+    );
+    // Asked there, listed here as this project's agent waiting for its user.
+    let agents = crew_tests::wait_until(60, "the question", || {
+        let agents = env.agents_json(&repo)?;
+        (agents[0]["question"] == "which color?").then_some(agents)
+    });
+    assert_eq!(agents[0]["agent"], "shell@box", "{agents:#}");
+    assert_eq!(agents[0]["activity"], "waiting_for_input", "{agents:#}");
+    let answer = env.crew(&repo, ["agents", "follow-up", "shell", "blue"]);
+    assert!(answer.status.success(), "{}", render_output(&answer));
+    let status = crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
+    assert!(status.success());
+    let run = run_ids(&env, &repo).remove(0);
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:canvas.txt")]),
+        "draft\nblue\n"
+    );
+}
+
+#[test]
+fn crew_agents_steer_reaches_a_placed_agent_mid_task() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "echo ready; read line; echo \"got: $line\"; echo \"$line\" > steered.txt",
+        ],
+    );
+    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
+    crew_tests::wait_until(60, "the remote agent's first line", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains("ready"))
+    });
+    let steer = env.crew(&repo, ["agents", "steer", "shell", "go left"]);
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    let status = crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
+    assert!(status.success());
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("got: go left")
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:steered.txt")]),
+        "go left\n"
+    );
+}
