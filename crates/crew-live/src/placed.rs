@@ -102,6 +102,7 @@ pub(crate) fn start(
         told_not_protocol: false,
         remote: None,
         over: false,
+        heard_output: false,
     };
     let driver = tokio::spawn(driver.drive(prompt, lines, receiver));
     PlacedLink { inputs, driver }
@@ -123,6 +124,8 @@ struct Driver {
     remote: Option<(String, Option<String>)>,
     /// The connection's end was said (`released`, a refusal): its close is no loss.
     over: bool,
+    /// The remote agent printed something: it started there.
+    heard_output: bool,
 }
 
 impl Driver {
@@ -231,7 +234,10 @@ impl Driver {
                     self.sink.tell(ProtocolEvent::Answered);
                 }
             }
-            FromShim::Output { line, .. } => self.show(line),
+            FromShim::Output { line, .. } => {
+                self.heard_output = true;
+                self.show(line);
+            }
             FromShim::Finished { status, reason, .. } => {
                 let said = reason
                     .map(|reason| format!(": {reason}"))
@@ -382,6 +388,9 @@ impl Driver {
             ),
             Some((dir, None)) => format!(
                 "the connection to the placement `{placement}` ended before the task's work came back; it is in {dir} there"
+            ),
+            None if self.heard_output => format!(
+                "the connection to the placement `{placement}` ended before the task's work came back; it is in a worktree of the placement's clone"
             ),
             None => format!(
                 "the connection to the placement `{placement}` ended before the task started there"

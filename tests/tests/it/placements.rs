@@ -302,10 +302,11 @@ fn a_lost_connection_fails_the_task_saying_where_its_work_is_there() {
     );
     let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
     let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
+    // Its line, and where it works there (the two come on streams of their own).
     crew_tests::wait_until(30, "the remote agent's line", || {
         std::fs::read_to_string(&log)
             .ok()
-            .filter(|log| log.contains("written"))
+            .filter(|log| log.contains("written") && log.contains("[box] working in"))
     });
     // The transport dies at once, its shim with it (as a machine that goes away would).
     let pid = task(&manifest(&env, &repo, &run), "shell")["pid"]
