@@ -1153,6 +1153,22 @@ fn hundred_tasks(bench: &Bench) {
     );
 }
 
+/// How long `crew args…` took in `dir`, which must succeed.
+fn timed_crew(crew: &Utf8Path, dir: &Utf8Path, args: &[&str]) -> Duration {
+    let started = Instant::now();
+    let output = Command::new(crew)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    started.elapsed()
+}
+
 /// A task on a `local` placement (its agent in the clone `crew shim` keeps, its work back
 /// through a pack, checked) against the same one-task run in a local worktree; and the host's
 /// own memory per placed task, from a run of 1 placed task to one of 17 at once.
@@ -1168,20 +1184,7 @@ fn placement(bench: &Bench) {
         ),
     )
     .unwrap();
-    let timed = |args: &[&str]| {
-        let started = Instant::now();
-        let output = Command::new(&crew)
-            .args(args)
-            .current_dir(&project)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        started.elapsed()
-    };
+    let timed = |args: &[&str]| timed_crew(&crew, &project, args);
     let placed: &[&str] = &[
         "run",
         "--quiet",
@@ -1374,20 +1377,7 @@ fn history(bench: &Bench) {
         "[retention]\nautomatic = false\n",
     )
     .unwrap();
-    let timed = |args: &[&str]| {
-        let started = Instant::now();
-        let output = Command::new(&crew)
-            .args(args)
-            .current_dir(&project)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        started.elapsed()
-    };
+    let timed = |args: &[&str]| timed_crew(&crew, &project, args);
     let rounds = bench.rounds * 4;
     let measure = |args: &[&str]| {
         let mut samples = Samples::default();

@@ -19,6 +19,28 @@ fn project_with_box(env: &TestEnv) -> (Utf8PathBuf, Utf8PathBuf) {
     (repo, shim)
 }
 
+/// Once the newest run's placed `task` said `written` there (and where it works), kills its
+/// transport and the shim with it at once, as a machine that goes away would. The run's id.
+fn cut_when_written(env: &TestEnv, repo: &camino::Utf8Path, task_id: &str) -> String {
+    let run = crew_tests::wait_until(30, "the run", || run_ids(env, repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/{task_id}/output.log"));
+    // Its line, and where it works there (the two come on streams of their own).
+    crew_tests::wait_until(30, "the remote agent's line", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains("written") && log.contains("[box] working in"))
+    });
+    let pid = task(&manifest(env, repo, &run), task_id)["pid"]
+        .as_u64()
+        .unwrap();
+    rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    run
+}
+
 #[test]
 fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its_branch() {
     let env = TestEnv::new();
@@ -300,23 +322,7 @@ fn a_lost_connection_fails_the_task_saying_where_its_work_is_there() {
             "echo partial > partial.txt; echo written; sleep 600",
         ],
     );
-    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
-    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
-    // Its line, and where it works there (the two come on streams of their own).
-    crew_tests::wait_until(30, "the remote agent's line", || {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|log| log.contains("written") && log.contains("[box] working in"))
-    });
-    // The transport dies at once, its shim with it (as a machine that goes away would).
-    let pid = task(&manifest(&env, &repo, &run), "shell")["pid"]
-        .as_u64()
-        .unwrap();
-    rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    let run = cut_when_written(&env, &repo, "shell");
     let ended = crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
     assert!(!ended.success());
     let record = task(&manifest(&env, &repo, &run), "shell").clone();
@@ -358,21 +364,7 @@ fn runs_resume_takes_a_placed_task_up_from_the_work_it_left_there_or_brought_bac
             "lost=if [ -f partial.txt ]; then echo more > more.txt; else echo partial > partial.txt; echo written; sleep 600; fi",
         ],
     );
-    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
-    let log = repo.join(format!(".crew/state/runs/{run}/tasks/lost/output.log"));
-    crew_tests::wait_until(30, "the remote agent's line", || {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|log| log.contains("written"))
-    });
-    let pid = task(&manifest(&env, &repo, &run), "lost")["pid"]
-        .as_u64()
-        .unwrap();
-    rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    let run = cut_when_written(&env, &repo, "lost");
     crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
     assert_eq!(
         task(&manifest(&env, &repo, &run), "lost")["status"],
