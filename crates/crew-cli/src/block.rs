@@ -239,7 +239,7 @@ fn symbol(status: TaskStatus) -> &'static str {
         TaskStatus::Paused => "=",
         TaskStatus::Succeeded => "✓",
         TaskStatus::Stopped | TaskStatus::Cancelled | TaskStatus::Skipped => "-",
-        TaskStatus::Failed => "✗",
+        TaskStatus::Failed | TaskStatus::Interrupted => "✗",
     }
 }
 

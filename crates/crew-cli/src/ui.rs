@@ -233,7 +233,7 @@ pub fn run_style(status: RunStatus) -> Style {
 pub fn task_style(status: TaskStatus) -> Style {
     match status {
         TaskStatus::Succeeded => Style::Good,
-        TaskStatus::Failed | TaskStatus::Stopped => Style::Bad,
+        TaskStatus::Failed | TaskStatus::Stopped | TaskStatus::Interrupted => Style::Bad,
         TaskStatus::Waiting | TaskStatus::Cancelled | TaskStatus::Skipped => Style::Warn,
         _ => Style::Dim,
     }

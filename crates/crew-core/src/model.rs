@@ -97,7 +97,7 @@ impl RunStatus {
 }
 
 /// `pending → preparing → running (⇄ waiting) → succeeded | failed | stopped | cancelled |
-/// skipped`; a finished task goes back to `pending` or `preparing` when it is resumed, and a
+/// skipped | interrupted`; a finished task goes back to `pending` or `preparing` when it is resumed, and a
 /// stopped one whose workspace its run still holds back to `running`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -123,6 +123,9 @@ pub enum TaskStatus {
     Cancelled,
     /// A task it depends on did not succeed, so it never ran.
     Skipped,
+    /// Its placement's connection was lost before its work came back: the work is there (its
+    /// reason says where), and `crew runs resume` takes the task up from it.
+    Interrupted,
 }
 
 impl TaskStatus {
@@ -135,6 +138,7 @@ impl TaskStatus {
                 | TaskStatus::Stopped
                 | TaskStatus::Cancelled
                 | TaskStatus::Skipped
+                | TaskStatus::Interrupted
         )
     }
 
@@ -152,14 +156,17 @@ impl TaskStatus {
         match (self, next) {
             (Pending, Preparing | Cancelled | Skipped) => true,
             (Preparing, Running | Failed | Cancelled | Stopped) => true,
-            (Running, Waiting | Succeeded | Failed | Stopped | Cancelled) => true,
-            (Waiting, Running | Succeeded | Failed | Stopped | Cancelled) => true,
+            (Running, Waiting | Succeeded | Failed | Stopped | Cancelled | Interrupted) => true,
+            (Waiting, Running | Succeeded | Failed | Stopped | Cancelled | Interrupted) => true,
             (Running, Paused) => true,
             (Paused, Running | Failed | Stopped | Cancelled) => true,
             // A stopped agent resumed in the workspace its task kept while the run went on.
             (Stopped, Running) => true,
             // Resume: a finished task is prepared again, or queued again with its run.
-            (Succeeded | Failed | Stopped | Cancelled | Skipped, Pending | Preparing) => true,
+            (
+                Succeeded | Failed | Stopped | Cancelled | Skipped | Interrupted,
+                Pending | Preparing,
+            ) => true,
             _ => false,
         }
     }
@@ -177,6 +184,7 @@ impl TaskStatus {
             TaskStatus::Stopped => "stopped",
             TaskStatus::Cancelled => "cancelled",
             TaskStatus::Skipped => "skipped",
+            TaskStatus::Interrupted => "interrupted",
         }
     }
 }

@@ -151,6 +151,8 @@ pub struct AgentStatus {
     /// A placed task's work came back, was checked, and this branch holds it (its name and
     /// tip).
     pub landed: Option<(String, String)>,
+    /// A placed task's connection was lost before its work came back: where the work is.
+    pub lost: Option<String>,
 }
 
 /// What a live agent is doing, as far as crew can tell: what listings show to say who needs
@@ -311,6 +313,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         idle: false,
         asks_alive: false,
         landed: None,
+        lost: None,
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -342,6 +345,7 @@ pub(crate) fn start_idle(
         idle: false,
         asks_alive: false,
         landed: None,
+        lost: None,
     };
     supervise_from(
         spec,
@@ -944,6 +948,9 @@ impl Supervisor {
                 self.status
                     .send_modify(|status| status.turn_error = Some(reason));
                 self.publish_status();
+            }
+            ProtocolEvent::Lost(reason) => {
+                self.status.send_modify(|status| status.lost = Some(reason));
             }
             ProtocolEvent::Landed { branch, tip } => {
                 self.status

@@ -396,7 +396,8 @@ impl Driver {
                 "the connection to the placement `{placement}` ended before the task started there"
             ),
         };
-        self.fail(reason);
+        self.note(reason.clone());
+        self.sink.tell(ProtocolEvent::Lost(reason));
     }
 
     /// Closes the transport's input: the shim ends once its tasks have.

@@ -63,6 +63,9 @@ pub enum ProtocolEvent {
     Answered,
     /// The protocol connection failed (`acp`): the agent's input is closed.
     Failed(String),
+    /// A placed task's connection to its placement ended before its work came back: the
+    /// task is `interrupted`, for this reason (where its work is).
+    Lost(String),
     /// A placed task's work came back, was checked, and its branch here holds it.
     Landed {
         /// The branch.

@@ -308,7 +308,7 @@ prompt = "echo far > far.txt; printf '%s' \"$TEST_API_KEY\" > key.txt; echo done
 }
 
 #[test]
-fn a_lost_connection_fails_the_task_saying_where_its_work_is_there() {
+fn a_lost_connection_interrupts_the_task_saying_where_its_work_is_there() {
     let env = TestEnv::new();
     let (repo, shim) = project_with_box(&env);
     let mut host = env.spawn_crew(
@@ -326,7 +326,7 @@ fn a_lost_connection_fails_the_task_saying_where_its_work_is_there() {
     let ended = crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
     assert!(!ended.success());
     let record = task(&manifest(&env, &repo, &run), "shell").clone();
-    assert_eq!(record["status"], "failed", "{record:#}");
+    assert_eq!(record["status"], "interrupted", "{record:#}");
     let reason = record["reason"].as_str().unwrap();
     assert!(
         reason.contains(
@@ -368,7 +368,7 @@ fn runs_resume_takes_a_placed_task_up_from_the_work_it_left_there_or_brought_bac
     crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
     assert_eq!(
         task(&manifest(&env, &repo, &run), "lost")["status"],
-        "failed"
+        "interrupted"
     );
     let resumed = env.crew(&repo, ["runs", "resume", &run]);
     assert!(resumed.status.success(), "{}", render_output(&resumed));

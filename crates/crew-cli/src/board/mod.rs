@@ -364,8 +364,9 @@ impl Board {
             TaskStatus::Pending | TaskStatus::Preparing => RowState::Queued,
             TaskStatus::Succeeded if unread => RowState::DoneUnread,
             TaskStatus::Succeeded => RowState::Done,
-            TaskStatus::Failed if unread => RowState::FailedUnread,
-            TaskStatus::Failed => RowState::Failed,
+            // An interrupted task needs its user as a failed one does (`crew runs resume`).
+            TaskStatus::Failed | TaskStatus::Interrupted if unread => RowState::FailedUnread,
+            TaskStatus::Failed | TaskStatus::Interrupted => RowState::Failed,
             TaskStatus::Stopped | TaskStatus::Cancelled => RowState::Stopped,
             TaskStatus::Skipped => RowState::Skipped,
         }

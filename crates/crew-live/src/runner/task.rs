@@ -837,6 +837,11 @@ impl RunContext {
                 let (mut status, mut reason) =
                     outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
                 let agent = handle.status();
+                // A placed task whose connection was lost: its work is there, for a resume.
+                if let (Some(lost), false) = (&agent.lost, cancelled) {
+                    status = TaskStatus::Interrupted;
+                    reason = Some(lost.clone());
+                }
                 // A limit is named as one: what it is, and when it lifts. A last turn that
                 // ended on one leaves the work undone, whatever the exit says.
                 match (status, agent.limit, &mut reason) {
