@@ -526,3 +526,37 @@ fn crew_agents_steer_reaches_a_placed_agent_mid_task() {
         "go left\n"
     );
 }
+
+#[test]
+fn crew_agents_stop_stops_a_placed_agent_and_its_work_still_comes_back() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "echo begun > begun.txt; echo written; sleep 600",
+        ],
+    );
+    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
+    crew_tests::wait_until(60, "the remote agent's line", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains("written"))
+    });
+    let stop = env.crew(&repo, ["agents", "stop", "shell"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
+    let record = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert_eq!(record["status"], "stopped", "{record:#}");
+    // Stopped there gracefully: what it did came back, checked, as its branch here.
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:begun.txt")]),
+        "begun\n"
+    );
+}
