@@ -417,12 +417,14 @@ fn runs_resume_takes_a_placed_task_up_from_the_work_it_left_there_or_brought_bac
     );
 }
 
-/// Against a real cluster: `cargo test -p crew-tests --test it -- --ignored kubernetes` with
-/// `KUBECONFIG` naming one and `CREW_TEST_KUBE_IMAGE` an image that holds git, a shell and
-/// this crew as `/usr/local/bin/crew`. Without a cluster it is reported as ignored, never as
-/// passed.
+/// Against a real cluster: it runs when `KUBECONFIG` names one as the tests are built (see
+/// `tests/build.rs`), with `CREW_TEST_KUBE_IMAGE` an image that holds git, a shell and this
+/// crew as `/usr/local/bin/crew`. Without a cluster it is reported as ignored, never as passed.
 #[test]
-#[ignore = "needs a Kubernetes cluster: KUBECONFIG and CREW_TEST_KUBE_IMAGE"]
+#[cfg_attr(
+    not(crew_kube_cluster),
+    ignore = "needs a Kubernetes cluster: KUBECONFIG (and CREW_TEST_KUBE_IMAGE)"
+)]
 fn kubernetes_a_task_runs_in_a_pod_of_its_own_and_its_work_comes_back() {
     let kubeconfig =
         std::env::var("KUBECONFIG").expect("KUBECONFIG names the cluster this test runs against");
