@@ -23,6 +23,7 @@
 //! next `base` or `work` message closes. The agent never writes to the shim's stdout: its own
 //! stdio are pipes of the shim's supervisor, and what it prints arrives as `output`.
 
+use camino::Utf8Path;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AgentDef;
@@ -205,4 +206,27 @@ pub enum FromShim {
         /// What went wrong, for people.
         message: String,
     },
+}
+
+/// The git side of a shim's clones (crew-worktree's `GitClones`): what the shim needs of a
+/// repository that is not the host's. Called from blocking threads.
+pub trait CloneStore: Send + Sync + std::fmt::Debug {
+    /// Makes the clone at `dir` when missing (with nothing checked out), or opens it.
+    fn open_clone(&self, dir: &Utf8Path) -> Result<(), String>;
+    /// Whether the repository holds `commit`.
+    fn has_commit(&self, repo: &Utf8Path, commit: &str) -> Result<bool, String>;
+    /// Takes in `commit`'s history from the pack file `pack`, and names it so that it stays.
+    fn import_base(&self, repo: &Utf8Path, pack: &Utf8Path, commit: &str) -> Result<(), String>;
+    /// Writes the commits from `base` to `branch` as a pack to `out`; what they are.
+    fn pack_work(
+        &self,
+        repo: &Utf8Path,
+        base: &str,
+        branch: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<WorkClaim, String>;
+    /// The commit `branch` points to, if it exists.
+    fn branch_tip(&self, repo: &Utf8Path, branch: &str) -> Option<String>;
+    /// Deletes `branch` if it is still at `tip` (gone already is fine).
+    fn drop_branch(&self, repo: &Utf8Path, branch: &str, tip: &str) -> Result<(), String>;
 }

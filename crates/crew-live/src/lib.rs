@@ -108,6 +108,7 @@ pub mod publish;
 pub mod registry;
 pub mod runner;
 pub mod sandbox;
+pub mod shim;
 pub mod spawn;
 pub mod watch;
 

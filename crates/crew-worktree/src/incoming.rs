@@ -559,6 +559,48 @@ fn parse_id(field: &'static str, value: &str) -> Result<Oid, IncomingError> {
     Oid::from_str(value).map_err(|_| bad())
 }
 
+/// The git side of a shim's clones, for `crew_core::shim::CloneStore`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GitClones;
+
+impl crew_core::shim::CloneStore for GitClones {
+    fn open_clone(&self, dir: &Utf8Path) -> Result<(), String> {
+        open_clone(dir).map_err(|error| error.to_string())
+    }
+
+    fn has_commit(&self, repo: &Utf8Path, commit: &str) -> Result<bool, String> {
+        has_commit(repo, commit).map_err(|error| error.to_string())
+    }
+
+    fn import_base(&self, repo: &Utf8Path, pack: &Utf8Path, commit: &str) -> Result<(), String> {
+        import_base(repo, pack, commit).map_err(|error| error.to_string())
+    }
+
+    fn pack_work(
+        &self,
+        repo: &Utf8Path,
+        base: &str,
+        branch: &str,
+        out: &mut dyn Write,
+    ) -> Result<WorkClaim, String> {
+        pack_work(repo, base, branch, out).map_err(|error| error.to_string())
+    }
+
+    fn branch_tip(&self, repo: &Utf8Path, branch: &str) -> Option<String> {
+        branch_tip(repo, branch)
+    }
+
+    fn drop_branch(&self, repo: &Utf8Path, branch: &str, tip: &str) -> Result<(), String> {
+        match crate::inspect::drop_branch(repo, branch, tip) {
+            crate::inspect::BranchDrop::Deleted | crate::inspect::BranchDrop::Missing => Ok(()),
+            crate::inspect::BranchDrop::Moved { tip } => Err(format!(
+                "it moved on to {tip}, so it holds more than the work sent"
+            )),
+            crate::inspect::BranchDrop::Refused { message } => Err(message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::safe_path;
