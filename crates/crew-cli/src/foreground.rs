@@ -154,7 +154,14 @@ async fn print_progress(
                     if let Some(pid) = task.pid {
                         let _ = write!(line, "  pid {pid}");
                     }
-                    if let Some(workspace) = &task.workspace {
+                    // A placed task's directory here is only where its work arrives.
+                    if let Some(placement) = &task.placement {
+                        let _ = write!(
+                            line,
+                            "  {}",
+                            ctx.ui.paint(&format!("on {placement}"), Style::Dim)
+                        );
+                    } else if let Some(workspace) = &task.workspace {
                         let _ = write!(
                             line,
                             "  {}",

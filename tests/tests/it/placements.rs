@@ -55,6 +55,10 @@ fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its
         ["run", "--placement", "box", "--agent", "shell", &prompt],
     );
     assert!(output.status.success(), "{}", render_output(&output));
+    // The run says where its task works: on the placement, not in its scratch directory here.
+    let said = render_output(&output);
+    assert!(said.contains("1 task(s) (all on placements)"), "{said}");
+    assert!(said.contains("on box"), "{said}");
     let run = run_ids(&env, &repo).remove(0);
     let recorded = manifest(&env, &repo, &run);
     let record = task(&recorded, "shell");

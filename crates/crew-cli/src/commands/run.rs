@@ -175,8 +175,18 @@ fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<
 
 #[allow(clippy::print_stdout)]
 fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
+    let placed = manifest
+        .tasks
+        .iter()
+        .filter(|task| task.placement.is_some())
+        .count();
+    let elsewhere = match placed {
+        0 => String::new(),
+        placed if placed == manifest.tasks.len() => " (all on placements)".to_owned(),
+        placed => format!(" ({placed} on placements)"),
+    };
     out!(
-        "crew: run {} — {} task(s), {} mode, up to {} at once",
+        "crew: run {} — {} task(s){elsewhere}, {} mode, up to {} at once",
         manifest.run_id,
         manifest.tasks.len(),
         manifest.workspace_mode,
