@@ -8,7 +8,7 @@
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output, tree_fingerprint, write};
 
-use crate::common::runs::{manifest, run_ids, task};
+use crate::common::runs::{manifest, run_ids, task, try_manifest};
 
 /// What the world outside crew's roots looks like: the home directory, a sibling repository
 /// (worktree, `.git` included), the leader's own files and its git config and hooks.
@@ -385,7 +385,9 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
         // Waiting in the run's record, not only in the live listing, which is told first.
         let run = crew_tests::wait_until(30, "the task to wait for its answer", || {
             let run = run_ids(&env, &repo).into_iter().next()?;
-            (task(&manifest(&env, &repo, &run), "shell")["status"] == "waiting").then_some(run)
+            // The run's directory may come a moment before its manifest.
+            let recorded = try_manifest(&env, &repo, &run)?;
+            (task(&recorded, "shell")["status"] == "waiting").then_some(run)
         });
         host.kill().unwrap();
         host.wait().unwrap();

@@ -1,4 +1,4 @@
-//! `crew kube-transport` (hidden): the transport of a `kubernetes` placement
+//! `crew-kube-transport` (a program beside `crew`): the transport of a `kubernetes` placement
 //! (docs/distributed.md, "Transports"). A placed task's supervisor starts it as it starts
 //! `crew shim` or `ssh` for the other kinds; it makes the task's Secret and Job, waits for the
 //! pod, and joins its own stdin and stdout to the pod's attach stream, so that the host's driver
@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
 /// The transport of a kubernetes placement (started by crew for a placed task).
@@ -218,7 +217,7 @@ fn passed(patterns: &[String]) -> BTreeMap<String, String> {
 }
 
 #[allow(clippy::print_stderr)]
-pub async fn cmd_kube_transport(args: KubeTransportArgs, _ui: Ui) -> Result<Outcome, CliError> {
+pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliError> {
     use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
     let failed = |what: &str| {

@@ -77,9 +77,6 @@ pub enum Command {
     /// The background host of a detached run (started by `crew run --detach`).
     #[command(hide = true)]
     Host(run::HostArgs),
-    /// The transport of a kubernetes placement (started by crew for a placed task).
-    #[command(hide = true)]
-    KubeTransport(kube::KubeTransportArgs),
 }
 
 impl Command {
@@ -91,7 +88,6 @@ impl Command {
             | Command::Demo(_)
             | Command::Serve(_)
             | Command::Shim(_)
-            | Command::KubeTransport(_)
             | Command::Mcp(_) => true,
             Command::Runs(command) => matches!(command, runs::RunsCommand::Resume(_)),
             // A follow-up or resume whose run has no live host hosts it here.
@@ -127,6 +123,5 @@ pub async fn run(command: Command, ui: Ui) -> Result<Outcome, CliError> {
         Command::Shim(args) => shim::cmd_shim(args, ui).await,
         Command::Completions(args) => completions::cmd_completions(args),
         Command::Host(args) => run::cmd_host(args, ui).await,
-        Command::KubeTransport(args) => kube::cmd_kube_transport(args, ui).await,
     }
 }

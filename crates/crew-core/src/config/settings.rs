@@ -215,7 +215,7 @@ pub enum PlacementKind {
     /// `ssh <host> <crew> shim`: the user's own ssh, keys and configuration.
     Ssh,
     /// A Kubernetes Job per task in the user's image, `crew shim` its container's command,
-    /// reached through the pod's attach stream (`crew kube-transport`).
+    /// reached through the pod's attach stream (`crew-kube-transport`).
     Kubernetes,
 }
 
@@ -274,9 +274,10 @@ impl PlacementDef {
     pub fn transport(&self, crew: &str, task: &PlacedTask) -> Vec<String> {
         match self.kind {
             PlacementKind::Kubernetes => {
+                // A program of its own beside crew (`crew-kube-transport`).
+                let transport = format!("{crew}-kube-transport");
                 let mut argv: Vec<String> = [
-                    crew,
-                    "kube-transport",
+                    transport.as_str(),
                     "--image",
                     self.image.as_deref().unwrap_or_default(),
                     "--dir",

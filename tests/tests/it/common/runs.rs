@@ -80,6 +80,16 @@ pub fn task<'a>(manifest: &'a serde_json::Value, id: &str) -> &'a serde_json::Va
         .unwrap()
 }
 
+/// The manifest of `run` once it can be read (`None` while the run is still being made).
+pub fn try_manifest(env: &TestEnv, dir: &Utf8Path, run: &str) -> Option<serde_json::Value> {
+    let output = env.crew(dir, ["runs", "show", run, "--json"]);
+    output
+        .status
+        .success()
+        .then(|| serde_json::from_slice(&output.stdout).ok())
+        .flatten()
+}
+
 /// The manifest of `run`, as `crew runs show --json` prints it.
 pub fn manifest(env: &TestEnv, dir: &Utf8Path, run: &str) -> serde_json::Value {
     let output = env.crew(dir, ["runs", "show", run, "--json"]);
