@@ -58,7 +58,8 @@ pub fn shell_worktree_args(tasks: &[&str]) -> Vec<String> {
     args
 }
 
-/// The ids of the runs of the workspace at `dir`, newest first.
+/// The ids of the runs of the workspace at `dir` whose manifest can be read, newest first (a
+/// run being made has its directory a moment before its manifest).
 pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
     let output = env.crew(dir, ["runs", "list", "--json"]);
     assert!(output.status.success(), "{}", render_output(&output));
@@ -66,6 +67,7 @@ pub fn run_ids(env: &TestEnv, dir: &Utf8Path) -> Vec<String> {
     runs.as_array()
         .unwrap()
         .iter()
+        .filter(|run| run["error"].is_null())
         .map(|run| run["run_id"].as_str().unwrap().to_owned())
         .collect()
 }
