@@ -477,14 +477,10 @@ fn ensure_private_dir(dir: &Utf8Path, uid: u32) -> Result<(), ControlError> {
 
 /// A short, stable name for a workspace.
 pub fn workspace_hash(workspace: &WorkspaceId) -> String {
-    let hash = workspace
-        .as_path()
-        .as_str()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-    format!("{hash:016x}")
+    format!(
+        "{:016x}",
+        crew_core::ids::stable_hash(workspace.as_path().as_str())
+    )
 }
 
 /// A host's control socket, served until dropped.

@@ -770,11 +770,7 @@ impl PackBuffer {
 /// The directory of a project's clone under the shim's root: readable, and distinct for
 /// distinct project ids (an FNV-1a hash of the whole id follows the folder's name).
 fn clone_name(project: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in project.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
+    let hash = crew_core::ids::stable_hash(project);
     let name = project
         .rsplit('/')
         .find(|part| !part.is_empty())

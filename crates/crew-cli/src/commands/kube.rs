@@ -154,7 +154,7 @@ pub fn object_name(run: &str, task: &str) -> String {
         })
         .collect();
     if name != wanted || name.len() > 63 {
-        let hash = format!("{:08x}", fnv(&wanted) as u32);
+        let hash = format!("{:08x}", crew_core::ids::stable_hash(&wanted) as u32);
         name.truncate(63 - 9);
         name = format!("{}-{hash}", name.trim_end_matches('-'));
     }
@@ -167,7 +167,10 @@ fn project_label(project: &str) -> String {
         .rsplit('/')
         .find(|part| !part.is_empty())
         .unwrap_or("project");
-    label_value(&format!("{folder}-{:016x}", fnv(project)))
+    label_value(&format!(
+        "{folder}-{:016x}",
+        crew_core::ids::stable_hash(project)
+    ))
 }
 
 /// `value` as a label value allows (letters, digits, `-`, `_`, `.`; at most 63; alphanumeric
@@ -191,15 +194,6 @@ fn label_value(value: &str) -> String {
     cleaned
         .trim_matches(|c: char| !c.is_ascii_alphanumeric())
         .to_owned()
-}
-
-fn fnv(text: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
 }
 
 /// The values of what `patterns` names, from this process's environment.
