@@ -468,6 +468,14 @@ impl fmt::Debug for WorkspaceId {
     }
 }
 
+/// A hash of `text` that is the same on every machine and in every version of crew (FNV-1a,
+/// 64 bits): what names derived from an id (a socket, a placement's clone, a label) use.
+pub fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,12 +577,4 @@ mod tests {
         assert_eq!(safe_segment(""), "_");
         assert_eq!(safe_segment(&"y".repeat(300)).len(), 100);
     }
-}
-
-/// A hash of `text` that is the same on every machine and in every version of crew (FNV-1a,
-/// 64 bits): what names derived from an id (a socket, a placement's clone, a label) use.
-pub fn stable_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
