@@ -53,7 +53,7 @@ impl BaseEnv {
 }
 
 /// `pattern` is an exact name or a prefix ending in `*`.
-pub(crate) fn matches(pattern: &str, name: &[u8]) -> bool {
+fn matches(pattern: &str, name: &[u8]) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix.as_bytes()),
         None => name == pattern.as_bytes(),
@@ -64,6 +64,21 @@ fn is_git_location(name: &[u8]) -> bool {
     GIT_LOCATION_VARIABLES
         .iter()
         .any(|variable| variable.as_bytes() == name)
+}
+
+/// This process's values of the variables `patterns` name (a trailing `*` matches a prefix),
+/// git's location variables aside as for an agent: what an agent that passes them would see
+/// here, for a placement to give it there (in `start`, or a Kubernetes Secret).
+pub fn passed_values(patterns: &[String]) -> std::collections::BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, _)| {
+            !is_git_location(name.as_bytes())
+                && patterns
+                    .iter()
+                    .any(|pattern| matches(pattern, name.as_bytes()))
+        })
+        .collect()
 }
 
 /// The complete environment of an agent, in the order it is applied.

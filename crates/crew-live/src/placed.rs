@@ -143,7 +143,7 @@ impl Driver {
             base: self.placed.base.clone(),
             from: self.placed.from.clone(),
             env: if self.placed.send_env {
-                passed_env(&self.placed.agent)
+                crate::env::passed_values(&self.placed.agent.pass_env)
             } else {
                 Default::default()
             },
@@ -426,19 +426,4 @@ impl Driver {
         }
         self.show(line);
     }
-}
-
-/// The host's values of what `agent`'s `pass_env` names (git's location variables aside, as
-/// here): what the agent would see here, for the placement to give it there.
-fn passed_env(agent: &AgentDef) -> std::collections::BTreeMap<String, String> {
-    std::env::vars_os()
-        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
-        .filter(|(name, _)| {
-            !crew_core::config::GIT_LOCATION_VARIABLES.contains(&name.as_str())
-                && agent
-                    .pass_env
-                    .iter()
-                    .any(|pattern| crate::env::matches(pattern, name.as_bytes()))
-        })
-        .collect()
 }

@@ -196,20 +196,6 @@ fn label_value(value: &str) -> String {
         .to_owned()
 }
 
-/// The values of what `patterns` names, from this process's environment.
-fn passed(patterns: &[String]) -> BTreeMap<String, String> {
-    std::env::vars()
-        .filter(|(name, _)| {
-            patterns
-                .iter()
-                .any(|pattern| match pattern.strip_suffix('*') {
-                    Some(prefix) => name.starts_with(prefix),
-                    None => name == pattern,
-                })
-        })
-        .collect()
-}
-
 #[allow(clippy::print_stderr)]
 pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliError> {
     use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -225,7 +211,7 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliE
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let (secret, job) = task_objects(&args, &passed(&args.pass_env));
+    let (secret, job) = task_objects(&args, &crew_live::env::passed_values(&args.pass_env));
     let name = object_name(&args.run, &args.task);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
