@@ -631,12 +631,7 @@ async fn control(session: &Session, out: &Out, tasks: &Tasks, task: TaskId, what
         .get(&task)
         .map(|held| held.run.clone());
     let (Some(run), Some(host)) = (run, session.host.as_ref()) else {
-        refuse(
-            out,
-            Some(task.clone()),
-            "unknown_task",
-            format!("no task {task} here"),
-        );
+        unknown(out, &task);
         return;
     };
     let registry = host.runner().host().registry();
@@ -676,32 +671,28 @@ async fn control(session: &Session, out: &Out, tasks: &Tasks, task: TaskId, what
 /// The host holds the work now: the clone's copy of the branch goes, if it is still where it
 /// was sent from.
 fn release(session: &Session, out: &Out, tasks: &Tasks, task: TaskId) {
-    let held = tasks
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .remove(&task);
+    let held = {
+        let mut held = tasks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match held.get(&task) {
+            None => None,
+            Some(running) if running.canceller.is_some() => {
+                refuse(
+                    out,
+                    Some(task.clone()),
+                    "release",
+                    format!("task {task} still runs; stop it first"),
+                );
+                return;
+            }
+            Some(_) => held.remove(&task),
+        }
+    };
     let Some(held) = held else {
-        refuse(
-            out,
-            Some(task.clone()),
-            "unknown_task",
-            format!("no task {task} here"),
-        );
+        unknown(out, &task);
         return;
     };
-    if held.canceller.is_some() {
-        refuse(
-            out,
-            Some(task.clone()),
-            "release",
-            format!("task {task} still runs; stop it first"),
-        );
-        tasks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(task, held);
-        return;
-    }
     for (branch, tip) in held.kept.iter().chain(held.prior.iter()) {
         if let Err(why) = session
             .options
@@ -718,6 +709,16 @@ fn release(session: &Session, out: &Out, tasks: &Tasks, task: TaskId) {
         }
     }
     let _ = out.send(FromShim::Released { task });
+}
+
+/// A request about a task this shim does not hold.
+fn unknown(out: &Out, task: &TaskId) {
+    refuse(
+        out,
+        Some(task.clone()),
+        "unknown_task",
+        format!("no task {task} here"),
+    );
 }
 
 fn refuse(out: &Out, task: Option<TaskId>, code: &str, message: String) {
