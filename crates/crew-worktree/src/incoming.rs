@@ -176,23 +176,13 @@ pub fn pack_work(
     out: &mut dyn Write,
 ) -> Result<WorkClaim, IncomingError> {
     let repo = open(repo_root)?;
-    let git = |what| {
-        move |source| IncomingError::Git {
-            repo: repo_root.to_string(),
-            what,
-            source,
-        }
-    };
+    let git = |what| git_failed(repo_root, what);
     let base = parse_id("base", base)?;
     let tip = repo
         .revparse_single(branch)
         .and_then(|object| object.peel_to_commit())
         .map_err(git("read the task's branch"))?;
-    let mut walk = repo.revwalk().map_err(git("walk the work's commits"))?;
-    walk.push(tip.id())
-        .map_err(git("walk the work's commits"))?;
-    walk.hide(base).map_err(git("walk the work's commits"))?;
-    write_pack(&repo, &mut walk, out).map_err(git("pack the work"))?;
+    write_pack(&repo, tip.id(), Some(base), out).map_err(git("pack the work"))?;
     Ok(WorkClaim {
         base: base.to_string(),
         tip: tip.id().to_string(),
@@ -208,17 +198,9 @@ pub fn pack_history(
     out: &mut dyn Write,
 ) -> Result<(), IncomingError> {
     let repo = open(repo_root)?;
-    let git = |what| {
-        move |source| IncomingError::Git {
-            repo: repo_root.to_string(),
-            what,
-            source,
-        }
-    };
+    let git = |what| git_failed(repo_root, what);
     let commit = parse_id("base", commit)?;
-    let mut walk = repo.revwalk().map_err(git("walk the base's history"))?;
-    walk.push(commit).map_err(git("walk the base's history"))?;
-    write_pack(&repo, &mut walk, out).map_err(git("pack the base's history"))
+    write_pack(&repo, commit, None, out).map_err(git("pack the base's history"))
 }
 
 /// A clone of crew's own at `dir` (made, with nothing checked out, when missing): where a shim
@@ -311,13 +293,20 @@ pub fn import_base(
     }
 }
 
+/// Writes the commits reachable from `tip` (and not from `hide`) as a pack to `out`.
 fn write_pack(
     repo: &Repository,
-    walk: &mut git2::Revwalk<'_>,
+    tip: Oid,
+    hide: Option<Oid>,
     out: &mut dyn Write,
 ) -> Result<(), git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(tip)?;
+    if let Some(hide) = hide {
+        walk.hide(hide)?;
+    }
     let mut builder = repo.packbuilder()?;
-    builder.insert_walk(walk)?;
+    builder.insert_walk(&mut walk)?;
     let mut written = Ok(());
     builder.foreach(|chunk| {
         written = out.write_all(chunk);
@@ -340,13 +329,7 @@ fn write_objects(
         what: "read",
         source,
     })?;
-    let git = |what| {
-        move |source| IncomingError::Git {
-            repo: repo_root.to_string(),
-            what,
-            source,
-        }
-    };
+    let git = |what| git_failed(repo_root, what);
     let odb = repo.odb().map_err(git("open the object store"))?;
     let mut writer = odb.packwriter().map_err(git("open the object store"))?;
     std::io::copy(&mut file, &mut writer)
@@ -362,13 +345,7 @@ fn write_objects(
 /// Takes in work another repository sent (see the module documentation for the steps).
 pub fn accept_work(request: &AcceptWork<'_>) -> Result<Accepted, IncomingError> {
     let repo = open(request.repo_root)?;
-    let git = |what| {
-        move |source| IncomingError::Git {
-            repo: request.repo_root.to_string(),
-            what,
-            source,
-        }
-    };
+    let git = |what| git_failed(request.repo_root, what);
     let claim = request.claim;
     let base = parse_id("base", &claim.base)?;
     let tip = parse_id("tip", &claim.tip)?;
@@ -538,6 +515,16 @@ fn safe_path(path: &str) -> bool {
                 && !part.eq_ignore_ascii_case(".git")
                 && !part.contains('\\')
         })
+}
+
+/// What makes a git failure in `repo` doing `what` an [`IncomingError`].
+fn git_failed(repo: &Utf8Path, what: &'static str) -> impl Fn(git2::Error) -> IncomingError {
+    let repo = repo.to_string();
+    move |source| IncomingError::Git {
+        repo: repo.clone(),
+        what,
+        source,
+    }
 }
 
 fn open(repo_root: &Utf8Path) -> Result<Repository, IncomingError> {
