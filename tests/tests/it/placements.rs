@@ -496,28 +496,38 @@ fn a_placed_agents_question_is_listed_here_and_a_follow_up_answers_it_there() {
     );
 }
 
+/// `crew run --placement box --agent shell PROMPT` in the background, once its task printed
+/// `line` there: the host, the run's id and the task's log here.
+fn run_placed_until(
+    env: &TestEnv,
+    repo: &camino::Utf8Path,
+    prompt: &str,
+    line: &str,
+) -> (std::process::Child, String, Utf8PathBuf) {
+    let host = env.spawn_crew(
+        repo,
+        ["run", "--placement", "box", "--agent", "shell", prompt],
+    );
+    let run = crew_tests::wait_until(30, "the run", || run_ids(env, repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
+    crew_tests::wait_until(60, "the remote agent's line", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|log| log.contains(line))
+    });
+    (host, run, log)
+}
+
 #[test]
 fn crew_agents_steer_reaches_a_placed_agent_mid_task() {
     let env = TestEnv::new();
     let (repo, _shim) = project_with_box(&env);
-    let mut host = env.spawn_crew(
+    let (mut host, run, log) = run_placed_until(
+        &env,
         &repo,
-        [
-            "run",
-            "--placement",
-            "box",
-            "--agent",
-            "shell",
-            "echo ready; read line; echo \"got: $line\"; echo \"$line\" > steered.txt",
-        ],
+        "echo ready; read line; echo \"got: $line\"; echo \"$line\" > steered.txt",
+        "ready",
     );
-    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
-    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
-    crew_tests::wait_until(60, "the remote agent's first line", || {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|log| log.contains("ready"))
-    });
     let steer = env.crew(&repo, ["agents", "steer", "shell", "go left"]);
     assert!(steer.status.success(), "{}", render_output(&steer));
     let status = crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
@@ -537,24 +547,12 @@ fn crew_agents_steer_reaches_a_placed_agent_mid_task() {
 fn crew_agents_stop_stops_a_placed_agent_and_its_work_still_comes_back() {
     let env = TestEnv::new();
     let (repo, _shim) = project_with_box(&env);
-    let mut host = env.spawn_crew(
+    let (mut host, run, _log) = run_placed_until(
+        &env,
         &repo,
-        [
-            "run",
-            "--placement",
-            "box",
-            "--agent",
-            "shell",
-            "echo begun > begun.txt; echo written; sleep 600",
-        ],
+        "echo begun > begun.txt; echo written; sleep 600",
+        "written",
     );
-    let run = crew_tests::wait_until(30, "the run", || run_ids(&env, &repo).into_iter().next());
-    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log"));
-    crew_tests::wait_until(60, "the remote agent's line", || {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|log| log.contains("written"))
-    });
     let stop = env.crew(&repo, ["agents", "stop", "shell"]);
     assert!(stop.status.success(), "{}", render_output(&stop));
     crew_tests::wait_until(60, "the run's end", || host.try_wait().unwrap());
