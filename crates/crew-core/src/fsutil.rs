@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::time::{Duration, Instant};
 
 use camino::{Utf8Path, Utf8PathBuf};
@@ -183,12 +183,117 @@ pub fn write_atomic(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
     replace_file(path, contents, true)
 }
 
-/// [`write_atomic`] without waiting for the disk, for a file that describes the present (a live
-/// host's listing) and that a crash makes stale anyway: readers see the old content or the new,
-/// never a mix; after a power loss they may find either, or an empty file, and must treat a
-/// file they cannot parse as absent.
+/// [`write_exchanging`] without waiting for the disk, for a file that describes the present (a
+/// live host's listing) and that a crash makes stale anyway: readers see the old content or the
+/// new (but see [`write_exchanging`] on a reader that waits between opening and reading); after
+/// a power loss they may find either, or an empty file, and must treat a file they cannot parse
+/// as absent. One writer at a time.
 pub fn write_replace(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
-    replace_file(path, contents, false)
+    exchange_file(path, contents, false)
+}
+
+/// [`write_atomic`] for a file that is rewritten often by one writer at a time (the caller holds
+/// the lock that guards it): the new content goes to a spare file beside it (`.<name>.spare`),
+/// which is then exchanged with the file in one step (`renameat2` with `RENAME_EXCHANGE`). The
+/// spare keeps the previous content and is rewritten by the next write, so once both exist no
+/// write creates or deletes a file; on a file system that has freed many files recently, making
+/// one costs far more than writing it (ext4 looks for an inode it may reuse).
+///
+/// A reader sees the complete old file or the complete new one, like [`write_atomic`]'s, with
+/// one exception: a reader that opened the file and only reads it after two more writes may
+/// find it being rewritten (it has become the spare). Readers must read again when what they
+/// read does not parse. Where the file system cannot exchange two names, the spare is renamed
+/// over the file instead.
+pub fn write_exchanging(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
+    exchange_file(path, contents, true)
+}
+
+fn exchange_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), FileError> {
+    let write_error = |source| FileError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    check_replaceable(path)?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(write_error(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "path has no parent directory",
+        )));
+    };
+    let spare_path = dir.join(spare_name(name));
+    let spare = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&spare_path);
+    let mut spare = match spare {
+        Ok(spare) => spare,
+        // A symlink or anything else in the spare's place: not written through; replaced the
+        // way every other state file is.
+        Err(_) => return replace_file(path, contents, durable),
+    };
+    let alone = spare
+        .metadata()
+        .is_ok_and(|metadata| metadata.is_file() && metadata.nlink() == 1);
+    if !alone {
+        // Linked from elsewhere: writing it would write there too. Its name goes; the link
+        // stays whole.
+        drop(spare);
+        if let Err(source) = std::fs::remove_file(&spare_path) {
+            return Err(write_error(source));
+        }
+        return replace_file(path, contents, durable);
+    }
+    let result = (|| {
+        spare.set_len(0)?;
+        spare.write_all(contents)?;
+        if durable {
+            spare.sync_all()?;
+        }
+        drop(spare);
+        match rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            spare_path.as_std_path(),
+            rustix::fs::CWD,
+            path.as_std_path(),
+            rustix::fs::RenameFlags::EXCHANGE,
+        ) {
+            Ok(()) => {}
+            // No file yet (its first write), or a file system that cannot exchange names.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::INVAL) => {
+                std::fs::rename(&spare_path, path)?
+            }
+            Err(error) => return Err(io::Error::from(error)),
+        }
+        if durable { sync_dir(dir) } else { Ok(()) }
+    })();
+    result.map_err(write_error)
+}
+
+/// The spare file [`write_exchanging`] keeps beside a file named `name`.
+pub fn spare_name(name: &str) -> String {
+    format!(".{name}.spare")
+}
+
+/// Refuses to replace a symlink or anything but a regular file at `path`; a missing one is fine.
+fn check_replaceable(path: &Utf8Path) -> Result<(), FileError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_symlink() => Err(FileError::Symlink {
+            path: path.to_owned(),
+        }),
+        Ok(metadata) if !metadata.is_file() => Err(FileError::WrongType {
+            path: path.to_owned(),
+            expected: "regular file",
+        }),
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(FileError::Write {
+            path: path.to_owned(),
+            source,
+        }),
+    }
 }
 
 fn replace_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), FileError> {
@@ -196,22 +301,7 @@ fn replace_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), F
         path: path.to_owned(),
         source,
     };
-    match std::fs::symlink_metadata(path) {
-        Ok(metadata) if metadata.file_type().is_symlink() => {
-            return Err(FileError::Symlink {
-                path: path.to_owned(),
-            });
-        }
-        Ok(metadata) if !metadata.is_file() => {
-            return Err(FileError::WrongType {
-                path: path.to_owned(),
-                expected: "regular file",
-            });
-        }
-        Ok(_) => {}
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-        Err(source) => return Err(write_error(source)),
-    }
+    check_replaceable(path)?;
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(write_error(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -350,6 +440,65 @@ mod tests {
         assert_eq!(std::fs::read(&target).unwrap(), b"two");
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn an_exchanging_write_reuses_two_files_and_writes_through_no_link() {
+        use std::os::unix::fs::MetadataExt as _;
+        let (_dir, dir) = temp_dir();
+        let target = dir.join("manifest.json");
+        let spare = dir.join(spare_name("manifest.json"));
+        write_exchanging(&target, b"one").unwrap();
+        write_exchanging(&target, b"two").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"two");
+        assert_eq!(
+            std::fs::read(&spare).unwrap(),
+            b"one",
+            "the spare holds the write before"
+        );
+        let inodes = |path: &Utf8Path| std::fs::metadata(path).unwrap().ino();
+        let (first, second) = (inodes(&target), inodes(&spare));
+        write_exchanging(&target, b"three").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"three");
+        assert_eq!(
+            (inodes(&target), inodes(&spare)),
+            (second, first),
+            "the two files take turns; none is made"
+        );
+        let names = || {
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(), [".manifest.json.spare", "manifest.json"]);
+
+        // A spare linked to another file: that file is never written.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::fs::remove_file(&spare).unwrap();
+        std::fs::hard_link(&victim, &spare).unwrap();
+        write_exchanging(&target, b"four").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"four");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+
+        // A spare that is a symlink: not followed.
+        let _ = std::fs::remove_file(&spare);
+        std::os::unix::fs::symlink(&victim, &spare).unwrap();
+        write_replace(&target, b"five").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"five");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+
+        // A symlink in the file's place is refused, as by write_atomic.
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(matches!(
+            write_exchanging(&link, b"evil"),
+            Err(FileError::Symlink { .. })
+        ));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
     }
 
     #[test]

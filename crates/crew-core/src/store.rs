@@ -33,7 +33,7 @@ use crate::config::RetentionSettings;
 use crate::discovery::CREW_DIR;
 use crate::fsutil::{
     FileError, FileLock, LockError, ensure_real_dir, open_append_nofollow, open_nofollow,
-    open_rw_nofollow, read_nofollow, real_dir_exists, write_atomic,
+    open_rw_nofollow, read_nofollow, real_dir_exists, spare_name, write_atomic, write_exchanging,
 };
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
@@ -203,9 +203,10 @@ struct Written {
     manifest: RunManifest,
 }
 
-/// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it,
-/// so another writer's manifest is another inode (made while this one still existed), and a
-/// reused inode number would also need the same size and change times.
+/// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it
+/// (or, by its own host, exchanged with its spare), so another writer's manifest is another
+/// inode (made while this one still existed), and a reused inode number would also need the
+/// same size and change times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileStamp {
     dev: u64,
@@ -445,6 +446,27 @@ impl StateStore {
         }
     }
 
+    /// `look` at the run's manifest: [`StateStore::read_run`] without a copy of the manifest
+    /// when this store wrote it last (a runner looks up one task of a hundred at each start).
+    pub fn look_at_run<T>(
+        &self,
+        run_id: &RunId,
+        look: impl FnOnce(&RunManifest) -> T,
+    ) -> Result<T, StateError> {
+        {
+            let written = self
+                .written
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(entry) = written.get(run_id)
+                && self.still_in_place(run_id, entry.stamp)
+            {
+                return Ok(look(&entry.manifest));
+            }
+        }
+        Ok(look(&self.read_manifest_as(run_id)?))
+    }
+
     /// The manifest as this store last wrote it, if that is still the file in place (and the
     /// directories leading to it are still real directories).
     fn as_written(&self, run_id: &RunId) -> Option<RunManifest> {
@@ -534,11 +556,26 @@ impl StateStore {
             })?;
         }
         let path = self.manifest_path(run_id);
-        let bytes = read_nofollow(&path).map_err(|source| StateError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let manifest: T = match serde_json::from_slice(&bytes) {
+        let read = || {
+            read_nofollow(&path).map_err(|source| StateError::Read {
+                path: path.clone(),
+                source,
+            })
+        };
+        let mut bytes = read()?;
+        let mut parsed = serde_json::from_slice(&bytes);
+        // A running run's manifest is exchanged with a spare at each write: opened just before
+        // two writes, it may be read while it is being rewritten (`write_exchanging`). Read
+        // again before calling it corrupt.
+        for _ in 0..3 {
+            if parsed.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            bytes = read()?;
+            parsed = serde_json::from_slice(&bytes);
+        }
+        let manifest: T = match parsed {
             Ok(manifest) => manifest,
             Err(source) => {
                 return Err(match serde_json::from_slice::<SchemaProbe>(&bytes) {
@@ -614,8 +651,30 @@ impl StateStore {
         }
         // Whatever this store remembered of the run is no longer what is on disk.
         self.forget_written(&manifest.run_id);
-        write_atomic(&path, &json).map_err(|source| StateError::Write { path, source })?;
+        let hosted_here = manifest
+            .host
+            .as_ref()
+            .is_some_and(|host| host.identity.pid == std::process::id());
+        if running && hosted_here {
+            // Its host rewrites a running run's manifest at every step of every task:
+            // exchanged with a spare, no file is made or deleted per write. Any other process
+            // writes a new file, so that the host's memory of what it wrote (`FileStamp`, an
+            // inode) never takes that write for its own.
+            write_exchanging(&path, &json)
+        } else {
+            write_atomic(&path, &json)
+        }
+        .map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
         if !running {
+            // An ended run is rarely written again; its spare (the manifest before) goes.
+            let spare = self
+                .run_dir(&manifest.run_id)
+                .join(spare_name(MANIFEST_FILE));
+            // Best effort: the spare is never read, and a later write makes it again.
+            let _ = std::fs::remove_file(spare);
             self.remove_marker(&manifest.run_id)?;
         }
         Ok(())

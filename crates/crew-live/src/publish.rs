@@ -32,6 +32,10 @@ const SCHEMA_VERSION: u32 = 1;
 const ABANDONED_TEMP_AGE: Duration = Duration::from_secs(60);
 /// How long new output lines may wait before they are published.
 const OUTPUT_DELAY: Duration = Duration::from_secs(1);
+/// The least time between two writes of a listing: a change after a quiet spell is written at
+/// once, and the changes of a busy run (a hundred short tasks, each starting and ending) are
+/// written together at most this often.
+const WRITE_GAP: Duration = Duration::from_millis(20);
 
 /// A host's published listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,8 +71,13 @@ pub fn any_listing(state_dir: &Utf8Path) -> bool {
 
 /// Reads a published listing, when it exists, parses, and was written by `pid`.
 pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
-    let bytes = crew_core::fsutil::read_nofollow(path).ok()?;
-    let published: PublishedAgents = serde_json::from_slice(&bytes).ok()?;
+    let read = || {
+        let bytes = crew_core::fsutil::read_nofollow(path).ok()?;
+        serde_json::from_slice::<PublishedAgents>(&bytes).ok()
+    };
+    // A listing is exchanged with a spare at each write: one read just as it became the spare
+    // again may be cut short (`fsutil::write_replace`); the next read finds the current one.
+    let published = read().or_else(read)?;
     (published.pid == pid && published.schema_version == SCHEMA_VERSION).then_some(published.agents)
 }
 
@@ -139,14 +148,18 @@ impl Publisher {
 impl Drop for Publisher {
     fn drop(&mut self) {
         self.task.abort();
-        // Left behind, the listing names a dead pid and is swept as stale.
+        // Left behind, the listing names a dead pid and is swept as stale; so does its spare.
         let _ = std::fs::remove_file(&self.path);
+        if let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) {
+            let _ = std::fs::remove_file(dir.join(crew_core::fsutil::spare_name(name)));
+        }
     }
 }
 
 async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) {
     let mut events = host.subscribe();
     write(&host, &workspace, &path).await;
+    let mut written_at = Instant::now();
     let mut pending_output: Option<Instant> = None;
     loop {
         let deadline = pending_output.map(|since| since + OUTPUT_DELAY);
@@ -164,10 +177,12 @@ async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => true,
         };
         if urgent {
+            tokio::time::sleep_until(written_at + WRITE_GAP).await;
             // A burst (a run starting its agents) becomes one write.
             while events.try_recv().is_ok() {}
             pending_output = None;
             write(&host, &workspace, &path).await;
+            written_at = Instant::now();
         }
     }
 }

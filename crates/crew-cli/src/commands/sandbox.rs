@@ -9,6 +9,8 @@ use crate::ui::{Style, Ui};
 use crate::{CliError, Outcome};
 
 #[derive(Debug, clap::Subcommand)]
+// Built only when invoked, as the other subcommands are (see `commands::Command`).
+#[command(defer = true)]
 pub enum SandboxCommand {
     /// Say whether this machine confines agents (tried with a real process) and what each
     /// agent of this project may write.

@@ -259,6 +259,17 @@ impl Runner {
         Ok(blocking(move || store.read_run(&run_id)).await?)
     }
 
+    /// What `look` finds in the run's manifest, without copying all of it.
+    pub(super) async fn look<T: Send + 'static>(
+        &self,
+        run_id: &RunId,
+        look: impl FnOnce(&RunManifest) -> T + Send + 'static,
+    ) -> Result<T, RunError> {
+        let store = self.store.clone();
+        let run_id = run_id.clone();
+        Ok(blocking(move || store.look_at_run(&run_id, look)).await?)
+    }
+
     /// Records that a pending task ends without starting (cancelled, or skipped).
     pub(super) async fn finish_unstarted(
         &self,

@@ -229,19 +229,23 @@ impl RunContext {
 
     /// The workspace request of a task, with its upstream tasks' branches.
     async fn workspace_request(&self, task: &TaskRecord) -> Result<WorkspaceRequest, RunError> {
-        let manifest = self.runner.read(&self.run_id).await?;
-        let upstream = task
-            .depends_on
-            .iter()
-            .filter_map(|dep| manifest.task(dep))
-            .map(|dep| UpstreamWork {
-                task_id: dep.id.clone(),
-                branch: dep
-                    .teardown
-                    .as_ref()
-                    .and_then(|report| report.branch.clone()),
+        let depends_on = task.depends_on.clone();
+        let upstream = self
+            .runner
+            .look(&self.run_id, move |manifest| {
+                depends_on
+                    .iter()
+                    .filter_map(|dep| manifest.task(dep))
+                    .map(|dep| UpstreamWork {
+                        task_id: dep.id.clone(),
+                        branch: dep
+                            .teardown
+                            .as_ref()
+                            .and_then(|report| report.branch.clone()),
+                    })
+                    .collect()
             })
-            .collect();
+            .await?;
         Ok(WorkspaceRequest {
             workspace: self.runner.workspace.id().clone(),
             repo_root: self.runner.workspace.repo_root().map(Into::into),
@@ -411,8 +415,15 @@ impl RunContext {
 
     /// One task, from its workspace to its teardown. Returns its final status.
     pub(super) async fn run_task(self: Arc<Self>, task_id: TaskId) -> TaskStatus {
-        let task = match self.runner.read(&self.run_id).await {
-            Ok(manifest) => manifest.task(&task_id).cloned(),
+        let wanted = task_id.clone();
+        let task = match self
+            .runner
+            .look(&self.run_id, move |manifest| {
+                manifest.task(&wanted).cloned()
+            })
+            .await
+        {
+            Ok(task) => task,
             Err(error) => {
                 let reason = format!("could not read the run's manifest: {error}");
                 self.record_status(&task_id, TaskStatus::Failed, Some(reason))
