@@ -228,7 +228,7 @@ fn exchange_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), 
         .mode(0o600)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(&spare_path);
-    let mut spare = match spare {
+    let spare = match spare {
         Ok(spare) => spare,
         // A symlink or anything else in the spare's place: not written through; replaced the
         // way every other state file is.
@@ -247,8 +247,10 @@ fn exchange_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), 
         return replace_file(path, contents, durable);
     }
     let result = (|| {
-        spare.set_len(0)?;
-        spare.write_all(contents)?;
+        // Written over what the spare held, then cut to length: truncating first would free
+        // its blocks only for this write to allocate them again.
+        std::os::unix::fs::FileExt::write_all_at(&spare, contents, 0)?;
+        spare.set_len(contents.len() as u64)?;
         if durable {
             spare.sync_all()?;
         }

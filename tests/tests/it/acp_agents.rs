@@ -284,12 +284,19 @@ fn a_permission_request_is_the_tasks_question_and_the_answer_goes_to_the_running
         question.contains("deploy") && question.contains("allow (Allow once)"),
         "{question}"
     );
-    // The agents wait alive, and listings say who needs the user.
-    let listed = env.crew(&repo, ["agents", "list", "--json"]);
-    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
-    let agents = agents.as_array().unwrap();
-    assert_eq!(agents.len(), 2, "{agents:#?}");
-    for agent in agents {
+    // The agents wait alive, and listings say who needs the user (the host publishes its
+    // listing after it records the manifest, at most every 20 ms).
+    let agents = wait_until(30, "both agents listed as waiting", || {
+        let listed = env.crew(&repo, ["agents", "list", "--json"]);
+        let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).ok()?;
+        let agents = agents.as_array()?.clone();
+        (agents.len() == 2
+            && agents
+                .iter()
+                .all(|agent| agent["activity"] == "waiting_for_input"))
+        .then_some(agents)
+    });
+    for agent in &agents {
         assert_eq!(agent["activity"], "waiting_for_input", "{agent:#}");
         assert_eq!(agent["state"], "running", "{agent:#}");
         // What it said came in pieces; a person sees it as one line.
