@@ -138,6 +138,28 @@ pub fn read_nofollow(path: &Utf8Path) -> Result<Vec<u8>, FileError> {
     Ok(contents)
 }
 
+/// [`read_nofollow`] for a file [`write_exchanging`] or [`write_replace`] keeps: the contents,
+/// and whether the file stayed the same while it was read (its size and change time before
+/// and after). A reader that opened the file two writes ago may otherwise read it while it is
+/// rewritten, part old and part new; one that gets `false` reads again.
+pub fn read_nofollow_steady(path: &Utf8Path) -> Result<(Vec<u8>, bool), FileError> {
+    let read_error = |source| FileError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = open_nofollow(path)?;
+    let stamp = |file: &File| {
+        file.metadata()
+            .map(|metadata| (metadata.len(), metadata.ctime(), metadata.ctime_nsec()))
+    };
+    let before = stamp(&file).map_err(read_error)?;
+    let mut contents = Vec::new();
+    io::Read::read_to_end(&mut file, &mut contents).map_err(read_error)?;
+    let after = stamp(&file).map_err(read_error)?;
+    let steady = before == after && after.0 == contents.len() as u64;
+    Ok((contents, steady))
+}
+
 /// Opens (creating when missing, mode 0600) a file for appending, refusing a symlink.
 pub fn open_append_nofollow(path: &Utf8Path) -> Result<File, FileError> {
     OpenOptions::new()
@@ -201,8 +223,8 @@ pub fn write_replace(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> 
 ///
 /// A reader sees the complete old file or the complete new one, like [`write_atomic`]'s, with
 /// one exception: a reader that opened the file and only reads it after two more writes may
-/// find it being rewritten (it has become the spare). Readers must read again when what they
-/// read does not parse. Where the file system cannot exchange two names, the spare is renamed
+/// find it being rewritten (it has become the spare). Readers use [`read_nofollow_steady`] and
+/// read again when the file changed under them. Where the file system cannot exchange two names, the spare is renamed
 /// over the file instead.
 pub fn write_exchanging(path: &Utf8Path, contents: &[u8]) -> Result<(), FileError> {
     exchange_file(path, contents, true)
@@ -247,10 +269,10 @@ fn exchange_file(path: &Utf8Path, contents: &[u8], durable: bool) -> Result<(), 
         return replace_file(path, contents, durable);
     }
     let result = (|| {
-        // Written over what the spare held, then cut to length: truncating first would free
-        // its blocks only for this write to allocate them again.
+        // Emptied first: a reader cut short by this write (see `read_nofollow_steady`) reads
+        // a part of the new content only, never the old content's tail after it.
+        spare.set_len(0)?;
         std::os::unix::fs::FileExt::write_all_at(&spare, contents, 0)?;
-        spare.set_len(contents.len() as u64)?;
         if durable {
             spare.sync_all()?;
         }

@@ -33,7 +33,8 @@ use crate::config::RetentionSettings;
 use crate::discovery::CREW_DIR;
 use crate::fsutil::{
     FileError, FileLock, LockError, ensure_real_dir, open_append_nofollow, open_nofollow,
-    open_rw_nofollow, read_nofollow, real_dir_exists, spare_name, write_atomic, write_exchanging,
+    open_rw_nofollow, read_nofollow, read_nofollow_steady, real_dir_exists, spare_name,
+    write_atomic, write_exchanging,
 };
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
@@ -557,22 +558,22 @@ impl StateStore {
         }
         let path = self.manifest_path(run_id);
         let read = || {
-            read_nofollow(&path).map_err(|source| StateError::Read {
+            read_nofollow_steady(&path).map_err(|source| StateError::Read {
                 path: path.clone(),
                 source,
             })
         };
-        let mut bytes = read()?;
+        let (mut bytes, mut steady) = read()?;
         let mut parsed = serde_json::from_slice(&bytes);
         // A running run's manifest is exchanged with a spare at each write: opened just before
         // two writes, it may be read while it is being rewritten (`write_exchanging`). Read
-        // again before calling it corrupt.
-        for _ in 0..3 {
-            if parsed.is_ok() {
+        // again before trusting it or calling it corrupt.
+        for _ in 0..5 {
+            if steady && parsed.is_ok() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
-            bytes = read()?;
+            (bytes, steady) = read()?;
             parsed = serde_json::from_slice(&bytes);
         }
         let manifest: T = match parsed {

@@ -72,8 +72,10 @@ pub fn any_listing(state_dir: &Utf8Path) -> bool {
 /// Reads a published listing, when it exists, parses, and was written by `pid`.
 pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
     let read = || {
-        let bytes = crew_core::fsutil::read_nofollow(path).ok()?;
-        serde_json::from_slice::<PublishedAgents>(&bytes).ok()
+        let (bytes, steady) = crew_core::fsutil::read_nofollow_steady(path).ok()?;
+        steady
+            .then(|| serde_json::from_slice::<PublishedAgents>(&bytes).ok())
+            .flatten()
     };
     // A listing is exchanged with a spare at each write: one read just as it became the spare
     // again may be cut short (`fsutil::write_replace`); the next read finds the current one.

@@ -690,3 +690,91 @@ fn live_runs_are_found_through_the_running_index_without_reading_finished_ones()
     assert_eq!(store.reconcile().unwrap(), std::slice::from_ref(&running));
     assert_eq!(store.running_run_ids().unwrap(), Vec::<RunId>::new());
 }
+
+/// A host rewrites its running manifest by exchanging it with a spare: readers in other
+/// threads (other stores, which remember nothing) read it whole every time, whatever the
+/// moment; the host's store never takes another store's write for its own; and when the run
+/// ends, the spare goes.
+#[test]
+fn readers_of_a_manifest_its_host_keeps_rewriting_always_read_it_whole() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let run = hosted_run(&store, &workspace, HostIdentity::current().unwrap());
+    let run_dir = root.join(".crew/state/runs").join(run.as_str());
+    let spare = run_dir.join(".manifest.json.spare");
+    assert!(spare.exists(), "the host's first exchange left a spare");
+    let api = TaskId::parse("api").unwrap();
+    let writes = 300;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (root, run, done) = (root.clone(), run.clone(), done.clone());
+            std::thread::spawn(move || {
+                let (_, reader) = store_at(&root);
+                let mut reads = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let manifest = reader.read_run(&run).unwrap();
+                    assert_eq!(manifest.tasks.len(), 2);
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for write in 0..writes {
+        store
+            .update_run(&run, |manifest| {
+                // Lengths that change, so that a read cut short would not parse.
+                let reason = "x".repeat(write % 97);
+                manifest.task_mut(&api)?.reason = Some(reason);
+                Ok(())
+            })
+            .unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for reader in readers {
+        assert!(reader.join().unwrap() > 0);
+    }
+
+    // Another store writes the running manifest (a new file); the host's next change starts
+    // from that write, not from what it remembers.
+    let (_, other) = store_at(&root);
+    other
+        .update_run(&run, |manifest| {
+            manifest
+                .task_mut(&api)?
+                .warnings
+                .push("from elsewhere".into());
+            Ok(())
+        })
+        .unwrap();
+    store
+        .update_run(&run, |manifest| {
+            manifest.task_mut(&api)?.reason = Some("after".into());
+            Ok(())
+        })
+        .unwrap();
+    let manifest = store.read_run(&run).unwrap();
+    let task = manifest.task(&api).unwrap();
+    assert_eq!(task.warnings, ["from elsewhere"]);
+    assert_eq!(task.reason.as_deref(), Some("after"));
+
+    store
+        .update_run(&run, |manifest| {
+            manifest.host = None;
+            manifest.set_status(RunStatus::Interrupted)
+        })
+        .unwrap();
+    assert!(!spare.exists(), "an ended run keeps no spare");
+    assert_eq!(
+        store
+            .read_run(&run)
+            .unwrap()
+            .task(&api)
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("after")
+    );
+}
