@@ -452,32 +452,33 @@ impl StateStore {
     pub fn look_at_run<T>(
         &self,
         run_id: &RunId,
-        look: impl FnOnce(&RunManifest) -> T,
+        look: impl Fn(&RunManifest) -> T,
     ) -> Result<T, StateError> {
-        {
-            let written = self
-                .written
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(entry) = written.get(run_id)
-                && self.still_in_place(run_id, entry.stamp)
-            {
-                return Ok(look(&entry.manifest));
-            }
+        match self.look_at_written(run_id, &look) {
+            Some(found) => Ok(found),
+            None => Ok(look(&self.read_manifest_as(run_id)?)),
         }
-        Ok(look(&self.read_manifest_as(run_id)?))
     }
 
     /// The manifest as this store last wrote it, if that is still the file in place (and the
     /// directories leading to it are still real directories).
     fn as_written(&self, run_id: &RunId) -> Option<RunManifest> {
+        self.look_at_written(run_id, RunManifest::clone)
+    }
+
+    /// What `look` finds in [`StateStore::as_written`]'s manifest, without copying it.
+    fn look_at_written<T>(
+        &self,
+        run_id: &RunId,
+        look: impl FnOnce(&RunManifest) -> T,
+    ) -> Option<T> {
         let written = self
             .written
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let entry = written.get(run_id)?;
         self.still_in_place(run_id, entry.stamp)
-            .then(|| entry.manifest.clone())
+            .then(|| look(&entry.manifest))
     }
 
     /// [`StateStore::as_written`], taken out of the store's memory.

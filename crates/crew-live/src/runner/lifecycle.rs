@@ -263,7 +263,7 @@ impl Runner {
     pub(super) async fn look<T: Send + 'static>(
         &self,
         run_id: &RunId,
-        look: impl FnOnce(&RunManifest) -> T + Send + 'static,
+        look: impl Fn(&RunManifest) -> T + Send + 'static,
     ) -> Result<T, RunError> {
         let store = self.store.clone();
         let run_id = run_id.clone();
