@@ -77,8 +77,8 @@ pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
             .then(|| serde_json::from_slice::<PublishedAgents>(&bytes).ok())
             .flatten()
     };
-    // A listing is exchanged with a spare at each write: one read just as it became the spare
-    // again may be cut short (`fsutil::write_replace`); the next read finds the current one.
+    // A listing is exchanged with a spare at each write: one opened just before two writes may
+    // change while it is read (`fsutil::write_replace`); the next read finds the current one.
     let published = read().or_else(read)?;
     (published.pid == pid && published.schema_version == SCHEMA_VERSION).then_some(published.agents)
 }
@@ -110,8 +110,13 @@ pub fn remove_stale_listings(state_dir: &Utf8Path) {
         struct Writer {
             pid: u32,
         }
-        let stale = crew_core::fsutil::read_nofollow(path)
-            .ok()
+        let read = match crew_core::fsutil::read_nofollow_steady(path) {
+            // Being rewritten by its host as it was read: that host is alive.
+            Ok((_, false)) => continue,
+            Ok((bytes, true)) => Some(bytes),
+            Err(_) => None,
+        };
+        let stale = read
             .and_then(|bytes| serde_json::from_slice::<Writer>(&bytes).ok())
             .is_none_or(|published| {
                 crew_core::host::HostIdentity::of_pid(published.pid)
