@@ -45,10 +45,13 @@ fn a_run_on_a_terminal_draws_one_line_per_task_and_leaves_the_summary() {
     ) else {
         return;
     };
+    // The header counts from the tasks' statuses, the lines from the agents' events: two
+    // streams, so both are waited for.
     let live = tmux.screen_when("every task in its place", |screen| {
-        task_lines(screen, "a")
-            .first()
-            .is_some_and(|line| line.contains("step-a"))
+        screen.contains("1 waiting for you")
+            && task_lines(screen, "a")
+                .first()
+                .is_some_and(|line| line.contains("step-a"))
             && task_lines(screen, "b")
                 .first()
                 .is_some_and(|line| line.contains("waiting for you: which way?"))
