@@ -25,7 +25,7 @@ use std::time::Duration;
 use camino::{Utf8Path, Utf8PathBuf};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -44,7 +44,7 @@ use crate::placed::PlacedInput;
 use crate::procscan;
 use crate::protocol::ProtocolEvent;
 use crate::sandbox::{self, SandboxPlan};
-use crate::spawn::{LeftoverCount, Spawner, guard_with_warden};
+use crate::spawn::{LeftoverCount, Spawner, WardedCommand};
 
 /// The message a resume without one sends to agents whose `resume` template wants one.
 pub const DEFAULT_RESUME_MESSAGE: &str = "Continue where you left off.";
@@ -476,22 +476,10 @@ async fn launch(
             source,
         })?;
     let steerable = definition.steer != SteerMode::None || acp;
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .current_dir(&spec.dir)
-        .env_clear()
-        .envs(agent_env(&launcher.env, definition, &crew_vars))
-        .stdin(if steerable {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        })
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(false);
-    let leftovers = guard_with_warden(
-        &mut command,
+    let mut warded = WardedCommand::new(
+        program,
+        args,
+        agent_env(&launcher.env, definition, &crew_vars),
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
     )
@@ -500,6 +488,15 @@ async fn launch(
         program: program.clone(),
         source,
     })?;
+    warded.current_dir(&spec.dir).stdio(
+        if steerable {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        },
+        std::process::Stdio::piped(),
+        std::process::Stdio::piped(),
+    );
 
     let mut log = open_log(spec)?;
     if log.written() > 0 {
@@ -513,10 +510,10 @@ async fn launch(
             .as_bytes(),
         );
     }
-    let mut child =
+    let (mut child, leftovers) =
         launcher
             .spawner
-            .spawn(command)
+            .spawn(warded)
             .await
             .map_err(|source| SpawnAgentError::Spawn {
                 agent_id: spec.agent_id.clone(),

@@ -9,7 +9,6 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::time::{Duration, Instant};
 
 use camino::{Utf8Path, Utf8PathBuf};
-use tokio::process::Command;
 
 use crew_core::env_vars;
 use crew_core::model::CheckRecord;
@@ -17,7 +16,7 @@ use crew_core::model::CheckRecord;
 use crate::agent::{AgentSpec, Launcher, confinement, private_temp_dir};
 use crate::env::agent_env;
 use crate::procscan;
-use crate::spawn::guard_with_warden;
+use crate::spawn::WardedCommand;
 
 /// How much of the end of a check's output its record keeps.
 const TAIL_BYTES: u64 = 2048;
@@ -87,23 +86,21 @@ async fn run(
         vars.push((name.as_str(), value.clone()));
     }
     let prepared = confinement(spec, launcher, temp_path).map_err(|error| error.to_string())?;
-    let mut child_command = Command::new("sh");
-    child_command
-        .arg("-c")
-        .arg(command)
-        .current_dir(&spec.dir)
-        .env_clear()
-        .envs(agent_env(&launcher.env, &spec.definition, &vars))
-        .stdin(std::process::Stdio::null())
-        .stdout(output)
-        .stderr(errors)
-        .kill_on_drop(false);
     let marker = procscan::agent_marker(&spec.agent_id);
-    let _leftovers = guard_with_warden(&mut child_command, &marker, prepared.ruleset)
-        .map_err(|error| format!("could not start sh: {error}"))?;
-    let mut child = launcher
+    let mut warded = WardedCommand::new(
+        "sh",
+        ["-c", command],
+        agent_env(&launcher.env, &spec.definition, &vars),
+        &marker,
+        prepared.ruleset,
+    )
+    .map_err(|error| format!("could not start sh: {error}"))?;
+    warded
+        .current_dir(&spec.dir)
+        .stdio(std::process::Stdio::null(), output, errors);
+    let (mut child, _leftovers) = launcher
         .spawner
-        .spawn(child_command)
+        .spawn(warded)
         .await
         .map_err(|error| format!("could not start sh: {error}"))?;
     let pid = child.id();

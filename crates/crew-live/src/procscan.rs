@@ -30,7 +30,7 @@ pub fn parent_and_name(pid: u32) -> Option<(u32, String)> {
 }
 
 /// The wardens among the ancestors of `pid` (itself included), nearest first, each with its
-/// parent (the host that forked it).
+/// parent (the host that started it).
 pub fn warden_ancestors(pid: u32) -> Vec<(u32, u32)> {
     let mut wardens = Vec::new();
     let mut current = pid;

@@ -14,8 +14,9 @@
 //! - signals to processes outside its own sandbox are refused (Landlock ABI 6 and newer), so an
 //!   agent cannot kill its host or the user's other programs.
 //!
-//! The ruleset is built in the host before the fork (opening the paths allocates); the forked
-//! process only makes the two system calls that apply it, which are async-signal-safe.
+//! The ruleset is built in the host (opening the paths allocates); the agent's warden inherits
+//! its descriptor, and the process it forks for the agent only makes the two system calls that
+//! apply it.
 //!
 //! Where the kernel has no Landlock, or the user turned the sandbox off, agents run unconfined;
 //! the task's record says so, and crew's own checks (the tripwire on the shared git directory,

@@ -1,7 +1,7 @@
 //! Starting agent processes so that they can never outlive their host.
 //!
-//! Every agent gets a small **warden**: the process the host forks is made leader of a new
-//! process group, asks the kernel for a signal when its parent thread dies
+//! Every agent gets a small **warden**: a process of its own that the host starts, leader of a
+//! new process group, which asks the kernel for a signal when its parent thread dies
 //! (`PR_SET_PDEATHSIG`), then forks the agent itself and waits for it. The agent and
 //! everything it starts live in the warden's group.
 //!
@@ -14,18 +14,26 @@
 //! - The warden ignores TERM and INT: a graceful stop (TERM to the group) reaches the agent, and
 //!   the warden simply reports how the agent ended.
 //!
-//! The parent-death signal fires when the *thread* that forked dies, so every fork happens on
-//! one dedicated spawner thread that lives as long as the [`crate::AgentHost`]: tokio's blocking
-//! threads come and go and would kill agents with them.
+//! The warden is the host's own executable started again (`/proc/self/exe`, with
+//! `posix_spawn`), not a fork of the host: a fork would share the host's memory copy-on-write
+//! for as long as the agent lives, and the host, which keeps writing its memory, would pay a
+//! page fault and a copy for each page it touched after every start. Started again, the warden
+//! is caught before `main` by a function this crate places in the executable's initializers
+//! ([`WARDEN_ENTRY`]): any program that embeds crew-live can start agents, and none of them
+//! runs its `main` as a warden. Until it execs the agent, the warden runs with nothing of
+//! Rust's runtime set up: it makes raw `libc` calls, allocates nothing and never returns.
 //!
-//! The warden runs between `fork` and `exec` of a multi-threaded process, where only
-//! async-signal-safe calls are allowed: it uses raw `libc` calls, allocates nothing and never
-//! returns into Rust code.
+//! The warden's parent-death signal fires when the *thread* that started it dies, so every
+//! start happens on one dedicated spawner thread that lives as long as the
+//! [`crate::AgentHost`]: tokio's blocking threads come and go and would kill agents with them.
 #![allow(unsafe_code)]
 
+use std::ffi::{CStr, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use tokio::process::{Child, Command};
@@ -34,9 +42,8 @@ use tokio::sync::oneshot;
 /// The signal the kernel sends the warden when the host's spawner thread dies.
 const WARDEN_SIGNAL: libc::c_int = libc::SIGUSR2;
 
-/// The environment entry (`NAME=value`) that marks the guarded agent's processes. Set in the
-/// warden after the fork (the warden's own copy of these statics) and read by its parent-death
-/// handler; unset in the host.
+/// The environment entry (`NAME=value`) that marks the guarded agent's processes. Set by the
+/// warden at its start and read by its parent-death handler; unset in the host.
 static MARKER: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 static MARKER_LEN: AtomicUsize = AtomicUsize::new(0);
 
@@ -44,107 +51,356 @@ static MARKER_LEN: AtomicUsize = AtomicUsize::new(0);
 /// processes: a marked process may fork while a sweep passes it by.
 const SWEEPS: usize = 8;
 
-/// A memory page shared with one warden (mapped before the fork), in which the warden writes
-/// how many processes the agent left behind when it exited.
+/// The first argument that makes a start of the executable a warden. Its arguments, all
+/// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
+/// <report fd> <environment fd> <marker> <program> <args…>`.
+const WARDEN_ARG: &CStr = c"--crew-warden-v1";
+
+/// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
+/// environment, marker).
+const WARDEN_ARGS: usize = 7;
+
+/// The exit code of a warden whose agent could not be started.
+const NOT_STARTED: libc::c_int = 127;
+
+/// How many processes the agent left behind, which its warden writes on its report pipe when
+/// the agent exited (read once the warden exited).
 #[derive(Debug)]
 pub struct LeftoverCount {
-    page: std::ptr::NonNull<AtomicU32>,
+    report: OwnedFd,
+    read: OnceLock<u32>,
 }
-
-// SAFETY: the page is only ever accessed through the atomic it holds.
-unsafe impl Send for LeftoverCount {}
-// SAFETY: as above.
-unsafe impl Sync for LeftoverCount {}
-
-const PAGE: usize = 4096;
 
 impl LeftoverCount {
-    fn new() -> io::Result<Self> {
-        // SAFETY: a fresh anonymous shared mapping; zero-filled, so the counter starts at 0.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
+    /// How many processes the warden killed after the agent exited: 0 until the warden said.
+    pub fn get(&self) -> u32 {
+        if let Some(count) = self.read.get() {
+            return *count;
+        }
+        match read_u32(&self.report, false) {
+            Some(count) => *self.read.get_or_init(|| count),
+            None => 0,
+        }
+    }
+}
+
+/// Reads one native-endian `u32` from `pipe`; `None` at its end, on a short read, or (not
+/// `blocking`) when nothing was written yet.
+fn read_u32(pipe: &OwnedFd, blocking: bool) -> Option<u32> {
+    let mut bytes = [0u8; 4];
+    if !blocking {
+        let mut poll = libc::pollfd {
+            fd: pipe.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
         };
-        if page == libc::MAP_FAILED {
+        // SAFETY: one pollfd on the stack, no wait.
+        if unsafe { libc::poll(&mut poll, 1, 0) } != 1 || poll.revents & libc::POLLIN == 0 {
+            return None;
+        }
+    }
+    loop {
+        // SAFETY: reads into a buffer of this frame from a descriptor `pipe` owns.
+        let read = unsafe { libc::read(pipe.as_raw_fd(), bytes.as_mut_ptr().cast(), 4) };
+        if read == 4 {
+            return Some(u32::from_ne_bytes(bytes));
+        }
+        if read < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return None;
+    }
+}
+
+/// An agent's command, to be started under a warden by a [`Spawner`]: the agent's program,
+/// arguments and whole environment, given to [`WardedCommand::new`], then its directory and
+/// stdio.
+#[derive(Debug)]
+pub struct WardedCommand {
+    command: Command,
+    /// The descriptors the warden inherits, open until it started: the write end of its report
+    /// pipe, the agent's environment and the ruleset, if any. Their numbers are in its
+    /// arguments.
+    passed: Vec<OwnedFd>,
+    /// The read end of the report pipe: first whether the agent started (0, or the error of
+    /// its exec), then how many processes it left behind.
+    report: OwnedFd,
+}
+
+impl WardedCommand {
+    /// `program` with `args` and nothing but `env` in its environment, under a warden, in a
+    /// process group of its own. `marker` is the entry of `env` that marks the agent
+    /// (`CREW_AGENT_ID=<id>`): on host death, the warden kills every process holding it,
+    /// inside the group or not.
+    ///
+    /// The warden itself starts with an empty environment and hands `env` to the agent only:
+    /// a variable such as `LD_LIBRARY_PATH` could otherwise make the dynamic loader of the
+    /// unconfined warden load a library the agent planted in its workspace.
+    ///
+    /// The warden is a child subreaper: whatever the agent starts and leaves behind (daemons
+    /// that left its group and session, even ones that cleared their environment) is
+    /// re-parented to the warden, which kills it when the agent exits and counts it in the
+    /// [`LeftoverCount`] the spawner returns.
+    ///
+    /// With a `ruleset` (a Landlock ruleset built by [`crate::sandbox`]), the agent restricts
+    /// itself with it right before exec: the agent and everything it starts are confined, the
+    /// warden is not.
+    pub fn new(
+        program: impl AsRef<OsStr>,
+        args: impl IntoIterator<Item = impl AsRef<OsStr>>,
+        env: impl IntoIterator<Item = (impl AsRef<OsStr>, impl AsRef<OsStr>)>,
+        marker: &str,
+        ruleset: Option<OwnedFd>,
+    ) -> io::Result<Self> {
+        // Keeps the initializer in the executable (see the module's documentation).
+        std::hint::black_box(&WARDEN_ENTRY);
+        if marker.contains('\0') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an agent marker cannot hold a NUL byte",
+            ));
+        }
+        let mut ends = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 fills the two descriptors, owned right below.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let page = std::ptr::NonNull::new(page.cast::<AtomicU32>())
-            .ok_or_else(|| io::Error::other("mmap returned a null page"))?;
-        Ok(LeftoverCount { page })
+        // SAFETY: both ends were just opened and are owned by nothing else.
+        let (report, report_writer) =
+            unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        let environment = environment_file(env)?;
+        let mut command = Command::new("/proc/self/exe");
+        command
+            .arg0(crate::procscan::WARDEN_NAME)
+            .arg(OsStr::from_bytes(WARDEN_ARG.to_bytes()))
+            .arg(std::process::id().to_string())
+            .arg(
+                ruleset
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
+            )
+            .arg(report_writer.as_raw_fd().to_string())
+            .arg(environment.as_raw_fd().to_string())
+            .arg(marker)
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut passed = vec![report_writer, environment];
+        passed.extend(ruleset);
+        Ok(WardedCommand {
+            command,
+            passed,
+            report,
+        })
     }
 
-    /// How many processes the warden killed after the agent exited (read once it exited).
-    pub fn get(&self) -> u32 {
-        // SAFETY: the page lives as long as `self`.
-        unsafe { self.page.as_ref() }.load(Ordering::SeqCst)
+    /// The agent's working directory.
+    pub fn current_dir(&mut self, dir: impl AsRef<std::path::Path>) -> &mut Self {
+        self.command.current_dir(dir);
+        self
     }
-}
 
-impl Drop for LeftoverCount {
-    fn drop(&mut self) {
-        // SAFETY: mapped by `new`, unmapped once; the warden has its own copy of the mapping.
-        unsafe {
-            libc::munmap(self.page.as_ptr().cast(), PAGE);
+    /// The agent's stdin, stdout and stderr.
+    pub fn stdio(
+        &mut self,
+        stdin: impl Into<std::process::Stdio>,
+        stdout: impl Into<std::process::Stdio>,
+        stderr: impl Into<std::process::Stdio>,
+    ) -> &mut Self {
+        self.command.stdin(stdin).stdout(stdout).stderr(stderr);
+        self
+    }
+
+    /// Starts the warden and waits until it started the agent: the agent's own error when it
+    /// could not be executed. Runs on the spawner thread, the warden's parent.
+    fn start(self) -> io::Result<(Child, LeftoverCount)> {
+        let WardedCommand {
+            mut command,
+            passed,
+            report,
+        } = self;
+        for fd in &passed {
+            // Inherited by the warden only: every agent starts on this thread, one at a time,
+            // and the warden closes whatever else it inherited. A program another thread of
+            // the host starts meanwhile inherits them too; the warden's ends grant nothing.
+            // SAFETY: clears the close-on-exec flag of a descriptor `passed` owns.
+            if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        let child = command.spawn();
+        // The host's copies: the report pipe ends when the warden's copy does.
+        drop(passed);
+        let child = child?;
+        match read_u32(&report, true) {
+            Some(0) => Ok((
+                child,
+                LeftoverCount {
+                    report,
+                    read: OnceLock::new(),
+                },
+            )),
+            // The warden exits at once; tokio reaps it.
+            Some(error) => Err(io::Error::from_raw_os_error(
+                libc::c_int::try_from(error).unwrap_or(libc::EIO),
+            )),
+            None => Err(io::Error::other(
+                "the agent's warden ended before it started the agent",
+            )),
         }
     }
 }
 
-/// Makes `command` start under a warden in a process group of its own. `marker` is the
-/// environment entry the agent carries (`CREW_AGENT_ID=<id>`): on host death, the warden kills
-/// every process holding it, inside the group or not.
-///
-/// The warden is a child subreaper: whatever the agent starts and leaves behind (daemons that
-/// left its group and session, even ones that cleared their environment) is re-parented to the
-/// warden, which kills it when the agent exits and counts it in the returned [`LeftoverCount`].
-///
-/// With a `ruleset` (a Landlock ruleset built by [`crate::sandbox`]), the agent restricts itself
-/// with it right before exec: the agent and everything it starts are confined, the warden is
-/// not.
-pub fn guard_with_warden(
-    command: &mut Command,
-    marker: &str,
-    ruleset: Option<OwnedFd>,
-) -> io::Result<LeftoverCount> {
-    let host_pid = std::process::id() as libc::pid_t;
-    // Allocated here, before the fork; the warden only reads it.
-    let marker: Box<[u8]> = marker.as_bytes().into();
-    let leftovers = LeftoverCount::new()?;
-    let counter = leftovers.page.as_ptr() as usize;
-    // SAFETY: the closure only makes async-signal-safe calls (see `become_warden`), captures
-    // plain integers, a buffer it never frees and a descriptor it keeps open until the command
-    // is dropped, and is sound to run in the child between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            let ruleset = ruleset.as_ref().map(AsRawFd::as_raw_fd);
-            become_warden(host_pid, &marker, ruleset, counter)
-        });
+/// A memory file holding `env` as `NAME=value` entries, each ended by a NUL: the agent's
+/// environment, which its warden maps and hands to the agent's exec.
+fn environment_file(
+    env: impl IntoIterator<Item = (impl AsRef<OsStr>, impl AsRef<OsStr>)>,
+) -> io::Result<OwnedFd> {
+    // One entry per name, the later given winning, sorted as std's own commands do.
+    let env: std::collections::BTreeMap<_, _> = env
+        .into_iter()
+        .map(|(name, value)| (name.as_ref().to_owned(), value.as_ref().to_owned()))
+        .collect();
+    let mut entries = Vec::new();
+    for (name, value) in &env {
+        let (name, value) = (name.as_bytes(), value.as_bytes());
+        if name.is_empty() || name.contains(&b'=') || name.contains(&0) || value.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "`{}` cannot be an environment variable of an agent",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
+        entries.extend_from_slice(name);
+        entries.push(b'=');
+        entries.extend_from_slice(value);
+        entries.push(0);
     }
-    Ok(leftovers)
+    // SAFETY: memfd_create with a static name; the descriptor is owned right below.
+    let fd = unsafe { libc::memfd_create(c"crew-agent-env".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    std::io::Write::write_all(&mut &file, &entries)?;
+    Ok(file.into())
 }
 
-/// Runs in the forked child, before exec. In the agent (the grandchild) it returns `Ok` and std
-/// goes on to exec the program; in the warden it never returns.
+/// The warden's entry: glibc calls every function of `.init_array` with `main`'s arguments
+/// before `main`. A start of the executable whose first argument is [`WARDEN_ARG`] becomes a
+/// warden and never returns; any other start goes on to `main` at once.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static WARDEN_ENTRY: extern "C" fn(
+    libc::c_int,
+    *const *const libc::c_char,
+    *const *const libc::c_char,
+) = warden_entry;
+
+extern "C" fn warden_entry(
+    argc: libc::c_int,
+    argv: *const *const libc::c_char,
+    _envp: *const *const libc::c_char,
+) {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() || count <= WARDEN_ARGS {
+        return;
+    }
+    // SAFETY: glibc passes `main`'s argv: `argc` NUL-terminated strings, then a null pointer.
+    unsafe {
+        let first = *argv.add(1);
+        if first.is_null() || CStr::from_ptr(first) != WARDEN_ARG {
+            return;
+        }
+        become_warden(argv)
+    }
+}
+
+/// Parses a decimal argument of the warden's: a pid or a descriptor.
+fn parse_number(argument: &CStr) -> Option<libc::c_int> {
+    parse_pid(argument.to_bytes())
+}
+
+/// Writes `value` on the report pipe; a host gone meanwhile is not the warden's concern.
 ///
 /// # Safety
-/// Must only be called between fork and exec.
-unsafe fn become_warden(
-    host_pid: libc::pid_t,
-    marker: &[u8],
-    ruleset: Option<libc::c_int>,
-    counter: usize,
-) -> io::Result<()> {
-    // SAFETY: every call below is async-signal-safe and operates on this process only.
+/// `report` must be an open descriptor.
+unsafe fn report_u32(report: libc::c_int, value: u32) {
+    let bytes = value.to_ne_bytes();
+    // SAFETY: writes a buffer of this frame.
     unsafe {
-        if libc::setpgid(0, 0) != 0 {
-            return Err(io::Error::last_os_error());
+        libc::write(report, bytes.as_ptr().cast(), bytes.len());
+    }
+}
+
+/// Closes every descriptor from 3 up but the ones in `keep`.
+///
+/// # Safety
+/// Closes descriptors others may own: only for a process about to exec or never to return.
+unsafe fn close_all_but(mut keep: [libc::c_int; 3]) {
+    keep.sort_unstable();
+    let mut from: libc::c_int = 3;
+    for kept in keep {
+        if kept >= from {
+            if kept > from {
+                // SAFETY: close_range on this process's own table.
+                unsafe {
+                    libc::syscall(libc::SYS_close_range, from as u32, (kept - 1) as u32, 0u32);
+                }
+            }
+            from = kept + 1;
         }
-        // `marker` lives in the closure std keeps until exec, which the warden never reaches.
+    }
+    // SAFETY: as above.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, from as u32, u32::MAX, 0u32);
+    }
+}
+
+/// The warden, from its arguments to its end (see [`WardedCommand::new`] for them).
+///
+/// # Safety
+/// Only for [`warden_entry`], before `main`, with the warden's own `argv`.
+unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
+    // SAFETY: the arguments are NUL-terminated strings (checked for count by the caller);
+    // every call below is a plain system call on this process.
+    unsafe {
+        let argument = |index: usize| CStr::from_ptr(*argv.add(index));
+        let fail = |what: &CStr| -> ! {
+            let message = what.to_bytes();
+            libc::write(2, c"crew-warden: ".as_ptr().cast(), 13);
+            libc::write(2, message.as_ptr().cast(), message.len());
+            libc::write(2, c"\n".as_ptr().cast(), 1);
+            libc::_exit(NOT_STARTED)
+        };
+        let Some(host_pid) = parse_number(argument(2)) else {
+            fail(c"bad host pid")
+        };
+        let ruleset = match argument(3).to_bytes() {
+            b"-" => None,
+            _ => match parse_number(argument(3)) {
+                Some(fd) => Some(fd),
+                None => fail(c"bad ruleset descriptor"),
+            },
+        };
+        let Some(report) = parse_number(argument(4)) else {
+            fail(c"bad report descriptor")
+        };
+        let Some(environment) = parse_number(argument(5)) else {
+            fail(c"bad environment descriptor")
+        };
+        // What the host's other threads started meanwhile may have left open here.
+        close_all_but([report, environment, ruleset.unwrap_or(report)]);
+        let Some(agent_env) = map_environment(environment) else {
+            report_u32(report, *libc::__errno_location() as u32);
+            fail(c"cannot read the agent's environment")
+        };
+        let marker = argument(6).to_bytes();
         MARKER.store(marker.as_ptr().cast_mut(), Ordering::SeqCst);
         MARKER_LEN.store(marker.len(), Ordering::SeqCst);
         let mut unblocked: libc::sigset_t = std::mem::zeroed();
@@ -162,58 +418,180 @@ unsafe fn become_warden(
             0,
         ) != 0
         {
-            return Err(io::Error::last_os_error());
+            report_u32(report, *libc::__errno_location() as u32);
+            fail(c"cannot ask for a signal at the host's death");
         }
         // Named so that a connection from the agent can be traced to it (procscan::WARDEN_NAME).
         libc::prctl(libc::PR_SET_NAME, c"crew-warden".as_ptr(), 0, 0, 0);
         // Whatever the agent leaves behind becomes the warden's child, not init's.
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
+            report_u32(report, *libc::__errno_location() as u32);
+            fail(c"cannot become a subreaper");
         }
         // The host may have died before the signal was armed.
         if libc::getppid() != host_pid {
             libc::kill(0, libc::SIGKILL);
             libc::_exit(137);
         }
+        // Says whether the agent's exec failed, and why: closed by a successful one.
+        let mut exec_pipe = [0 as libc::c_int; 2];
+        if libc::pipe2(exec_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            report_u32(report, *libc::__errno_location() as u32);
+            fail(c"cannot make a pipe");
+        }
         let agent = libc::fork();
         if agent < 0 {
-            return Err(io::Error::last_os_error());
+            report_u32(report, *libc::__errno_location() as u32);
+            fail(c"cannot fork the agent");
         }
         if agent == 0 {
-            // The agent: the parent-death signal is not inherited; restore the default action
-            // of the warden's signal before exec clears the handler anyway.
-            libc::signal(WARDEN_SIGNAL, libc::SIG_DFL);
-            if let Some(ruleset) = ruleset {
-                crate::sandbox::restrict_self(ruleset)?;
-            }
-            return Ok(());
+            start_agent(argv, agent_env, ruleset, report, exec_pipe[1])
         }
-        warden(agent, counter)
-    }
-}
-
-/// The warden's whole life: wait for the agent, then end the same way.
-///
-/// # Safety
-/// Must only be called in the forked child, before exec.
-unsafe fn warden(agent: libc::pid_t, counter: usize) -> ! {
-    // SAFETY: async-signal-safe calls only; this process never returns into Rust code.
-    unsafe {
-        // Every inherited descriptor but stdio: above all std's exec-error pipe, which must
-        // close when the agent execs so that the host learns the spawn succeeded.
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
-            let mut fd = 3;
-            while fd < 65_536 {
-                libc::close(fd);
-                fd += 1;
-            }
+        libc::close(exec_pipe[1]);
+        if let Some(ruleset) = ruleset {
+            libc::close(ruleset);
         }
+        // A graceful stop (TERM to the group) is the agent's to answer; the warden reports how
+        // it ended. Set after the fork: the agent keeps the default actions.
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        let mut error = [0u8; 4];
+        let read = loop {
+            let read = libc::read(exec_pipe[0], error.as_mut_ptr().cast(), error.len());
+            if read < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            break read;
+        };
+        libc::close(exec_pipe[0]);
+        if read == 4 {
+            report_u32(report, u32::from_ne_bytes(error));
+            let mut status: libc::c_int = 0;
+            libc::waitpid(agent, &mut status, 0);
+            libc::_exit(NOT_STARTED);
+        }
+        report_u32(report, 0);
+        warden(agent, report)
+    }
+}
+
+unsafe extern "C" {
+    /// The C library's environment, which `execvp` passes on and looks `PATH` up in.
+    static mut environ: *const *const libc::c_char;
+}
+
+/// Maps the agent's environment (see [`environment_file`]) and builds its null-terminated
+/// array of entries, in memory of its own (the warden allocates nothing through the C
+/// library); closes the file. `None`, with `errno` set, when it cannot.
+///
+/// # Safety
+/// Only for [`become_warden`], with a descriptor of its arguments.
+unsafe fn map_environment(file: libc::c_int) -> Option<*const *const libc::c_char> {
+    // SAFETY: plain system calls; every pointer built stays within the mappings made here.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(file, &mut stat) != 0 {
+            return None;
+        }
+        let size = usize::try_from(stat.st_size).ok()?;
+        let bytes: *const u8 = if size == 0 {
+            std::ptr::null()
+        } else {
+            let mapped = libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file,
+                0,
+            );
+            if mapped == libc::MAP_FAILED {
+                return None;
+            }
+            mapped.cast()
+        };
+        libc::close(file);
+        let text: &[u8] = if bytes.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(bytes, size)
+        };
+        let count = text.iter().filter(|&&byte| byte == 0).count();
+        let array = libc::mmap(
+            std::ptr::null_mut(),
+            (count + 1) * std::mem::size_of::<*const libc::c_char>(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if array == libc::MAP_FAILED {
+            return None;
+        }
+        let array = array.cast::<*const libc::c_char>();
+        let mut filled = 0;
+        let mut start = 0;
+        for (index, &byte) in text.iter().enumerate() {
+            if byte == 0 {
+                if filled < count {
+                    *array.add(filled) = bytes.add(start).cast();
+                    filled += 1;
+                }
+                start = index + 1;
+            }
+        }
+        // The anonymous mapping is zero-filled: the entry after the last is null.
+        Some(array.cast_const())
+    }
+}
+
+/// The agent, forked by its warden: confines itself, closes the warden's descriptors and
+/// executes its program. Never returns: an error is written on `exec_error` for the warden.
+///
+/// # Safety
+/// Only in the child [`become_warden`] forked.
+unsafe fn start_agent(
+    argv: *const *const libc::c_char,
+    env: *const *const libc::c_char,
+    ruleset: Option<libc::c_int>,
+    report: libc::c_int,
+    exec_error: libc::c_int,
+) -> ! {
+    // SAFETY: plain system calls on this process; `argv` is the warden's, NULL-terminated.
+    unsafe {
+        let failed = || -> ! {
+            let error = (*libc::__errno_location() as u32).to_ne_bytes();
+            libc::write(exec_error, error.as_ptr().cast(), error.len());
+            libc::_exit(NOT_STARTED)
+        };
+        // The parent-death signal is not inherited; the handler goes with exec anyway.
+        libc::signal(WARDEN_SIGNAL, libc::SIG_DFL);
+        if let Some(ruleset) = ruleset {
+            if crate::sandbox::restrict_self(ruleset).is_err() {
+                failed()
+            }
+            libc::close(ruleset);
+        }
+        libc::close(report);
+        // The agent's PATH is the one its program is looked up in, as for any exec.
+        environ = env;
+        let program = *argv.add(WARDEN_ARGS);
+        libc::execvp(program, argv.add(WARDEN_ARGS));
+        failed()
+    }
+}
+
+/// The warden's life once the agent started: wait for it, then end the same way.
+///
+/// # Safety
+/// Only for [`become_warden`].
+unsafe fn warden(agent: libc::pid_t, report: libc::c_int) -> ! {
+    // SAFETY: async-signal-safe calls only; this process never returns into Rust code.
+    unsafe {
         let mut status: libc::c_int = 0;
         loop {
             let waited = libc::waitpid(agent, &mut status, 0);
@@ -221,7 +599,7 @@ unsafe fn warden(agent: libc::pid_t, counter: usize) -> ! {
                 break;
             }
             if waited < 0 && *libc::__errno_location() != libc::EINTR {
-                libc::_exit(127);
+                libc::_exit(NOT_STARTED);
             }
         }
         // Everything the agent left behind: kill what is alive, reap, and again, until no child
@@ -247,11 +625,7 @@ unsafe fn warden(agent: libc::pid_t, counter: usize) -> ! {
                 break;
             }
         }
-        // SAFETY: the shared page mapped by the host before the fork, holding one atomic.
-        (*(counter as *const AtomicU32)).store(
-            u32::try_from(left_behind).unwrap_or(u32::MAX),
-            Ordering::SeqCst,
-        );
+        report_u32(report, u32::try_from(left_behind).unwrap_or(u32::MAX));
         if libc::WIFEXITED(status) {
             libc::_exit(libc::WEXITSTATUS(status));
         }
@@ -422,7 +796,8 @@ fn proc_path(pid: libc::pid_t, suffix: &[u8], path: &mut [u8; 32]) {
     }
 }
 
-/// The pid a `/proc` entry names (its name up to the first NUL), if it is all digits.
+/// The number a `/proc` entry names (its name up to the first NUL), if it is all digits: a
+/// pid there, a pid or a descriptor in the warden's arguments.
 fn parse_pid(name: &[u8]) -> Option<libc::pid_t> {
     let digits = name.split(|&byte| byte == 0).next()?;
     if digits.is_empty() || digits.len() > 9 {
@@ -511,12 +886,12 @@ impl<'a> EntryMatcher<'a> {
 }
 
 struct SpawnJob {
-    command: Command,
-    reply: oneshot::Sender<io::Result<Child>>,
+    command: WardedCommand,
+    reply: oneshot::Sender<io::Result<(Child, LeftoverCount)>>,
 }
 
-/// The thread every agent is forked from. It lives until the last [`Spawner`] is dropped; when
-/// it ends, the kernel signals every warden it forked.
+/// The thread every agent's warden is started from. It lives until the last [`Spawner`] is
+/// dropped; when it ends, the kernel signals every warden it started.
 #[derive(Debug, Clone)]
 pub struct Spawner {
     jobs: mpsc::Sender<SpawnJob>,
@@ -536,17 +911,18 @@ impl Spawner {
             .name("crew-spawner".to_owned())
             .spawn(move || {
                 let _runtime = handle.enter();
-                while let Ok(mut job) = queue.recv() {
+                while let Ok(job) = queue.recv() {
                     // An asker gone before the answer leaves the child to its death signal: it
                     // dies with this thread, when the host does.
-                    let _ = job.reply.send(job.command.spawn());
+                    let _ = job.reply.send(job.command.start());
                 }
             })?;
         Ok(Spawner { jobs })
     }
 
-    /// Spawns `command` from the spawner thread.
-    pub async fn spawn(&self, command: Command) -> io::Result<Child> {
+    /// Starts `command`'s warden from the spawner thread, once its agent started: the warden
+    /// process, and what it will say of the agent's leftovers.
+    pub async fn spawn(&self, command: WardedCommand) -> io::Result<(Child, LeftoverCount)> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(SpawnJob { command, reply })
@@ -586,6 +962,50 @@ mod tests {
         assert_eq!(parse_pid(b"self\0"), None);
         assert_eq!(parse_pid(b"\0"), None);
         assert_eq!(parse_pid(b"12a\0"), None);
+    }
+
+    /// A start of the executable as a warden, as an agent could try it, with `host` named as
+    /// its host; what it would start touches `flag`.
+    fn start_as_warden(host: &str, flag: &std::path::Path) -> std::process::Output {
+        use std::os::unix::process::CommandExt;
+
+        let touch = format!("touch {}", flag.display());
+        let env = flag.with_extension("env");
+        std::fs::write(&env, "PATH=/usr/bin:/bin\0CREW_AGENT_ID=r:t\0").unwrap();
+        // Reports on stderr, takes the agent's environment on stdin.
+        Command::new("/proc/self/exe")
+            .args(["--crew-warden-v1", host, "-", "2", "0", "CREW_AGENT_ID=r:t"])
+            .args(["sh", "-c", &touch])
+            .stdin(std::fs::File::open(&env).unwrap())
+            // Its own group: a warden that kills itself kills its group.
+            .process_group(0)
+            .output()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_warden_whose_host_is_not_its_parent_starts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("started");
+        let bad = start_as_warden("not-a-pid", &flag);
+        assert_eq!(bad.status.code(), Some(127));
+        assert_eq!(
+            String::from_utf8_lossy(&bad.stderr),
+            "crew-warden: bad host pid\n"
+        );
+        // pid 1 is not this test's process, which started it.
+        let orphan = start_as_warden("1", &flag);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&orphan.status),
+            Some(libc::SIGKILL)
+        );
+        assert!(!flag.exists(), "neither started the agent");
+        let own = start_as_warden(&std::process::id().to_string(), &flag);
+        assert!(own.status.success(), "{own:?}");
+        assert!(
+            flag.exists(),
+            "with its host as its parent, the warden starts the agent"
+        );
     }
 
     #[test]

@@ -292,6 +292,63 @@ async fn agents_see_only_their_allow_listed_environment() {
     assert!(output.contains(&format!("CREW_AGENT_ID={}", fixture.agent_id("env"))));
 }
 
+/// An agent inherits nothing of its host but its stdio: not a descriptor a careless embedding
+/// program left open across exec, not the pipe on which its warden reports to the host.
+#[tokio::test(flavor = "multi_thread")]
+#[allow(unsafe_code)]
+async fn an_agent_inherits_no_descriptor_but_its_stdio() {
+    use std::os::fd::AsRawFd;
+
+    let fixture = LiveFixture::new();
+    let secret = fixture.env.root().join("host-secret");
+    std::fs::write(&secret, "the host's own file").unwrap();
+    let open = std::fs::File::open(&secret).unwrap();
+    // SAFETY: clears close-on-exec on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::fcntl(open.as_raw_fd(), libc::F_SETFD, 0) },
+        0
+    );
+    let mut spec = fixture.spec("fds", AgentDef::builtin_shell());
+    spec.prompt =
+        "ls /proc/$$/fd | tr '\\n' ' '; readlink /proc/$$/fd/* | grep -c host-secret".into();
+    let log = spec.output_log.clone();
+    let handle = fixture.host.start(spec).await.unwrap();
+    handle.wait_exited().await;
+    assert_eq!(std::fs::read_to_string(log).unwrap(), "0 1 2 0\n");
+    drop(open);
+}
+
+/// The agent's environment reaches the agent only. Its warden, which no sandbox confines,
+/// starts with an empty one: a loader variable such as `LD_LIBRARY_PATH=.` would otherwise
+/// load into it a library the agent planted in its workspace.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agents_environment_never_reaches_its_unconfined_warden() {
+    let fixture = LiveFixture::new();
+    let mut definition = AgentDef::builtin_shell();
+    definition.env.insert("LD_LIBRARY_PATH".into(), ".".into());
+    let mut spec = fixture.spec("loader", definition);
+    spec.prompt = "echo \"library path $LD_LIBRARY_PATH\"; exec sleep 30".into();
+    let mut events = fixture.host.subscribe();
+    let handle = fixture.host.start(spec).await.unwrap();
+    wait_for_line(&mut events, handle.agent_id(), "library path .").await;
+    let warden = handle.snapshot().pid.unwrap();
+    assert_eq!(
+        crew_live::procscan::parent_and_name(warden).map(|(_, name)| name),
+        Some("crew-warden".to_owned())
+    );
+    assert_eq!(
+        std::fs::read(format!("/proc/{warden}/environ")).unwrap(),
+        b""
+    );
+    fixture
+        .host
+        .registry()
+        .stop(&fixture.workspace, "loader")
+        .await
+        .unwrap();
+    handle.wait_exited().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn prompt_is_one_argument_and_the_agent_runs_in_its_directory() {
     let fixture = LiveFixture::new();

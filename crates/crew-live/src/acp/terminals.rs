@@ -17,7 +17,6 @@ use agent_client_protocol::v1::schema::{
 };
 use camino::Utf8PathBuf;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
-use tokio::process::Command;
 use tokio::sync::watch;
 
 use crew_core::env_vars;
@@ -26,7 +25,7 @@ use super::files::refused;
 use crate::agent::{AgentSpec, Launcher, confinement, private_temp_dir};
 use crate::env::agent_env;
 use crate::procscan;
-use crate::spawn::guard_with_warden;
+use crate::spawn::WardedCommand;
 
 /// The most output a terminal keeps, whatever the agent asks for.
 const MAX_OUTPUT_BYTES: usize = 4 << 20;
@@ -167,29 +166,33 @@ impl Terminals {
         }
         let prepared = confinement(&self.spec, &self.launcher, temp_path)
             .map_err(|error| failed(error.to_string()))?;
-        let mut command = Command::new(&request.command);
-        command
-            .args(&request.args)
-            .current_dir(&cwd)
-            .env_clear()
-            .envs(agent_env(&self.launcher.env, &self.spec.definition, &vars))
-            .envs(
-                request
-                    .env
-                    .iter()
-                    .map(|variable| (&variable.name, &variable.value)),
-            )
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(false);
         let marker = procscan::agent_marker(&self.spec.agent_id);
-        let _leftovers = guard_with_warden(&mut command, &marker, prepared.ruleset)
-            .map_err(|error| failed(error.to_string()))?;
-        let mut child = self
+        // The request's variables after the agent's: the later of two with one name wins.
+        let env = agent_env(&self.launcher.env, &self.spec.definition, &vars)
+            .into_iter()
+            .chain(request.env.iter().map(|variable| {
+                (
+                    std::ffi::OsString::from(&variable.name),
+                    std::ffi::OsString::from(&variable.value),
+                )
+            }));
+        let mut warded = WardedCommand::new(
+            &request.command,
+            &request.args,
+            env,
+            &marker,
+            prepared.ruleset,
+        )
+        .map_err(|error| failed(error.to_string()))?;
+        warded.current_dir(&cwd).stdio(
+            std::process::Stdio::null(),
+            std::process::Stdio::piped(),
+            std::process::Stdio::piped(),
+        );
+        let (mut child, _leftovers) = self
             .launcher
             .spawner
-            .spawn(command)
+            .spawn(warded)
             .await
             .map_err(|error| failed(error.to_string()))?;
         let limit = request
