@@ -378,6 +378,11 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             libc::write(2, c"\n".as_ptr().cast(), 1);
             libc::_exit(NOT_STARTED)
         };
+        // Started by a host, a warden leads a process group of its own, which it kills when
+        // the host is gone: never someone else's.
+        if libc::getpgrp() != libc::getpid() {
+            fail(c"only crew starts a warden")
+        }
         let Some(host_pid) = parse_number(argument(2)) else {
             fail(c"bad host pid")
         };
@@ -987,6 +992,24 @@ mod tests {
     fn a_warden_whose_host_is_not_its_parent_starts_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let flag = dir.path().join("started");
+        // In this test's own process group: it would kill the group, so it refuses.
+        let grouped = Command::new("/proc/self/exe")
+            .args([
+                "--crew-warden-v1",
+                "1",
+                "-",
+                "2",
+                "0",
+                "CREW_AGENT_ID=r:t",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(grouped.status.code(), Some(127));
+        assert_eq!(
+            String::from_utf8_lossy(&grouped.stderr),
+            "crew-warden: only crew starts a warden\n"
+        );
         let bad = start_as_warden("not-a-pid", &flag);
         assert_eq!(bad.status.code(), Some(127));
         assert_eq!(
