@@ -183,6 +183,10 @@ pub enum StateError {
     /// A status change the lifecycle does not allow.
     #[error(transparent)]
     Transition(#[from] TransitionError),
+    /// A change written together with others (see [`StateStore::update_run_together`]), whose
+    /// write failed with the error this names.
+    #[error("the run's manifest was not written: {0}")]
+    Together(String),
 }
 
 /// The state of one workspace.
@@ -195,6 +199,40 @@ pub struct StateStore {
     /// The manifests of running runs as this store last wrote them, with the file each went
     /// into: while that file is still the one in place, it is not read and parsed again.
     written: Mutex<HashMap<RunId, Written>>,
+    /// Changes waiting to be written together ([`StateStore::update_run_together`]), by run.
+    queued: ChangeQueue,
+    /// Held by the thread writing queued changes.
+    writing: Mutex<()>,
+}
+
+/// A change queued for [`StateStore::update_run_together`]: applied to the manifest (with
+/// whether it must undo itself when refused: other changes share the manifest), or to none
+/// when the manifest could not be read, it returns what tells its caller the outcome once the
+/// write is done.
+type QueuedChange = Box<dyn FnOnce(Option<(&mut RunManifest, bool)>) -> Outcome + Send>;
+
+/// Tells a caller of [`StateStore::update_run_together`] its outcome, given the write's error
+/// if it failed.
+type Tell = Box<dyn FnOnce(Option<&StateError>) + Send>;
+
+/// The changes queued by run, for [`StateStore::update_run_together`].
+#[derive(Default)]
+struct ChangeQueue(Mutex<HashMap<RunId, Vec<QueuedChange>>>);
+
+impl std::fmt::Debug for ChangeQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queued: usize = lock_unpoisoned(&self.0).values().map(Vec::len).sum();
+        f.debug_struct("ChangeQueue")
+            .field("queued", &queued)
+            .finish()
+    }
+}
+
+/// What a queued change did: whether it was applied (not refused), and how to tell its caller
+/// the outcome once the write is done.
+struct Outcome {
+    applied: bool,
+    tell: Tell,
 }
 
 /// A manifest this store wrote, and the file it went into.
@@ -278,6 +316,26 @@ impl ManifestOf for RunGlance {
     }
 }
 
+/// Locks `mutex`, whatever a thread that panicked holding it left: what it guards is rebuilt
+/// from disk when in doubt.
+fn lock_unpoisoned<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `error` and each of its sources, joined by `: `.
+fn error_chain(error: &StateError) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl StateStore {
     /// The store of `workspace`. Nothing is created until the first write.
     pub fn new(workspace: &WorkspaceId, repo_root: Option<&Utf8Path>) -> Self {
@@ -287,6 +345,8 @@ impl StateStore {
             state_dir: workspace.as_path().join(CREW_DIR).join(STATE_DIR),
             layout_ready: OnceLock::new(),
             written: Mutex::new(HashMap::new()),
+            queued: ChangeQueue::default(),
+            writing: Mutex::new(()),
         }
     }
 
@@ -618,7 +678,125 @@ impl StateStore {
     ) -> Result<T, StateError> {
         let _lock = self.lock()?;
         // Taken out while it changes: a change that fails leaves nothing behind to trust.
-        let mut manifest = match self.take_written(run_id) {
+        let mut manifest = self.manifest_to_change(run_id)?;
+        let result = change(&mut manifest)?;
+        self.write_manifest(&manifest)?;
+        self.remember_written(manifest);
+        Ok(result)
+    }
+
+    /// [`StateStore::update_run`] for a process that changes one run from many threads (a
+    /// run's host, whose tasks each record every step): a change made while another thread
+    /// writes the manifest waits for that write to end, and is written together with every
+    /// other change that waited, in one write, in the order they came. Each caller learns its
+    /// own outcome: its change's refusal (the others are written all the same), or the write's
+    /// error.
+    pub fn update_run_together<T: Send + 'static>(
+        &self,
+        run_id: &RunId,
+        change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let (answer, outcome) = std::sync::mpsc::sync_channel::<Result<T, StateError>>(1);
+        let queued: QueuedChange = Box::new(move |target: Option<(&mut RunManifest, bool)>| {
+            let Some((manifest, shared)) = target else {
+                return Outcome {
+                    applied: false,
+                    tell: Box::new(move |failed: Option<&StateError>| {
+                        let message = failed.map_or_else(String::new, error_chain);
+                        let _ = answer.send(Err(StateError::Together(message)));
+                    }),
+                };
+            };
+            let before = shared.then(|| manifest.clone());
+            match change(manifest) {
+                Ok(value) => Outcome {
+                    applied: true,
+                    tell: Box::new(move |failed: Option<&StateError>| {
+                        let _ = answer.send(match failed {
+                            None => Ok(value),
+                            Some(error) => Err(StateError::Together(error_chain(error))),
+                        });
+                    }),
+                },
+                Err(refused) => {
+                    if let Some(before) = before {
+                        *manifest = before;
+                    }
+                    Outcome {
+                        applied: false,
+                        tell: Box::new(move |_| {
+                            let _ = answer.send(Err(refused.into()));
+                        }),
+                    }
+                }
+            }
+        });
+        lock_unpoisoned(&self.queued.0)
+            .entry(run_id.clone())
+            .or_default()
+            .push(queued);
+        let _writing = lock_unpoisoned(&self.writing);
+        // The thread that wrote before may have written this change too.
+        if let Ok(result) = outcome.try_recv() {
+            return result;
+        }
+        let changes = lock_unpoisoned(&self.queued.0)
+            .remove(run_id)
+            .unwrap_or_default();
+        if let Err(error) = self.write_together(run_id, changes) {
+            // Every change was told; this caller learns the error itself, unless its own
+            // change was refused first.
+            return match outcome.try_recv() {
+                Ok(Err(StateError::Together(_))) | Err(_) => Err(error),
+                Ok(result) => result,
+            };
+        }
+        outcome
+            .try_recv()
+            .unwrap_or_else(|_| Err(StateError::Together("the change was lost".to_owned())))
+    }
+
+    /// Applies `changes` to the run's manifest in one lock → read → modify → write, and tells
+    /// each its outcome. An error that stopped them all is returned as well.
+    fn write_together(&self, run_id: &RunId, changes: Vec<QueuedChange>) -> Result<(), StateError> {
+        let written = (|| {
+            let lock = self.lock()?;
+            let manifest = self.manifest_to_change(run_id)?;
+            Ok((lock, manifest))
+        })();
+        let (_lock, mut manifest) = match written {
+            Ok(ready) => ready,
+            Err(error) => {
+                for change in changes {
+                    (change(None).tell)(Some(&error));
+                }
+                return Err(error);
+            }
+        };
+        let shared = changes.len() > 1;
+        let outcomes: Vec<Outcome> = changes
+            .into_iter()
+            .map(|change| change(Some((&mut manifest, shared))))
+            .collect();
+        let any_applied = outcomes.iter().any(|outcome| outcome.applied);
+        let result = if any_applied {
+            self.write_manifest(&manifest)
+        } else {
+            Ok(())
+        };
+        if result.is_ok() && any_applied {
+            self.remember_written(manifest);
+        }
+        for outcome in outcomes {
+            (outcome.tell)(result.as_ref().err());
+        }
+        result
+    }
+
+    /// The manifest of `run_id` to change, taken out of what this store remembers or read;
+    /// refused when a newer crew wrote it. The caller holds the lock.
+    fn manifest_to_change(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
+        let manifest = match self.take_written(run_id) {
             Some(manifest) => manifest,
             None => self.read_manifest_as(run_id)?,
         };
@@ -629,10 +807,7 @@ impl StateStore {
                 supported: MANIFEST_SCHEMA_VERSION,
             });
         }
-        let result = change(&mut manifest)?;
-        self.write_manifest(&manifest)?;
-        self.remember_written(manifest);
-        Ok(result)
+        Ok(manifest)
     }
 
     /// Writes a manifest, keeping the running index with it. The caller holds the lock.

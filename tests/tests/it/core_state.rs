@@ -778,3 +778,73 @@ fn readers_of_a_manifest_its_host_keeps_rewriting_always_read_it_whole() {
         Some("after")
     );
 }
+
+#[test]
+fn changes_written_together_are_all_kept_and_a_refused_one_leaves_nothing() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let (workspace, store) = store_at(&root);
+    let run = hosted_run(&store, &workspace, HostIdentity::current().unwrap());
+    let store = std::sync::Arc::new(store);
+    let api = TaskId::parse("api").unwrap();
+    // Another process appends tasks meanwhile, through the lock, one write per change.
+    let hammer = Command::new(HAMMER)
+        .args(["append", root.as_str(), run.as_str(), "other", "40"])
+        .spawn()
+        .unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|thread| {
+            let (store, run, api) = (store.clone(), run.clone(), api.clone());
+            std::thread::spawn(move || {
+                for change in 0..25 {
+                    let api = api.clone();
+                    let hostile = thread == 0 && change % 5 == 4;
+                    let result = store.update_run_together(&run, move |manifest| {
+                        let warning = format!("{thread}-{change}");
+                        if hostile {
+                            // Changes the manifest, then is refused: nothing of it may stay.
+                            manifest.task_mut(&api)?.warnings.push("refused".into());
+                            manifest.task_mut(&TaskId::parse("missing").unwrap())?;
+                        }
+                        manifest.task_mut(&api)?.warnings.push(warning);
+                        Ok(change)
+                    });
+                    match result {
+                        Ok(value) => assert!(!hostile && value == change),
+                        Err(StateError::Transition(_)) => assert!(hostile),
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let mut hammer = hammer;
+    assert!(hammer.wait().unwrap().success());
+    let manifest = store.read_run(&run).unwrap();
+    let warnings = &manifest.task(&api).unwrap().warnings;
+    assert!(!warnings.iter().any(|warning| warning == "refused"));
+    for thread in 0..8 {
+        let expected: Vec<String> = (0..25)
+            .filter(|change| thread != 0 || change % 5 != 4)
+            .map(|change| format!("{thread}-{change}"))
+            .collect();
+        let written: Vec<&String> = warnings
+            .iter()
+            .filter(|warning| warning.starts_with(&format!("{thread}-")))
+            .collect();
+        assert_eq!(
+            written,
+            expected.iter().collect::<Vec<_>>(),
+            "in order, none lost"
+        );
+    }
+    let appended = manifest
+        .tasks
+        .iter()
+        .filter(|task| task.id.as_str().starts_with("other-"))
+        .count();
+    assert_eq!(appended, 40, "the other process's changes were kept too");
+}

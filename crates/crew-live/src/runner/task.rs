@@ -163,8 +163,10 @@ impl RunContext {
             .clone()
     }
 
-    /// Saves `change` to the run's manifest. A failure is noted as unrecorded (the run goes
-    /// on, and says so when it ends) and gives `None`.
+    /// Saves `change` to the run's manifest, together with the changes other tasks make
+    /// meanwhile (one write for all of them, see `StateStore::update_run_together`). A
+    /// failure is noted as unrecorded (the run goes on, and says so when it ends) and gives
+    /// `None`.
     async fn save<T: Send + 'static>(
         &self,
         what: &str,
@@ -172,7 +174,7 @@ impl RunContext {
     ) -> Option<T> {
         let store = self.runner.store.clone();
         let run_id = self.run_id.clone();
-        match blocking(move || store.update_run(&run_id, change)).await {
+        match blocking(move || store.update_run_together(&run_id, change)).await {
             Ok(value) => Some(value),
             Err(error) => {
                 self.runner.unrecorded(&self.run_id, what, &error);
