@@ -1088,17 +1088,19 @@ fn hundred_tasks(bench: &Bench) {
     let workspaces_cpu = own_cpu() - before;
 
     // The agents alone: 100 `sh -c true`.
-    let before = cpu_of(libc::RUSAGE_CHILDREN);
-    for _ in 0..TASKS {
-        assert!(
-            Command::new("sh")
-                .args(["-c", "true"])
-                .status()
-                .unwrap()
-                .success()
-        );
-    }
-    let agents_cpu = cpu_of(libc::RUSAGE_CHILDREN) - before;
+    let agents_alone = || {
+        let before = cpu_of(libc::RUSAGE_CHILDREN);
+        for _ in 0..TASKS {
+            assert!(
+                Command::new("sh")
+                    .args(["-c", "true"])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+        cpu_of(libc::RUSAGE_CHILDREN) - before
+    };
 
     // The run, through the binary, from the same full pool.
     fill_pool();
@@ -1112,16 +1114,26 @@ fn hundred_tasks(bench: &Bench) {
         ]
         .concat(),
     );
-    // crew's own work per task, with no git work at all: the same run in the project itself.
-    let single = run_measured(
-        &crew,
-        &project,
-        &[
-            &["run", "--agent", "shell", "--workspace-mode", "single"],
-            &fan_out[..],
-        ]
-        .concat(),
-    );
+    // crew's own work per task, with no git work at all: the same run in the project itself,
+    // five rounds, each beside a round of the agents alone, as every other line takes its
+    // median of rounds.
+    let (mut own, mut agents, mut single) =
+        (Samples::default(), Samples::default(), Samples::default());
+    for _ in 0..5 {
+        let agents_cpu = agents_alone();
+        let run = run_measured(
+            &crew,
+            &project,
+            &[
+                &["run", "--agent", "shell", "--workspace-mode", "single"],
+                &fan_out[..],
+            ]
+            .concat(),
+        );
+        own.push(run.cpu.saturating_sub(agents_cpu) / TASKS as u32);
+        agents.push(agents_cpu / TASKS as u32);
+        single.push(run.elapsed);
+    }
     empty_pool();
 
     let per_task = |cpu: Duration| cpu / TASKS as u32;
@@ -1138,18 +1150,19 @@ fn hundred_tasks(bench: &Bench) {
         if own_mb <= 64 { "met" } else { "MISSED" },
         run.peak_pack_kb / 1024,
     );
-    let own = per_task(single.cpu.saturating_sub(agents_cpu));
     println!(
-        "{:<44} {} per task beyond the agents' own {} (≤ 5ms: {}); in {}",
+        "{:<44} {} [{} … {}] per task beyond the agents' own {} (≤ 5ms: {}); a run in {}",
         "100 tasks, 8 at once: crew's own CPU",
-        seconds(own),
-        seconds(per_task(agents_cpu)),
-        if own <= Duration::from_millis(5) {
+        seconds(own.median()),
+        seconds(own.min()),
+        seconds(own.max()),
+        seconds(agents.median()),
+        if own.median() <= Duration::from_millis(5) {
             "met"
         } else {
             "MISSED"
         },
-        seconds(single.elapsed),
+        seconds(single.median()),
     );
 }
 
