@@ -532,10 +532,7 @@ impl StateStore {
         run_id: &RunId,
         look: impl FnOnce(&RunManifest) -> T,
     ) -> Option<T> {
-        let written = self
-            .written
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let written = lock_unpoisoned(&self.written);
         let entry = written.get(run_id)?;
         self.still_in_place(run_id, entry.stamp)
             .then(|| look(&entry.manifest))
@@ -543,10 +540,7 @@ impl StateStore {
 
     /// [`StateStore::as_written`], taken out of the store's memory.
     fn take_written(&self, run_id: &RunId) -> Option<RunManifest> {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = lock_unpoisoned(&self.written);
         let entry = written.remove(run_id)?;
         self.still_in_place(run_id, entry.stamp)
             .then_some(entry.manifest)
@@ -565,20 +559,14 @@ impl StateStore {
     }
 
     fn forget_written(&self, run_id: &RunId) {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = lock_unpoisoned(&self.written);
         written.remove(run_id);
     }
 
     /// Remembers `manifest` as just written, while its run is running.
     fn remember_written(&self, manifest: RunManifest) {
         let stamp = FileStamp::of(&self.manifest_path(&manifest.run_id));
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = lock_unpoisoned(&self.written);
         match stamp.filter(|_| manifest.status == RunStatus::Running) {
             Some(stamp) => {
                 written.insert(manifest.run_id.clone(), Written { stamp, manifest });

@@ -372,10 +372,9 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
     unsafe {
         let argument = |index: usize| CStr::from_ptr(*argv.add(index));
         let fail = |what: &CStr| -> ! {
-            let message = what.to_bytes();
-            libc::write(2, c"crew-warden: ".as_ptr().cast(), 13);
-            libc::write(2, message.as_ptr().cast(), message.len());
-            libc::write(2, c"\n".as_ptr().cast(), 1);
+            for part in [b"crew-warden: ".as_slice(), what.to_bytes(), b"\n"] {
+                libc::write(2, part.as_ptr().cast(), part.len());
+            }
             libc::_exit(NOT_STARTED)
         };
         // Started by a host, a warden leads a process group of its own, which it kills when
