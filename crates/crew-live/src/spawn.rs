@@ -222,9 +222,10 @@ impl WardedCommand {
             report,
         } = self;
         for fd in &passed {
-            // Inherited by the warden only: every agent starts on this thread, one at a time,
-            // and the warden closes whatever else it inherited. A program another thread of
-            // the host starts meanwhile inherits them too; the warden's ends grant nothing.
+            // Inherited by no other warden: every agent of this host starts on this thread,
+            // one at a time, and a warden (of any host) closes whatever it did not ask for. A
+            // program another thread starts meanwhile (git, a setup command) inherits them
+            // until it exits: a ruleset, a pipe, and an environment made of the host's own.
             // SAFETY: clears the close-on-exec flag of a descriptor `passed` owns.
             if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
                 return Err(io::Error::last_os_error());
