@@ -1104,16 +1104,26 @@ fn hundred_tasks(bench: &Bench) {
 
     // The run, through the binary, from the same full pool.
     fill_pool();
-    let fan_out = ["--fan-out", "100", "--max-parallel", "8", "--quiet", "true"];
-    let run = run_measured(
-        &crew,
-        &project,
-        &[
-            &["run", "--agent", "shell", "--workspace-mode", "worktree"],
-            &fan_out[..],
-        ]
-        .concat(),
-    );
+    let fan_out = |mode: &str| {
+        run_measured(
+            &crew,
+            &project,
+            &[
+                "run",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                mode,
+                "--fan-out",
+                "100",
+                "--max-parallel",
+                "8",
+                "--quiet",
+                "true",
+            ],
+        )
+    };
+    let run = fan_out("worktree");
     // crew's own work per task, with no git work at all: the same run in the project itself,
     // five rounds, each beside a round of the agents alone, as every other line takes its
     // median of rounds.
@@ -1121,15 +1131,7 @@ fn hundred_tasks(bench: &Bench) {
         (Samples::default(), Samples::default(), Samples::default());
     for _ in 0..5 {
         let agents_cpu = agents_alone();
-        let run = run_measured(
-            &crew,
-            &project,
-            &[
-                &["run", "--agent", "shell", "--workspace-mode", "single"],
-                &fan_out[..],
-            ]
-            .concat(),
-        );
+        let run = fan_out("single");
         own.push(run.cpu.saturating_sub(agents_cpu) / TASKS as u32);
         agents.push(agents_cpu / TASKS as u32);
         single.push(run.elapsed);
