@@ -50,6 +50,19 @@ impl TestEnv {
         env
     }
 
+    /// A copy of `binary` another user can run, in this environment's `bin/`: under umask 077
+    /// cargo links the test binaries 0700, so the uid a test drops to could not run them.
+    pub fn runnable_by_others(&self, binary: &Utf8Path) -> Utf8PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = self.root.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = bin.join(binary.file_name().unwrap());
+        std::fs::copy(binary, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        copy
+    }
+
     fn in_dir(dir: tempfile::TempDir) -> Self {
         hermetic_libgit2();
         let root = Utf8PathBuf::from_path_buf(dir.path().canonicalize().unwrap()).unwrap();
@@ -264,8 +277,17 @@ pub fn crew_bin() -> Utf8PathBuf {
 impl TestEnv {
     /// A `crew` command in `dir`, hermetic, with `crew` itself first on PATH (agents call it).
     pub fn crew_command(&self, dir: &Utf8Path) -> Command {
-        let crew = crew_bin();
-        let mut command = Command::new(&crew);
+        self.crew_command_with(&crew_bin(), dir)
+    }
+
+    /// As [`TestEnv::crew_command`], with a copy of `crew` another user can run (see
+    /// [`TestEnv::runnable_by_others`]), for the tests that drop to another uid.
+    pub fn crew_command_for_others(&self, dir: &Utf8Path) -> Command {
+        self.crew_command_with(&self.runnable_by_others(&crew_bin()), dir)
+    }
+
+    fn crew_command_with(&self, crew: &Utf8Path, dir: &Utf8Path) -> Command {
+        let mut command = Command::new(crew);
         self.hermetic(&mut command).current_dir(dir);
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut paths = vec![crew.parent().unwrap().as_std_path().to_path_buf()];

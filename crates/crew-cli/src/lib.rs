@@ -35,7 +35,7 @@ use crate::ui::{ColorChoice, Ui};
 #[derive(Debug, Parser)]
 #[command(name = "crew", bin_name = "crew", version, propagate_version = true)]
 #[command(
-    after_help = "Exit codes: 0 ok, 1 a task failed, 2 usage or configuration error, 130 interrupted."
+    after_help = "Exit codes: 0 ok, 1 a task failed, 2 usage or configuration error, 130 interrupted, 141 (in a shell) a listing whose reader stopped reading."
 )]
 pub struct Cli {
     /// When to color output (NO_COLOR turns `auto` off).

@@ -312,7 +312,8 @@ fn help_lists_the_commands() {
       -V, --version
               Print version
 
-    Exit codes: 0 ok, 1 a task failed, 2 usage or configuration error, 130 interrupted.
+    Exit codes: 0 ok, 1 a task failed, 2 usage or configuration error, 130 interrupted, 141 (in a shell)
+    a listing whose reader stopped reading.
     [exit status: 0]
     ");
     let completions = env.crew(env.root(), ["completions", "bash"]);
@@ -367,4 +368,56 @@ depends_on = ["nope"]
     error: $TEST_ENV/project/.crew/teams/messy.toml:10:15: key `tasks[1].depends_on[0]`: task `X` depends on `nope`, which is not a task of this team
     [exit status: 2]
     ");
+}
+
+#[test]
+fn mcp_help_names_every_tool_the_server_offers() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let help = env.crew(&repo, ["mcp", "--help"]);
+    let help = String::from_utf8(help.stdout).unwrap();
+    let line: String = help
+        .split("Tools:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no tool list in the help:\n{help}"))
+        .split('—')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut in_help: Vec<&str> = line.split(", ").collect();
+    in_help.sort_unstable();
+
+    // What the server itself lists, asked over its own protocol.
+    let mut server = env.crew_command(&repo);
+    server
+        .arg("mcp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut server = server.spawn().unwrap();
+    let mut stdin = server.stdin.take().unwrap();
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ];
+    for request in requests {
+        std::io::Write::write_all(&mut stdin, format!("{request}\n").as_bytes()).unwrap();
+    }
+    let stdout = std::io::BufReader::new(server.stdout.take().unwrap());
+    let listed = std::io::BufRead::lines(stdout)
+        .map(|line| serde_json::from_str::<serde_json::Value>(&line.unwrap()).unwrap())
+        .find(|message| message["id"] == 2)
+        .expect("the server answers tools/list");
+    drop(stdin);
+    server.wait().unwrap();
+    let mut offered: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap())
+        .collect();
+    offered.sort_unstable();
+    assert_eq!(in_help, offered, "{help}");
 }

@@ -393,7 +393,7 @@ fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
     let script = format!(
         "echo first > work.txt; echo ready; while [ ! -e {go} ]; do sleep 0.05; done; echo second >> work.txt"
     );
-    let mut command = env.crew_command(&repo);
+    let mut command = env.crew_command_for_others(&repo);
     command
         .args([
             "run",

@@ -95,8 +95,11 @@ async fn another_user_is_refused() {
         eprintln!("skipped: dropping to another uid needs root; CI runs as root");
         return;
     }
+    let helper = fixture
+        .env
+        .runnable_by_others(camino::Utf8Path::new(env!("CARGO_BIN_EXE_live-helper")));
     let raw_as_nobody = |path: &str| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_live-helper"));
+        let mut command = std::process::Command::new(&helper);
         command.args(["raw", path, "{\"workspace\":\"/\",\"op\":\"ping\"}"]);
         std::os::unix::process::CommandExt::uid(&mut command, UNPRIVILEGED);
         std::os::unix::process::CommandExt::gid(&mut command, UNPRIVILEGED);

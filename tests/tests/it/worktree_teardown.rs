@@ -269,7 +269,10 @@ fn unreadable_files_preserve_the_worktree() {
     let env = crew_tests::TestEnv::reachable_by_others();
     let repo = env.repo("project");
     let fixture = Fixture::in_dir(env, repo, crew_core::config::ProjectConfig::default());
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_worktree-hammer"));
+    let hammer = fixture
+        .env
+        .runnable_by_others(camino::Utf8Path::new(env!("CARGO_BIN_EXE_worktree-hammer")));
+    let mut command = std::process::Command::new(&hammer);
     fixture
         .env
         .hermetic(&mut command)

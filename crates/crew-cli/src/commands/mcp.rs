@@ -32,8 +32,8 @@ use crate::{CliError, Outcome};
 
 /// Serve the Model Context Protocol on stdio, for lead agents.
 ///
-/// Tools: run_tasks, status, wait, answer, steer, stop, diff — on this project folder's runs
-/// only.
+/// Tools: run_tasks, status, wait, answer, steer, stop, diff, land — on this project
+/// folder's runs only.
 #[derive(Debug, clap::Args)]
 pub struct McpArgs {}
 
