@@ -509,6 +509,10 @@ pub struct CheckRecord {
     /// Whether it ran out of time and was killed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// Whether it was stopped before it ended (a person's `crew agents stop`, the run's
+    /// cancel): a stopped check did not pass.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
     /// How long it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
@@ -530,6 +534,7 @@ impl CheckRecord {
             code: None,
             signal: None,
             timed_out: false,
+            stopped: false,
             duration_ms: None,
             output_tail: String::new(),
             error: None,

@@ -32,7 +32,9 @@ use tokio::time::Instant;
 
 use crew_core::config::{AgentDef, Protocol, SteerMode, fill_template};
 use crew_core::env_vars;
-use crew_core::model::{ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage, UsageLimit};
+use crew_core::model::{
+    CheckRecord, ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage, UsageLimit,
+};
 use crew_core::{AgentId, TaskId, WorkspaceId};
 
 use crate::acp::{AcpInput, AcpLink, AcpStart};
@@ -148,6 +150,9 @@ pub struct AgentStatus {
     /// Its question waits on the live agent (an `acp` permission request): the answer goes to
     /// it as it runs, with no restart.
     pub asks_alive: bool,
+    /// Its task's check command runs (the agent's process has exited): a stop stops the
+    /// check.
+    pub checking: bool,
     /// A placed task's work came back, was checked, and this branch holds it (its name and
     /// tip).
     pub landed: Option<(String, String)>,
@@ -166,6 +171,8 @@ pub enum Activity {
     WaitingForInput,
     /// Between turns: alive, waiting for a message.
     Idle,
+    /// Its process has exited and its task's check command runs.
+    Checking,
 }
 
 impl AgentStatus {
@@ -173,6 +180,9 @@ impl AgentStatus {
     pub fn activity(&self) -> Option<Activity> {
         if self.question.is_some() {
             return Some(Activity::WaitingForInput);
+        }
+        if self.checking {
+            return Some(Activity::Checking);
         }
         match self.state {
             AgentState::Exited => None,
@@ -245,6 +255,13 @@ pub(crate) enum Control {
     Close {
         reply: oneshot::Sender<bool>,
     },
+    /// Runs the task's check in the exited agent's workspace, confined like the agent.
+    Check {
+        command: String,
+        log: Utf8PathBuf,
+        timeout: Duration,
+        reply: oneshot::Sender<CheckRecord>,
+    },
 }
 
 /// The shared parts of a host that every supervisor uses.
@@ -312,6 +329,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         protocol_warning: None,
         idle: false,
         asks_alive: false,
+        checking: false,
         landed: None,
         lost: None,
     };
@@ -344,6 +362,7 @@ pub(crate) fn start_idle(
         protocol_warning: None,
         idle: false,
         asks_alive: false,
+        checking: false,
         landed: None,
         lost: None,
     };
@@ -1109,6 +1128,12 @@ impl Supervisor {
                     Some(Control::Close { reply }) => {
                         answer(reply, false);
                     }
+                    Some(Control::Check { command, reply, .. }) => {
+                        let mut refused = CheckRecord::pending(command);
+                        refused.passed = Some(false);
+                        refused.error = Some("its agent is running again".to_owned());
+                        answer(reply, refused);
+                    }
                     None => {
                         // Every handle is gone: the host is shutting down.
                         host_gone = true;
@@ -1302,8 +1327,89 @@ impl Supervisor {
                     self.status.send_modify(|status| status.closed = true);
                     answer(reply, true);
                 }
+                Control::Check {
+                    command,
+                    log,
+                    timeout,
+                    reply,
+                } => {
+                    let (record, host_gone) = self.check(&command, &log, timeout).await;
+                    answer(reply, record);
+                    if host_gone {
+                        return Next::Shutdown;
+                    }
+                }
             }
         }
+    }
+
+    /// Runs the task's check while answering control messages: a stop stops the check (TERM,
+    /// grace, KILL; a second stop kills at once), as it would the agent. Returns the record,
+    /// and whether the host let go meanwhile.
+    async fn check(
+        &mut self,
+        command: &str,
+        log: &Utf8Path,
+        timeout: Duration,
+    ) -> (CheckRecord, bool) {
+        self.status.send_modify(|status| status.checking = true);
+        self.publish_status();
+        let (stop, stop_requests) = watch::channel(0u32);
+        let launcher = self.launcher.clone();
+        let spec = self.spec.clone();
+        let check = crate::check::run_check(&launcher, &spec, command, log, timeout, stop_requests);
+        tokio::pin!(check);
+        let mut stop_waiters = Vec::new();
+        let mut host_gone = false;
+        let (record, ending) = loop {
+            tokio::select! {
+                ended = &mut check => break ended,
+                message = self.control.recv(), if !host_gone => {
+                    let agent_id = self.spec.agent_id.clone();
+                    match message {
+                        Some(Control::Stop { reply }) => {
+                            stop_waiters.push(reply);
+                            stop.send_modify(|requests| *requests += 1);
+                        }
+                        None => {
+                            // Every handle is gone: the host is shutting down.
+                            host_gone = true;
+                            stop.send_modify(|requests| *requests += 2);
+                        }
+                        Some(Control::Resume { reply, .. }) => {
+                            answer(reply, Err(AgentOpError::Checking { agent_id }));
+                        }
+                        Some(Control::FollowUp { reply, .. }) => {
+                            answer(reply, Err(AgentOpError::Checking { agent_id }));
+                        }
+                        Some(Control::Steer { reply, .. }) => {
+                            answer(reply, Err(AgentOpError::Checking { agent_id }));
+                        }
+                        Some(Control::Ask { reply, .. }) => {
+                            answer(reply, Err(AgentOpError::NotRunning { agent_id }));
+                        }
+                        Some(Control::Close { reply }) => answer(reply, false),
+                        Some(Control::Check { command, reply, .. }) => {
+                            let mut refused = CheckRecord::pending(command);
+                            refused.passed = Some(false);
+                            refused.error = Some("another check of the task runs".to_owned());
+                            answer(reply, refused);
+                        }
+                    }
+                }
+            }
+        };
+        let outcome = if ending.killed {
+            StopOutcome::Killed
+        } else {
+            StopOutcome::Terminated
+        };
+        for waiter in stop_waiters {
+            answer(waiter, outcome);
+        }
+        self.status.send_modify(|status| status.checking = false);
+        self.publish_status();
+        (record, host_gone)
     }
 }
 

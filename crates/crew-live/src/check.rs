@@ -23,24 +23,43 @@ const TAIL_BYTES: u64 = 2048;
 /// How many of the last lines of that.
 const TAIL_LINES: usize = 20;
 
+/// How a check is asked to stop: each request counts, as with an agent's stop. The first is
+/// TERM to its group, then KILL after the agent's grace; a second is KILL at once.
+pub(crate) type StopRequests = tokio::sync::watch::Receiver<u32>;
+
+/// How a check's process ended, besides its exit status.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CheckEnding {
+    /// It ran out of time and was killed.
+    pub timed_out: bool,
+    /// It was stopped on request (a person's stop, the run's cancel).
+    pub stopped: bool,
+    /// It needed KILL.
+    pub killed: bool,
+}
+
 /// Runs `command` as `spec`'s check, writing its output to `log`; stops it (its whole group,
-/// and whatever carries the agent's marker) after `timeout`. Never fails: a check that cannot
-/// start is a check that did not pass, with the reason.
+/// and whatever carries the agent's marker) after `timeout`, or as `stop` asks. Never fails: a
+/// check that cannot start is a check that did not pass, with the reason.
 pub(crate) async fn run_check(
     launcher: &Launcher,
     spec: &AgentSpec,
     command: &str,
     log: &Utf8Path,
     timeout: Duration,
-) -> CheckRecord {
+    stop: StopRequests,
+) -> (CheckRecord, CheckEnding) {
     let mut record = CheckRecord::pending(command.to_owned());
     let started = Instant::now();
-    match run(launcher, spec, command, log, timeout).await {
-        Ok((status, timed_out)) => {
-            record.passed = Some(status.success() && !timed_out);
+    let mut ending = CheckEnding::default();
+    match run(launcher, spec, command, log, timeout, stop).await {
+        Ok((status, ended)) => {
+            ending = ended;
+            record.passed = Some(status.success() && !ended.timed_out && !ended.stopped);
             record.code = status.code();
             record.signal = status.signal();
-            record.timed_out = timed_out;
+            record.timed_out = ended.timed_out;
+            record.stopped = ended.stopped;
         }
         Err(error) => {
             record.passed = Some(false);
@@ -49,7 +68,7 @@ pub(crate) async fn run_check(
     }
     record.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
     record.output_tail = tail_of(log);
-    record
+    (record, ending)
 }
 
 async fn run(
@@ -58,7 +77,8 @@ async fn run(
     command: &str,
     log: &Utf8Path,
     timeout: Duration,
-) -> Result<(std::process::ExitStatus, bool), String> {
+    mut stop: StopRequests,
+) -> Result<(std::process::ExitStatus, CheckEnding), String> {
     if !spec.dir.is_dir() {
         return Err(format!("its workspace {} is gone", spec.dir));
     }
@@ -103,25 +123,58 @@ async fn run(
         .spawn(warded)
         .await
         .map_err(|error| format!("could not start sh: {error}"))?;
-    let pid = child.id();
-    match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(status) => status
-            .map(|status| (status, false))
-            .map_err(|error| format!("could not wait for the check: {error}")),
-        Err(_) => {
-            if let Some(group) = pid.and_then(|pid| rustix::process::Pid::from_raw(pid as i32)) {
-                // The group may be gone already; whatever left it is killed by its marker next.
-                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-            }
-            // Best effort: the check already failed by its timeout, and its wait below ends it.
-            let _ = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker)).await;
-            child
-                .wait()
-                .await
-                .map(|status| (status, true))
-                .map_err(|error| format!("could not wait for the check: {error}"))
+    let group = child
+        .id()
+        .and_then(|pid| rustix::process::Pid::from_raw(pid as i32));
+    let signal = |signal| {
+        if let Some(group) = group {
+            // The group may be gone already; whatever left it is killed by its marker.
+            let _ = rustix::process::kill_process_group(group, signal);
         }
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut ending = CheckEnding::default();
+    let mut stop_open = true;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = tokio::time::sleep_until(deadline), if !ending.timed_out && !ending.killed => {
+                ending.timed_out = true;
+                ending.killed = true;
+                signal(rustix::process::Signal::KILL);
+                kill_at = None;
+            }
+            changed = stop.changed(), if stop_open => {
+                if changed.is_err() {
+                    // Nobody can ask any more: the check runs to its end or its timeout.
+                    stop_open = false;
+                    continue;
+                }
+                ending.stopped = true;
+                if *stop.borrow_and_update() >= 2 || kill_at.is_some() {
+                    ending.killed = true;
+                    signal(rustix::process::Signal::KILL);
+                    kill_at = None;
+                } else if !ending.killed {
+                    signal(rustix::process::Signal::TERM);
+                    kill_at = Some(tokio::time::Instant::now() + spec.stop_grace);
+                }
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
+                ending.killed = true;
+                signal(rustix::process::Signal::KILL);
+                kill_at = None;
+            }
+        }
+    };
+    if ending.killed {
+        // What left the group is killed by its marker; best effort, as the check has ended.
+        let _ = tokio::task::spawn_blocking(move || procscan::kill_marked(&marker)).await;
     }
+    status
+        .map(|status| (status, ending))
+        .map_err(|error| format!("could not wait for the check: {error}"))
 }
 
 /// The last lines of the log (at most [`TAIL_LINES`] of its last [`TAIL_BYTES`]), lossy.

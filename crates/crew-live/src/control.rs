@@ -265,6 +265,8 @@ pub enum ErrorCode {
     Restart,
     /// The agent is no longer supervised.
     Gone,
+    /// The agent has finished and its task's check runs.
+    Checking,
     // Runs.
     /// No run of that id is hosted here.
     UnknownRun,

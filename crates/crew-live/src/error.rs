@@ -176,6 +176,14 @@ pub enum AgentOpError {
         /// The agent.
         agent_id: AgentId,
     },
+    /// The agent has exited and its task's check runs: only a stop reaches it.
+    #[error(
+        "live agent '{agent_id}' has finished and its check runs; stop it with `crew agents stop {agent_id}`, or wait for it"
+    )]
+    Checking {
+        /// The agent.
+        agent_id: AgentId,
+    },
 }
 
 impl AgentOpError {
@@ -193,6 +201,7 @@ impl AgentOpError {
             AgentOpError::Input { .. } => ErrorCode::Input,
             AgentOpError::Restart { .. } => ErrorCode::Restart,
             AgentOpError::Gone { .. } => ErrorCode::Gone,
+            AgentOpError::Checking { .. } => ErrorCode::Checking,
         }
     }
 }

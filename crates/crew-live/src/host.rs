@@ -124,18 +124,6 @@ impl AgentHost {
         }
     }
 
-    /// Runs `command` as the check of the agent `spec` describes (its workspace, sandbox and
-    /// environment), its output to `log`, stopped after `timeout`.
-    pub async fn run_check(
-        &self,
-        spec: &AgentSpec,
-        command: &str,
-        log: &camino::Utf8Path,
-        timeout: std::time::Duration,
-    ) -> crew_core::model::CheckRecord {
-        crate::check::run_check(&self.inner.launcher, spec, command, log, timeout).await
-    }
-
     /// The agents this host runs.
     pub fn registry(&self) -> &Registry {
         &self.inner.registry

@@ -197,8 +197,27 @@ impl AgentHandle {
             .await?
     }
 
+    /// Runs the task's check command in the exited agent's workspace, confined like the
+    /// agent, its output to `log`, stopped after `timeout` — or by [`AgentHandle::stop`],
+    /// as the agent would be.
+    pub async fn check(
+        &self,
+        command: &str,
+        log: &camino::Utf8Path,
+        timeout: std::time::Duration,
+    ) -> Result<crew_core::model::CheckRecord, AgentOpError> {
+        let (command, log) = (command.to_owned(), log.to_owned());
+        self.request(|reply| Control::Check {
+            command,
+            log,
+            timeout,
+            reply,
+        })
+        .await
+    }
+
     /// Stops the agent (TERM, grace, KILL; a second stop kills at once) and reports how it
-    /// ended, once it has.
+    /// ended, once it has. While its task's check runs, it stops the check.
     pub async fn stop(&self) -> Result<StopOutcome, AgentOpError> {
         self.request(|reply| Control::Stop { reply }).await
     }

@@ -295,3 +295,119 @@ check = " "
         "no branch was made"
     );
 }
+
+/// Starts `crew run --agent shell --check <check> true` and waits until its check runs and
+/// has printed the pid of the process it leaves waiting: returns the host, the run, and that
+/// pid.
+fn run_with_a_long_check(
+    env: &TestEnv,
+    repo: &Utf8Path,
+    check: &str,
+) -> (std::process::Child, String, u32) {
+    let mut host = env
+        .crew_command(repo)
+        .args(["run", "--agent", "shell", "--check", check, "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = host.stderr.take().unwrap();
+    std::thread::spawn(
+        move || {
+            for _ in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {}
+        },
+    );
+    let run = crew_tests::wait_until(30, "the run", || run_ids(env, repo).into_iter().next());
+    let log = repo.join(format!(".crew/state/runs/{run}/tasks/shell/check.log"));
+    let sleeper = crew_tests::wait_until(30, "the check to start its sleeper", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("sleeper="))?
+            .parse()
+            .ok()
+    });
+    (host, run, sleeper)
+}
+
+/// Whether `pid` is gone (or a zombie nobody has reaped yet: it runs nothing).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn a_running_check_is_shown_and_crew_agents_stop_stops_it() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (mut host, run, sleeper) =
+        run_with_a_long_check(&env, &repo, "sleep 120 & echo sleeper=$!; wait");
+    // Listed as checking while it runs.
+    let listed = env.crew(&repo, ["agents", "list", "--json"]);
+    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(agents[0]["state"], "checking", "{agents:#}");
+    assert_eq!(agents[0]["activity"], "checking", "{agents:#}");
+
+    let stop = env.crew(&repo, ["agents", "stop", "shell"]);
+    let said = render_output(&stop);
+    assert!(stop.status.success(), "{said}");
+    assert!(!said.contains("already exited"), "{said}");
+    let status = host.wait().unwrap();
+    assert!(status.code().is_some(), "{status:?}");
+    crew_tests::wait_until(10, "the check's sleeper to be gone", || {
+        gone(sleeper).then_some(())
+    });
+    let recorded = manifest(&env, &repo, &run);
+    let check = &task(&recorded, "shell")["check"];
+    assert_eq!(check["stopped"], true, "{check:#}");
+    assert_eq!(check["passed"], false, "{check:#}");
+    // Afterwards a failed check is not shown as a plain success.
+    let listed = env.crew(&repo, ["agents", "list", "--all-runs"]);
+    let table = render_output(&listed);
+    assert!(table.contains("succeeded, check failed"), "{table}");
+}
+
+#[test]
+fn ctrl_c_twice_kills_a_check_that_ignores_term() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\nstop_grace = \"60s\"\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a long grace"]);
+    let (mut host, run, sleeper) = run_with_a_long_check(
+        &env,
+        &repo,
+        "trap '' TERM; sleep 120 & echo sleeper=$!; wait",
+    );
+    let started = std::time::Instant::now();
+    let interrupt = || {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&host),
+            rustix::process::Signal::INT,
+        )
+        .unwrap();
+    };
+    interrupt();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    interrupt();
+    let status = host.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(40),
+        "the 60 s grace was not cut short"
+    );
+    crew_tests::wait_until(10, "the check's sleeper to be gone", || {
+        gone(sleeper).then_some(())
+    });
+    let recorded = manifest(&env, &repo, &run);
+    let check = &task(&recorded, "shell")["check"];
+    assert_eq!(check["stopped"], true, "{check:#}");
+    assert_eq!(check["passed"], false, "{check:#}");
+}

@@ -33,7 +33,11 @@ pub enum RowState {
     FailedUnread,
     /// It finished, and nobody has looked at its work yet.
     DoneUnread,
+    /// It finished but its check failed, and nobody has looked yet.
+    CheckFailedUnread,
     Working,
+    /// Its agent finished and its task's check runs.
+    Checking,
     /// Alive between turns, waiting for a message.
     Idle,
     /// Its agent hit a usage limit and goes on when it lifts.
@@ -41,6 +45,8 @@ pub enum RowState {
     /// Not started yet (its dependencies, its workspace being prepared).
     Queued,
     Failed,
+    /// It finished but its check failed.
+    CheckFailed,
     Done,
     Stopped,
     Skipped,
@@ -51,7 +57,10 @@ impl RowState {
     pub fn needs_you(self) -> bool {
         matches!(
             self,
-            RowState::Waiting | RowState::FailedUnread | RowState::DoneUnread
+            RowState::Waiting
+                | RowState::FailedUnread
+                | RowState::CheckFailedUnread
+                | RowState::DoneUnread
         )
     }
 
@@ -60,6 +69,8 @@ impl RowState {
             RowState::Waiting => "waiting",
             RowState::FailedUnread | RowState::Failed => "failed",
             RowState::DoneUnread => "done*",
+            RowState::CheckFailedUnread | RowState::CheckFailed => "chk-fail",
+            RowState::Checking => "checking",
             RowState::Done => "done",
             RowState::Working => "working",
             RowState::Idle => "idle",
@@ -295,7 +306,10 @@ impl Board {
     /// Rings the bell when a shown agent has just started waiting or failed.
     fn note_change(&mut self, agent_id: &AgentId, before: Option<RowState>) {
         let alarming = |state: Option<RowState>| {
-            matches!(state, Some(RowState::Waiting | RowState::FailedUnread))
+            matches!(
+                state,
+                Some(RowState::Waiting | RowState::FailedUnread | RowState::CheckFailedUnread)
+            )
         };
         if before.is_some() && !alarming(before) && alarming(self.state_of(agent_id)) {
             self.bell = true;
@@ -354,6 +368,12 @@ impl Board {
             {
                 RowState::Idle
             }
+            TaskStatus::Running
+                if live
+                    .is_some_and(|agent| agent.activity == Some(crew_live::Activity::Checking)) =>
+            {
+                RowState::Checking
+            }
             TaskStatus::Running => RowState::Working,
             // Its agent's first events may come before the task's change to running.
             TaskStatus::Pending | TaskStatus::Preparing
@@ -362,6 +382,9 @@ impl Board {
                 RowState::Working
             }
             TaskStatus::Pending | TaskStatus::Preparing => RowState::Queued,
+            // A failed check does not make a success of it on the board.
+            TaskStatus::Succeeded if check_failed(task) && unread => RowState::CheckFailedUnread,
+            TaskStatus::Succeeded if check_failed(task) => RowState::CheckFailed,
             TaskStatus::Succeeded if unread => RowState::DoneUnread,
             TaskStatus::Succeeded => RowState::Done,
             // An interrupted task needs its user as a failed one does (`crew runs resume`).
@@ -409,6 +432,7 @@ impl Board {
                     sanitize(&format!("would conflict with {}", with.join(", ")))
                 });
                 let last_line = conflict
+                    .or_else(|| failed_check_line(task))
                     .or_else(|| {
                         self.tails
                             .get(&agent_id)
@@ -437,7 +461,7 @@ impl Board {
         // Stable: within a group, runs and tasks keep their order.
         rows.sort_by_key(|row| match row.state {
             RowState::Waiting => 0,
-            RowState::FailedUnread => 1,
+            RowState::FailedUnread | RowState::CheckFailedUnread => 1,
             RowState::DoneUnread => 2,
             _ => 3,
         });
@@ -743,6 +767,27 @@ impl Tail {
     }
 }
 
+/// What a failed check says in the row: its command and how it ended.
+fn failed_check_line(task: &TaskRecord) -> Option<String> {
+    let check = task.check.as_ref().filter(|_| check_failed(task))?;
+    let how = match (check.stopped, check.timed_out, check.code, &check.error) {
+        (true, _, _, _) => "stopped".to_owned(),
+        (_, true, _, _) => "timed out".to_owned(),
+        (_, _, _, Some(error)) => error.clone(),
+        (_, _, Some(code), _) => format!("exit {code}"),
+        _ => "killed".to_owned(),
+    };
+    Some(sanitize(&format!(
+        "check failed ({how}): {}",
+        check.command
+    )))
+}
+
+/// Whether the task's check ran and failed.
+fn check_failed(task: &TaskRecord) -> bool {
+    task.check.as_ref().and_then(|check| check.passed) == Some(false)
+}
+
 /// Whether a run has a task that is not finished.
 fn goes_on(run: &RunManifest) -> bool {
     run.tasks.iter().any(|task| !task.status.is_finished())
@@ -753,6 +798,7 @@ fn is_finished(state: RowState) -> bool {
         state,
         RowState::Waiting
             | RowState::Working
+            | RowState::Checking
             | RowState::Idle
             | RowState::Paused
             | RowState::Queued

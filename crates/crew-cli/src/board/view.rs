@@ -30,6 +30,8 @@ impl Looks {
             RowState::Waiting => ("?", "?"),
             RowState::FailedUnread | RowState::Failed => ("✗", "X"),
             RowState::DoneUnread => ("★", "*"),
+            RowState::CheckFailedUnread | RowState::CheckFailed => ("✘", "x"),
+            RowState::Checking => ("◆", "c"),
             RowState::Done => ("✓", "v"),
             RowState::Working => ("▶", ">"),
             RowState::Idle => ("…", "~"),
@@ -44,9 +46,10 @@ impl Looks {
     fn state_style(self, state: RowState) -> Style {
         if !self.color {
             return match state {
-                RowState::Waiting | RowState::FailedUnread | RowState::DoneUnread => {
-                    Style::new().add_modifier(Modifier::BOLD)
-                }
+                RowState::Waiting
+                | RowState::FailedUnread
+                | RowState::CheckFailedUnread
+                | RowState::DoneUnread => Style::new().add_modifier(Modifier::BOLD),
                 _ => Style::new(),
             };
         }
@@ -54,9 +57,13 @@ impl Looks {
             RowState::Waiting => Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD),
             RowState::FailedUnread => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
             RowState::Failed => Style::new().fg(Color::Red),
+            RowState::CheckFailedUnread => {
+                Style::new().fg(Color::Magenta).add_modifier(Modifier::BOLD)
+            }
+            RowState::CheckFailed => Style::new().fg(Color::Magenta),
             RowState::DoneUnread => Style::new().fg(Color::Green).add_modifier(Modifier::BOLD),
             RowState::Done => Style::new().fg(Color::Green),
-            RowState::Working | RowState::Idle => Style::new().fg(Color::Cyan),
+            RowState::Working | RowState::Idle | RowState::Checking => Style::new().fg(Color::Cyan),
             RowState::Paused => Style::new().fg(Color::Yellow),
             RowState::Queued | RowState::Stopped | RowState::Skipped => {
                 Style::new().add_modifier(Modifier::DIM)

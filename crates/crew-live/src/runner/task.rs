@@ -882,7 +882,7 @@ impl RunContext {
                 if status == TaskStatus::Succeeded
                     && let Some(check) = &task.check
                 {
-                    self.check(&task, &check.command, &workspace).await;
+                    self.check(&task, &check.command, &handle).await;
                 }
                 self.finish(&task_id, &workspace, status, reason).await;
                 status
@@ -995,28 +995,46 @@ impl RunContext {
         );
     }
 
-    /// Runs the task's check command in its workspace, confined like its agent, and records
-    /// how it ended. The task's status stays what its agent's exit made it.
-    async fn check(&self, task: &TaskRecord, command: &str, workspace: &TaskWorkspace) {
+    /// Runs the task's check command in its workspace, confined like its agent (by the agent's
+    /// supervisor, so that `crew agents stop` stops it), and records how it ended. A cancel of
+    /// the run stops it as it would the agent. The task's status stays what its agent's exit
+    /// made it.
+    async fn check(&self, task: &TaskRecord, command: &str, handle: &AgentHandle) {
         self.progress_sink(&task.id).tell(Progress::Check {
             command: command.to_owned(),
         });
-        let record = match self.agent_definition(&task.agent) {
-            Ok(definition) => {
-                let spec = self.agent_spec(task, definition, workspace);
-                let log = self.runner.store.check_log_path(&self.run_id, &task.id);
-                let timeout = task.timeout.map_or(CHECK_TIMEOUT, |timeout| timeout.0);
-                self.runner
-                    .host
-                    .run_check(&spec, command, &log, timeout)
-                    .await
+        let log = self.runner.store.check_log_path(&self.run_id, &task.id);
+        let timeout = task.timeout.map_or(CHECK_TIMEOUT, |timeout| timeout.0);
+        let mut cancel = self.cancel.subscribe();
+        let check = handle.check(command, &log, timeout);
+        tokio::pin!(check);
+        let mut stop_requests = 0;
+        let record = loop {
+            // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
+            let wanted = match *cancel.borrow_and_update() {
+                CancelLevel::None => 0,
+                CancelLevel::Graceful => 1,
+                CancelLevel::Kill => 2,
+            };
+            while stop_requests < wanted {
+                stop_requests += 1;
+                let handle = handle.clone();
+                tokio::spawn(async move { handle.stop().await });
             }
-            Err(error) => CheckRecord {
-                passed: Some(false),
-                error: Some(error.reason()),
-                ..CheckRecord::pending(command.to_owned())
-            },
+            tokio::select! {
+                record = &mut check => break record,
+                changed = cancel.changed() => {
+                    if changed.is_err() {
+                        break (&mut check).await;
+                    }
+                }
+            }
         };
+        let record = record.unwrap_or_else(|error| CheckRecord {
+            passed: Some(false),
+            error: Some(error.to_string()),
+            ..CheckRecord::pending(command.to_owned())
+        });
         let task_id = task.id.clone();
         self.save(&format!("task {task_id}'s check"), move |manifest| {
             manifest.task_mut(&task_id)?.check = Some(record);
@@ -1284,8 +1302,9 @@ fn workspace_env(workspace: &TaskWorkspace) -> Vec<(String, String)> {
 
 const STOPPED_BY_REQUEST: &str = "stopped by request";
 
-/// How long a check command may run when its task has no timeout of its own.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How long a check command may run when its task has no timeout of its own: long enough for
+/// a real test suite, short enough that a hung one does not hold the run for half an hour.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// The task status an exit means, and why.
 fn outcome(

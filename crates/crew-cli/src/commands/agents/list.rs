@@ -33,9 +33,13 @@ pub struct AgentRow {
     pub agent: String,
     /// A live host supervises it now.
     pub live: bool,
-    /// `running`, `stopping` or `exited` for a live agent; the task status otherwise.
+    /// `running`, `stopping`, `checking` (its task's check runs) or `exited` for a live
+    /// agent; the task status otherwise.
     pub state: String,
     pub task_status: Option<String>,
+    /// Whether its task's check passed, once it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check_passed: Option<bool>,
     pub pid: Option<u32>,
     pub dir: Option<String>,
     pub started_at: Option<Timestamp>,
@@ -118,12 +122,14 @@ pub async fn rows(
             task_id: agent.task_id.clone(),
             agent: agent.agent.clone(),
             live: true,
-            state: match agent.state {
-                crew_live::AgentState::Running => "running",
-                crew_live::AgentState::Stopping => "stopping",
-                crew_live::AgentState::Exited => "exited",
+            state: match (agent.state, agent.activity) {
+                (_, Some(crew_live::Activity::Checking)) => "checking",
+                (crew_live::AgentState::Running, _) => "running",
+                (crew_live::AgentState::Stopping, _) => "stopping",
+                (crew_live::AgentState::Exited, _) => "exited",
             }
             .to_owned(),
+            check_passed: task.and_then(check_passed),
             task_status: task.map(|task| task.status.to_string()),
             pid: agent.pid,
             dir: Some(agent.dir.to_string()),
@@ -161,6 +167,7 @@ pub async fn rows(
                 live: false,
                 state: task.status.to_string(),
                 task_status: Some(task.status.to_string()),
+                check_passed: check_passed(task),
                 pid: None,
                 dir: task
                     .workspace
@@ -214,6 +221,12 @@ fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
             (Some(_), _) => styled("waiting", Style::Warn),
             // Its turn is over and it waits, alive, for a message.
             _ if row.activity == Some(crew_live::Activity::Idle) => styled("idle", Style::Warn),
+            // A finished task whose check failed is not shown as a plain success.
+            (None, Some(status))
+                if (!row.live || row.state == "exited") && row.check_passed == Some(false) =>
+            {
+                styled(format!("{status}, check failed"), Style::Bad)
+            }
             (None, Some(status)) if !row.live || row.state == "exited" => {
                 styled(status.as_str(), task_style(status))
             }
@@ -274,4 +287,9 @@ fn family_order(rows: &[AgentRow]) -> Vec<(&AgentRow, usize)> {
         |row| (row.run_id.clone(), row.task_id.clone()),
         |row| Some((row.run_id.clone(), row.parent.clone()?)),
     )
+}
+
+/// Whether the task's check passed, once it ran.
+fn check_passed(task: &TaskRecord) -> Option<bool> {
+    task.check.as_ref().and_then(|check| check.passed)
 }
