@@ -23,8 +23,8 @@ pub struct Ui {
     /// Standard output is a terminal (live progress may be richer).
     pub terminal: bool,
     pub quiet: bool,
-    /// Progress may redraw in place: a terminal that is not `TERM=dumb`, without `NO_COLOR`,
-    /// and not `-q`.
+    /// Progress may redraw in place: a terminal that is not `TERM=dumb`, and not `-q`.
+    /// (`NO_COLOR` takes the colour away, nothing else.)
     pub live: bool,
 }
 
@@ -53,7 +53,7 @@ impl Ui {
             color,
             terminal,
             quiet,
-            live: terminal && !no_color && !dumb && !quiet,
+            live: terminal && !dumb && !quiet,
         }
     }
 

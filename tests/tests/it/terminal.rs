@@ -6,7 +6,7 @@ use camino::Utf8PathBuf;
 use crew_tests::{TestEnv, render_output};
 
 use crate::common::runs::shell_worktree_args;
-use crate::common::tmux::{Tmux, crew_script};
+use crate::common::tmux::{Tmux, crew_script, crew_script_with};
 
 /// The screen lines of task `id` in the block (`  <symbol> <id> …`).
 fn task_lines<'a>(screen: &'a str, id: &str) -> Vec<&'a str> {
@@ -158,4 +158,79 @@ fn a_slow_checkout_shows_how_far_it_has_come() {
         end.contains("EXITED-0") && !end.contains(" of 20000 files)"),
         "{end}"
     );
+}
+
+#[test]
+fn no_color_takes_the_colour_away_and_keeps_the_live_block() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let go = env.root().join("go");
+    let args = shell_worktree_args(&[&format!(
+        "slow=echo step-one; while [ ! -e {go} ]; do sleep 0.05; done"
+    )]);
+    let script = crew_script_with(
+        &env,
+        &repo,
+        &args,
+        "run.sh",
+        &[("LANG", "C.UTF-8"), ("NO_COLOR", "1")],
+    );
+    let test = "no_color_takes_the_colour_away_and_keeps_the_live_block";
+    let Some(tmux) = Tmux::start(&env, test, &script) else {
+        return;
+    };
+    let live = tmux.screen_when("the task's line in the block", |screen| {
+        task_lines(screen, "slow")
+            .first()
+            .is_some_and(|line| line.contains("step-one"))
+    });
+    // The block, not a line per change: the header, then one line for the task.
+    assert!(live.starts_with("crew: run "), "{live}");
+    assert_eq!(task_lines(&live, "slow").len(), 1, "{live}");
+    let styles = tmux.screen_with_styles();
+    assert!(
+        !styles.contains("\u{1b}[3") && !styles.contains("\u{1b}[9"),
+        "no colour with NO_COLOR:\n{styles}"
+    );
+    crew_tests::write(&go, "");
+    let end = tmux.screen_when("the run's end", |screen| screen.contains("EXITED-"));
+    assert!(end.contains("EXITED-0"), "{end}");
+}
+
+#[test]
+fn crew_diff_on_a_terminal_shows_an_agents_escapes_as_text() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The agent writes a file that retitles the terminal and clears the screen when shown.
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            r"printf 'title \033]0;pwned\007 clear \033[2J done\n' > hostile.txt",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let script = crew_script(&env, &repo, &["diff".to_owned(), "shell".to_owned()]);
+    let test = "crew_diff_on_a_terminal_shows_an_agents_escapes_as_text";
+    let Some(tmux) = Tmux::start(&env, test, &script) else {
+        return;
+    };
+    let shown = tmux.screen_when("the diff", |screen| screen.contains("EXITED-"));
+    assert!(shown.contains("EXITED-0"), "{shown}");
+    assert!(!tmux.title().contains("pwned"), "{}", tmux.title());
+    let line = shown
+        .lines()
+        .find(|line| line.starts_with("+title"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        line.contains('\u{fffd}') && line.contains("done"),
+        "{shown}"
+    );
+    // Piped, the patch is git's, byte for byte.
+    let piped = env.crew(&repo, ["diff", "shell"]);
+    assert!(String::from_utf8_lossy(&piped.stdout).contains("\u{1b}]0;pwned\u{7}"));
 }

@@ -69,6 +69,13 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
         let patch = crew_worktree::inspect::branch_patch(repo_root, base, branch)
             .map_err(|error| CliError::internal(error.message().to_owned()))?;
         let text = if args.stat { stat } else { patch.clone() };
+        // An agent's bytes reach a terminal as text: an escape sequence in a file it wrote
+        // must not retitle, clear or drive the user's terminal. Piped, the patch stays whole.
+        let text = if ctx.ui.terminal {
+            neutralised(&text)
+        } else {
+            text
+        };
         if args.json {
             json.push(serde_json::json!({
                 "agent_id": format!("{}:{task_id}", manifest.run_id),
@@ -138,4 +145,17 @@ fn no_work(manifest: &RunManifest, task: &crew_core::TaskRecord) -> CliError {
         manifest.run_id, task.id, task.status
     ))
     .with_hint("a task in `single` mode works in the project itself, and one whose work is kept in its worktree has it there (`crew runs show`)")
+}
+
+/// `text` with every control character of each line shown as `�` (tabs as spaces).
+fn neutralised(text: &str) -> String {
+    let mut shown: String = text
+        .lines()
+        .map(crate::ui::sanitize)
+        .collect::<Vec<_>>()
+        .join("\n");
+    if text.ends_with('\n') {
+        shown.push('\n');
+    }
+    shown
 }
