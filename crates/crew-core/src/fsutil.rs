@@ -120,11 +120,30 @@ fn ensure_existing_real_dir(path: &Utf8Path) -> Result<(), FileError> {
 
 /// Opens `path` for reading without following a symlink at the last component.
 pub fn open_nofollow(path: &Utf8Path) -> Result<File, FileError> {
-    OpenOptions::new()
+    // Opened without blocking, so that a FIFO (or a device) planted where a file is expected
+    // is refused instead of waiting for a writer for ever; a regular file reads as usual.
+    let file = OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
         .open(path)
-        .map_err(|source| classify_open_error(path, source, false))
+        .map_err(|source| classify_open_error(path, source, false))?;
+    let metadata = file.metadata().map_err(|source| FileError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !metadata.is_file() {
+        return Err(FileError::WrongType {
+            path: path.to_owned(),
+            expected: "regular file",
+        });
+    }
+    rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::empty()).map_err(|errno| {
+        FileError::Read {
+            path: path.to_owned(),
+            source: errno.into(),
+        }
+    })?;
+    Ok(file)
 }
 
 /// Reads a whole file without following a symlink at the last component.

@@ -421,3 +421,51 @@ fn mcp_help_names_every_tool_the_server_offers() {
     offered.sort_unstable();
     assert_eq!(in_help, offered, "{help}");
 }
+
+#[test]
+fn a_fifo_where_a_config_file_belongs_is_refused_not_waited_on() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    for (file, args) in [
+        (
+            ".crew/config.toml",
+            &["run", "--agent", "shell", "true"][..],
+        ),
+        (
+            ".crew/agents/robot.toml",
+            &["run", "--agent", "robot", "true"][..],
+        ),
+        (".crew/teams/loop.toml", &["run", "loop"][..]),
+    ] {
+        let path = repo.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path.as_std_path(),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        // A crew that waits on the FIFO would never end: it is given 30 s, then killed.
+        let mut crew = env
+            .crew_command(&repo)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ended = crew_tests::wait_until(30, "crew to refuse the FIFO", || {
+            crew.try_wait().unwrap().map(|_| ())
+        });
+        let () = ended;
+        let output = crew.wait_with_output().unwrap();
+        let said = render_output(&output);
+        assert_eq!(output.status.code(), Some(2), "{file}: {said}");
+        assert!(
+            said.contains(path.as_str()) && said.contains("not a regular file"),
+            "{file}: {said}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+}
