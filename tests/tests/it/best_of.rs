@@ -37,6 +37,11 @@ fn best_of_three_with_a_check_compare_pick_and_land() {
     let repo = best_of_three(&env);
     let run = finished_run(&env, &repo, &["run", "best"]);
     let recorded = manifest(&env, &repo, &run);
+    // Recorded as what its attempts run in, not as the default mode.
+    assert_eq!(recorded["workspace_mode"], "worktree", "{recorded:#}");
+    let listed = env.crew(&repo, ["runs", "list", "--json"]);
+    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(runs[0]["workspace_mode"], "worktree", "{runs:#}");
 
     // Three attempts, each on its own branch, each held to the check.
     for (number, passed) in [(1, false), (2, true), (3, false)] {

@@ -469,3 +469,43 @@ fn a_fifo_where_a_config_file_belongs_is_refused_not_waited_on() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+#[test]
+fn a_prompt_too_long_for_its_agents_argument_is_refused_before_the_run_is_made() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let prompt = "x".repeat(200 * 1024);
+    write(
+        &repo.join(".crew/teams/long.toml"),
+        &format!("[[tasks]]\nid = \"long\"\nagent = \"shell\"\nprompt = \"{prompt}\"\n"),
+    );
+    let said = refused(&env, &repo, &["run", "long"]);
+    assert!(
+        said.contains("task `long`'s prompt is 204800 bytes")
+            && said.contains("an argument can hold at most 131071"),
+        "{said}"
+    );
+    assert!(!repo.join(".crew/state/runs").exists() || run_dirs(&repo).is_empty());
+}
+
+fn run_dirs(repo: &camino::Utf8Path) -> Vec<std::fs::DirEntry> {
+    std::fs::read_dir(repo.join(".crew/state/runs"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn an_unclosed_placeholder_in_an_agent_file_is_named() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/agents/robot.toml"),
+        "command = [\"echo\", \"{prompt\"]\n",
+    );
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "robot", "hi"]), @r#"
+    ----- stderr -----
+    error: $TEST_ENV/project/.crew/agents/robot.toml:1:11: key `command`: argument "{prompt" opens the placeholder `{prompt` and never closes it: write `{prompt}`
+    [exit status: 2]
+    "#);
+}

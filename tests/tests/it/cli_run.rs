@@ -614,3 +614,38 @@ fn red_blue_docs(env: &TestEnv, repo: &Utf8Path) -> String {
         ],
     )
 }
+
+#[test]
+fn a_team_of_several_modes_is_announced_with_each() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/mixed.toml"),
+        r#"workspace_mode = "worktree"
+[[tasks]]
+id = "one"
+agent = "shell"
+prompt = "echo one > one.txt"
+
+[[tasks]]
+id = "two"
+agent = "shell"
+prompt = "echo two > two.txt"
+
+[[tasks]]
+id = "scratch"
+agent = "shell"
+prompt = "echo scratch > scratch.txt"
+workspace_mode = "temp"
+"#,
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a mixed team"]);
+    let output = env.crew(&repo, ["run", "mixed"]);
+    let text = render_output(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains("— 3 task(s), 2 in worktree mode, 1 in temp mode, up to"),
+        "{text}"
+    );
+}

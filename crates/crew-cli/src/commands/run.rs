@@ -185,11 +185,37 @@ fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
         placed if placed == manifest.tasks.len() => " (all on placements)".to_owned(),
         placed => format!(" ({placed} on placements)"),
     };
+    // A team whose tasks use several modes says each with its count.
+    let local: Vec<_> = manifest
+        .tasks
+        .iter()
+        .filter(|task| task.placement.is_none())
+        .map(|task| task.workspace_mode)
+        .collect();
+    let mut modes: Vec<(crew_core::config::WorkspaceMode, usize)> = Vec::new();
+    for mode in &local {
+        match modes.iter_mut().find(|(seen, _)| seen == mode) {
+            Some((_, count)) => *count += 1,
+            None => modes.push((*mode, 1)),
+        }
+    }
+    let mode = match modes.as_slice() {
+        [] | [_] => format!(
+            "{} mode",
+            modes
+                .first()
+                .map_or(manifest.workspace_mode, |(mode, _)| *mode)
+        ),
+        several => several
+            .iter()
+            .map(|(mode, count)| format!("{count} in {mode} mode"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
     out!(
-        "crew: run {} — {} task(s){elsewhere}, {} mode, up to {} at once",
+        "crew: run {} — {} task(s){elsewhere}, {mode}, up to {} at once",
         manifest.run_id,
         manifest.tasks.len(),
-        manifest.workspace_mode,
         manifest.max_parallel
     );
     if let Some(reason) = &manifest.reason {

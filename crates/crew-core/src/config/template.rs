@@ -27,6 +27,11 @@ pub(super) fn check_template(argv: &[String], allowed: &[&str]) -> Result<(), St
                 "argument {arg:?} holds a NUL byte, which no program argument can carry"
             ));
         }
+        if let Some(open) = unclosed_placeholder(arg, allowed) {
+            return Err(format!(
+                "argument {arg:?} opens the placeholder `{{{open}` and never closes it: write `{{{open}}}`"
+            ));
+        }
         for placeholder in placeholders(arg) {
             if !allowed.contains(&placeholder) {
                 return Err(format!(
@@ -41,6 +46,20 @@ pub(super) fn check_template(argv: &[String], allowed: &[&str]) -> Result<(), St
         }
     }
     Ok(())
+}
+
+/// A known placeholder's name opened by `{` in `arg` and not closed by `}` right after it
+/// (`--task={task_id`): it would pass through as it is written. Braces around anything else
+/// (`{"a": 1}`) are the argument's own.
+fn unclosed_placeholder<'a>(arg: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    arg.split('{').skip(1).find_map(|rest| {
+        let name_end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let closed = rest[name_end..].starts_with('}');
+        let known = allowed.iter().find(|known| **known == &rest[..name_end])?;
+        (!closed).then_some(*known)
+    })
 }
 
 /// The `{name}` placeholders in a template argument.
@@ -93,5 +112,25 @@ mod tests {
         assert_eq!(fill_template("--task={task_id}", &values), "--task=api");
         assert_eq!(fill_template("{unknown} {", &values), "{unknown} {");
         assert_eq!(placeholders("a{b}c{d}").collect::<Vec<_>>(), ["b", "d"]);
+    }
+
+    #[test]
+    fn an_unclosed_placeholder_is_refused_and_other_braces_are_not() {
+        let argv = |arg: &str| vec!["agent".to_owned(), arg.to_owned()];
+        let refused = check_template(&argv("--task={task_id"), COMMAND_PLACEHOLDERS);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|error| error.contains("`{task_id`") && error.contains("`{task_id}`")),
+            "{refused:?}"
+        );
+        assert!(check_template(&argv("{prompt"), COMMAND_PLACEHOLDERS).is_err());
+        for fine in [r#"{"a": 1}"#, "{", "x{y", "{prompt}", "{{prompt}}"] {
+            assert_eq!(
+                check_template(&argv(fine), COMMAND_PLACEHOLDERS),
+                Ok(()),
+                "{fine}"
+            );
+        }
     }
 }

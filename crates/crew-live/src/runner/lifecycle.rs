@@ -56,6 +56,7 @@ impl Runner {
                 task.depends_on.clone(),
                 mode,
             );
+            self.check_prompt_fits(&record)?;
             record.timeout = task.timeout.or(self.config.run.task_timeout);
             record.attempt_of = run_task.attempt_of;
             record.check = task.check.map(CheckRecord::pending);
@@ -93,6 +94,19 @@ impl Runner {
             }
             tasks.push(record);
         }
+        // The run's mode is its tasks' when they agree (attempts run in worktrees whatever the
+        // default); a mixed run keeps the mode it was asked for, and each task says its own.
+        let run_mode = match tasks.split_first() {
+            Some((first, rest))
+                if first.placement.is_none()
+                    && rest.iter().all(|task| {
+                        task.workspace_mode == first.workspace_mode && task.placement.is_none()
+                    }) =>
+            {
+                first.workspace_mode
+            }
+            _ => run_mode,
+        };
         let mut modes: Vec<WorkspaceMode> = tasks.iter().map(|task| task.workspace_mode).collect();
         // A placed task starts from the run's base commit, fixed as for worktrees.
         if tasks.iter().any(|task| task.placement.is_some()) {
@@ -151,6 +165,36 @@ impl Runner {
         .await?;
         self.record_event(&manifest.run_id, RunEvent::new(None, EventKind::RunCreated));
         Ok(manifest)
+    }
+
+    /// Refuses, before anything is made, a prompt that cannot reach its agent: one that its
+    /// agent's command gives as a program argument, longer than the kernel lets an argument be.
+    fn check_prompt_fits(&self, task: &TaskRecord) -> Result<(), RunError> {
+        // Linux: MAX_ARG_STRLEN, 32 pages, the terminating NUL included.
+        const ARGUMENT_MAX: usize = 32 * 4096 - 1;
+        if task.prompt.len() <= ARGUMENT_MAX {
+            return Ok(());
+        }
+        // An unknown agent is reported where the task starts, as before.
+        let Ok(definition) =
+            crew_core::config::ConfigDir::new(self.workspace.crew_dir()).load_agent(&task.agent)
+        else {
+            return Ok(());
+        };
+        let values = [("prompt", task.prompt.as_str())];
+        let longest = definition
+            .command
+            .iter()
+            .filter(|arg| crew_core::config::placeholders(arg).any(|name| name == "prompt"))
+            .map(|arg| crew_core::config::fill_template(arg, &values).len())
+            .max();
+        match longest {
+            Some(length) if length > ARGUMENT_MAX => Err(RunError::Plan(format!(
+                "task `{}`'s prompt is {length} bytes as its agent `{}` passes it (one program argument), and an argument can hold at most {ARGUMENT_MAX}: put the long part in a file and name the file in the prompt, or use an agent whose protocol reads the prompt from its input (claude-stream-json, acp)",
+                task.id, task.agent
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Takes up a run whose host is gone: finished tasks are kept, the others run again (their
