@@ -455,10 +455,9 @@ fn a_fifo_where_a_config_file_belongs_is_refused_not_waited_on() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let ended = crew_tests::wait_until(30, "crew to refuse the FIFO", || {
+        crew_tests::wait_until(30, "crew to refuse the FIFO", || {
             crew.try_wait().unwrap().map(|_| ())
         });
-        let () = ended;
         let output = crew.wait_with_output().unwrap();
         let said = render_output(&output);
         assert_eq!(output.status.code(), Some(2), "{file}: {said}");
