@@ -508,3 +508,21 @@ fn an_unclosed_placeholder_in_an_agent_file_is_named() {
     [exit status: 2]
     "#);
 }
+
+#[test]
+fn a_config_file_that_is_not_utf8_is_named_with_its_line_and_column() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let path = repo.join(".crew/teams/latin.toml");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(
+        &path,
+        b"[[tasks]]\nid = \"caf\xe9\"\nagent = \"shell\"\nprompt = \"true\"\n",
+    )
+    .unwrap();
+    insta::assert_snapshot!(refused(&env, &repo, &["run", "latin"]), @"
+    ----- stderr -----
+    error: $TEST_ENV/project/.crew/teams/latin.toml:2:10: not valid UTF-8 (byte 0xe9): save the file as UTF-8
+    [exit status: 2]
+    ");
+}

@@ -103,10 +103,16 @@ pub enum LoadConfigError {
         source: FileError,
     },
     /// A file is not UTF-8.
-    #[error("{path} is not valid UTF-8")]
+    #[error("{path}:{line}:{column}: not valid UTF-8 (byte 0x{byte:02x}): save the file as UTF-8")]
     NotUtf8 {
         /// The file.
         path: Utf8PathBuf,
+        /// The line of the first byte that is not UTF-8, from 1.
+        line: usize,
+        /// Its column, in characters from 1.
+        column: usize,
+        /// That byte.
+        byte: u8,
     },
     /// A value breaks a rule, located in its file.
     #[error("{}", render_invalid(path, *line, *column, key.as_deref(), message))]
@@ -521,11 +527,17 @@ fn attempts_problems(file: &TeamFile) -> Vec<(Range<usize>, String, String)> {
 
 pub(super) fn read_optional(path: &Utf8Path) -> Result<Option<String>, LoadConfigError> {
     match read_nofollow(path) {
-        Ok(bytes) => String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|_| LoadConfigError::NotUtf8 {
+        Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|error| {
+            let valid = &error.as_bytes()[..error.utf8_error().valid_up_to()];
+            let text = std::str::from_utf8(valid).expect("the prefix is valid UTF-8");
+            let line_start = text.rfind('\n').map_or(0, |newline| newline + 1);
+            LoadConfigError::NotUtf8 {
                 path: path.to_owned(),
-            }),
+                line: text.matches('\n').count() + 1,
+                column: text[line_start..].chars().count() + 1,
+                byte: error.as_bytes()[valid.len()],
+            }
+        }),
         Err(FileError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             Ok(None)
         }
