@@ -17,6 +17,9 @@ pub enum ErrorKind {
     User,
     /// crew itself failed (a file it could not write, a process it could not start). Exit 1.
     Internal,
+    /// What was asked ran, and its result is not one to take (`[run] base_moved = "fail"`).
+    /// Things were made (branches, records). Exit 1.
+    Failure,
 }
 
 /// A command that failed: the message, its causes and what to do about it.
@@ -31,6 +34,14 @@ impl CliError {
     pub fn user(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         CliError {
             kind: ErrorKind::User,
+            error: error.into(),
+            hints: Vec::new(),
+        }
+    }
+
+    pub fn failure(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        CliError {
+            kind: ErrorKind::Failure,
             error: error.into(),
             hints: Vec::new(),
         }
@@ -85,19 +96,29 @@ impl From<StateError> for CliError {
             }
             _ => None,
         };
-        let user = matches!(
-            error,
-            StateError::UnknownRun { .. }
-                | StateError::AmbiguousRun { .. }
-                | StateError::NameTaken { .. }
-        );
-        let error = if user {
+        let error = if state_error_is_users(&error) {
             CliError::user(error)
         } else {
             CliError::internal(error)
         };
         error.with_hints(hint)
     }
+}
+
+/// A state error about what the request named, not about crew or the machine: an unknown or
+/// ambiguous run, a taken name, and a run record crew will not act on (corrupt, of another
+/// schema, of another workspace). Nothing was changed: exit 2 from every command alike.
+fn state_error_is_users(error: &StateError) -> bool {
+    matches!(
+        error,
+        StateError::UnknownRun { .. }
+            | StateError::AmbiguousRun { .. }
+            | StateError::NameTaken { .. }
+            | StateError::Corrupt { .. }
+            | StateError::NewerSchema { .. }
+            | StateError::OlderSchema { .. }
+            | StateError::ForeignManifest { .. }
+    )
 }
 
 impl From<LoadConfigError> for CliError {
@@ -127,8 +148,7 @@ impl From<RunError> for CliError {
                 | RunError::Plan(_)
                 | RunError::NotResumable { .. }
                 | RunError::AlreadyHosted { .. }
-                | RunError::State(StateError::NameTaken { .. })
-        );
+        ) || matches!(&error, RunError::State(state) if state_error_is_users(state));
         let error = if user {
             CliError::user(error)
         } else {
@@ -218,7 +238,7 @@ pub fn exit(result: Result<Outcome, CliError>) -> ExitCode {
             eprint!("{}", error.render());
             ExitCode::from(match error.kind {
                 ErrorKind::User => exit_code::USAGE,
-                ErrorKind::Internal => exit_code::FAILURE,
+                ErrorKind::Internal | ErrorKind::Failure => exit_code::FAILURE,
             })
         }
     }

@@ -174,7 +174,8 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
     error: main gained 1 commit(s) while run [RUN_ID] went on ([run] base_moved = "fail")
     hint: bring the task branches up to date (`git rebase main <branch>`, listed above) before merging them
     "#);
-    assert_eq!(output.status.code(), Some(2));
+    // The run made its branches: a failed run (1), not a refused request (2).
+    assert_eq!(output.status.code(), Some(1));
 }
 
 #[test]
@@ -307,4 +308,32 @@ fn events_follow_a_run_as_it_happens_every_change_in_order() {
         std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run_id}/events.jsonl")))
             .unwrap();
     assert_eq!(recorded.lines().count(), events.len());
+}
+
+#[test]
+fn a_run_record_crew_will_not_act_on_is_refused_alike_by_every_command() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = crate::common::runs::finished_run(&env, &repo, &["run", "--agent", "shell", "true"]);
+    let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
+    let good = std::fs::read_to_string(&path).unwrap();
+    let mut schema_zero: serde_json::Value = serde_json::from_str(&good).unwrap();
+    schema_zero["schema_version"] = 0.into();
+    for (what, text) in [
+        ("corrupt", "{\"schema_version\": 1, \"tasks\": ".to_owned()),
+        ("schema 0", schema_zero.to_string()),
+    ] {
+        std::fs::write(&path, &text).unwrap();
+        for command in [&["runs", "show", &run][..], &["runs", "resume", &run][..]] {
+            let output = env.crew(&repo, command);
+            let said = render_output(&output);
+            assert_eq!(output.status.code(), Some(2), "{what}, {command:?}: {said}");
+            assert!(said.contains(path.as_str()), "{what}, {command:?}: {said}");
+            assert_eq!(
+                std::fs::read_to_string(&path).unwrap(),
+                text,
+                "{what}: left as it is"
+            );
+        }
+    }
 }

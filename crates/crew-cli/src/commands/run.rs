@@ -164,7 +164,8 @@ fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<
     } else {
         format!("gained {} commit(s)", moved.gained)
     };
-    Err(CliError::user(format!(
+    // The run made its branches: this is the run's failure, not a refused request.
+    Err(CliError::failure(format!(
         "{branch} {how} while run {} went on ([run] base_moved = \"fail\")",
         manifest.run_id
     ))
