@@ -198,6 +198,9 @@ impl From<FindAgentError> for CliError {
         match error {
             FindAgentError::Ambiguous { .. } => CliError::user(error)
                 .with_hint("name one as <runId>:<taskId>; a unique prefix of the run id is enough"),
+            FindAgentError::Refused { .. } => CliError::user(error).with_hint(
+                "an agent may ask and submit for itself only; steering, stopping and listing agents takes the user's own `crew`",
+            ),
             FindAgentError::Unanswered { .. } => CliError::user(error).with_hint(
                 "retry in a moment; a busy host answers again once its connections close",
             ),

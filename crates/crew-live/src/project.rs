@@ -15,7 +15,7 @@ use crew_core::provider::WorkspaceProvider;
 use crew_core::store::StateError;
 use crew_core::{AgentId, RunId, StateStore, TaskId, Workspace};
 
-use crate::control::{ControlClient, ControlError, Op, Response};
+use crate::control::{ControlClient, ControlError, ErrorCode, Op, Response};
 use crate::registry::AgentSnapshot;
 
 /// How long a request to a live host may take (a stop waits for the grace period).
@@ -59,6 +59,15 @@ pub enum FindAgentError {
         spec: String,
         /// The hosts that did not answer.
         unanswered: Vec<String>,
+    },
+    /// No agent matches among the hosts that answered, and some refused to list theirs to
+    /// this caller (an agent, which may only ask and submit for itself).
+    #[error("no live agent '{spec}' that this caller may see: {}", refused.join("; "))]
+    Refused {
+        /// The agent as the caller named it.
+        spec: String,
+        /// The hosts that refused, with their reasons.
+        refused: Vec<String>,
     },
     /// The state directory could not be read.
     #[error(transparent)]
@@ -134,6 +143,9 @@ pub struct LiveAgents {
     pub agents: Vec<(AgentSnapshot, HostRecord)>,
     /// Hosts that did not answer, each said in a sentence.
     pub unanswered: Vec<String>,
+    /// Hosts that answered with a refusal (the caller is an agent, or another user): asking
+    /// again would be refused again.
+    pub refused: Vec<String>,
 }
 
 impl Project {
@@ -298,6 +310,12 @@ impl Project {
     ) -> Result<Option<(AgentSnapshot, HostRecord)>, FindAgentError> {
         let live = self.live_agents().await;
         let found = resolve_spec(&live.agents, |(agent, _)| &agent.agent_id, spec)?.cloned();
+        if found.is_none() && !live.refused.is_empty() {
+            return Err(FindAgentError::Refused {
+                spec: spec.to_owned(),
+                refused: live.refused,
+            });
+        }
         if found.is_none() && !live.unanswered.is_empty() {
             return Err(FindAgentError::Unanswered {
                 spec: spec.to_owned(),
@@ -414,10 +432,11 @@ impl Project {
                 }
             };
             if let Some(error) = response.error.filter(|_| !response.ok) {
-                live.unanswered.push(format!(
-                    "host pid {}: {} ({})",
-                    host.identity.pid, error.message, error.code
-                ));
+                let said = format!("host pid {}: {}", host.identity.pid, error.message);
+                match error.code {
+                    ErrorCode::Forbidden | ErrorCode::PermissionDenied => live.refused.push(said),
+                    code => live.unanswered.push(format!("{said} ({code})")),
+                }
                 continue;
             }
             let Some(listed) = response

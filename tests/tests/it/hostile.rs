@@ -500,3 +500,39 @@ fn with_the_sandbox_off_the_tripwire_and_teardown_catch_what_they_can() {
     );
     assert!(render_output(&output).contains("SECURITY"));
 }
+
+#[test]
+fn an_agent_told_no_by_the_control_socket_is_not_told_to_retry() {
+    let env = crew_tests::TestEnv::new();
+    let repo = env.repo("project");
+    // The victim is alive while the attacker asks (it cannot be told when to end: the
+    // attacker writes nothing outside its own workspace).
+    let output = env.crew(
+        &repo,
+        crate::common::runs::shell_worktree_args(&[
+            "victim=echo ready; sleep 3",
+            "attacker=sleep 0.3; crew agents stop victim; echo \"exit=$?\"",
+        ]),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        crew_tests::render_output(&output)
+    );
+    let run = crate::common::runs::run_ids(&env, &repo).remove(0);
+    let said = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/attacker/output.log")),
+    )
+    .unwrap();
+    assert!(said.contains("exit=2"), "{said}");
+    assert!(
+        said.contains("may ask and submit for itself only"),
+        "{said}"
+    );
+    assert!(!said.contains("retry"), "{said}");
+    let recorded = crate::common::runs::manifest(&env, &repo, &run);
+    assert_eq!(
+        crate::common::runs::task(&recorded, "victim")["status"],
+        "succeeded"
+    );
+}
