@@ -340,6 +340,35 @@ impl Project {
             .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
     }
 
+    /// The task an agent verb (`crew agents resume`, `follow-up`, `logs`) names when no live
+    /// agent answers to `spec`: as [`Project::find_task`], but a bare task id that several
+    /// runs have names the newest run's. So `crew agents stop sc` then `crew agents resume
+    /// sc` act on the same agent, the one of the latest run, whether or not it is still live;
+    /// an older run's is named with its run, `<runPrefix>:sc`.
+    pub fn find_latest_task(
+        &self,
+        spec: &str,
+    ) -> Result<Option<(RunManifest, TaskId)>, FindAgentError> {
+        match self.find_task(spec) {
+            Err(FindAgentError::Ambiguous { .. }) if !spec.contains(':') => {
+                let newest = self
+                    .manifests()?
+                    .into_iter()
+                    .filter(|manifest| manifest.tasks.iter().any(|task| task.id.as_str() == spec))
+                    .max_by_key(|manifest| manifest.created_at);
+                Ok(newest.and_then(|manifest| {
+                    let task = manifest
+                        .tasks
+                        .iter()
+                        .find(|task| task.id.as_str() == spec)?;
+                    let task_id = task.id.clone();
+                    Some((manifest, task_id))
+                }))
+            }
+            found => found,
+        }
+    }
+
     /// The task with attempts (best of N) `spec` names, as `find_task` reads a spec, and the
     /// run it ran in: `fix`, `<run>:fix` for attempts `fix.1` … `fix.N`.
     pub fn find_attempted(

@@ -452,3 +452,38 @@ fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
         String::from_utf8_lossy(&show.stderr)
     );
 }
+
+#[test]
+fn a_bare_task_name_means_the_same_agent_to_stop_and_to_resume() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // An earlier run has a task of the same name.
+    let first = env.crew(
+        &repo,
+        crate::common::runs::shell_worktree_args(&["sc=true"]),
+    );
+    assert!(first.status.success(), "{}", render_output(&first));
+    let mut args = crate::common::runs::shell_worktree_args(&[
+        "sc=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > said.txt; exit 0; fi; echo ready; while true; do sleep 0.1; done",
+    ]);
+    args.insert(1, "--quiet".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut host = start_run(&env, &repo, &args, 1);
+    let second = run_ids(&env, &repo).remove(0);
+
+    let stop = env.crew(&repo, ["agents", "stop", "sc"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    host.wait().unwrap();
+    let resume = env.crew(&repo, ["agents", "resume", "sc", "go on"]);
+    assert!(resume.status.success(), "{}", render_output(&resume));
+    let recorded = manifest(&env, &repo, &second);
+    assert_eq!(
+        crate::common::runs::task(&recorded, "sc")["status"],
+        "succeeded",
+        "{recorded:#}"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{second}-sc:said.txt")]),
+        "go on\n"
+    );
+}

@@ -58,9 +58,9 @@ pub async fn find_live(
     Ok(ctx.project().find_live(spec).await?)
 }
 
-/// A task of any run of the workspace, as `spec` names it.
+/// A task of any run of the workspace, as `spec` names it (a bare task id: the newest run's).
 pub fn find_task(ctx: &Context, spec: &str) -> Result<Option<(RunManifest, TaskId)>, CliError> {
-    Ok(ctx.project().find_task(spec)?)
+    Ok(ctx.project().find_latest_task(spec)?)
 }
 
 pub fn not_live(ctx: &Context, spec: &str) -> CliError {
