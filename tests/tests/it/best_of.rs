@@ -108,6 +108,12 @@ fn best_of_three_with_a_check_compare_pick_and_land() {
         "{}",
         render_output(&unpicked)
     );
+    // Nothing was landing: the hint goes back to what was asked.
+    let said = render_output(&unpicked);
+    assert!(
+        said.contains("then show its work again") && !said.contains("land again"),
+        "{said}"
+    );
     let refused = env.crew(&repo, ["land", &run]);
     assert_eq!(
         refused.status.code(),
@@ -134,6 +140,18 @@ fn best_of_three_with_a_check_compare_pick_and_land() {
 
     let bad = env.crew(&repo, ["pick", "fix", "4"]);
     assert_eq!(bad.status.code(), Some(2), "{}", render_output(&bad));
+    // An attempt whose check failed is not kept without a word.
+    let failing = env.crew(&repo, ["pick", "fix", "1"]);
+    let said = render_output(&failing);
+    assert_eq!(failing.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("attempt fix.1 did not pass its check") && said.contains("--force"),
+        "{said}"
+    );
+    assert_ne!(
+        task(&manifest(&env, &repo, &run), "fix.1")["attempt_of"]["picked"],
+        true
+    );
     let picked = env.crew(&repo, ["pick", "fix", "2"]);
     assert!(picked.status.success(), "{}", render_output(&picked));
     let said = String::from_utf8_lossy(&picked.stdout).into_owned();
@@ -415,4 +433,43 @@ fn ctrl_c_twice_kills_a_check_that_ignores_term() {
     let check = &task(&recorded, "shell")["check"];
     assert_eq!(check["stopped"], true, "{check:#}");
     assert_eq!(check["passed"], false, "{check:#}");
+}
+
+#[test]
+fn a_task_whose_check_failed_lands_only_when_forced() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = finished_run(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--check",
+            "exit 4",
+            "echo work > work.txt",
+        ],
+    );
+    let main = env.git(&repo, ["rev-parse", "main"]);
+    let refused = env.crew(&repo, ["land", &run]);
+    let said = render_output(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("the check of shell (failed (exit 4)) failed") && said.contains("--force"),
+        "{said}"
+    );
+    assert_eq!(
+        env.git(&repo, ["rev-parse", "main"]),
+        main,
+        "nothing landed"
+    );
+    let forced = env.crew(&repo, ["land", &run, "--force"]);
+    assert!(forced.status.success(), "{}", render_output(&forced));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("work.txt")).unwrap(),
+        "work\n"
+    );
 }

@@ -501,7 +501,7 @@ fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
     insta::assert_snapshot!(redactor.redact(&render_output(&refused)), @r#"
     ----- stderr -----
     error: blue conflicts with what lands before it on main, in: src/lib.txt
-    hint: both sides are on crew/conflict/[RUN_ID]-blue, with conflict markers in src/lib.txt; hand them to an agent: crew run --agent shell --workspace-mode worktree --base crew/conflict/[RUN_ID]-blue "Resolve the conflict markers in src/lib.txt, keeping what both sides meant, and remove the markers", then `crew land <that run> --into main` in place of blue; or land the others without blue
+    hint: both sides are on crew/conflict/[RUN_ID]-blue, with conflict markers in src/lib.txt: resolve them there (`git switch crew/conflict/[RUN_ID]-blue`, edit, commit), then `git merge crew/conflict/[RUN_ID]-blue` into main in place of blue; or land the others without blue
     [exit status: 2]
     "#);
     assert_eq!(snapshot(), before, "main and the checkout are as they were");
@@ -523,6 +523,19 @@ fn land_is_all_or_nothing_and_never_touches_a_dirty_checkout() {
     assert!(
         parents.lines().all(|line| line.split(' ').count() == 2),
         "merge commits: {parents}"
+    );
+
+    // Blue alone now conflicts with red on main: nothing else was landing with it.
+    let alone = env.crew(&repo, ["land", "blue"]);
+    let said = render_output(&alone);
+    assert_eq!(alone.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("conflicts") && !said.contains("the others"),
+        "{said}"
+    );
+    env.git(
+        &repo,
+        ["branch", "-D", &format!("crew/conflict/{run}-blue")],
     );
 
     // A dirty checkout of the target: refused, the user's edit untouched.

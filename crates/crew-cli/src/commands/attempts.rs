@@ -37,6 +37,9 @@ pub struct PickArgs {
     pub task: String,
     /// The attempt to keep: its number (`2` for `<task>.2`).
     pub attempt: u32,
+    /// Keep it even though its check failed.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// One attempt as `compare` shows it.
@@ -253,6 +256,23 @@ pub async fn cmd_pick(args: PickArgs, ui: Ui) -> Result<Outcome, CliError> {
         return Err(CliError::user(format!(
             "{spec} has a result already: attempt {} was picked",
             earlier.id
+        )));
+    }
+    if let Some(check) = chosen
+        .check
+        .as_ref()
+        .filter(|check| check.passed == Some(false))
+        && !args.force
+    {
+        return Err(CliError::user(format!(
+            "attempt {} did not pass its check ({}: {}): keeping it would make work that fails the task's result",
+            chosen.id,
+            check.command,
+            check.verdict()
+        ))
+        .with_hint(format!(
+            "`crew compare {spec}` shows which attempts passed; `crew pick {spec} {} --force` keeps this one all the same",
+            args.attempt
         )));
     }
     let Some((_, chosen_branch)) = chosen.work_range() else {

@@ -35,7 +35,8 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
         // A task with attempts: its picked one.
         None => match ctx.project().find_attempted(&args.target)? {
             Some((manifest, task)) => {
-                let result = crate::commands::land::picked_attempt(&manifest, &task)?;
+                let result =
+                    crate::commands::land::picked_attempt(&manifest, &task, "show its work again")?;
                 Some((manifest, result))
             }
             None => None,

@@ -31,6 +31,9 @@ pub struct LandArgs {
     /// A merge commit per task (the default).
     #[arg(long, group = "mode")]
     pub merge: bool,
+    /// Land tasks whose check failed, too.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[allow(clippy::print_stdout)]
@@ -43,7 +46,7 @@ pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
     } else {
         LandMode::Merge
     };
-    let landed = land_targets(&ctx, &args.targets, args.into.as_deref(), mode)?;
+    let landed = land_targets(&ctx, &args.targets, args.into.as_deref(), mode, args.force)?;
     if !ctx.ui.quiet {
         let (names, into) = (landed.tasks.join(", "), &landed.into);
         if landed.from == landed.to {
@@ -82,17 +85,36 @@ pub struct Landed {
 }
 
 /// Lands what `targets` name (tasks, or one run's tasks with work) on `into` (default: the
-/// branch the run started from): all of them, or none. `crew land` and the MCP `land` tool.
+/// branch the run started from): all of them, or none. A task whose check failed is refused
+/// unless `force`. `crew land` and the MCP `land` tool.
 pub fn land_targets(
     ctx: &Context,
     targets: &[String],
     into: Option<&str>,
     mode: LandMode,
+    force: bool,
 ) -> Result<Landed, CliError> {
     let repo_root = ctx.workspace().repo_root().ok_or_else(|| {
         CliError::user("this workspace is not in a git repository: its tasks have no branches")
     })?;
     let picked = pick(ctx, targets)?;
+    let failed: Vec<String> = picked
+        .iter()
+        .filter_map(|(manifest, id)| {
+            let check = manifest.task(id)?.check.as_ref()?;
+            (check.passed == Some(false)).then(|| format!("{id} ({})", check.verdict()))
+        })
+        .collect();
+    if !failed.is_empty() && !force {
+        return Err(CliError::user(format!(
+            "the check of {} failed: landing would bring in work that does not pass it; nothing was landed",
+            failed.join(", ")
+        ))
+        .with_hint(
+            "`crew runs show <run>` shows each check's output; land with --force to take the work all the same",
+        ));
+    }
+    let several = picked.len() > 1;
     let into = match into {
         Some(branch) => branch.to_owned(),
         None => picked
@@ -131,16 +153,28 @@ pub fn land_targets(
                     .find_map(|(manifest, id)| {
                         (id.as_str() == task).then(|| manifest.task(id).map(|task| task.agent.clone()))
                     })
-                    .flatten()
-                    .unwrap_or_else(|| "shell".to_owned());
-                Some(format!(
-                    "both sides are on {both}, with conflict markers in {}; hand them to an agent: crew run --agent {agent} --workspace-mode worktree --base {both} \"Resolve the conflict markers in {}, keeping what both sides meant, and remove the markers\", then `crew land <that run> --into {into}` in place of {task}; or land the others without {task}",
-                    files.join(", "),
-                    files.join(", ")
-                ))
+                    .flatten();
+                let others = if several {
+                    format!("; or land the others without {task}")
+                } else {
+                    String::new()
+                };
+                let files = files.join(", ");
+                // A model is asked in words; the shell agent runs its prompt as a script.
+                Some(match agent.as_deref() {
+                    Some(agent) if agent != "shell" => format!(
+                        "both sides are on {both}, with conflict markers in {files}; hand them to an agent: crew run --agent {agent} --workspace-mode worktree --base {both} \"Resolve the conflict markers in {files}, keeping what both sides meant, and remove the markers\", then `crew land <that run> --into {into}` in place of {task}{others}"
+                    ),
+                    _ => format!(
+                        "both sides are on {both}, with conflict markers in {files}: resolve them there (`git switch {both}`, edit, commit), then `git merge {both}` into {into} in place of {task}{others}"
+                    ),
+                })
             }
-            LandError::Conflict { task, .. } => Some(format!(
+            LandError::Conflict { task, .. } if several => Some(format!(
                 "land the others without {task}, or bring {task}'s branch up to date with {into} first (`crew diff {task}` shows its work)"
+            )),
+            LandError::Conflict { task, .. } => Some(format!(
+                "bring {task}'s branch up to date with {into} first (`crew diff {task}` shows its work)"
             )),
             LandError::DirtyCheckout { .. } => Some(format!(
                 "commit or stash your changes, or land into another branch: crew land … --into <branch>, then merge it into {into} yourself"
@@ -167,8 +201,12 @@ pub fn land_targets(
 }
 
 /// The attempt of `task` that was picked as its result; until one is, the task has no result
-/// to land.
-pub fn picked_attempt(manifest: &RunManifest, task: &TaskId) -> Result<TaskId, CliError> {
+/// to land. `then` is what the user goes on to do once one is picked (`land again`).
+pub fn picked_attempt(
+    manifest: &RunManifest,
+    task: &TaskId,
+    then: &str,
+) -> Result<TaskId, CliError> {
     let attempts = manifest.attempts_of(task);
     attempts
         .iter()
@@ -181,7 +219,7 @@ pub fn picked_attempt(manifest: &RunManifest, task: &TaskId) -> Result<TaskId, C
                 attempts.len()
             ))
             .with_hint(format!(
-                "compare them (`crew compare {spec}`), keep one (`crew pick {spec} <N>`), then land again"
+                "compare them (`crew compare {spec}`), keep one (`crew pick {spec} <N>`), then {then}"
             ))
         })
 }
@@ -194,7 +232,7 @@ fn pick(ctx: &Context, targets: &[String]) -> Result<Vec<(RunManifest, TaskId)>,
         if let Some(found) = project.find_task(target)? {
             picked.push(found);
         } else if let Some((manifest, task)) = project.find_attempted(target)? {
-            let result = picked_attempt(&manifest, &task)?;
+            let result = picked_attempt(&manifest, &task, "land again")?;
             picked.push((manifest, result));
         } else {
             let manifest = ctx.read_run(&ctx.resolve_run(target)?)?;
@@ -202,7 +240,7 @@ fn pick(ctx: &Context, targets: &[String]) -> Result<Vec<(RunManifest, TaskId)>,
             for task in &manifest.tasks {
                 match &task.attempt_of {
                     Some(attempt) => {
-                        let result = picked_attempt(&manifest, &attempt.task)?;
+                        let result = picked_attempt(&manifest, &attempt.task, "land again")?;
                         if !results.contains(&result) {
                             results.push(result);
                         }

@@ -162,6 +162,10 @@ struct LandArgs {
     /// `rebase` (each task's commits replayed).
     #[serde(default)]
     mode: Option<LandModeArg>,
+    /// Land tasks whose check failed too (default false: such a landing is refused, and
+    /// `problem` names them).
+    #[serde(default)]
+    force: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
@@ -541,6 +545,7 @@ impl CrewMcp {
             &targets,
             args.into.as_deref(),
             mode,
+            args.force,
         ) {
             Ok(landed) => LandReport {
                 landed: true,
