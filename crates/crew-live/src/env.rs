@@ -81,6 +81,13 @@ pub fn passed_values(patterns: &[String]) -> std::collections::BTreeMap<String, 
         .collect()
 }
 
+/// git settings every agent's git runs with, through git's own `GIT_CONFIG_COUNT` variables,
+/// which outrank every config file: no automatic maintenance or gc after a commit. Inside the
+/// sandbox it could not take the common directory's locks anyway, and what it left detached
+/// in the background would be killed as a leaked process when the agent ends. The user's own
+/// git keeps its maintenance.
+pub const AGENT_GIT_CONFIG: &[(&str, &str)] = &[("maintenance.auto", "false"), ("gc.auto", "0")];
+
 /// The complete environment of an agent, in the order it is applied.
 pub fn agent_env(
     base: &BaseEnv,
@@ -115,6 +122,19 @@ pub fn agent_env(
     for (name, value) in crew {
         set((*name).into(), value.into(), true);
     }
+    set(
+        "GIT_CONFIG_COUNT".into(),
+        AGENT_GIT_CONFIG.len().to_string().into(),
+        true,
+    );
+    for (index, (key, value)) in AGENT_GIT_CONFIG.iter().enumerate() {
+        set(format!("GIT_CONFIG_KEY_{index}").into(), key.into(), true);
+        set(
+            format!("GIT_CONFIG_VALUE_{index}").into(),
+            value.into(),
+            true,
+        );
+    }
     env
 }
 
@@ -147,7 +167,13 @@ mod tests {
                 "LC_ALL",
                 "ANTHROPIC_API_KEY",
                 "MODE",
-                "CREW_TASK_ID"
+                "CREW_TASK_ID",
+                // crew's own git settings (no automatic maintenance), not the user's.
+                "GIT_CONFIG_COUNT",
+                "GIT_CONFIG_KEY_0",
+                "GIT_CONFIG_VALUE_0",
+                "GIT_CONFIG_KEY_1",
+                "GIT_CONFIG_VALUE_1",
             ]
         );
     }

@@ -536,3 +536,44 @@ fn an_agent_told_no_by_the_control_socket_is_not_told_to_retry() {
         "succeeded"
     );
 }
+
+#[test]
+fn an_agents_git_runs_no_automatic_maintenance_whatever_the_repository_says() {
+    let env = crew_tests::TestEnv::new();
+    let repo = env.repo("project");
+    env.git(&repo, ["config", "maintenance.auto", "true"]);
+    env.git(&repo, ["config", "gc.auto", "1"]);
+    let output = env.crew(
+        &repo,
+        crate::common::runs::shell_worktree_args(&[
+            "git=echo \"maintenance=$(git config maintenance.auto) gc=$(git config gc.auto)\"; echo a > a.txt; git add a.txt; GIT_TRACE=1 git -c user.name=a -c user.email=a@example.com commit -q -m a; echo \"commit=$?\"",
+        ]),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        crew_tests::render_output(&output)
+    );
+    let run = crate::common::runs::run_ids(&env, &repo).remove(0);
+    let said =
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/git/output.log")))
+            .unwrap();
+    assert!(said.contains("maintenance=false gc=0"), "{said}");
+    // The commit starts no `git maintenance run --auto` (nor gc) in the background.
+    assert!(
+        said.contains("commit=0") && said.contains("built-in: git commit"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("maintenance run") && !said.contains("gc --auto"),
+        "{said}"
+    );
+    let recorded = crate::common::runs::manifest(&env, &repo, &run);
+    assert_eq!(
+        crate::common::runs::task(&recorded, "git")["exit"]["leaked_processes"],
+        0,
+        "{recorded:#}"
+    );
+    // The user's own git keeps its settings.
+    assert_eq!(env.git(&repo, ["config", "gc.auto"]).trim(), "1");
+}
