@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crew_core::CancelCause;
+use crew_core::config::WorkspaceMode;
 use crew_core::model::{RunManifest, RunStatus, TaskStatus};
 use crew_core::provider::{TeardownReport, WorkspaceKind};
 
@@ -232,6 +233,16 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         }
         if let Some(report) = report
             && let Some(kept) = &report.preserved
+            && task.workspace_mode == WorkspaceMode::Dedicated
+        {
+            // Its workspace is its result: nothing failed, and nothing should remove it.
+            next.push(format!(
+                "# {}: its work is in its dedicated workspace {} (no branch: a dedicated workspace is not a git checkout), kept until the run is pruned",
+                task.id,
+                relative(ctx, kept),
+            ));
+        } else if let Some(report) = report
+            && let Some(kept) = &report.preserved
         {
             let reason = report.preserved_reason.as_deref().unwrap_or("unknown");
             next.push(format!(
@@ -313,11 +324,13 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             }
         }
     }
+    // A dedicated workspace is kept by design: its work is where it belongs, not stranded.
     let kept = manifest
         .tasks
         .iter()
         .filter(|task| {
             task.status != TaskStatus::Waiting
+                && task.workspace_mode != WorkspaceMode::Dedicated
                 && task
                     .teardown
                     .as_ref()

@@ -487,3 +487,46 @@ fn a_bare_task_name_means_the_same_agent_to_stop_and_to_resume() {
         "go on\n"
     );
 }
+
+#[test]
+fn a_dedicated_task_reads_as_done_and_a_plain_clean_keeps_its_only_copy() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "dedicated",
+            "echo result > result.txt",
+        ],
+    );
+    let said = render_output(&output);
+    assert!(output.status.success(), "{said}");
+    assert!(
+        !said.contains("NOT ON ITS BRANCH") && !said.contains("kept with work not on a branch"),
+        "{said}"
+    );
+    assert!(
+        said.contains("its work is in its dedicated workspace"),
+        "{said}"
+    );
+    assert!(!said.contains("crew runs clean"), "{said}");
+    let run = run_ids(&env, &repo).remove(0);
+    let result = repo.join(format!(".crew/state/ws/{run}/shell/result.txt"));
+    assert!(result.is_file());
+
+    let clean = env.crew(&repo, ["runs", "clean", &run]);
+    let said = render_output(&clean);
+    assert_eq!(clean.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("only copy") && said.contains("--force"),
+        "{said}"
+    );
+    assert!(result.is_file(), "a plain clean keeps the work");
+    let forced = env.crew(&repo, ["runs", "clean", &run, "--force"]);
+    assert!(forced.status.success(), "{}", render_output(&forced));
+    assert!(!result.exists());
+}

@@ -20,7 +20,8 @@ pub struct CleanArgs {
     /// Show what would be done, change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Remove the run's state even when one of its workspaces had to be kept.
+    /// Remove the run's state even when one of its workspaces had to be kept, and its
+    /// dedicated workspaces with their files.
     #[arg(long)]
     pub force: bool,
 }
@@ -80,6 +81,30 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                 kept.push(task);
             }
         }
+    }
+    // A dedicated workspace is the only copy of its task's work (it has no branch).
+    let dedicated: Vec<String> = manifest
+        .tasks
+        .iter()
+        .filter(|task| task.workspace_mode == crew_core::config::WorkspaceMode::Dedicated)
+        .map(|task| ctx.store().dedicated_dir(&run_id, &task.id))
+        .filter(|dir| {
+            dir.symlink_metadata()
+                .is_ok_and(|metadata| metadata.is_dir())
+                && dir
+                    .read_dir_utf8()
+                    .is_ok_and(|mut entries| entries.next().is_some())
+        })
+        .map(|dir| dir.to_string())
+        .collect();
+    if !dedicated.is_empty() && !args.force {
+        return Err(CliError::user(format!(
+            "run {run_id} holds the only copy of its dedicated tasks' work, which has no branch: {}",
+            dedicated.join(", ")
+        ))
+        .with_hint(format!(
+            "copy out what you want to keep, then `crew runs clean {run_id} --force` removes it with the run"
+        )));
     }
     if args.dry_run {
         println!("would remove the state of run {run_id}");
