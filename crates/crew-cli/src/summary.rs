@@ -435,7 +435,9 @@ fn bytes(size: u64) -> String {
 pub fn outcome(manifest: &RunManifest) -> Outcome {
     match manifest.status {
         RunStatus::Completed => Outcome::Success,
-        RunStatus::Cancelled => Outcome::Interrupted,
+        // Cancelled as a run (Ctrl-C, `crew runs cancel`): interrupted. Ended because a person
+        // stopped its tasks (`crew agents stop`): a stopped task, exit 1.
+        RunStatus::Cancelled if manifest.cancelled_by.is_some() => Outcome::Interrupted,
         _ => Outcome::TaskFailed,
     }
 }

@@ -473,7 +473,10 @@ fn a_bare_task_name_means_the_same_agent_to_stop_and_to_resume() {
 
     let stop = env.crew(&repo, ["agents", "stop", "sc"]);
     assert!(stop.status.success(), "{}", render_output(&stop));
-    host.wait().unwrap();
+    // Its only task stopped by a person: the run is cancelled, not failed; the command says
+    // a task was stopped (1), not that it was interrupted (130).
+    assert_eq!(host.wait().unwrap().code(), Some(1));
+    assert_eq!(manifest(&env, &repo, &second)["status"], "cancelled");
     let resume = env.crew(&repo, ["agents", "resume", "sc", "go on"]);
     assert!(resume.status.success(), "{}", render_output(&resume));
     let recorded = manifest(&env, &repo, &second);

@@ -283,6 +283,12 @@ async fn agents_see_only_their_allow_listed_environment() {
             "CREW_RUN_ID",
             "CREW_TASK_ID",
             "CREW_WORKSPACE",
+            // crew's own git settings for agents (no automatic maintenance).
+            "GIT_CONFIG_COUNT",
+            "GIT_CONFIG_KEY_0",
+            "GIT_CONFIG_KEY_1",
+            "GIT_CONFIG_VALUE_0",
+            "GIT_CONFIG_VALUE_1",
             "HOME",
             "OPENAI_API_KEY",
             "PATH",

@@ -202,16 +202,17 @@ impl Schedule {
                 .any(|status| *status == TaskStatus::Pending)
     }
 
-    /// How the run ended.
+    /// How the run ended. Nothing failed but a person stopped some of it: `cancelled`, as
+    /// the person ended that work, not `failed`.
     pub(super) fn run_status(&self) -> RunStatus {
+        let all =
+            |wanted: &[TaskStatus]| self.statuses.values().all(|status| wanted.contains(status));
         if self.cancelled {
             RunStatus::Cancelled
-        } else if self
-            .statuses
-            .values()
-            .all(|status| *status == TaskStatus::Succeeded)
-        {
+        } else if all(&[TaskStatus::Succeeded]) {
             RunStatus::Completed
+        } else if all(&[TaskStatus::Succeeded, TaskStatus::Stopped]) {
+            RunStatus::Cancelled
         } else {
             RunStatus::Failed
         }
@@ -314,7 +315,8 @@ mod tests {
         schedule.ended(&id("a"), TaskStatus::Stopped);
         assert!(!schedule.only_held_left());
         assert!(schedule.is_over());
-        assert_eq!(schedule.run_status(), RunStatus::Failed);
+        // Nothing failed: a person stopped what is not done.
+        assert_eq!(schedule.run_status(), RunStatus::Cancelled);
     }
 
     #[test]
