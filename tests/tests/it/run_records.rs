@@ -337,3 +337,28 @@ fn a_run_record_crew_will_not_act_on_is_refused_alike_by_every_command() {
         }
     }
 }
+
+#[test]
+fn a_run_written_by_a_newer_crew_is_marked_where_it_is_listed_and_shown() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = crate::common::runs::finished_run(&env, &repo, &["run", "--agent", "shell", "true"]);
+    let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
+    let mut newer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    newer["schema_version"] = 99.into();
+    std::fs::write(&path, newer.to_string()).unwrap();
+
+    let listed = env.crew(&repo, ["runs", "list"]);
+    let table = render_output(&listed);
+    assert!(table.contains("completed (newer crew)"), "{table}");
+    let listed = env.crew(&repo, ["runs", "list", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows[0]["newer_schema"], true, "{rows:#}");
+    let shown = env.crew(&repo, ["runs", "show", &run]);
+    let said = render_output(&shown);
+    assert!(
+        said.contains("written by a newer crew (schema version 99"),
+        "{said}"
+    );
+}

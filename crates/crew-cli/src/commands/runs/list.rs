@@ -46,6 +46,9 @@ pub struct RunRow {
     pub host_pid: Option<u32>,
     pub host_alive: bool,
     pub error: Option<String>,
+    /// The manifest was written by a newer crew: this one only reads it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub newer_schema: bool,
 }
 
 #[allow(clippy::print_stdout)]
@@ -86,6 +89,8 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                         .as_ref()
                         .is_some_and(|host| host.identity.is_alive()),
                     error: None,
+                    newer_schema: manifest.schema_version
+                        > crew_core::model::MANIFEST_SCHEMA_VERSION,
                 }
             }
             Err(error) => RunRow {
@@ -99,6 +104,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                 continues_at: None,
                 host_pid: None,
                 host_alive: false,
+                newer_schema: matches!(error, crew_core::store::StateError::NewerSchema { .. }),
                 error: Some(error.to_string()),
             },
         });
@@ -113,9 +119,11 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     }
     let mut table = Table::new(&["RUN", "STATUS", "TEAM", "MODE", "CREATED", "TASKS"]);
     for row in &rows {
-        let status = match row.status {
-            Some(status) => styled(status.as_str(), run_style(status)),
-            None => styled("unreadable", Style::Bad),
+        let status = match (row.status, row.newer_schema) {
+            (Some(status), true) => styled(format!("{status} (newer crew)"), Style::Warn),
+            (Some(status), false) => styled(status.as_str(), run_style(status)),
+            (None, true) => styled("newer crew", Style::Warn),
+            (None, false) => styled("unreadable", Style::Bad),
         };
         let tasks = match &row.error {
             Some(error) => truncate(&sanitize(error), 70),

@@ -28,6 +28,13 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
         "run {}  team {team}  {} mode  created {}",
         manifest.run_id, manifest.workspace_mode, manifest.created_at
     );
+    if manifest.schema_version > crew_core::model::MANIFEST_SCHEMA_VERSION {
+        println!(
+            "  written by a newer crew (schema version {}, this one knows {}): shown as this crew reads it, and read-only to it",
+            manifest.schema_version,
+            crew_core::model::MANIFEST_SCHEMA_VERSION
+        );
+    }
     if let Some(reason) = &manifest.reason {
         println!("  {}", crate::ui::sanitize_lines(reason, "  "));
     }
