@@ -39,8 +39,8 @@ use crate::fsutil::{
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
 use crate::model::{
-    MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest, RunStatus, TaskRecord, TaskStatus,
-    TransitionError,
+    EventKind, MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest, RunStatus, TaskRecord,
+    TaskStatus, TransitionError,
 };
 use crate::paths::{RemoveError, remove_contained};
 
@@ -1225,7 +1225,7 @@ impl StateStore {
             let changed = self.update_run(&run_id, |manifest| {
                 // Checked again under the lock: the host may have finished the run meanwhile.
                 if manifest.status != RunStatus::Running || host_alive(manifest) {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let reason = match &manifest.host {
                     Some(host) => format!("host process {} is gone", host.identity.pid),
@@ -1239,15 +1239,39 @@ impl StateStore {
                     })
                     .map(|task| task.id.clone())
                     .collect();
-                for task_id in active {
-                    let task = manifest.set_task_status(&task_id, TaskStatus::Failed)?;
+                for task_id in &active {
+                    let task = manifest.set_task_status(task_id, TaskStatus::Failed)?;
                     task.reason = Some(format!("interrupted: {reason}"));
                 }
                 manifest.set_status(RunStatus::Interrupted)?;
-                manifest.reason = Some(reason);
-                Ok(true)
+                manifest.reason = Some(reason.clone());
+                Ok(Some((reason, active)))
             })?;
-            if changed {
+            if let Some((reason, active)) = changed {
+                // The run's history says its host died, as it says everything else. The
+                // manifest holds the same: an event that cannot be written loses nothing.
+                let mut events: Vec<RunEvent> = active
+                    .into_iter()
+                    .map(|task_id| {
+                        RunEvent::new(
+                            Some(task_id),
+                            EventKind::TaskStatus {
+                                status: TaskStatus::Failed,
+                                reason: Some(format!("interrupted: {reason}")),
+                            },
+                        )
+                    })
+                    .collect();
+                events.push(RunEvent::new(
+                    None,
+                    EventKind::RunStatus {
+                        status: RunStatus::Interrupted,
+                        reason: Some(reason),
+                    },
+                ));
+                for event in &events {
+                    let _ = self.append_event(&run_id, event);
+                }
                 interrupted.push(run_id);
             }
         }

@@ -212,6 +212,33 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
     let slow = env.git(&repo, ["show", &format!("crew/{run}-slow:slow.txt")]);
     assert!(slow.ends_with("finished\n"), "{slow}");
     assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
+
+    // The run's history holds the host's death and the resume, in order.
+    let events = env.crew(&repo, ["events", "--run", &run, "--json"]);
+    let runs: Vec<(String, String)> = String::from_utf8(events.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|event| event["event"] == "run_status")
+        .map(|event| {
+            (
+                event["status"].as_str().unwrap_or_default().to_owned(),
+                event["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let at = |status: &str, says: &str| {
+        runs.iter()
+            .position(|(found, reason)| found == status && reason.contains(says))
+            .unwrap_or_else(|| panic!("no {status} ({says}) in {runs:?}"))
+    };
+    let died = at(
+        "interrupted",
+        &format!("host process {} is gone", child.id()),
+    );
+    let resumed = at("running", "resumed by pid");
+    let finished = at("completed", "");
+    assert!(died < resumed && resumed < finished, "{runs:?}");
 }
 
 #[test]

@@ -212,9 +212,10 @@ impl Runner {
         })
         .await?;
         let host = self.host_record(socket)?;
-        let run_id = run_id.clone();
-        blocking(move || {
-            store.update_run(&run_id, |manifest| {
+        let pid = host.identity.pid;
+        let run = run_id.clone();
+        let (manifest, again) = blocking(move || {
+            store.update_run(&run, |manifest| {
                 if manifest.status == RunStatus::Running {
                     return Ok(Err(RunError::AlreadyHosted {
                         run_id: manifest.run_id.clone(),
@@ -245,15 +246,39 @@ impl Runner {
                     })
                     .map(|task| task.id.clone())
                     .collect();
-                for task_id in again {
-                    let task = manifest.set_task_status(&task_id, TaskStatus::Pending)?;
+                for task_id in &again {
+                    let task = manifest.set_task_status(task_id, TaskStatus::Pending)?;
                     task.reason = None;
                     task.exit = None;
                 }
-                Ok(Ok(manifest.clone()))
+                Ok(Ok((manifest.clone(), again)))
             })
         })
-        .await?
+        .await??;
+        // The run's history says it was taken up again, and which tasks start over.
+        self.record_event(
+            run_id,
+            RunEvent::new(
+                None,
+                EventKind::RunStatus {
+                    status: RunStatus::Running,
+                    reason: Some(format!("resumed by pid {pid}")),
+                },
+            ),
+        );
+        for task_id in again {
+            self.record_event(
+                run_id,
+                RunEvent::new(
+                    Some(task_id),
+                    EventKind::TaskStatus {
+                        status: TaskStatus::Pending,
+                        reason: Some("runs again: the run was resumed".to_owned()),
+                    },
+                ),
+            );
+        }
+        Ok(manifest)
     }
 
     /// Records this process as the host of a run another process created for it
