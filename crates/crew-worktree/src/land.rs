@@ -1,8 +1,11 @@
 //! Landing task branches on a target branch, all or nothing.
 //!
 //! 1. Each task's result is made in memory on top of the result before it (the target's tip for
-//!    the first): a merge commit, one squashed commit, or its commits replayed (rebase). Nothing
-//!    is checked out, and no ref moves while this goes on.
+//!    the first): a merge commit, one squashed commit, or its commits replayed (rebase). A task
+//!    built on one that landed before it in the same call brings that one's commits along;
+//!    squashed or rebased they are on the target in another shape, so its change is taken from
+//!    that task's tip (its own work alone), and no commit of it is replayed twice. Nothing is
+//!    checked out, and no ref moves while this goes on.
 //! 2. The first task that would conflict stops the landing: the target is left as it was, and
 //!    the error names the task and the files. When the task names a branch for it, a commit
 //!    holding both sides (the result so far and the task's work as parents, the conflicting
@@ -132,15 +135,30 @@ pub fn land(
     }
     let signature = crew_signature()?;
     let mut tip = start;
+    // The branch tips landed so far: a task built on one of them (a dependency) brings that
+    // work along, which is on the target already, in another shape when squashed or rebased.
+    let mut landed_tips: Vec<Oid> = Vec::new();
     for task in tasks {
         let branch_tip = repo
             .find_branch(&task.branch, BranchType::Local)?
             .get()
             .peel_to_commit()?;
         let onto = repo.find_commit(tip)?;
+        let upstream = landed_upstream(&repo, &landed_tips, &branch_tip)?;
+        landed_tips.push(branch_tip.id());
         tip = match mode {
             LandMode::Merge | LandMode::Squash => {
-                let mut index = repo.merge_commits(&onto, &branch_tip, None)?;
+                // From the upstream's tip, the task's change is its own work alone: what the
+                // target lacks. Otherwise git's merge base, as `git merge` would.
+                let mut index = match upstream {
+                    Some(upstream) => repo.merge_trees(
+                        &repo.find_commit(upstream)?.tree()?,
+                        &onto.tree()?,
+                        &branch_tip.tree()?,
+                        None,
+                    )?,
+                    None => repo.merge_commits(&onto, &branch_tip, None)?,
+                };
                 if index.has_conflicts() {
                     let mut error = conflict(&index, task, target);
                     if let (Some(branch), LandError::Conflict { both_sides, .. }) =
@@ -174,7 +192,7 @@ pub fn land(
                 };
                 repo.commit(None, &signature, &signature, &message, &tree, &parents)?
             }
-            LandMode::Rebase => replay(&repo, &onto, &branch_tip, task, target)?,
+            LandMode::Rebase => replay(&repo, &onto, &branch_tip, upstream, task, target)?,
         };
     }
     if tip == start {
@@ -214,11 +232,37 @@ pub fn land(
     })
 }
 
-/// The task's commits (from where it left the target's history) replayed onto `onto`.
+/// The newest of the tips landed before that `branch_tip` descends from (the task it was built
+/// on, landed in the same call), if any.
+fn landed_upstream(
+    repo: &Repository,
+    landed_tips: &[Oid],
+    branch_tip: &Commit,
+) -> Result<Option<Oid>, LandError> {
+    let mut upstream: Option<Oid> = None;
+    for &landed in landed_tips {
+        let below =
+            landed == branch_tip.id() || repo.graph_descendant_of(branch_tip.id(), landed)?;
+        // Of two upstreams, the one that descends from the other holds more of the work.
+        let newer = match upstream {
+            None => true,
+            Some(found) => landed != found && repo.graph_descendant_of(landed, found)?,
+        };
+        if below && newer {
+            upstream = Some(landed);
+        }
+    }
+    Ok(upstream)
+}
+
+/// The task's commits (from where it left the target's history, or from the tip of the task it
+/// was built on when that landed just before) replayed onto `onto`. A commit that changes
+/// nothing there any more is dropped, as `git rebase` drops it.
 fn replay(
     repo: &Repository,
     onto: &Commit,
     branch_tip: &Commit,
+    upstream: Option<Oid>,
     task: &Landing,
     target: &str,
 ) -> Result<Oid, LandError> {
@@ -226,6 +270,9 @@ fn replay(
     let mut walk = repo.revwalk()?;
     walk.push(branch_tip.id())?;
     walk.hide(base)?;
+    if let Some(upstream) = upstream {
+        walk.hide(upstream)?;
+    }
     walk.set_sorting(Sort::TOPOLOGICAL | Sort::REVERSE)?;
     let mut tip = onto.clone();
     for oid in walk {
@@ -235,6 +282,9 @@ fn replay(
             return Err(conflict(&index, task, target));
         }
         let tree = repo.find_tree(index.write_tree_to(repo)?)?;
+        if tree.id() == tip.tree_id() {
+            continue;
+        }
         let id = repo.commit(
             None,
             &commit.author(),

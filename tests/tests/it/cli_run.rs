@@ -662,3 +662,53 @@ workspace_mode = "temp"
         "{text}"
     );
 }
+
+#[test]
+fn a_task_lands_squashed_or_rebased_with_the_task_it_was_built_on() {
+    for mode in ["--squash", "--rebase"] {
+        let env = TestEnv::new();
+        let repo = env.repo("project");
+        write(
+            &repo.join(".crew/teams/chain.toml"),
+            r#"workspace_mode = "worktree"
+[[tasks]]
+id = "first"
+agent = "shell"
+prompt = "printf 'one\n' > notes.txt"
+
+[[tasks]]
+id = "second"
+agent = "shell"
+depends_on = ["first"]
+prompt = "printf 'one, then two\n' > notes.txt"
+"#,
+        );
+        env.git(&repo, ["add", ".crew"]);
+        env.git(&repo, ["commit", "-q", "-m", "a chain"]);
+        let run = finished_run(&env, &repo, &["run", "chain"]);
+        let main = env.git(&repo, ["rev-parse", "main"]);
+        let landed = env.crew(&repo, ["land", &run, mode]);
+        assert!(
+            landed.status.success(),
+            "{mode}: {}",
+            render_output(&landed)
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+            "one, then two\n",
+            "{mode}"
+        );
+        // One commit for each task's own work, none empty, none twice.
+        let range = format!("{}..main", main.trim());
+        let log = env.git(&repo, ["log", "--format=%s", "--stat", &range]);
+        let commits = env.git(&repo, ["rev-list", "--count", &range]);
+        assert_eq!(commits.trim(), "2", "{mode}: {log}");
+        for commit in env.git(&repo, ["rev-list", &range]).lines() {
+            let changed = env.git(
+                &repo,
+                ["diff-tree", "--no-commit-id", "--name-only", "-r", commit],
+            );
+            assert_eq!(changed.trim(), "notes.txt", "{mode}: {log}");
+        }
+    }
+}
