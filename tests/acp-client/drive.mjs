@@ -128,6 +128,16 @@ const seen = await app.connectWith(stream, async (ctx) => {
   const soloText = transcript(b.sessionId);
   check(soloText.includes("[task] solo done"), `no solo output in ${JSON.stringify(soloText)}`);
   check(!/left|right/.test(soloText), `project B saw project A: ${JSON.stringify(soloText)}`);
+  // The turn says where the work is: on the task's branch, not "no changes".
+  check(/crew\/[^\s]*-task/.test(soloText), `the plain prompt's branch in ${JSON.stringify(soloText)}`);
+
+  // `/task <agent> <prompt>` in a folder with no default agent runs for that agent.
+  const named = await ctx.request(methods.agent.session.prompt, {
+    sessionId: a.sessionId,
+    prompt: [{ type: "text", text: "/task shell echo via > via.txt && echo via done" }],
+  });
+  check(named.stopReason === "end_turn", `/task stopped with ${named.stopReason}`);
+  check(transcript(a.sessionId).includes("[shell] via done"), `no /task output in ${JSON.stringify(transcript(a.sessionId))}`);
 
   // Cancel mid-run: the turn ends `cancelled`, the work is kept on the task's branch.
   const slow = ctx.request(methods.agent.session.prompt, {
@@ -140,6 +150,12 @@ const seen = await app.connectWith(stream, async (ctx) => {
   const listedA = await ctx.request("_crew/agents", { sessionId: a.sessionId });
   const idsA = listedA.agents.map((agent) => agent.task_id);
   check(idsA.includes("slow"), `_crew/agents in A: ${JSON.stringify(idsA)}`);
+  // The rows of `crew agents list --json`, not another shape.
+  const slowRow = listedA.agents.find((agent) => agent.task_id === "slow");
+  check(
+    slowRow.live === true && slowRow.state === "running" && "last_line" in slowRow && "task_status" in slowRow,
+    `_crew/agents rows are crew agents list --json's: ${JSON.stringify(slowRow)}`,
+  );
   const listedB = await ctx.request("_crew/agents", { sessionId: b.sessionId });
   check(
     !listedB.agents.some((agent) => ["slow", "left", "right"].includes(agent.task_id)),
@@ -165,6 +181,11 @@ const seen = await app.connectWith(stream, async (ctx) => {
     foreign = error;
   }
   check(foreign?.code === -32602, `B stopping A's agent: ${JSON.stringify(foreign)}`);
+  // A refusal says why where an editor shows it: the error's own message.
+  check(
+    typeof foreign?.message === "string" && foreign.message !== "Invalid params" && foreign.message.includes("slow"),
+    `B stopping A's agent says why: ${JSON.stringify(foreign)}`,
+  );
 
   await ctx.notify(methods.agent.session.cancel, { sessionId: a.sessionId });
   const cancelled = await slow;
@@ -196,7 +217,8 @@ const seen = await app.connectWith(stream, async (ctx) => {
   const listA = await ctx.request(methods.agent.session.list, { cwd: projectA });
   const titlesA = listA.sessions.map((session) => session.title).sort();
   check(
-    JSON.stringify(titlesA) === JSON.stringify(["ask — completed", "pair — completed", "slow — cancelled"]),
+    JSON.stringify(titlesA) ===
+      JSON.stringify(["adhoc-shell — completed", "ask — completed", "pair — completed", "slow — cancelled"]),
     `sessions of A: ${JSON.stringify(titlesA)}`,
   );
   const listB = await ctx.request(methods.agent.session.list, { cwd: projectB });

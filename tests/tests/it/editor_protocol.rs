@@ -71,12 +71,22 @@ fn an_acp_client_runs_teams_sees_only_its_folder_and_cancels() {
             "{task}: {in_a:?}"
         );
     }
-    // The plain prompt ran in folder B (in its own root: an ad hoc task's default mode).
-    assert_eq!(
-        std::fs::read_to_string(b.join("solo.txt")).unwrap(),
-        "solo\n"
+    // The plain prompt ran in folder B, in a worktree of its own: its work is on a branch,
+    // and the user's checkout, open in the editor, is as it was.
+    let in_b = branches(&b);
+    assert!(
+        in_b.iter().any(|(branch, files)| branch.ends_with("-task")
+            && files.lines().any(|line| line == "solo.txt")),
+        "{in_b:?}"
     );
+    assert!(!b.join("solo.txt").exists());
     assert!(!a.join("solo.txt").exists());
+    // `/task <agent> …` needs no default agent: folder A has none.
+    assert!(
+        in_a.iter().any(|(branch, files)| branch.ends_with("-shell")
+            && files.lines().any(|line| line == "via.txt")),
+        "{in_a:?}"
+    );
 }
 
 /// The same flows through the Rust SDK's client side: a team run reported as a plan and

@@ -209,14 +209,21 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
                 async move |request: ListAgents, responder, cx| {
                     let ctx = session_context(&sessions, &request.session_id);
                     cx.spawn(async move {
-                        match ctx {
+                        // The same rows as `crew agents list --json`, of the agents as their
+                        // hosts say now (a listing file may trail by a moment).
+                        let listed = match ctx {
                             Ok(ctx) => {
                                 let live = ctx.live_agents().await;
-                                let agents: Vec<_> =
-                                    live.agents.into_iter().map(|(agent, _)| agent).collect();
+                                crate::commands::agents::list::rows_of(&ctx, live, false, true)
+                                    .map_err(|error| invalid(error.render()))
+                            }
+                            Err(error) => Err(error),
+                        };
+                        match listed {
+                            Ok((agents, unanswered)) => {
                                 responder.respond(CrewResult(serde_json::json!({
                                     "agents": agents,
-                                    "unanswered": live.unanswered,
+                                    "unanswered": unanswered,
                                 })))
                             }
                             Err(error) => responder.respond_with_error(error),
@@ -459,9 +466,16 @@ fn folder(cwd: &std::path::Path, ui: Ui) -> Result<Context, Error> {
     Context::for_workspace(workspace, ui).map_err(|error| invalid(error.render()))
 }
 
+/// A request refused for what it asked (`-32602`), the reason in the error's message, where
+/// editors show it, and in `data.message`.
 fn invalid(message: impl Into<String>) -> Error {
+    refused(agent_client_protocol::ErrorCode::INVALID_PARAMS, message)
+}
+
+fn refused(code: agent_client_protocol::ErrorCode, message: impl Into<String>) -> Error {
     let message: String = message.into();
-    Error::invalid_params().data(serde_json::json!({ "message": message.trim_end() }))
+    let message = message.trim_end();
+    Error::new(code, message).data(serde_json::json!({ "message": message }))
 }
 
 /// `{agent_id, branch, base, patch}` of the task `spec` names in the session's folder; a task
@@ -490,10 +504,7 @@ fn session_context(sessions: &Shared, id: &str) -> Result<Context, Error> {
         .by_id
         .get(id)
         .map(|session| session.ctx.clone())
-        .ok_or_else(|| {
-            Error::invalid_params()
-                .data(serde_json::json!({ "message": format!("unknown session {id}") }))
-        })
+        .ok_or_else(|| invalid(format!("unknown session {id}")))
 }
 
 /// Sends `op` to one of the session folder's agents, answering from a task of its own (a stop
@@ -562,12 +573,15 @@ async fn prompt(
         let sessions = sessions
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let session = sessions.by_id.get(session_id.0.as_ref()).ok_or_else(|| {
-            Error::invalid_params()
-                .data(serde_json::json!({ "message": format!("unknown session {}", session_id.0) }))
-        })?;
+        let session = sessions
+            .by_id
+            .get(session_id.0.as_ref())
+            .ok_or_else(|| invalid(format!("unknown session {}", session_id.0)))?;
         if session.running.is_some() {
-            return Err(Error::invalid_request().data(serde_json::json!({ "message": "this session's run is still going: cancel it or wait" })));
+            return Err(refused(
+                agent_client_protocol::ErrorCode::INVALID_REQUEST,
+                "this session's run is still going: cancel it or wait",
+            ));
         }
         session.ctx.clone()
     };
@@ -709,22 +723,33 @@ fn team_for(ctx: &Context, text: &str) -> Result<Team, String> {
             .load_team(name.trim())
             .map_err(|error| error.to_string());
     }
-    let (id, prompt) = match text.strip_prefix("/task ") {
+    let (id, prompt, named) = match text.strip_prefix("/task ") {
         Some(rest) => match rest.trim().split_once(char::is_whitespace) {
-            Some((id, prompt)) => (id.to_owned(), prompt.trim().to_owned()),
+            Some((id, prompt)) => (id.to_owned(), prompt.trim().to_owned(), true),
             None => return Err("write it as `/task <id> <prompt>`".to_owned()),
         },
-        None => ("task".to_owned(), text.to_owned()),
+        None => ("task".to_owned(), text.to_owned(), false),
     };
-    let Some(agent) = ctx.config().run.default_agent.clone() else {
-        return Err("this project has no default agent: name one with `[run] default_agent = \"<agent>\"` in .crew/config.toml, or write `/run <team>`".to_owned());
+    // `/task <id> …` runs for the default agent, or, without one, for the agent `<id>` names
+    // (`/task claude …`), as `crew run --agent <agent>` names its task after the agent.
+    let agent = match (ctx.config().run.default_agent.clone(), named) {
+        (Some(agent), _) => agent,
+        (None, true) if config.load_agent(&id).is_ok() => id.clone(),
+        (None, true) => return Err(format!("this project has no default agent and `{id}` names no agent: write `/task <agent> <prompt>`, or name a default with `[run] default_agent = \"<agent>\"` in .crew/config.toml")),
+        (None, false) => return Err("this project has no default agent: name one with `[run] default_agent = \"<agent>\"` in .crew/config.toml, or write `/task <agent> <prompt>` or `/run <team>`".to_owned()),
     };
-    config
+    let mut team = config
         .ad_hoc_team(&agent, vec![(id, prompt)])
         .map_err(|error| match error {
             AdHocTeamError::Agent(error) => error.to_string(),
             AdHocTeamError::Tasks(message) => message,
-        })
+        })?;
+    // An editor's prompt works beside the user's open files, not in them: in a worktree of
+    // its own where the folder is a git repository (as `crew mcp` does), its work on a branch.
+    if ctx.workspace().repo_root().is_some() {
+        team.def.workspace_mode = Some(crew_core::WorkspaceMode::Worktree);
+    }
+    Ok(team)
 }
 
 /// The session's host, started on its first run.

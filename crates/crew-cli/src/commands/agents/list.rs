@@ -85,7 +85,17 @@ pub async fn rows(
     all_runs: bool,
     json: bool,
 ) -> Result<(Vec<AgentRow>, Vec<String>), CliError> {
-    let published = ctx.published_agents().await;
+    rows_of(ctx, ctx.published_agents().await, all_runs, json)
+}
+
+/// [`rows`] of the live agents given (asked of their hosts rather than read from their
+/// listings, for a caller that must see a change of a moment ago).
+pub fn rows_of(
+    ctx: &Context,
+    published: crew_live::LiveAgents,
+    all_runs: bool,
+    json: bool,
+) -> Result<(Vec<AgentRow>, Vec<String>), CliError> {
     let live = published.agents;
     let manifests: Vec<RunManifest> = if all_runs {
         ctx.manifests()?
