@@ -288,6 +288,9 @@ struct Running {
     leftovers: LeftoverCount,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
     _temp_dir: tempfile::TempDir,
+    /// A placed task's transport ended before the task started there: once its output is
+    /// read to the end, what it said last goes into the reason.
+    lost_before_start: bool,
 }
 
 /// The handle parts a new supervisor hands to the registry.
@@ -645,6 +648,7 @@ async fn launch(
         sandbox: sandbox.record,
         leftovers,
         _temp_dir: temp_dir,
+        lost_before_start: false,
     })
 }
 
@@ -965,7 +969,11 @@ impl Supervisor {
                     .send_modify(|status| status.turn_error = Some(reason));
                 self.publish_status();
             }
-            ProtocolEvent::Lost(reason) => {
+            ProtocolEvent::Lost {
+                reason,
+                before_start,
+            } => {
+                running.lost_before_start = before_start;
                 self.status.send_modify(|status| status.lost = Some(reason));
             }
             ProtocolEvent::Landed { branch, tip } => {
@@ -1197,6 +1205,16 @@ impl Supervisor {
         }
         while let Ok(event) = running.protocol.try_recv() {
             self.heard(event, &mut running).await;
+        }
+        if running.lost_before_start
+            && let Some(said) = transport_said(&self.tail)
+        {
+            // Where the user looks (the task's reason), not only in `output.log`.
+            self.status.send_modify(|status| {
+                if let Some(lost) = &mut status.lost {
+                    lost.push_str(&format!("; the transport said: {said}"));
+                }
+            });
         }
         // A question that waited on the live agent waits for its next start now.
         self.status.send_modify(|status| status.asks_alive = false);
@@ -1444,6 +1462,33 @@ async fn join_all(readers: &mut Vec<JoinHandle<()>>) {
         let _ = reader.await;
         readers.pop();
     }
+}
+
+/// What a placement's transport said last about why it failed: its `error:`/`caused by:`/
+/// `hint:` lines (crew's own way of failing), else its last line that is not crew's note.
+fn transport_said(tail: &Mutex<OutputTail>) -> Option<String> {
+    let lines = tail
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .last_lines();
+    let errors: Vec<&str> = lines
+        .iter()
+        .map(|line| line.trim())
+        .filter(|line| {
+            ["error:", "caused by:", "hint:"]
+                .iter()
+                .any(|prefix| line.starts_with(prefix))
+        })
+        .collect();
+    if !errors.is_empty() {
+        return Some(errors.join("; "));
+    }
+    lines
+        .iter()
+        .rev()
+        .map(|line| line.trim())
+        .find(|line| !line.is_empty() && !line.starts_with('['))
+        .map(str::to_owned)
 }
 
 /// A protocol as its agent definition names it.

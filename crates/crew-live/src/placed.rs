@@ -382,6 +382,7 @@ impl Driver {
             return;
         }
         let placement = &self.placed.name;
+        let before_start = self.remote.is_none() && !self.heard_output;
         let reason = match &self.remote {
             Some((dir, Some(branch))) => format!(
                 "the connection to the placement `{placement}` ended before the task's work came back; it is in {dir} there, and on the branch {branch} of that clone once its shim stopped the agent"
@@ -397,7 +398,10 @@ impl Driver {
             ),
         };
         self.note(reason.clone());
-        self.sink.tell(ProtocolEvent::Lost(reason));
+        self.sink.tell(ProtocolEvent::Lost {
+            reason,
+            before_start,
+        });
     }
 
     /// Closes the transport's input: the shim ends once its tasks have.

@@ -64,8 +64,14 @@ pub enum ProtocolEvent {
     /// The protocol connection failed (`acp`): the agent's input is closed.
     Failed(String),
     /// A placed task's connection to its placement ended before its work came back: the
-    /// task is `interrupted`, for this reason (where its work is).
-    Lost(String),
+    /// task is `interrupted`, for this reason (where its work is). `before_start`: it ended
+    /// before the task started there, so what the transport said last is the real reason.
+    Lost {
+        /// Where the work is, or that it never started.
+        reason: String,
+        /// The task never started on the placement.
+        before_start: bool,
+    },
     /// A placed task's work came back, was checked, and its branch here holds it.
     Landed {
         /// The branch.

@@ -564,3 +564,31 @@ fn crew_agents_stop_stops_a_placed_agent_and_its_work_still_comes_back() {
         "begun\n"
     );
 }
+
+#[test]
+fn a_kubernetes_placement_without_a_cluster_says_why_in_the_tasks_reason() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[placements.pod]\nkind = \"kubernetes\"\nimage = \"registry.invalid/agents:1\"\ndir = \"/tmp/crew-shim\"\n",
+    );
+    // The hermetic environment names no cluster: no KUBECONFIG, an empty home, no pod's
+    // service account.
+    let output = env.crew(
+        &repo,
+        ["run", "--placement", "pod", "--agent", "shell", "true"],
+    );
+    assert!(!output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = crate::common::runs::manifest(&env, &repo, &run);
+    let reason = crate::common::runs::task(&recorded, "shell")["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("ended before the task started")
+            && reason.contains("the transport said: error: kubernetes: no cluster to reach"),
+        "{reason}"
+    );
+}
