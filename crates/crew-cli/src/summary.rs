@@ -62,7 +62,15 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         };
         let report = task.teardown.as_ref();
         let findings = report.map_or(&[][..], |report| &report.security[..]);
-        let branch = report.and_then(|report| report.branch.clone());
+        // A workspace never torn down (its host died, or it waits for an answer) still has
+        // its branch and its files: say where, as `crew worktrees list` does.
+        let untorn = task
+            .workspace
+            .as_ref()
+            .filter(|workspace| report.is_none() && workspace.kind == WorkspaceKind::Worktree);
+        let branch = report
+            .and_then(|report| report.branch.clone())
+            .or_else(|| untorn.and_then(|workspace| workspace.branch.clone()));
         let plus_minus = report
             .and_then(|report| report.diffstat)
             .map(|stat| format!("+{} -{}", stat.insertions, stat.deletions))
@@ -84,6 +92,18 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 "no changes".into()
             }
             (Some(report), _) if report.removed => "removed (temp)".into(),
+            (None, Some(workspace)) if untorn.is_some() => {
+                let root = if workspace.root.as_str().is_empty() {
+                    &workspace.dir
+                } else {
+                    &workspace.root
+                };
+                if root.is_dir() {
+                    format!("in its worktree at {}", relative(ctx, root))
+                } else {
+                    "-".into()
+                }
+            }
             _ => "-".into(),
         };
         let mut row = vec![

@@ -196,6 +196,19 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
     warning: 1 kept worktree(s) ([RUN_ID]:slow) and 1 unmerged task branch(es) (crew/[RUN_ID]-quick) — see `crew worktrees list`
     [exit status: 0]
     ");
+    // The interrupted task's branch and worktree are shown where the user reviews the run.
+    let shown = env.crew(&repo, ["runs", "show", &run]);
+    let slow_row = String::from_utf8(shown.stdout)
+        .unwrap()
+        .lines()
+        .find(|line| line.starts_with("slow "))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        slow_row.contains(&format!("crew/{run}-slow"))
+            && slow_row.contains(&format!("in its worktree at .worktrees/{run}/slow")),
+        "{slow_row}"
+    );
     std::fs::write(&marker, "").unwrap();
 
     let resumed = env.crew(&repo, ["runs", "resume", &run]);
