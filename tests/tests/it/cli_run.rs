@@ -292,7 +292,6 @@ fn a_named_run_reads_by_its_name_and_the_name_is_never_shared() {
     let redactor = Redactor::new(&env);
     insta::assert_snapshot!(redactor.redact(&render_output(&again)), @"
     ----- stderr -----
-    warning: 1 unmerged task branch(es) (crew/refund-fix-api) — see `crew worktrees list`
     error: the run cannot start
     caused by: the run name `refund-fix` is taken: branch crew/refund-fix-api exists from an earlier run
     hint: pick another name, or merge or delete the branch first (`crew worktrees list` shows crew's branches)
@@ -300,7 +299,6 @@ fn a_named_run_reads_by_its_name_and_the_name_is_never_shared() {
     ");
     insta::assert_snapshot!(redactor.redact(&render_output(&overlapping)), @"
     ----- stderr -----
-    warning: 1 unmerged task branch(es) (crew/refund-fix-api) — see `crew worktrees list`
     error: the run name `refund` is taken: its branches could be those of run refund-fix
     hint: pick another name (`crew runs list` shows the runs of this project)
     [exit status: 2]

@@ -170,7 +170,6 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
         .literal(second, "[RUN_ID]")
         .literal(first, "[FIRST_RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&String::from_utf8(output.stderr).unwrap()), @r#"
-    warning: 1 unmerged task branch(es) (crew/[FIRST_RUN_ID]-t) — see `crew worktrees list`
     error: main gained 1 commit(s) while run [RUN_ID] went on ([run] base_moved = "fail")
     hint: bring the task branches up to date (`git rebase main <branch>`, listed above) before merging them
     "#);

@@ -110,7 +110,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         ));
     }
     ctx.reconcile()?;
-    crate::commands::worktrees::warn_attention(&ctx);
+    crate::commands::worktrees::warn_attention(&ctx, false);
     let spec = RunSpec {
         team,
         mode: args.workspace_mode,

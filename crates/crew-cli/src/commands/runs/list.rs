@@ -56,7 +56,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
     if !args.json {
-        crate::commands::worktrees::warn_attention(&ctx);
+        crate::commands::worktrees::warn_attention(&ctx, true);
     }
     let limit = if args.all { usize::MAX } else { args.limit };
     let (listings, total) = ctx.store().list_newest_runs(limit)?;

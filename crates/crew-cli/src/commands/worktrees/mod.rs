@@ -45,16 +45,22 @@ pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
 /// How many kept worktrees or unmerged branches the warning names; beyond, it counts them.
 const ATTENTION_NAMES: usize = 3;
 
-/// The one-line warning at the start of `crew run` and `crew runs list`: worktrees kept after
-/// their task and task branches whose work is not merged.
-pub fn warn_attention(ctx: &Context) {
+/// The one-line warning of what needs the user: worktrees kept after their task (work that is
+/// on no branch), and, with `branches` (`crew runs list`, where runs are reviewed), task
+/// branches whose work is not merged. `crew run` names kept worktrees only: unmerged branches
+/// are what every run leaves, and saying so at each start is noise.
+pub fn warn_attention(ctx: &Context, branches: bool) {
     if ctx.ui.quiet {
         return;
     }
     let Ok(Some(listing)) = listing(ctx) else {
         return;
     };
-    let (worktrees, branches) = listing.needs_attention();
+    let (worktrees, mut unmerged) = listing.needs_attention();
+    if !branches {
+        unmerged.clear();
+    }
+    let branches = unmerged;
     if worktrees.is_empty() && branches.is_empty() {
         return;
     }
