@@ -398,7 +398,15 @@ impl Board {
     /// The rows in the order drawn: those that need the user first (waiting, then failed,
     /// then finished work to review), then the rest by run (newest first) and task.
     pub fn rows(&self) -> Vec<Row> {
-        let filter = self.filter.to_lowercase();
+        self.rows_matching(&self.filter.to_lowercase())
+    }
+
+    /// Every row, the `/` filter aside: what the header counts.
+    pub fn all_rows(&self) -> Vec<Row> {
+        self.rows_matching("")
+    }
+
+    fn rows_matching(&self, filter: &str) -> Vec<Row> {
         let mut rows: Vec<Row> = Vec::new();
         // The newest runs, and any older one that still goes on.
         let shown = self
@@ -453,7 +461,7 @@ impl Board {
                     last_line,
                     depth,
                 };
-                if filter.is_empty() || row_matches(&row, &filter) {
+                if filter.is_empty() || row_matches(&row, filter) {
                     rows.push(row);
                 }
             }
@@ -715,7 +723,13 @@ impl Board {
                         self.status = Some("nothing sent: the message was empty".to_owned());
                         None
                     }
-                    Prompt::Answer(agent_id) => Some(Action::Answer(agent_id, text)),
+                    Prompt::Answer(agent_id) => {
+                        // Answered: its question is gone, and what it does next is its output.
+                        if self.pane == Pane::Question {
+                            self.pane = Pane::Output;
+                        }
+                        Some(Action::Answer(agent_id, text))
+                    }
                     Prompt::Steer(agent_id) => Some(Action::Steer(agent_id, text)),
                     Prompt::FollowUp(agent_id) => Some(Action::FollowUp(agent_id, text)),
                     Prompt::ConfirmStop(_) => None,
@@ -930,5 +944,54 @@ mod tests {
                 .all(|line| !line.contains('\x1b') && !line.contains('\x07'))
         );
         assert!(tail.back().unwrap().contains("line 4999"));
+    }
+
+    #[test]
+    fn a_filter_narrows_the_table_and_not_the_header_counts() {
+        let (mut board, _) = board(&[
+            ("asks", TaskStatus::Waiting),
+            ("working", TaskStatus::Running),
+            ("done", TaskStatus::Succeeded),
+        ]);
+        board.filter = "done".to_owned();
+        assert_eq!(board.rows().len(), 1);
+        let backend = ratatui::backend::TestBackend::new(80, 8);
+        let mut terminal = ratatui::Terminal::new(backend).unwrap();
+        let looks = view::Looks {
+            color: false,
+            unicode: false,
+        };
+        terminal
+            .draw(|frame| view::draw(frame, &board, "project", looks))
+            .unwrap();
+        let header: String = (0..80)
+            .map(|x| terminal.backend().buffer()[(x, 0)].symbol().to_owned())
+            .collect();
+        assert!(
+            header.starts_with("waiting: 1  working: 1  agents: 3"),
+            "{header}"
+        );
+    }
+
+    #[test]
+    fn an_answer_leaves_the_question_for_the_agents_output() {
+        let (mut board, run_id) = board(&[("asks", TaskStatus::Waiting)]);
+        board.runs[0].tasks[0].question = Some("which color?".to_owned());
+        assert_eq!(board.key(Key::Char('n')), None);
+        assert_eq!(board.pane, Pane::Question);
+        assert_eq!(board.key(Key::Char('a')), None);
+        for c in "blue".chars() {
+            assert_eq!(board.key(Key::Char(c)), None);
+        }
+        let agent = AgentId::new(run_id, TaskId::parse("asks").unwrap());
+        assert_eq!(
+            board.key(Key::Enter),
+            Some(Action::Answer(agent, "blue".to_owned()))
+        );
+        assert_eq!(
+            board.pane,
+            Pane::Output,
+            "no 'no question' pane after the answer"
+        );
     }
 }

@@ -120,7 +120,9 @@ pub fn draw(frame: &mut Frame<'_>, board: &Board, title: &str, looks: Looks) {
     ])
     .areas(area);
 
-    let count = |state: RowState| rows.iter().filter(|row| row.state == state).count();
+    // The header counts every agent: a `/` filter narrows the table, not what needs the user.
+    let all = board.all_rows();
+    let count = |state: RowState| all.iter().filter(|row| row.state == state).count();
     let waiting = count(RowState::Waiting);
     // The waiting count first: it stays in view however narrow the terminal.
     let mut head = vec![
@@ -135,7 +137,7 @@ pub fn draw(frame: &mut Frame<'_>, board: &Board, title: &str, looks: Looks) {
         Span::raw(format!(
             "  working: {}  agents: {}  ",
             count(RowState::Working) + count(RowState::Idle),
-            rows.len(),
+            all.len(),
         )),
         Span::styled("crew watch", Style::new().add_modifier(Modifier::BOLD)),
         Span::raw(format!(" {title}")),
