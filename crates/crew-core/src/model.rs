@@ -440,6 +440,10 @@ pub struct TaskRecord {
     /// The question the agent asked and waits on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question: Option<String>,
+    /// Follow-ups sent to its agent and not delivered when it was stopped, oldest first: the
+    /// agent gets them when it is resumed, whichever process hosts it then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub follow_ups: Vec<String>,
     /// How many times the agent was started.
     #[serde(default)]
     pub attempts: u32,
@@ -729,6 +733,7 @@ impl TaskRecord {
             warnings: Vec::new(),
             teardown: None,
             question: None,
+            follow_ups: Vec::new(),
             attempts: 0,
             sandbox: None,
             session_id: None,

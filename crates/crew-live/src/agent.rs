@@ -96,6 +96,9 @@ pub struct AgentSpec {
     pub session_cost: Option<f64>,
     /// The task runs on a placement: `definition` is its transport, and this what runs there.
     pub placed: Option<crate::placed::Placed>,
+    /// Follow-ups sent to it that an earlier host had not delivered yet (recorded on its task
+    /// when it was stopped): they wait for it as ones queued here do.
+    pub follow_ups: Vec<String>,
 }
 
 /// Whether the agent's process is alive.
@@ -129,6 +132,9 @@ pub struct AgentStatus {
     pub question: Option<String>,
     /// Follow-ups waiting for the end of the turn.
     pub queued_follow_ups: usize,
+    /// Those follow-ups, oldest first: what is recorded on the task when it is stopped, so
+    /// that a later host delivers them.
+    pub follow_up_queue: Vec<String>,
     /// The runner tore the workspace down: the agent cannot be resumed here any more.
     pub closed: bool,
     /// How the kernel confined its latest process.
@@ -323,6 +329,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         exit: None,
         question: None,
         queued_follow_ups: 0,
+        follow_up_queue: Vec::new(),
         closed: false,
         sandbox: Some(running.sandbox.clone()),
         session_id: None,
@@ -356,6 +363,7 @@ pub(crate) fn start_idle(
         exit: None,
         question,
         queued_follow_ups: 0,
+        follow_up_queue: Vec::new(),
         closed: false,
         sandbox: None,
         session_id: None,
@@ -383,9 +391,12 @@ fn supervise_from(
     spec: AgentSpec,
     launcher: Launcher,
     tail: Arc<Mutex<OutputTail>>,
-    status: AgentStatus,
+    mut status: AgentStatus,
     running: Option<Running>,
 ) -> Started {
+    let follow_ups = VecDeque::from(spec.follow_ups.clone());
+    status.queued_follow_ups = follow_ups.len();
+    status.follow_up_queue = spec.follow_ups.clone();
     let (control_tx, control_rx) = mpsc::channel(64);
     let (status_tx, status_rx) = watch::channel(status);
     let supervisor = Supervisor {
@@ -394,7 +405,7 @@ fn supervise_from(
         control: control_rx,
         status: status_tx,
         tail: tail.clone(),
-        follow_ups: VecDeque::new(),
+        follow_ups,
     };
     match running {
         Some(running) => tokio::spawn(supervisor.run(running)),
@@ -786,6 +797,7 @@ impl Supervisor {
                         status.state = AgentState::Exited;
                         status.exit = Some(ended.exit.clone());
                         status.queued_follow_ups = self.follow_ups.len();
+                        status.follow_up_queue = self.follow_ups.iter().cloned().collect();
                     });
                     self.publish_status();
                     let outcome = match ended.exit.stopped_by {
@@ -867,6 +879,7 @@ impl Supervisor {
                         // A limit its last start hit is behind it.
                         status.limit = None;
                         status.queued_follow_ups = self.follow_ups.len();
+                        status.follow_up_queue = self.follow_ups.iter().cloned().collect();
                     });
                     let attempt = self.status.borrow().attempt;
                     emit(
@@ -1002,8 +1015,11 @@ impl Supervisor {
                     // The driver is gone only with the connection, when the agent is ending.
                     let _ = acp.inputs.send(input);
                     let queued = self.follow_ups.len();
-                    self.status
-                        .send_modify(|status| status.queued_follow_ups = queued);
+                    let queue: Vec<String> = self.follow_ups.iter().cloned().collect();
+                    self.status.send_modify(|status| {
+                        status.queued_follow_ups = queued;
+                        status.follow_up_queue = queue;
+                    });
                 } else if let Some(message) = self.follow_ups.pop_front() {
                     if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
                         // The agent's input is closed (it is ending): the follow-up waits for
@@ -1012,8 +1028,10 @@ impl Supervisor {
                         self.follow_ups.push_front(message);
                     }
                     let queued = self.follow_ups.len();
+                    let queue: Vec<String> = self.follow_ups.iter().cloned().collect();
                     self.status.send_modify(|status| {
                         status.queued_follow_ups = queued;
+                        status.follow_up_queue = queue;
                         status.idle = false;
                     });
                 } else if self.spec.definition.protocol == Protocol::ClaudeStreamJson {
@@ -1115,7 +1133,11 @@ impl Supervisor {
                         } else {
                             self.follow_ups.push_back(message);
                             let position = self.follow_ups.len();
-                            self.status.send_modify(|status| status.queued_follow_ups = position);
+                            let queue: Vec<String> = self.follow_ups.iter().cloned().collect();
+                            self.status.send_modify(|status| {
+                                status.queued_follow_ups = position;
+                                status.follow_up_queue = queue;
+                            });
                             answer(reply, Ok(FollowUpOutcome::Queued { position }));
                         }
                     }

@@ -62,6 +62,7 @@
 //!         session_id: None,
 //!         session_cost: None,
 //!         placed: None,
+//!         follow_ups: Vec::new(),
 //!         parent: None,
 //!     })
 //!     .await?;

@@ -73,6 +73,7 @@ fn host(args: &[String]) {
                 session_id: None,
                 session_cost: None,
                 placed: None,
+                follow_ups: Vec::new(),
                 parent: None,
             })
             .await
@@ -135,6 +136,7 @@ fn many(args: &[String]) {
                 session_id: None,
                 session_cost: None,
                 placed: None,
+                follow_ups: Vec::new(),
                 parent: None,
             })
             .await
@@ -277,6 +279,7 @@ fn start(args: &[String]) {
                     session_id: None,
                     session_cost: None,
                     placed: None,
+                    follow_ups: Vec::new(),
                     parent: None,
                 })
                 .await

@@ -573,3 +573,38 @@ fn a_dedicated_task_reads_as_done_and_a_plain_clean_keeps_its_only_copy() {
     assert!(forced.status.success(), "{}", render_output(&forced));
     assert!(!result.exists());
 }
+
+#[test]
+fn a_follow_up_queued_before_a_stop_reaches_the_agent_when_a_later_host_resumes_it() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut args = crate::common::runs::shell_worktree_args(&[
+        "sc=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" >> said.txt; exit 0; fi; echo ready; while true; do sleep 0.1; done",
+    ]);
+    args.insert(1, "--quiet".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut host = start_run(&env, &repo, &args, 1);
+    let run = run_ids(&env, &repo).remove(0);
+    let queued = env.crew(&repo, ["agents", "follow-up", "sc", "then the docs"]);
+    assert!(queued.status.success(), "{}", render_output(&queued));
+    let stop = env.crew(&repo, ["agents", "stop", "sc"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    host.wait().unwrap();
+    // The host is gone: the follow-up waits on the task's record.
+    let recorded = manifest(&env, &repo, &run);
+    assert_eq!(
+        crate::common::runs::task(&recorded, "sc")["follow_ups"],
+        serde_json::json!(["then the docs"]),
+        "{recorded:#}"
+    );
+    let resume = env.crew(&repo, ["agents", "resume", "sc"]);
+    assert!(resume.status.success(), "{}", render_output(&resume));
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-sc:said.txt")]),
+        "then the docs\n"
+    );
+    let recorded = manifest(&env, &repo, &run);
+    let task = crate::common::runs::task(&recorded, "sc");
+    assert_eq!(task["status"], "succeeded", "{recorded:#}");
+    assert!(task["follow_ups"].is_null(), "delivered once: {recorded:#}");
+}

@@ -311,6 +311,7 @@ impl RunContext {
             session_cost: task.usage.and_then(|usage| usage.cost_usd),
             parent: task.parent.clone(),
             placed: None,
+            follow_ups: task.follow_ups.clone(),
         }
     }
 
@@ -500,7 +501,10 @@ impl RunContext {
             .host
             .adopt(spec, task.question.clone(), task.attempts)
         {
-            Ok(handle) => handle,
+            Ok(handle) => {
+                self.handed_follow_ups(&task).await;
+                handle
+            }
             Err(error) => {
                 self.record_status(&task_id, TaskStatus::Failed, Some(error.to_string()))
                     .await;
@@ -558,6 +562,20 @@ impl RunContext {
         .await
     }
 
+    /// The task's recorded follow-ups went to its new supervisor: the record lets them go, so
+    /// that no later host delivers them twice.
+    async fn handed_follow_ups(&self, task: &TaskRecord) {
+        if task.follow_ups.is_empty() {
+            return;
+        }
+        let task_id = task.id.clone();
+        self.save(&format!("task {task_id}'s follow-ups"), move |manifest| {
+            manifest.task_mut(&task_id)?.follow_ups.clear();
+            Ok(())
+        })
+        .await;
+    }
+
     /// Registers the task's agent as exited, for a resume to start it in its workspace; an
     /// agent that cannot be registered fails its task (`None`).
     async fn adopt_exited(
@@ -567,7 +585,10 @@ impl RunContext {
         spec: AgentSpec,
     ) -> Option<AgentHandle> {
         match self.runner.host.adopt(spec, None, task.attempts) {
-            Ok(handle) => Some(handle),
+            Ok(handle) => {
+                self.handed_follow_ups(task).await;
+                Some(handle)
+            }
             Err(error) => {
                 self.fail_to_start(&task.id, workspace, error.to_string())
                     .await;
@@ -622,6 +643,8 @@ impl RunContext {
                 record.pid = status.pid;
                 record.attempts += 1;
                 record.question = None;
+                // Its supervisor holds the follow-ups now.
+                record.follow_ups.clear();
                 // Why it stopped or paused before is over now.
                 record.reason = None;
                 record.sandbox = status.sandbox;
@@ -949,10 +972,13 @@ impl RunContext {
         let task = task_id.clone();
         let report = AgentReport::of(handle, prior);
         let usage = report.usage;
+        // Follow-ups it has not had yet (sent before a stop) outlive this host on the record.
+        let follow_ups = handle.status().follow_up_queue;
         self.save(&format!("task {task_id}'s exit"), move |manifest| {
             let record = manifest.task_mut(&task)?;
             record.exit = Some(exit);
             record.pid = None;
+            record.follow_ups = follow_ups;
             report.apply(record);
             Ok(())
         })

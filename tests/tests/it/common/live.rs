@@ -52,6 +52,7 @@ impl LiveFixture {
             session_id: None,
             session_cost: None,
             placed: None,
+            follow_ups: Vec::new(),
             parent: None,
         }
     }
