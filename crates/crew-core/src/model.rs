@@ -673,7 +673,26 @@ impl Usage {
     }
 }
 
+/// How the reason of a task begins when reconciliation finds its host gone while it ran.
+pub const INTERRUPTED_REASON: &str = "interrupted: ";
+
 impl TaskRecord {
+    /// Its agent had exited cleanly (code 0, not stopped, not timed out) when its host died,
+    /// before the task was torn down: its work is done and only needs finishing.
+    pub fn finished_before_its_host_died(&self) -> bool {
+        self.reason
+            .as_deref()
+            .is_some_and(|reason| reason.starts_with(INTERRUPTED_REASON))
+            && self.exit_was_clean()
+    }
+
+    /// Its agent's recorded exit is code 0, not stopped, not timed out.
+    pub fn exit_was_clean(&self) -> bool {
+        self.exit.as_ref().is_some_and(|exit| {
+            exit.code == Some(0) && exit.stopped_by.is_none() && !exit.timed_out
+        })
+    }
+
     /// Whether nothing of the task's work is only in its workspace: it never had one, worked
     /// in the project itself or a temp dir, or its workspace was torn down with its work saved
     /// to its branch. A `dedicated` workspace, a preserved worktree, or one not torn down yet

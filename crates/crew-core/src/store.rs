@@ -39,8 +39,8 @@ use crate::fsutil::{
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
 use crate::model::{
-    EventKind, MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest, RunStatus, TaskRecord,
-    TaskStatus, TransitionError,
+    EventKind, INTERRUPTED_REASON, MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest,
+    RunStatus, TaskRecord, TaskStatus, TransitionError,
 };
 use crate::paths::{RemoveError, remove_contained};
 
@@ -1241,7 +1241,7 @@ impl StateStore {
                     .collect();
                 for task_id in &active {
                     let task = manifest.set_task_status(task_id, TaskStatus::Failed)?;
-                    task.reason = Some(format!("interrupted: {reason}"));
+                    task.reason = Some(format!("{INTERRUPTED_REASON}{reason}"));
                 }
                 manifest.set_status(RunStatus::Interrupted)?;
                 manifest.reason = Some(reason.clone());
@@ -1257,7 +1257,7 @@ impl StateStore {
                             Some(task_id),
                             EventKind::TaskStatus {
                                 status: TaskStatus::Failed,
-                                reason: Some(format!("interrupted: {reason}")),
+                                reason: Some(format!("{INTERRUPTED_REASON}{reason}")),
                             },
                         )
                     })

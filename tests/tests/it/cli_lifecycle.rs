@@ -608,3 +608,47 @@ fn a_follow_up_queued_before_a_stop_reaches_the_agent_when_a_later_host_resumes_
     assert_eq!(task["status"], "succeeded", "{recorded:#}");
     assert!(task["follow_ups"].is_null(), "delivered once: {recorded:#}");
 }
+
+#[test]
+fn a_resume_does_not_run_again_an_agent_that_had_finished_when_its_host_died() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The agent appends: run twice, its work would say so. The host is killed while the
+    // task's check runs, after the agent's exit was recorded and before the teardown.
+    let mut host = env
+        .crew_command(&repo)
+        .args([
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--check",
+            "test -f checked.flag || { touch checked.flag; sleep 600; }",
+            "echo once >> work.txt",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(30, "the check to run", || {
+        let agents = env.agents_json(&repo)?;
+        (agents[0]["state"] == "checking").then_some(())
+    });
+    signal(&host, rustix::process::Signal::KILL);
+    host.wait().unwrap();
+    let run = run_ids(&env, &repo).remove(0);
+
+    let resumed = env.crew(&repo, ["runs", "resume", &run]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    let recorded = manifest(&env, &repo, &run);
+    let task = crate::common::runs::task(&recorded, "shell");
+    assert_eq!(task["status"], "succeeded", "{recorded:#}");
+    assert_eq!(task["attempts"], 1, "not started again: {recorded:#}");
+    assert_eq!(task["check"]["passed"], true, "{recorded:#}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:work.txt")]),
+        "once\n"
+    );
+}

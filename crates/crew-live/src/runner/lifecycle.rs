@@ -248,8 +248,12 @@ impl Runner {
                     .collect();
                 for task_id in &again {
                     let task = manifest.set_task_status(task_id, TaskStatus::Pending)?;
+                    // An agent that finished its work before its host died keeps its exit:
+                    // the task is finished without running it again (`finish_exited`).
+                    if !task.finished_before_its_host_died() {
+                        task.exit = None;
+                    }
                     task.reason = None;
-                    task.exit = None;
                 }
                 Ok(Ok((manifest.clone(), again)))
             })

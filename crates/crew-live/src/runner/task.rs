@@ -466,6 +466,13 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&task_id);
+        // Its agent had finished its work when its previous host died (the exit was recorded,
+        // the teardown was not): it is not run again over its own work, which is finished
+        // here — checked, torn down, saved on its branch. A message to resume it with asks
+        // for more, and it runs.
+        if resume_message.is_none() && task.placement.is_none() && task.exit_was_clean() {
+            return self.finish_exited(task, workspace, spec).await;
+        }
         if let Some(message) = resume_message {
             return self
                 .resume_with(task, workspace, spec, message.as_deref())
@@ -560,6 +567,28 @@ impl RunContext {
             attempt,
         )
         .await
+    }
+
+    /// A task whose agent finished before its host died: what remains of it (its check, its
+    /// teardown) is done, and it succeeds as its agent's exit said.
+    async fn finish_exited(
+        &self,
+        task: TaskRecord,
+        workspace: TaskWorkspace,
+        spec: AgentSpec,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let Some(handle) = self.adopt_exited(&task, &workspace, spec).await else {
+            return TaskStatus::Failed;
+        };
+        self.record_status(&task_id, TaskStatus::Running, None)
+            .await;
+        if let Some(check) = &task.check {
+            self.check(&task, &check.command, &handle).await;
+        }
+        self.finish(&task_id, &workspace, TaskStatus::Succeeded, None)
+            .await;
+        TaskStatus::Succeeded
     }
 
     /// The task's recorded follow-ups went to its new supervisor: the record lets them go, so
