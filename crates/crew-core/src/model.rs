@@ -592,6 +592,10 @@ pub struct Usage {
     /// Turns of the agent's session.
     #[serde(default)]
     pub turns: u32,
+    /// No turn counted here said its tokens (an agent that reports only its cost): the token
+    /// counts are not zero, they are unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tokens_unknown: bool,
 }
 
 /// A usage or rate limit an agent reported hitting: what it said, and when the limit lifts,
@@ -618,12 +622,16 @@ impl fmt::Display for UsageLimit {
 impl fmt::Display for Usage {
     /// `12.3k tokens in, 4.5k out, $0.0123, 3 turns` (cache reads count as input).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} tokens in, {} out",
-            Usage::count(self.input_total()),
-            Usage::count(self.output_tokens)
-        )?;
+        if self.tokens_unknown {
+            f.write_str("tokens not reported")?;
+        } else {
+            write!(
+                f,
+                "{} tokens in, {} out",
+                Usage::count(self.input_total()),
+                Usage::count(self.output_tokens)
+            )?;
+        }
         if let Some(cost) = self.cost_usd {
             write!(f, ", {}", Usage::dollars(cost))?;
         }
@@ -664,6 +672,8 @@ impl Usage {
                 + other.cache_creation_input_tokens,
             cost_usd: self.cost_usd.zip(other.cost_usd).map(|(a, b)| a + b),
             turns: self.turns + other.turns,
+            // Known as soon as one of them said (the others counted nothing).
+            tokens_unknown: self.tokens_unknown && other.tokens_unknown,
         }
     }
 

@@ -169,6 +169,7 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                 cache_creation_input_tokens: usage.cache_creation_input_tokens,
                 cost_usd: message.total_cost_usd,
                 turns: message.num_turns.unwrap_or(0),
+                tokens_unknown: false,
             });
             let subtype = message.subtype.unwrap_or_else(|| "success".to_owned());
             let error = (message.is_error || subtype != "success").then(|| {
@@ -249,6 +250,7 @@ pub fn read_codex_line(line: &str) -> Option<Reading> {
                 cache_creation_input_tokens: 0,
                 cost_usd: None,
                 turns: 1,
+                tokens_unknown: false,
             });
             let error = event.error.map(|error| error.message);
             reading.shown.push(match &error {
@@ -675,6 +677,7 @@ mod tests {
                     cache_creation_input_tokens: 1,
                     cost_usd: Some(0.25),
                     turns: 3,
+                    tokens_unknown: false,
                 }),
                 error: None,
                 limit: None,

@@ -486,9 +486,17 @@ fn an_agent_built_with_the_official_typescript_sdk_is_driven_with_no_crew_code_i
     let yes = task(&recorded, "yes");
     assert_eq!(yes["status"], "succeeded", "{yes:#}");
     assert!(yes["session_id"].as_str().unwrap().starts_with("ts-"));
-    // The agent reports a cost and no tokens: the cost is known, the turn counted.
+    // The agent reports a cost and no tokens: the cost is known, the turn counted, and the
+    // tokens unknown (not zero).
     assert_eq!(yes["usage"]["cost_usd"], 0.5, "{yes:#}");
     assert_eq!(yes["usage"]["turns"], 1, "{yes:#}");
+    assert_eq!(yes["usage"]["tokens_unknown"], true, "{yes:#}");
+    let shown = env.crew(&repo, ["runs", "show", &run]);
+    let review = render_output(&shown);
+    assert!(
+        review.contains("# yes: tokens not reported, $0.5000, 1 turn(s)"),
+        "{review}"
+    );
     assert_eq!(
         env.git(&repo, ["show", &format!("crew/{run}-yes:ts-agent.txt")]),
         "make the change\n"

@@ -298,8 +298,14 @@ fn report(manifest: &RunManifest) -> RunReport {
                         .clone()
                         .filter(|_| task.status == TaskStatus::Waiting),
                     reason: task.reason.clone(),
-                    tokens_in: task.usage.map(|usage| usage.input_total()),
-                    tokens_out: task.usage.map(|usage| usage.output_tokens),
+                    tokens_in: task
+                        .usage
+                        .filter(|usage| !usage.tokens_unknown)
+                        .map(|usage| usage.input_total()),
+                    tokens_out: task
+                        .usage
+                        .filter(|usage| !usage.tokens_unknown)
+                        .map(|usage| usage.output_tokens),
                     cost_usd: task.usage.and_then(|usage| usage.cost_usd),
                     check_passed: task.check.as_ref().and_then(|check| check.passed),
                 }

@@ -562,8 +562,10 @@ fn turn_usage(
     cost_before: Option<f64>,
     cost_after: Option<f64>,
 ) -> Option<Usage> {
+    // A session total that did not move during the turn is no report of its cost (an agent
+    // that never reports one would read as $0 a turn).
     let cost = match (cost_before, cost_after) {
-        (Some(before), Some(after)) => Some((after - before).max(0.0)),
+        (Some(before), Some(after)) if after != before => Some((after - before).max(0.0)),
         _ => None,
     };
     let tokens = response.usage.as_ref();
@@ -573,6 +575,7 @@ fn turn_usage(
     let mut usage = Usage {
         cost_usd: cost,
         turns: 1,
+        tokens_unknown: tokens.is_none(),
         ..Usage::default()
     };
     if let Some(tokens) = tokens {
@@ -661,5 +664,20 @@ mod tests {
             choose("yes", &[]),
             RequestPermissionOutcome::Cancelled
         ));
+    }
+
+    #[test]
+    fn a_turn_that_reports_nothing_has_no_usage_and_a_cost_alone_leaves_tokens_unknown() {
+        let quiet = PromptResponse::new(agent_client_protocol::v1::schema::StopReason::EndTurn);
+        // The session's total (0 at its start) never moved: no report, not a $0 turn.
+        assert_eq!(turn_usage(&quiet, Some(0.0), Some(0.0)), None);
+        assert_eq!(turn_usage(&quiet, None, None), None);
+        let costed = turn_usage(&quiet, Some(0.0), Some(0.5)).unwrap();
+        assert_eq!(costed.cost_usd, Some(0.5));
+        assert!(costed.tokens_unknown);
+        assert_eq!(
+            costed.to_string(),
+            "tokens not reported, $0.5000, 1 turn(s)"
+        );
     }
 }
