@@ -99,6 +99,26 @@ fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its
         ],
     );
     assert!(!quarantine.status.success());
+
+    // Its work is diffed and landed as a local task's is: it started from the run's base.
+    assert_eq!(
+        record["workspace"]["base_commit"], recorded["base"],
+        "{record:#}"
+    );
+    let diff = env.crew(&repo, ["diff", "shell"]);
+    assert!(
+        String::from_utf8_lossy(&diff.stdout).contains("+the api"),
+        "{}",
+        render_output(&diff)
+    );
+    let landed = env.crew(&repo, ["land", &run]);
+    let said = render_output(&landed);
+    assert!(landed.status.success(), "{said}");
+    assert!(said.contains("landed shell on main"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("api.txt")).unwrap(),
+        "the api\n"
+    );
 }
 
 #[test]

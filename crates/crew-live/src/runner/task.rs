@@ -1145,6 +1145,9 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(task_id);
+        // A placed task's work started from the run's base, as a worktree task's does: its
+        // record says so, so that its work can be diffed and landed like theirs.
+        let placed_base = landed.as_ref().and(self.base.clone());
         if let (Ok(report), Some((branch, tip))) = (&mut result, landed) {
             // A placed task: its work is on its branch here, checked as it came back.
             report.merge_hint = Some(format!("git merge {branch}"));
@@ -1170,6 +1173,9 @@ impl RunContext {
         let saved = self
             .save(&format!("task {task_id}'s teardown"), move |manifest| {
                 let record = manifest.task_mut(&task)?;
+                if let (Some(base), Some(workspace)) = (placed_base, record.workspace.as_mut()) {
+                    workspace.base_commit.get_or_insert(base);
+                }
                 match result {
                     Ok(report) => {
                         record.warnings.extend(
