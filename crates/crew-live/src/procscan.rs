@@ -52,9 +52,27 @@ pub fn warden_ancestors(pid: u32) -> Vec<(u32, u32)> {
 
 /// Sends SIGKILL to every process whose environment contains `marker` (`NAME=value`) as a
 /// whole entry. Returns how many were signalled.
+///
+/// One pass over `/proc` can miss a marked process: one forked by another while the pass went
+/// on (a lower pid after wrap-around, or a child born after its number was passed), or one in
+/// the middle of an exec, whose environment reads as nothing for that moment. So the passes go
+/// on until one finds nothing more (a few at most: each kill stops its process forking).
 pub fn kill_marked(marker: &str) -> usize {
+    const PASSES: usize = 5;
+    // A process killed in one pass may still be exiting in the next: each counts once.
+    let mut killed = std::collections::HashSet::new();
+    for _ in 0..PASSES {
+        if kill_marked_once(marker, &mut killed) == 0 {
+            break;
+        }
+    }
+    killed.len()
+}
+
+/// One pass: kills the marked processes, adding them to `killed`; how many were new.
+fn kill_marked_once(marker: &str, killed: &mut std::collections::HashSet<u32>) -> usize {
     let own_pid = std::process::id();
-    let mut killed = 0;
+    let mut new = 0;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0;
     };
@@ -69,13 +87,14 @@ pub fn kill_marked(marker: &str) -> usize {
         if pid == own_pid || !carries_marker(pid, marker) {
             continue;
         }
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
-            && rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
+        if let Some(target) = rustix::process::Pid::from_raw(pid as i32)
+            && rustix::process::kill_process(target, rustix::process::Signal::KILL).is_ok()
+            && killed.insert(pid)
         {
-            killed += 1;
+            new += 1;
         }
     }
-    killed
+    new
 }
 
 /// Whether the environment of `pid` holds `marker` as a whole entry.
