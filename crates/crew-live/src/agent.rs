@@ -18,6 +18,7 @@
 //! (`CREW_AGENT_ID`) are found in `/proc` and killed too.
 
 use std::collections::VecDeque;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -675,6 +676,17 @@ pub(crate) fn confinement(
         .get("HOME")
         .and_then(|home| home.to_str())
         .map(Utf8Path::new);
+    // A state directory the definition declares (`~/.claude/`) is made when missing, before
+    // the sandbox: a first run in a fresh home keeps its state. One that cannot be made stays
+    // missing, and the record says so.
+    for dir in spec.definition.sandbox.declared_dirs(home) {
+        if std::fs::symlink_metadata(&dir).is_err() {
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir);
+        }
+    }
     let mut extra_writes = spec.definition.sandbox.write_paths(home);
     extra_writes.push(temp_path);
     let mut plan = spec.sandbox.clone();

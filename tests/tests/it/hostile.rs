@@ -577,3 +577,48 @@ fn an_agents_git_runs_no_automatic_maintenance_whatever_the_repository_says() {
     // The user's own git keeps its settings.
     assert_eq!(env.git(&repo, ["config", "gc.auto"]).trim(), "1");
 }
+
+#[test]
+fn a_state_directory_an_agent_declares_is_made_in_a_fresh_home_and_granted() {
+    let env = crew_tests::TestEnv::new();
+    let repo = env.repo("project");
+    crew_tests::write(
+        &repo.join(".crew/agents/stateful.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nwrite = [\"~/.state/\", \"~/.absent-file\"]\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a stateful agent"]);
+    let home = env.home();
+    assert!(!home.join(".state").exists(), "a fresh home");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "stateful",
+            "echo kept > $HOME/.state/session.txt && echo saved; echo nope > $HOME/.absent-file || echo refused",
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        crew_tests::render_output(&output)
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".state/session.txt")).unwrap(),
+        "kept\n"
+    );
+    // A declared file is not made: it stays out of reach, and the record says it is missing.
+    assert!(!home.join(".absent-file").exists());
+    let run = crate::common::runs::run_ids(&env, &repo).remove(0);
+    let recorded = crate::common::runs::manifest(&env, &repo, &run);
+    let sandbox = &crate::common::runs::task(&recorded, "stateful")["sandbox"];
+    assert!(
+        sandbox["missing"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|path| path.as_str().unwrap().ends_with("/.absent-file")),
+        "{sandbox:#}"
+    );
+}

@@ -480,12 +480,32 @@ impl AgentSandbox {
     pub fn write_paths(&self, home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
         self.write
             .iter()
-            .filter_map(|entry| match entry.strip_prefix('~') {
-                Some(rest) => home.map(|home| home.join(rest.trim_start_matches('/'))),
-                None => Some(Utf8PathBuf::from(entry)),
-            })
+            .filter_map(|entry| expand(entry, home))
             .collect()
     }
+
+    /// The `write` entries that end in `/`: directories the agent keeps its state in, which
+    /// crew makes when they are missing (a first run in a fresh home), so that they can be
+    /// granted. Expanded as [`AgentSandbox::write_paths`].
+    pub fn declared_dirs(&self, home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
+        self.write
+            .iter()
+            .filter(|entry| entry.len() > 1 && entry.ends_with('/'))
+            .filter_map(|entry| expand(entry, home))
+            .collect()
+    }
+}
+
+/// A `write` entry as an absolute path (a trailing `/` dropped), `~` expanded with `home`.
+fn expand(entry: &str, home: Option<&Utf8Path>) -> Option<Utf8PathBuf> {
+    let path = match entry.strip_prefix('~') {
+        Some(rest) => home?.join(rest.trim_start_matches('/')),
+        None => Utf8PathBuf::from(entry),
+    };
+    Some(match path.as_str().strip_suffix('/') {
+        Some(trimmed) if !trimmed.is_empty() => Utf8PathBuf::from(trimmed),
+        _ => path,
+    })
 }
 
 /// `[retention]`
