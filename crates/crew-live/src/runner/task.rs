@@ -733,18 +733,7 @@ impl RunContext {
                     // Checked on every turn, not only on a change: a cancel may have come
                     // before this task was listening.
                     let level = *cancel.borrow_and_update();
-                    // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
-                    let wanted = match level {
-                        CancelLevel::None => 0,
-                        CancelLevel::Graceful => 1,
-                        CancelLevel::Kill => 2,
-                    };
-                    while stop_requests < wanted {
-                        stop_requests += 1;
-                        let handle = handle.clone();
-                        tokio::spawn(async move { handle.stop().await });
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
+                    stop_as_cancelled(&handle, level, &mut stop_requests).await;
                     tokio::select! {
                         status = handle.wait_exited() => {
                             exited_attempt = status.attempt;
@@ -1065,17 +1054,8 @@ impl RunContext {
         tokio::pin!(check);
         let mut stop_requests = 0;
         let record = loop {
-            // Graceful: one stop (TERM, grace, KILL); Kill: a second stop at once.
-            let wanted = match *cancel.borrow_and_update() {
-                CancelLevel::None => 0,
-                CancelLevel::Graceful => 1,
-                CancelLevel::Kill => 2,
-            };
-            while stop_requests < wanted {
-                stop_requests += 1;
-                let handle = handle.clone();
-                tokio::spawn(async move { handle.stop().await });
-            }
+            let level = *cancel.borrow_and_update();
+            stop_as_cancelled(handle, level, &mut stop_requests).await;
             tokio::select! {
                 record = &mut check => break record,
                 changed = cancel.changed() => {
@@ -1362,6 +1342,24 @@ fn workspace_env(workspace: &TaskWorkspace) -> Vec<(String, String)> {
 }
 
 const STOPPED_BY_REQUEST: &str = "stopped by request";
+
+/// Sends the agent (or its check) as many stops as the run's cancel `level` asks, beyond the
+/// `sent` ones: Graceful one (TERM, grace, KILL), Kill a second at once. Each goes from a task
+/// of its own, as a stop is answered only once the agent has ended.
+async fn stop_as_cancelled(handle: &AgentHandle, level: CancelLevel, sent: &mut u32) {
+    let wanted = match level {
+        CancelLevel::None => 0,
+        CancelLevel::Graceful => 1,
+        CancelLevel::Kill => 2,
+    };
+    while *sent < wanted {
+        *sent += 1;
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.stop().await });
+        // The second comes after the first, as a second stop.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 /// How long a check command may run when its task has no timeout of its own: long enough for
 /// a real test suite, short enough that a hung one does not hold the run for half an hour.
