@@ -386,6 +386,13 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// What `branch` changes against the commit `base`, counted (for a branch that came back
+    /// from a placement, which no teardown here counted). The default cannot tell.
+    fn branch_diffstat(&self, repo_root: &Utf8Path, base: &str, branch: &str) -> Option<DiffStat> {
+        let _ = (repo_root, base, branch);
+        None
+    }
+
     /// The host of `run_id` died: its workspaces may still say they are in use, and should
     /// now say what became of them. The default does nothing.
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {

@@ -395,6 +395,21 @@ impl WorkspaceProvider for CrewWorkspaces {
         let _ = crate::listing::mark_interrupted(repo_root, &self.settings, run_id);
     }
 
+    fn branch_diffstat(
+        &self,
+        repo_root: &Utf8Path,
+        base: &str,
+        branch: &str,
+    ) -> Option<crew_core::provider::DiffStat> {
+        let (_, [files_changed, insertions, deletions]) =
+            crate::inspect::branch_stat(repo_root, base, branch, 80).ok()?;
+        Some(crew_core::provider::DiffStat {
+            files_changed,
+            insertions,
+            deletions,
+        })
+    }
+
     fn overlaps(
         &self,
         repo_root: &Utf8Path,

@@ -100,11 +100,18 @@ fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its
     );
     assert!(!quarantine.status.success());
 
-    // Its work is diffed and landed as a local task's is: it started from the run's base.
+    // Its work is diffed and landed as a local task's is: it started from the run's base,
+    // and what it changes is counted.
     assert_eq!(
         record["workspace"]["base_commit"], recorded["base"],
         "{record:#}"
     );
+    assert_eq!(
+        record["teardown"]["diffstat"],
+        serde_json::json!({"files_changed": 1, "insertions": 1, "deletions": 0}),
+        "{record:#}"
+    );
+    assert!(said.contains("+1 -0"), "{said}");
     let diff = env.crew(&repo, ["diff", "shell"]);
     assert!(
         String::from_utf8_lossy(&diff.stdout).contains("+the api"),

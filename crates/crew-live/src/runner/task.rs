@@ -1129,7 +1129,24 @@ impl RunContext {
         // record says so, so that its work can be diffed and landed like theirs.
         let placed_base = landed.as_ref().and(self.base.clone());
         if let (Ok(report), Some((branch, tip))) = (&mut result, landed) {
-            // A placed task: its work is on its branch here, checked as it came back.
+            // A placed task: its work is on its branch here, checked as it came back; what it
+            // changes is counted here, as a worktree's teardown counts it.
+            if let (Some(base), Some(repo_root)) =
+                (placed_base.clone(), self.runner.workspace.repo_root())
+            {
+                let (provider, repo_root, counted) = (
+                    self.runner.provider.clone(),
+                    repo_root.to_owned(),
+                    branch.clone(),
+                );
+                report.diffstat = blocking(move || {
+                    Ok::<_, std::convert::Infallible>(
+                        provider.branch_diffstat(&repo_root, &base, &counted),
+                    )
+                })
+                .await
+                .unwrap_or_else(|never| match never {});
+            }
             report.merge_hint = Some(format!("git merge {branch}"));
             report.branch = Some(branch);
             report.tip = Some(tip);
