@@ -484,13 +484,14 @@ impl AgentSandbox {
             .collect()
     }
 
-    /// The `write` entries that end in `/`: directories the agent keeps its state in, which
-    /// crew makes when they are missing (a first run in a fresh home), so that they can be
-    /// granted. Expanded as [`AgentSandbox::write_paths`].
+    /// The `write` entries beneath the home that end in `/` (`~/.claude/`): directories the
+    /// agent keeps its state in, which crew makes when they are missing (a first run in a fresh
+    /// home), so that they can be granted. Only beneath the home: a definition is no way to
+    /// make directories elsewhere on the machine. Expanded as [`AgentSandbox::write_paths`].
     pub fn declared_dirs(&self, home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
         self.write
             .iter()
-            .filter(|entry| entry.len() > 1 && entry.ends_with('/'))
+            .filter(|entry| entry.starts_with("~/") && entry.len() > 2 && entry.ends_with('/'))
             .filter_map(|entry| expand(entry, home))
             .collect()
     }
@@ -682,4 +683,36 @@ pub struct PlannedTask {
     pub prompt: String,
     /// Tasks of the same plan that must succeed first.
     pub depends_on: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_directories_beneath_the_home_are_made_and_a_trailing_slash_is_dropped() {
+        let sandbox = AgentSandbox {
+            mode: SandboxMode::Enforce,
+            write: ["~/.state/", "~/.file", "/etc/cron.d/", "~/", "/var/cache/x"]
+                .map(str::to_owned)
+                .to_vec(),
+        };
+        let home = Utf8Path::new("/home/me");
+        assert_eq!(
+            sandbox.declared_dirs(Some(home)),
+            [Utf8PathBuf::from("/home/me/.state")]
+        );
+        assert_eq!(
+            sandbox.write_paths(Some(home)),
+            [
+                "/home/me/.state",
+                "/home/me/.file",
+                "/etc/cron.d",
+                "/home/me",
+                "/var/cache/x"
+            ]
+            .map(Utf8PathBuf::from)
+        );
+        assert!(sandbox.declared_dirs(None).is_empty());
+    }
 }
