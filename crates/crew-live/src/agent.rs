@@ -198,6 +198,12 @@ impl AgentStatus {
         }
     }
 
+    /// Records the follow-ups waiting for it, oldest first.
+    pub(crate) fn set_follow_ups(&mut self, queue: &VecDeque<String>) {
+        self.queued_follow_ups = queue.len();
+        self.follow_up_queue = queue.iter().cloned().collect();
+    }
+
     /// Whether its latest process ended.
     pub fn is_exited(&self) -> bool {
         self.state == AgentState::Exited
@@ -396,8 +402,7 @@ fn supervise_from(
     running: Option<Running>,
 ) -> Started {
     let follow_ups = VecDeque::from(spec.follow_ups.clone());
-    status.queued_follow_ups = follow_ups.len();
-    status.follow_up_queue = spec.follow_ups.clone();
+    status.set_follow_ups(&follow_ups);
     let (control_tx, control_rx) = mpsc::channel(64);
     let (status_tx, status_rx) = watch::channel(status);
     let supervisor = Supervisor {
@@ -808,8 +813,7 @@ impl Supervisor {
                     self.status.send_modify(|status| {
                         status.state = AgentState::Exited;
                         status.exit = Some(ended.exit.clone());
-                        status.queued_follow_ups = self.follow_ups.len();
-                        status.follow_up_queue = self.follow_ups.iter().cloned().collect();
+                        status.set_follow_ups(&self.follow_ups);
                     });
                     self.publish_status();
                     let outcome = match ended.exit.stopped_by {
@@ -890,8 +894,7 @@ impl Supervisor {
                         status.asks_alive = false;
                         // A limit its last start hit is behind it.
                         status.limit = None;
-                        status.queued_follow_ups = self.follow_ups.len();
-                        status.follow_up_queue = self.follow_ups.iter().cloned().collect();
+                        status.set_follow_ups(&self.follow_ups);
                     });
                     let attempt = self.status.borrow().attempt;
                     emit(
@@ -1026,12 +1029,8 @@ impl Supervisor {
                     };
                     // The driver is gone only with the connection, when the agent is ending.
                     let _ = acp.inputs.send(input);
-                    let queued = self.follow_ups.len();
-                    let queue: Vec<String> = self.follow_ups.iter().cloned().collect();
-                    self.status.send_modify(|status| {
-                        status.queued_follow_ups = queued;
-                        status.follow_up_queue = queue;
-                    });
+                    self.status
+                        .send_modify(|status| status.set_follow_ups(&self.follow_ups));
                 } else if let Some(message) = self.follow_ups.pop_front() {
                     if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
                         // The agent's input is closed (it is ending): the follow-up waits for
@@ -1039,11 +1038,8 @@ impl Supervisor {
                         tracing::debug!(agent = %self.spec.agent_id, "follow-up kept for the next start: {error}");
                         self.follow_ups.push_front(message);
                     }
-                    let queued = self.follow_ups.len();
-                    let queue: Vec<String> = self.follow_ups.iter().cloned().collect();
                     self.status.send_modify(|status| {
-                        status.queued_follow_ups = queued;
-                        status.follow_up_queue = queue;
+                        status.set_follow_ups(&self.follow_ups);
                         status.idle = false;
                     });
                 } else if self.spec.definition.protocol == Protocol::ClaudeStreamJson {
@@ -1145,11 +1141,8 @@ impl Supervisor {
                         } else {
                             self.follow_ups.push_back(message);
                             let position = self.follow_ups.len();
-                            let queue: Vec<String> = self.follow_ups.iter().cloned().collect();
-                            self.status.send_modify(|status| {
-                                status.queued_follow_ups = position;
-                                status.follow_up_queue = queue;
-                            });
+                            self.status
+                                .send_modify(|status| status.set_follow_ups(&self.follow_ups));
                             answer(reply, Ok(FollowUpOutcome::Queued { position }));
                         }
                     }
@@ -1171,10 +1164,7 @@ impl Supervisor {
                         answer(reply, false);
                     }
                     Some(Control::Check { command, reply, .. }) => {
-                        let mut refused = CheckRecord::pending(command);
-                        refused.passed = Some(false);
-                        refused.error = Some("its agent is running again".to_owned());
-                        answer(reply, refused);
+                        answer(reply, refused_check(command, "its agent is running again"));
                     }
                     None => {
                         // Every handle is gone: the host is shutting down.
@@ -1442,10 +1432,7 @@ impl Supervisor {
                         }
                         Some(Control::Close { reply }) => answer(reply, false),
                         Some(Control::Check { command, reply, .. }) => {
-                            let mut refused = CheckRecord::pending(command);
-                            refused.passed = Some(false);
-                            refused.error = Some("another check of the task runs".to_owned());
-                            answer(reply, refused);
+                            answer(reply, refused_check(command, "another check of the task runs"));
                         }
                     }
                 }
@@ -1495,6 +1482,15 @@ async fn join_all(readers: &mut Vec<JoinHandle<()>>) {
         // A reader that panicked has stopped reading: its output is over either way.
         let _ = reader.await;
         readers.pop();
+    }
+}
+
+/// A check that was not run, and why: it did not pass.
+fn refused_check(command: String, why: &str) -> CheckRecord {
+    CheckRecord {
+        passed: Some(false),
+        error: Some(why.to_owned()),
+        ..CheckRecord::pending(command)
     }
 }
 
