@@ -103,6 +103,24 @@ pub enum ControlAgentError {
     },
 }
 
+/// The task `spec` names among the runs `manifests`, with its run.
+fn find_task_in(
+    manifests: Vec<RunManifest>,
+    spec: &str,
+) -> Result<Option<(RunManifest, TaskId)>, FindAgentError> {
+    let mut tasks: Vec<(AgentId, RunManifest)> = Vec::new();
+    for manifest in manifests {
+        for task in &manifest.tasks {
+            tasks.push((
+                AgentId::new(manifest.run_id.clone(), task.id.clone()),
+                manifest.clone(),
+            ));
+        }
+    }
+    Ok(resolve_spec(&tasks, |(id, _)| id, spec)?
+        .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
+}
+
 /// The one item `spec` names among `items`: `<runId>:<taskId>`, `<runPrefix>:<taskId>`, or a
 /// bare `<taskId>` when only one run has it.
 pub fn resolve_spec<'a, T>(
@@ -327,17 +345,7 @@ impl Project {
 
     /// The task `spec` names among every run of the project, with its run.
     pub fn find_task(&self, spec: &str) -> Result<Option<(RunManifest, TaskId)>, FindAgentError> {
-        let mut tasks: Vec<(AgentId, RunManifest)> = Vec::new();
-        for manifest in self.manifests()? {
-            for task in &manifest.tasks {
-                tasks.push((
-                    AgentId::new(manifest.run_id.clone(), task.id.clone()),
-                    manifest.clone(),
-                ));
-            }
-        }
-        Ok(resolve_spec(&tasks, |(id, _)| id, spec)?
-            .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
+        find_task_in(self.manifests()?, spec)
     }
 
     /// The task an agent verb (`crew agents resume`, `follow-up`, `logs`) names when no live
@@ -349,24 +357,23 @@ impl Project {
         &self,
         spec: &str,
     ) -> Result<Option<(RunManifest, TaskId)>, FindAgentError> {
-        match self.find_task(spec) {
-            Err(FindAgentError::Ambiguous { .. }) if !spec.contains(':') => {
-                let newest = self
-                    .manifests()?
-                    .into_iter()
-                    .filter(|manifest| manifest.tasks.iter().any(|task| task.id.as_str() == spec))
-                    .max_by_key(|manifest| manifest.created_at);
-                Ok(newest.and_then(|manifest| {
-                    let task = manifest
-                        .tasks
-                        .iter()
-                        .find(|task| task.id.as_str() == spec)?;
-                    let task_id = task.id.clone();
-                    Some((manifest, task_id))
-                }))
-            }
-            found => found,
+        let manifests = self.manifests()?;
+        if spec.contains(':') {
+            return find_task_in(manifests, spec);
         }
+        let newest = manifests
+            .into_iter()
+            .filter(|manifest| manifest.tasks.iter().any(|task| task.id.as_str() == spec))
+            .max_by_key(|manifest| manifest.created_at);
+        Ok(newest.map(|manifest| {
+            let task_id = manifest
+                .tasks
+                .iter()
+                .find(|task| task.id.as_str() == spec)
+                .map(|task| task.id.clone())
+                .expect("the newest run was chosen for having the task");
+            (manifest, task_id)
+        }))
     }
 
     /// The task with attempts (best of N) `spec` names, as `find_task` reads a spec, and the
