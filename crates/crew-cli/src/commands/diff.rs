@@ -148,13 +148,10 @@ fn no_work(manifest: &RunManifest, task: &crew_core::TaskRecord) -> CliError {
     .with_hint("a task in `single` mode works in the project itself, and one whose work is kept in its worktree has it there (`crew runs show`)")
 }
 
-/// `text` with every control character of each line shown as `�` (tabs as spaces).
+/// `text` with every control character of each line shown as `�` (tabs as spaces), its
+/// lines kept.
 fn neutralised(text: &str) -> String {
-    let mut shown: String = text
-        .lines()
-        .map(crate::ui::sanitize)
-        .collect::<Vec<_>>()
-        .join("\n");
+    let mut shown = crate::ui::sanitize_lines(text, "");
     if text.ends_with('\n') {
         shown.push('\n');
     }
