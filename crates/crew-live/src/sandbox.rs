@@ -8,8 +8,8 @@
 //! - reading and executing stay open everywhere, and so does the network;
 //! - writing (creating, removing, renaming, truncating, linking) is allowed only beneath its
 //!   workspace, its private temp dir (its `TMPDIR`), what its provider says a commit from there
-//!   needs (for a worktree: the shared git objects, crew's task branches and their reflogs, its
-//!   own admin entry), the paths its agent definition adds (`[sandbox] write`), and a few device
+//!   needs (for a worktree: its own git directory, never the repository's objects or refs), the
+//!   paths its agent definition adds (`[sandbox] write`), and a few device
 //!   files (`/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`, `/dev/shm`);
 //! - signals to processes outside its own sandbox are refused (Landlock ABI 6 and newer), so an
 //!   agent cannot kill its host or the user's other programs.

@@ -33,7 +33,8 @@ pub struct AdminEntry {
 }
 
 impl AdminEntry {
-    /// The worktree directory exists and its `.git` file points back at this entry.
+    /// The worktree directory exists and its `.git` file points back at this entry (or at its
+    /// agent git directory, beneath it: see [`crate::agent_git`]).
     pub fn is_valid(&self) -> bool {
         let Some(worktree) = &self.worktree else {
             return false;
@@ -45,7 +46,10 @@ impl AdminEntry {
             .lines()
             .next()
             .and_then(|line| line.strip_prefix("gitdir:"))
-            .is_some_and(|gitdir| Utf8Path::new(gitdir.trim()) == self.dir)
+            .is_some_and(|gitdir| {
+                let gitdir = Utf8Path::new(gitdir.trim());
+                gitdir == self.dir || gitdir == self.dir.join(crate::agent_git::AGENT_DIR)
+            })
     }
 
     /// Whether crew locked it (its lock reason starts with `crew`).

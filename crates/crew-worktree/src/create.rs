@@ -19,6 +19,7 @@ use crew_core::{RunId, TaskId};
 use git2::{BranchType, Oid, Repository};
 
 use crate::admin;
+use crate::agent_git::AgentGit;
 use crate::baseline::SetupBaseline;
 use crate::checkout;
 use crate::envsetup;
@@ -112,6 +113,19 @@ pub fn prepare_worktree(
         drop(lock);
         let dir = task_dir(&names.root, request.invocation_dir)?;
         let identity = identity_of(&names.root)?;
+        // Taken up again: its agent directory may hold commits not yet taken, and is kept.
+        let repaired = AgentGit::of(&common, &names)
+            .arm(&repo)
+            .map_err(|problem| PrepareWorktreeError::AgentGit {
+                path: names.root.clone(),
+                problem,
+            })?;
+        warnings.extend(repaired.into_iter().map(|finding| {
+            format!(
+                "workspace:worktree — {} was not as crew left it; crew's was put back",
+                finding.path
+            )
+        }));
         return Ok(TaskWorkspace {
             kind: WorkspaceKind::Worktree,
             dir,
@@ -120,7 +134,7 @@ pub fn prepare_worktree(
             reused: true,
             warnings,
             identity: Some(identity),
-            writable: agent_writable(&common, request.settings, &names.admin),
+            writable: agent_writable(&common, &names.admin),
             root: names.root,
         });
     }
@@ -139,7 +153,7 @@ pub fn prepare_worktree(
             reused: !made.branch,
             warnings,
             identity: Some(identity_of(&names.root)?),
-            writable: agent_writable(&common, request.settings, &names.admin),
+            writable: agent_writable(&common, &names.admin),
         })
     });
     if result.is_err() {
@@ -156,27 +170,15 @@ pub(crate) fn identity_of(root: &Utf8Path) -> Result<DirIdentity, PrepareWorktre
     })
 }
 
-/// What an agent in this worktree must write in the shared git directory for its own `git add`
-/// and `git commit`: objects, crew's task branches and their reflogs, and its own admin entry —
-/// never the shared `config`, `hooks/`, `info/`, `packed-refs`, the user's branches and tags, or
-/// another worktree's entry. The branch directories are made when missing (as git would).
-pub fn agent_writable(
-    common: &Utf8Path,
-    settings: &WorktreeSettings,
-    admin: &str,
-) -> Vec<Utf8PathBuf> {
-    let branches = common.join("refs/heads").join(&settings.branch_prefix);
-    let reflogs = common.join("logs/refs/heads").join(&settings.branch_prefix);
-    for dir in [&branches, &reflogs] {
-        // A directory that cannot be made is granted all the same: the agent's own git then
-        // fails to write there, which is what a missing grant would do.
-        let _ = std::fs::create_dir_all(dir);
-    }
+/// What an agent in this worktree may write in the repository's git directory: its own agent
+/// directory (see [`crate::agent_git`]), where its `git add` and `git commit` go — never the
+/// repository's objects, refs, `packed-refs`, `config`, `hooks/` or `info/`, nor any admin
+/// entry, its own included.
+pub fn agent_writable(common: &Utf8Path, admin: &str) -> Vec<Utf8PathBuf> {
     vec![
-        common.join("objects"),
-        branches,
-        reflogs,
-        common.join("worktrees").join(admin),
+        admin::admin_root(common)
+            .join(admin)
+            .join(crate::agent_git::AGENT_DIR),
     ]
 }
 
@@ -324,6 +326,15 @@ fn finish_outside_lock(
             ));
         }
     }
+    // Last: setup and crew's own reads went through the admin entry; from here on the
+    // worktree's git is the agent's own.
+    let leader = leader::open(Some(request.repo_root), request.repo_root)?;
+    AgentGit::of(common, names)
+        .arm(&leader)
+        .map_err(|problem| PrepareWorktreeError::AgentGit {
+            path: names.root.clone(),
+            problem,
+        })?;
     Ok((dir, warnings))
 }
 

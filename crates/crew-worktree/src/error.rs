@@ -223,6 +223,14 @@ pub enum PrepareWorktreeError {
         #[source]
         source: std::io::Error,
     },
+    /// The agent's own git directory could not be made or repaired.
+    #[error("failed to give the worktree {path} its agent git directory: {problem}")]
+    AgentGit {
+        /// The worktree.
+        path: Utf8PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
 }
 
 fn list_paths(paths: &[String]) -> String {
@@ -410,6 +418,23 @@ pub enum TeardownWorktreeError {
         /// The error beneath it.
         #[source]
         source: RemoveError,
+    },
+    /// The agent's git directory could not be repaired or given up.
+    #[error("the agent git directory of {path} could not be put in order: {problem}")]
+    AgentGit {
+        /// The worktree.
+        path: Utf8PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
+    /// The agent's commits could not be taken into the repository.
+    #[error("the commits of the agent in {path} could not be taken into the repository")]
+    TakeWork {
+        /// The worktree.
+        path: Utf8PathBuf,
+        /// What went wrong.
+        #[source]
+        source: crate::agent_git::TakeError,
     },
     /// The `temp` workspace could not be removed.
     #[error("failed to remove the temp workspace {path}")]

@@ -15,15 +15,18 @@
 //! the ones that hold no work. git2 is the git library; worktree admin entries are written
 //! directly ([`admin`]) so that the admin part takes milliseconds under the repository lock.
 //!
-//! Agents are untrusted: teardown acts only on the directory crew created (its identity is
-//! recorded at creation), and a [`tripwire`] puts back any change an agent made to the files git
-//! runs or trusts on the user's behalf (`config`, `hooks/`, `info/`).
+//! Agents are untrusted: an agent's git in a worktree writes only a git directory of its own
+//! ([`agent_git`]: its own objects and refs, from which only its task branch is taken back),
+//! teardown acts only on the directory crew created (its identity is recorded at creation), and
+//! a [`tripwire`] puts back any change an agent made to the files git runs or trusts on the
+//! user's behalf (`config`, `hooks/`, `info/`).
 //!
 //! It must not spawn agents or print.
 
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod agent_git;
 pub mod baseline;
 pub mod checkout;
 pub mod create;

@@ -22,6 +22,7 @@ use crew_core::{RunId, TaskId};
 use git2::{BranchType, IndexAddOption, Oid, Repository, Status, StatusOptions};
 
 use crate::admin;
+use crate::agent_git::AgentGit;
 use crate::baseline::SetupBaseline;
 use crate::create::repo_lock;
 use crate::error::TeardownWorktreeError;
@@ -69,14 +70,36 @@ pub fn teardown_worktree(
         })?;
     let common = leader::common_dir(&leader_repo);
 
+    let agent_git = AgentGit::of(&common, &names);
+    let take = |agent_git: &AgentGit| {
+        agent_git
+            .take(&leader_repo, &names.branch_ref())
+            .map_err(|source| TeardownWorktreeError::TakeWork {
+                path: root.clone(),
+                source,
+            })
+    };
     let mut work_branch = Some(names.branch.clone());
     if std::fs::symlink_metadata(root).is_ok() {
         check_identity(request.workspace)?;
+        if agent_git.exists() {
+            // crew's pointers first, then the agent's commits so far: whatever fails next, its
+            // branch already holds them.
+            let repaired =
+                agent_git
+                    .repair()
+                    .map_err(|problem| TeardownWorktreeError::AgentGit {
+                        path: root.clone(),
+                        problem,
+                    })?;
+            report.security.extend(repaired);
+            take(&agent_git)?;
+        }
         let repo = Repository::open(root).map_err(|source| TeardownWorktreeError::Open {
             path: root.clone(),
             source,
         })?;
-        check_git_dir(&repo, root, &common, &names)?;
+        check_git_dir(&repo, root, &agent_git.expected_git_dir())?;
         let links = crew_links(request.settings, request.repo_root, root);
         let baseline = request
             .baseline_file
@@ -88,6 +111,8 @@ pub fn teardown_worktree(
         // One pass over the worktree serves the commit, the ignored files and the pool.
         let status = WorkStatus::read(&repo, root)?;
         work_branch = save_work(&repo, root, &links, &untouched, &status, request, report)?;
+        // crew's own commit of what was left uncommitted, too.
+        take(&agent_git)?;
         report.setup_paths = untouched
             .iter()
             .take(TeardownReport::NAMED)
@@ -109,6 +134,12 @@ pub fn teardown_worktree(
             _ => None,
         };
         drop(repo);
+        agent_git
+            .disarm()
+            .map_err(|problem| TeardownWorktreeError::AgentGit {
+                path: root.clone(),
+                problem,
+            })?;
 
         let worktrees = worktrees_dir(request.repo_root, request.settings);
         let lock = repo_lock(&common).map_err(TeardownWorktreeError::Lock)?;
@@ -155,7 +186,9 @@ pub fn teardown_worktree(
     } else if request.workspace.identity.is_some() {
         // crew made this directory and did not remove it: someone moved or deleted it (an
         // agent renaming its own workspace). Its work may be wherever it went; the admin entry
-        // stays so that `git worktree repair <new place>` can reconnect it.
+        // stays so that `git worktree repair <new place>` can reconnect it. Its commits are
+        // taken all the same.
+        take(&agent_git)?;
         return Err(TeardownWorktreeError::Replaced {
             path: root.clone(),
             problem: format!(
@@ -192,20 +225,27 @@ pub(crate) fn check_identity(workspace: &TaskWorkspace) -> Result<(), TeardownWo
     })
 }
 
-/// The worktree's `.git` file must lead to its own admin entry: one rewritten to point at the
-/// leader's (or another) repository would make crew commit there.
+/// The worktree's `.git` file must lead to its own git directory (`expected`), and that to the
+/// worktree itself: one rewritten to point at the leader's (or another) repository would make
+/// crew commit there.
 fn check_git_dir(
     repo: &Repository,
     root: &Utf8Path,
-    common: &Utf8Path,
-    names: &TaskNames,
+    expected: &Utf8Path,
 ) -> Result<(), TeardownWorktreeError> {
-    let expected = common.join("worktrees").join(&names.admin);
-    let found = repo.path();
-    let same = match (found.canonicalize(), expected.as_std_path().canonicalize()) {
+    let same_dir = |found: &std::path::Path, expected: &std::path::Path| match (
+        found.canonicalize(),
+        expected.canonicalize(),
+    ) {
         (Ok(found), Ok(expected)) => found == expected,
         _ => false,
     };
+    let found = repo.path();
+    let same = same_dir(found, expected.as_std_path())
+        && repo
+            .workdir()
+            .is_some_and(|workdir| same_dir(workdir, root.as_std_path()));
+    let expected = expected.to_owned();
     if same {
         Ok(())
     } else {
@@ -689,6 +729,12 @@ pub fn release_preserved(
     let names = TaskNames::new(repo_root, settings, run_id, task_id);
     if let Ok(repo) = Repository::open(repo_root) {
         let common = leader::common_dir(&repo);
+        // The user works in it from here: with the repository's own git, the agent's commits
+        // and staged files taken into it. One that cannot be taken keeps the agent's.
+        let agent_git = AgentGit::of(&common, &names);
+        if agent_git.take(&repo, &names.branch_ref()).is_ok() {
+            let _ = agent_git.disarm();
+        }
         // Still locked, the worktree is as usable, and only needs `--force` to be removed by
         // hand: not worth failing the release for.
         let _ = admin::set_lock(&common, &names.admin, None);

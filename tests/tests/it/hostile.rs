@@ -79,8 +79,9 @@ try leader-state sh -c 'echo pwned > "$CREW_PROJECT_ROOT/.crew/state/planted"'
 try git-config git config core.fsmonitor "touch $HOME/fsmonitor-ran"
 try git-hook sh -c 'printf "#!/bin/sh\ntouch $HOME/hook-ran\n" > "$CREW_PROJECT_ROOT/.git/hooks/post-merge"'
 try git-info sh -c 'echo "* filter=evil" > "$CREW_PROJECT_ROOT/.git/info/attributes"'
-try main-branch git update-ref refs/heads/main HEAD
-try new-branch git branch planted
+try main-branch sh -c 'git update-ref refs/heads/main HEAD; test "$(git -C "$CREW_PROJECT_ROOT" rev-parse main)" = "$(git rev-parse HEAD)"'
+try new-branch sh -c 'git branch planted; git -C "$CREW_PROJECT_ROOT" rev-parse -q --verify planted'
+try objects sh -c 'touch "$CREW_PROJECT_ROOT/.git/objects/planted"'
 try rename-workspace mv "$PWD" "$PWD.moved"
 try grandchild sh -c 'sh -c "echo pwned > \"\$HOME/grandchild.txt\""'
 try signal-warden kill -0 "$warden"
@@ -259,10 +260,17 @@ echo planted > planted.txt"#;
     assert!(sibling.join("prod.env").exists());
     assert_ne!(swap["teardown"]["branch"], "main");
 
-    // The repointed `.git`: nothing committed onto the leader's branch.
+    // The repointed `.git`: put back and reported, the work on the task's own branch, nothing
+    // committed onto the leader's.
     let repoint = task(&manifest, "repoint");
-    let warnings = repoint["warnings"].to_string();
-    assert!(warnings.contains("not its own admin entry"), "{repoint:#}");
+    let findings = repoint["teardown"]["security"].to_string();
+    assert!(findings.contains("repoint/.git"), "{repoint:#}");
+    let repoint_branch = repoint["teardown"]["branch"].as_str().unwrap();
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{repoint_branch}:work.txt")])
+            .trim(),
+        "work"
+    );
     assert_eq!(env.git(&repo, ["rev-parse", "HEAD"]), leader_head);
     assert_eq!(
         env.git(&repo, ["status", "--porcelain"]),

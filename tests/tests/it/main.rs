@@ -23,6 +23,7 @@ mod core_ids;
 mod core_paths;
 mod core_state;
 mod editor_protocol;
+mod history;
 mod hostile;
 mod lead_agents;
 mod library;

@@ -1,6 +1,7 @@
 //! What a run records beyond the agent's work: setup output, git identity, who cancelled, how
 //! far the base moved.
 
+use camino::Utf8Path;
 use crew_tests::{Redactor, TestEnv, render_output, wait_until, write};
 
 use crate::common::runs::{manifest, run_ids, shell_worktree_run, task};
@@ -81,11 +82,19 @@ fn a_worktree_kept_because_git_was_interrupted_is_a_warning_in_the_summary() {
         "the summary ends its last line: {stdout:?}"
     );
 
-    // Once the lock is gone, `runs clean` saves the work on the branch.
+    // The kept worktree is handed over with the repository's own git (the lock was the
+    // agent's, in its own git directory, and went with it): `runs clean` saves the work on the
+    // branch.
     let record = task(&manifest(&env, &repo, &run), "t").clone();
     let kept = record["teardown"]["preserved"].as_str().unwrap();
     let git_dir = env.git(&repo.join(kept), ["rev-parse", "--absolute-git-dir"]);
-    std::fs::remove_file(format!("{}/index.lock", git_dir.trim())).unwrap();
+    assert!(
+        git_dir
+            .trim()
+            .ends_with(&format!(".git/worktrees/crew-{run}-t")),
+        "{git_dir}"
+    );
+    assert!(!Utf8Path::new(git_dir.trim()).join("index.lock").exists());
     let clean = env.crew(&repo, ["runs", "clean", &run]);
     assert!(clean.status.success(), "{}", render_output(&clean));
     let files = env.git(

@@ -162,7 +162,7 @@ fn render(ctx: &Context, report: &Report) -> String {
         out.push_str("  may write beneath:\n");
         out.push_str("    its workspace (a worktree, a temp or dedicated dir, or the project itself in single mode)\n");
         out.push_str("    its private temp dir (its TMPDIR)\n");
-        out.push_str("    for a worktree: the shared git objects, crew's task branches and their reflogs, its own admin entry\n");
+        out.push_str("    for a worktree: its own git directory (.git/worktrees/<id>/agent), none of the repository's objects or refs\n");
         for path in &agent.write {
             let note = if path.exists {
                 String::new()

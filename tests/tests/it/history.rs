@@ -1,0 +1,298 @@
+//! The repository's history, its refs and other tasks' branches are out of an agent's reach
+//! (ARCHITECTURE.md, "The agent's own git directory"): an agent in a worktree, under the real
+//! kernel sandbox, tries to delete and rewrite objects, move and delete other branches and
+//! their reflogs, and repoint its git directory; the user's history must still pass `git fsck
+//! --full` (also after an ordinary `git gc --prune=now`), every ref but the agent's own branch
+//! must be where it was, and the agent's own work must be on its branch. Honest git keeps
+//! working, whatever state the user's refs are in.
+
+use std::collections::BTreeMap;
+
+use camino::Utf8Path;
+use crew_tests::{TestEnv, render_output, tree_fingerprint, wait_until, write};
+
+use crate::common::runs::{finished_run, manifest, run_ids, task};
+
+/// Every ref of the repository with the object it names.
+fn refs(env: &TestEnv, repo: &Utf8Path) -> BTreeMap<String, String> {
+    env.git(repo, ["for-each-ref", "--format=%(refname) %(objectname)"])
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .map(|(name, id)| (name.to_owned(), id.to_owned()))
+        .collect()
+}
+
+/// The repository's pack files and loose objects, with what each holds.
+fn objects(repo: &Utf8Path) -> Vec<(String, String)> {
+    tree_fingerprint(repo.join(".git/objects").as_std_path())
+}
+
+fn output_log(repo: &Utf8Path, run: &str, task: &str) -> String {
+    std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{task}/output.log")))
+        .unwrap()
+}
+
+fn commit_team(env: &TestEnv, repo: &Utf8Path, team: &str) {
+    write(&repo.join(".crew/teams/t.toml"), team);
+    env.git(repo, ["add", ".crew"]);
+    env.git(repo, ["commit", "-q", "-m", "crew team"]);
+}
+
+/// What a hostile agent tries on the shared git directory `$C`, straight and through git. A
+/// write that works prints `ESCAPED <what>`; git's own commands are expected to work, on the
+/// agent's own view only.
+fn attacks(early_branch: &str) -> String {
+    format!(
+        r#"
+C="$CREW_PROJECT_ROOT/.git"
+try() {{ name=$1; shift; if ( "$@" ) 2>/dev/null; then echo "ESCAPED $name"; fi; }}
+try delete-pack sh -c 'rm "$0"/objects/pack/*.pack' "$C"
+try rewrite-loose sh -c 'for f in "$0"/objects/??/*; do printf x > "$f" && exit 0; done; exit 1' "$C"
+try plant-object sh -c 'mkdir -p "$0/objects/ab" && echo x > "$0/objects/ab/cdef"' "$C"
+try remove-ref sh -c 'rm "$0/refs/heads/{early_branch}"' "$C"
+try remove-reflog sh -c 'rm -r "$0"/logs/refs/heads/crew/*' "$C"
+try packed-refs sh -c 'echo > "$0/packed-refs"' "$C"
+try admin-entry sh -c 'for d in "$0"/worktrees/*/; do echo /elsewhere/.git > "$d/gitdir" && exit 0; done; exit 1' "$C"
+git update-ref refs/heads/{early_branch} HEAD
+git update-ref -d "refs/heads/crew/$CREW_RUN_ID-sib"
+git update-ref refs/heads/main HEAD
+git tag -f planted
+git reflog expire --expire=now --all
+git gc -q --prune=now
+git repack -q -a -d
+echo work > work.txt
+git add work.txt && git -c user.name=agent -c user.email=agent@example.com commit -q -m "agent's own commit"
+echo left > left.txt
+echo done
+"#
+    )
+}
+
+#[test]
+fn an_agent_in_a_worktree_can_touch_neither_history_nor_any_branch_but_its_own() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // An earlier run's saved work, and history both packed and loose.
+    let early_run = finished_run(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "echo early > early.txt",
+        ],
+    );
+    let early_branch = format!("crew/{early_run}-shell");
+    env.git(&repo, ["gc", "-q"]);
+    write(&repo.join("README.md"), "# changed, loose\n");
+    env.git(&repo, ["commit", "-q", "-am", "a loose commit"]);
+    let attack = attacks(&early_branch);
+    commit_team(
+        &env,
+        &repo,
+        &format!(
+            r#"workspace_mode = "worktree"
+[[tasks]]
+id = "sib"
+agent = "shell"
+prompt = "echo sib > sib.txt"
+[[tasks]]
+id = "hostile"
+agent = "shell"
+prompt = '''{attack}'''
+check = '''git update-ref -d refs/heads/{early_branch}; rm -f "$CREW_PROJECT_ROOT/.git/refs/heads/{early_branch}"; true'''
+"#
+        ),
+    );
+    let refs_before = refs(&env, &repo);
+    let objects_before = objects(&repo);
+
+    let output = env.crew(&repo, ["run", "t"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)[0].clone();
+    let log = output_log(&repo, &run, "hostile");
+    assert!(!log.contains("ESCAPED"), "an attack worked:\n{log}");
+    assert!(log.contains("done"), "{log}");
+    let manifest = manifest(&env, &repo, &run);
+    let hostile = task(&manifest, "hostile");
+    assert_eq!(hostile["sandbox"]["state"], "enforced", "{hostile:#}");
+    assert_eq!(hostile["check"]["passed"], true, "{hostile:#}");
+
+    // Nothing the repository held changed: its objects, every ref, the earlier run's reflog.
+    let objects_after = objects(&repo);
+    for object in &objects_before {
+        assert!(
+            objects_after.contains(object),
+            "{object:?} changed or went: {objects_after:?}"
+        );
+    }
+    let refs_after = refs(&env, &repo);
+    for (name, id) in &refs_before {
+        assert_eq!(refs_after.get(name), Some(id), "{name} moved or went");
+    }
+    assert!(
+        !refs_after.contains_key("refs/tags/planted"),
+        "{refs_after:?}"
+    );
+    assert!(
+        repo.join(format!(".git/logs/refs/heads/{early_branch}"))
+            .exists()
+    );
+    // The sibling's work and the agent's own are on their branches.
+    let sib_branch = task(&manifest, "sib")["teardown"]["branch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{sib_branch}:sib.txt")]),
+        "sib\n"
+    );
+    let branch = hostile["teardown"]["branch"].as_str().unwrap();
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", branch]);
+    for file in ["work.txt", "left.txt"] {
+        assert!(files.lines().any(|line| line == file), "{file} in {files}");
+    }
+    let subjects = env.git(&repo, ["log", "--format=%s", branch]);
+    assert!(subjects.contains("agent's own commit"), "{subjects}");
+    assert!(hostile["teardown"]["security"].is_null(), "{hostile:#}");
+
+    // History reads, before and after an ordinary clean-up of the user's.
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+    env.git(&repo, ["gc", "-q", "--prune=now"]);
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{early_branch}:early.txt")]),
+        "early\n"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", "main:README.md"]),
+        "# changed, loose\n"
+    );
+}
+
+#[test]
+fn an_agent_that_repoints_its_git_directory_has_its_own_work_committed_and_nothing_else() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let sibling = env.repo("sibling");
+    write(&sibling.join("prod.env"), "SECRET=1\n");
+    write(&sibling.join("untracked.txt"), "mine\n");
+    let sibling_before = tree_fingerprint(sibling.as_std_path());
+    let repoint = format!(
+        r#"echo work > work.txt
+G=$(git rev-parse --absolute-git-dir)
+echo "{sibling}/.git" > "$G/commondir"
+echo "{sibling}/.git" > "$G/gitdir"
+echo "gitdir: {sibling}/.git" > .git
+echo done"#
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            &repoint,
+        ],
+    );
+    let shown = render_output(&output);
+    assert!(output.status.success(), "{shown}");
+    let run = run_ids(&env, &repo)[0].clone();
+    assert!(output_log(&repo, &run, "shell").contains("done"));
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "shell");
+    assert_eq!(record["sandbox"]["state"], "enforced", "{record:#}");
+
+    // crew put its pointers back, said so, and took the agent's work — only the agent's.
+    let findings = record["teardown"]["security"].to_string();
+    for changed in ["agent/commondir", "agent/gitdir", "shell/.git"] {
+        assert!(findings.contains(changed), "{changed}: {record:#}");
+    }
+    assert!(shown.contains("SECURITY"), "{shown}");
+    let branch = record["teardown"]["branch"].as_str().unwrap();
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", branch]);
+    assert!(files.lines().any(|line| line == "work.txt"), "{files}");
+    assert!(
+        !files.contains("prod.env") && !files.contains("untracked"),
+        "{files}"
+    );
+    assert_eq!(tree_fingerprint(sibling.as_std_path()), sibling_before);
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+}
+
+#[test]
+fn honest_git_works_in_a_worktree_after_the_user_packs_refs_and_collects_garbage_mid_task() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let go = env.root().join("go");
+    let script = format!(
+        r#"while [ ! -e {go} ]; do sleep 0.05; done
+export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+echo one > one.txt && git add one.txt && git commit -q -m one && echo OK commit
+echo two >> one.txt && git commit -q -a --amend -m "one, amended" && echo OK amend
+echo wip > wip.txt && git add wip.txt && git stash -q && git stash pop -q && echo OK stash
+git checkout -q -b mine && git checkout -q - && echo OK branch
+git tag mine-tag && echo OK tag
+git gc -q && echo OK gc"#
+    );
+    let mut child = env
+        .crew_command(&repo)
+        .args([
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            &script,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = wait_until(30, "the agent to start", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        (task(&manifest(&env, &repo, &run), "shell")["status"] == "running").then_some(run)
+    });
+    // The user tidies the repository while the agent works: its task branch becomes packed.
+    env.git(&repo, ["gc", "-q"]);
+    env.git(&repo, ["pack-refs", "--all"]);
+    write(&go, "");
+    let status = child.wait().unwrap();
+    assert!(status.success());
+
+    let log = output_log(&repo, &run, "shell");
+    for step in ["commit", "amend", "stash", "branch", "tag", "gc"] {
+        assert!(log.contains(&format!("OK {step}")), "{step}:\n{log}");
+    }
+    for noise in ["error", "fatal", "packed-refs.lock"] {
+        assert!(!log.contains(noise), "{noise}:\n{log}");
+    }
+    let manifest = manifest(&env, &repo, &run);
+    let branch = task(&manifest, "shell")["teardown"]["branch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let subjects = env.git(&repo, ["log", "--format=%s", &branch]);
+    assert!(subjects.contains("one, amended"), "{subjects}");
+    assert!(!subjects.lines().any(|line| line == "one"), "{subjects}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:one.txt")]),
+        "one\ntwo\n"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:wip.txt")]),
+        "wip\n"
+    );
+    // What the agent named in its own view stays there.
+    let refs = refs(&env, &repo);
+    assert!(
+        !refs.contains_key("refs/heads/mine") && !refs.contains_key("refs/tags/mine-tag"),
+        "{refs:?}"
+    );
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+}
