@@ -292,7 +292,7 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: fresh, recycled, eight, linking, list, agents,
+    // `-- --only NAME` runs one benchmark: fresh, recycled, committed, eight, linking, list, agents,
     // sandbox, block, board, radar, history, hundred, placement.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
@@ -307,6 +307,9 @@ fn main() {
     }
     if wanted("recycled") {
         recycled(&mut bench);
+    }
+    if wanted("committed") {
+        committed_teardown(&bench);
     }
     if wanted("linking") {
         linking(&bench);
@@ -541,6 +544,90 @@ fn recycled(bench: &mut Bench) {
 
 /// One round of a recycled-worktree comparison: crew's task `task` takes a pooled worktree
 /// (timed) and gives it back; `git worktree add` (timed) makes one, removed again.
+/// The teardown of a task whose agent made one commit (a recycled worktree, given back to the
+/// pool), against the same teardown of a worktree without an agent git directory, where the
+/// commit went straight into the repository — what a teardown cost before agents had a git
+/// directory of their own: taking the agent's objects and its branch in is the difference.
+fn committed_teardown(bench: &Bench) {
+    let mut own = Samples::default();
+    let mut shared = Samples::default();
+    let run_id = RunId::generate();
+    let seed = bench
+        .pooled
+        .allocate(&bench.request(&run_id, "seed"))
+        .unwrap();
+    bench
+        .pooled
+        .teardown(&seed, &bench.teardown_request(&run_id, "seed"))
+        .unwrap();
+    let common = bench.repo.join(".git");
+    for round in 0..bench.rounds * 2 {
+        for turn in 0..2 {
+            let task = format!("commit{round}x{turn}");
+            let workspace = bench
+                .pooled
+                .allocate(&bench.request(&run_id, &task))
+                .unwrap();
+            let with_own_git = (round + turn) % 2 == 0;
+            if !with_own_git {
+                let names = crew_worktree::names::TaskNames::new(
+                    &bench.repo,
+                    bench.pooled.settings(),
+                    &run_id,
+                    &TaskId::parse(&task).unwrap(),
+                );
+                crew_worktree::agent_git::AgentGit::of(&common, &names)
+                    .disarm()
+                    .unwrap();
+            }
+            std::fs::write(workspace.root.join("work.txt"), format!("{task}\n")).unwrap();
+            for args in [
+                &["add", "work.txt"][..],
+                &[
+                    "-c",
+                    "user.name=a",
+                    "-c",
+                    "user.email=a@example.com",
+                    "commit",
+                    "-q",
+                    "-m",
+                    "work",
+                ],
+            ] {
+                let status = Command::new("git")
+                    .args(args)
+                    .current_dir(&workspace.root)
+                    .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                    .status()
+                    .unwrap();
+                assert!(status.success(), "git {args:?}");
+            }
+            flush_writeback();
+            let started = Instant::now();
+            let report = bench
+                .pooled
+                .teardown(&workspace, &bench.teardown_request(&run_id, &task))
+                .unwrap();
+            let took = started.elapsed();
+            assert!(report.branch.is_some(), "{report:?}");
+            if with_own_git {
+                own.push(took)
+            } else {
+                shared.push(took)
+            }
+        }
+    }
+    Comparison {
+        name: "teardown of a one-commit task".into(),
+        crew: own,
+        reference: shared,
+        reference_name: "commit in the shared dir".into(),
+        target: Some(1.05),
+        paired: true,
+    }
+    .print();
+}
+
 fn recycled_round(
     bench: &mut Bench,
     run_id: &RunId,

@@ -299,12 +299,31 @@ impl AgentGit {
         })
     }
 
-    /// Takes the agent's work into the repository: every object reachable from the tip of the
-    /// task's branch in the agent's store (and every file its index stages) that the repository
-    /// lacks is read from the store, written into the repository (which computes its id from
-    /// its content: one that does not match is refused), and the task's branch is set to that
-    /// tip. Objects the repository already has are never read from the store. Returns the tip.
+    /// Takes the agent's commits into the repository: every object reachable from the tip of
+    /// the task's branch in the agent's store that the repository lacks is read from the
+    /// store, written into the repository (which computes its id from its content: one that
+    /// does not match is refused), and the task's branch is set to that tip. Objects the
+    /// repository already has are never read from the store. Returns the tip.
     pub fn take(&self, leader: &Repository, branch_ref: &str) -> Result<Option<Oid>, TakeError> {
+        self.take_from(leader, branch_ref, false)
+    }
+
+    /// [`AgentGit::take`], and also every object the agent's index stages (what a worktree
+    /// handed to the user without crew's commit may still need).
+    pub fn take_with_index(
+        &self,
+        leader: &Repository,
+        branch_ref: &str,
+    ) -> Result<Option<Oid>, TakeError> {
+        self.take_from(leader, branch_ref, true)
+    }
+
+    fn take_from(
+        &self,
+        leader: &Repository,
+        branch_ref: &str,
+        with_index: bool,
+    ) -> Result<Option<Oid>, TakeError> {
         if !self.exists() {
             return Ok(None);
         }
@@ -317,7 +336,7 @@ impl AgentGit {
         copy_missing(leader, &theirs, vec![tip], true, &mut seen)?;
         // What the index stages may name objects nobody wrote (an intent to add names the
         // empty blob): taken when there, not required.
-        if let Ok(index) = git2::Index::open(self.dir().join("index").as_std_path()) {
+        if with_index && let Ok(index) = git2::Index::open(self.dir().join("index").as_std_path()) {
             let staged = index
                 .iter()
                 .filter(|entry| entry.mode != 0o160000)
@@ -342,8 +361,12 @@ impl AgentGit {
         if !self.exists() {
             return Ok(());
         }
-        if let Ok(index) = read_nofollow(&self.dir().join("index")) {
-            write_atomic(&self.admin.join("index"), &index).map_err(|error| error.to_string())?;
+        // Moved, not copied: an index is large, and a crash that loses the move only costs
+        // the next status a re-read of the files. Never a link the agent left in its place.
+        let index = self.dir().join("index");
+        if std::fs::symlink_metadata(&index).is_ok_and(|metadata| metadata.is_file()) {
+            std::fs::rename(&index, self.admin.join("index"))
+                .map_err(|error| format!("could not move {index}: {error}"))?;
         }
         write_atomic(
             &self.root.join(".git"),

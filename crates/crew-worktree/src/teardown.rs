@@ -83,8 +83,8 @@ pub fn teardown_worktree(
     if std::fs::symlink_metadata(root).is_ok() {
         check_identity(request.workspace)?;
         if agent_git.exists() {
-            // crew's pointers first, then the agent's commits so far: whatever fails next, its
-            // branch already holds them.
+            // crew's pointers first: what crew reads next goes where crew decided. (Whatever
+            // fails from here, the worktree handed to the user has its commits taken.)
             let repaired =
                 agent_git
                     .repair()
@@ -93,7 +93,6 @@ pub fn teardown_worktree(
                         problem,
                     })?;
             report.security.extend(repaired);
-            take(&agent_git)?;
         }
         let repo = Repository::open(root).map_err(|source| TeardownWorktreeError::Open {
             path: root.clone(),
@@ -111,7 +110,8 @@ pub fn teardown_worktree(
         // One pass over the worktree serves the commit, the ignored files and the pool.
         let status = WorkStatus::read(&repo, root)?;
         work_branch = save_work(&repo, root, &links, &untouched, &status, request, report)?;
-        // crew's own commit of what was left uncommitted, too.
+        // The agent's commits and crew's own of what it left uncommitted. (Verified: its index
+        // now stages nothing but the tip's tree.)
         take(&agent_git)?;
         report.setup_paths = untouched
             .iter()
@@ -732,7 +732,10 @@ pub fn release_preserved(
         // The user works in it from here: with the repository's own git, the agent's commits
         // and staged files taken into it. One that cannot be taken keeps the agent's.
         let agent_git = AgentGit::of(&common, &names);
-        if agent_git.take(&repo, &names.branch_ref()).is_ok() {
+        if agent_git
+            .take_with_index(&repo, &names.branch_ref())
+            .is_ok()
+        {
             let _ = agent_git.disarm();
         }
         // Still locked, the worktree is as usable, and only needs `--force` to be removed by

@@ -630,3 +630,55 @@ fn a_state_directory_an_agent_declares_is_made_in_a_fresh_home_and_granted() {
         "{sandbox:#}"
     );
 }
+
+#[test]
+fn a_submitted_task_is_never_wider_than_its_submitter() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // A committed agent the user runs unconfined, for their own tasks.
+    write(
+        &repo.join(".crew/agents/free.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nmode = \"off\"\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "an unconfined agent"]);
+    // The lead (single mode: the project itself is its workspace) writes an unconfined agent
+    // of its own, submits a task by it, then one by the user's unconfined agent.
+    let lead = r#"printf 'command = ["sh", "-c", "{prompt}"]\n[sandbox]\nmode = "off"\n' > .crew/agents/evil.toml
+crew submit --agent evil --task 'kid=echo pwned > "$HOME/evil.txt"' || echo REFUSED evil
+crew submit --agent free --task 'kid2=echo pwned > "$HOME/free.txt" || echo CONFINED'"#;
+    let output = env.crew(&repo, ["run", "--agent", "shell", lead]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)[0].clone();
+    let log = output_log(&repo, &run, "shell");
+    assert!(log.contains("REFUSED evil"), "{log}");
+    assert!(log.contains("not one the run started with"), "{log}");
+    let manifest = manifest(&env, &repo, &run);
+    let ids: Vec<&str> = manifest["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| task["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["shell", "kid2"], "{manifest:#}");
+    let kid = task(&manifest, "kid2");
+    assert_eq!(kid["sandbox"]["state"], "enforced", "{kid:#}");
+    assert!(
+        kid["warnings"]
+            .to_string()
+            .contains("never wider than its submitter"),
+        "{kid:#}"
+    );
+    assert!(output_log(&repo, &run, "kid2").contains("CONFINED"));
+    for planted in ["evil.txt", "free.txt"] {
+        assert!(!env.home().join(planted).exists(), "{planted}");
+    }
+
+    // The user's own task by that agent still runs as its definition says.
+    let output = env.crew(
+        &repo,
+        ["run", "--agent", "free", "echo mine > \"$HOME/free.txt\""],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    assert!(env.home().join("free.txt").exists());
+}

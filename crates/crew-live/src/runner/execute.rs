@@ -187,7 +187,7 @@ impl Runner {
                 let result = match self.refusal(run_id, &workspace, schedule, "takes no new tasks")
                 {
                     Some(refused) => Err(refused),
-                    None => self.accept_submission(run_id, &agent, tasks).await,
+                    None => self.accept_submission(run_id, &agent, tasks, context).await,
                 };
                 if let Ok(added) = &result {
                     schedule.add(added);

@@ -1,10 +1,11 @@
 //! Task plans an agent submits to its own run (`crew submit`, a lead agent's `run_tasks`):
 //! checked as a whole against the run's task graph, then added in the run's mode.
 
-use crew_core::config::{ConfigDir, validate_plain_task_graph};
+use crew_core::config::validate_plain_task_graph;
 use crew_core::model::{EventKind, RunEvent, TaskRecord};
 use crew_core::{AgentId, RunId};
 
+use super::task::RunContext;
 use super::{Runner, blocking};
 use crate::control::{ErrorBody, ErrorCode, SubmittedTask};
 
@@ -15,7 +16,10 @@ impl Runner {
         run_id: &RunId,
         agent: &AgentId,
         submitted: Vec<SubmittedTask>,
+        context: &RunContext,
     ) -> Result<Vec<TaskRecord>, ErrorBody> {
+        let started_agent = |name: &str| context.started_agent(name);
+        let started_names = || context.started_agent_names();
         let refuse = |message: String| ErrorBody {
             code: ErrorCode::InvalidTasks,
             message,
@@ -51,7 +55,6 @@ impl Runner {
             )
             .collect();
         let parsed = validate_plain_task_graph(&graph).map_err(refuse)?;
-        let config_dir = ConfigDir::new(self.workspace.crew_dir());
         let mut records = Vec::new();
         for (task, (id, depends_on)) in submitted
             .iter()
@@ -61,9 +64,15 @@ impl Runner {
                 .agent
                 .clone()
                 .unwrap_or_else(|| submitter.agent.clone());
-            config_dir
-                .load_agent(&agent_name)
-                .map_err(|error| refuse(format!("task {id}: {error}")))?;
+            // Only a definition the run started with: in `single` mode an agent can write
+            // `.crew/agents/`, and what it writes there is nothing it may run.
+            if started_agent(&agent_name).is_none() {
+                let known = started_names();
+                return Err(refuse(format!(
+                    "task {id}: the agent `{agent_name}` is not one the run started with ({}); a submitted task runs only by a definition the run had before any agent started",
+                    known.join(", ")
+                )));
+            }
             let mut record = TaskRecord::new(
                 id,
                 agent_name,

@@ -41,7 +41,8 @@ pub(super) struct RunContext {
     base: Option<String>,
     invocation_dir: Utf8PathBuf,
     cancel: watch::Sender<CancelLevel>,
-    /// Agent definitions by name, loaded once per run.
+    /// Agent definitions by name, as the run found them when it started (or was taken up
+    /// again): a task an agent submits takes only these, never a file written since.
     agents: Mutex<HashMap<String, AgentDef>>,
     /// Tasks to start by resuming their agent (`crew agents resume|follow-up` on a task that
     /// has finished): through the agent's `resume` template, with the message (`None`: the
@@ -72,6 +73,9 @@ enum PrepareError {
     Workspace(#[from] AllocateWorkspaceError),
     #[error(transparent)]
     Run(#[from] RunError),
+    /// A submitted task names what it may not run by.
+    #[error("{0}")]
+    Submitted(String),
 }
 
 impl PrepareError {
@@ -129,7 +133,17 @@ impl RunContext {
         holds: mpsc::UnboundedSender<(TaskId, Hold)>,
         release: watch::Sender<bool>,
     ) -> Self {
-        let given = runner.take_given_agents(&manifest.run_id);
+        let mut agents = runner.take_given_agents(&manifest.run_id);
+        // Before any agent of the run starts: what an agent writes in `.crew/agents/` later (in
+        // `single` mode it can) is nothing a task of this run runs by.
+        let config_dir = ConfigDir::new(runner.workspace.crew_dir());
+        for name in config_dir.agent_names().unwrap_or_default() {
+            if !agents.contains_key(&name)
+                && let Ok(definition) = config_dir.load_agent(&name)
+            {
+                agents.insert(name, definition);
+            }
+        }
         RunContext {
             runner,
             run_id: manifest.run_id.clone(),
@@ -137,7 +151,7 @@ impl RunContext {
             base: manifest.base.clone(),
             invocation_dir: manifest.invocation_dir.clone(),
             cancel,
-            agents: Mutex::new(given),
+            agents: Mutex::new(agents),
             resume_messages: Mutex::new(resume_messages),
             holds,
             release,
@@ -202,17 +216,78 @@ impl RunContext {
         *self.cancel.borrow()
     }
 
-    fn agent_definition(&self, name: &str) -> Result<AgentDef, PrepareError> {
-        let mut agents = self
-            .agents
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(found) = agents.get(name) {
-            return Ok(found.clone());
+    /// The definition of agent `name` as the run started with it. One the run did not have
+    /// (a file that did not parse then) is read now, for the user's own tasks; a task an agent
+    /// submitted gets none (see [`RunContext::started_agent`]).
+    fn agent_definition(&self, task: &TaskRecord) -> Result<AgentDef, PrepareError> {
+        let name = &task.agent;
+        if let Some(found) = self.started_agent(name) {
+            return Ok(found);
+        }
+        if task.parent.is_some() {
+            return Err(PrepareError::Submitted(format!(
+                "the agent `{name}` was not defined when the run started; a task an agent submits runs only by a definition the run started with"
+            )));
         }
         let definition = ConfigDir::new(self.runner.workspace.crew_dir()).load_agent(name)?;
-        agents.insert(name.to_owned(), definition.clone());
+        self.agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(name.to_owned(), definition.clone());
         Ok(definition)
+    }
+
+    /// The definition of agent `name` the run started with, if it had one.
+    pub(super) fn started_agent(&self, name: &str) -> Option<AgentDef> {
+        self.agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// The names of the definitions the run started with, sorted.
+    pub(super) fn started_agent_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Whether a task some agent submitted descends from an agent that ran confined: then it
+    /// runs confined too, whatever its own definition says — a sub-task is never wider than
+    /// its submitter.
+    async fn submitted_under_confinement(&self, task: &TaskRecord) -> bool {
+        let Some(parent) = task.parent.clone() else {
+            return false;
+        };
+        let chain = self
+            .runner
+            .look(&self.run_id, move |manifest| {
+                let mut agents = Vec::new();
+                let mut next = Some(parent.clone());
+                while let Some(id) = next {
+                    let Some(record) = manifest.task(&id) else {
+                        break;
+                    };
+                    agents.push(record.agent.clone());
+                    next = record.parent.clone().filter(|_| agents.len() < 64);
+                }
+                agents
+            })
+            .await
+            .unwrap_or_default();
+        let project = self.runner.config.sandbox.mode;
+        chain.iter().any(|agent| {
+            self.started_agent(agent).is_none_or(|definition| {
+                project.and(definition.sandbox.mode) == crew_core::config::SandboxMode::Enforce
+            })
+        })
     }
 
     /// Where the provider tells how the preparation of `task`'s workspace moves on.
@@ -399,7 +474,22 @@ impl RunContext {
     /// The task's agent definition and workspace; a failure of either fails the task (recorded
     /// with the reason) and returns `None`.
     async fn prepare(&self, task: &TaskRecord) -> Option<(AgentDef, TaskWorkspace)> {
-        let prepared = match self.agent_definition(&task.agent) {
+        let mut definition = self.agent_definition(task);
+        if let Ok(definition) = &mut definition
+            && definition.sandbox.mode == crew_core::config::SandboxMode::Off
+            && self.submitted_under_confinement(task).await
+        {
+            definition.sandbox.mode = crew_core::config::SandboxMode::Enforce;
+            self.record_warning(
+                &task.id,
+                format!(
+                    "sandbox: the agent `{}` would run unconfined, and the agent that submitted this task ran confined: it runs confined (a sub-task is never wider than its submitter)",
+                    task.agent
+                ),
+            )
+            .await;
+        }
+        let prepared = match definition {
             Ok(definition) => self
                 .allocate(task)
                 .await
