@@ -311,6 +311,9 @@ pub struct WorkspaceRecord {
     /// Besides `root`, what the agent was allowed to write (the shared git parts a commit needs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable: Vec<Utf8PathBuf>,
+    /// Beneath `root`, what the agent was kept from writing (see `TaskWorkspace::read_only`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<Utf8PathBuf>,
 }
 
 impl WorkspaceRecord {
@@ -325,6 +328,7 @@ impl WorkspaceRecord {
             reused: workspace.reused,
             identity: workspace.identity,
             writable: workspace.writable.clone(),
+            read_only: workspace.read_only.clone(),
         }
     }
 
@@ -340,6 +344,7 @@ impl WorkspaceRecord {
             warnings: Vec::new(),
             identity: self.identity,
             writable: self.writable.clone(),
+            read_only: self.read_only.clone(),
         }
     }
 }
@@ -388,6 +393,10 @@ pub struct SandboxRecord {
     /// Paths its definition allows that did not exist when it started, so were not granted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<Utf8PathBuf>,
+    /// Beneath what it could write, what was mounted read-only for it (`single` mode: the
+    /// project's `.crew/` and git's `config`, `hooks/`, `info/`, `packed-refs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<Utf8PathBuf>,
 }
 
 /// A task of a run, with everything that happened to it.

@@ -189,6 +189,11 @@ pub struct TaskWorkspace {
     /// entry). The sandbox grants these and nothing else of the repository.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable: Vec<Utf8PathBuf>,
+    /// Beneath `root`, what the agent may not write all the same (in `single` mode, where the
+    /// workspace is the project: `.crew/` and git's `config`, `hooks/`, `info/`,
+    /// `packed-refs`). The sandbox mounts these read-only for the agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<Utf8PathBuf>,
 }
 
 /// Why a provider could not give a task its workspace.

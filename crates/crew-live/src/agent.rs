@@ -521,6 +521,7 @@ async fn launch(
         agent_env(&launcher.env, definition, &crew_vars),
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
+        &sandbox.read_only,
     )
     .map_err(|source| SpawnAgentError::Spawn {
         agent_id: spec.agent_id.clone(),

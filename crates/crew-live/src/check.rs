@@ -113,6 +113,7 @@ async fn run(
         agent_env(&launcher.env, &spec.definition, &vars),
         &marker,
         prepared.ruleset,
+        &prepared.read_only,
     )
     .map_err(|error| format!("could not start sh: {error}"))?;
     warded

@@ -59,6 +59,10 @@ pub struct SandboxPlan {
     /// provider adds. The agent definition's `[sandbox] write` and the private temp dir are
     /// added when it starts.
     pub write: Vec<Utf8PathBuf>,
+    /// Beneath those, what the agent may not write all the same: mounted read-only in a user
+    /// and mount namespace of the agent's own, where the kernel has them (Landlock alone
+    /// cannot carve a read-only place out of a writable one).
+    pub read_only: Vec<Utf8PathBuf>,
 }
 
 impl SandboxPlan {
@@ -67,6 +71,7 @@ impl SandboxPlan {
         SandboxPlan {
             mode: SandboxMode::Enforce,
             write: vec![dir.into()],
+            read_only: Vec::new(),
         }
     }
 }
@@ -76,6 +81,8 @@ impl SandboxPlan {
 pub(crate) struct Prepared {
     /// The Landlock ruleset; `None` when the agent runs unconfined.
     pub ruleset: Option<OwnedFd>,
+    /// What the agent's process mounts read-only for itself before it applies the ruleset.
+    pub read_only: Vec<Utf8PathBuf>,
     pub record: SandboxRecord,
 }
 
@@ -122,11 +129,13 @@ pub(crate) fn prepare(
     if state != SandboxState::Enforced {
         return Ok(Prepared {
             ruleset: None,
+            read_only: Vec::new(),
             record: SandboxRecord {
                 state,
                 abi,
                 write: Vec::new(),
                 missing: Vec::new(),
+                read_only: Vec::new(),
             },
         });
     }
@@ -160,6 +169,16 @@ pub(crate) fn prepare(
             .map_err(build_error)?;
     }
     let ruleset: Option<OwnedFd> = ruleset.into();
+    // A place that is not there, or a link, is not mounted over (a mount would follow it).
+    let read_only: Vec<Utf8PathBuf> = if ruleset.is_some() && namespaces_work() {
+        plan.read_only
+            .iter()
+            .filter(|path| open_beneath(path).is_some())
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(Prepared {
         record: SandboxRecord {
             state: if ruleset.is_some() {
@@ -170,9 +189,158 @@ pub(crate) fn prepare(
             abi,
             write,
             missing,
+            read_only: read_only.clone(),
         },
+        read_only,
         ruleset,
     })
+}
+
+/// Whether this kernel lets an unprivileged process make a user and mount namespace of its own
+/// (some distributions turn that off). Asked once, by a child that tries.
+pub fn namespaces_work() -> bool {
+    static WORKS: OnceLock<bool> = OnceLock::new();
+    *WORKS.get_or_init(|| {
+        // SAFETY: the child only makes two system calls and exits; the parent waits for it.
+        unsafe {
+            let child = libc::fork();
+            if child == 0 {
+                let made = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) == 0;
+                libc::_exit(if made { 0 } else { 1 });
+            }
+            if child < 0 {
+                return false;
+            }
+            let mut status = 0;
+            libc::waitpid(child, &mut status, 0) == child
+                && libc::WIFEXITED(status)
+                && libc::WEXITSTATUS(status) == 0
+        }
+    })
+}
+
+/// Makes `paths` read-only for the calling process and everything it starts: a user namespace
+/// of its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts
+/// no longer propagate, and each path bound onto itself and marked read-only. Landlock, applied
+/// next, forbids changing mounts: the agent cannot undo this.
+///
+/// # Safety
+/// Runs between fork and exec: only async-signal-safe system calls, no allocation. `paths`
+/// holds the paths, each ended by a NUL.
+pub(crate) unsafe fn mount_read_only(paths: &[u8]) -> std::io::Result<()> {
+    /// `struct mount_attr` of `mount_setattr(2)`.
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    let error = std::io::Error::last_os_error;
+    // SAFETY: plain system calls on this process, with NUL-terminated strings.
+    unsafe {
+        let (uid, gid) = (libc::getuid(), libc::getgid());
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+            return Err(error());
+        }
+        let mut line = [0u8; 32];
+        write_proc(c"/proc/self/setgroups", b"deny")?;
+        write_proc(c"/proc/self/uid_map", id_map(&mut line, uid))?;
+        write_proc(c"/proc/self/gid_map", id_map(&mut line, gid))?;
+        let none = std::ptr::null::<libc::c_char>();
+        if libc::mount(
+            none,
+            c"/".as_ptr(),
+            none,
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(error());
+        }
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        let mut start = 0;
+        for (end, _) in paths.iter().enumerate().filter(|(_, byte)| **byte == 0) {
+            let path = paths.as_ptr().add(start).cast::<libc::c_char>();
+            start = end + 1;
+            if libc::mount(
+                path,
+                path,
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(error());
+            }
+            if libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                path,
+                libc::AT_RECURSIVE as libc::c_uint,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            ) != 0
+            {
+                return Err(error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `<id> <id> 1`: a namespace's map of one id onto itself, in `line`.
+fn id_map(line: &mut [u8; 32], id: u32) -> &[u8] {
+    let mut digits = [0u8; 10];
+    let mut count = 0;
+    let mut rest = id;
+    loop {
+        digits[count] = b'0' + (rest % 10) as u8;
+        count += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let mut length = 0;
+    for _ in 0..2 {
+        for index in (0..count).rev() {
+            line[length] = digits[index];
+            length += 1;
+        }
+        line[length] = b' ';
+        length += 1;
+    }
+    line[length] = b'1';
+    &line[..=length]
+}
+
+/// Writes `contents` to a file of `/proc/self`.
+///
+/// # Safety
+/// Async-signal-safe; `path` is NUL-terminated.
+unsafe fn write_proc(path: &std::ffi::CStr, contents: &[u8]) -> std::io::Result<()> {
+    // SAFETY: open, write and close of one file.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, contents.as_ptr().cast(), contents.len());
+        let result = if written == contents.len() as isize {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        libc::close(fd);
+        result
+    }
 }
 
 /// A path a rule is written for, opened once (`O_PATH`, never through a link).
@@ -306,10 +474,19 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_map_names_one_id_onto_itself() {
+        let mut line = [0u8; 32];
+        assert_eq!(id_map(&mut line, 0), b"0 0 1");
+        assert_eq!(id_map(&mut line, 65534), b"65534 65534 1");
+        assert_eq!(id_map(&mut line, u32::MAX), b"4294967295 4294967295 1");
+    }
+
+    #[test]
     fn off_builds_nothing_and_says_so() {
         let plan = SandboxPlan {
             mode: SandboxMode::Off,
             write: vec!["/tmp".into()],
+            read_only: Vec::new(),
         };
         let prepared = prepare(&plan, &[]).unwrap();
         assert!(prepared.ruleset.is_none());

@@ -28,6 +28,7 @@
 //! [`crate::AgentHost`]: tokio's blocking threads come and go and would kill agents with them.
 #![allow(unsafe_code)]
 
+use camino::Utf8PathBuf;
 use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -53,12 +54,12 @@ const SWEEPS: usize = 8;
 
 /// The first argument that makes a start of the executable a warden. Its arguments, all
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
-/// <report fd> <environment fd> <marker> <program> <args…>`.
-const WARDEN_ARG: &CStr = c"--crew-warden-v1";
+/// <report fd> <environment fd> <read-only paths fd or -> <marker> <program> <args…>`.
+const WARDEN_ARG: &CStr = c"--crew-warden-v2";
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
-/// environment, marker).
-const WARDEN_ARGS: usize = 7;
+/// environment, read-only paths, marker).
+const WARDEN_ARGS: usize = 8;
 
 /// The exit code of a warden whose agent could not be started.
 const NOT_STARTED: libc::c_int = 127;
@@ -151,6 +152,7 @@ impl WardedCommand {
         env: impl IntoIterator<Item = (impl AsRef<OsStr>, impl AsRef<OsStr>)>,
         marker: &str,
         ruleset: Option<OwnedFd>,
+        read_only: &[Utf8PathBuf],
     ) -> io::Result<Self> {
         // Keeps the initializer in the executable (see the module's documentation).
         std::hint::black_box(&WARDEN_ENTRY);
@@ -169,6 +171,22 @@ impl WardedCommand {
         let (report, report_writer) =
             unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
         let environment = environment_file(env)?;
+        let read_only = if read_only.is_empty() {
+            None
+        } else {
+            let mut paths = Vec::new();
+            for path in read_only {
+                if path.as_str().contains('\0') {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{path} cannot be mounted read-only"),
+                    ));
+                }
+                paths.extend_from_slice(path.as_str().as_bytes());
+                paths.push(0);
+            }
+            Some(memory_file(c"crew-read-only", &paths)?)
+        };
         let mut command = Command::new("/proc/self/exe");
         command
             .arg0(crate::procscan::WARDEN_NAME)
@@ -181,6 +199,11 @@ impl WardedCommand {
             )
             .arg(report_writer.as_raw_fd().to_string())
             .arg(environment.as_raw_fd().to_string())
+            .arg(
+                read_only
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
+            )
             .arg(marker)
             .arg(program)
             .args(args)
@@ -189,6 +212,7 @@ impl WardedCommand {
             .kill_on_drop(false);
         let mut passed = vec![report_writer, environment];
         passed.extend(ruleset);
+        passed.extend(read_only);
         Ok(WardedCommand {
             command,
             passed,
@@ -281,14 +305,19 @@ fn environment_file(
         entries.extend_from_slice(value);
         entries.push(0);
     }
-    // SAFETY: memfd_create with a static name; the descriptor is owned right below.
-    let fd = unsafe { libc::memfd_create(c"crew-agent-env".as_ptr(), libc::MFD_CLOEXEC) };
+    memory_file(c"crew-agent-env", &entries)
+}
+
+/// A memory file named `name` holding `contents`, for a warden to map.
+fn memory_file(name: &CStr, contents: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned right below.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: just opened, owned by nothing else.
     let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    std::io::Write::write_all(&mut &file, &entries)?;
+    std::io::Write::write_all(&mut &file, contents)?;
     Ok(file.into())
 }
 
@@ -343,7 +372,7 @@ unsafe fn report_u32(report: libc::c_int, value: u32) {
 ///
 /// # Safety
 /// Closes descriptors others may own: only for a process about to exec or never to return.
-unsafe fn close_all_but(mut keep: [libc::c_int; 3]) {
+unsafe fn close_all_but(mut keep: [libc::c_int; 4]) {
     keep.sort_unstable();
     let mut from: libc::c_int = 3;
     for kept in keep {
@@ -399,13 +428,35 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         let Some(environment) = parse_number(argument(5)) else {
             fail(c"bad environment descriptor")
         };
+        let read_only = match argument(6).to_bytes() {
+            b"-" => None,
+            _ => match parse_number(argument(6)) {
+                Some(fd) => Some(fd),
+                None => fail(c"bad read-only paths descriptor"),
+            },
+        };
         // What the host's other threads started meanwhile may have left open here.
-        close_all_but([report, environment, ruleset.unwrap_or(report)]);
+        close_all_but([
+            report,
+            environment,
+            ruleset.unwrap_or(report),
+            read_only.unwrap_or(report),
+        ]);
         let Some(agent_env) = map_environment(environment) else {
             report_u32(report, *libc::__errno_location() as u32);
             fail(c"cannot read the agent's environment")
         };
-        let marker = argument(6).to_bytes();
+        let read_only = match read_only {
+            None => None,
+            Some(fd) => match map_file(fd) {
+                Some(paths) => Some(paths),
+                None => {
+                    report_u32(report, *libc::__errno_location() as u32);
+                    fail(c"cannot read the agent's read-only paths")
+                }
+            },
+        };
+        let marker = argument(7).to_bytes();
         MARKER.store(marker.as_ptr().cast_mut(), Ordering::SeqCst);
         MARKER_LEN.store(marker.len(), Ordering::SeqCst);
         let mut unblocked: libc::sigset_t = std::mem::zeroed();
@@ -450,7 +501,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             fail(c"cannot fork the agent");
         }
         if agent == 0 {
-            start_agent(argv, agent_env, ruleset, report, exec_pipe[1])
+            start_agent(argv, agent_env, ruleset, read_only, report, exec_pipe[1])
         }
         libc::close(exec_pipe[1]);
         if let Some(ruleset) = ruleset {
@@ -498,33 +549,8 @@ unsafe extern "C" {
 unsafe fn map_environment(file: libc::c_int) -> Option<*const *const libc::c_char> {
     // SAFETY: plain system calls; every pointer built stays within the mappings made here.
     unsafe {
-        let mut stat: libc::stat = std::mem::zeroed();
-        if libc::fstat(file, &mut stat) != 0 {
-            return None;
-        }
-        let size = usize::try_from(stat.st_size).ok()?;
-        let bytes: *const u8 = if size == 0 {
-            std::ptr::null()
-        } else {
-            let mapped = libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file,
-                0,
-            );
-            if mapped == libc::MAP_FAILED {
-                return None;
-            }
-            mapped.cast()
-        };
-        libc::close(file);
-        let text: &[u8] = if bytes.is_null() {
-            &[]
-        } else {
-            std::slice::from_raw_parts(bytes, size)
-        };
+        let text = map_file(file)?;
+        let bytes = text.as_ptr();
         let count = text.iter().filter(|&&byte| byte == 0).count();
         let array = libc::mmap(
             std::ptr::null_mut(),
@@ -554,6 +580,39 @@ unsafe fn map_environment(file: libc::c_int) -> Option<*const *const libc::c_cha
     }
 }
 
+/// Maps a memory file the host wrote (see [`memory_file`]) and closes it: its bytes, for the
+/// rest of the process's life. `None`, with `errno` set, when it cannot.
+///
+/// # Safety
+/// Only for [`become_warden`], with a descriptor of its arguments.
+unsafe fn map_file(file: libc::c_int) -> Option<&'static [u8]> {
+    // SAFETY: plain system calls; the mapping is never unmapped.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(file, &mut stat) != 0 {
+            return None;
+        }
+        let size = usize::try_from(stat.st_size).ok()?;
+        if size == 0 {
+            libc::close(file);
+            return Some(&[]);
+        }
+        let mapped = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file,
+            0,
+        );
+        if mapped == libc::MAP_FAILED {
+            return None;
+        }
+        libc::close(file);
+        Some(std::slice::from_raw_parts(mapped.cast::<u8>(), size))
+    }
+}
+
 /// The agent, forked by its warden: confines itself, closes the warden's descriptors and
 /// executes its program. Never returns: an error is written on `exec_error` for the warden.
 ///
@@ -563,6 +622,7 @@ unsafe fn start_agent(
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
     ruleset: Option<libc::c_int>,
+    read_only: Option<&[u8]>,
     report: libc::c_int,
     exec_error: libc::c_int,
 ) -> ! {
@@ -575,6 +635,12 @@ unsafe fn start_agent(
         };
         // The parent-death signal is not inherited; the handler goes with exec anyway.
         libc::signal(WARDEN_SIGNAL, libc::SIG_DFL);
+        // Mounts first: the ruleset forbids changing them.
+        if let Some(paths) = read_only
+            && crate::sandbox::mount_read_only(paths).is_err()
+        {
+            failed()
+        }
         if let Some(ruleset) = ruleset {
             if crate::sandbox::restrict_self(ruleset).is_err() {
                 failed()
@@ -979,7 +1045,15 @@ mod tests {
         std::fs::write(&env, "PATH=/usr/bin:/bin\0CREW_AGENT_ID=r:t\0").unwrap();
         // Reports on stderr, takes the agent's environment on stdin.
         Command::new("/proc/self/exe")
-            .args(["--crew-warden-v1", host, "-", "2", "0", "CREW_AGENT_ID=r:t"])
+            .args([
+                "--crew-warden-v2",
+                host,
+                "-",
+                "2",
+                "0",
+                "-",
+                "CREW_AGENT_ID=r:t",
+            ])
             .args(["sh", "-c", &touch])
             .stdin(std::fs::File::open(&env).unwrap())
             // Its own group: a warden that kills itself kills its group.
@@ -995,11 +1069,12 @@ mod tests {
         // In this test's own process group: it would kill the group, so it refuses.
         let grouped = Command::new("/proc/self/exe")
             .args([
-                "--crew-warden-v1",
+                "--crew-warden-v2",
                 "1",
                 "-",
                 "2",
                 "0",
+                "-",
                 "CREW_AGENT_ID=r:t",
                 "true",
             ])

@@ -135,6 +135,7 @@ pub fn prepare_worktree(
             warnings,
             identity: Some(identity),
             writable: agent_writable(&common, &names.admin),
+            read_only: Vec::new(),
             root: names.root,
         });
     }
@@ -154,6 +155,7 @@ pub fn prepare_worktree(
             warnings,
             identity: Some(identity_of(&names.root)?),
             writable: agent_writable(&common, &names.admin),
+            read_only: Vec::new(),
         })
     });
     if result.is_err() {

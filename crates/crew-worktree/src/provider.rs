@@ -345,6 +345,7 @@ impl CrewWorkspaces {
             reused: false,
             warnings: Vec::new(),
             writable: Vec::new(),
+            read_only: Vec::new(),
         })
     }
 
@@ -369,6 +370,7 @@ impl CrewWorkspaces {
             reused: existed,
             warnings: Vec::new(),
             writable: Vec::new(),
+            read_only: Vec::new(),
         })
     }
 }
@@ -521,6 +523,10 @@ impl WorkspaceProvider for CrewWorkspaces {
                     warnings: Vec::new(),
                     identity: None,
                     writable: Vec::new(),
+                    read_only: single_read_only(
+                        request.workspace.as_path(),
+                        request.repo_root.as_deref(),
+                    ),
                 })
             }
             WorkspaceMode::Temp => self.allocate_temp(request),
@@ -656,6 +662,24 @@ impl WorkspaceProvider for CrewWorkspaces {
             }
         }
     }
+}
+
+/// What an agent working in the project itself (`single`) may not write: crew's own `.crew/`
+/// (its settings, agents, teams and state) and what git runs or trusts on the user's behalf
+/// in the common git directory (`config`, `hooks/`, `info/`, `packed-refs`). Those that exist.
+fn single_read_only(project: &Utf8Path, repo_root: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
+    let mut paths = vec![project.join(crew_core::discovery::CREW_DIR)];
+    if let Some(common) = repo_root.and_then(repository_common_dir) {
+        paths.extend(
+            ["config", "hooks", "info", "packed-refs"]
+                .iter()
+                .map(|name| common.join(name)),
+        );
+    }
+    paths.retain(|path| {
+        std::fs::symlink_metadata(path).is_ok_and(|metadata| !metadata.is_symlink())
+    });
+    paths
 }
 
 /// The common git directory of the repository at `repo_root`, if there is one.

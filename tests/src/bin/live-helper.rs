@@ -243,8 +243,24 @@ fn start(args: &[String]) {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let count: usize = args[1].parse().unwrap();
         let mode = match args[2].as_str() {
-            "on" => crew_core::config::SandboxMode::Enforce,
+            "on" | "single" => crew_core::config::SandboxMode::Enforce,
             _ => crew_core::config::SandboxMode::Off,
+        };
+        // `single`: also what a single-mode task keeps read-only, as its provider names it.
+        let read_only: Vec<camino::Utf8PathBuf> = if args[2] == "single" {
+            [
+                ".git/config",
+                ".git/hooks",
+                ".git/info",
+                ".git/packed-refs",
+                ".crew",
+            ]
+            .iter()
+            .map(|path| workspace.as_path().join(path))
+            .filter(|path| path.exists())
+            .collect()
+        } else {
+            Vec::new()
         };
         let logs = tempfile::tempdir().unwrap();
         let host = AgentHost::new().unwrap();
@@ -274,6 +290,7 @@ fn start(args: &[String]) {
                     sandbox: crew_live::SandboxPlan {
                         mode,
                         write: vec![workspace.as_path().to_owned()],
+                        read_only: read_only.clone(),
                     },
                     workspace_env: Vec::new(),
                     session_id: None,

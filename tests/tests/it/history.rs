@@ -296,3 +296,75 @@ git gc -q && echo OK gc"#
     );
     env.git(&repo, ["fsck", "--full", "--no-progress"]);
 }
+
+#[test]
+fn a_single_mode_agent_cannot_change_crews_settings_or_what_git_runs_for_the_user() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join(".crew/config.toml"), "[run]\nmax_parallel = 2\n");
+    write(
+        &repo.join(".crew/agents/helper.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew settings"]);
+    env.git(&repo, ["pack-refs", "--all"]);
+    let watched = [
+        ".crew/config.toml",
+        ".crew/agents/helper.toml",
+        ".git/config",
+        ".git/packed-refs",
+    ];
+    let before: Vec<String> = watched
+        .iter()
+        .map(|path| std::fs::read_to_string(repo.join(path)).unwrap())
+        .collect();
+    let attack = r##"
+try() { name=$1; shift; if ( "$@" ) 2>/dev/null; then echo "ESCAPED $name"; fi; }
+try config sh -c 'printf "[sandbox]\nmode = \"off\"\n" >> .crew/config.toml'
+try agent sh -c 'printf "command = [\"sh\"]\n[sandbox]\nmode = \"off\"\n" > .crew/agents/evil.toml'
+try team sh -c 'echo x > .crew/teams/evil.toml'
+try state sh -c 'for f in .crew/state/runs/*/manifest.json; do echo {} > "$f" && exit 0; done; exit 1'
+try git-config git config core.fsmonitor "touch $HOME/fsmonitor-ran"
+try git-hook sh -c 'printf "#!/bin/sh\ntouch $HOME/hook-ran\n" > .git/hooks/post-merge'
+try git-info sh -c 'echo "* filter=evil" > .git/info/attributes'
+try packed-refs sh -c 'echo > .git/packed-refs'
+echo work > work.txt
+git add work.txt && git -c user.name=agent -c user.email=agent@example.com commit -q -m "agent's work" && echo COMMITTED
+crew agents list > /dev/null && echo LISTED
+echo done
+"##;
+    let output = env.crew(&repo, ["run", "--agent", "shell", attack]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)[0].clone();
+    let log = output_log(&repo, &run, "shell");
+    assert!(!log.contains("ESCAPED"), "an attack worked:\n{log}");
+    for step in ["COMMITTED", "LISTED", "done"] {
+        assert!(log.contains(step), "{step}:\n{log}");
+    }
+    let after: Vec<String> = watched
+        .iter()
+        .map(|path| std::fs::read_to_string(repo.join(path)).unwrap())
+        .collect();
+    assert_eq!(after, before);
+    for planted in [
+        ".crew/agents/evil.toml",
+        ".crew/teams/evil.toml",
+        ".git/hooks/post-merge",
+    ] {
+        assert!(!repo.join(planted).exists(), "{planted}");
+    }
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "shell");
+    let read_only = record["sandbox"]["read_only"].to_string();
+    assert!(
+        read_only.contains("project/.crew") && read_only.contains(".git/config"),
+        "{record:#}"
+    );
+    // Single mode's agent works on the user's own checkout: its commit is on the user's branch.
+    assert_eq!(
+        env.git(&repo, ["log", "-1", "--format=%s", "main"]).trim(),
+        "agent's work"
+    );
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+}

@@ -182,6 +182,7 @@ impl Terminals {
             env,
             &marker,
             prepared.ruleset,
+            &prepared.read_only,
         )
         .map_err(|error| failed(error.to_string()))?;
         warded.current_dir(&cwd).stdio(

@@ -380,6 +380,7 @@ impl RunContext {
                 write: std::iter::once(workspace.root.clone())
                     .chain(workspace.writable.iter().cloned())
                     .collect(),
+                read_only: workspace.read_only.clone(),
             },
             workspace_env: workspace_env(workspace),
             session_id: task.session_id.clone(),
