@@ -150,6 +150,14 @@ impl TestEnv {
         dir
     }
 
+    /// Allows the settings of the project at `dir` that loosen the sandbox, as the user would
+    /// (`crew sandbox allow`), and says what it allowed.
+    pub fn allow_settings(&self, dir: &Utf8Path) -> String {
+        let output = self.crew(dir, ["sandbox", "allow"]);
+        assert!(output.status.success(), "{}", render_output(&output));
+        String::from_utf8(output.stdout).unwrap()
+    }
+
     /// Replaces the test root in `text` with `$TEST_ENV`, for snapshots.
     pub fn redact(&self, text: &str) -> String {
         text.replace(self.root.as_str(), "$TEST_ENV")

@@ -180,6 +180,7 @@ fn with_the_sandbox_off_crews_checks_still_hold() {
         &repo.join(".crew/config.toml"),
         "[sandbox]\nmode = \"off\"\n",
     );
+    env.allow_settings(&repo);
     let plant = r#"git config core.fsmonitor "touch $HOME/fsmonitor-ran"
 printf '#!/bin/sh\ntouch $HOME/hook-ran\n' > "$CREW_PROJECT_ROOT/.git/hooks/post-merge"
 chmod +x "$CREW_PROJECT_ROOT/.git/hooks/post-merge"
@@ -288,6 +289,7 @@ fn a_dedicated_agent_cannot_commit_into_the_project() {
             &repo.join(".crew/config.toml"),
             &format!("[sandbox]\nmode = \"{sandbox}\"\n"),
         );
+        env.allow_settings(&repo);
         write(&repo.join("mine.txt"), "the user's untracked file\n");
         let head = env.git(&repo, ["rev-parse", "HEAD"]);
         let output = env.crew(
@@ -447,6 +449,7 @@ fn with_the_sandbox_off_the_tripwire_and_teardown_catch_what_they_can() {
         &repo.join(".crew/config.toml"),
         "[sandbox]\nmode = \"off\"\n",
     );
+    env.allow_settings(&repo);
     team(&env, &repo, &escapes(&sibling));
     let warmup = env.crew(&repo, ["run", "--agent", "shell", "true"]);
     assert!(warmup.status.success(), "{}", render_output(&warmup));
@@ -596,6 +599,7 @@ fn a_state_directory_an_agent_declares_is_made_in_a_fresh_home_and_granted() {
     );
     env.git(&repo, ["add", ".crew"]);
     env.git(&repo, ["commit", "-q", "-m", "a stateful agent"]);
+    env.allow_settings(&repo);
     let home = env.home();
     assert!(!home.join(".state").exists(), "a fresh home");
     let output = env.crew(
@@ -642,6 +646,7 @@ fn a_submitted_task_is_never_wider_than_its_submitter() {
     );
     env.git(&repo, ["add", ".crew"]);
     env.git(&repo, ["commit", "-q", "-m", "an unconfined agent"]);
+    env.allow_settings(&repo);
     // The lead (single mode: the project itself is its workspace) writes an unconfined agent
     // of its own, submits a task by it, then one by the user's unconfined agent.
     let lead = r#"printf 'command = ["sh", "-c", "{prompt}"]\n[sandbox]\nmode = "off"\n' > .crew/agents/evil.toml
@@ -681,4 +686,91 @@ crew submit --agent free --task 'kid2=echo pwned > "$HOME/free.txt" || echo CONF
     );
     assert!(output.status.success(), "{}", render_output(&output));
     assert!(env.home().join("free.txt").exists());
+}
+
+#[test]
+fn checked_in_settings_that_loosen_the_sandbox_apply_only_once_allowed_as_they_are() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // A teammate's commit turns the sandbox off.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "sandbox off"]);
+    let refused = |env: &TestEnv, what: &str, args: &[&str]| {
+        let output = env.crew(&repo, args);
+        let shown = render_output(&output);
+        assert_eq!(output.status.code(), Some(2), "{what}: {shown}");
+        assert!(
+            shown.contains(what) && shown.contains("crew sandbox allow"),
+            "{what}: {shown}"
+        );
+    };
+    let run = ["run", "--agent", "shell", "echo ran > ran.txt"];
+    refused(
+        &env,
+        ".crew/config.toml loosens the sandbox ([sandbox] mode = \"off\")",
+        &run,
+    );
+    assert!(run_ids(&env, &repo).is_empty(), "nothing was made");
+    let listed = env.crew(&repo, ["sandbox", "allow", "--list"]);
+    assert!(render_output(&listed).contains("NOT allowed"));
+    assert!(env.allow_settings(&repo).contains("allowed now"));
+    let output = env.crew(&repo, run);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let first = run_ids(&env, &repo)[0].clone();
+    assert_eq!(
+        task(&manifest(&env, &repo, &first), "shell")["sandbox"]["state"],
+        "off"
+    );
+
+    // Any change to it needs allowing again; one that narrows needs nothing.
+    std::fs::write(
+        repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n# and more\n",
+    )
+    .unwrap();
+    refused(&env, ".crew/config.toml loosens the sandbox", &run);
+    std::fs::write(
+        repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"enforce\"\n",
+    )
+    .unwrap();
+    let output = env.crew(&repo, run);
+    assert!(output.status.success(), "{}", render_output(&output));
+
+    // An agent definition that writes outside its workspace, likewise; its sub-tasks too.
+    write(
+        &repo.join(".crew/agents/cached.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nwrite = [\"~/.cache/\"]\n",
+    );
+    refused(
+        &env,
+        ".crew/agents/cached.toml loosens the sandbox ([sandbox] write = [\"~/.cache/\"])",
+        &["run", "--agent", "cached", "true"],
+    );
+    let lead = "crew submit --agent cached --task 'kid=true' || echo REFUSED";
+    let output = env.crew(&repo, ["run", "--agent", "shell", lead]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let latest = run_ids(&env, &repo)[0].clone();
+    let log = output_log(&repo, &latest, "shell");
+    assert!(
+        log.contains("REFUSED") && log.contains("cached.toml loosens"),
+        "{log}"
+    );
+    env.allow_settings(&repo);
+    let output = env.crew(&repo, ["run", "--agent", "cached", "true"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+
+    // What `crew init` writes is allowed for the user who ran it.
+    let fresh = env.repo("fresh");
+    let init = env.crew(&fresh, ["init"]);
+    assert!(init.status.success(), "{}", render_output(&init));
+    let listed = render_output(&env.crew(&fresh, ["sandbox", "allow", "--list"]));
+    assert!(
+        listed.contains("claude.toml") && !listed.contains("NOT allowed"),
+        "{listed}"
+    );
 }

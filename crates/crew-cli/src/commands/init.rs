@@ -67,6 +67,14 @@ pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
         std::fs::write(&path, contents)?;
         written.push(path);
     }
+    // What crew writes is allowed for the user who ran it: its agents' state directories
+    // (`[sandbox] write`) loosen the sandbox, as the user just chose.
+    if let Some(list) = crew_core::config::AllowList::of_user() {
+        for path in &written {
+            let content = std::fs::read(path)?;
+            list.allow(path, &content).map_err(CliError::internal)?;
+        }
+    }
     if !ui.quiet {
         for path in &written {
             println!("wrote {path}");

@@ -15,6 +15,23 @@ pub enum SandboxCommand {
     /// Say whether this machine confines agents (tried with a real process) and what each
     /// agent of this project may write.
     Check(CheckArgs),
+    /// Allow this project's checked-in settings that loosen the sandbox, as they are now.
+    Allow(AllowArgs),
+}
+
+/// Allow this project's checked-in settings that loosen the sandbox, as they are now.
+///
+/// A setting in `.crew/` may always narrow the sandbox; one that loosens it (`[sandbox] mode =
+/// "off"` in config.toml or an agent definition, an agent's `[sandbox] write` paths) applies
+/// only once you allowed that exact content of its file, on this machine. The record is kept
+/// outside the repository (`$XDG_STATE_HOME/crew/allowed`, else `~/.local/state/crew/allowed`);
+/// any change to the file — a teammate's commit, an agent's branch you merged — needs allowing
+/// again. Read the files first: this prints what each loosens.
+#[derive(Debug, clap::Args)]
+pub struct AllowArgs {
+    /// Only list what loosens the sandbox and whether it is allowed; allow nothing.
+    #[arg(long)]
+    pub list: bool,
 }
 
 /// Say whether this machine confines agents and what each agent may write.
@@ -62,7 +79,41 @@ struct PathReport {
 pub async fn run(command: SandboxCommand, ui: Ui) -> Result<Outcome, CliError> {
     match command {
         SandboxCommand::Check(args) => cmd_sandbox_check(args, ui).await,
+        SandboxCommand::Allow(args) => cmd_sandbox_allow(args, ui),
     }
+}
+
+#[allow(clippy::print_stdout)]
+fn cmd_sandbox_allow(args: AllowArgs, ui: Ui) -> Result<Outcome, CliError> {
+    let ctx = Context::discover(ui)?;
+    let files = ctx.config_dir().loosening_files()?;
+    let Some(list) = crew_core::config::AllowList::of_user() else {
+        return Err(CliError::user(
+            "there is no home directory to keep what you allow in: set HOME (or XDG_STATE_HOME)",
+        ));
+    };
+    if files.is_empty() {
+        if !ctx.ui.quiet {
+            println!("nothing in .crew/ loosens the sandbox: nothing to allow");
+        }
+        return Ok(Outcome::Success);
+    }
+    for (file, content, keys) in &files {
+        let was = list.allows(file, content.as_bytes());
+        if !args.list && !was {
+            list.allow(file, content.as_bytes())
+                .map_err(CliError::internal)?;
+        }
+        if !ctx.ui.quiet {
+            let state = match (was, args.list) {
+                (true, _) => "allowed already",
+                (false, true) => "NOT allowed",
+                (false, false) => "allowed now",
+            };
+            println!("{file}: {} — {state}", keys.join("; "));
+        }
+    }
+    Ok(Outcome::Success)
 }
 
 #[allow(clippy::print_stdout)]

@@ -10,6 +10,7 @@ use toml::Spanned;
 
 use crate::fsutil::{FileError, read_nofollow};
 
+use super::allow::{AllowList, NotAllowed, loosening_in_agent, loosening_in_config};
 use super::attempts::MAX_ATTEMPTS;
 use super::checks::{
     check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
@@ -253,6 +254,74 @@ impl ConfigDir {
                 available: self.agent_names()?,
             }),
         }
+    }
+
+    /// `config.toml` loosens no confinement, or only as the user allowed (see
+    /// [`super::allow`]). A file that cannot be read or parsed is another error's to report.
+    pub fn check_config_allowed(&self, list: Option<&AllowList>) -> Result<(), NotAllowed> {
+        let path = self.dir.join(CONFIG_FILE);
+        let Ok(Some(source)) = read_optional(&path) else {
+            return Ok(());
+        };
+        let Ok(config) = parse_toml_checked(&path, &source, validate_project_config) else {
+            return Ok(());
+        };
+        AllowList::check(list, &path, source.as_bytes(), loosening_in_config(&config))
+    }
+
+    /// The definition file of agent `name` loosens no confinement, or only as the user
+    /// allowed. A built-in agent has no file and loosens nothing.
+    pub fn check_agent_allowed(
+        &self,
+        name: &str,
+        list: Option<&AllowList>,
+    ) -> Result<(), NotAllowed> {
+        if check_name("agent", name).is_err() {
+            return Ok(());
+        }
+        let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
+        let Ok(Some(source)) = read_optional(&path) else {
+            return Ok(());
+        };
+        let Ok(definition) = parse_agent(&path, &source, name) else {
+            return Ok(());
+        };
+        AllowList::check(
+            list,
+            &path,
+            source.as_bytes(),
+            loosening_in_agent(&definition),
+        )
+    }
+
+    /// Every file of the project that loosens confinement, with its content and what in it
+    /// loosens: what `crew sandbox allow` allows.
+    pub fn loosening_files(
+        &self,
+    ) -> Result<Vec<(Utf8PathBuf, String, Vec<String>)>, LoadConfigError> {
+        let mut found = Vec::new();
+        let path = self.dir.join(CONFIG_FILE);
+        if let Some(source) = read_optional(&path)? {
+            let keys = loosening_in_config(&parse_toml_checked(
+                &path,
+                &source,
+                validate_project_config,
+            )?);
+            if !keys.is_empty() {
+                found.push((path, source, keys));
+            }
+        }
+        for name in list_toml_stems(&self.dir.join(AGENTS_DIR))? {
+            let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
+            let Some(source) = read_optional(&path)? else {
+                continue;
+            };
+            let keys = loosening_in_agent(&parse_agent(&path, &source, &name)?);
+            if !keys.is_empty() {
+                found.push((path, source, keys));
+            }
+        }
+        Ok(found)
     }
 
     /// Names of the agents defined in files plus the built-in ones, sorted.

@@ -8,8 +8,10 @@
 //! One idea per file: `settings` (what the files say), `values` (durations, sizes,
 //! parallelism), `load` (`ConfigDir`: reading and checking a directory), `graph` (task graphs),
 //! `locate` (where in a TOML file a problem is), `template` (agent command templates), `checks`
-//! (the rules single values follow), `attempts` (best of N: a task run several times).
+//! (the rules single values follow), `attempts` (best of N: a task run several times), `allow`
+//! (checked-in settings that loosen confinement apply only as the user allowed them).
 
+pub mod allow;
 mod attempts;
 mod checks;
 mod graph;
@@ -19,6 +21,7 @@ mod settings;
 mod template;
 mod values;
 
+pub use allow::{ALLOW_COMMAND, AllowList, NotAllowed};
 pub use attempts::{MAX_ATTEMPTS, RunTask, run_tasks};
 pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
 pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};

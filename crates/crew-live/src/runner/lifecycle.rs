@@ -4,7 +4,7 @@
 
 use camino::Utf8PathBuf;
 
-use crew_core::config::WorkspaceMode;
+use crew_core::config::{AllowList, ConfigDir, WorkspaceMode};
 use crew_core::model::{
     CheckRecord, EventKind, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus,
 };
@@ -23,6 +23,7 @@ impl Runner {
         socket: Option<Utf8PathBuf>,
     ) -> Result<RunManifest, RunError> {
         let team = &spec.team.def;
+        self.check_allowed(team.tasks.iter().map(|task| task.agent.as_str()))?;
         let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
         let mut run_tasks =
             crew_core::config::run_tasks(team, spec.attempts).map_err(RunError::Plan)?;
@@ -167,6 +168,24 @@ impl Runner {
         Ok(manifest)
     }
 
+    /// Refuses a run whose checked-in settings loosen confinement in a way the user has not
+    /// allowed (`crew_core::config::allow`): the project's `config.toml`, or the definition of
+    /// an agent among `agents`.
+    fn check_allowed<'a>(&self, agents: impl IntoIterator<Item = &'a str>) -> Result<(), RunError> {
+        let list = AllowList::of_user();
+        let config_dir = ConfigDir::new(self.workspace.crew_dir());
+        let refused = |error: crew_core::config::NotAllowed| RunError::Plan(error.to_string());
+        config_dir
+            .check_config_allowed(list.as_ref())
+            .map_err(refused)?;
+        for agent in agents {
+            config_dir
+                .check_agent_allowed(agent, list.as_ref())
+                .map_err(refused)?;
+        }
+        Ok(())
+    }
+
     /// Refuses, before anything is made, a prompt that cannot reach its agent: one that its
     /// agent's command gives as a program argument, longer than the kernel lets an argument be.
     fn check_prompt_fits(&self, task: &TaskRecord) -> Result<(), RunError> {
@@ -176,8 +195,7 @@ impl Runner {
             return Ok(());
         }
         // An unknown agent is reported where the task starts, as before.
-        let Ok(definition) =
-            crew_core::config::ConfigDir::new(self.workspace.crew_dir()).load_agent(&task.agent)
+        let Ok(definition) = ConfigDir::new(self.workspace.crew_dir()).load_agent(&task.agent)
         else {
             return Ok(());
         };
@@ -211,6 +229,16 @@ impl Runner {
             move || crate::hosts::reconcile_workspace(&store)
         })
         .await?;
+        let agents: Vec<String> = self
+            .look(run_id, |manifest| {
+                manifest
+                    .tasks
+                    .iter()
+                    .map(|task| task.agent.clone())
+                    .collect()
+            })
+            .await?;
+        self.check_allowed(agents.iter().map(String::as_str))?;
         let host = self.host_record(socket)?;
         let pid = host.identity.pid;
         let run = run_id.clone();

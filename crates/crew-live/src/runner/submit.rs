@@ -66,6 +66,9 @@ impl Runner {
                 .unwrap_or_else(|| submitter.agent.clone());
             // Only a definition the run started with: in `single` mode an agent can write
             // `.crew/agents/`, and what it writes there is nothing it may run.
+            if let Some(refused) = context.refused_agent(&agent_name) {
+                return Err(refuse(format!("task {id}: {refused}")));
+            }
             if started_agent(&agent_name).is_none() {
                 let known = started_names();
                 return Err(refuse(format!(

@@ -44,6 +44,9 @@ pub(super) struct RunContext {
     /// Agent definitions by name, as the run found them when it started (or was taken up
     /// again): a task an agent submits takes only these, never a file written since.
     agents: Mutex<HashMap<String, AgentDef>>,
+    /// Agents whose definition loosens confinement with content the user has not allowed:
+    /// why, for the tasks that would run them.
+    refused_agents: HashMap<String, String>,
     /// Tasks to start by resuming their agent (`crew agents resume|follow-up` on a task that
     /// has finished): through the agent's `resume` template, with the message (`None`: the
     /// template's default message).
@@ -73,9 +76,10 @@ enum PrepareError {
     Workspace(#[from] AllocateWorkspaceError),
     #[error(transparent)]
     Run(#[from] RunError),
-    /// A submitted task names what it may not run by.
+    /// A task names an agent it may not run by (one submitted since the run started, one
+    /// whose definition loosens confinement unallowed).
     #[error("{0}")]
-    Submitted(String),
+    Refused(String),
 }
 
 impl PrepareError {
@@ -137,10 +141,15 @@ impl RunContext {
         // Before any agent of the run starts: what an agent writes in `.crew/agents/` later (in
         // `single` mode it can) is nothing a task of this run runs by.
         let config_dir = ConfigDir::new(runner.workspace.crew_dir());
+        let allowed = crew_core::config::AllowList::of_user();
+        let mut refused_agents = HashMap::new();
         for name in config_dir.agent_names().unwrap_or_default() {
-            if !agents.contains_key(&name)
-                && let Ok(definition) = config_dir.load_agent(&name)
-            {
+            if agents.contains_key(&name) {
+                continue;
+            }
+            if let Err(refused) = config_dir.check_agent_allowed(&name, allowed.as_ref()) {
+                refused_agents.insert(name, refused.to_string());
+            } else if let Ok(definition) = config_dir.load_agent(&name) {
                 agents.insert(name, definition);
             }
         }
@@ -152,6 +161,7 @@ impl RunContext {
             invocation_dir: manifest.invocation_dir.clone(),
             cancel,
             agents: Mutex::new(agents),
+            refused_agents,
             resume_messages: Mutex::new(resume_messages),
             holds,
             release,
@@ -221,11 +231,14 @@ impl RunContext {
     /// submitted gets none (see [`RunContext::started_agent`]).
     fn agent_definition(&self, task: &TaskRecord) -> Result<AgentDef, PrepareError> {
         let name = &task.agent;
+        if let Some(refused) = self.refused_agents.get(name) {
+            return Err(PrepareError::Refused(refused.clone()));
+        }
         if let Some(found) = self.started_agent(name) {
             return Ok(found);
         }
         if task.parent.is_some() {
-            return Err(PrepareError::Submitted(format!(
+            return Err(PrepareError::Refused(format!(
                 "the agent `{name}` was not defined when the run started; a task an agent submits runs only by a definition the run started with"
             )));
         }
@@ -235,6 +248,11 @@ impl RunContext {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(name.to_owned(), definition.clone());
         Ok(definition)
+    }
+
+    /// Why agent `name` may not run, when its definition loosens confinement unallowed.
+    pub(super) fn refused_agent(&self, name: &str) -> Option<&str> {
+        self.refused_agents.get(name).map(String::as_str)
     }
 
     /// The definition of agent `name` the run started with, if it had one.

@@ -15,4 +15,6 @@ pub fn define_fake_acp(env: &TestEnv, repo: &Utf8Path, args: &str) {
             "command = [\"{fake}\"{args}]\nprotocol = \"acp\"\nenv = {{ FAKE_ACP_STATE = \"{sessions}\" }}\n[sandbox]\nwrite = [\"{sessions}\"]\n"
         ),
     );
+    // Its `write` loosens the sandbox: allowed, as its user would.
+    env.allow_settings(repo);
 }
