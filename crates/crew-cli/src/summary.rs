@@ -200,7 +200,15 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 sanitize(&names)
             ));
         }
-        for finding in findings {
+        for finding in findings.iter().filter(|finding| finding.on_branch) {
+            next.push(format!(
+                "# {}: SECURITY: its branch {} {}, crew's own settings: review it before merging (what loosens the sandbox applies only once you allow it)",
+                task.id,
+                finding.change,
+                relative(ctx, &finding.path)
+            ));
+        }
+        for finding in findings.iter().filter(|finding| !finding.on_branch) {
             let restored = if finding.restored {
                 "crew put it back"
             } else {

@@ -340,6 +340,10 @@ pub struct SecurityFinding {
     /// Where the changed version was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saved: Option<Utf8PathBuf>,
+    /// The change is on the task's branch (crew's own settings, `.crew/`), for review before
+    /// merging: nothing to put back, and merging it changes the settings.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_branch: bool,
 }
 
 /// A teardown that could not finish. Whatever it could not be sure of was kept in place.

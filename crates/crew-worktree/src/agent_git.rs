@@ -279,6 +279,7 @@ impl AgentGit {
                 change: "added".to_owned(),
                 restored: true,
                 saved: None,
+                on_branch: false,
             });
         }
         Ok(findings)
@@ -466,5 +467,6 @@ fn restored(path: Utf8PathBuf, existed: bool) -> SecurityFinding {
         change: if existed { "modified" } else { "removed" }.to_owned(),
         restored: true,
         saved: None,
+        on_branch: false,
     }
 }

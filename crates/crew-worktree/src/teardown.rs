@@ -698,9 +698,60 @@ fn settle_branches(
         return;
     };
     report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
+    if let Some(base) = base {
+        report
+            .security
+            .extend(settings_changed(repo, request.repo_root, base, tip));
+    }
     report.merge_hint = Some(format!("git merge {kept}"));
     report.tip = Some(tip.to_string());
     report.branch = Some(kept);
+}
+
+/// crew's own settings (`.crew/`, its state aside) that the task's branch changes since its
+/// base: merging the branch would change how crew runs agents, so each is a finding to review
+/// before merging. (What loosens the sandbox would still need allowing; the rest applies at
+/// once.)
+fn settings_changed(
+    repo: &Repository,
+    repo_root: &Utf8Path,
+    base: Oid,
+    tip: Oid,
+) -> Vec<crew_core::provider::SecurityFinding> {
+    let trees = repo
+        .find_commit(base)
+        .and_then(|base| base.tree())
+        .and_then(|base| Ok((base, repo.find_commit(tip)?.tree()?)));
+    let Ok((base_tree, tip_tree)) = trees else {
+        return Vec::new();
+    };
+    let mut options = git2::DiffOptions::new();
+    options.pathspec(".crew/");
+    let Ok(diff) = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), Some(&mut options))
+    else {
+        return Vec::new();
+    };
+    diff.deltas()
+        .filter_map(|delta| {
+            let file = delta
+                .new_file()
+                .path()
+                .or_else(|| delta.old_file().path())?;
+            let file = Utf8Path::from_path(file)?;
+            (!file.starts_with(".crew/state")).then(|| crew_core::provider::SecurityFinding {
+                path: repo_root.join(file),
+                change: match delta.status() {
+                    git2::Delta::Added => "added",
+                    git2::Delta::Deleted => "removed",
+                    _ => "modified",
+                }
+                .to_owned(),
+                restored: false,
+                saved: None,
+                on_branch: true,
+            })
+        })
+        .collect()
 }
 
 fn diffstat(repo: &Repository, base: Oid, tip: Oid) -> Option<DiffStat> {

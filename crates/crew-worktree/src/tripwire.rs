@@ -103,6 +103,7 @@ impl Baseline {
                 change: change.to_owned(),
                 restored,
                 saved,
+                on_branch: false,
             });
         }
         findings

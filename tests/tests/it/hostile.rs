@@ -774,3 +774,51 @@ fn checked_in_settings_that_loosen_the_sandbox_apply_only_once_allowed_as_they_a
         "{listed}"
     );
 }
+
+#[test]
+fn a_task_branch_that_changes_crews_settings_is_flagged_and_merging_it_loosens_nothing_unallowed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let widen = r#"mkdir -p .crew && printf '[sandbox]\nmode = "off"\n' > .crew/config.toml
+git add .crew && git -c user.name=a -c user.email=a@example.com commit -q -m "tidy config"
+echo work > work.txt"#;
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            widen,
+        ],
+    );
+    let shown = render_output(&output);
+    assert!(output.status.success(), "{shown}");
+    let run = run_ids(&env, &repo)[0].clone();
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "shell");
+    let findings = record["teardown"]["security"].as_array().unwrap();
+    assert!(
+        findings.iter().any(|finding| finding["on_branch"] == true
+            && finding["path"]
+                .as_str()
+                .unwrap()
+                .ends_with(".crew/config.toml")),
+        "{record:#}"
+    );
+    let branch = record["teardown"]["branch"].as_str().unwrap();
+    assert!(
+        shown.contains("SECURITY: its branch added .crew/config.toml"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains(&format!("git merge {branch}")),
+        "merge line withheld:\n{shown}"
+    );
+    // Merged anyway: the next run is refused until the user allows what it loosens.
+    env.git(&repo, ["merge", "-q", branch]);
+    let next = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert_eq!(next.status.code(), Some(2), "{}", render_output(&next));
+    assert!(render_output(&next).contains("crew sandbox allow"));
+}
