@@ -122,12 +122,15 @@ pub fn teardown_worktree(
         set_aside_ignored(root, request, &links, &baseline, &status.ignored, report)?;
         // A pooled worktree keeps nothing of this task but the ignored paths the project
         // allows (crew's links and copies go too). One still holding setup's files is not
-        // pooled: the next task would find them.
+        // pooled: the next task would find them. Nor one where the task made a link (`src ->
+        // /elsewhere`): switching it to the next task's commit would write through the link.
+        let made_links = head.is_some_and(|head| makes_links(&repo, request, head));
         let cleaned = match head {
             Some(_)
                 if request.settings.pool_size > 0
                     && untouched.is_empty()
-                    && !status.odd_ignored =>
+                    && !status.odd_ignored
+                    && !made_links =>
             {
                 pool::remove_ignored_paths(root, request.settings, &status.ignored).ok()
             }
@@ -706,6 +709,33 @@ fn settle_branches(
     report.merge_hint = Some(format!("git merge {kept}"));
     report.tip = Some(tip.to_string());
     report.branch = Some(kept);
+}
+
+/// Whether the task's commits add a symbolic link, or turn a path into one, since its base (a
+/// base that cannot be read counts as yes).
+fn makes_links(repo: &Repository, request: &TeardownWorktree<'_>, tip: Oid) -> bool {
+    const LINK: u32 = 0o120000;
+    let Some(base) = request
+        .workspace
+        .base_commit
+        .as_deref()
+        .and_then(|base| Oid::from_str(base).ok())
+    else {
+        return true;
+    };
+    let trees = repo
+        .find_commit(base)
+        .and_then(|base| base.tree())
+        .and_then(|base| Ok((base, repo.find_commit(tip)?.tree()?)));
+    let Ok((base_tree, tip_tree)) = trees else {
+        return true;
+    };
+    let Ok(diff) = repo.diff_tree_to_tree(Some(&base_tree), Some(&tip_tree), None) else {
+        return true;
+    };
+    diff.deltas().any(|delta| {
+        u32::from(delta.new_file().mode()) == LINK && u32::from(delta.old_file().mode()) != LINK
+    })
 }
 
 /// crew's own settings (`.crew/`, its state aside) that the task's branch changes since its

@@ -483,3 +483,31 @@ fn a_refill_gives_way_to_a_running_run_and_what_it_leaves_is_swept() {
         .count();
     assert_eq!(pool_dirs, 2, "no half-filled directory left");
 }
+
+#[test]
+fn a_worktree_where_the_task_made_a_link_is_not_pooled_so_nothing_is_written_through_it() {
+    let fixture = Fixture::new();
+    let outside = fixture.env.dir("outside");
+    write(&outside.join("mine.txt"), "not crew's\n");
+    let before = tree_fingerprint(outside.as_std_path());
+    let first = fixture.allocate("first");
+    // The task swaps a tracked directory for a link to a directory outside.
+    std::fs::remove_dir_all(first.root.join("src")).unwrap();
+    std::os::unix::fs::symlink(&outside, first.root.join("src")).unwrap();
+    let report = fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    assert!(report.removed && !report.recycled, "{report:?}");
+    assert_eq!(pooled_dirs(&fixture), 0);
+    // Its work is the link, committed as a link.
+    let branch = report.branch.unwrap();
+    let kind = fixture.git(&["cat-file", "-t", &format!("{branch}:src")]);
+    assert_eq!(kind.trim(), "blob");
+    let second = fixture.allocate("second");
+    assert_eq!(
+        std::fs::read_to_string(second.root.join("src/lib.txt")).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    assert_eq!(tree_fingerprint(outside.as_std_path()), before);
+}
