@@ -122,6 +122,28 @@ fn ctrl_c_twice_kills_at_once_and_still_keeps_the_work() {
 }
 
 #[test]
+fn cleaning_a_run_whose_host_was_killed_saves_each_tasks_work_on_its_branch_first() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    dirty_team(&repo, false);
+    let mut child = start_run(&env, &repo, &["run", "busy"], 2);
+    let run = run_ids(&env, &repo).remove(0);
+    signal(&child, rustix::process::Signal::KILL);
+    child.wait().unwrap();
+    let clean = env.crew(&repo, ["runs", "clean", &run]);
+    let shown = render_output(&clean);
+    assert!(clean.status.success(), "{shown}");
+    for task in ["one", "two"] {
+        assert!(
+            shown.contains(&format!("{task}: work saved on crew/{run}-{task}")),
+            "{shown}"
+        );
+    }
+    assert_work_saved(&env, &repo, &run);
+    assert!(run_ids(&env, &repo).is_empty());
+}
+
+#[test]
 fn a_killed_host_leaves_an_interrupted_run_that_resume_finishes() {
     let env = TestEnv::new();
     let repo = env.repo("project");
@@ -651,4 +673,33 @@ fn a_resume_does_not_run_again_an_agent_that_had_finished_when_its_host_died() {
         env.git(&repo, ["show", &format!("crew/{run}-shell:work.txt")]),
         "once\n"
     );
+}
+
+#[test]
+fn a_run_whose_creation_was_interrupted_before_its_manifest_is_named_and_cleaned() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let first = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(first.status.success(), "{}", render_output(&first));
+    let runs = repo.join(".crew/state/runs");
+    let (old, new) = ("abcdefgh-0mx5aaaaa", "abcdefgh-0mx5bbbbb");
+    for run in [old, new] {
+        std::fs::create_dir(runs.join(run)).unwrap();
+    }
+    let aged = std::process::Command::new("touch")
+        .args(["-d", "1 minute ago", runs.join(old).as_str()])
+        .status()
+        .unwrap();
+    assert!(aged.success());
+    let list = render_output(&env.crew(&repo, ["runs", "list"]));
+    assert!(
+        list.contains("never written (its creation was interrupted)"),
+        "{list}"
+    );
+    let fresh = env.crew(&repo, ["runs", "clean", new]);
+    assert_eq!(fresh.status.code(), Some(2), "{}", render_output(&fresh));
+    assert!(runs.join(new).exists(), "one being made is left alone");
+    let clean = env.crew(&repo, ["runs", "clean", old]);
+    assert!(clean.status.success(), "{}", render_output(&clean));
+    assert!(!runs.join(old).exists());
 }

@@ -9,8 +9,8 @@ use crate::{CliError, Outcome};
 
 /// Remove a finished run: the workspaces it still keeps, then its state.
 ///
-/// Workspaces kept for a question never answered, or preserved by a teardown, are torn down
-/// the careful way first: their work is committed to the task branch, which is kept. A
+/// Workspaces kept for a question never answered, preserved by a teardown, or never torn down
+/// (a run whose host died) are torn down the careful way first: their work is committed to the task branch, which is kept. A
 /// workspace that still cannot be removed safely keeps the run, unless --force. Branches are
 /// never deleted here.
 #[derive(Debug, clap::Args)]
@@ -31,7 +31,11 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
     let run_id = ctx.resolve_run(&args.run)?;
-    let manifest = ctx.read_run(&run_id)?;
+    let manifest = match ctx.read_run(&run_id) {
+        Ok(manifest) => manifest,
+        Err(_) if never_written(&ctx, &run_id) => return clean_unwritten(&ctx, &run_id, &args),
+        Err(error) => return Err(error),
+    };
     if manifest.schema_version > crew_core::model::MANIFEST_SCHEMA_VERSION {
         return Err(CliError::user(format!(
             "run {run_id} was written by a newer crew (schema version {}); this crew leaves it as it is",
@@ -124,8 +128,60 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
     Ok(Outcome::Success)
 }
 
-/// The workspaces a finished run still keeps: worktrees and temp dirs of waiting tasks, and
-/// those a teardown preserved.
+/// How long a run directory may be without its manifest while the run is being made (they are
+/// written one right after the other): an older one is a run whose creation was interrupted.
+const BEING_MADE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether the run's directory is there and its manifest never was.
+pub(super) fn never_written(ctx: &Context, run_id: &crew_core::RunId) -> bool {
+    let missing = |path: &camino::Utf8Path| {
+        path.symlink_metadata()
+            .is_err_and(|error| error.kind() == std::io::ErrorKind::NotFound)
+    };
+    ctx.store()
+        .run_dir(run_id)
+        .symlink_metadata()
+        .is_ok_and(|metadata| metadata.is_dir())
+        && missing(&ctx.store().manifest_path(run_id))
+}
+
+/// Removes a run whose creation was interrupted between its directory and its manifest: no
+/// task of it ever started, so it holds no work and no workspace.
+#[allow(clippy::print_stdout)]
+fn clean_unwritten(
+    ctx: &Context,
+    run_id: &crew_core::RunId,
+    args: &CleanArgs,
+) -> Result<Outcome, CliError> {
+    let age = ctx
+        .store()
+        .run_dir(run_id)
+        .symlink_metadata()
+        .and_then(|metadata| metadata.modified())
+        .ok()
+        .and_then(|modified| modified.elapsed().ok())
+        .unwrap_or_default();
+    if age < BEING_MADE {
+        return Err(CliError::user(format!(
+            "run {run_id} has no manifest yet: it may be being made right now"
+        ))
+        .with_hint("try again in a few seconds"));
+    }
+    if args.dry_run {
+        println!(
+            "would remove run {run_id}, which was never written (its creation was interrupted)"
+        );
+        return Ok(Outcome::Success);
+    }
+    ctx.store().remove_run(run_id)?;
+    if !ctx.ui.quiet {
+        println!("removed run {run_id}, which was never written (its creation was interrupted)");
+    }
+    Ok(Outcome::Success)
+}
+
+/// The workspaces a finished run still keeps: worktrees and temp dirs of waiting tasks, those
+/// a teardown preserved, and those never torn down (an interrupted run's).
 fn kept_workspaces(manifest: &RunManifest) -> Vec<(crew_core::TaskId, TaskWorkspace)> {
     manifest
         .tasks
@@ -140,12 +196,15 @@ fn kept_workspaces(manifest: &RunManifest) -> Vec<(crew_core::TaskId, TaskWorksp
                 .as_ref()
                 .is_some_and(|report| report.preserved.is_some());
             let waiting = task.status == TaskStatus::Waiting;
+            // Never torn down: its host died with it (the run was interrupted). Its work is in
+            // the workspace, and perhaps nowhere else.
+            let untorn = task.teardown.is_none();
             let root = if record.root.as_str().is_empty() {
                 record.dir.clone()
             } else {
                 record.root.clone()
             };
-            ((preserved || waiting) && root.exists()).then(|| {
+            ((preserved || waiting || untorn) && root.exists()).then(|| {
                 (
                     task.id.clone(),
                     TaskWorkspace {

@@ -94,6 +94,16 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                 }
             }
             Err(error) => RunRow {
+                error: Some(
+                    if super::clean::never_written(&ctx, &listing.run_id) {
+                        format!(
+                            "never written (its creation was interrupted): `crew runs clean {}` removes it",
+                            listing.run_id
+                        )
+                    } else {
+                        error.to_string()
+                    },
+                ),
                 run_id: listing.run_id,
                 status: None,
                 team: None,
@@ -105,7 +115,6 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                 host_pid: None,
                 host_alive: false,
                 newer_schema: matches!(error, crew_core::store::StateError::NewerSchema { .. }),
-                error: Some(error.to_string()),
             },
         });
     }
