@@ -57,10 +57,19 @@ pub fn listing_path(state_dir: &Utf8Path, socket: &Utf8Path) -> Utf8PathBuf {
     state_dir.join(LIVE_DIR).join(format!("{stem}.json"))
 }
 
+/// The listings' directory of `state_dir`, when it is a real directory: one that became a link
+/// (planted by an unconfined agent) is never read, written or swept through.
+fn live_dir(state_dir: &Utf8Path) -> Option<Utf8PathBuf> {
+    let dir = state_dir.join(LIVE_DIR);
+    std::fs::symlink_metadata(&dir)
+        .is_ok_and(|metadata| metadata.is_dir())
+        .then_some(dir)
+}
+
 /// Whether any host has a listing in `state_dir` (live or left by one that died). Every host
 /// publishes one as it starts, so none means no host is live: nothing else needs reading.
 pub fn any_listing(state_dir: &Utf8Path) -> bool {
-    let Ok(entries) = state_dir.join(LIVE_DIR).read_dir_utf8() else {
+    let Some(Ok(entries)) = live_dir(state_dir).map(|dir| dir.read_dir_utf8()) else {
         return false;
     };
     entries.flatten().any(|entry| {
@@ -71,6 +80,11 @@ pub fn any_listing(state_dir: &Utf8Path) -> bool {
 
 /// Reads a published listing, when it exists, parses, and was written by `pid`.
 pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
+    if path.parent().is_some_and(|dir| {
+        std::fs::symlink_metadata(dir).is_ok_and(|metadata| metadata.is_symlink())
+    }) {
+        return None;
+    }
     let read = || {
         let (bytes, steady) = crew_core::fsutil::read_nofollow_steady(path).ok()?;
         steady
@@ -85,7 +99,7 @@ pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
 
 /// Removes the listings of hosts that are gone (a host killed before it could remove its own).
 pub fn remove_stale_listings(state_dir: &Utf8Path) {
-    let Ok(entries) = state_dir.join(LIVE_DIR).read_dir_utf8() else {
+    let Some(Ok(entries)) = live_dir(state_dir).map(|dir| dir.read_dir_utf8()) else {
         return;
     };
     for entry in entries.flatten() {
@@ -211,6 +225,12 @@ async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
     };
     let path = path.to_owned();
     let written = tokio::task::spawn_blocking(move || {
+        // Never through a link in place of the listings' directory.
+        if let Some(dir) = path.parent()
+            && std::fs::symlink_metadata(dir).is_ok_and(|metadata| metadata.is_symlink())
+        {
+            return Err(format!("{dir} is a link, not crew's directory"));
+        }
         if crew_core::fsutil::write_replace(&path, &json).is_ok() {
             return Ok(());
         }

@@ -822,3 +822,29 @@ echo work > work.txt"#;
     assert_eq!(next.status.code(), Some(2), "{}", render_output(&next));
     assert!(render_output(&next).contains("crew sandbox allow"));
 }
+
+#[test]
+fn a_listings_directory_swapped_for_a_link_is_never_read_written_or_swept_through() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let first = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(first.status.success(), "{}", render_output(&first));
+    // What an unconfined agent could leave: the listings' directory, a link to the user's.
+    let outside = env.dir("outside");
+    write(&outside.join("precious.json"), "{\"not\": \"a listing\"}\n");
+    let before = tree_fingerprint(outside.as_std_path());
+    let live = repo.join(".crew/state/live");
+    if live.exists() {
+        std::fs::remove_dir_all(&live).unwrap();
+    }
+    std::os::unix::fs::symlink(&outside, &live).unwrap();
+    for args in [
+        &["runs", "list"][..],
+        &["agents", "list"],
+        &["run", "--agent", "shell", "echo ran"],
+    ] {
+        let output = env.crew(&repo, args);
+        assert!(output.status.success(), "{args:?}: {}", render_output(&output));
+    }
+    assert_eq!(tree_fingerprint(outside.as_std_path()), before);
+}
