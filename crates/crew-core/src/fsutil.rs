@@ -3,6 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,68 @@ pub enum FileError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Makes `base/<parents…>/<name>` through directory handles, never by path after a check: from
+/// `base` down, each level is opened without following a link (`openat` with `O_NOFOLLOW`) and
+/// made (mode 0700) when missing, so a level swapped for a link at any moment is refused
+/// rather than followed out of `base`. `name` itself must not exist (it is made with mode 0777
+/// under the umask, as `create_dir` does): an existing one is `AlreadyExists`. Returns its path.
+pub fn create_dir_beneath(
+    base: &Utf8Path,
+    parents: &[&str],
+    name: &str,
+) -> Result<Utf8PathBuf, FileError> {
+    let (dir, mut path) = open_dirs_beneath(base, parents)?;
+    path.push(name);
+    rustix::fs::mkdirat(&dir, name, rustix::fs::Mode::from_raw_mode(0o777)).map_err(|errno| {
+        FileError::CreateDir {
+            path: path.clone(),
+            source: errno.into(),
+        }
+    })?;
+    Ok(path)
+}
+
+/// [`create_dir_beneath`] for a directory that may exist already (then it must be a real one,
+/// reached through real ones). Returns its path.
+pub fn ensure_dirs_beneath(base: &Utf8Path, levels: &[&str]) -> Result<Utf8PathBuf, FileError> {
+    open_dirs_beneath(base, levels).map(|(_, path)| path)
+}
+
+/// Opens `base`, then each of `levels` beneath it (made, mode 0700, when missing), never
+/// following a link: the last level's handle and path.
+fn open_dirs_beneath(
+    base: &Utf8Path,
+    levels: &[&str],
+) -> Result<(OwnedFd, Utf8PathBuf), FileError> {
+    use rustix::fs::{Mode, OFlags};
+    let directory = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut path = base.to_owned();
+    let refused = |path: &Utf8Path, errno: rustix::io::Errno| {
+        if errno == rustix::io::Errno::LOOP || errno == rustix::io::Errno::NOTDIR {
+            FileError::Symlink {
+                path: path.to_owned(),
+            }
+        } else {
+            FileError::CreateDir {
+                path: path.to_owned(),
+                source: errno.into(),
+            }
+        }
+    };
+    let mut dir = rustix::fs::open(base.as_std_path(), directory, Mode::empty())
+        .map_err(|errno| refused(&path, errno))?;
+    for level in levels {
+        path.push(level);
+        match rustix::fs::mkdirat(&dir, *level, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(errno) => return Err(refused(&path, errno)),
+        }
+        dir = rustix::fs::openat(&dir, *level, directory, Mode::empty())
+            .map_err(|errno| refused(&path, errno))?;
+    }
+    Ok((dir, path))
 }
 
 /// Makes sure `path` is a real directory (created with mode 0700 when missing), not a symlink or
@@ -467,6 +530,37 @@ pub fn is_atomic_temp_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_made_beneath_a_root_never_goes_through_a_link() {
+        let (_dir, root) = temp_dir();
+        let outside = root.join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        let base = root.join("repo");
+        std::fs::create_dir(&base).unwrap();
+        let made = create_dir_beneath(&base, &[".worktrees", "run"], "task").unwrap();
+        assert_eq!(made, base.join(".worktrees/run/task"));
+        assert!(made.is_dir());
+        assert!(matches!(
+            create_dir_beneath(&base, &[".worktrees", "run"], "task"),
+            Err(FileError::CreateDir { .. })
+        ));
+        // A level that is a link, as one swapped in while crew makes the next level.
+        std::os::unix::fs::symlink(&outside, base.join(".worktrees/other")).unwrap();
+        assert!(matches!(
+            create_dir_beneath(&base, &[".worktrees", "other"], "task"),
+            Err(FileError::Symlink { .. })
+        ));
+        assert!(matches!(
+            ensure_dirs_beneath(&base, &[".worktrees", "other", "task"]),
+            Err(FileError::Symlink { .. })
+        ));
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        assert_eq!(
+            ensure_dirs_beneath(&base, &[".worktrees", "run", "task"]).unwrap(),
+            made
+        );
+    }
 
     fn temp_dir() -> (tempfile::TempDir, Utf8PathBuf) {
         let dir = tempfile::tempdir().unwrap();

@@ -1037,12 +1037,16 @@ impl StateStore {
     ) -> Result<Utf8PathBuf, StateError> {
         self.ensure_layout()?;
         let root = self.dedicated_root();
-        let run_dir = root.join(run_id.as_str());
-        let task_dir = run_dir.join(task_id.as_str());
-        for dir in [&root, &run_dir, &task_dir] {
-            ensure_real_dir(dir).map_err(StateError::Layout)?;
-        }
-        Ok(task_dir)
+        // Through handles from the state directory down: a level swapped for a link as it is
+        // made is refused, never followed out of crew's roots.
+        let (Some(parent), Some(ws)) = (root.parent(), root.file_name()) else {
+            return Err(StateError::Layout(crate::fsutil::FileError::WrongType {
+                path: root,
+                expected: "directory",
+            }));
+        };
+        crate::fsutil::ensure_dirs_beneath(parent, &[ws, run_id.as_str(), task_id.as_str()])
+            .map_err(StateError::Layout)
     }
 
     /// The ids of the runs on disk, newest first.

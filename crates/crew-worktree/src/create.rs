@@ -267,13 +267,20 @@ fn create_locked(
         made.admin_entry = true;
         return Ok((base, tip));
     }
-    std::fs::create_dir(&names.root).map_err(|source| PrepareWorktreeError::CreateDir {
-        path: names.root.clone(),
-        source: crew_core::fsutil::FileError::CreateDir {
+    // Through handles from the repository root down: `.worktrees/<run>` swapped for a link as
+    // the worktree is made is refused, never followed out of crew's roots.
+    let mut parents: Vec<&str> = request
+        .settings
+        .dir
+        .components()
+        .map(|component| component.as_str())
+        .collect();
+    parents.push(request.run_id.as_str());
+    crew_core::fsutil::create_dir_beneath(request.repo_root, &parents, request.task_id.as_str())
+        .map_err(|source| PrepareWorktreeError::CreateDir {
             path: names.root.clone(),
             source,
-        },
-    })?;
+        })?;
     made.worktree_dir = true;
     made.admin_entry = true;
     admin::write_entry(common, &names.admin, &names.root, &names.branch_ref()).map_err(

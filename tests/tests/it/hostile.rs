@@ -844,7 +844,11 @@ fn a_listings_directory_swapped_for_a_link_is_never_read_written_or_swept_throug
         &["run", "--agent", "shell", "echo ran"],
     ] {
         let output = env.crew(&repo, args);
-        assert!(output.status.success(), "{args:?}: {}", render_output(&output));
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            render_output(&output)
+        );
     }
     assert_eq!(tree_fingerprint(outside.as_std_path()), before);
 }
