@@ -427,6 +427,41 @@ fn copy_missing(
     Ok(())
 }
 
+/// The task branches whose agents are at work or have not been taken yet: their commits are in
+/// the agents' own stores, not the repository's. By branch name (`crew/<run>-<task>`), the tip
+/// in the store and the store's object directory, for readers that add it as an alternate
+/// (read-only, in memory: the conflict radar).
+pub fn live_tips(common: &Utf8Path) -> std::collections::HashMap<String, (Oid, Utf8PathBuf)> {
+    let mut tips = std::collections::HashMap::new();
+    let Ok(entries) = admin::admin_root(common).read_dir_utf8() else {
+        return tips;
+    };
+    for entry in entries.flatten() {
+        let agent_git = AgentGit {
+            common: common.to_owned(),
+            admin: entry.path().to_owned(),
+            root: Utf8PathBuf::new(),
+        };
+        if !agent_git.exists() {
+            continue;
+        }
+        let Some(branch_ref) = read_nofollow(&agent_git.admin.join("HEAD"))
+            .ok()
+            .and_then(|head| head_ref(&head).map(str::to_owned))
+        else {
+            continue;
+        };
+        let (Some(branch), Some(tip)) = (
+            branch_ref.strip_prefix("refs/heads/"),
+            agent_git.tip(&branch_ref),
+        ) else {
+            continue;
+        };
+        tips.insert(branch.to_owned(), (tip, agent_git.store().join("objects")));
+    }
+    tips
+}
+
 /// `ref: refs/heads/x` → `refs/heads/x`.
 fn head_ref(head: &[u8]) -> Option<&str> {
     std::str::from_utf8(head).ok()?.trim().strip_prefix("ref: ")

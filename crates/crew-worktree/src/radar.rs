@@ -28,7 +28,8 @@ pub fn overlaps(
 ) -> Result<Vec<Overlap>, git2::Error> {
     crate::leader::fast_reads();
     let repo = Repository::open(repo_root)?;
-    let tip = |branch: &str| tip(&repo, branch);
+    let live = with_live_tips(&repo)?;
+    let tip = |branch: &str| live_or_branch_tip(&repo, &live, branch);
     let mut sides: Vec<(String, Oid)> = branches
         .iter()
         .filter_map(|(name, branch)| Some((name.clone(), tip(branch)?)))
@@ -66,7 +67,8 @@ pub fn overlaps_of(
 ) -> Result<Vec<Overlap>, git2::Error> {
     crate::leader::fast_reads();
     let repo = Repository::open(repo_root)?;
-    let tip = |branch: &str| tip(&repo, branch);
+    let live = with_live_tips(&repo)?;
+    let tip = |branch: &str| live_or_branch_tip(&repo, &live, branch);
     let Some(own) = tip(branch) else {
         return Ok(Vec::new());
     };
@@ -307,6 +309,28 @@ fn conflicted_paths(index: &git2::Index) -> Result<Vec<String>, git2::Error> {
 }
 
 /// The commit a local (or else remote-tracking) branch points at.
+/// The tips of the task branches whose agents' commits are still in their own git directories
+/// (see [`crate::agent_git`]), their stores added to `repo`'s objects (in memory, read-only):
+/// the radar sees a running task's commits as well as a finished one's.
+fn with_live_tips(repo: &Repository) -> Result<HashMap<String, Oid>, git2::Error> {
+    let live = crate::agent_git::live_tips(&crate::leader::common_dir(repo));
+    if live.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let odb = repo.odb()?;
+    let mut tips = HashMap::new();
+    for (branch, (tip, objects)) in live {
+        if odb.add_disk_alternate(objects.as_str()).is_ok() {
+            tips.insert(branch, tip);
+        }
+    }
+    Ok(tips)
+}
+
+fn live_or_branch_tip(repo: &Repository, live: &HashMap<String, Oid>, branch: &str) -> Option<Oid> {
+    live.get(branch).copied().or_else(|| tip(repo, branch))
+}
+
 fn tip(repo: &Repository, branch: &str) -> Option<Oid> {
     [BranchType::Local, BranchType::Remote]
         .into_iter()

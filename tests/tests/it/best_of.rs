@@ -369,10 +369,13 @@ fn a_running_check_is_shown_and_crew_agents_stop_stops_it() {
     let repo = env.repo("project");
     let (mut host, run, sleeper) =
         run_with_a_long_check(&env, &repo, "sleep 120 & echo sleeper=$!; wait");
-    // Listed as checking while it runs.
-    let listed = env.crew(&repo, ["agents", "list", "--json"]);
-    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
-    assert_eq!(agents[0]["state"], "checking", "{agents:#}");
+    // Listed as checking while it runs (the listing is published a moment after the check
+    // started: on a busy machine, after its first line).
+    let agents = crew_tests::wait_until(10, "the check to be listed", || {
+        let listed = env.crew(&repo, ["agents", "list", "--json"]);
+        let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).ok()?;
+        (agents[0]["state"] == "checking").then_some(agents)
+    });
     assert_eq!(agents[0]["activity"], "checking", "{agents:#}");
 
     let stop = env.crew(&repo, ["agents", "stop", "shell"]);

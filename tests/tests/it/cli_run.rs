@@ -710,3 +710,48 @@ prompt = "printf 'one, then two\n' > notes.txt"
         }
     }
 }
+
+#[test]
+fn the_conflict_radar_sees_what_running_agents_committed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let go = env.root().join("go");
+    let task = |id: &str| {
+        format!(
+            "[[tasks]]\nid = \"{id}\"\nagent = \"shell\"\nprompt = '''printf '{id}\\n' > src/lib.txt && git -c user.name=a -c user.email=a@example.com commit -qam {id} && echo committed; while [ ! -e {go} ]; do sleep 0.05; done'''\n"
+        )
+    };
+    write(
+        &repo.join(".crew/teams/rb.toml"),
+        &format!(
+            "workspace_mode = \"worktree\"\n{}{}",
+            task("red"),
+            task("blue")
+        ),
+    );
+    let mut child = env
+        .crew_command(&repo)
+        .args(["run", "rb"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(30, "both agents to commit", || {
+        let agents = env.agents_json(&repo)?;
+        let committed = agents
+            .as_array()?
+            .iter()
+            .filter(|agent| agent["last_line"] == "committed")
+            .count();
+        (committed == 2).then_some(())
+    });
+    let run = run_ids(&env, &repo).remove(0);
+    let listed = env.crew(&repo, ["conflicts", &run]);
+    let shown = render_output(&listed);
+    write(&go, "");
+    child.wait().unwrap();
+    assert!(
+        shown.contains("red ↔ blue: src/lib.txt") || shown.contains("blue ↔ red: src/lib.txt"),
+        "{shown}"
+    );
+}

@@ -67,13 +67,24 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
     Ok(Outcome::Success)
 }
 
-/// The overlaps among a run's task branches and with the branch it started from, without
-/// those between attempts of one task: alternatives, of which only one lands.
+/// The overlaps among a run's task branches (a running task's too, with what its agent committed
+/// so far) and with the branch it started from, without those between attempts of one task:
+/// alternatives, of which only one lands.
 pub fn run_overlaps(
     repo_root: &camino::Utf8Path,
     manifest: &crew_core::RunManifest,
 ) -> Result<Vec<crew_worktree::radar::Overlap>, CliError> {
-    let branches = manifest.task_branches();
+    let mut branches = manifest.task_branches();
+    // A task still at work: its branch, where the radar reads what its agent committed so far
+    // (from the agent's own git directory).
+    for task in &manifest.tasks {
+        if task.teardown.is_none()
+            && let Some(branch) = task.workspace.as_ref().and_then(|ws| ws.branch.clone())
+            && !branches.iter().any(|(id, _)| id == task.id.as_str())
+        {
+            branches.push((task.id.to_string(), branch));
+        }
+    }
     if branches.is_empty() {
         return Ok(Vec::new());
     }
