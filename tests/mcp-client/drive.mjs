@@ -169,7 +169,7 @@ check((await call(a, "diff", { run: asking.run_id, task: "asker" })).patch.inclu
 const long = await call(a, "run_tasks", {
   tasks: [{ id: "long", agent: "shell", prompt: "echo partial > partial.txt && echo started && sleep 600" }],
 });
-for (let i = 0; i < 100; i++) {
+for (let i = 0; i < 600; i++) {
   const now = await call(a, "status", { run: long.run_id });
   if (task(now.runs[0], "long").status === "running") break;
   await new Promise((r) => setTimeout(r, 50));

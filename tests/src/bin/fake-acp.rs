@@ -29,6 +29,8 @@
 //!   - `fail`: the program exits 1 when its input ends;
 //!   - anything else: `working on: <line>`.
 //! - `--garbage` prints a line that is not JSON-RPC before it serves.
+//! - `--no-sessions`: `session/new` fails (authentication required, as Gemini CLI's without a
+//!   key), and the program exits 0 when its input ends.
 
 #![allow(
     clippy::print_stdout,
@@ -71,6 +73,7 @@ async fn main() {
     if std::env::args().any(|arg| arg == "--garbage") {
         println!("this line is not JSON-RPC");
     }
+    let no_sessions = std::env::args().any(|arg| arg == "--no-sessions");
     let state: Shared = Arc::default();
     let (on_new, on_load, on_prompt, on_cancel) =
         (state.clone(), state.clone(), state.clone(), state.clone());
@@ -88,6 +91,11 @@ async fn main() {
         )
         .on_receive_request(
             async move |request: NewSessionRequest, responder, _cx| {
+                if no_sessions {
+                    return responder.respond_with_error(
+                        Error::auth_required().data(serde_json::json!("no API key")),
+                    );
+                }
                 on_new.lock().unwrap().cwd = request.cwd.clone();
                 let session = format!("acp-{}", std::process::id());
                 save_history(&session, &[]);

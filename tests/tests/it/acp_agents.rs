@@ -393,6 +393,26 @@ fn a_steer_cancels_the_turn_under_way_and_goes_in_as_the_next_prompt() {
 }
 
 #[test]
+fn an_acp_agent_whose_session_fails_fails_its_task_though_it_exits_0() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, ", \"--no-sessions\"");
+    let output = run_acp(&env, &repo, &["--task", "keyless=touch keyless.txt"]);
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let keyless = task(&recorded, "keyless");
+    assert_eq!(keyless["exit"]["code"], 0, "{keyless:#}");
+    assert_eq!(keyless["status"], "failed", "{keyless:#}");
+    let reason = keyless["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("exited 0, but its protocol said it failed")
+            && reason.contains("uthenticat"),
+        "{keyless:#}"
+    );
+}
+
+#[test]
 fn output_that_is_not_the_protocol_is_shown_with_a_warning_and_a_truncated_session_fails_plainly() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, ", \"--garbage\"");

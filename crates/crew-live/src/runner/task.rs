@@ -1012,6 +1012,15 @@ impl RunContext {
                         status = TaskStatus::Failed;
                         reason = Some(format!("the agent stopped when it hit {limit}"));
                     }
+                    // Its protocol said its last turn (or the session itself) failed: an exit
+                    // code of 0 does not make that a success.
+                    (TaskStatus::Succeeded, None, _) if agent.turn_error.is_some() => {
+                        status = TaskStatus::Failed;
+                        reason = Some(format!(
+                            "the agent exited 0, but its protocol said it failed: {}",
+                            agent.turn_error.as_deref().unwrap_or_default()
+                        ));
+                    }
                     (TaskStatus::Failed, Some(limit), Some(why)) => {
                         why.push_str(&format!(" after it hit {limit}"));
                     }
