@@ -263,6 +263,10 @@ pub struct ExitRecord {
     /// The agent was stopped because it ran longer than its timeout.
     #[serde(default)]
     pub timed_out: bool,
+    /// Its session was over (its last turn ended, and crew ended the connection) and it did
+    /// not exit, so crew ended it: how it then ended is no failure of its task.
+    #[serde(default)]
+    pub ended_after_session: bool,
 }
 
 fn count_or_flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {

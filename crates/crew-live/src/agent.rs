@@ -56,6 +56,9 @@ const STEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the output pipes may stay open after the agent exited before crew counts the
 /// holders as leaked processes.
 const PIPE_GRACE: Duration = Duration::from_millis(300);
+/// How long an `acp` agent whose session is over may take to exit before crew ends it (TERM,
+/// then KILL as late again).
+const SESSION_OVER_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything needed to run one agent.
 #[derive(Debug, Clone)]
@@ -304,6 +307,9 @@ struct Running {
     /// A placed task's transport ended before the task started there: once its output is
     /// read to the end, what it said last goes into the reason.
     lost_before_start: bool,
+    /// An `acp` agent's session is over (its last turn ended, nothing more to say): the
+    /// connection is ended, and the agent should exit.
+    session_over: bool,
 }
 
 /// The handle parts a new supervisor hands to the registry.
@@ -667,6 +673,7 @@ async fn launch(
         leftovers,
         _temp_dir: temp_dir,
         lost_before_start: false,
+        session_over: false,
     })
 }
 
@@ -1026,7 +1033,10 @@ impl Supervisor {
                     // The next follow-up is the next prompt; with none, the session is over.
                     let input = match self.follow_ups.pop_front() {
                         Some(message) => AcpInput::Prompt(message),
-                        None => AcpInput::End,
+                        None => {
+                            running.session_over = true;
+                            AcpInput::End
+                        }
                     };
                     // The driver is gone only with the connection, when the agent is ending.
                     let _ = acp.inputs.send(input);
@@ -1075,6 +1085,9 @@ impl Supervisor {
         let mut host_gone = false;
         let mut stop_waiters = Vec::new();
         let far_future = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+        // When an agent whose session is over and that has not exited is ended by crew.
+        let mut linger_until: Option<Instant> = None;
+        let mut ended_after_session = false;
 
         let status = loop {
             tokio::select! {
@@ -1182,7 +1195,18 @@ impl Supervisor {
                     timed_out = true;
                     stopping = self.terminate(pid, grace);
                 }
-                Some(event) = running.protocol.recv() => self.heard(event, &mut running).await,
+                _ = tokio::time::sleep_until(linger_until.unwrap_or(far_future)), if linger_until.is_some() && stopping == Stopping::No => {
+                    // Its session is over and it does not exit (claude-code-acp ignores the
+                    // end of its input): crew ends it, which is no failure of its task.
+                    ended_after_session = true;
+                    stopping = self.terminate(pid, grace.min(SESSION_OVER_GRACE));
+                }
+                Some(event) = running.protocol.recv() => {
+                    self.heard(event, &mut running).await;
+                    if running.session_over && linger_until.is_none() {
+                        linger_until = Some(Instant::now() + SESSION_OVER_GRACE);
+                    }
+                }
             }
         };
         drop(running.stdin.take());
@@ -1195,6 +1219,7 @@ impl Supervisor {
             stopped_by: None,
             leaked_processes: 0,
             timed_out,
+            ended_after_session: false,
         };
         match status {
             Ok(status) => {
@@ -1208,6 +1233,11 @@ impl Supervisor {
             Stopping::Terminated { .. } => Some(StopSignal::Term),
             Stopping::Killed => Some(StopSignal::Kill),
         };
+        if ended_after_session && stop_waiters.is_empty() && !timed_out {
+            // crew's own end of a finished session: not a stop anyone asked for.
+            exit.stopped_by = None;
+            exit.ended_after_session = true;
+        }
         exit.leaked_processes = running.leftovers.get().saturating_add(
             self.clean_up_leftovers(pid, &mut running.readers, stopping == Stopping::Killed)
                 .await,

@@ -29,6 +29,8 @@
 //!   - `fail`: the program exits 1 when its input ends;
 //!   - anything else: `working on: <line>`.
 //! - `--garbage` prints a line that is not JSON-RPC before it serves.
+//! - `--linger`: does not exit when its input ends (as claude-code-acp does not), until a
+//!   signal ends it.
 //! - `--no-sessions`: `session/new` fails (authentication required, as Gemini CLI's without a
 //!   key), and the program exits 0 when its input ends.
 
@@ -173,6 +175,11 @@ async fn main() {
     if let Err(error) = result {
         eprintln!("fake-acp: {error}");
         std::process::exit(2);
+    }
+    if std::env::args().any(|arg| arg == "--linger") {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
     if FAIL.load(std::sync::atomic::Ordering::SeqCst) {
         std::process::exit(1);

@@ -393,6 +393,33 @@ fn a_steer_cancels_the_turn_under_way_and_goes_in_as_the_next_prompt() {
 }
 
 #[test]
+fn an_acp_agent_that_does_not_exit_when_its_session_is_over_is_ended_and_its_task_succeeds() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, ", \"--linger\"");
+    // Left to itself it would run until this timeout, and fail by it.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\ntask_timeout = \"40s\"\n",
+    );
+    let output = run_acp(&env, &repo, &["--task", "stays=touch stays.txt"]);
+    let shown = render_output(&output);
+    assert!(output.status.success(), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let stays = task(&recorded, "stays");
+    assert_eq!(stays["status"], "succeeded", "{stays:#}");
+    assert_eq!(stays["exit"]["ended_after_session"], true, "{stays:#}");
+    assert!(stays["exit"]["stopped_by"].is_null(), "{stays:#}");
+    assert_eq!(stays["exit"]["timed_out"], false, "{stays:#}");
+    assert!(branch_has(
+        &env,
+        &repo,
+        &format!("crew/{run}-stays"),
+        "stays.txt"
+    ));
+}
+
+#[test]
 fn an_acp_agent_whose_session_fails_fails_its_task_though_it_exits_0() {
     let env = TestEnv::new();
     let repo = project_with_acp(&env, ", \"--no-sessions\"");

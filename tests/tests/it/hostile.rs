@@ -329,7 +329,7 @@ fn a_dedicated_agent_cannot_commit_into_the_project() {
             listed[0]["exit"],
             serde_json::json!({
                 "code": 0, "signal": null, "stopped_by": null,
-                "leaked_processes": 0, "timed_out": false
+                "leaked_processes": 0, "timed_out": false, "ended_after_session": false
             })
         );
     }

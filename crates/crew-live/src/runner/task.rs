@@ -857,6 +857,7 @@ impl RunContext {
                                 stopped_by: None,
                                 leaked_processes: 0,
                                 timed_out: false,
+                                ended_after_session: false,
                             });
                             if let Some(limit) = status.limit.clone()
                                 && task.on_limit == OnLimit::Pause
@@ -1520,6 +1521,9 @@ fn outcome(
     }
     if exit.stopped_by.is_some() {
         return (TaskStatus::Stopped, Some(STOPPED_BY_REQUEST.to_owned()));
+    }
+    if exit.ended_after_session {
+        return (TaskStatus::Succeeded, None);
     }
     match (exit.code, exit.signal) {
         (Some(0), _) => (TaskStatus::Succeeded, None),
