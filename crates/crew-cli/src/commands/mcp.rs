@@ -750,6 +750,19 @@ impl CrewMcp {
                     || self.ctx.project().run_ended(run_id).unwrap_or(true)
             };
             if ended || asks || tokio::time::Instant::now() >= deadline {
+                // Ended here between the read and the look: its record says so a moment later
+                // (a host that died leaves it running: reported as it is).
+                let mut manifest = manifest;
+                for _ in 0..20 {
+                    if manifest.status != RunStatus::Running || own.is_some() || !ended {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    match self.ctx.read_run(run_id) {
+                        Ok(again) => manifest = again,
+                        Err(_) => break,
+                    }
+                }
                 return Ok(Json(report(&manifest)));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
