@@ -867,25 +867,7 @@ fn sandboxed_starts(bench: &Bench) {
         let figures = live_helper(&["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox]);
         Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
     };
-    let mut confined = Samples::default();
-    let mut unconfined = Samples::default();
-    for round in 0..11 {
-        if round % 2 == 0 {
-            confined.push(start("on"));
-            unconfined.push(start("off"));
-        } else {
-            unconfined.push(start("off"));
-            confined.push(start("on"));
-        }
-    }
-    let mut differences: Vec<Duration> = confined
-        .0
-        .iter()
-        .zip(&unconfined.0)
-        .map(|(confined, unconfined)| confined.saturating_sub(*unconfined))
-        .collect();
-    differences.sort();
-    let per_agent = differences[differences.len() / 2] / AGENTS;
+    let (confined, unconfined, per_agent) = paired_starts(&start, "on", "off", AGENTS);
     Comparison {
         name: "200 agent starts, sandboxed".into(),
         crew: confined,
@@ -895,40 +877,47 @@ fn sandboxed_starts(bench: &Bench) {
         paired: true,
     }
     .print();
-    println!(
-        "{:<44} {} per agent (≤ 1ms: {})",
-        "sandbox added at each start",
-        seconds(per_agent),
-        if per_agent <= Duration::from_millis(1) {
-            "met"
-        } else {
-            "MISSED"
-        }
-    );
+    print_per_agent("sandbox added at each start", per_agent);
     // Single mode's read-only places (a user and mount namespace, a mount each), against the
     // ruleset alone.
-    let mut mounted = Samples::default();
-    let mut ruleset = Samples::default();
+    let (_, _, per_agent) = paired_starts(&start, "single", "on", AGENTS);
+    print_per_agent("single mode's read-only mounts at each start", per_agent);
+}
+
+/// Eleven rounds of `start(measured)` and `start(reference)`, taking turns going first: both
+/// sides' samples, and the median of the rounds' differences per agent.
+fn paired_starts(
+    start: &dyn Fn(&str) -> Duration,
+    measured: &str,
+    reference: &str,
+    agents: u32,
+) -> (Samples, Samples, Duration) {
+    let mut ours = Samples::default();
+    let mut theirs = Samples::default();
     for round in 0..11 {
         if round % 2 == 0 {
-            mounted.push(start("single"));
-            ruleset.push(start("on"));
+            ours.push(start(measured));
+            theirs.push(start(reference));
         } else {
-            ruleset.push(start("on"));
-            mounted.push(start("single"));
+            theirs.push(start(reference));
+            ours.push(start(measured));
         }
     }
-    let mut differences: Vec<Duration> = mounted
+    let mut differences: Vec<Duration> = ours
         .0
         .iter()
-        .zip(&ruleset.0)
-        .map(|(mounted, ruleset)| mounted.saturating_sub(*ruleset))
+        .zip(&theirs.0)
+        .map(|(ours, theirs)| ours.saturating_sub(*theirs))
         .collect();
     differences.sort();
-    let per_agent = differences[differences.len() / 2] / AGENTS;
+    let per_agent = differences[differences.len() / 2] / agents;
+    (ours, theirs, per_agent)
+}
+
+/// A line saying what something costs each agent start, against its 1 ms target.
+fn print_per_agent(name: &str, per_agent: Duration) {
     println!(
-        "{:<44} {} per agent (≤ 1ms: {})",
-        "single mode's read-only mounts at each start",
+        "{name:<44} {} per agent (≤ 1ms: {})",
         seconds(per_agent),
         if per_agent <= Duration::from_millis(1) {
             "met"

@@ -298,27 +298,13 @@ pub(crate) unsafe fn mount_read_only(paths: &[u8]) -> std::io::Result<()> {
 /// `<id> <id> 1`: a namespace's map of one id onto itself, in `line`.
 fn id_map(line: &mut [u8; 32], id: u32) -> &[u8] {
     let mut digits = [0u8; 10];
-    let mut count = 0;
-    let mut rest = id;
-    loop {
-        digits[count] = b'0' + (rest % 10) as u8;
-        count += 1;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
+    let digits = crate::spawn::decimal(id, &mut digits);
     let mut length = 0;
-    for _ in 0..2 {
-        for index in (0..count).rev() {
-            line[length] = digits[index];
-            length += 1;
-        }
-        line[length] = b' ';
-        length += 1;
+    for part in [digits, b" ", digits, b" 1"] {
+        line[length..length + part.len()].copy_from_slice(part);
+        length += part.len();
     }
-    line[length] = b'1';
-    &line[..=length]
+    &line[..length]
 }
 
 /// Writes `contents` to a file of `/proc/self`.

@@ -847,24 +847,29 @@ fn state_and_parent(pid: libc::pid_t) -> Option<(u8, libc::pid_t)> {
 fn proc_path(pid: libc::pid_t, suffix: &[u8], path: &mut [u8; 32]) {
     const PREFIX: &[u8] = b"/proc/";
     let mut digits = [0u8; 10];
-    let mut count = 0;
-    let mut rest = pid;
+    let digits = decimal(pid.unsigned_abs(), &mut digits);
+    for (slot, &byte) in path
+        .iter_mut()
+        .zip(PREFIX.iter().chain(digits).chain(suffix))
+    {
+        *slot = byte;
+    }
+}
+
+/// `value` in decimal, in `digits`: what code between fork and exec writes numbers with (it
+/// allocates nothing).
+pub(crate) fn decimal(value: u32, digits: &mut [u8; 10]) -> &[u8] {
+    let mut start = digits.len();
+    let mut rest = value;
     loop {
-        digits[count] = b'0' + (rest % 10) as u8;
-        count += 1;
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
         rest /= 10;
-        if rest == 0 || count == digits.len() {
+        if rest == 0 {
             break;
         }
     }
-    for (slot, &byte) in path.iter_mut().zip(
-        PREFIX
-            .iter()
-            .chain(digits[..count].iter().rev())
-            .chain(suffix),
-    ) {
-        *slot = byte;
-    }
+    &digits[start..]
 }
 
 /// The number a `/proc` entry names (its name up to the first NUL), if it is all digits: a
