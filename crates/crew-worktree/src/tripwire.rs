@@ -8,6 +8,8 @@
 //! repository run, crew keeps a copy of those files as they were before the first task started:
 //!
 //! - `config`, `objects/info/alternates`, everything under `hooks/` and `info/`;
+//! - each submodule's `config` and `hooks/`, in `modules/` (the user's `git status` runs what
+//!   they say too);
 //! - each worktree task's own `config.worktree`.
 //!
 //! When a task ends, whatever differs is put back from the copy, the version the agent left is
@@ -71,6 +73,12 @@ impl Baseline {
         for dir in WATCHED_DIRS {
             paths.extend(files_under(&self.common.join(dir)));
         }
+        // A submodule's git directory runs what its `config` and `hooks/` say on the user's
+        // `git status` in the project, as the project's own do.
+        for module in module_git_dirs(&self.common) {
+            paths.push(module.join("config"));
+            paths.extend(files_under(&module.join("hooks")));
+        }
         paths.extend(extra.iter().cloned());
         paths.sort();
         paths.dedup();
@@ -108,6 +116,33 @@ impl Baseline {
         }
         findings
     }
+}
+
+/// The git directories of the repository's submodules, `<common>/modules/…`, nested ones too
+/// (a name with `/` is a directory of directories): never through a link, and never into a git
+/// directory's objects.
+fn module_git_dirs(common: &Utf8Path) -> Vec<Utf8PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![common.join("modules")];
+    while let Some(current) = stack.pop() {
+        let Ok(read) = current.read_dir_utf8() else {
+            continue;
+        };
+        for entry in read.flatten() {
+            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                continue;
+            }
+            let dir = entry.into_path();
+            if std::fs::symlink_metadata(dir.join("HEAD")).is_ok_and(|metadata| metadata.is_file())
+            {
+                stack.push(dir.join("modules"));
+                found.push(dir);
+            } else {
+                stack.push(dir);
+            }
+        }
+    }
+    found
 }
 
 /// The regular files and links under `dir`, never through a link.

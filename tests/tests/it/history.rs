@@ -368,3 +368,38 @@ echo done
     );
     env.git(&repo, ["fsck", "--full", "--no-progress"]);
 }
+
+#[test]
+fn what_an_agent_plants_in_a_submodules_git_directory_is_put_back_and_reported() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let library = env.repo("library");
+    env.git(
+        &repo,
+        [
+            "-c",
+            "protocol.file.allow=always",
+            "submodule",
+            "add",
+            "-q",
+            library.as_str(),
+            "lib",
+        ],
+    );
+    env.git(&repo, ["commit", "-q", "-m", "a submodule"]);
+    let config = repo.join(".git/modules/lib/config");
+    let before = std::fs::read_to_string(&config).unwrap();
+    let plant = r#"printf '[core]\n\tfsmonitor = "touch $HOME/fsmonitor-ran"\n' >> "$CREW_PROJECT_ROOT/.git/modules/lib/config" && echo PLANTED"#;
+    let output = env.crew(&repo, ["run", "--agent", "shell", plant]);
+    let shown = render_output(&output);
+    let run = run_ids(&env, &repo)[0].clone();
+    assert!(output_log(&repo, &run, "shell").contains("PLANTED"));
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "shell");
+    let findings = record["teardown"]["security"].to_string();
+    assert!(findings.contains("modules/lib/config"), "{record:#}");
+    assert!(shown.contains("SECURITY"), "{shown}");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
+    env.git(&repo, ["status"]);
+    assert!(!env.home().join("fsmonitor-ran").exists());
+}
