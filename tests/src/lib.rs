@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 
 use camino::{Utf8Path, Utf8PathBuf};
 
+pub mod model_api;
 pub mod synth;
 
 /// A temp directory with a home, a temp dir and room for repositories.
@@ -537,5 +538,30 @@ pub fn node_client(dir: &str, package: &str, test: &str) -> Option<Utf8PathBuf> 
     {
         eprintln!("SKIPPED {test}: {why}");
     }
+    None
+}
+
+/// The directory of the real agent programs' commands (`claude`, `codex`, `gemini`,
+/// `claude-code-acp`), pinned in `tests/agent-programs` and installed there by `npm ci`, when
+/// `program` is installed. Otherwise the test says it was skipped and gets `None` — except
+/// where `CREW_TESTS_REQUIRE_AGENTS` is set (CI): there a missing program fails the test.
+pub fn agent_programs(program: &str, test: &str) -> Option<Utf8PathBuf> {
+    let bin =
+        Utf8PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("agent-programs/node_modules/.bin");
+    let runs = std::process::Command::new(bin.join(program))
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if runs {
+        return Some(bin);
+    }
+    let why = format!("{program} is not installed: run `npm ci` in tests/agent-programs");
+    assert!(
+        std::env::var_os("CREW_TESTS_REQUIRE_AGENTS").is_none(),
+        "{test} cannot run: {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
     None
 }

@@ -15,6 +15,10 @@ pub const CREW_WORKSPACE: &str = "CREW_WORKSPACE";
 pub const CREW_PROJECT_ROOT: &str = "CREW_PROJECT_ROOT";
 /// Set for every agent: the control socket of its host, for `crew ask`.
 pub const CREW_SOCKET: &str = "CREW_SOCKET";
+/// Set (to `enforced`) for an agent, and for a check, that crew's sandbox confines: a program
+/// it starts (a `crew` inside an agent, a tool with a sandbox of its own) knows it is
+/// confined already.
+pub const CREW_SANDBOX: &str = "CREW_SANDBOX";
 
 /// Variables every agent receives from the user's environment, besides its `pass_env`.
 /// A trailing `*` matches a prefix.

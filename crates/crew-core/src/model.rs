@@ -401,6 +401,10 @@ pub struct SandboxRecord {
     /// project's `.crew/` and git's `config`, `hooks/`, `info/`, `packed-refs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<Utf8PathBuf>,
+    /// What its definition's `[sandbox.confined]` gave the program because crew confined it
+    /// (its own sandbox or permission prompts standing down): arguments, then `NAME=value`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stood_down: Vec<String>,
 }
 
 /// A task of a run, with everything that happened to it.

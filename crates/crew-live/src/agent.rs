@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use crew_core::config::{AgentDef, Protocol, SteerMode, fill_template};
 use crew_core::env_vars;
 use crew_core::model::{
-    CheckRecord, ExitRecord, SandboxRecord, StopSignal, Timestamp, Usage, UsageLimit,
+    CheckRecord, ExitRecord, SandboxRecord, SandboxState, StopSignal, Timestamp, Usage, UsageLimit,
 };
 use crew_core::{AgentId, TaskId, WorkspaceId};
 
@@ -476,15 +476,15 @@ async fn launch(
         ("message", message),
         ("session_id", session_id.unwrap_or("")),
     ];
-    let argv: Vec<String> = template
+    let mut argv: Vec<String> = template
         .iter()
         .map(|arg| fill_template(arg, &values))
         .collect();
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| SpawnAgentError::EmptyCommand {
+    if argv.is_empty() {
+        return Err(SpawnAgentError::EmptyCommand {
             agent_id: spec.agent_id.clone(),
-        })?;
+        });
+    }
     if !spec.dir.is_dir() {
         return Err(SpawnAgentError::MissingDir {
             agent_id: spec.agent_id.clone(),
@@ -515,16 +515,32 @@ async fn launch(
     for (name, value) in &spec.workspace_env {
         crew_vars.push((name.as_str(), value.clone()));
     }
-    let sandbox =
+    let mut sandbox =
         confinement(spec, launcher, temp_path).map_err(|source| SpawnAgentError::Sandbox {
             agent_id: spec.agent_id.clone(),
             source,
+        })?;
+    // Confined by crew, the program's own sandbox stands down as its definition says, and
+    // what it starts knows it is confined already.
+    let confined = sandbox.record.state == SandboxState::Enforced;
+    if confined {
+        argv.extend(definition.sandbox.confined.args.iter().cloned());
+        sandbox.record.stood_down = definition.sandbox.confined.given();
+        crew_vars.push((
+            env_vars::CREW_SANDBOX,
+            SandboxState::Enforced.as_str().to_owned(),
+        ));
+    }
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| SpawnAgentError::EmptyCommand {
+            agent_id: spec.agent_id.clone(),
         })?;
     let steerable = definition.steer != SteerMode::None || acp;
     let mut warded = WardedCommand::new(
         program,
         args,
-        agent_env(&launcher.env, definition, &crew_vars),
+        agent_env(&launcher.env, definition, confined, &crew_vars),
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
         &sandbox.read_only,

@@ -106,11 +106,17 @@ async fn run(
         vars.push((name.as_str(), value.clone()));
     }
     let prepared = confinement(spec, launcher, temp_path).map_err(|error| error.to_string())?;
+    if prepared.record.state == crew_core::model::SandboxState::Enforced {
+        vars.push((
+            env_vars::CREW_SANDBOX,
+            prepared.record.state.as_str().to_owned(),
+        ));
+    }
     let marker = procscan::agent_marker(&spec.agent_id);
     let mut warded = WardedCommand::new(
         "sh",
         ["-c", command],
-        agent_env(&launcher.env, &spec.definition, &vars),
+        agent_env(&launcher.env, &spec.definition, false, &vars),
         &marker,
         prepared.ruleset,
         &prepared.read_only,

@@ -92,6 +92,7 @@ pub const AGENT_GIT_CONFIG: &[(&str, &str)] = &[("maintenance.auto", "false"), (
 pub fn agent_env(
     base: &BaseEnv,
     definition: &AgentDef,
+    confined: bool,
     crew: &[(&str, String)],
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = Vec::new();
@@ -118,6 +119,11 @@ pub fn agent_env(
     }
     for (name, value) in &definition.env {
         set(name.into(), value.into(), false);
+    }
+    if confined {
+        for (name, value) in &definition.sandbox.confined.env {
+            set(name.into(), value.into(), false);
+        }
     }
     for (name, value) in crew {
         set((*name).into(), value.into(), true);
@@ -158,7 +164,7 @@ mod tests {
         let mut definition = AgentDef::builtin_shell();
         definition.pass_env = vec!["ANTHROPIC_API_KEY".into()];
         definition.env.insert("MODE".into(), "fast".into());
-        let env = agent_env(&base, &definition, &[("CREW_TASK_ID", "api".into())]);
+        let env = agent_env(&base, &definition, false, &[("CREW_TASK_ID", "api".into())]);
         let names: Vec<_> = env.iter().map(|(name, _)| name.to_str().unwrap()).collect();
         assert_eq!(
             names,

@@ -35,6 +35,7 @@ use crew_core::config::Protocol;
 use crew_core::model::{Timestamp, Usage, UsageLimit};
 use serde::Deserialize;
 use serde_json::Value;
+use std::time::Duration;
 
 /// The longest message line read as a message; a longer one is shown cut, as plain text.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
@@ -131,6 +132,11 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
     let message: Message = serde_json::from_str(line.trim()).ok()?;
     let mut reading = Reading::default();
     match message.kind.as_str() {
+        "system" if message.subtype.as_deref() == Some("api_retry") => {
+            // The program retries the model's API by itself: say so, or the task looks silent
+            // until it gives up.
+            reading.shown.push(api_retry_line(&message));
+        }
         "system" => {
             if let Some(session) = message
                 .session_id
@@ -172,12 +178,17 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                 tokens_unknown: false,
             });
             let subtype = message.subtype.unwrap_or_else(|| "success".to_owned());
+            // An error whose subtype still says "success" (an API error) is told by its words.
             let error = (message.is_error || subtype != "success").then(|| {
-                message
+                let result = message
                     .result
                     .as_deref()
-                    .filter(|result| !result.is_empty())
-                    .map_or_else(|| subtype.clone(), |result| format!("{subtype}: {result}"))
+                    .filter(|result| !result.is_empty());
+                match (result, subtype.as_str()) {
+                    (Some(result), "success") => result.to_owned(),
+                    (Some(result), _) => format!("{subtype}: {result}"),
+                    (None, _) => subtype.clone(),
+                }
             });
             let limit = message
                 .result
@@ -540,6 +551,28 @@ struct CodexError {
     message: String,
 }
 
+/// Claude Code's `api_retry` message as one line: what the API answered, and when the next of
+/// how many tries comes.
+fn api_retry_line(message: &Message) -> String {
+    let status = message
+        .error_status
+        .map(|status| format!("HTTP {status}"))
+        .unwrap_or_else(|| "no answer".to_owned());
+    let error = message
+        .error
+        .as_ref()
+        .and_then(Value::as_str)
+        .map(|error| format!(" {error}"))
+        .unwrap_or_default();
+    let attempt = message.attempt.unwrap_or(0);
+    let of = message
+        .max_retries
+        .map(|max| format!(" of {max}"))
+        .unwrap_or_default();
+    let delay = Duration::from_millis(message.retry_delay_ms.unwrap_or(0)).as_secs_f64();
+    format!("[the model's API failed ({status}{error}): retry {attempt}{of} in {delay:.1} s]")
+}
+
 /// A tool's input in a few words: the command, the file, or the input cut short.
 fn tool_summary(input: &Value) -> String {
     let text = ["command", "file_path", "path", "pattern", "url"]
@@ -571,6 +604,18 @@ struct Message {
     total_cost_usd: Option<f64>,
     #[serde(default)]
     usage: Option<Tokens>,
+    /// `api_retry`: the try that failed, of how many, the wait before the next.
+    #[serde(default)]
+    attempt: Option<u32>,
+    #[serde(default)]
+    max_retries: Option<u32>,
+    #[serde(default)]
+    retry_delay_ms: Option<u64>,
+    #[serde(default)]
+    error_status: Option<u16>,
+    /// Any shape: only a string is shown.
+    #[serde(default)]
+    error: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -657,6 +702,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(said.shown, ["Looking.", "Done", "→ Bash ls -la"]);
+        // The program retrying the model's API shows, with what the API answered.
+        let retry = read_claude_line(
+            r#"{"type":"system","subtype":"api_retry","attempt":3,"max_retries":10,"retry_delay_ms":2017,"error_status":429,"error":"rate_limit","session_id":"s-1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            retry.shown,
+            ["[the model's API failed (HTTP 429 rate_limit): retry 3 of 10 in 2.0 s]"]
+        );
         // Read back from a log, a message is what it showed, and a plain line itself.
         let logged = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"Looking.\n\nDone"}]},"session_id":"s-1"}"#;
         assert_eq!(shown_lines(logged), ["Looking.", "Done"]);

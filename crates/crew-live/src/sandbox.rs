@@ -136,6 +136,7 @@ pub(crate) fn prepare(
                 write: Vec::new(),
                 missing: Vec::new(),
                 read_only: Vec::new(),
+                stood_down: Vec::new(),
             },
         });
     }
@@ -190,6 +191,7 @@ pub(crate) fn prepare(
             write,
             missing,
             read_only: read_only.clone(),
+            stood_down: Vec::new(),
         },
         read_only,
         ruleset,

@@ -281,6 +281,8 @@ async fn agents_see_only_their_allow_listed_environment() {
             "CREW_AGENT_ID",
             "CREW_PROJECT_ROOT",
             "CREW_RUN_ID",
+            // Confined: what it starts knows.
+            "CREW_SANDBOX",
             "CREW_TASK_ID",
             "CREW_WORKSPACE",
             // crew's own git settings for agents (no automatic maintenance).

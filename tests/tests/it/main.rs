@@ -30,6 +30,7 @@ mod library;
 mod live_agents;
 mod live_control;
 mod placements;
+mod real_agents;
 mod remote_work;
 mod run_records;
 mod shim;

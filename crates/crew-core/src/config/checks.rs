@@ -172,6 +172,7 @@ mod tests {
         let sandbox = AgentSandbox {
             mode: SandboxMode::Enforce,
             write: vec!["~/.claude".into(), "/opt/cache".into(), "~".into()],
+            confined: Default::default(),
         };
         assert_eq!(
             sandbox.write_paths(Some(Utf8Path::new("/home/u"))),

@@ -18,10 +18,10 @@ use super::checks::{
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
 use super::settings::{
-    AgentDef, AgentSandbox, MAX_STOP_GRACE, OnLimit, PlacementKind, PlannedTask, ProjectConfig,
-    Protocol, SandboxMode, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
+    AgentDef, AgentSandbox, Confined, MAX_STOP_GRACE, OnLimit, PlacementKind, PlannedTask,
+    ProjectConfig, Protocol, SandboxMode, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
 };
-use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template};
+use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders};
 use super::values::{HumanDuration, Parallelism};
 use super::{AGENTS_DIR, BUILTIN_SHELL_AGENT, CONFIG_FILE, TEAMS_DIR};
 
@@ -49,6 +49,17 @@ pub(super) struct AgentSandboxFile {
     mode: SandboxMode,
     #[serde(default)]
     write: Vec<Spanned<String>>,
+    #[serde(default)]
+    confined: ConfinedFile,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ConfinedFile {
+    #[serde(default)]
+    args: Vec<Spanned<String>>,
+    #[serde(default)]
+    env: BTreeMap<Spanned<String>, String>,
 }
 
 #[derive(Deserialize)]
@@ -842,7 +853,44 @@ pub(super) fn parse_agent(
     let mut sandbox = AgentSandbox {
         mode: file.sandbox.mode,
         write: Vec::new(),
+        confined: Confined::default(),
     };
+    for arg in file.sandbox.confined.args {
+        if arg.get_ref().contains('\0') {
+            invalid(
+                arg.span(),
+                "sandbox.confined.args",
+                format!(
+                    "argument {:?} holds a NUL byte, which no program argument can carry",
+                    arg.get_ref()
+                ),
+            );
+        } else if let Some(name) = placeholders(arg.get_ref()).next() {
+            invalid(
+                arg.span(),
+                "sandbox.confined.args",
+                format!(
+                    "these arguments take no placeholders (`{{{name}}}`): they are the same at every start"
+                ),
+            );
+        }
+        sandbox.confined.args.push(arg.into_inner());
+    }
+    for (key, value) in file.sandbox.confined.env {
+        if let Err(message) = check_env_name(key.get_ref(), false) {
+            invalid(key.span(), "sandbox.confined.env", message);
+        } else if value.contains('\0') {
+            invalid(
+                key.span(),
+                "sandbox.confined.env",
+                format!(
+                    "the value of `{}` holds a NUL byte, which no environment can carry",
+                    key.get_ref()
+                ),
+            );
+        }
+        sandbox.confined.env.insert(key.into_inner(), value);
+    }
     for entry in file.sandbox.write {
         if let Err(message) = check_sandbox_path(entry.get_ref()) {
             invalid(entry.span(), "sandbox.write", message);

@@ -27,7 +27,7 @@ pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
 pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
 pub use settings::{
-    AgentDef, AgentSandbox, BaseMoved, IsolationFallback, IsolationSettings, LinkMode,
+    AgentDef, AgentSandbox, BaseMoved, Confined, IsolationFallback, IsolationSettings, LinkMode,
     MAX_STOP_GRACE, OnLimit, PlacedTask, PlacementDef, PlacementKind, PlannedTask, ProjectConfig,
     Protocol, RetentionSettings, RunSettings, SandboxMode, SandboxSettings, SteerMode, TaskDef,
     Team, TeamDef, WatchSettings, WorkspaceMode, WorktreeSettings,

@@ -472,6 +472,43 @@ pub struct AgentSandbox {
     /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
     /// write beneath. `~` is expanded with the `HOME` the agent sees.
     pub write: Vec<String>,
+    /// What the program is given when crew's sandbox confines it: the way its own sandbox and
+    /// permission prompts stand down, crew's sandbox being the boundary.
+    #[serde(default, skip_serializing_if = "Confined::is_empty")]
+    pub confined: Confined,
+}
+
+/// `[sandbox.confined]` of an agent definition: arguments added after its command (and its
+/// resume) and variables set for it, only when crew's sandbox confines it. A program whose own
+/// sandbox cannot start inside crew's, or that asks before each command it runs, is told here
+/// in its own documented way that it runs sandboxed from outside.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confined {
+    /// Arguments appended to the filled `command` and `resume` templates.
+    pub args: Vec<String>,
+    /// Variables set for the agent, over its definition's `env`.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Confined {
+    /// Whether the definition says nothing for a confined start.
+    pub fn is_empty(&self) -> bool {
+        self.args.is_empty() && self.env.is_empty()
+    }
+
+    /// The record of what was given, for the task's sandbox record: the arguments, then each
+    /// variable as `NAME=value`.
+    pub fn given(&self) -> Vec<String> {
+        self.args
+            .iter()
+            .cloned()
+            .chain(
+                self.env
+                    .iter()
+                    .map(|(name, value)| format!("{name}={value}")),
+            )
+            .collect()
+    }
 }
 
 impl AgentSandbox {
@@ -696,6 +733,7 @@ mod tests {
             write: ["~/.state/", "~/.file", "/etc/cron.d/", "~/", "/var/cache/x"]
                 .map(str::to_owned)
                 .to_vec(),
+            confined: Confined::default(),
         };
         let home = Utf8Path::new("/home/me");
         assert_eq!(

@@ -168,7 +168,7 @@ impl Terminals {
             .map_err(|error| failed(error.to_string()))?;
         let marker = procscan::agent_marker(&self.spec.agent_id);
         // The request's variables after the agent's: the later of two with one name wins.
-        let env = agent_env(&self.launcher.env, &self.spec.definition, &vars)
+        let env = agent_env(&self.launcher.env, &self.spec.definition, false, &vars)
             .into_iter()
             .chain(request.env.iter().map(|variable| {
                 (

@@ -465,6 +465,7 @@ impl RunContext {
             sandbox: crew_core::config::AgentSandbox {
                 mode: crew_core::config::SandboxMode::Off,
                 write: Vec::new(),
+                confined: Default::default(),
             },
             builtin: false,
         };

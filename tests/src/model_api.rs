@@ -1,0 +1,353 @@
+//! A stand-in of the model APIs that the real agent programs call: an HTTP server on
+//! 127.0.0.1 that answers Anthropic's Messages API (server-sent events, tool use) as a scripted
+//! model would. The agent program under test is real — its tools, its session files, its
+//! retries; only the model's answers come from the test's script.
+//!
+//! A script is a list of [`Reply`]s. The conversation's main requests (streamed, with tools)
+//! take the reply at the index of the assistant turns the request already holds, so a tool
+//! call is followed by the next reply once the program sent the tool's result back, and a
+//! follow-up turn or a resumed session goes on where the last one stopped. Side requests (a
+//! title, a quota probe: no tools) get a short text. Every main request is kept for the test
+//! to read.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+/// One answer of the scripted model.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Calls the program's tool `name` with `input`, then waits for the tool's result.
+    Tool { name: String, input: Value },
+    /// Says `text` and ends the turn.
+    Say(String),
+    /// Answers the request with HTTP `status` and the API's error body, with a `retry-after`
+    /// header when given. The same reply is given again to every retry of this step.
+    Fail {
+        status: u16,
+        message: String,
+        retry_after: Option<u64>,
+    },
+}
+
+impl Reply {
+    /// A call of the tool `name`.
+    pub fn tool(name: &str, input: Value) -> Self {
+        Reply::Tool {
+            name: name.to_owned(),
+            input,
+        }
+    }
+
+    /// A text that ends the turn.
+    pub fn say(text: &str) -> Self {
+        Reply::Say(text.to_owned())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    script: Vec<Reply>,
+    requests: Vec<Value>,
+}
+
+/// The running stand-in; it stops with the test process.
+#[derive(Debug, Clone)]
+pub struct ModelApi {
+    url: String,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl ModelApi {
+    /// Starts the stand-in with `script` on a free port of 127.0.0.1.
+    pub fn start(script: Vec<Reply>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shared = Arc::new(Mutex::new(Shared {
+            script,
+            requests: Vec::new(),
+        }));
+        let serving = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let shared = Arc::clone(&serving);
+                std::thread::spawn(move || {
+                    let _ = serve(stream, &shared);
+                });
+            }
+        });
+        ModelApi { url, shared }
+    }
+
+    /// The base URL to give the program (`ANTHROPIC_BASE_URL`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Replaces the rest of the script: what the model answers from now on.
+    pub fn set_script(&self, script: Vec<Reply>) {
+        self.shared.lock().unwrap().script = script;
+    }
+
+    /// The main requests received so far, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.shared.lock().unwrap().requests.clone()
+    }
+
+    /// Every text the program sent as the user's, in order: the prompts, follow-ups and tool
+    /// results of all main requests, as one string for `contains` checks.
+    pub fn user_texts(&self) -> String {
+        let requests = self.requests();
+        let Some(last) = requests.last() else {
+            return String::new();
+        };
+        let mut texts = String::new();
+        for message in last["messages"].as_array().into_iter().flatten() {
+            if message["role"] != "user" {
+                continue;
+            }
+            collect_texts(&message["content"], &mut texts);
+        }
+        texts
+    }
+}
+
+fn collect_texts(content: &Value, out: &mut String) {
+    match content {
+        Value::String(text) => {
+            out.push_str(text);
+            out.push('\n');
+        }
+        Value::Array(blocks) => {
+            for block in blocks {
+                if let Some(text) = block["text"].as_str() {
+                    out.push_str(text);
+                    out.push('\n');
+                }
+                collect_texts(&block["content"], out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// How many of the script's replies the conversation of `request` already holds: each reply
+/// is one block of an assistant message, a tool call or one of the script's texts. Programs
+/// merge consecutive assistant messages, and add texts of their own to a conversation (after
+/// an interruption), so the script's blocks are counted, not the messages.
+fn replies_given(request: &Value, script: &[Reply]) -> usize {
+    let scripted = |text: &str| {
+        script
+            .iter()
+            .any(|reply| matches!(reply, Reply::Say(said) if said == text))
+    };
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|message| message["role"] == "assistant")
+        .map(|message| match &message["content"] {
+            Value::String(text) => usize::from(scripted(text)),
+            Value::Array(blocks) => blocks
+                .iter()
+                .filter(|block| {
+                    block["type"] == "tool_use"
+                        || (block["type"] == "text" && block["text"].as_str().is_some_and(scripted))
+                })
+                .count(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Serves one connection: one request, then the connection closes (the reply says so).
+fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let mut length = 0usize;
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 || header == "\r\n" || header == "\n" {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':')
+            && name.trim().eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    let mut out = stream;
+    let path = request_line.split_whitespace().nth(1).unwrap_or("/");
+    if !request_line.starts_with("POST ") || !path.starts_with("/v1/messages") {
+        return respond(&mut out, 404, "application/json", b"{}", None);
+    }
+    if path.starts_with("/v1/messages/count_tokens") {
+        return respond(
+            &mut out,
+            200,
+            "application/json",
+            br#"{"input_tokens":10}"#,
+            None,
+        );
+    }
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let streamed = request["stream"].as_bool() == Some(true);
+    let main = streamed
+        && request["tools"]
+            .as_array()
+            .is_some_and(|tools| !tools.is_empty());
+    let reply = if main {
+        let mut shared = shared.lock().unwrap();
+        let turn = replies_given(&request, &shared.script);
+        shared.requests.push(request.clone());
+        shared
+            .script
+            .get(turn)
+            .cloned()
+            .unwrap_or_else(|| Reply::say("(the script has nothing more)"))
+    } else {
+        Reply::say("ok")
+    };
+    let model = request["model"].as_str().unwrap_or("claude-stand-in");
+    match reply {
+        Reply::Fail {
+            status,
+            message,
+            retry_after,
+        } => {
+            let kind = match status {
+                401 => "authentication_error",
+                429 => "rate_limit_error",
+                529 => "overloaded_error",
+                _ => "api_error",
+            };
+            let body = json!({"type": "error", "error": {"type": kind, "message": message}});
+            respond(
+                &mut out,
+                status,
+                "application/json",
+                body.to_string().as_bytes(),
+                retry_after,
+            )
+        }
+        reply if streamed => {
+            let events = anthropic_events(model, &reply);
+            respond(&mut out, 200, "text/event-stream", events.as_bytes(), None)
+        }
+        reply => {
+            let Reply::Say(text) = reply else {
+                unreachable!("side requests are answered with text")
+            };
+            let body = json!({
+                "id": "msg_side", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn", "stop_sequence": null,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            });
+            respond(
+                &mut out,
+                200,
+                "application/json",
+                body.to_string().as_bytes(),
+                None,
+            )
+        }
+    }
+}
+
+/// The server-sent events of one streamed Messages reply.
+fn anthropic_events(model: &str, reply: &Reply) -> String {
+    let mut events = String::new();
+    let mut event = |name: &str, data: Value| {
+        events.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+    };
+    event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": "msg_stand_in", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 120, "output_tokens": 1},
+        }}),
+    );
+    let stop_reason = match reply {
+        Reply::Tool { name, input } => {
+            event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {
+                    "type": "tool_use", "id": format!("toolu_{:08x}", next_call_id()),
+                    "name": name, "input": {},
+                }}),
+            );
+            event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {
+                    "type": "input_json_delta", "partial_json": input.to_string(),
+                }}),
+            );
+            "tool_use"
+        }
+        Reply::Say(text) => {
+            event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+            );
+            event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}}),
+            );
+            "end_turn"
+        }
+        Reply::Fail { .. } => unreachable!("failures are not streamed"),
+    };
+    event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    );
+    event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason,
+            "stop_sequence": null}, "usage": {"output_tokens": 20}}),
+    );
+    event("message_stop", json!({"type": "message_stop"}));
+    events
+}
+
+/// A tool call's id, different for each call of the process.
+fn next_call_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn respond(
+    out: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    retry_after: Option<u64>,
+) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        _ => "Error",
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    if let Some(seconds) = retry_after {
+        head.push_str(&format!("retry-after: {seconds}\r\n"));
+    }
+    head.push_str("\r\n");
+    out.write_all(head.as_bytes())?;
+    out.write_all(body)?;
+    out.flush()
+}

@@ -1,0 +1,254 @@
+//! The real agent programs, as `crew init` defines them, in a fresh home with the sandbox on:
+//! Claude Code from npm (pinned in `tests/agent-programs`), talking to a stand-in of its model
+//! API (`crew_tests::model_api`). Only the model is a stand-in: the tools that write files and
+//! run commands, the session files, the resume and the errors are the program's own.
+
+use std::process::{Command, Output, Stdio};
+
+use camino::Utf8PathBuf;
+use crew_tests::model_api::{ModelApi, Reply};
+use crew_tests::{TestEnv, render_output, wait_until};
+use serde_json::json;
+
+use crate::common::runs::{manifest, run_ids, task};
+
+/// A project with the definitions `crew init` writes, in a fresh home, and the real programs.
+struct Project {
+    env: TestEnv,
+    repo: Utf8PathBuf,
+    programs: Utf8PathBuf,
+}
+
+impl Project {
+    fn new(program: &str, test: &str) -> Option<Self> {
+        let programs = crew_tests::agent_programs(program, test)?;
+        let env = TestEnv::new();
+        let repo = env.repo("app");
+        let init = env.crew(&repo, ["init"]);
+        assert!(init.status.success(), "{}", render_output(&init));
+        Some(Project {
+            env,
+            repo,
+            programs,
+        })
+    }
+
+    /// `crew args…` with the programs on PATH and the variables a user of Claude Code behind a
+    /// gateway sets: its key, the gateway's URL, no traffic besides the model's.
+    fn command(&self, model: &ModelApi, args: &[&str]) -> Command {
+        let mut command = self.env.crew_command(&self.repo);
+        let inherited = command
+            .get_envs()
+            .find(|(name, _)| *name == "PATH")
+            .and_then(|(_, value)| value.map(ToOwned::to_owned))
+            .unwrap_or_default();
+        let path = std::env::join_paths(
+            std::iter::once(self.programs.as_std_path().to_path_buf())
+                .chain(std::env::split_paths(&inherited)),
+        )
+        .unwrap();
+        command
+            .env("PATH", path)
+            .env("ANTHROPIC_API_KEY", "sk-ant-stand-in")
+            .env("ANTHROPIC_BASE_URL", model.url())
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .args(args);
+        command
+    }
+
+    fn crew(&self, model: &ModelApi, args: &[&str]) -> Output {
+        self.command(model, args).output().unwrap()
+    }
+
+    /// The agent's output log, for a failure's message.
+    fn output_log(&self) -> String {
+        let run = run_ids(&self.env, &self.repo).remove(0);
+        let log = self
+            .repo
+            .join(format!(".crew/state/runs/{run}/tasks/claude/output.log"));
+        std::fs::read_to_string(&log).unwrap_or_else(|error| format!("{log}: {error}"))
+    }
+
+    /// The only run's manifest and its one task.
+    fn only_task(&self) -> (String, serde_json::Value) {
+        let run = run_ids(&self.env, &self.repo).remove(0);
+        let recorded = manifest(&self.env, &self.repo, &run);
+        let task = task(&recorded, "claude").clone();
+        (run, task)
+    }
+}
+
+#[test]
+fn claude_code_writes_a_file_and_runs_a_command_in_a_worktree_and_its_session_is_kept() {
+    let Some(project) = Project::new("claude", "claude_code_writes_a_file") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "Write",
+            json!({"file_path": "notes.txt", "content": "written by claude\n"}),
+        ),
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo \"ran by bash in $CREW_SANDBOX\" > ran.txt", "description": "write ran.txt"}),
+        ),
+        Reply::say("Both done."),
+    ]);
+    // The README's example, with the stand-in's model behind it.
+    let run = project.crew(
+        &model,
+        &[
+            "run",
+            "--agent",
+            "claude",
+            "--workspace-mode",
+            "worktree",
+            "Add an idempotency key to the refund endpoint",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    assert!(
+        model
+            .user_texts()
+            .contains("Add an idempotency key to the refund endpoint"),
+        "the task's prompt reached the model: {}",
+        model.user_texts()
+    );
+    let (run_id, task) = project.only_task();
+    let branch = format!("crew/{run_id}-claude");
+    let env = &project.env;
+    // Its own Write tool and its own shell, inside crew's sandbox, on the task's branch.
+    assert_eq!(
+        env.git(&project.repo, ["show", &format!("{branch}:notes.txt")]),
+        "written by claude\n"
+    );
+    assert_eq!(
+        env.git(&project.repo, ["show", &format!("{branch}:ran.txt")]),
+        "ran by bash in enforced\n"
+    );
+    assert!(
+        !project.repo.join("notes.txt").exists(),
+        "not in the leader"
+    );
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    assert_eq!(task["sandbox"]["state"], "enforced", "{task:#}");
+    assert_eq!(
+        task["sandbox"]["stood_down"],
+        json!(["--permission-mode", "bypassPermissions", "IS_SANDBOX=1"]),
+        "the record says Claude Code's own checks stood down: {task:#}"
+    );
+    // The session it reported is recorded, and its transcript was kept in the fresh home.
+    let session = task["session_id"].as_str().expect("a session id");
+    let transcripts = project.env.home().join(".claude/projects");
+    let kept = walk(&transcripts)
+        .iter()
+        .any(|path| path.file_name() == Some(&format!("{session}.jsonl")));
+    assert!(kept, "no transcript {session}.jsonl under {transcripts}");
+    assert_eq!(task["usage"]["turns"], 3, "{task:#}");
+}
+
+#[test]
+fn claude_code_stopped_mid_command_resumes_its_own_session_and_finishes() {
+    let Some(project) = Project::new("claude", "claude_code_resumes") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo started > started.txt; sleep 600", "description": "a long build"}),
+        ),
+        Reply::tool(
+            "Write",
+            json!({"file_path": "after.txt", "content": "after the resume\n"}),
+        ),
+        Reply::say("Finished after the resume."),
+    ]);
+    let mut host = project
+        .command(&model, &["run", "--quiet", "--agent", "claude", "build it"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(60, "the long command to start", || {
+        project.repo.join("started.txt").exists().then_some(())
+    });
+    let stop = project.crew(&model, &["agents", "stop", "claude"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    host.wait().unwrap();
+    let (_, stopped) = project.only_task();
+    let session = stopped["session_id"]
+        .as_str()
+        .expect("a session id")
+        .to_owned();
+
+    let resume = project.crew(&model, &["agents", "resume", "claude"]);
+    assert!(resume.status.success(), "{}", render_output(&resume));
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("after.txt")).unwrap_or_default(),
+        "after the resume\n",
+        "{}",
+        project.output_log()
+    );
+    let (_, resumed) = project.only_task();
+    assert_eq!(resumed["status"], "succeeded", "{resumed:#}");
+    assert_eq!(resumed["session_id"], session.as_str(), "the same session");
+    // The resumed conversation is the first one's: the model saw the task's prompt again.
+    let last = model.requests().pop().unwrap();
+    assert!(last.to_string().contains("build it"), "{last:#}");
+    // Resumed with nothing to add, it was told to go on.
+    assert!(
+        model.user_texts().contains("Continue where you left off."),
+        "{}\n{}",
+        model.user_texts(),
+        project.output_log()
+    );
+}
+
+#[test]
+fn claude_code_refused_by_the_api_fails_its_task_with_the_api_s_words() {
+    let Some(project) = Project::new("claude", "claude_code_refused_by_the_api") else {
+        return;
+    };
+    let model = ModelApi::start(vec![Reply::Fail {
+        status: 401,
+        message: "invalid x-api-key (stand-in)".to_owned(),
+        retry_after: None,
+    }]);
+    // Claude Code retries a refusal by itself, ten times over minutes unless told fewer.
+    let run = project
+        .command(&model, &["run", "--agent", "claude", "do it"])
+        .env("CLAUDE_CODE_MAX_RETRIES", "2")
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let (_, task) = project.only_task();
+    assert_eq!(task["status"], "failed", "{task:#}");
+    // The program's own words, not a "success" whose result was an error.
+    let reason = task["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("Invalid API key"), "{task:#}");
+    assert!(!reason.contains("success"), "{task:#}");
+    // Its retries showed while they went on: the task was not silent.
+    let log = project.output_log();
+    let shown = crew_live::protocol::shown_log(log.lines()).join("\n");
+    assert!(
+        shown.contains("[the model's API failed (HTTP 401 authentication_failed): retry 1 of 2"),
+        "{shown}"
+    );
+}
+
+/// Every file beneath `dir`.
+fn walk(dir: &camino::Utf8Path) -> Vec<Utf8PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in dir.read_dir_utf8().into_iter().flatten().flatten() {
+            let path = entry.path().to_path_buf();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
