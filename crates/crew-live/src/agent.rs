@@ -48,6 +48,7 @@ use crate::procscan;
 use crate::protocol::ProtocolEvent;
 use crate::sandbox::{self, SandboxPlan};
 use crate::spawn::{LeftoverCount, Spawner, WardedCommand};
+use crate::toolchains::{self, ToolchainCaches};
 
 /// The message a resume without one sends to agents whose `resume` template wants one.
 pub const DEFAULT_RESUME_MESSAGE: &str = "Continue where you left off.";
@@ -515,7 +516,7 @@ async fn launch(
     for (name, value) in &spec.workspace_env {
         crew_vars.push((name.as_str(), value.clone()));
     }
-    let mut sandbox =
+    let (mut sandbox, caches) =
         confinement(spec, launcher, temp_path).map_err(|source| SpawnAgentError::Sandbox {
             agent_id: spec.agent_id.clone(),
             source,
@@ -540,7 +541,12 @@ async fn launch(
     let mut warded = WardedCommand::new(
         program,
         args,
-        agent_env(&launcher.env, definition, confined, &crew_vars),
+        agent_env(
+            &launcher.env,
+            definition,
+            confined.then(|| caches.as_ref().map_or(&[][..], |caches| &caches.env[..])),
+            &crew_vars,
+        ),
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
         &sandbox.read_only,
@@ -694,12 +700,13 @@ async fn launch(
 }
 
 /// The ruleset of one start of the agent (or of its check): the plan, narrowed by its
-/// definition's mode, plus its definition's paths and its private temp dir.
+/// definition's mode, plus its definition's paths, its private temp dir and, confined, its
+/// project's toolchain caches (returned with it, for its environment).
 pub(crate) fn confinement(
     spec: &AgentSpec,
     launcher: &Launcher,
     temp_path: Utf8PathBuf,
-) -> Result<sandbox::Prepared, sandbox::BuildSandboxError> {
+) -> Result<(sandbox::Prepared, Option<ToolchainCaches>), sandbox::BuildSandboxError> {
     let home = launcher
         .env
         .get("HOME")
@@ -720,7 +727,34 @@ pub(crate) fn confinement(
     extra_writes.push(temp_path);
     let mut plan = spec.sandbox.clone();
     plan.mode = plan.mode.and(spec.definition.sandbox.mode);
-    sandbox::prepare(&plan, &extra_writes)
+    // Confined, its toolchains build with the project's caches, which it may write.
+    let caches = (plan.mode == crew_core::config::SandboxMode::Enforce)
+        .then(|| project_caches(spec, launcher))
+        .flatten();
+    if let Some(caches) = &caches {
+        extra_writes.push(caches.dir.clone());
+    }
+    let prepared = sandbox::prepare(&plan, &extra_writes)?;
+    let caches = caches.filter(|_| prepared.record.state == SandboxState::Enforced);
+    Ok((prepared, caches))
+}
+
+/// The toolchain caches of the agent's project, made for this start (see `toolchains`).
+fn project_caches(spec: &AgentSpec, launcher: &Launcher) -> Option<ToolchainCaches> {
+    let var = |name: &str| {
+        launcher
+            .env
+            .get(name)
+            .and_then(|value| value.to_str())
+            .map(str::to_owned)
+    };
+    let dir = toolchains::cache_dir(spec.workspace.as_path(), var)?;
+    let home = Utf8PathBuf::from(var("HOME").filter(|home| home.starts_with('/'))?);
+    let user_cargo = var("CARGO_HOME")
+        .filter(|path| path.starts_with('/'))
+        .map(Utf8PathBuf::from)
+        .unwrap_or_else(|| home.join(".cargo"));
+    toolchains::prepare(&dir, &home, &user_cargo)
 }
 
 /// A temp dir of the agent's own (mode 0700) in the host's temp directory: its `TMPDIR`, and

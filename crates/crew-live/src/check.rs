@@ -105,7 +105,8 @@ async fn run(
     for (name, value) in &spec.workspace_env {
         vars.push((name.as_str(), value.clone()));
     }
-    let prepared = confinement(spec, launcher, temp_path).map_err(|error| error.to_string())?;
+    let (prepared, caches) =
+        confinement(spec, launcher, temp_path).map_err(|error| error.to_string())?;
     if prepared.record.state == crew_core::model::SandboxState::Enforced {
         vars.push((
             env_vars::CREW_SANDBOX,
@@ -116,7 +117,12 @@ async fn run(
     let mut warded = WardedCommand::new(
         "sh",
         ["-c", command],
-        agent_env(&launcher.env, &spec.definition, false, &vars),
+        agent_env(
+            &launcher.env,
+            &spec.definition,
+            caches.as_ref().map(|caches| &caches.env[..]),
+            &vars,
+        ),
         &marker,
         prepared.ruleset,
         &prepared.read_only,

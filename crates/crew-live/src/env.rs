@@ -92,7 +92,7 @@ pub const AGENT_GIT_CONFIG: &[(&str, &str)] = &[("maintenance.auto", "false"), (
 pub fn agent_env(
     base: &BaseEnv,
     definition: &AgentDef,
-    confined: bool,
+    confined: Option<&[(String, String)]>,
     crew: &[(&str, String)],
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = Vec::new();
@@ -117,10 +117,15 @@ pub fn agent_env(
             set(name.clone(), value.clone(), false);
         }
     }
+    // Confined: its toolchains' caches (the project's), then what its definition says; the
+    // definition's own `env` may still name another cache.
+    for (name, value) in confined.into_iter().flatten() {
+        set(name.into(), value.into(), false);
+    }
     for (name, value) in &definition.env {
         set(name.into(), value.into(), false);
     }
-    if confined {
+    if confined.is_some() {
         for (name, value) in &definition.sandbox.confined.env {
             set(name.into(), value.into(), false);
         }
@@ -164,7 +169,7 @@ mod tests {
         let mut definition = AgentDef::builtin_shell();
         definition.pass_env = vec!["ANTHROPIC_API_KEY".into()];
         definition.env.insert("MODE".into(), "fast".into());
-        let env = agent_env(&base, &definition, false, &[("CREW_TASK_ID", "api".into())]);
+        let env = agent_env(&base, &definition, None, &[("CREW_TASK_ID", "api".into())]);
         let names: Vec<_> = env.iter().map(|(name, _)| name.to_str().unwrap()).collect();
         assert_eq!(
             names,

@@ -111,6 +111,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod shim;
 pub mod spawn;
+pub mod toolchains;
 pub mod watch;
 
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};

@@ -852,3 +852,78 @@ fn a_listings_directory_swapped_for_a_link_is_never_read_written_or_swept_throug
     }
     assert_eq!(tree_fingerprint(outside.as_std_path()), before);
 }
+
+#[test]
+fn toolchains_write_the_project_s_caches_and_never_the_user_s() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let user_cargo = env.home().join(".cargo");
+    write(&user_cargo.join("config.toml"), "[net]\nretry = 7\n");
+    write(
+        &user_cargo.join("credentials.toml"),
+        "[registry]\ntoken = \"secret\"\n",
+    );
+    write(
+        &user_cargo.join("registry/cache/kept.crate"),
+        "the user's\n",
+    );
+    write(&env.home().join(".npm/kept"), "the user's\n");
+    // Each tool's cache is written where the agent is pointed; then it tries the user's own,
+    // and to swap the project's cargo settings for its own.
+    let script = r#"set -u
+for dir in "$npm_config_cache" "$YARN_CACHE_FOLDER" "$PIP_CACHE_DIR" "$UV_CACHE_DIR" "$GOMODCACHE" "$GOCACHE" "$CARGO_HOME/registry"; do
+  mkdir -p "$dir" && echo warm > "$dir/probe" || echo "REFUSED $dir"
+done
+npm config get cache > npm-cache.txt
+cat "$CARGO_HOME/config.toml" > cargo-config.txt
+test -e "$CARGO_HOME/credentials.toml" && echo LEAKED > leaked.txt
+echo poisoned > "$HOME/.cargo/registry/cache/kept.crate"
+echo poisoned > "$HOME/.npm/kept"
+rm -f "$CARGO_HOME/config.toml" && echo '[build]
+rustc-wrapper = "/tmp/evil"' > "$CARGO_HOME/config.toml"
+exit 0"#;
+    let run = env.crew(&repo, ["run", "--quiet", "--agent", "shell", script]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    let run_id = run_ids(&env, &repo).remove(0);
+    let log = output_log(&repo, &run_id, "shell");
+    assert!(!log.contains("REFUSED"), "{log}");
+    let caches = env.home().join(".local/state/crew/caches");
+    let npm_cache = std::fs::read_to_string(repo.join("npm-cache.txt")).unwrap_or_default();
+    // npm itself reads the variable (where npm is installed: CI has it).
+    if !npm_cache.is_empty() {
+        assert!(npm_cache.trim().starts_with(caches.as_str()), "{npm_cache}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(repo.join("cargo-config.txt")).unwrap(),
+        "[net]\nretry = 7\n",
+        "the user's cargo settings reach the agent"
+    );
+    assert!(
+        !repo.join("leaked.txt").exists(),
+        "credentials are not linked"
+    );
+    assert_eq!(
+        std::fs::read_to_string(user_cargo.join("registry/cache/kept.crate")).unwrap(),
+        "the user's\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.home().join(".npm/kept")).unwrap(),
+        "the user's\n"
+    );
+    // The next start has the user's settings again, and the caches still warm.
+    let again = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "cat \"$CARGO_HOME/config.toml\" > again.txt; cat \"$npm_config_cache/probe\" >> again.txt",
+        ],
+    );
+    assert!(again.status.success(), "{}", render_output(&again));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("again.txt")).unwrap(),
+        "[net]\nretry = 7\nwarm\n"
+    );
+}

@@ -829,17 +829,8 @@ pub(super) fn parse_agent(
     };
     let mut env = BTreeMap::new();
     for (key, value) in file.env {
-        if let Err(message) = check_env_name(key.get_ref(), false) {
+        if let Err(message) = check_env_entry(key.get_ref(), &value) {
             invalid(key.span(), "env", message);
-        } else if value.contains('\0') {
-            invalid(
-                key.span(),
-                "env",
-                format!(
-                    "the value of `{}` holds a NUL byte, which no environment can carry",
-                    key.get_ref()
-                ),
-            );
         }
         env.insert(key.into_inner(), value);
     }
@@ -877,17 +868,8 @@ pub(super) fn parse_agent(
         sandbox.confined.args.push(arg.into_inner());
     }
     for (key, value) in file.sandbox.confined.env {
-        if let Err(message) = check_env_name(key.get_ref(), false) {
+        if let Err(message) = check_env_entry(key.get_ref(), &value) {
             invalid(key.span(), "sandbox.confined.env", message);
-        } else if value.contains('\0') {
-            invalid(
-                key.span(),
-                "sandbox.confined.env",
-                format!(
-                    "the value of `{}` holds a NUL byte, which no environment can carry",
-                    key.get_ref()
-                ),
-            );
         }
         sandbox.confined.env.insert(key.into_inner(), value);
     }
@@ -912,4 +894,15 @@ pub(super) fn parse_agent(
         sandbox,
         builtin: false,
     })
+}
+
+/// One variable an agent definition sets: a name an agent may be given, a value without NUL.
+fn check_env_entry(name: &str, value: &str) -> Result<(), String> {
+    check_env_name(name, false)?;
+    if value.contains('\0') {
+        return Err(format!(
+            "the value of `{name}` holds a NUL byte, which no environment can carry"
+        ));
+    }
+    Ok(())
 }

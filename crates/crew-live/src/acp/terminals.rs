@@ -164,11 +164,12 @@ impl Terminals {
         for (name, value) in &self.spec.workspace_env {
             vars.push((name.as_str(), value.clone()));
         }
-        let prepared = confinement(&self.spec, &self.launcher, temp_path)
+        let (prepared, caches) = confinement(&self.spec, &self.launcher, temp_path)
             .map_err(|error| failed(error.to_string()))?;
         let marker = procscan::agent_marker(&self.spec.agent_id);
         // The request's variables after the agent's: the later of two with one name wins.
-        let env = agent_env(&self.launcher.env, &self.spec.definition, false, &vars)
+        let caches = caches.as_ref().map(|caches| &caches.env[..]);
+        let env = agent_env(&self.launcher.env, &self.spec.definition, caches, &vars)
             .into_iter()
             .chain(request.env.iter().map(|variable| {
                 (

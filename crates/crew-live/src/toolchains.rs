@@ -1,0 +1,144 @@
+//! Toolchains inside the sandbox: the caches that cargo, npm, yarn, pip, uv and go write
+//! while they build, kept per project where a confined agent (and its check) may write them.
+//!
+//! A confined agent may not write the user's own caches (`~/.cargo/registry`, `~/.npm`, …):
+//! a download there would fail, and a write allowed there could poison what the user's own
+//! builds take. Instead each project gets a cache directory of its own, beneath crew's state
+//! (`$XDG_STATE_HOME/crew/caches/<project>-<hash>`, else `~/.local/state/crew/…`), granted to
+//! its agents and pointed at by each tool's documented variable. Per project, not per agent:
+//! a project's tasks build the same dependencies, so the second task starts warm; what one
+//! project's agent leaves there reaches that project's later agents only, never the user's
+//! own builds nor another project's.
+//!
+//! cargo keeps its settings beside its caches (`CARGO_HOME`): the project's cargo home links
+//! the user's `config.toml` and `bin/` (read-only for the agent, remade at every start), and
+//! holds its own `registry/` and `git/`; the user's credentials are not linked.
+
+use std::os::unix::fs::DirBuilderExt as _;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use sha2::{Digest, Sha256};
+
+/// Each tool's variable and the directory beneath the project's cache it names.
+const CACHE_VARIABLES: &[(&str, &str)] = &[
+    ("npm_config_cache", "npm"),
+    ("YARN_CACHE_FOLDER", "yarn"),
+    ("PIP_CACHE_DIR", "pip"),
+    ("UV_CACHE_DIR", "uv"),
+    ("GOMODCACHE", "go/mod"),
+    ("GOCACHE", "go/build"),
+];
+
+/// What of the user's cargo home the project's cargo home links: settings and installed
+/// commands, not credentials.
+const CARGO_LINKED: &[&str] = &["config.toml", "config", "bin"];
+
+/// A project's toolchain caches, made for one start of a confined agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolchainCaches {
+    /// The directory the agent may write: every cache beneath it.
+    pub dir: Utf8PathBuf,
+    /// The variables that point the tools there.
+    pub env: Vec<(String, String)>,
+}
+
+/// The cache directory of `project` for the user whose variables `env_var` gives (`HOME`,
+/// `XDG_STATE_HOME`); `None` without a home. Nothing is made here.
+pub fn cache_dir(
+    project: &Utf8Path,
+    env_var: impl Fn(&str) -> Option<String>,
+) -> Option<Utf8PathBuf> {
+    let state = env_var("XDG_STATE_HOME")
+        .filter(|dir| dir.starts_with('/'))
+        .map(Utf8PathBuf::from)
+        .or_else(|| {
+            env_var("HOME")
+                .filter(|home| home.starts_with('/'))
+                .map(|home| Utf8PathBuf::from(home).join(".local/state"))
+        })?;
+    let digest = Sha256::digest(project.as_str().as_bytes());
+    let hash: String = digest
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let name = crew_core::safe_segment(project.file_name().unwrap_or("project"));
+    Some(state.join("crew/caches").join(format!("{name}-{hash}")))
+}
+
+/// Makes (or repairs) the caches beneath `dir`: each tool's directory, and the cargo home with
+/// its links to the user's cargo home (`user_cargo`: their `CARGO_HOME`, else `~/.cargo`)
+/// remade. Only beneath a home that exists (`home`): crew makes no home for anyone. `None`
+/// when `dir` cannot be made: the agent then runs with the tools' defaults.
+pub fn prepare(dir: &Utf8Path, home: &Utf8Path, user_cargo: &Utf8Path) -> Option<ToolchainCaches> {
+    if !home.is_dir() {
+        return None;
+    }
+    let make = |path: &Utf8Path| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+    };
+    make(dir).ok()?;
+    let mut env = Vec::new();
+    for (variable, sub) in CACHE_VARIABLES {
+        let path = dir.join(sub);
+        if make(&path).is_ok() {
+            env.push(((*variable).to_owned(), path.to_string()));
+        }
+    }
+    let cargo = dir.join("cargo");
+    if make(&cargo).is_ok() {
+        for name in CARGO_LINKED {
+            let link = cargo.join(name);
+            // What an agent put in place of a link is not kept: the user's settings are.
+            match std::fs::symlink_metadata(&link) {
+                Ok(meta) if meta.is_dir() => {
+                    let _ = std::fs::remove_dir_all(&link);
+                }
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&link);
+                }
+                Err(_) => {}
+            }
+            let target = user_cargo.join(name);
+            if target.exists() {
+                let _ = std::os::unix::fs::symlink(&target, &link);
+            }
+        }
+        env.push(("CARGO_HOME".to_owned(), cargo.to_string()));
+    }
+    Some(ToolchainCaches {
+        dir: dir.to_owned(),
+        env,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_project_has_its_own_cache_beneath_crew_s_state() {
+        let vars = |name: &str| (name == "HOME").then(|| "/home/me".to_owned());
+        let a = cache_dir(Utf8Path::new("/src/app"), vars).unwrap();
+        let b = cache_dir(Utf8Path::new("/other/app"), vars).unwrap();
+        assert!(
+            a.as_str()
+                .starts_with("/home/me/.local/state/crew/caches/app-"),
+            "{a}"
+        );
+        assert_ne!(a, b, "two projects of one name share nothing");
+        let xdg = |name: &str| match name {
+            "XDG_STATE_HOME" => Some("/state".to_owned()),
+            _ => None,
+        };
+        assert!(
+            cache_dir(Utf8Path::new("/src/app"), xdg)
+                .unwrap()
+                .starts_with("/state/crew/caches/")
+        );
+        assert_eq!(cache_dir(Utf8Path::new("/src/app"), |_| None), None);
+    }
+}
