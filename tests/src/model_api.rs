@@ -1,6 +1,6 @@
 //! A stand-in of the model APIs that the real agent programs call: an HTTP server on
-//! 127.0.0.1 that answers Anthropic's Messages API (server-sent events, tool use) as a scripted
-//! model would. The agent program under test is real — its tools, its session files, its
+//! 127.0.0.1 that answers Anthropic's Messages API (Claude Code) and OpenAI's Responses API
+//! (Codex), with server-sent events and tool calls, as a scripted model would. The agent program under test is real — its tools, its session files, its
 //! retries; only the model's answers come from the test's script.
 //!
 //! A script is a list of [`Reply`]s. The conversation's main requests (streamed, with tools)
@@ -104,11 +104,17 @@ impl ModelApi {
             return String::new();
         };
         let mut texts = String::new();
-        for message in last["messages"].as_array().into_iter().flatten() {
-            if message["role"] != "user" {
-                continue;
+        // Anthropic's `messages`, or the Responses API's `input` items (tool outputs are the
+        // items' `output`).
+        let items = last["messages"].as_array().or(last["input"].as_array());
+        for item in items.into_iter().flatten() {
+            if let Some(output) = item["output"].as_str() {
+                texts.push_str(output);
+                texts.push('\n');
             }
-            collect_texts(&message["content"], &mut texts);
+            if item["role"] == "user" {
+                collect_texts(&item["content"], &mut texts);
+            }
         }
         texts
     }
@@ -162,6 +168,23 @@ fn replies_given(request: &Value, script: &[Reply]) -> usize {
         .sum()
 }
 
+/// Keeps `request` and takes the script's reply for it: the one after those its conversation
+/// already holds, as `given` counts them.
+fn next_reply(
+    shared: &Mutex<Shared>,
+    request: &Value,
+    given: fn(&Value, &[Reply]) -> usize,
+) -> Reply {
+    let mut shared = shared.lock().unwrap();
+    let turn = given(request, &shared.script);
+    shared.requests.push(request.clone());
+    shared
+        .script
+        .get(turn)
+        .cloned()
+        .unwrap_or_else(|| Reply::say("(the script has nothing more)"))
+}
+
 /// Serves one connection: one request, then the connection closes (the reply says so).
 fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -183,6 +206,9 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     reader.read_exact(&mut body)?;
     let mut out = stream;
     let path = request_line.split_whitespace().nth(1).unwrap_or("/");
+    if request_line.starts_with("POST ") && path.starts_with("/v1/responses") {
+        return openai_responses(&mut out, &body, shared);
+    }
     if !request_line.starts_with("POST ") || !path.starts_with("/v1/messages") {
         return respond(&mut out, 404, "application/json", b"{}", None);
     }
@@ -202,14 +228,7 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
             .as_array()
             .is_some_and(|tools| !tools.is_empty());
     let reply = if main {
-        let mut shared = shared.lock().unwrap();
-        let turn = replies_given(&request, &shared.script);
-        shared.requests.push(request.clone());
-        shared
-            .script
-            .get(turn)
-            .cloned()
-            .unwrap_or_else(|| Reply::say("(the script has nothing more)"))
+        next_reply(shared, &request, replies_given)
     } else {
         Reply::say("ok")
     };
@@ -258,6 +277,102 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
             )
         }
     }
+}
+
+/// Answers OpenAI's Responses API (what Codex calls): the conversation is the request's
+/// `input` items, and each reply one output item — a message, or a call of a tool: a custom
+/// (freeform) tool when the reply's input is a string (Codex's `exec`, which runs JavaScript
+/// calling its nested tools), a function with JSON arguments otherwise.
+fn openai_responses(
+    out: &mut TcpStream,
+    body: &[u8],
+    shared: &Mutex<Shared>,
+) -> std::io::Result<()> {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let reply = next_reply(shared, &request, responses_given);
+    let item = match reply {
+        Reply::Fail {
+            status,
+            message,
+            retry_after,
+        } => {
+            let code = match status {
+                401 => "invalid_api_key",
+                429 => "rate_limit_exceeded",
+                _ => "server_error",
+            };
+            let body = json!({"error": {"message": message, "type": "invalid_request_error",
+                "code": code, "param": null}});
+            return respond(
+                out,
+                status,
+                "application/json",
+                body.to_string().as_bytes(),
+                retry_after,
+            );
+        }
+        Reply::Say(text) => json!({
+            "type": "message", "role": "assistant", "id": format!("msg_{:08x}", next_call_id()),
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }),
+        Reply::Tool { name, input } => {
+            let id = next_call_id();
+            match input {
+                Value::String(input) => json!({
+                    "type": "custom_tool_call", "id": format!("ctc_{id:08x}"),
+                    "call_id": format!("call_{id:08x}"), "name": name, "input": input,
+                    "status": "completed",
+                }),
+                input => json!({
+                    "type": "function_call", "id": format!("fc_{id:08x}"),
+                    "call_id": format!("call_{id:08x}"), "name": name,
+                    "arguments": input.to_string(), "status": "completed",
+                }),
+            }
+        }
+    };
+    let id = format!("resp_{:08x}", next_call_id());
+    let mut events = String::new();
+    let mut event = |data: Value| {
+        let name = data["type"].as_str().unwrap_or_default().to_owned();
+        events.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+    };
+    event(json!({"type": "response.created", "response": {"id": id}}));
+    event(json!({"type": "response.output_item.added", "output_index": 0, "item": item}));
+    event(json!({"type": "response.output_item.done", "output_index": 0, "item": item}));
+    event(
+        json!({"type": "response.completed", "response": {"id": id, "usage": {
+            "input_tokens": 120, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 140,
+        }}}),
+    );
+    respond(out, 200, "text/event-stream", events.as_bytes(), None)
+}
+
+/// As [`replies_given`], for a Responses request: the tool calls and the script's texts among
+/// its `input` items.
+fn responses_given(request: &Value, script: &[Reply]) -> usize {
+    let scripted = |text: &str| {
+        script
+            .iter()
+            .any(|reply| matches!(reply, Reply::Say(said) if said == text))
+    };
+    request["input"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|item| match item["type"].as_str() {
+            Some("custom_tool_call" | "function_call") => true,
+            Some("message") if item["role"] == "assistant" => item["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|part| part["text"].as_str().is_some_and(scripted)),
+            _ => false,
+        })
+        .count()
 }
 
 /// The server-sent events of one streamed Messages reply.

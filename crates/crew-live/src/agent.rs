@@ -419,6 +419,7 @@ fn supervise_from(
         status: status_tx,
         tail: tail.clone(),
         follow_ups,
+        turn_tools: TurnTools::default(),
     };
     match running {
         Some(running) => tokio::spawn(supervisor.run(running)),
@@ -792,6 +793,33 @@ struct Supervisor {
     status: watch::Sender<AgentStatus>,
     tail: Arc<Mutex<OutputTail>>,
     follow_ups: VecDeque<String>,
+    /// The tool calls of the turn under way.
+    turn_tools: TurnTools,
+}
+
+/// The tool calls of one turn, for a turn whose every call failed: a program that cannot run
+/// anything (its own sandbox refused inside crew's, a home it may not write) says only that
+/// its turn ended, and its task would look done.
+#[derive(Debug, Default)]
+struct TurnTools {
+    succeeded: u32,
+    failed: Vec<String>,
+    change_failed: bool,
+}
+
+impl TurnTools {
+    /// Why the turn failed, when every tool call failed and that cannot be an ordinary answer:
+    /// two calls or more, or a change to files. One failing command (a `grep` that found
+    /// nothing) may be how the agent learnt its answer.
+    fn all_failed(&self) -> Option<String> {
+        let calls = self.failed.len();
+        (self.succeeded == 0 && (calls >= 2 || (calls == 1 && self.change_failed))).then(|| {
+            format!(
+                "every tool call of its last turn failed ({calls}); the first: {}",
+                self.failed[0]
+            )
+        })
+    }
 }
 
 /// How far a supervisor has gone in stopping its agent.
@@ -942,6 +970,8 @@ impl Supervisor {
                 Ok(running) => {
                     let pid = running.pid;
                     let sandbox = running.sandbox.clone();
+                    // A new process starts its turn afresh.
+                    self.turn_tools = TurnTools::default();
                     self.status.send_modify(|status| {
                         status.state = AgentState::Running;
                         status.idle = false;
@@ -1066,11 +1096,22 @@ impl Supervisor {
                 self.status
                     .send_modify(|status| status.landed = Some((branch, tip)));
             }
+            ProtocolEvent::ToolsDone {
+                succeeded,
+                failed,
+                change_failed,
+            } => {
+                self.turn_tools.succeeded += succeeded;
+                self.turn_tools.failed.extend(failed);
+                self.turn_tools.change_failed |= change_failed;
+            }
             ProtocolEvent::TurnEnded {
                 usage,
                 error,
                 limit,
             } => {
+                let tools = std::mem::take(&mut self.turn_tools);
+                let error = error.or_else(|| tools.all_failed());
                 self.status.send_modify(|status| {
                     if let Some(usage) = usage {
                         status.usage = Some(status.usage.map_or(usage, |sum| sum.plus(usage)));

@@ -56,6 +56,16 @@ pub enum ProtocolEvent {
         /// The usage or rate limit the turn hit, when that is why it failed.
         limit: Option<UsageLimit>,
     },
+    /// Tool calls of the turn under way came back: how many succeeded, the words of each
+    /// that failed, and whether a failed one was a change to files.
+    ToolsDone {
+        /// Calls that succeeded.
+        succeeded: u32,
+        /// What each failed call said, cut short.
+        failed: Vec<String>,
+        /// A failed call was a file change (Codex's `file_change`).
+        change_failed: bool,
+    },
     /// A line that was not a message of the protocol (the first one only).
     NotProtocol(String),
     /// The agent asks for permission and waits, alive, for the answer (`acp`).
@@ -163,7 +173,7 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                             .shown
                             .push(format!("→ {name} {}", tool_summary(&input)));
                     }
-                    Block::Other => {}
+                    Block::ToolResult { .. } | Block::Other => {}
                 }
             }
         }
@@ -209,7 +219,28 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                 limit,
             });
         }
-        // Tool results, and message types newer than this reader: nothing to show.
+        // Its tools' results: counted, for a turn whose every call failed.
+        "user" => {
+            let mut succeeded = 0;
+            let mut failed = Vec::new();
+            for block in message.message.map(|body| body.content).unwrap_or_default() {
+                if let Block::ToolResult { is_error, content } = block {
+                    if is_error {
+                        failed.push(cut(&result_text(&content)));
+                    } else {
+                        succeeded += 1;
+                    }
+                }
+            }
+            if succeeded > 0 || !failed.is_empty() {
+                reading.event = Some(ProtocolEvent::ToolsDone {
+                    succeeded,
+                    failed,
+                    change_failed: false,
+                });
+            }
+        }
+        // Message types newer than this reader: nothing to show.
         _ => {}
     }
     Some(reading)
@@ -237,17 +268,36 @@ pub fn read_codex_line(line: &str) -> Option<Reading> {
                     .map(str::to_owned),
             ),
             Some(CodexItem::CommandExecution {
-                exit_code: Some(code),
-                ..
-            }) if code != 0 => {
-                reading.shown.push(format!("  (exit {code})"));
+                command,
+                exit_code,
+                status,
+                aggregated_output,
+            }) => {
+                let failed = match exit_code {
+                    Some(0) => None,
+                    Some(code) => {
+                        reading.shown.push(format!("  (exit {code})"));
+                        Some(format!("`{}` exited {code}", cut(&command)))
+                    }
+                    None => (status == "failed").then(|| format!("`{}` failed", cut(&command))),
+                };
+                reading.event = Some(tools_done(
+                    failed.map(|failed| with_output(failed, &aggregated_output)),
+                    false,
+                ));
             }
-            Some(CodexItem::FileChange { changes }) => {
+            Some(CodexItem::FileChange { changes, status }) => {
                 let paths: Vec<String> = changes
                     .into_iter()
                     .map(|change| format!("{} {}", change.kind, change.path))
                     .collect();
-                reading.shown.push(format!("→ {}", cut(&paths.join(", "))));
+                let what = cut(&paths.join(", "));
+                reading.shown.push(format!("→ {what}"));
+                let failed = (status == "failed").then(|| {
+                    reading.shown.push("  (failed)".to_owned());
+                    format!("the change {what} failed")
+                });
+                reading.event = Some(tools_done(failed, true));
             }
             Some(CodexItem::Error { message }) => reading.shown.push(format!("error: {message}")),
             _ => {}
@@ -516,10 +566,16 @@ enum CodexItem {
         command: String,
         #[serde(default)]
         exit_code: Option<i64>,
+        #[serde(default)]
+        status: String,
+        #[serde(default)]
+        aggregated_output: String,
     },
     FileChange {
         #[serde(default)]
         changes: Vec<CodexChange>,
+        #[serde(default)]
+        status: String,
     },
     Error {
         #[serde(default)]
@@ -571,6 +627,36 @@ fn api_retry_line(message: &Message) -> String {
         .unwrap_or_default();
     let delay = Duration::from_millis(message.retry_delay_ms.unwrap_or(0)).as_secs_f64();
     format!("[the model's API failed ({status}{error}): retry {attempt}{of} in {delay:.1} s]")
+}
+
+/// One tool call's end, as a `ToolsDone` event.
+fn tools_done(failed: Option<String>, change: bool) -> ProtocolEvent {
+    ProtocolEvent::ToolsDone {
+        succeeded: u32::from(failed.is_none()),
+        change_failed: change && failed.is_some(),
+        failed: failed.into_iter().collect(),
+    }
+}
+
+/// A failure's words with the first line of what the command printed.
+fn with_output(failed: String, output: &str) -> String {
+    match output.lines().find(|line| !line.trim().is_empty()) {
+        Some(line) => format!("{failed}: {}", cut(line.trim())),
+        None => failed,
+    }
+}
+
+/// The text of a Claude Code tool result: a string, or its text blocks.
+fn result_text(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|block| block["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
 }
 
 /// A tool's input in a few words: the command, the file, or the input cut short.
@@ -634,6 +720,12 @@ enum Block {
         name: String,
         #[serde(default)]
         input: Value,
+    },
+    ToolResult {
+        #[serde(default)]
+        is_error: bool,
+        #[serde(default)]
+        content: Value,
     },
     #[serde(other)]
     Other,
@@ -702,6 +794,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(said.shown, ["Looking.", "Done", "→ Bash ls -la"]);
+        // Its tools' results are counted: what failed, in its words.
+        let results = read_claude_line(
+            r#"{"type":"user","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"EACCES: permission denied, open '/x'","is_error":true},{"type":"tool_result","tool_use_id":"b","content":[{"type":"text","text":"ok"}]}]},"session_id":"s-1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            results.event,
+            Some(ProtocolEvent::ToolsDone {
+                succeeded: 1,
+                failed: vec!["EACCES: permission denied, open '/x'".to_owned()],
+                change_failed: false,
+            })
+        );
         // The program retrying the model's API shows, with what the API answered.
         let retry = read_claude_line(
             r#"{"type":"system","subtype":"api_retry","attempt":3,"max_retries":10,"retry_delay_ms":2017,"error_status":429,"error":"rate_limit","session_id":"s-1"}"#,
@@ -770,6 +875,43 @@ mod tests {
         )
         .unwrap();
         assert_eq!(edited.shown, ["→ add a.txt"]);
+        assert_eq!(
+            edited.event,
+            Some(ProtocolEvent::ToolsDone {
+                succeeded: 1,
+                failed: Vec::new(),
+                change_failed: false
+            })
+        );
+        // A failed change and a failed command are counted with their words.
+        let refused = read_codex_line(
+            r#"{"type":"item.completed","item":{"id":"item_4","type":"file_change","changes":[{"path":"b.txt","kind":"add"}],"status":"failed"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            refused.event,
+            Some(ProtocolEvent::ToolsDone {
+                succeeded: 0,
+                failed: vec!["the change add b.txt failed".to_owned()],
+                change_failed: true
+            })
+        );
+        let exited = read_codex_line(
+            r#"{"type":"item.completed","item":{"id":"item_5","type":"command_execution","command":"bash -lc make","aggregated_output":"bwrap: setting up uid map: Permission denied\n","exit_code":1,"status":"failed"}}"#,
+        )
+        .unwrap();
+        assert_eq!(exited.shown, ["  (exit 1)"]);
+        assert_eq!(
+            exited.event,
+            Some(ProtocolEvent::ToolsDone {
+                succeeded: 0,
+                failed: vec![
+                    "`bash -lc make` exited 1: bwrap: setting up uid map: Permission denied"
+                        .to_owned()
+                ],
+                change_failed: false
+            })
+        );
         let over = read_codex_line(
             r#"{"type":"turn.completed","usage":{"input_tokens":120,"cached_input_tokens":100,"output_tokens":9}}"#,
         )

@@ -1,5 +1,5 @@
 //! The real agent programs, as `crew init` defines them, in a fresh home with the sandbox on:
-//! Claude Code from npm (pinned in `tests/agent-programs`), talking to a stand-in of its model
+//! Claude Code and Codex from npm (pinned in `tests/agent-programs`), talking to a stand-in of their model
 //! API (`crew_tests::model_api`). Only the model is a stand-in: the tools that write files and
 //! run commands, the session files, the resume and the errors are the program's own.
 
@@ -52,6 +52,7 @@ impl Project {
             .env("ANTHROPIC_API_KEY", "sk-ant-stand-in")
             .env("ANTHROPIC_BASE_URL", model.url())
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("OPENAI_API_KEY", "sk-stand-in")
             .args(args);
         command
     }
@@ -60,20 +61,40 @@ impl Project {
         self.command(model, args).output().unwrap()
     }
 
+    /// Points Codex at `model` as a user of a gateway does: a model provider of their own in
+    /// `~/.codex/config.toml` (Codex 0.171 reads no `OPENAI_BASE_URL`).
+    fn codex_gateway(&self, model: &ModelApi) {
+        crew_tests::write(
+            &self.env.home().join(".codex/config.toml"),
+            &format!(
+                "model_provider = \"gateway\"\n[model_providers.gateway]\nname = \"gateway\"\nbase_url = \"{}/v1\"\nenv_key = \"OPENAI_API_KEY\"\nwire_api = \"responses\"\nsupports_websockets = false\n",
+                model.url()
+            ),
+        );
+    }
+
     /// The agent's output log, for a failure's message.
     fn output_log(&self) -> String {
+        self.output_log_of("claude")
+    }
+
+    fn output_log_of(&self, task: &str) -> String {
         let run = run_ids(&self.env, &self.repo).remove(0);
         let log = self
             .repo
-            .join(format!(".crew/state/runs/{run}/tasks/claude/output.log"));
+            .join(format!(".crew/state/runs/{run}/tasks/{task}/output.log"));
         std::fs::read_to_string(&log).unwrap_or_else(|error| format!("{log}: {error}"))
     }
 
     /// The only run's manifest and its one task.
     fn only_task(&self) -> (String, serde_json::Value) {
+        self.only_task_of("claude")
+    }
+
+    fn only_task_of(&self, id: &str) -> (String, serde_json::Value) {
         let run = run_ids(&self.env, &self.repo).remove(0);
         let recorded = manifest(&self.env, &self.repo, &run);
-        let task = task(&recorded, "claude").clone();
+        let task = task(&recorded, id).clone();
         (run, task)
     }
 }
@@ -234,6 +255,111 @@ fn claude_code_refused_by_the_api_fails_its_task_with_the_api_s_words() {
         shown.contains("[the model's API failed (HTTP 401 authentication_failed): retry 1 of 2"),
         "{shown}"
     );
+}
+
+#[test]
+fn codex_patches_a_file_and_runs_a_command_in_a_worktree_and_its_thread_is_kept() {
+    let Some(project) = Project::new("codex", "codex_patches_a_file") else {
+        return;
+    };
+    // Codex's tools are called from JavaScript through its `exec` tool.
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "exec",
+            json!(
+                "await tools.apply_patch(\"*** Begin Patch\\n*** Add File: notes.txt\\n+written by codex\\n*** End Patch\\n\");\ntext(\"patched\");"
+            ),
+        ),
+        Reply::tool(
+            "exec",
+            json!(
+                "const r = await tools.exec_command({cmd: \"echo ran by codex in $CREW_SANDBOX > ran.txt\"});\ntext(r.output);"
+            ),
+        ),
+        Reply::say("Both done."),
+    ]);
+    project.codex_gateway(&model);
+    let run = project.crew(
+        &model,
+        &[
+            "run",
+            "--agent",
+            "codex",
+            "--workspace-mode",
+            "worktree",
+            "Add an idempotency key to the refund endpoint",
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of("codex")
+    );
+    let (run_id, task) = project.only_task_of("codex");
+    let branch = format!("crew/{run_id}-codex");
+    let env = &project.env;
+    assert_eq!(
+        env.git(&project.repo, ["show", &format!("{branch}:notes.txt")]),
+        "written by codex\n",
+        "{}",
+        project.output_log_of("codex")
+    );
+    assert_eq!(
+        env.git(&project.repo, ["show", &format!("{branch}:ran.txt")]),
+        "ran by codex in enforced\n"
+    );
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    assert_eq!(
+        task["sandbox"]["stood_down"],
+        json!(["--dangerously-bypass-approvals-and-sandbox"]),
+        "{task:#}"
+    );
+    assert!(
+        task["session_id"].as_str().is_some(),
+        "a thread id: {task:#}"
+    );
+}
+
+#[test]
+fn codex_whose_own_sandbox_cannot_start_fails_its_task_with_what_failed() {
+    let Some(project) = Project::new("codex", "codex_whose_own_sandbox_cannot_start") else {
+        return;
+    };
+    // A definition of before: Codex's own sandbox (bubblewrap) inside crew's, where it cannot
+    // start, so every change and command it tries fails, and it still ends its turn.
+    let definition = project.repo.join(".crew/agents/codex.toml");
+    let text = std::fs::read_to_string(&definition).unwrap();
+    let (before, _) = text.split_once("[sandbox.confined]").unwrap();
+    crew_tests::write(&definition, before);
+    project.env.allow_settings(&project.repo);
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "exec",
+            json!(
+                "await tools.apply_patch(\"*** Begin Patch\\n*** Add File: notes.txt\\n+written by codex\\n*** End Patch\\n\");"
+            ),
+        ),
+        Reply::tool(
+            "exec",
+            json!(
+                "const r = await tools.exec_command({cmd: \"echo ran > ran.txt\"});\ntext(r.output);"
+            ),
+        ),
+        Reply::say("Both done."),
+    ]);
+    project.codex_gateway(&model);
+    let run = project.crew(&model, &["run", "--agent", "codex", "do it"]);
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let (_, task) = project.only_task_of("codex");
+    assert_eq!(task["status"], "failed", "{task:#}");
+    let reason = task["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("every tool call of its last turn failed"),
+        "{task:#}\n{}",
+        project.output_log_of("codex")
+    );
+    assert!(!project.repo.join("notes.txt").exists());
 }
 
 /// Every file beneath `dir`.
