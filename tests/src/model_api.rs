@@ -51,6 +51,8 @@ impl Reply {
 struct Shared {
     script: Vec<Reply>,
     requests: Vec<Value>,
+    /// Failures that answer the next main requests, before the script goes on.
+    failures: std::collections::VecDeque<Reply>,
 }
 
 /// The running stand-in; it stops with the test process.
@@ -67,7 +69,7 @@ impl ModelApi {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shared = Arc::new(Mutex::new(Shared {
             script,
-            requests: Vec::new(),
+            ..Shared::default()
         }));
         let serving = Arc::clone(&shared);
         std::thread::spawn(move || {
@@ -86,9 +88,19 @@ impl ModelApi {
         &self.url
     }
 
-    /// Replaces the rest of the script: what the model answers from now on.
-    pub fn set_script(&self, script: Vec<Reply>) {
-        self.shared.lock().unwrap().script = script;
+    /// Answers the next `times` main requests with HTTP `status` (and `retry-after`), whatever
+    /// the script says; the script goes on after them where it was.
+    pub fn fail_next(&self, times: usize, status: u16, retry_after: Option<u64>) {
+        let failure = Reply::Fail {
+            status,
+            message: format!("stand-in says {status}"),
+            retry_after,
+        };
+        self.shared
+            .lock()
+            .unwrap()
+            .failures
+            .extend(std::iter::repeat_n(failure, times));
     }
 
     /// The main requests received so far, in order.
@@ -178,6 +190,9 @@ fn next_reply(
     let mut shared = shared.lock().unwrap();
     let turn = given(request, &shared.script);
     shared.requests.push(request.clone());
+    if let Some(failure) = shared.failures.pop_front() {
+        return failure;
+    }
     shared
         .script
         .get(turn)

@@ -226,6 +226,39 @@ fn claude_code_stopped_mid_command_resumes_its_own_session_and_finishes() {
 }
 
 #[test]
+fn claude_code_rate_limited_with_a_reset_retries_by_itself_and_crew_shows_it() {
+    let Some(project) = Project::new("claude", "claude_code_rate_limited") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "Write",
+            json!({"file_path": "notes.txt", "content": "after the limit\n"}),
+        ),
+        Reply::say("Done."),
+    ]);
+    // The API says 429 twice, with the second to wait; Claude Code waits and tries again.
+    model.fail_next(2, 429, Some(1));
+    let run = project.crew(&model, &["run", "--agent", "claude", "write the notes"]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("notes.txt")).unwrap(),
+        "after the limit\n"
+    );
+    let shown = crew_live::protocol::shown_log(project.output_log().lines()).join("\n");
+    assert!(
+        shown.contains("[the model's API failed (HTTP 429"),
+        "the waits showed: {shown}"
+    );
+    let (_, task) = project.only_task();
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    assert!(
+        task["limit"].is_null(),
+        "a limit it got over is no limit: {task:#}"
+    );
+}
+
+#[test]
 fn claude_code_refused_by_the_api_fails_its_task_with_the_api_s_words() {
     let Some(project) = Project::new("claude", "claude_code_refused_by_the_api") else {
         return;
@@ -319,6 +352,61 @@ fn codex_patches_a_file_and_runs_a_command_in_a_worktree_and_its_thread_is_kept(
         task["session_id"].as_str().is_some(),
         "a thread id: {task:#}"
     );
+}
+
+#[test]
+fn codex_stopped_mid_command_resumes_its_own_thread_and_finishes() {
+    let Some(project) = Project::new("codex", "codex_resumes") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "exec",
+            json!(
+                "const r = await tools.exec_command({cmd: \"echo started > started.txt; sleep 600\", yield_time_ms: 30000});\ntext(r.output);"
+            ),
+        ),
+        Reply::tool(
+            "exec",
+            json!(
+                "await tools.apply_patch(\"*** Begin Patch\\n*** Add File: after.txt\\n+after the resume\\n*** End Patch\\n\");"
+            ),
+        ),
+        Reply::say("Finished after the resume."),
+    ]);
+    project.codex_gateway(&model);
+    let mut host = project
+        .command(&model, &["run", "--quiet", "--agent", "codex", "build it"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(60, "the long command to start", || {
+        project.repo.join("started.txt").exists().then_some(())
+    });
+    let stop = project.crew(&model, &["agents", "stop", "codex"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    host.wait().unwrap();
+    let (_, stopped) = project.only_task_of("codex");
+    let thread = stopped["session_id"]
+        .as_str()
+        .expect("a thread id")
+        .to_owned();
+
+    let resume = project.crew(&model, &["agents", "resume", "codex"]);
+    assert!(resume.status.success(), "{}", render_output(&resume));
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("after.txt")).unwrap_or_default(),
+        "after the resume\n",
+        "{}",
+        project.output_log_of("codex")
+    );
+    let (_, resumed) = project.only_task_of("codex");
+    assert_eq!(resumed["status"], "succeeded", "{resumed:#}");
+    assert_eq!(resumed["session_id"], thread.as_str(), "the same thread");
+    let texts = model.user_texts();
+    assert!(texts.contains("build it"), "{texts}");
+    assert!(texts.contains("Continue where you left off."), "{texts}");
 }
 
 #[test]
