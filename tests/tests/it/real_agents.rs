@@ -73,6 +73,41 @@ impl Project {
         );
     }
 
+    /// Runs `agent` on "build it" with `model`'s script, whose first call starts a long
+    /// command writing `started.txt`; stops the task during it, resumes it, and checks that
+    /// it resumed its own session and finished, its next call writing `after.txt`.
+    fn stop_mid_command_then_resume(&self, model: &ModelApi, agent: &str) {
+        let mut host = self
+            .command(model, &["run", "--quiet", "--agent", agent, "build it"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until(60, "the long command to start", || {
+            self.repo.join("started.txt").exists().then_some(())
+        });
+        let stop = self.crew(model, &["agents", "stop", agent]);
+        assert!(stop.status.success(), "{}", render_output(&stop));
+        host.wait().unwrap();
+        let (_, stopped) = self.only_task_of(agent);
+        let session = stopped["session_id"]
+            .as_str()
+            .expect("a session id")
+            .to_owned();
+
+        let resume = self.crew(model, &["agents", "resume", agent]);
+        assert!(resume.status.success(), "{}", render_output(&resume));
+        assert_eq!(
+            std::fs::read_to_string(self.repo.join("after.txt")).unwrap_or_default(),
+            "after the resume\n",
+            "{}",
+            self.output_log_of(agent)
+        );
+        let (_, resumed) = self.only_task_of(agent);
+        assert_eq!(resumed["status"], "succeeded", "{resumed:#}");
+        assert_eq!(resumed["session_id"], session.as_str(), "the same session");
+    }
+
     /// The agent's output log, for a failure's message.
     fn output_log(&self) -> String {
         self.output_log_of("claude")
@@ -184,35 +219,7 @@ fn claude_code_stopped_mid_command_resumes_its_own_session_and_finishes() {
         ),
         Reply::say("Finished after the resume."),
     ]);
-    let mut host = project
-        .command(&model, &["run", "--quiet", "--agent", "claude", "build it"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(60, "the long command to start", || {
-        project.repo.join("started.txt").exists().then_some(())
-    });
-    let stop = project.crew(&model, &["agents", "stop", "claude"]);
-    assert!(stop.status.success(), "{}", render_output(&stop));
-    host.wait().unwrap();
-    let (_, stopped) = project.only_task();
-    let session = stopped["session_id"]
-        .as_str()
-        .expect("a session id")
-        .to_owned();
-
-    let resume = project.crew(&model, &["agents", "resume", "claude"]);
-    assert!(resume.status.success(), "{}", render_output(&resume));
-    assert_eq!(
-        std::fs::read_to_string(project.repo.join("after.txt")).unwrap_or_default(),
-        "after the resume\n",
-        "{}",
-        project.output_log()
-    );
-    let (_, resumed) = project.only_task();
-    assert_eq!(resumed["status"], "succeeded", "{resumed:#}");
-    assert_eq!(resumed["session_id"], session.as_str(), "the same session");
+    project.stop_mid_command_then_resume(&model, "claude");
     // The resumed conversation is the first one's: the model saw the task's prompt again.
     let last = model.requests().pop().unwrap();
     assert!(last.to_string().contains("build it"), "{last:#}");
@@ -375,35 +382,7 @@ fn codex_stopped_mid_command_resumes_its_own_thread_and_finishes() {
         Reply::say("Finished after the resume."),
     ]);
     project.codex_gateway(&model);
-    let mut host = project
-        .command(&model, &["run", "--quiet", "--agent", "codex", "build it"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(60, "the long command to start", || {
-        project.repo.join("started.txt").exists().then_some(())
-    });
-    let stop = project.crew(&model, &["agents", "stop", "codex"]);
-    assert!(stop.status.success(), "{}", render_output(&stop));
-    host.wait().unwrap();
-    let (_, stopped) = project.only_task_of("codex");
-    let thread = stopped["session_id"]
-        .as_str()
-        .expect("a thread id")
-        .to_owned();
-
-    let resume = project.crew(&model, &["agents", "resume", "codex"]);
-    assert!(resume.status.success(), "{}", render_output(&resume));
-    assert_eq!(
-        std::fs::read_to_string(project.repo.join("after.txt")).unwrap_or_default(),
-        "after the resume\n",
-        "{}",
-        project.output_log_of("codex")
-    );
-    let (_, resumed) = project.only_task_of("codex");
-    assert_eq!(resumed["status"], "succeeded", "{resumed:#}");
-    assert_eq!(resumed["session_id"], thread.as_str(), "the same thread");
+    project.stop_mid_command_then_resume(&model, "codex");
     let texts = model.user_texts();
     assert!(texts.contains("build it"), "{texts}");
     assert!(texts.contains("Continue where you left off."), "{texts}");
