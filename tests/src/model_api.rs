@@ -1,6 +1,7 @@
 //! A stand-in of the model APIs that the real agent programs call: an HTTP server on
-//! 127.0.0.1 that answers Anthropic's Messages API (Claude Code) and OpenAI's Responses API
-//! (Codex), with server-sent events and tool calls, as a scripted model would. The agent program under test is real — its tools, its session files, its
+//! 127.0.0.1 that answers Anthropic's Messages API (Claude Code), OpenAI's Responses API
+//! (Codex) and Google's Gemini API (Gemini CLI), with server-sent events and tool calls, as a
+//! scripted model would. The agent program under test is real — its tools, its session files, its
 //! retries; only the model's answers come from the test's script.
 //!
 //! A script is a list of [`Reply`]s. The conversation's main requests (streamed, with tools)
@@ -116,9 +117,12 @@ impl ModelApi {
             return String::new();
         };
         let mut texts = String::new();
-        // Anthropic's `messages`, or the Responses API's `input` items (tool outputs are the
-        // items' `output`).
-        let items = last["messages"].as_array().or(last["input"].as_array());
+        // Anthropic's `messages`, the Responses API's `input` items (tool outputs are the
+        // items' `output`), or Gemini's `contents` (their `parts`).
+        let items = last["messages"]
+            .as_array()
+            .or(last["input"].as_array())
+            .or(last["contents"].as_array());
         for item in items.into_iter().flatten() {
             if let Some(output) = item["output"].as_str() {
                 texts.push_str(output);
@@ -126,6 +130,7 @@ impl ModelApi {
             }
             if item["role"] == "user" {
                 collect_texts(&item["content"], &mut texts);
+                collect_texts(&item["parts"], &mut texts);
             }
         }
         texts
@@ -223,6 +228,9 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     let path = request_line.split_whitespace().nth(1).unwrap_or("/");
     if request_line.starts_with("POST ") && path.starts_with("/v1/responses") {
         return openai_responses(&mut out, &body, shared);
+    }
+    if request_line.starts_with("POST ") && path.contains("/models/") {
+        return gemini(&mut out, path, &body, shared);
     }
     if !request_line.starts_with("POST ") || !path.starts_with("/v1/messages") {
         return respond(&mut out, 404, "application/json", b"{}", None);
@@ -364,6 +372,126 @@ fn openai_responses(
         }}}),
     );
     respond(out, 200, "text/event-stream", events.as_bytes(), None)
+}
+
+/// Answers Google's Gemini API (what Gemini CLI calls, `GOOGLE_GEMINI_BASE_URL`): the
+/// conversation is the request's `contents`, each reply one part of a `model` turn — a text or
+/// a `functionCall`. `:streamGenerateContent` is answered with server-sent events, and
+/// requests without tools (Gemini CLI's own checks) with a short text.
+fn gemini(
+    out: &mut TcpStream,
+    path: &str,
+    body: &[u8],
+    shared: &Mutex<Shared>,
+) -> std::io::Result<()> {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if path.contains(":countTokens") {
+        return respond(out, 200, "application/json", br#"{"totalTokens":10}"#, None);
+    }
+    let main = request["tools"]
+        .as_array()
+        .is_some_and(|tools| !tools.is_empty());
+    let config = &request["generationConfig"];
+    let schema = config
+        .get("responseJsonSchema")
+        .or_else(|| config.get("responseSchema"));
+    let reply = match schema {
+        _ if main => next_reply(shared, &request, gemini_given),
+        // Gemini CLI's own checks (which model, who speaks next) want JSON of a schema.
+        Some(schema) => Reply::Say(satisfying(schema).to_string()),
+        None => Reply::say("ok"),
+    };
+    let part = match reply {
+        Reply::Fail {
+            status,
+            message,
+            retry_after,
+        } => {
+            let code = match status {
+                401 => "UNAUTHENTICATED",
+                429 => "RESOURCE_EXHAUSTED",
+                _ => "INTERNAL",
+            };
+            let body = json!({"error": {"code": status, "message": message, "status": code}});
+            return respond(
+                out,
+                status,
+                "application/json",
+                body.to_string().as_bytes(),
+                retry_after,
+            );
+        }
+        Reply::Say(text) => json!({"text": text}),
+        Reply::Tool { name, input } => json!({"functionCall": {
+            "name": name, "args": input, "id": format!("call_{:08x}", next_call_id()),
+        }}),
+    };
+    let chunk = json!({
+        "candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP",
+            "index": 0}],
+        "usageMetadata": {"promptTokenCount": 120, "candidatesTokenCount": 20,
+            "totalTokenCount": 140},
+        "modelVersion": "gemini-stand-in",
+    });
+    if path.contains(":streamGenerateContent") {
+        let events = format!("data: {chunk}\r\n\r\n");
+        respond(out, 200, "text/event-stream", events.as_bytes(), None)
+    } else {
+        respond(
+            out,
+            200,
+            "application/json",
+            chunk.to_string().as_bytes(),
+            None,
+        )
+    }
+}
+
+/// The plainest value of a JSON schema: each required property, the first of an enum, the
+/// least of a number, an empty list.
+fn satisfying(schema: &Value) -> Value {
+    if let Some(first) = schema["enum"].as_array().and_then(|values| values.first()) {
+        return first.clone();
+    }
+    let kind = schema["type"]
+        .as_str()
+        .unwrap_or("object")
+        .to_ascii_lowercase();
+    match kind.as_str() {
+        "object" => {
+            let mut object = serde_json::Map::new();
+            let required = schema["required"].as_array().cloned().unwrap_or_default();
+            for name in required.iter().filter_map(Value::as_str) {
+                object.insert(name.to_owned(), satisfying(&schema["properties"][name]));
+            }
+            Value::Object(object)
+        }
+        "string" => json!("stand-in"),
+        "integer" | "number" => schema.get("minimum").cloned().unwrap_or(json!(1)),
+        "boolean" => json!(false),
+        "array" => json!([]),
+        _ => Value::Null,
+    }
+}
+
+/// As [`replies_given`], for a Gemini request: the function calls and the script's texts
+/// among the parts of its `model` turns.
+fn gemini_given(request: &Value, script: &[Reply]) -> usize {
+    let scripted = |text: &str| {
+        script
+            .iter()
+            .any(|reply| matches!(reply, Reply::Say(said) if said == text))
+    };
+    request["contents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|content| content["role"] == "model")
+        .flat_map(|content| content["parts"].as_array().into_iter().flatten())
+        .filter(|part| {
+            part.get("functionCall").is_some() || part["text"].as_str().is_some_and(scripted)
+        })
+        .count()
 }
 
 /// As [`replies_given`], for a Responses request: the tool calls and the script's texts among

@@ -1,5 +1,5 @@
 //! The real agent programs, as `crew init` defines them, in a fresh home with the sandbox on:
-//! Claude Code and Codex from npm (pinned in `tests/agent-programs`), talking to a stand-in of their model
+//! Claude Code, Codex and Gemini CLI from npm (pinned in `tests/agent-programs`), talking to a stand-in of their model
 //! API (`crew_tests::model_api`). Only the model is a stand-in: the tools that write files and
 //! run commands, the session files, the resume and the errors are the program's own.
 
@@ -53,6 +53,8 @@ impl Project {
             .env("ANTHROPIC_BASE_URL", model.url())
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
             .env("OPENAI_API_KEY", "sk-stand-in")
+            .env("GEMINI_API_KEY", "stand-in")
+            .env("GOOGLE_GEMINI_BASE_URL", model.url())
             .args(args);
         command
     }
@@ -427,6 +429,63 @@ fn codex_whose_own_sandbox_cannot_start_fails_its_task_with_what_failed() {
         project.output_log_of("codex")
     );
     assert!(!project.repo.join("notes.txt").exists());
+}
+
+#[test]
+fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
+    let Some(project) = Project::new("gemini", "gemini_cli_writes_a_file") else {
+        return;
+    };
+    // Gemini CLI runs commands in a terminal of its own (node-pty) unless told not to; crew's
+    // sandbox grants no terminal devices, so a user sets this, as the definition says.
+    crew_tests::write(
+        &project.env.home().join(".gemini/settings.json"),
+        r#"{"tools": {"shell": {"enableInteractiveShell": false}}}"#,
+    );
+    // Gemini CLI 0.61 writes a new file only after a read through the client said it is not
+    // there, and cannot tell the protocol's "not found" from a refusal: it edits one here.
+    crew_tests::write(&project.repo.join("notes.txt"), "before\n");
+    project.env.git(&project.repo, ["add", "notes.txt"]);
+    project
+        .env
+        .git(&project.repo, ["commit", "-q", "-m", "notes"]);
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "write_file",
+            json!({"file_path": project.repo.join("notes.txt").as_str(), "content": "written by gemini\n"}),
+        ),
+        Reply::tool(
+            "run_shell_command",
+            json!({"command": "echo ran by gemini in $CREW_SANDBOX > ran.txt", "description": "write ran.txt"}),
+        ),
+        Reply::say("Both done."),
+    ]);
+    let run = project.crew(&model, &["run", "--agent", "gemini", "write the notes"]);
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of("gemini")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("notes.txt")).unwrap_or_default(),
+        "written by gemini\n",
+        "{}",
+        project.output_log_of("gemini")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("ran.txt")).unwrap_or_default(),
+        "ran by gemini in enforced\n"
+    );
+    let (_, task) = project.only_task_of("gemini");
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    assert_eq!(
+        task["sandbox"]["stood_down"],
+        json!(["--approval-mode", "yolo", "GEMINI_CLI_TRUST_WORKSPACE=true"]),
+        "{task:#}"
+    );
+    assert!(task["session_id"].as_str().is_some(), "a session: {task:#}");
+    assert!(model.user_texts().contains("write the notes"));
 }
 
 /// Every file beneath `dir`.

@@ -71,12 +71,20 @@ fn open_beneath(
         ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
     )
     .map_err(|error| {
-        let why = if error == rustix::io::Errno::XDEV {
-            "it leads outside the task's workspace".to_owned()
-        } else {
-            std::io::Error::from(error).to_string()
-        };
-        refused(&workspace.join(relative), why)
+        let path = workspace.join(relative);
+        match error {
+            // A file that is not there is the protocol's "resource not found" (-32002): an
+            // agent tells it from a refusal (Gemini CLI writes a new file only after a read
+            // said so).
+            rustix::io::Errno::NOENT => {
+                agent_client_protocol::v1::schema::Error::resource_not_found(Some(
+                    path.display().to_string(),
+                ))
+                .into()
+            }
+            rustix::io::Errno::XDEV => refused(&path, "it leads outside the task's workspace"),
+            error => refused(&path, std::io::Error::from(error)),
+        }
     })
 }
 
@@ -212,6 +220,14 @@ mod tests {
             "outside"
         );
         assert!(!dir.path().join("new").exists());
+        // A missing file is "not found", as the protocol says, not a refusal.
+        let missing = read(workspace.join("new.txt")).unwrap_err();
+        assert_eq!(
+            missing.code,
+            agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND,
+            "{missing:?}"
+        );
+        assert_eq!(missing.message, "Resource not found");
         std::fs::write(workspace.join("lines.txt"), "1\n2\n3\n4\n").unwrap();
         let some = read_file(
             &workspace,
