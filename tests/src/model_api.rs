@@ -185,6 +185,30 @@ fn replies_given(request: &Value, script: &[Reply]) -> usize {
         .sum()
 }
 
+/// A tool call by the name the request offers the tool under: an adapter that serves a tool
+/// itself offers it under its own prefix (claude-code-acp's `mcp__acp__Bash` for `Bash`).
+fn offered_name(reply: Reply, request: &Value) -> Reply {
+    let Reply::Tool { name, input } = reply else {
+        return reply;
+    };
+    let offered: Vec<&str> = request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    let name = if offered.contains(&name.as_str()) {
+        name
+    } else {
+        let suffix = format!("__{name}");
+        offered
+            .iter()
+            .find(|offered| offered.ends_with(&suffix))
+            .map_or(name, |offered| (*offered).to_owned())
+    };
+    Reply::Tool { name, input }
+}
+
 /// Keeps `request` and takes the script's reply for it: the one after those its conversation
 /// already holds, as `given` counts them.
 fn next_reply(
@@ -255,6 +279,7 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     } else {
         Reply::say("ok")
     };
+    let reply = offered_name(reply, &request);
     let model = request["model"].as_str().unwrap_or("claude-stand-in");
     match reply {
         Reply::Fail {

@@ -1084,6 +1084,9 @@ impl Supervisor {
                 self.status
                     .send_modify(|status| status.turn_error = Some(reason));
                 self.publish_status();
+                // Nothing more can be asked of it (a refused `session/new`): an agent that
+                // stays (claude-code-acp does) is ended as one whose session is over.
+                running.session_over = true;
             }
             ProtocolEvent::Lost {
                 reason,

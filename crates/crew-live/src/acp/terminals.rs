@@ -116,7 +116,10 @@ impl Terminals {
             })
     }
 
-    /// `terminal/create`: starts the command, confined like the agent, in the workspace.
+    /// `terminal/create`: starts the command, confined like the agent, in the workspace. A
+    /// command line without arguments (`cargo test 2>&1 | tail`, as claude-code-acp sends
+    /// one) runs through `sh -c`, as editors run it; a program with its arguments runs as it
+    /// is.
     pub(super) async fn create(
         &self,
         request: &CreateTerminalRequest,
@@ -177,9 +180,10 @@ impl Terminals {
                     std::ffi::OsString::from(&variable.value),
                 )
             }));
+        let (program, args) = program_and_args(request);
         let mut warded = WardedCommand::new(
-            &request.command,
-            &request.args,
+            program,
+            &args,
             env,
             &marker,
             prepared.ruleset,
@@ -369,9 +373,41 @@ fn signal_name(signal: i32) -> String {
     }
 }
 
+/// The program and arguments of a terminal: `command` and `args` as given, or, for a command
+/// line given alone (it holds a space or a shell's character), `sh -c <line>`.
+fn program_and_args(request: &CreateTerminalRequest) -> (&str, Vec<String>) {
+    let line = &request.command;
+    let shell_line = request.args.is_empty()
+        && line.contains(|c: char| c.is_whitespace() || "|&;<>()$`\\\"'*?[]#~=%".contains(c));
+    if shell_line {
+        ("sh", vec!["-c".to_owned(), line.clone()])
+    } else {
+        (line.as_str(), request.args.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_line_alone_runs_through_the_shell_and_a_program_with_arguments_as_it_is() {
+        let line = CreateTerminalRequest::new("s", "cargo test 2>&1 | tail -3");
+        assert_eq!(
+            program_and_args(&line),
+            (
+                "sh",
+                vec!["-c".to_owned(), "cargo test 2>&1 | tail -3".to_owned()]
+            )
+        );
+        let program = CreateTerminalRequest::new("s", "cargo").args(vec!["test".to_owned()]);
+        assert_eq!(
+            program_and_args(&program),
+            ("cargo", vec!["test".to_owned()])
+        );
+        let alone = CreateTerminalRequest::new("s", "ls");
+        assert_eq!(program_and_args(&alone), ("ls", Vec::new()));
+    }
 
     #[test]
     fn output_keeps_its_newest_bytes_from_a_whole_character() {

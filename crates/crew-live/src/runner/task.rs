@@ -1018,8 +1018,13 @@ impl RunContext {
                     // code of 0 does not make that a success.
                     (TaskStatus::Succeeded, None, _) if agent.turn_error.is_some() => {
                         status = TaskStatus::Failed;
+                        let how = if exit.ended_after_session {
+                            "crew ended the agent once its session was over"
+                        } else {
+                            "the agent exited 0"
+                        };
                         reason = Some(format!(
-                            "the agent exited 0, but its protocol said it failed: {}",
+                            "{how}, but its protocol said it failed: {}",
                             agent.turn_error.as_deref().unwrap_or_default()
                         ));
                     }
