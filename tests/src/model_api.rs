@@ -156,16 +156,19 @@ fn collect_texts(content: &Value, out: &mut String) {
     }
 }
 
+/// Whether `text` is one of the script's texts (not one the program added).
+fn says(script: &[Reply], text: &str) -> bool {
+    script
+        .iter()
+        .any(|reply| matches!(reply, Reply::Say(said) if said == text))
+}
+
 /// How many of the script's replies the conversation of `request` already holds: each reply
 /// is one block of an assistant message, a tool call or one of the script's texts. Programs
 /// merge consecutive assistant messages, and add texts of their own to a conversation (after
 /// an interruption), so the script's blocks are counted, not the messages.
 fn replies_given(request: &Value, script: &[Reply]) -> usize {
-    let scripted = |text: &str| {
-        script
-            .iter()
-            .any(|reply| matches!(reply, Reply::Say(said) if said == text))
-    };
+    let scripted = |text: &str| says(script, text);
     request["messages"]
         .as_array()
         .into_iter()
@@ -502,11 +505,7 @@ fn satisfying(schema: &Value) -> Value {
 /// As [`replies_given`], for a Gemini request: the function calls and the script's texts
 /// among the parts of its `model` turns.
 fn gemini_given(request: &Value, script: &[Reply]) -> usize {
-    let scripted = |text: &str| {
-        script
-            .iter()
-            .any(|reply| matches!(reply, Reply::Say(said) if said == text))
-    };
+    let scripted = |text: &str| says(script, text);
     request["contents"]
         .as_array()
         .into_iter()
@@ -522,11 +521,7 @@ fn gemini_given(request: &Value, script: &[Reply]) -> usize {
 /// As [`replies_given`], for a Responses request: the tool calls and the script's texts among
 /// its `input` items.
 fn responses_given(request: &Value, script: &[Reply]) -> usize {
-    let scripted = |text: &str| {
-        script
-            .iter()
-            .any(|reply| matches!(reply, Reply::Say(said) if said == text))
-    };
+    let scripted = |text: &str| says(script, text);
     request["input"]
         .as_array()
         .into_iter()
