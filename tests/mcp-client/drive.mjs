@@ -5,6 +5,8 @@
 //       prints one JSON line with what it saw
 //   node drive.mjs orphan <crew> <project A>
 //       starts a run, prints its id, and waits to be killed
+//   node drive.mjs closes <crew> <project A>
+//       starts a run, closes the connection as the SDK does, and prints the run's id
 //
 // Exits non-zero (with the reason on stderr) when crew does not behave as it must.
 
@@ -59,6 +61,18 @@ if (mode === "nested") {
   check(["sub1", "sub2"].every((id) => task(joined, id)?.status === "succeeded"), `sub-tasks: ${JSON.stringify(joined)}`);
   await client.close();
   process.stdout.write(JSON.stringify({ ok: true, run: joined.run_id }) + "\n");
+  process.exit(0);
+}
+
+if (mode === "closes") {
+  // The lead agent's session ends as the SDK ends it: close() closes the server's input, then
+  // TERMs it two seconds later, then KILLs it; the run's one task is still at work meanwhile.
+  const client = await connect(projectA);
+  const started = await call(client, "run_tasks", {
+    tasks: [{ id: "late", prompt: "sleep 6 && echo late > late.txt", agent: "shell" }],
+  });
+  await client.close();
+  process.stdout.write(started.run_id + "\n");
   process.exit(0);
 }
 

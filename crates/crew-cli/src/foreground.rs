@@ -20,6 +20,84 @@ use crate::ui::{Style, between, duration, sanitize, sanitize_lines, truncate};
 /// terminal, started by this user for this user, so its run is theirs to cancel.
 pub const DETACHED_HOST_LABEL: &str = "crew run --detach";
 
+/// The label of the background host of a run a lead agent started over `crew mcp`: detached
+/// the same way, so that the run outlives the lead agent's session.
+pub const MCP_HOST_LABEL: &str = "crew mcp, detached";
+
+/// Who handed a run to a background host (`crew host RUN --from …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Detached {
+    /// `crew run --detach`.
+    Run,
+    /// `crew mcp`'s `run_tasks`.
+    Mcp,
+}
+
+impl Detached {
+    /// The label its host goes by.
+    pub fn label(self) -> &'static str {
+        match self {
+            Detached::Run => DETACHED_HOST_LABEL,
+            Detached::Mcp => MCP_HOST_LABEL,
+        }
+    }
+
+    /// Whether a host of this label was started detached: a session of its own, started by
+    /// this user for this user.
+    pub fn labels(label: &str) -> bool {
+        [DETACHED_HOST_LABEL, MCP_HOST_LABEL].contains(&label)
+    }
+}
+
+/// Hands the created run `run_id` to a background host (`crew host RUN`, in a session of its
+/// own, its output in the run's `host.log`) and returns that host's pid once it has taken
+/// the run.
+pub async fn host_detached(ctx: &Context, run_id: &RunId, from: Detached) -> Result<u32, CliError> {
+    let log_path = ctx.store().run_dir(run_id).join("host.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let from = match from {
+        Detached::Run => "run",
+        Detached::Mcp => "mcp",
+    };
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["host", run_id.as_str(), "--from", from, "--color", "never"])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let mut child = command.spawn()?;
+    let pid = child.id();
+    let started = std::time::Instant::now();
+    loop {
+        let taken = ctx
+            .store()
+            .read_run(run_id)
+            .ok()
+            .and_then(|manifest| manifest.host)
+            .is_some_and(|host| host.identity.pid == pid && host.socket.is_some());
+        if taken {
+            // Reaped by the kernel when it exits, not left a zombie of this process.
+            std::thread::spawn(move || child.wait());
+            return Ok(pid);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(CliError::internal(format!(
+                "the background host of run {run_id} exited at once ({status}); see {log_path}"
+            )));
+        }
+        if started.elapsed() > std::time::Duration::from_secs(15) {
+            return Err(CliError::internal(format!(
+                "the background host of run {run_id} did not start within 15 s; see {log_path}"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// A host for this project in this process. Agents reach it with `crew ask` and `crew
 /// submit`: this very crew, even when it is not on the user's PATH (started through `cargo
 /// run`, or by its full path).

@@ -112,6 +112,49 @@ fn a_lead_agent_killed_mid_run_loses_no_sub_agents_work() {
 }
 
 #[test]
+fn a_lead_agent_s_session_ending_as_the_sdk_ends_it_leaves_its_runs_going() {
+    let Some(script) =
+        mcp_client("a_lead_agent_s_session_ending_as_the_sdk_ends_it_leaves_its_runs_going")
+    else {
+        return;
+    };
+    let env = TestEnv::new();
+    let a = env.repo("closed");
+    let out = env
+        .hermetic(&mut std::process::Command::new("node"))
+        .arg(&script)
+        .args(["closes", crew_tests::crew_bin().as_str(), a.as_str()])
+        .current_dir(script.parent().unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    // The server is gone by now (closed, TERMed, KILLed); the task sleeps on, then writes.
+    let record = manifest(&env, &a, &run);
+    assert_eq!(record["status"], "running", "{record:#}");
+    let finished = wait_until(30, "the run to end", || {
+        let record = manifest(&env, &a, &run);
+        (record["status"] != "running").then_some(record)
+    });
+    assert_eq!(finished["status"], "completed", "{finished:#}");
+    assert_eq!(
+        task(&finished, "late")["status"],
+        "succeeded",
+        "{finished:#}"
+    );
+    let branch = task(&finished, "late")["teardown"]["branch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let files = env.git(&a, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(files.lines().any(|line| line == "late.txt"), "{files}");
+}
+
+#[test]
 fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
     let Some(script) =
         mcp_client("a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run")

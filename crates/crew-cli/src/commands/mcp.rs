@@ -3,12 +3,14 @@
 //!
 //! Scoped to the project folder it starts in: it lists, reads and controls only that folder's
 //! runs. A run it starts is an ordinary run of the folder (`crew agents list` and `crew runs
-//! show` see it), hosted by this process; when the client goes away the server keeps hosting
-//! until its runs end, so a lead agent's crash never loses a sub-agent's work. A lead agent
+//! show` see it), handed to a background host of its own as `crew run --detach` does: the
+//! run goes on when the lead agent's session ends (its client closes this server's input, then
+//! TERMs and KILLs it) or the lead agent crashes, and never loses a sub-agent's work; only a
+//! `stop` or `crew runs cancel` stops it. A lead agent
 //! says what to do (ids, prompts, agents, dependencies), never where: workspace modes, paths
 //! and sandbox settings are the project's.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crew_core::config::{AdHocTeamError, PlannedTask};
@@ -24,9 +26,9 @@ use rmcp::{
     ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router,
 };
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
 
 use crate::context::Context;
+use crate::foreground::Detached;
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
@@ -44,8 +46,6 @@ const MAX_PATCH_BYTES: usize = 64 * 1024;
 struct CrewMcp {
     ctx: Context,
     host: Arc<tokio::sync::OnceCell<Arc<Host>>>,
-    /// The runs this server hosts, to wait for before it exits.
-    runs: Arc<Mutex<Vec<JoinHandle<()>>>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -324,7 +324,6 @@ impl CrewMcp {
         CrewMcp {
             ctx,
             host: Arc::default(),
-            runs: Arc::default(),
             tool_router: Self::tool_router(),
         }
     }
@@ -404,21 +403,11 @@ impl CrewMcp {
             .create(&spec)
             .await
             .map_err(|error| invalid(error.to_string()))?;
-        let running = host.start_run(&manifest.run_id, Default::default());
-        let ctx = self.ctx.clone();
-        let finished = tokio::spawn(async move {
-            match running.finish().await {
-                Ok(manifest) => {
-                    crate::commands::worktrees::refill::refill_in_background(&ctx, &manifest);
-                }
-                Err(error) => tracing::warn!(%error, "a run started over MCP failed"),
-            }
-            crate::commands::runs::prune::prune_in_background(&ctx);
-        });
-        self.runs
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(finished);
+        // Hosted by a background host of its own, not by this process: the SDKs close a
+        // server's input, then TERM it, then KILL it, and the run goes on through all three.
+        crate::foreground::host_detached(&self.ctx, &manifest.run_id, Detached::Mcp)
+            .await
+            .map_err(|error| ErrorData::internal_error(error.render(), None))?;
         if args.wait {
             return self
                 .wait_for(&manifest.run_id, Duration::from_secs(3600), Some(&context))
@@ -814,17 +803,11 @@ pub async fn cmd_mcp(_args: McpArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
     let server = CrewMcp::new(ctx);
-    let runs = server.runs.clone();
     let service = server
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|error| CliError::internal(format!("the MCP connection failed: {error}")))?;
-    // The client went away (or closed its end): the runs it started go on to their end here.
+    // The client went away (or closed its end); the runs it started go on in their own hosts.
     let _ = service.waiting().await;
-    let pending: Vec<JoinHandle<()>> =
-        std::mem::take(&mut *runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-    for run in pending {
-        let _ = run.await;
-    }
     Ok(Outcome::Success)
 }

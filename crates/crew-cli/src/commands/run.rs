@@ -1,14 +1,13 @@
 //! `crew run`
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use crew_core::config::{AdHocTeamError, ConfigDir, OnLimit, Parallelism, WorkspaceMode};
 use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
 use crate::context::Context;
-use crate::foreground::{DETACHED_HOST_LABEL, start_host};
+use crate::foreground::{DETACHED_HOST_LABEL, Detached, start_host};
 use crate::summary::{SummaryFor, outcome, summary};
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
@@ -320,43 +319,7 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let manifest = host.runner().create(spec, None).await?;
     drop(host);
     let run_id = manifest.run_id.clone();
-    let log_path = ctx.store().run_dir(&run_id).join("host.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)?;
-    let exe = std::env::current_exe()?;
-    let mut command = std::process::Command::new(exe);
-    command
-        .args(["host", run_id.as_str(), "--color", "never"])
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    let mut child = command.spawn()?;
-    let pid = child.id();
-    let started = std::time::Instant::now();
-    loop {
-        let taken = ctx
-            .store()
-            .read_run(&run_id)
-            .ok()
-            .and_then(|manifest| manifest.host)
-            .is_some_and(|host| host.identity.pid == pid && host.socket.is_some());
-        if taken {
-            break;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(CliError::internal(format!(
-                "the background host of run {run_id} exited at once ({status}); see {log_path}"
-            )));
-        }
-        if started.elapsed() > Duration::from_secs(15) {
-            return Err(CliError::internal(format!(
-                "the background host of run {run_id} did not start within 15 s; see {log_path}"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let pid = crate::foreground::host_detached(ctx, &run_id, Detached::Run).await?;
     out!("{run_id}");
     if !ctx.ui.quiet && ctx.ui.terminal {
         out!(
@@ -370,6 +333,9 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
 #[derive(Debug, clap::Args)]
 pub struct HostArgs {
     pub run: RunId,
+    /// Who handed the run over: `run` (`crew run --detach`) or `mcp` (`crew mcp`).
+    #[arg(long, default_value = "run")]
+    pub from: Detached,
 }
 
 pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
@@ -377,7 +343,7 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
     // `crew runs cancel` knows it by its label and cancels it without --force.
     let _ = rustix::process::setsid();
     let ctx = Context::discover(ui)?;
-    let host = start_host(&ctx, DETACHED_HOST_LABEL).await?;
+    let host = start_host(&ctx, args.from.label()).await?;
     host.take_over(&args.run).await?;
     let manifest =
         crate::foreground::run_here(&ctx, &host, &args.run, HashMap::new(), true).await?;

@@ -9,7 +9,7 @@ use crate::{CliError, Outcome};
 /// Cancel a run: its agents are stopped gracefully and their work is kept.
 ///
 /// A run hosted by another terminal session (another `crew run`, an editor) is only cancelled
-/// with --force; a run started with `crew run --detach` is yours to cancel. A run whose host is gone is marked cancelled.
+/// with --force; a run started with `crew run --detach` or by a lead agent over `crew mcp` is yours to cancel. A run whose host is gone is marked cancelled.
 #[derive(Debug, clap::Args)]
 pub struct CancelArgs {
     /// The run id, or a unique prefix of it.
@@ -55,7 +55,10 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
     };
     let own_session = crew_live::procscan::session_of(None);
     let host_session = crew_live::procscan::session_of(Some(host.identity.pid));
-    let detached = host.label.as_deref() == Some(crate::foreground::DETACHED_HOST_LABEL);
+    let detached = host
+        .label
+        .as_deref()
+        .is_some_and(crate::foreground::Detached::labels);
     let same_session = crew_live::procscan::same_session(own_session, host_session);
     if !args.force && !detached && same_session != Some(true) {
         let label = host.label.as_deref().unwrap_or("another process");
