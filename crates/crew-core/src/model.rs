@@ -624,6 +624,17 @@ pub struct UsageLimit {
     /// When the limit lifts, when the agent said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resets_at: Option<Timestamp>,
+    /// When crew tries again a task paused on it, where the agent said nothing of when it
+    /// lifts (a backoff from a minute to an hour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<Timestamp>,
+}
+
+impl UsageLimit {
+    /// When a task paused on it goes on by itself: when it lifts, or crew's next try.
+    pub fn continues_at(&self) -> Option<Timestamp> {
+        self.resets_at.or(self.retry_at)
+    }
 }
 
 impl fmt::Display for UsageLimit {

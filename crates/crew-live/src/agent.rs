@@ -420,6 +420,7 @@ fn supervise_from(
         tail: tail.clone(),
         follow_ups,
         turn_tools: TurnTools::default(),
+        limit_wait: None,
     };
     match running {
         Some(running) => tokio::spawn(supervisor.run(running)),
@@ -795,6 +796,10 @@ struct Supervisor {
     follow_ups: VecDeque<String>,
     /// The tool calls of the turn under way.
     turn_tools: TurnTools,
+    /// How long the program last waited to try the model's API again after a 429, in the turn
+    /// under way: the API's `retry-after` as the program read it, and so when a limit it then
+    /// gave up on may lift.
+    limit_wait: Option<Duration>,
 }
 
 /// The tool calls of one turn, for a turn whose every call failed: a program that cannot run
@@ -972,6 +977,7 @@ impl Supervisor {
                     let sandbox = running.sandbox.clone();
                     // A new process starts its turn afresh.
                     self.turn_tools = TurnTools::default();
+                    self.limit_wait = None;
                     self.status.send_modify(|status| {
                         status.state = AgentState::Running;
                         status.idle = false;
@@ -1108,13 +1114,24 @@ impl Supervisor {
                 self.turn_tools.failed.extend(failed);
                 self.turn_tools.change_failed |= change_failed;
             }
+            ProtocolEvent::ApiRetry { status, wait } => {
+                if status == Some(429) {
+                    self.limit_wait = Some(wait);
+                }
+            }
             ProtocolEvent::TurnEnded {
                 usage,
                 error,
-                limit,
+                mut limit,
             } => {
                 let tools = std::mem::take(&mut self.turn_tools);
                 let error = error.or_else(|| tools.all_failed());
+                // A limit that says nothing of when it lifts lifts when the API last said.
+                if let (Some(limit), Some(wait)) = (&mut limit, self.limit_wait.take())
+                    && limit.resets_at.is_none()
+                {
+                    limit.resets_at = Some(Timestamp(std::time::SystemTime::now() + wait));
+                }
                 self.status.send_modify(|status| {
                     if let Some(usage) = usage {
                         status.usage = Some(status.usage.map_or(usage, |sum| sum.plus(usage)));

@@ -100,6 +100,7 @@ pub mod events;
 pub mod host;
 pub mod hosting;
 pub mod hosts;
+pub mod limits;
 pub mod output;
 pub mod placed;
 pub mod procscan;

@@ -32,7 +32,7 @@
 //! it is, and the task says its output was not all protocol.
 
 use crew_core::config::Protocol;
-use crew_core::model::{Timestamp, Usage, UsageLimit};
+use crew_core::model::{Usage, UsageLimit};
 use serde::Deserialize;
 use serde_json::Value;
 use std::time::Duration;
@@ -65,6 +65,14 @@ pub enum ProtocolEvent {
         failed: Vec<String>,
         /// A failed call was a file change (Codex's `file_change`).
         change_failed: bool,
+    },
+    /// The program tries the model's API again by itself (Claude Code's `api_retry`), after
+    /// `wait`: the API's own `retry-after` when it said one. `status`: what the API answered.
+    ApiRetry {
+        /// The HTTP status of the failure, when there was an answer.
+        status: Option<u16>,
+        /// How long the program waits before it tries again.
+        wait: Duration,
     },
     /// A line that was not a message of the protocol (the first one only).
     NotProtocol(String),
@@ -146,6 +154,10 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
             // The program retries the model's API by itself: say so, or the task looks silent
             // until it gives up.
             reading.shown.push(api_retry_line(&message));
+            reading.event = Some(ProtocolEvent::ApiRetry {
+                status: message.error_status,
+                wait: Duration::from_millis(message.retry_delay_ms.unwrap_or(0)),
+            });
         }
         "system" => {
             if let Some(session) = message
@@ -200,11 +212,20 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                     (None, _) => subtype.clone(),
                 }
             });
+            // A limit the words name, or the API's 429 the program gave up on.
             let limit = message
                 .result
                 .as_deref()
                 .filter(|_| error.is_some())
-                .and_then(usage_limit);
+                .and_then(|result| {
+                    usage_limit(result).or_else(|| {
+                        (message.api_error_status == Some(429)).then(|| UsageLimit {
+                            message: result.to_owned(),
+                            resets_at: None,
+                            retry_at: None,
+                        })
+                    })
+                });
             let cost = message
                 .total_cost_usd
                 .map(|cost| format!(", ${cost:.4}"))
@@ -463,71 +484,7 @@ enum AcpContent {
     Other,
 }
 
-/// The usage or rate limit an agent's account of a failed turn names, if it names one, with
-/// when it lifts when that can be read from it. The forms agents print:
-/// - Claude Code: `Claude AI usage limit reached|<unix seconds>` (the reset time after the
-///   bar), or `You've hit your limit · resets 2am (Europe/Berlin)` (a time in a named zone,
-///   which is kept in the message and not read);
-/// - Codex: `You've hit your usage limit. … Try again in 2 hours 5 minutes.`
-pub fn usage_limit(text: &str) -> Option<UsageLimit> {
-    let lower = text.to_ascii_lowercase();
-    let names_a_limit = [
-        "usage limit",
-        "rate limit",
-        "hit your limit",
-        "session limit",
-        "out of extra usage",
-    ]
-    .iter()
-    .any(|phrase| lower.contains(phrase));
-    if !names_a_limit {
-        return None;
-    }
-    // `…usage limit reached|1762952400`
-    if let Some((message, epoch)) = text.trim().rsplit_once('|')
-        && let Ok(seconds) = epoch.trim().parse::<u64>()
-    {
-        return Some(UsageLimit {
-            message: message.trim().to_owned(),
-            resets_at: Some(Timestamp(
-                std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds),
-            )),
-        });
-    }
-    let resets_at = lower
-        .find("try again in ")
-        .and_then(|at| spelled_duration(&lower[at + "try again in ".len()..]))
-        .map(|wait| Timestamp(std::time::SystemTime::now() + wait));
-    Some(UsageLimit {
-        message: text.trim().to_owned(),
-        resets_at,
-    })
-}
-
-/// `2 hours 5 minutes`, `1 day`, `30 seconds` (and `and`s and commas between): the duration the
-/// words at the start of `text` spell, `None` when they spell none.
-fn spelled_duration(text: &str) -> Option<std::time::Duration> {
-    let mut total = 0u64;
-    let mut words = text
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '.')
-        .filter(|word| !word.is_empty() && *word != "and");
-    let mut read_any = false;
-    while let Some(number) = words.next() {
-        let Ok(count) = number.parse::<u64>() else {
-            break;
-        };
-        let unit = match words.next().map(|unit| unit.trim_end_matches('s')) {
-            Some("day") => 86_400,
-            Some("hour") => 3_600,
-            Some("minute" | "min") => 60,
-            Some("second" | "sec") => 1,
-            _ => break,
-        };
-        total = total.saturating_add(count.saturating_mul(unit));
-        read_any = true;
-    }
-    read_any.then(|| std::time::Duration::from_secs(total))
-}
+pub use crate::limits::usage_limit;
 
 /// A line cut to what a listing shows of a tool's input.
 fn cut(text: &str) -> String {
@@ -699,6 +656,9 @@ struct Message {
     retry_delay_ms: Option<u64>,
     #[serde(default)]
     error_status: Option<u16>,
+    /// `result`: the HTTP status of the model API's error the turn ended on.
+    #[serde(default)]
+    api_error_status: Option<u16>,
     /// Any shape: only a string is shown.
     #[serde(default)]
     error: Option<Value>,
@@ -965,8 +925,14 @@ mod tests {
             limit.resets_at.unwrap().to_string(),
             "2025-11-12T13:00:00.000Z"
         );
-        let newer = usage_limit("You've hit your limit · resets 2am (Europe/Berlin)").unwrap();
-        assert_eq!(newer.resets_at, None);
+        // A clock time in a named zone is the next such time there.
+        let newer = usage_limit("You've hit your limit · resets 2am (UTC)").unwrap();
+        let wait = newer
+            .resets_at
+            .unwrap()
+            .0
+            .duration_since(std::time::SystemTime::now());
+        assert!(wait.unwrap().as_secs() <= 86_400, "{newer:?}");
         let before = std::time::SystemTime::now();
         let codex = read_codex_line(
             r#"{"type":"turn.failed","error":{"message":"You've hit your usage limit. Upgrade to Pro, or try again in 2 hours 5 minutes."}}"#,

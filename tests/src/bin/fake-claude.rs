@@ -8,7 +8,8 @@
 //! - `then fail`: the turn ends in an error, and the program exits 1;
 //! - `then hit the limit` (`… for <n> seconds`): the turn ends in Claude Code's usage-limit
 //!   error (`Claude AI usage limit reached|<unix seconds>`, as its issue tracker shows it; the
-//!   reset two hours on, or `n` seconds), and the program exits 1.
+//!   reset two hours on, or `n` seconds), and the program exits 1; `then hit a limit that
+//!   says no reset`: the same error without the bar and the time.
 //!
 //! It reads user messages until its input ends, then exits 0.
 
@@ -51,7 +52,7 @@ fn main() {
         if text.contains("write ") {
             std::fs::write(&file, "written by the stand-in\n").unwrap();
         }
-        let limit = text.contains("then hit the limit");
+        let limit = text.contains("then hit the limit") || text.contains("then hit a limit");
         let fail = text.contains("then fail") || limit;
         for (index, template) in TURN.lines().enumerate() {
             // The init message starts a session, or takes it up again: once per process.
@@ -64,12 +65,14 @@ fn main() {
                     .unwrap()
                     .as_secs()
                     + limit_seconds(&text);
+                let result = if text.contains("says no reset") {
+                    "Claude AI usage limit reached".to_owned()
+                } else {
+                    format!("Claude AI usage limit reached|{resets}")
+                };
                 template
                     .replace(r#""is_error":false"#, r#""is_error":true"#)
-                    .replace(
-                        r#""result":"{text}""#,
-                        &format!(r#""result":"Claude AI usage limit reached|{resets}""#),
-                    )
+                    .replace(r#""result":"{text}""#, &format!(r#""result":"{result}""#))
             } else if fail {
                 template.replace(
                     r#""subtype":"success","is_error":false"#,

@@ -279,6 +279,61 @@ fn a_paused_task_holds_the_run_shows_when_it_goes_on_and_a_resume_takes_it_up_ea
 }
 
 #[test]
+fn a_limit_that_says_no_reset_is_tried_again_by_crew_s_backoff() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let started = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "claude",
+            "--detach",
+            "--on-limit",
+            "pause",
+            "write half.txt then hit a limit that says no reset",
+        ],
+    );
+    assert!(started.status.success(), "{}", render_output(&started));
+    let run = String::from_utf8(started.stdout).unwrap().trim().to_owned();
+    let record = wait_until(30, "the task to be paused", || {
+        let record = task(&manifest(&env, &repo, &run), "claude").clone();
+        (record["status"] == "paused").then_some(record)
+    });
+    // Not a pause until a person comes: crew tries again in a minute by itself.
+    assert!(record["limit"]["resets_at"].is_null(), "{record:#}");
+    let retry: crew_core::model::Timestamp =
+        serde_json::from_value(record["limit"]["retry_at"].clone())
+            .unwrap_or_else(|error| panic!("{error}: {record:#}"));
+    let wait = retry
+        .0
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default()
+        .as_secs();
+    assert!((30..=61).contains(&wait), "{wait} s: {record:#}");
+    let reason = record["reason"].as_str().unwrap();
+    assert!(reason.contains("crew tries again at"), "{reason}");
+    let listed = env.crew(&repo, ["runs", "list", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(
+        rows[0]["continues_at"], record["limit"]["retry_at"],
+        "{rows:#}"
+    );
+    // A person may still take it up sooner.
+    let resumed = env.crew(&repo, ["agents", "resume", &format!("{run}:claude")]);
+    assert!(resumed.status.success(), "{}", render_output(&resumed));
+    let finished = wait_until(30, "the run's end", || {
+        let recorded = manifest(&env, &repo, &run);
+        (recorded["status"] != "running").then_some(recorded)
+    });
+    assert_eq!(
+        task(&finished, "claude")["status"],
+        "succeeded",
+        "{finished:#}"
+    );
+}
+
+#[test]
 fn a_paused_task_outlives_its_cancelled_run_and_a_follow_up_takes_up_its_session() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);

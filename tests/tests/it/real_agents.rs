@@ -268,6 +268,66 @@ fn claude_code_rate_limited_with_a_reset_retries_by_itself_and_crew_shows_it() {
 }
 
 #[test]
+fn claude_code_giving_up_on_a_429_pauses_its_task_until_the_api_said_then_goes_on() {
+    let Some(project) = Project::new("claude", "claude_code_giving_up_on_a_429") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "Write",
+            json!({"file_path": "notes.txt", "content": "after the pause\n"}),
+        ),
+        Reply::say("Done."),
+    ]);
+    // Claude Code tries once more after the `retry-after`, then gives up: its turn ends on the
+    // 429. crew pauses the task until then, by the wait the API asked for, and goes on.
+    model.fail_next(2, 429, Some(2));
+    let run = project
+        .command(
+            &model,
+            &[
+                "run",
+                "--agent",
+                "claude",
+                "--on-limit",
+                "pause",
+                "write the notes",
+            ],
+        )
+        .env("CLAUDE_CODE_MAX_RETRIES", "1")
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", render_output(&run));
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("notes.txt")).unwrap(),
+        "after the pause\n"
+    );
+    let (run_id, task) = project.only_task();
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    // It went through a pause whose reset was read from the 429, then its session went on.
+    let events = std::fs::read_to_string(
+        project
+            .repo
+            .join(format!(".crew/state/runs/{run_id}/events.jsonl")),
+    )
+    .unwrap();
+    let paused: serde_json::Value = events
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|event| event["event"] == "task_status" && event["status"] == "paused")
+        .unwrap_or_else(|| panic!("no pause: {events}"));
+    let reason = paused["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("Request rejected (429)"), "{reason}");
+    assert!(reason.contains("which lifts at"), "{reason}");
+    assert!(task["attempts"].as_u64().unwrap_or(0) >= 1, "{task:#}");
+    assert!(
+        model.user_texts().contains("Continue where you left off."),
+        "its own session went on: {}",
+        model.user_texts()
+    );
+}
+
+#[test]
 fn claude_code_refused_by_the_api_fails_its_task_with_the_api_s_words() {
     let Some(project) = Project::new("claude", "claude_code_refused_by_the_api") else {
         return;

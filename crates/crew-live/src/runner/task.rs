@@ -127,6 +127,14 @@ pub(super) enum Phase {
 /// How long after a limit's reset time a paused agent starts again: clocks differ a little.
 const LIMIT_SLACK: Duration = Duration::from_secs(1);
 
+/// When crew next tries again a task whose limit said nothing of when it lifts, by the
+/// backoff of its `tries` so far (counted here).
+fn next_try(tries: &mut u32) -> Timestamp {
+    let wait = crate::limits::retry_backoff(*tries);
+    *tries += 1;
+    Timestamp(std::time::SystemTime::now() + wait)
+}
+
 impl RunContext {
     pub(super) fn new(
         runner: Runner,
@@ -668,7 +676,7 @@ impl RunContext {
                 .await;
         }
         let attempt = task.attempts;
-        let resets_at = task.limit.as_ref().and_then(|limit| limit.resets_at);
+        let resets_at = task.limit.as_ref().and_then(UsageLimit::continues_at);
         self.follow_through(
             task,
             workspace,
@@ -837,6 +845,8 @@ impl RunContext {
         let mut exited_attempt = waiting_since;
         // The running agent waits on a question of its own (an `acp` permission request).
         let mut asking = false;
+        // How often crew has tried again after a limit that said nothing of when it lifts.
+        let mut limit_tries = 0;
         let ending = loop {
             match phase {
                 Phase::Running => {
@@ -865,9 +875,14 @@ impl RunContext {
                                 && exit.stopped_by.is_none()
                                 && self.cancel_level() == CancelLevel::None
                             {
-                                self.pause(&task_id, exit, &limit, &handle, task.usage).await;
+                                let retry = limit
+                                    .resets_at
+                                    .is_none()
+                                    .then(|| next_try(&mut limit_tries));
+                                self.pause(&task_id, exit, &limit, retry, &handle, task.usage)
+                                    .await;
                                 phase = Phase::Paused {
-                                    resets_at: limit.resets_at,
+                                    resets_at: limit.resets_at.or(retry),
                                 };
                                 continue;
                             }
@@ -913,15 +928,30 @@ impl RunContext {
                     if self.cancel_level() > CancelLevel::None {
                         break Ending::StillPaused;
                     }
+                    // No reset to wait for (it could not start again when its limit lifted,
+                    // or a new host took the task over): crew tries again by its backoff.
+                    let Some(resets_at) = resets_at else {
+                        let retry = next_try(&mut limit_tries);
+                        let reason = format!(
+                            "paused: {}; crew tries again at {retry}, or it goes on with `crew agents resume {}:{task_id}`",
+                            task.limit.as_ref().map_or_else(
+                                || "it hit a usage limit".to_owned(),
+                                |limit| format!("it hit {limit}")
+                            ),
+                            self.run_id
+                        );
+                        self.record_paused(&task_id, reason, Some(retry)).await;
+                        phase = Phase::Paused {
+                            resets_at: Some(retry),
+                        };
+                        continue;
+                    };
                     // The limit's reset time, on this machine's clock; one that is past is now.
-                    let wake = resets_at.map(|at| {
-                        let wait =
-                            at.0.duration_since(std::time::SystemTime::now())
-                                .unwrap_or_default();
-                        tokio::time::Instant::now() + wait + LIMIT_SLACK
-                    });
-                    let never =
-                        tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+                    let wait = resets_at
+                        .0
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or_default();
+                    let wake = tokio::time::Instant::now() + wait + LIMIT_SLACK;
                     tokio::select! {
                         restarted = handle.wait_restarted(exited_attempt) => {
                             if restarted.is_none() {
@@ -931,18 +961,25 @@ impl RunContext {
                             self.record_started(&task_id, &handle).await;
                             phase = Phase::Running;
                         }
-                        _ = tokio::time::sleep_until(wake.unwrap_or(never)), if wake.is_some() => {
+                        () = tokio::time::sleep_until(wake) => {
                             // The limit lifted: its session goes on (the restart is seen above),
-                            // or, when it cannot start, waits for a person's resume. Either way
-                            // the reset time is spent: it never wakes the task twice.
-                            phase = Phase::Paused { resets_at: None };
-                            if let Err(error) = handle.resume(None).await {
-                                self.record_warning(
-                                    &task_id,
-                                    format!("could not start the agent again when its limit lifted: {error}"),
-                                )
-                                .await;
-                            }
+                            // or, when it cannot start, crew tries again by its backoff. Either
+                            // way the reset time is spent: it never wakes the task twice.
+                            phase = match handle.resume(None).await {
+                                // Started: its restart is seen next; should that never come,
+                                // crew tries again later.
+                                Ok(_) => Phase::Paused {
+                                    resets_at: Some(next_try(&mut limit_tries)),
+                                },
+                                Err(error) => {
+                                    self.record_warning(
+                                        &task_id,
+                                        format!("could not start the agent again when its limit lifted: {error}"),
+                                    )
+                                    .await;
+                                    Phase::Paused { resets_at: None }
+                                }
+                            };
                         }
                         _ = cancel.changed() => {}
                     }
@@ -1082,18 +1119,43 @@ impl RunContext {
         task_id: &TaskId,
         exit: ExitRecord,
         limit: &UsageLimit,
+        retry: Option<Timestamp>,
         handle: &AgentHandle,
         prior: Option<Usage>,
     ) {
         self.record_exit(task_id, exit, handle, prior).await;
         let resume = format!("crew agents resume {}:{task_id}", self.run_id);
-        let reason = match limit.resets_at {
-            Some(_) => format!("paused: it hit {limit}; it goes on then, or with `{resume}`"),
-            None => format!("paused: it hit {limit}; it goes on with `{resume}`"),
+        let reason = match retry {
+            Some(at) => format!(
+                "paused: it hit {limit}; crew tries again at {at}, or it goes on with `{resume}`"
+            ),
+            None => format!("paused: it hit {limit}; it goes on then, or with `{resume}`"),
         };
-        self.record_status(task_id, TaskStatus::Paused, Some(reason))
-            .await;
+        self.record_paused(task_id, reason, retry).await;
         self.tell_scheduler(task_id, Hold::Paused);
+    }
+
+    /// Records the task `paused` for `reason`, and when crew tries it again by its backoff
+    /// (`limit.retry_at`) where the limit said nothing of when it lifts.
+    async fn record_paused(&self, task_id: &TaskId, reason: String, retry: Option<Timestamp>) {
+        let (task, why) = (task_id.clone(), reason.clone());
+        let record = self
+            .save(&format!("task {task_id} paused"), move |manifest| {
+                let record = manifest.set_task_status(&task, TaskStatus::Paused)?;
+                record.reason = Some(why);
+                if let Some(limit) = &mut record.limit {
+                    limit.retry_at = retry;
+                }
+                Ok(record.clone())
+            })
+            .await;
+        self.runner.announce(
+            &self.run_id,
+            task_id,
+            TaskStatus::Paused,
+            Some(reason),
+            record,
+        );
     }
 
     /// Tells the scheduler what became of the task's agent: stopped by a person, paused by a

@@ -81,7 +81,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                         .tasks
                         .iter()
                         .filter(|task| task.status == TaskStatus::Paused)
-                        .filter_map(|task| task.limit.as_ref()?.resets_at)
+                        .filter_map(|task| task.limit.as_ref()?.continues_at())
                         .min(),
                     host_pid: manifest.host.as_ref().map(|host| host.identity.pid),
                     host_alive: manifest
