@@ -183,6 +183,18 @@ impl Host {
             .await
     }
 
+    /// Takes up a run whose host is gone for a follow-up of `task`, which runs again even
+    /// when it succeeded (see [`Runner::prepare_follow_up`]).
+    pub async fn prepare_follow_up(
+        &self,
+        run_id: &RunId,
+        task: &TaskId,
+    ) -> Result<RunManifest, RunError> {
+        self.runner
+            .prepare_follow_up(run_id, task, Some(self.socket()))
+            .await
+    }
+
     /// Records this host as the host of a run another process created for it.
     pub async fn take_over(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
         self.runner.take_over(run_id, Some(self.socket())).await

@@ -279,6 +279,55 @@ fn a_paused_task_holds_the_run_shows_when_it_goes_on_and_a_resume_takes_it_up_ea
 }
 
 #[test]
+fn a_follow_up_of_a_task_that_succeeded_in_a_live_run_goes_on_in_its_session_on_its_branch() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    write(
+        &repo.join(".crew/teams/pair.toml"),
+        "workspace_mode = \"worktree\"\n\n[[tasks]]\nid = \"long\"\nagent = \"shell\"\nprompt = \"sleep 600\"\n\n[[tasks]]\nid = \"notes\"\nagent = \"claude\"\nprompt = \"write first.txt\"\n",
+    );
+    let started = env.crew(&repo, ["run", "pair", "--detach"]);
+    assert!(started.status.success(), "{}", render_output(&started));
+    let run = String::from_utf8(started.stdout).unwrap().trim().to_owned();
+    let first = wait_until(30, "the notes task to succeed", || {
+        let record = task(&manifest(&env, &repo, &run), "notes").clone();
+        (record["status"] == "succeeded").then_some(record)
+    });
+    let session = first["session_id"].as_str().unwrap().to_owned();
+    let follow = env.crew(
+        &repo,
+        [
+            "agents",
+            "follow-up",
+            &format!("{run}:notes"),
+            "write second.txt",
+        ],
+    );
+    assert!(follow.status.success(), "{}", render_output(&follow));
+    let again = wait_until(30, "the follow-up's turn to end", || {
+        let record = task(&manifest(&env, &repo, &run), "notes").clone();
+        (record["status"] == "succeeded" && record["attempts"].as_u64() >= Some(2))
+            .then_some(record)
+    });
+    assert_eq!(again["session_id"], session.as_str(), "{again:#}");
+    let branch = format!("crew/{run}-notes");
+    assert_eq!(again["teardown"]["branch"], branch.as_str(), "{again:#}");
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(
+        files.lines().any(|file| file == "first.txt")
+            && files.lines().any(|file| file == "second.txt"),
+        "{files}"
+    );
+    assert!(
+        log(&repo, &run, "notes").contains(&format!("resumed session {session}: write second.txt")),
+        "{}",
+        log(&repo, &run, "notes")
+    );
+    let cancelled = env.crew(&repo, ["runs", "cancel", &run]);
+    assert!(cancelled.status.success(), "{}", render_output(&cancelled));
+}
+
+#[test]
 fn a_limit_that_says_no_reset_is_tried_again_by_crew_s_backoff() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);

@@ -602,8 +602,7 @@ fn resuming_an_agent_of_a_completed_run_is_refused_before_anything_is_said() {
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&resumed)), @"
     ----- stderr -----
-    error: task shell of run [RUN_ID] already succeeded
-    hint: for more work, start a new run (its branch is where the work is)
+    error: task shell of run [RUN_ID] already succeeded, and its agent keeps no session to go on with; for more work, start a new run (its branch is where the work is)
     [exit status: 2]
     ");
 }
@@ -791,7 +790,7 @@ fn a_finished_task_of_a_live_run_is_resumed_on_its_branch_while_the_run_goes_on(
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&done)), @"
     ----- stderr -----
-    error: task fine of run [RUN_ID] already succeeded; for more work, start a new run (its branch is where the work is)
+    error: task fine of run [RUN_ID] already succeeded, and its agent keeps no session to go on with; for more work, start a new run (its branch is where the work is)
     [exit status: 2]
     ");
 

@@ -206,6 +206,74 @@ fn claude_code_writes_a_file_and_runs_a_command_in_a_worktree_and_its_session_is
 }
 
 #[test]
+fn a_follow_up_of_claude_code_s_finished_task_goes_on_in_its_session_on_its_branch() {
+    let Some(project) = Project::new("claude", "a_follow_up_of_a_finished_task") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "Write",
+            json!({"file_path": "notes.txt", "content": "first\n"}),
+        ),
+        Reply::say("Written."),
+        Reply::tool(
+            "Write",
+            json!({"file_path": "more.txt", "content": "asked for later\n"}),
+        ),
+        Reply::say("Also written."),
+    ]);
+    let run = project.crew(
+        &model,
+        &[
+            "run",
+            "--agent",
+            "claude",
+            "--workspace-mode",
+            "worktree",
+            "write the notes",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let (run_id, first) = project.only_task();
+    assert_eq!(first["status"], "succeeded", "{first:#}");
+    let session = first["session_id"].as_str().unwrap().to_owned();
+    let branch = first["teardown"]["branch"].as_str().unwrap().to_owned();
+    // The conversation goes on: the same session, in a workspace on the same branch.
+    let follow = project.crew(
+        &model,
+        &["agents", "follow-up", "claude", "now also write more.txt"],
+    );
+    assert!(follow.status.success(), "{}", render_output(&follow));
+    assert!(
+        model.user_texts().contains("now also write more.txt"),
+        "{}",
+        model.user_texts()
+    );
+    let (_, again) = project.only_task();
+    assert_eq!(again["status"], "succeeded", "{again:#}");
+    assert_eq!(again["session_id"], session.as_str(), "{again:#}");
+    assert_eq!(again["teardown"]["branch"], branch.as_str(), "{again:#}");
+    let env = &project.env;
+    let files = env.git(&project.repo, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(
+        files.lines().any(|file| file == "notes.txt")
+            && files.lines().any(|file| file == "more.txt"),
+        "both turns' work on the one branch: {files}"
+    );
+    // The first turn's commit is kept under the second's.
+    let log = env.git(&project.repo, ["log", "--format=%s", &branch]);
+    assert!(log.lines().count() >= 3, "{log}");
+    // A resume with no message has nothing to do for it, and says how to give it more.
+    let resume = project.crew(&model, &["agents", "resume", &format!("{run_id}:claude")]);
+    assert_eq!(resume.status.code(), Some(2), "{}", render_output(&resume));
+    assert!(
+        String::from_utf8_lossy(&resume.stderr).contains("crew agents follow-up"),
+        "{}",
+        render_output(&resume)
+    );
+}
+
+#[test]
 fn claude_code_stopped_mid_command_resumes_its_own_session_and_finishes() {
     let Some(project) = Project::new("claude", "claude_code_resumes") else {
         return;

@@ -211,7 +211,7 @@ impl Runner {
                             ErrorCode::AlreadyRunning,
                             format!("task {task} of run {run_id} is still going"),
                         )),
-                        None => self.requeue(run_id, &task).await,
+                        None => self.requeue(run_id, &task, message.is_some()).await,
                     };
                 if result.is_ok() {
                     schedule.requeue(&task);

@@ -223,6 +223,28 @@ impl Runner {
         run_id: &RunId,
         socket: Option<Utf8PathBuf>,
     ) -> Result<RunManifest, RunError> {
+        self.prepare_resume_for(run_id, socket, None).await
+    }
+
+    /// [`Runner::prepare_resume`] for a follow-up of `task`: it runs again even when it
+    /// succeeded (the conversation goes on, on its branch), and the run is taken up even when
+    /// every task of it succeeded.
+    pub async fn prepare_follow_up(
+        &self,
+        run_id: &RunId,
+        task: &TaskId,
+        socket: Option<Utf8PathBuf>,
+    ) -> Result<RunManifest, RunError> {
+        self.prepare_resume_for(run_id, socket, Some(task)).await
+    }
+
+    async fn prepare_resume_for(
+        &self,
+        run_id: &RunId,
+        socket: Option<Utf8PathBuf>,
+        follow_up: Option<&TaskId>,
+    ) -> Result<RunManifest, RunError> {
+        let follow_up = follow_up.cloned();
         let store = self.store.clone();
         blocking({
             let store = store.clone();
@@ -250,7 +272,8 @@ impl Runner {
                         pid: manifest.host.as_ref().map_or(0, |host| host.identity.pid),
                     }));
                 }
-                if manifest.status == RunStatus::Completed
+                if follow_up.is_none()
+                    && manifest.status == RunStatus::Completed
                     && manifest
                         .tasks
                         .iter()
@@ -270,7 +293,9 @@ impl Runner {
                     .tasks
                     .iter()
                     .filter(|task| {
-                        task.status.is_finished() && task.status != TaskStatus::Succeeded
+                        task.status.is_finished()
+                            && (task.status != TaskStatus::Succeeded
+                                || follow_up.as_ref() == Some(&task.id))
                     })
                     .map(|task| task.id.clone())
                     .collect();
@@ -400,8 +425,14 @@ impl Runner {
     }
 
     /// Queues a finished task of this live run again, to be resumed in a workspace of its own
-    /// (its worktree branch is taken up again). A task that succeeded is done.
-    pub(super) async fn requeue(&self, run_id: &RunId, task_id: &TaskId) -> Result<(), ErrorBody> {
+    /// (its worktree branch is taken up again). A task that succeeded goes on only with
+    /// `more_work` (a follow-up's message): without one it is done.
+    pub(super) async fn requeue(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        more_work: bool,
+    ) -> Result<(), ErrorBody> {
         let store = self.store.clone();
         let (run, task) = (run_id.clone(), task_id.clone());
         let requeued = blocking(move || {
@@ -412,12 +443,12 @@ impl Runner {
                         message: format!("run {run} has no task {task}"),
                     }));
                 };
-                if record.status == TaskStatus::Succeeded {
+                if record.status == TaskStatus::Succeeded
+                    && !(more_work && record.session_id.is_some())
+                {
                     return Ok(Err(ErrorBody {
                         code: ErrorCode::Succeeded,
-                        message: format!(
-                            "task {task} of run {run} already succeeded; for more work, start a new run (its branch is where the work is)"
-                        ),
+                        message: succeeded_refusal(&run, &task, record.session_id.is_some()),
                     }));
                 }
                 if !record.status.is_finished() {
@@ -439,5 +470,20 @@ impl Runner {
         })??;
         self.announce(run_id, task_id, TaskStatus::Pending, None, Some(requeued));
         Ok(())
+    }
+}
+
+/// Why a task that succeeded does not run again: without a message it has nothing to do (a
+/// follow-up gives it more, in its session), and without a session there is no conversation
+/// to go on with.
+pub fn succeeded_refusal(run: &RunId, task: &TaskId, has_session: bool) -> String {
+    if has_session {
+        format!(
+            "task {task} of run {run} already succeeded; for more work, send it a follow-up (`crew agents follow-up {run}:{task} \"…\"`): it goes on in its session, on its branch"
+        )
+    } else {
+        format!(
+            "task {task} of run {run} already succeeded, and its agent keeps no session to go on with; for more work, start a new run (its branch is where the work is)"
+        )
     }
 }

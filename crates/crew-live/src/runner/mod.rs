@@ -36,6 +36,7 @@ use crate::host::AgentHost;
 
 mod execute;
 mod lifecycle;
+pub use lifecycle::succeeded_refusal;
 mod schedule;
 mod submit;
 mod task;

@@ -10,7 +10,8 @@ use crate::{CliError, Outcome};
 ///
 /// A running agent gets it when its turn ends (or when its process ends, by a resume); an agent
 /// that exited — one that asked a question, typically — is resumed with it in the same
-/// workspace. When the run's host is gone, this command hosts the run until it ends.
+/// workspace, and a task that finished (succeeded too) goes on in its session in a workspace on
+/// its branch. When the run's host is gone, this command hosts the run until it ends.
 #[derive(Debug, clap::Args)]
 pub struct FollowUpArgs {
     /// The agent: <runId>:<taskId>, <runPrefix>:<taskId>, or <taskId> when unambiguous.

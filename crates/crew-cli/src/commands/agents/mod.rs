@@ -115,15 +115,18 @@ pub async fn host_again(
     let task = manifest
         .task(&task_id)
         .expect("the task was found in this manifest");
-    if task.status == TaskStatus::Succeeded {
-        return Err(CliError::user(format!(
-            "task {task_id} of run {} already succeeded",
-            manifest.run_id
-        ))
-        .with_hint("for more work, start a new run (its branch is where the work is)"));
+    // A follow-up of a task that succeeded goes on in its session; a resume without a
+    // message has nothing for it to do, and an agent without a session nothing to go on with.
+    let has_session = task.session_id.is_some();
+    if task.status == TaskStatus::Succeeded && !(answer.is_some() && has_session) {
+        return Err(CliError::user(crew_live::runner::succeeded_refusal(
+            &manifest.run_id,
+            &task_id,
+            has_session,
+        )));
     }
     let host = start_host(ctx, "crew agents").await?;
-    host.prepare_resume(&manifest.run_id).await?;
+    host.prepare_follow_up(&manifest.run_id, &task_id).await?;
     // Said once the run is really taken up, never before a refusal.
     if !ctx.ui.quiet {
         out!(
