@@ -46,6 +46,7 @@ use crate::output::{LogWriter, OutputSink, OutputTail, drain};
 use crate::placed::PlacedInput;
 use crate::procscan;
 use crate::protocol::ProtocolEvent;
+use crate::refusals::Refusals;
 use crate::sandbox::{self, SandboxPlan};
 use crate::spawn::{LeftoverCount, Spawner, WardedCommand};
 use crate::toolchains::{self, ToolchainCaches};
@@ -153,6 +154,8 @@ pub struct AgentStatus {
     pub turn_error: Option<String>,
     /// The usage or rate limit its last turn hit, when that is why it failed.
     pub limit: Option<UsageLimit>,
+    /// The paths its last process said the sandbox refused it (see `refusals`).
+    pub refused_writes: Vec<String>,
     /// Output that did not follow the agent's protocol (shown as plain lines).
     pub protocol_warning: Option<String>,
     /// Its turn is over and it waits, alive, for a message (an agent that reads its input
@@ -301,6 +304,8 @@ struct Running {
     acp: Option<AcpLink>,
     placed: Option<crate::placed::PlacedLink>,
     sandbox: SandboxRecord,
+    /// The writes the sandbox refused, as the agent said them (a confined agent's).
+    refusals: Option<Arc<Mutex<Refusals>>>,
     /// How many processes the warden killed after the agent exited.
     leftovers: LeftoverCount,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
@@ -350,6 +355,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         usage: None,
         turn_error: None,
         limit: None,
+        refused_writes: Vec::new(),
         protocol_warning: None,
         idle: false,
         asks_alive: false,
@@ -384,6 +390,7 @@ pub(crate) fn start_idle(
         usage: None,
         turn_error: None,
         limit: None,
+        refused_writes: Vec::new(),
         protocol_warning: None,
         idle: false,
         asks_alive: false,
@@ -607,7 +614,10 @@ async fn launch(
             || definition.protocol != Protocol::Lines)
             .then_some(protocol_tx),
         acp: (acp || shim).then_some(acp_lines),
+        refusals: confined
+            .then(|| Arc::new(Mutex::new(Refusals::new(sandbox.record.write.clone())))),
     };
+    let refusals = sink.refusals.clone();
     let mut stdin = child.stdin.take();
     let mut driver_lines = Some(acp_incoming);
     // An ACP agent's input belongs to its client connection, which sends the first prompt:
@@ -694,6 +704,7 @@ async fn launch(
         acp,
         placed,
         sandbox: sandbox.record,
+        refusals,
         leftovers,
         _temp_dir: temp_dir,
         lost_before_start: false,
@@ -1383,7 +1394,17 @@ impl Supervisor {
             });
         }
         // A question that waited on the live agent waits for its next start now.
-        self.status.send_modify(|status| status.asks_alive = false);
+        let refused = running.refusals.as_ref().map(|refusals| {
+            refusals
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .found()
+                .to_vec()
+        });
+        self.status.send_modify(|status| {
+            status.asks_alive = false;
+            status.refused_writes = refused.unwrap_or_default();
+        });
         Ended {
             exit,
             stop_waiters,

@@ -107,6 +107,7 @@ pub mod procscan;
 pub mod project;
 pub mod protocol;
 pub mod publish;
+pub mod refusals;
 pub mod registry;
 pub mod runner;
 pub mod sandbox;

@@ -18,6 +18,7 @@ use crew_core::config::Protocol;
 
 use crate::events::{AgentEvent, OutputStream, emit};
 use crate::protocol::{MessageLines, ProtocolEvent, is_json_rpc, read_line, shown_log};
+use crate::refusals::Refusals;
 
 /// The longest line kept in memory; the rest of a longer line is only in `output.log`.
 pub const MAX_LINE_BYTES: usize = 4096;
@@ -203,6 +204,8 @@ pub struct OutputSink {
     pub supervisor: Option<mpsc::UnboundedSender<ProtocolEvent>>,
     /// Where an `acp` agent's JSON-RPC lines go: its client connection (see `acp`).
     pub acp: Option<mpsc::UnboundedSender<String>>,
+    /// A confined agent's: the writes it says it was refused (see `refusals`).
+    pub refusals: Option<Arc<Mutex<Refusals>>>,
 }
 
 impl OutputSink {
@@ -231,6 +234,16 @@ impl OutputSink {
                 line,
             },
         );
+    }
+
+    /// Reads `line` for a write the sandbox refused.
+    fn scan(&self, line: &str) {
+        if let Some(refusals) = &self.refusals {
+            refusals
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .scan(line);
+        }
     }
 
     pub(crate) fn tell(&self, event: ProtocolEvent) {
@@ -274,6 +287,7 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .push(chunk);
             for line in lines {
+                sink.scan(&line);
                 if is_turn_end(&line) {
                     sink.tell(ProtocolEvent::TurnEnded {
                         usage: None,
@@ -293,6 +307,9 @@ pub async fn drain(mut pipe: impl AsyncRead + Unpin, stream: OutputStream, sink:
             continue;
         };
         for line in messages.push(chunk) {
+            if let Ok(line) = &line {
+                sink.scan(line);
+            }
             // An `acp` agent's messages go to its client connection, which shows what they say.
             let line = match (&sink.acp, line) {
                 (Some(acp), Ok(line)) if sink.protocol == Protocol::Shim || is_json_rpc(&line) => {

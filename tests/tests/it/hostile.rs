@@ -927,3 +927,58 @@ exit 0"#;
         "[net]\nretry = 7\nwarm\n"
     );
 }
+
+#[test]
+fn a_write_the_sandbox_refused_is_named_in_the_task_s_reason_with_what_to_add() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // As a toolchain does in a fresh home: it makes its own directory there, and fails.
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            r#"mkdir "$HOME/.newtool" || exit 3"#,
+        ],
+    );
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let first = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &first), "shell").clone();
+    let reason = record["reason"].as_str().unwrap_or_default();
+    let refused = env.home().join(".newtool");
+    assert!(
+        reason.contains(&format!("the sandbox refused writing {refused}"))
+            && reason.contains("`[sandbox] write` of agent `shell`")
+            && reason.contains("crew sandbox allow"),
+        "{record:#}"
+    );
+    assert!(!refused.exists());
+    // One that succeeds anyway keeps it as a warning; a write it may make is never named.
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            r#"mkdir "$HOME/.other" 2>&1; echo "cannot write $PWD/inside: Permission denied"; true"#,
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let second = run_ids(&env, &repo)
+        .into_iter()
+        .find(|run| *run != first)
+        .unwrap();
+    let record = task(&manifest(&env, &repo, &second), "shell").clone();
+    let warnings = record["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!(
+            "the sandbox refused writing {}",
+            env.home().join(".other")
+        )),
+        "{record:#}"
+    );
+    assert!(!warnings.contains("inside"), "{record:#}");
+}

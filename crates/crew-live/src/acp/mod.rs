@@ -621,6 +621,7 @@ mod tests {
                 protocol: crew_core::config::Protocol::Acp,
                 supervisor: None,
                 acp: None,
+                refusals: None,
             },
             workspace: PathBuf::from("/nowhere"),
             said: Mutex::new(String::new()),

@@ -1075,6 +1075,15 @@ impl RunContext {
                     }
                     _ => {}
                 }
+                // A toolchain that failed inside the sandbox says what to add.
+                if let (TaskStatus::Failed, Some(why), false) =
+                    (status, &mut reason, agent.refused_writes.is_empty())
+                {
+                    why.push_str(&format!(
+                        "; {}",
+                        crate::refusals::note(&agent.refused_writes, &task.agent)
+                    ));
+                }
                 if let Some(branch) = agent.landed {
                     self.landed
                         .lock()
@@ -1502,6 +1511,7 @@ struct AgentReport {
     usage: Option<Usage>,
     warning: Option<String>,
     limit: Option<UsageLimit>,
+    refused_writes: Vec<String>,
 }
 
 impl AgentReport {
@@ -1512,6 +1522,7 @@ impl AgentReport {
             usage: Usage::sum(prior.into_iter().chain(status.usage)),
             warning: status.protocol_warning,
             limit: status.limit,
+            refused_writes: status.refused_writes,
         }
     }
 
@@ -1524,10 +1535,12 @@ impl AgentReport {
         }
         // The last start's: a limit that lifted and let a resume finish is no longer there.
         record.limit = self.limit;
-        if let Some(warning) = self.warning
-            && !record.warnings.contains(&warning)
-        {
-            record.warnings.push(warning);
+        let refused = (!self.refused_writes.is_empty())
+            .then(|| crate::refusals::note(&self.refused_writes, &record.agent));
+        for warning in self.warning.into_iter().chain(refused) {
+            if !record.warnings.contains(&warning) {
+                record.warnings.push(warning);
+            }
         }
     }
 }
