@@ -570,13 +570,9 @@ fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
         &project.env.home().join(".gemini/settings.json"),
         r#"{"tools": {"shell": {"enableInteractiveShell": false}}}"#,
     );
-    // Gemini CLI 0.61 writes a new file only after a read through the client said it is not
-    // there, and cannot tell the protocol's "not found" from a refusal: it edits one here.
-    crew_tests::write(&project.repo.join("notes.txt"), "before\n");
-    project.env.git(&project.repo, ["add", "notes.txt"]);
-    project
-        .env
-        .git(&project.repo, ["commit", "-q", "-m", "notes"]);
+    // A new file: Gemini CLI reads it first, itself (crew offers no reads, whose "not found"
+    // Gemini CLI 0.61 took for a refusal), then writes it through crew's `fs/write_text_file`.
+    assert!(!project.repo.join("notes.txt").exists());
     let model = ModelApi::start(vec![
         Reply::tool(
             "write_file",
@@ -605,6 +601,12 @@ fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
         std::fs::read_to_string(project.repo.join("ran.txt")).unwrap_or_default(),
         "ran by gemini in enforced\n"
     );
+    let log = project.output_log_of("gemini");
+    assert!(
+        log.contains("fs/write_text_file"),
+        "written through crew: {log}"
+    );
+    assert!(!log.contains("fs/read_text_file"), "read by itself: {log}");
     let (_, task) = project.only_task_of("gemini");
     assert_eq!(task["status"], "succeeded", "{task:#}");
     assert_eq!(

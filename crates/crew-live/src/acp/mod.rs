@@ -15,8 +15,9 @@
 //!    sees (what it says, line by line; `→ <tool call>`); its cost (`usage_update`) and the
 //!    turn's tokens count on the task; a `session/request_permission` becomes the task's
 //!    question, answered by whoever answers crew's questions (`crew agents follow-up`, the board,
-//!    an editor); `fs/read_text_file` and `fs/write_text_file` are served beneath the
-//!    workspace only, by the kernel's `RESOLVE_BENEATH`.
+//!    an editor); `fs/write_text_file` is offered, and it and `fs/read_text_file` (not
+//!    offered: an agent reads files itself) are served beneath the workspace only, by the
+//!    kernel's `RESOLVE_BENEATH`.
 //! 5. When the supervisor has nothing more to say, the driver ends the connection: the agent's
 //!    input closes and it exits.
 //!
@@ -345,8 +346,12 @@ async fn drive(
                     InitializeRequest::new(ProtocolVersion::V1)
                         .client_capabilities(
                             ClientCapabilities::new()
+                                // Reads are the agent's own (crew has no unsaved
+                                // buffers to show it, and reading is open in its sandbox):
+                                // its own read of a missing file says ENOENT, which a
+                                // client's "not found" does not to every agent.
                                 .fs(FileSystemCapabilities::new()
-                                    .read_text_file(true)
+                                    .read_text_file(false)
                                     .write_text_file(true))
                                 .terminal(true),
                         )
