@@ -94,6 +94,10 @@ check(
 );
 const runTasks = tools.find((t) => t.name === "run_tasks");
 check(runTasks.inputSchema.properties.tasks.type === "array", `run_tasks schema: ${JSON.stringify(runTasks.inputSchema)}`);
+// Optional counts are plain integers, as clients that fill arguments by type can give them.
+check(runTasks.inputSchema.properties.attempts.type === "integer", `attempts: ${JSON.stringify(runTasks.inputSchema)}`);
+const waitTool = tools.find((t) => t.name === "wait");
+check(waitTool.inputSchema.properties.timeout_s.type === "integer", `timeout_s: ${JSON.stringify(waitTool.inputSchema)}`);
 check(tools.every((t) => t.description && t.outputSchema), "every tool has a description and an output schema");
 
 // Three tasks, one after another's success; wait, status, diff.

@@ -81,6 +81,7 @@ struct RunTasksArgs {
     /// Run each task this many times at once, each attempt in its own worktree and branch
     /// (best of N): the tasks are `<id>.1` … `<id>.N`.
     #[serde(default)]
+    #[schemars(schema_with = "positive_schema")]
     attempts: Option<u32>,
     /// A shell command run in each task's workspace once its agent finished, confined like
     /// the agent: its exit says whether the result passes (`check_passed`).
@@ -124,6 +125,7 @@ struct WaitArgs {
     run: String,
     /// How long to wait at most, in seconds (default 600).
     #[serde(default)]
+    #[schemars(schema_with = "positive_schema")]
     timeout_s: Option<u64>,
 }
 
@@ -272,6 +274,13 @@ fn nested_caller() -> Option<AgentId> {
 /// not know).
 fn count_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({ "type": "integer", "minimum": 0 })
+}
+
+/// An optional count given as an argument: a plain integer from 1, not `["integer", "null"]`,
+/// which clients that fill arguments from their schema's type (the MCP Inspector's CLI) cannot
+/// give. Left out, it is `None`.
+fn positive_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "integer", "minimum": 1 })
 }
 
 fn report(manifest: &RunManifest) -> RunReport {
