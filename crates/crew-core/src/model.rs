@@ -405,6 +405,10 @@ pub struct SandboxRecord {
     /// (its own sandbox or permission prompts standing down): arguments, then `NAME=value`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stood_down: Vec<String>,
+    /// Its terminal devices were a private instance (`/dev/pts`, `/dev/ptmx`): pseudo-terminals
+    /// of its own, and none of the user's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private_terminals: bool,
 }
 
 /// A task of a run, with everything that happened to it.

@@ -558,7 +558,7 @@ async fn launch(
         ),
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
-        &sandbox.read_only,
+        sandbox.namespace.as_ref(),
     )
     .map_err(|source| SpawnAgentError::Spawn {
         agent_id: spec.agent_id.clone(),

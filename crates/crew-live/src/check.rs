@@ -125,7 +125,7 @@ async fn run(
         ),
         &marker,
         prepared.ruleset,
-        &prepared.read_only,
+        prepared.namespace.as_ref(),
     )
     .map_err(|error| format!("could not start sh: {error}"))?;
     warded

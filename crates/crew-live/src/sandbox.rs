@@ -81,9 +81,52 @@ impl SandboxPlan {
 pub(crate) struct Prepared {
     /// The Landlock ruleset; `None` when the agent runs unconfined.
     pub ruleset: Option<OwnedFd>,
-    /// What the agent's process mounts read-only for itself before it applies the ruleset.
-    pub read_only: Vec<Utf8PathBuf>,
+    /// The namespace the agent's process makes for itself before it applies the ruleset,
+    /// where the kernel lets it.
+    pub namespace: Option<Namespace>,
     pub record: SandboxRecord,
+}
+
+/// What a confined agent's process makes of a user and mount namespace of its own, before its
+/// ruleset (which then forbids changing mounts, so the agent cannot undo it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespace {
+    /// Bound onto themselves read-only.
+    pub read_only: Vec<Utf8PathBuf>,
+    /// A private instance of the terminal devices mounted over `/dev/pts`, its `ptmx` over
+    /// `/dev/ptmx`: the agent's programs get pseudo-terminals of their own (a shell tool's
+    /// `forkpty`), and the user's terminals (`/dev/pts/N`) are not there for it to open.
+    pub terminals: bool,
+}
+
+impl Namespace {
+    /// The plan as the agent's process reads it between fork and exec: `T` (private terminals,
+    /// then the write rights of a directory and of a file as the ruleset handles them, eight
+    /// bytes each) or `-`, then each read-only path ended by a NUL.
+    pub(crate) fn encode(&self) -> std::io::Result<Vec<u8>> {
+        let mut plan = Vec::new();
+        if self.terminals {
+            let handled = AccessFs::from_write(FS_ABI)
+                & AccessFs::from_all(ABI::from(kernel_abi().map_or(0, |abi| abi as i32)));
+            let file = handled & AccessFs::from_file(FS_ABI);
+            plan.push(b'T');
+            plan.extend_from_slice(&handled.bits().to_le_bytes());
+            plan.extend_from_slice(&file.bits().to_le_bytes());
+        } else {
+            plan.push(b'-');
+        }
+        for path in &self.read_only {
+            if path.as_str().contains('\0') {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{path} cannot be mounted read-only"),
+                ));
+            }
+            plan.extend_from_slice(path.as_str().as_bytes());
+            plan.push(0);
+        }
+        Ok(plan)
+    }
 }
 
 /// A ruleset the kernel refused to build.
@@ -129,7 +172,7 @@ pub(crate) fn prepare(
     if state != SandboxState::Enforced {
         return Ok(Prepared {
             ruleset: None,
-            read_only: Vec::new(),
+            namespace: None,
             record: SandboxRecord {
                 state,
                 abi,
@@ -137,6 +180,7 @@ pub(crate) fn prepare(
                 missing: Vec::new(),
                 read_only: Vec::new(),
                 stood_down: Vec::new(),
+                private_terminals: false,
             },
         });
     }
@@ -171,15 +215,19 @@ pub(crate) fn prepare(
     }
     let ruleset: Option<OwnedFd> = ruleset.into();
     // A place that is not there, or a link, is not mounted over (a mount would follow it).
-    let read_only: Vec<Utf8PathBuf> = if ruleset.is_some() && namespaces_work() {
-        plan.read_only
+    let namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
+        read_only: plan
+            .read_only
             .iter()
             .filter(|path| open_beneath(path).is_some())
             .cloned()
-            .collect()
-    } else {
-        Vec::new()
-    };
+            .collect(),
+        terminals: private_terminals_work(),
+    });
+    let read_only = namespace
+        .as_ref()
+        .map(|namespace| namespace.read_only.clone())
+        .unwrap_or_default();
     Ok(Prepared {
         record: SandboxRecord {
             state: if ruleset.is_some() {
@@ -190,10 +238,13 @@ pub(crate) fn prepare(
             abi,
             write,
             missing,
-            read_only: read_only.clone(),
+            read_only,
             stood_down: Vec::new(),
+            private_terminals: namespace
+                .as_ref()
+                .is_some_and(|namespace| namespace.terminals),
         },
-        read_only,
+        namespace,
         ruleset,
     })
 }
@@ -221,15 +272,63 @@ pub fn namespaces_work() -> bool {
     })
 }
 
-/// Makes `paths` read-only for the calling process and everything it starts: a user namespace
-/// of its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts
-/// no longer propagate, and each path bound onto itself and marked read-only. Landlock, applied
-/// next, forbids changing mounts: the agent cannot undo this.
+/// Whether an agent's process can mount a private instance of the terminal devices (see
+/// [`Namespace::terminals`]) here. Asked once, by a child that enters such a namespace.
+pub fn private_terminals_work() -> bool {
+    static WORKS: OnceLock<bool> = OnceLock::new();
+    *WORKS.get_or_init(|| {
+        if !namespaces_work() || std::fs::metadata("/dev/ptmx").is_err() {
+            return false;
+        }
+        // SAFETY: the child only makes the namespace's system calls and exits; the parent
+        // waits for it.
+        unsafe {
+            let child = libc::fork();
+            if child == 0 {
+                let made = enter_namespace(&[b'T'; 17], None).is_ok();
+                libc::_exit(if made { 0 } else { 1 });
+            }
+            if child < 0 {
+                return false;
+            }
+            let mut status = 0;
+            libc::waitpid(child, &mut status, 0) == child
+                && libc::WIFEXITED(status)
+                && libc::WEXITSTATUS(status) == 0
+        }
+    })
+}
+
+/// Enters the namespace `plan` encodes (see [`Namespace::encode`]) for the calling process and
+/// everything it starts: a user namespace of its own (mapping its own uid and gid, nothing
+/// else), a mount namespace in it whose mounts no longer propagate, a private instance of the
+/// terminal devices when asked, and each read-only path bound onto itself and marked
+/// read-only. Landlock, applied next, forbids changing mounts: the agent cannot undo this.
 ///
 /// # Safety
-/// Runs between fork and exec: only async-signal-safe system calls, no allocation. `paths`
-/// holds the paths, each ended by a NUL.
-pub(crate) unsafe fn mount_read_only(paths: &[u8]) -> std::io::Result<()> {
+/// Runs between fork and exec: only async-signal-safe system calls, no allocation.
+pub(crate) unsafe fn enter_namespace(
+    plan: &[u8],
+    ruleset: Option<libc::c_int>,
+) -> std::io::Result<()> {
+    let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
+    let Some((&kind, rest)) = plan.split_first() else {
+        return Err(invalid());
+    };
+    let (terminals, paths) = match kind {
+        b'T' if rest.len() >= 16 => {
+            let mut dir = [0u8; 8];
+            let mut file = [0u8; 8];
+            dir.copy_from_slice(&rest[..8]);
+            file.copy_from_slice(&rest[8..16]);
+            (
+                Some((u64::from_le_bytes(dir), u64::from_le_bytes(file))),
+                &rest[16..],
+            )
+        }
+        b'-' => (None, rest),
+        _ => return Err(invalid()),
+    };
     /// `struct mount_attr` of `mount_setattr(2)`.
     #[repr(C)]
     struct MountAttr {
@@ -260,6 +359,36 @@ pub(crate) unsafe fn mount_read_only(paths: &[u8]) -> std::io::Result<()> {
         ) != 0
         {
             return Err(error());
+        }
+        if let Some((dir_access, file_access)) = terminals {
+            if libc::mount(
+                c"devpts".as_ptr(),
+                c"/dev/pts".as_ptr(),
+                c"devpts".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(error());
+            }
+            if libc::mount(
+                c"/dev/pts/ptmx".as_ptr(),
+                c"/dev/ptmx".as_ptr(),
+                none,
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(error());
+            }
+            // Granted here, where they are this instance's: beneath `/dev/pts`, and its `ptmx`
+            // itself (reached through `/dev/ptmx`, a walk up from it never passes the
+            // instance's root). Landlock ignores the mount points a walk up crosses, so a
+            // grant of the user's `/dev/pts` would not reach these, nor these the user's.
+            if let Some(ruleset) = ruleset {
+                grant(ruleset, c"/dev/pts", dir_access)?;
+                grant(ruleset, c"/dev/pts/ptmx", file_access)?;
+            }
         }
         let attr = MountAttr {
             attr_set: MOUNT_ATTR_RDONLY,
@@ -295,6 +424,48 @@ pub(crate) unsafe fn mount_read_only(paths: &[u8]) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Adds to `ruleset` a rule that `access` is allowed beneath `path`.
+///
+/// # Safety
+/// Async-signal-safe; `path` is NUL-terminated.
+unsafe fn grant(ruleset: libc::c_int, path: &std::ffi::CStr, access: u64) -> std::io::Result<()> {
+    /// `struct landlock_path_beneath_attr`, packed as the kernel declares it.
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    // SAFETY: open, one rule of a ruleset this process holds, close.
+    unsafe {
+        let fd = libc::open(
+            path.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let attr = PathBeneathAttr {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        let added = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0u32,
+        );
+        let result = if added == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        libc::close(fd);
+        result
+    }
 }
 
 /// `<id> <id> 1`: a namespace's map of one id onto itself, in `line`.

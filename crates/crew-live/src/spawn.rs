@@ -28,7 +28,6 @@
 //! [`crate::AgentHost`]: tokio's blocking threads come and go and would kill agents with them.
 #![allow(unsafe_code)]
 
-use camino::Utf8PathBuf;
 use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -54,11 +53,11 @@ const SWEEPS: usize = 8;
 
 /// The first argument that makes a start of the executable a warden. Its arguments, all
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
-/// <report fd> <environment fd> <read-only paths fd or -> <marker> <program> <args…>`.
+/// <report fd> <environment fd> <namespace plan fd or -> <marker> <program> <args…>`.
 const WARDEN_ARG: &CStr = c"--crew-warden-v2";
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
-/// environment, read-only paths, marker).
+/// environment, namespace plan, marker).
 const WARDEN_ARGS: usize = 8;
 
 /// The exit code of a warden whose agent could not be started.
@@ -152,7 +151,7 @@ impl WardedCommand {
         env: impl IntoIterator<Item = (impl AsRef<OsStr>, impl AsRef<OsStr>)>,
         marker: &str,
         ruleset: Option<OwnedFd>,
-        read_only: &[Utf8PathBuf],
+        namespace: Option<&crate::sandbox::Namespace>,
     ) -> io::Result<Self> {
         // Keeps the initializer in the executable (see the module's documentation).
         std::hint::black_box(&WARDEN_ENTRY);
@@ -171,21 +170,9 @@ impl WardedCommand {
         let (report, report_writer) =
             unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
         let environment = environment_file(env)?;
-        let read_only = if read_only.is_empty() {
-            None
-        } else {
-            let mut paths = Vec::new();
-            for path in read_only {
-                if path.as_str().contains('\0') {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("{path} cannot be mounted read-only"),
-                    ));
-                }
-                paths.extend_from_slice(path.as_str().as_bytes());
-                paths.push(0);
-            }
-            Some(memory_file(c"crew-read-only", &paths)?)
+        let namespace = match namespace {
+            Some(namespace) => Some(memory_file(c"crew-namespace", &namespace.encode()?)?),
+            None => None,
         };
         let mut command = Command::new("/proc/self/exe");
         command
@@ -200,7 +187,7 @@ impl WardedCommand {
             .arg(report_writer.as_raw_fd().to_string())
             .arg(environment.as_raw_fd().to_string())
             .arg(
-                read_only
+                namespace
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
             )
@@ -212,7 +199,7 @@ impl WardedCommand {
             .kill_on_drop(false);
         let mut passed = vec![report_writer, environment];
         passed.extend(ruleset);
-        passed.extend(read_only);
+        passed.extend(namespace);
         Ok(WardedCommand {
             command,
             passed,
@@ -428,11 +415,11 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         let Some(environment) = parse_number(argument(5)) else {
             fail(c"bad environment descriptor")
         };
-        let read_only = match argument(6).to_bytes() {
+        let namespace = match argument(6).to_bytes() {
             b"-" => None,
             _ => match parse_number(argument(6)) {
                 Some(fd) => Some(fd),
-                None => fail(c"bad read-only paths descriptor"),
+                None => fail(c"bad namespace descriptor"),
             },
         };
         // What the host's other threads started meanwhile may have left open here.
@@ -440,19 +427,19 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             report,
             environment,
             ruleset.unwrap_or(report),
-            read_only.unwrap_or(report),
+            namespace.unwrap_or(report),
         ]);
         let Some(agent_env) = map_environment(environment) else {
             report_u32(report, *libc::__errno_location() as u32);
             fail(c"cannot read the agent's environment")
         };
-        let read_only = match read_only {
+        let namespace = match namespace {
             None => None,
             Some(fd) => match map_file(fd) {
-                Some(paths) => Some(paths),
+                Some(plan) => Some(plan),
                 None => {
                     report_u32(report, *libc::__errno_location() as u32);
-                    fail(c"cannot read the agent's read-only paths")
+                    fail(c"cannot read the agent's namespace")
                 }
             },
         };
@@ -501,7 +488,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             fail(c"cannot fork the agent");
         }
         if agent == 0 {
-            start_agent(argv, agent_env, ruleset, read_only, report, exec_pipe[1])
+            start_agent(argv, agent_env, ruleset, namespace, report, exec_pipe[1])
         }
         libc::close(exec_pipe[1]);
         if let Some(ruleset) = ruleset {
@@ -622,7 +609,7 @@ unsafe fn start_agent(
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
     ruleset: Option<libc::c_int>,
-    read_only: Option<&[u8]>,
+    namespace: Option<&[u8]>,
     report: libc::c_int,
     exec_error: libc::c_int,
 ) -> ! {
@@ -636,8 +623,8 @@ unsafe fn start_agent(
         // The parent-death signal is not inherited; the handler goes with exec anyway.
         libc::signal(WARDEN_SIGNAL, libc::SIG_DFL);
         // Mounts first: the ruleset forbids changing them.
-        if let Some(paths) = read_only
-            && crate::sandbox::mount_read_only(paths).is_err()
+        if let Some(plan) = namespace
+            && crate::sandbox::enter_namespace(plan, ruleset).is_err()
         {
             failed()
         }

@@ -982,3 +982,74 @@ fn a_write_the_sandbox_refused_is_named_in_the_task_s_reason_with_what_to_add() 
     );
     assert!(!warnings.contains("inside"), "{record:#}");
 }
+
+/// A pseudo-terminal of this process, as a user's terminal is: its controlling side (what the
+/// user types goes in there) and the device path programs in it read from.
+fn user_terminal() -> (std::fs::File, String) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let path = ptsname(&master, Vec::new()).unwrap();
+    let path = path.to_string_lossy().into_owned();
+    let master = std::fs::File::from(master);
+    (master, path)
+}
+
+#[test]
+fn an_agent_has_terminals_of_its_own_and_never_the_user_s() {
+    use std::io::{Read, Write};
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (mut user, device) = user_terminal();
+    // Held open as a shell in it would: the terminal is live while the agent runs.
+    let _shell = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&device)
+        .unwrap();
+    // The agent starts a program in a terminal of its own (as a shell tool does), then goes
+    // for the user's: it reads what they type, and types into it.
+    let script = format!(
+        r#"script -qc tty /dev/null > own.txt 2>&1
+ls /dev/pts > listed.txt
+(timeout 2 cat {device} > stolen.txt 2>&1 &)
+echo 'rm -rf ~' > {device} 2> typed.txt || echo refused >> typed.txt
+sleep 1
+true"#
+    );
+    let mut host = env.spawn_crew(&repo, ["run", "--quiet", "--agent", "shell", &script]);
+    // Meanwhile the user types a secret.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    user.write_all(b"hunter2\n").unwrap();
+    let ended = host.wait().unwrap();
+    assert!(ended.success());
+    let own = std::fs::read_to_string(repo.join("own.txt")).unwrap_or_default();
+    assert!(
+        own.trim().starts_with("/dev/pts/"),
+        "its own terminal: {own}"
+    );
+    let stolen = std::fs::read_to_string(repo.join("stolen.txt")).unwrap_or_default();
+    assert!(
+        !stolen.contains("hunter2"),
+        "the agent read the user's keystrokes: {stolen}"
+    );
+    let listed = std::fs::read_to_string(repo.join("listed.txt")).unwrap_or_default();
+    let user_number = device.rsplit('/').next().unwrap();
+    assert!(
+        !listed.lines().any(|line| line == user_number),
+        "the user's terminal is there to open: {listed}"
+    );
+    // What reached the user's screen: read without waiting for more.
+    rustix::fs::fcntl_setfl(&user, rustix::fs::OFlags::NONBLOCK).unwrap();
+    let mut shown = Vec::new();
+    let _ = user.read_to_end(&mut shown);
+    assert!(
+        !String::from_utf8_lossy(&shown).contains("rm -rf"),
+        "the agent typed into the user's terminal: {}",
+        String::from_utf8_lossy(&shown)
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert_eq!(record["sandbox"]["private_terminals"], true, "{record:#}");
+}

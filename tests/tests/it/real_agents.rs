@@ -564,12 +564,8 @@ fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
     let Some(project) = Project::new("gemini", "gemini_cli_writes_a_file") else {
         return;
     };
-    // Gemini CLI runs commands in a terminal of its own (node-pty) unless told not to; crew's
-    // sandbox grants no terminal devices, so a user sets this, as the definition says.
-    crew_tests::write(
-        &project.env.home().join(".gemini/settings.json"),
-        r#"{"tools": {"shell": {"enableInteractiveShell": false}}}"#,
-    );
+    // Gemini CLI runs its commands in a terminal of its own (node-pty), as it does by default:
+    // a private instance of the terminal devices, in the agent's own namespace.
     // A new file: Gemini CLI reads it first, itself (crew offers no reads, whose "not found"
     // Gemini CLI 0.61 took for a refusal), then writes it through crew's `fs/write_text_file`.
     assert!(!project.repo.join("notes.txt").exists());

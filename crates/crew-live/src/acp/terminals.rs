@@ -187,7 +187,7 @@ impl Terminals {
             env,
             &marker,
             prepared.ruleset,
-            &prepared.read_only,
+            prepared.namespace.as_ref(),
         )
         .map_err(|error| failed(error.to_string()))?;
         warded.current_dir(&cwd).stdio(
