@@ -631,6 +631,7 @@ async fn launch(
                     .unwrap_or(&spec.prompt)
                     .to_owned(),
                 resume: resume_message.and(session_id).map(str::to_owned),
+                prompt: spec.prompt.clone(),
                 resume_cost: session_cost,
                 terminals: crate::acp::Terminals::new(launcher.clone(), spec.clone()),
             },
@@ -1071,6 +1072,10 @@ impl Supervisor {
                     "the agent printed lines that are not {} messages (the first: `{start}`); they are shown as they are",
                     protocol_name(self.spec.definition.protocol)
                 );
+                self.status
+                    .send_modify(|status| status.protocol_warning = Some(warning));
+            }
+            ProtocolEvent::Warning(warning) => {
                 self.status
                     .send_modify(|status| status.protocol_warning = Some(warning));
             }

@@ -76,6 +76,9 @@ pub enum ProtocolEvent {
     },
     /// A line that was not a message of the protocol (the first one only).
     NotProtocol(String),
+    /// Something the task should say of how its agent went on (a session that could not be
+    /// loaded).
+    Warning(String),
     /// The agent asks for permission and waits, alive, for the answer (`acp`).
     Asked(String),
     /// Its permission request was answered or withdrawn.

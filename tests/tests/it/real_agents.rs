@@ -303,6 +303,42 @@ fn claude_code_stopped_mid_command_resumes_its_own_session_and_finishes() {
 }
 
 #[test]
+fn a_steer_reaches_claude_code_s_running_session_mid_turn() {
+    let Some(project) = Project::new("claude", "a_steer_reaches_claude_code") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo started > started.txt; sleep 4", "description": "a build"}),
+        ),
+        Reply::say("Done, steered."),
+    ]);
+    let mut host = project
+        .command(&model, &["run", "--quiet", "--agent", "claude", "build it"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(60, "the command to start", || {
+        project.repo.join("started.txt").exists().then_some(())
+    });
+    // Into the session under way, while its tool runs: the model reads it with the result.
+    let steer = project.crew(&model, &["agents", "steer", "claude", "use the Money type"]);
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    assert!(host.wait().unwrap().success(), "{}", project.output_log());
+    assert!(
+        model.user_texts().contains("use the Money type"),
+        "{}",
+        model.user_texts()
+    );
+    let (_, task) = project.only_task();
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    // One process, one session: the steer went in, not through a restart.
+    assert_eq!(task["attempts"], 1, "{task:#}");
+}
+
+#[test]
 fn claude_code_rate_limited_with_a_reset_retries_by_itself_and_crew_shows_it() {
     let Some(project) = Project::new("claude", "claude_code_rate_limited") else {
         return;
@@ -612,6 +648,59 @@ fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
     );
     assert!(task["session_id"].as_str().is_some(), "a session: {task:#}");
     assert!(model.user_texts().contains("write the notes"));
+}
+
+#[test]
+fn gemini_cli_stopped_mid_command_goes_on_after_a_resume() {
+    let Some(project) = Project::new("gemini", "gemini_cli_resumes") else {
+        return;
+    };
+    // Gemini CLI 0.61 finds no session to load (`session/load`: "No previous sessions found
+    // for this project", a finished session too): crew goes on in a new session, given the
+    // task's prompt again, and the work in the workspace is what the agent finds. The command
+    // does the rest of the job when it runs again.
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "run_shell_command",
+            json!({"command": "if test -e started.txt; then echo after the resume > after.txt; else echo started > started.txt; sleep 600; fi", "description": "the build"}),
+        ),
+        Reply::say("Finished after the resume."),
+    ]);
+    let mut host = project
+        .command(&model, &["run", "--quiet", "--agent", "gemini", "build it"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(60, "the long command to start", || {
+        project.repo.join("started.txt").exists().then_some(())
+    });
+    let stop = project.crew(&model, &["agents", "stop", "gemini"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    host.wait().unwrap();
+    let resume = project.crew(&model, &["agents", "resume", "gemini"]);
+    assert!(
+        resume.status.success(),
+        "{}\n{}",
+        render_output(&resume),
+        project.output_log_of("gemini")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("after.txt")).unwrap_or_default(),
+        "after the resume\n"
+    );
+    let (_, task) = project.only_task_of("gemini");
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    let warnings = task["warnings"].to_string();
+    assert!(
+        warnings.contains("could not be loaded") && warnings.contains("new session"),
+        "the task says how it went on: {task:#}"
+    );
+    assert!(
+        model.user_texts().contains("build it"),
+        "{}",
+        model.user_texts()
+    );
 }
 
 #[test]

@@ -75,6 +75,8 @@ pub(crate) struct AcpStart {
     pub first: String,
     /// The session to take up (`session/load`), when the agent is started again.
     pub resume: Option<String>,
+    /// The task's prompt: the first prompt of a new session when that one cannot be loaded.
+    pub prompt: String,
     /// What that session cost before, as crew counted it: the agent's running total starts
     /// there.
     pub resume_cost: Option<f64>,
@@ -213,7 +215,7 @@ impl Shared {
 }
 
 async fn drive(
-    start: AcpStart,
+    mut start: AcpStart,
     stdin: ChildStdin,
     lines: mpsc::UnboundedReceiver<String>,
     mut inputs: mpsc::UnboundedReceiver<AcpInput>,
@@ -374,8 +376,25 @@ async fn drive(
                         .block_task()
                         .await;
                     *flow.replaying.lock().unwrap_or_else(|e| e.into_inner()) = false;
-                    loaded?;
-                    session
+                    match loaded {
+                        Ok(_) => session,
+                        // The conversation is lost to the agent, the work is not: a new
+                        // session starts on the task's prompt, with what it was resumed for.
+                        Err(error) => {
+                            let warning = format!(
+                                "its session {session} could not be loaded ({}): it went on in a new session, given the task's prompt again",
+                                error.message
+                            );
+                            flow.sink.show(OutputStream::Stdout, format!("[{warning}]"));
+                            flow.sink.tell(ProtocolEvent::Warning(warning));
+                            *flow.cost.lock().unwrap_or_else(|e| e.into_inner()) = Some(0.0);
+                            start.first = format!("{}\n\n{}", start.prompt, start.first);
+                            cx.send_request(NewSessionRequest::new(cwd))
+                                .block_task()
+                                .await?
+                                .session_id
+                        }
+                    }
                 }
                 None => {
                     // A new session has cost nothing yet.
