@@ -555,6 +555,71 @@ fn codex_stopped_mid_command_resumes_its_own_thread_and_finishes() {
 }
 
 #[test]
+fn a_follow_up_of_codex_s_finished_task_goes_on_in_its_thread() {
+    let Some(project) = Project::new("codex", "a_follow_up_of_codex") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "exec",
+            json!(
+                "await tools.apply_patch(\"*** Begin Patch\\n*** Add File: notes.txt\\n+first\\n*** End Patch\\n\");"
+            ),
+        ),
+        Reply::say("Written."),
+        Reply::tool(
+            "exec",
+            json!(
+                "await tools.apply_patch(\"*** Begin Patch\\n*** Add File: more.txt\\n+asked for later\\n*** End Patch\\n\");"
+            ),
+        ),
+        Reply::say("Also written."),
+    ]);
+    project.codex_gateway(&model);
+    let run = project.crew(
+        &model,
+        &[
+            "run",
+            "--agent",
+            "codex",
+            "--workspace-mode",
+            "worktree",
+            "write the notes",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let (_, first) = project.only_task_of("codex");
+    let thread = first["session_id"].as_str().unwrap().to_owned();
+    let branch = first["teardown"]["branch"].as_str().unwrap().to_owned();
+    let follow = project.crew(
+        &model,
+        &["agents", "follow-up", "codex", "now also write more.txt"],
+    );
+    assert!(
+        follow.status.success(),
+        "{}\n{}",
+        render_output(&follow),
+        project.output_log_of("codex")
+    );
+    assert!(model.user_texts().contains("now also write more.txt"));
+    let (_, again) = project.only_task_of("codex");
+    assert_eq!(again["status"], "succeeded", "{again:#}");
+    assert_eq!(
+        again["session_id"],
+        thread.as_str(),
+        "its own thread: {again:#}"
+    );
+    let files = project
+        .env
+        .git(&project.repo, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(
+        files.lines().any(|file| file == "notes.txt")
+            && files.lines().any(|file| file == "more.txt"),
+        "{files}"
+    );
+}
+
+#[test]
 fn codex_whose_own_sandbox_cannot_start_fails_its_task_with_what_failed() {
     let Some(project) = Project::new("codex", "codex_whose_own_sandbox_cannot_start") else {
         return;
