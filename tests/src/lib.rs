@@ -542,22 +542,29 @@ pub fn node_client(dir: &str, package: &str, test: &str) -> Option<Utf8PathBuf> 
 }
 
 /// The directory of the real agent programs' commands (`claude`, `codex`, `gemini`,
-/// `claude-code-acp`), pinned in `tests/agent-programs` and installed there by `npm ci`, when
-/// `program` is installed. Otherwise the test says it was skipped and gets `None` — except
+/// `claude-code-acp`, `aider`), pinned in `tests/agent-programs` (`npm ci` there; aider in its
+/// `.venv`, from `requirements.txt`), when `program` is installed. Otherwise the test says it was skipped and gets `None` — except
 /// where `CREW_TESTS_REQUIRE_AGENTS` is set (CI): there a missing program fails the test.
 pub fn agent_programs(program: &str, test: &str) -> Option<Utf8PathBuf> {
-    let bin =
-        Utf8PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("agent-programs/node_modules/.bin");
-    let runs = std::process::Command::new(bin.join(program))
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if runs {
-        return Some(bin);
+    let programs = Utf8PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("agent-programs");
+    // The npm packages, and the Python ones (aider) in a virtual environment beside them.
+    for bin in [
+        programs.join("node_modules/.bin"),
+        programs.join(".venv/bin"),
+    ] {
+        let runs = std::process::Command::new(bin.join(program))
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if runs {
+            return Some(bin);
+        }
     }
-    let why = format!("{program} is not installed: run `npm ci` in tests/agent-programs");
+    let why = format!(
+        "{program} is not installed: run `npm ci` in tests/agent-programs (aider: `python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` there)"
+    );
     assert!(
         std::env::var_os("CREW_TESTS_REQUIRE_AGENTS").is_none(),
         "{test} cannot run: {why}"

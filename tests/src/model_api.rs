@@ -1,6 +1,7 @@
 //! A stand-in of the model APIs that the real agent programs call: an HTTP server on
 //! 127.0.0.1 that answers Anthropic's Messages API (Claude Code), OpenAI's Responses API
-//! (Codex) and Google's Gemini API (Gemini CLI), with server-sent events and tool calls, as a
+//! (Codex), OpenAI's Chat Completions (aider) and Google's Gemini API (Gemini CLI), with
+//! server-sent events and tool calls, as a
 //! scripted model would. The agent program under test is real — its tools, its session files, its
 //! retries; only the model's answers come from the test's script.
 //!
@@ -259,6 +260,9 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     if request_line.starts_with("POST ") && path.contains("/models/") {
         return gemini(&mut out, path, &body, shared);
     }
+    if request_line.starts_with("POST ") && path.starts_with("/v1/chat/completions") {
+        return chat_completions(&mut out, &body, shared);
+    }
     if !request_line.starts_with("POST ") || !path.starts_with("/v1/messages") {
         return respond(&mut out, 404, "application/json", b"{}", None);
     }
@@ -399,6 +403,65 @@ fn openai_responses(
             "total_tokens": 140,
         }}}),
     );
+    respond(out, 200, "text/event-stream", events.as_bytes(), None)
+}
+
+/// Answers OpenAI's Chat Completions API (what aider calls, through `OPENAI_API_BASE`): the
+/// conversation is the request's `messages`; a reply is a text (aider's edits and commands are
+/// in its words), streamed as chunks when the request streams.
+fn chat_completions(
+    out: &mut TcpStream,
+    body: &[u8],
+    shared: &Mutex<Shared>,
+) -> std::io::Result<()> {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let reply = next_reply(shared, &request, replies_given);
+    let text = match reply {
+        Reply::Fail {
+            status,
+            message,
+            retry_after,
+        } => {
+            let body = json!({"error": {"message": message, "type": "invalid_request_error",
+                "code": null, "param": null}});
+            return respond(
+                out,
+                status,
+                "application/json",
+                body.to_string().as_bytes(),
+                retry_after,
+            );
+        }
+        Reply::Say(text) => text,
+        Reply::Tool { name, .. } => panic!("a chat completion calls no tool ({name})"),
+    };
+    let id = format!("chatcmpl-{:08x}", next_call_id());
+    let model = request["model"].as_str().unwrap_or("stand-in").to_owned();
+    let usage = json!({"prompt_tokens": 120, "completion_tokens": 20, "total_tokens": 140});
+    if request["stream"] != true {
+        let body = json!({"id": id, "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop"}], "usage": usage});
+        return respond(
+            out,
+            200,
+            "application/json",
+            body.to_string().as_bytes(),
+            None,
+        );
+    }
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut events = String::new();
+    for data in [
+        chunk(json!({"role": "assistant", "content": text}), Value::Null),
+        chunk(json!({}), json!("stop")),
+    ] {
+        events.push_str(&format!("data: {data}\n\n"));
+    }
+    events.push_str("data: [DONE]\n\n");
     respond(out, 200, "text/event-stream", events.as_bytes(), None)
 }
 

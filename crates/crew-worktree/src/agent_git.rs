@@ -467,8 +467,9 @@ fn head_ref(head: &[u8]) -> Option<&str> {
     std::str::from_utf8(head).ok()?.trim().strip_prefix("ref: ")
 }
 
-/// Every ref of the repository that names an object, as a `packed-refs` file (sorted, as git
-/// writes it).
+/// Every ref of the repository that names an object, as a `packed-refs` file as git writes it:
+/// sorted, and each tag that is an annotated tag followed by the object it peels to (`^<id>`),
+/// which the `peeled` trait promises (and readers such as GitPython require it to be said).
 fn packed_refs(leader: &Repository) -> std::io::Result<String> {
     let mut refs: Vec<(String, Oid)> = leader
         .references()
@@ -478,11 +479,32 @@ fn packed_refs(leader: &Repository) -> std::io::Result<String> {
         .filter(|(name, _)| name.starts_with("refs/"))
         .collect();
     refs.sort();
-    let mut text = String::from("# pack-refs with: sorted \n");
+    let mut text = String::from("# pack-refs with: peeled sorted \n");
     for (name, id) in refs {
         text.push_str(&format!("{id} {name}\n"));
+        if name.starts_with("refs/tags/")
+            && let Some(peeled) = peeled_tag(leader, id)
+        {
+            text.push_str(&format!("^{peeled}\n"));
+        }
     }
     Ok(text)
+}
+
+/// What the annotated tag `id` (a tag of a tag too) finally names; `None` when `id` is no tag.
+fn peeled_tag(leader: &Repository, mut id: Oid) -> Option<Oid> {
+    let mut peeled = None;
+    // A chain of tags ends; a broken one is said as far as it goes.
+    for _ in 0..64 {
+        match leader.find_tag(id) {
+            Ok(tag) => {
+                id = tag.target_id();
+                peeled = Some(id);
+            }
+            Err(_) => break,
+        }
+    }
+    peeled
 }
 
 /// Removes whatever is at `path` (never following a link) so that crew's own can be written.

@@ -403,3 +403,46 @@ fn what_an_agent_plants_in_a_submodules_git_directory_is_put_back_and_reported()
     env.git(&repo, ["status"]);
     assert!(!env.home().join("fsmonitor-ran").exists());
 }
+
+#[test]
+fn an_agent_s_git_directory_reads_as_the_repository_s_annotated_tags_and_all() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    env.git(&repo, ["tag", "-a", "v1", "-m", "release one"]);
+    env.git(&repo, ["tag", "light"]);
+    // What a reader of refs sees (git itself, and readers of `packed-refs` such as GitPython,
+    // which aider uses): each annotated tag peeled to its commit, as in the repository.
+    let script = r#"git show-ref -d > refs.txt; git describe > described.txt; head -1 "$(git rev-parse --git-common-dir)/packed-refs" > header.txt"#;
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            script,
+        ],
+    );
+    let run_id = run_ids(&env, &repo).remove(0);
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        output_log(&repo, &run_id, "shell")
+    );
+    let branch = format!("crew/{run_id}-shell");
+    let seen = |file: &str| env.git(&repo, ["show", &format!("{branch}:{file}")]);
+    let expected = env.git(&repo, ["show-ref", "-d", "--tags"]);
+    let refs = seen("refs.txt");
+    for line in expected.lines() {
+        assert!(
+            refs.lines().any(|seen| seen == line),
+            "{line} not in {refs}"
+        );
+    }
+    assert_eq!(seen("described.txt").trim(), "v1");
+    let header = seen("header.txt");
+    assert!(header.contains("peeled"), "{header}");
+}
