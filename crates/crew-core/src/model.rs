@@ -409,6 +409,9 @@ pub struct SandboxRecord {
     /// of its own, and none of the user's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub private_terminals: bool,
+    /// What it reached of the network (`none`: an empty network namespace of its own).
+    #[serde(default, skip_serializing_if = "crate::config::NetworkMode::is_open")]
+    pub network: crate::config::NetworkMode,
 }
 
 /// A task of a run, with everything that happened to it.

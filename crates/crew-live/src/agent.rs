@@ -741,6 +741,7 @@ pub(crate) fn confinement(
     extra_writes.push(temp_path);
     let mut plan = spec.sandbox.clone();
     plan.mode = plan.mode.and(spec.definition.sandbox.mode);
+    plan.network = plan.network.and(spec.definition.sandbox.network);
     // Confined, its toolchains build with the project's caches, which it may write.
     let caches = (plan.mode == crew_core::config::SandboxMode::Enforce)
         .then(|| project_caches(spec, launcher))

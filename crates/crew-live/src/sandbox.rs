@@ -27,7 +27,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::OnceLock;
 
 use camino::{Utf8Path, Utf8PathBuf};
-use crew_core::config::SandboxMode;
+use crew_core::config::{NetworkMode, SandboxMode};
 use crew_core::model::{SandboxRecord, SandboxState};
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
@@ -63,6 +63,8 @@ pub struct SandboxPlan {
     /// and mount namespace of the agent's own, where the kernel has them (Landlock alone
     /// cannot carve a read-only place out of a writable one).
     pub read_only: Vec<Utf8PathBuf>,
+    /// What it reaches of the network (the narrower of the project's and its definition's).
+    pub network: NetworkMode,
 }
 
 impl SandboxPlan {
@@ -72,6 +74,7 @@ impl SandboxPlan {
             mode: SandboxMode::Enforce,
             write: vec![dir.into()],
             read_only: Vec::new(),
+            network: NetworkMode::Open,
         }
     }
 }
@@ -87,6 +90,11 @@ pub(crate) struct Prepared {
     pub record: SandboxRecord,
 }
 
+/// A namespace plan's flag: private terminals.
+const PLAN_TERMINALS: u8 = 1;
+/// A namespace plan's flag: a network namespace of its own.
+const PLAN_NO_NETWORK: u8 = 2;
+
 /// What a confined agent's process makes of a user and mount namespace of its own, before its
 /// ruleset (which then forbids changing mounts, so the agent cannot undo it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,23 +105,30 @@ pub struct Namespace {
     /// `/dev/ptmx`: the agent's programs get pseudo-terminals of their own (a shell tool's
     /// `forkpty`), and the user's terminals (`/dev/pts/N`) are not there for it to open.
     pub terminals: bool,
+    /// A network namespace of its own, with only its own loopback up: no network at all.
+    pub isolated_network: bool,
 }
 
 impl Namespace {
-    /// The plan as the agent's process reads it between fork and exec: `T` (private terminals,
-    /// then the write rights of a directory and of a file as the ruleset handles them, eight
-    /// bytes each) or `-`, then each read-only path ended by a NUL.
+    /// The plan as the agent's process reads it between fork and exec: a byte of flags
+    /// ([`PLAN_TERMINALS`], [`PLAN_NO_NETWORK`]); with terminals, the write rights of a
+    /// directory and of a file as the ruleset handles them, eight bytes each; then each
+    /// read-only path ended by a NUL.
     pub(crate) fn encode(&self) -> std::io::Result<Vec<u8>> {
-        let mut plan = Vec::new();
+        let mut flags = 0;
+        if self.terminals {
+            flags |= PLAN_TERMINALS;
+        }
+        if self.isolated_network {
+            flags |= PLAN_NO_NETWORK;
+        }
+        let mut plan = vec![flags];
         if self.terminals {
             let handled = AccessFs::from_write(FS_ABI)
                 & AccessFs::from_all(ABI::from(kernel_abi().map_or(0, |abi| abi as i32)));
             let file = handled & AccessFs::from_file(FS_ABI);
-            plan.push(b'T');
             plan.extend_from_slice(&handled.bits().to_le_bytes());
             plan.extend_from_slice(&file.bits().to_le_bytes());
-        } else {
-            plan.push(b'-');
         }
         for path in &self.read_only {
             if path.as_str().contains('\0') {
@@ -181,6 +196,7 @@ pub(crate) fn prepare(
                 read_only: Vec::new(),
                 stood_down: Vec::new(),
                 private_terminals: false,
+                network: NetworkMode::Open,
             },
         });
     }
@@ -223,7 +239,14 @@ pub(crate) fn prepare(
             .cloned()
             .collect(),
         terminals: private_terminals_work(),
+        isolated_network: plan.network == NetworkMode::None,
     });
+    // No network asked, and none to be had: refused, never a silent fallback to the open one.
+    if plan.network == NetworkMode::None && ruleset.is_some() && namespace.is_none() {
+        return Err(BuildSandboxError {
+            message: "`[sandbox] network = \"none\"` needs a network namespace of the agent's own, and this kernel refuses unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone`, or AppArmor's `kernel.apparmor_restrict_unprivileged_userns` on Ubuntu): allow them, or set `network = \"open\"`".to_owned(),
+        });
+    }
     let read_only = namespace
         .as_ref()
         .map(|namespace| namespace.read_only.clone())
@@ -243,6 +266,7 @@ pub(crate) fn prepare(
             private_terminals: namespace
                 .as_ref()
                 .is_some_and(|namespace| namespace.terminals),
+            network: plan.network,
         },
         namespace,
         ruleset,
@@ -285,7 +309,9 @@ pub fn private_terminals_work() -> bool {
         unsafe {
             let child = libc::fork();
             if child == 0 {
-                let made = enter_namespace(&[b'T'; 17], None).is_ok();
+                let mut plan = [0u8; 17];
+                plan[0] = PLAN_TERMINALS;
+                let made = enter_namespace(&plan, None).is_ok();
                 libc::_exit(if made { 0 } else { 1 });
             }
             if child < 0 {
@@ -312,22 +338,28 @@ pub(crate) unsafe fn enter_namespace(
     ruleset: Option<libc::c_int>,
 ) -> std::io::Result<()> {
     let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
-    let Some((&kind, rest)) = plan.split_first() else {
+    let Some((&flags, rest)) = plan.split_first() else {
         return Err(invalid());
     };
-    let (terminals, paths) = match kind {
-        b'T' if rest.len() >= 16 => {
-            let mut dir = [0u8; 8];
-            let mut file = [0u8; 8];
-            dir.copy_from_slice(&rest[..8]);
-            file.copy_from_slice(&rest[8..16]);
-            (
-                Some((u64::from_le_bytes(dir), u64::from_le_bytes(file))),
-                &rest[16..],
-            )
+    let (terminals, paths) = if flags & PLAN_TERMINALS != 0 {
+        if rest.len() < 16 {
+            return Err(invalid());
         }
-        b'-' => (None, rest),
-        _ => return Err(invalid()),
+        let mut dir = [0u8; 8];
+        let mut file = [0u8; 8];
+        dir.copy_from_slice(&rest[..8]);
+        file.copy_from_slice(&rest[8..16]);
+        (
+            Some((u64::from_le_bytes(dir), u64::from_le_bytes(file))),
+            &rest[16..],
+        )
+    } else {
+        (None, rest)
+    };
+    let network = if flags & PLAN_NO_NETWORK != 0 {
+        libc::CLONE_NEWNET
+    } else {
+        0
     };
     /// `struct mount_attr` of `mount_setattr(2)`.
     #[repr(C)]
@@ -342,13 +374,19 @@ pub(crate) unsafe fn enter_namespace(
     // SAFETY: plain system calls on this process, with NUL-terminated strings.
     unsafe {
         let (uid, gid) = (libc::getuid(), libc::getgid());
-        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | network) != 0 {
             return Err(error());
         }
         let mut line = [0u8; 32];
         write_proc(c"/proc/self/setgroups", b"deny")?;
         write_proc(c"/proc/self/uid_map", id_map(&mut line, uid))?;
         write_proc(c"/proc/self/gid_map", id_map(&mut line, gid))?;
+        // A network of its own has its own loopback, down until raised: programs that talk to
+        // themselves over 127.0.0.1 (a test suite's server) go on working, and reach nothing
+        // else.
+        if network != 0 {
+            loopback_up()?;
+        }
         let none = std::ptr::null::<libc::c_char>();
         if libc::mount(
             none,
@@ -424,6 +462,35 @@ pub(crate) unsafe fn enter_namespace(
         }
     }
     Ok(())
+}
+
+/// Raises the loopback interface of the calling process's network namespace.
+///
+/// # Safety
+/// Async-signal-safe: a socket, two ioctls on a request on the stack, a close.
+unsafe fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: `ifreq` is plain data; the ioctls read and write only it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *slot = *byte as libc::c_char;
+        }
+        let mut result = Ok(());
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request) != 0 {
+            result = Err(std::io::Error::last_os_error());
+        } else {
+            request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &request) != 0 {
+                result = Err(std::io::Error::last_os_error());
+            }
+        }
+        libc::close(fd);
+        result
+    }
 }
 
 /// Adds to `ruleset` a rule that `access` is allowed beneath `path`.
@@ -646,6 +713,7 @@ mod tests {
             mode: SandboxMode::Off,
             write: vec!["/tmp".into()],
             read_only: Vec::new(),
+            network: NetworkMode::Open,
         };
         let prepared = prepare(&plan, &[]).unwrap();
         assert!(prepared.ruleset.is_none());

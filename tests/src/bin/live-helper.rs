@@ -291,6 +291,7 @@ fn start(args: &[String]) {
                         mode,
                         write: vec![workspace.as_path().to_owned()],
                         read_only: read_only.clone(),
+                        network: crew_core::config::NetworkMode::Open,
                     },
                     workspace_env: Vec::new(),
                     session_id: None,

@@ -1053,3 +1053,111 @@ true"#
     let record = task(&manifest(&env, &repo, &run), "shell").clone();
     assert_eq!(record["sandbox"]["private_terminals"], true, "{record:#}");
 }
+
+#[test]
+fn an_agent_with_no_network_reaches_no_host_and_none_of_the_user_s_local_servers() {
+    use std::os::linux::net::SocketAddrExt;
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The user's local servers: a TCP one, a UDP one and an abstract unix socket.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp_port = tcp.local_addr().unwrap().port();
+    tcp.set_nonblocking(true).unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let udp_port = udp.local_addr().unwrap().port();
+    udp.set_nonblocking(true).unwrap();
+    let name = format!("crew-test-{}", std::process::id());
+    let abstract_addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+    let _abstract = std::os::unix::net::UnixListener::bind_addr(&abstract_addr).unwrap();
+    write(
+        &repo.join(".crew/agents/isolated.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nnetwork = \"none\"\n",
+    );
+    write(
+        &repo.join(".crew/agents/open.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n",
+    );
+    let probe = format!(
+        r#"import socket
+def attempt(what, do):
+    try:
+        do()
+        print(what, "REACHED")
+    except OSError as error:
+        print(what, "refused:", error)
+attempt("tcp", lambda: socket.create_connection(("127.0.0.1", {tcp_port}), timeout=2))
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"agent", ("127.0.0.1", {udp_port})))
+attempt("abstract", lambda: socket.socket(socket.AF_UNIX).connect("\0{name}"))
+def own():
+    server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
+    socket.create_connection(server.getsockname(), timeout=2)
+attempt("own loopback", own)
+"#
+    );
+    write(&repo.join("probe.py"), &probe);
+    env.git(&repo, ["add", "probe.py"]);
+    env.git(&repo, ["commit", "-q", "-m", "probe"]);
+    let seen = |agent: &str| {
+        let run = env.crew(
+            &repo,
+            [
+                "run",
+                "--quiet",
+                "--agent",
+                agent,
+                "python3 probe.py > seen.txt 2>&1",
+            ],
+        );
+        assert!(run.status.success(), "{}", render_output(&run));
+        std::fs::read_to_string(repo.join("seen.txt")).unwrap()
+    };
+    let drain_udp = || {
+        let mut buffer = [0u8; 16];
+        let mut heard = 0;
+        while udp.recv(&mut buffer).is_ok() {
+            heard += 1;
+        }
+        heard
+    };
+    let accepted = || {
+        let mut count = 0;
+        while tcp.accept().is_ok() {
+            count += 1;
+        }
+        count
+    };
+    // With the network open, the same probe reaches the user's TCP and UDP servers: the
+    // probe works, and what follows is the sandbox's doing.
+    let open = seen("open");
+    assert!(
+        open.contains("tcp REACHED") && open.contains("udp REACHED"),
+        "{open}"
+    );
+    assert!(accepted() >= 1 && drain_udp() >= 1, "{open}");
+    // Abstract sockets are scoped to the agent's own sandbox in every mode (ABI 6).
+    assert!(open.contains("abstract refused"), "{open}");
+    let isolated = seen("isolated");
+    for refused in ["tcp refused", "abstract refused"] {
+        assert!(isolated.contains(refused), "{refused}: {isolated}");
+    }
+    assert_eq!(accepted(), 0, "{isolated}");
+    // A datagram is sent without an answer either way: what counts is that none arrived.
+    assert_eq!(
+        drain_udp(),
+        0,
+        "a datagram reached the user's server: {isolated}"
+    );
+    // Its own loopback works: a test suite's own server is not the network.
+    assert!(isolated.contains("own loopback REACHED"), "{isolated}");
+    let runs = run_ids(&env, &repo);
+    let newest = runs
+        .iter()
+        .map(|run| manifest(&env, &repo, run))
+        .find(|record| task(record, "isolated")["id"] == "isolated")
+        .unwrap();
+    assert_eq!(
+        task(&newest, "isolated")["sandbox"]["network"],
+        "none",
+        "{newest:#}"
+    );
+}

@@ -36,9 +36,9 @@ pub struct AllowArgs {
 
 /// Say whether this machine confines agents and what each agent may write.
 ///
-/// An agent may write beneath its workspace, its private temp dir, what a commit from a
-/// worktree needs in the shared git directory, and its definition's `[sandbox] write` paths;
-/// everything else is read-only to it. The network stays open.
+/// An agent may write beneath its workspace, its private temp dir, its own git directory in a
+/// worktree, and its definition's `[sandbox] write` paths; everything else is read-only to it.
+/// It reaches the network unless its `[sandbox] network` (or the project's) is `none`.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// The agents to show (default: every agent of the project and `shell`).
@@ -67,6 +67,10 @@ struct AgentReport {
     sandbox: crew_core::SandboxState,
     /// Besides the workspace and its private temp dir.
     write: Vec<PathReport>,
+    /// What it reaches of the network: `open` or `none`.
+    network: crew_core::config::NetworkMode,
+    /// Whether this machine can give it that (`none` needs unprivileged user namespaces).
+    network_enforced: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -150,6 +154,10 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                 (SandboxMode::Enforce, true) => crew_core::SandboxState::Enforced,
                 (SandboxMode::Enforce, false) => crew_core::SandboxState::Unsupported,
             },
+            network: ctx.config().sandbox.network.and(definition.sandbox.network),
+            network_enforced: ctx.config().sandbox.network.and(definition.sandbox.network)
+                == crew_core::config::NetworkMode::Open
+                || crew_live::sandbox::namespaces_work(),
             write: definition
                 .sandbox
                 .write_paths(home.as_deref())
@@ -229,7 +237,23 @@ fn render(ctx: &Context, report: &Report) -> String {
             "    {}\n",
             crew_live::sandbox::DEVICE_FILES.join(", ")
         ));
-        out.push_str("  everything else is read-only to it; the network stays open\n");
+        out.push_str("  everything else is read-only to it\n");
+        match (agent.network, agent.network_enforced) {
+            (crew_core::config::NetworkMode::Open, _) => out.push_str(
+                "  network: open (set `[sandbox] network = \"none\"` to take it away)\n",
+            ),
+            (crew_core::config::NetworkMode::None, true) => out.push_str(&format!(
+                "  network: {} (a network namespace of its own: its own loopback, no host, none of your local servers)\n",
+                ui.paint("none", Style::Good)
+            )),
+            (crew_core::config::NetworkMode::None, false) => out.push_str(&format!(
+                "  network: none, {}\n",
+                ui.paint(
+                    "which this kernel cannot give (no unprivileged user namespaces): its tasks refuse to start",
+                    Style::Bad
+                )
+            )),
+        }
     }
     out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.cache\"]` in .crew/agents/<name>.toml\n");
     out

@@ -171,6 +171,7 @@ mod tests {
         }
         let sandbox = AgentSandbox {
             mode: SandboxMode::Enforce,
+            network: Default::default(),
             write: vec!["~/.claude".into(), "/opt/cache".into(), "~".into()],
             confined: Default::default(),
         };

@@ -18,8 +18,9 @@ use super::checks::{
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
 use super::settings::{
-    AgentDef, AgentSandbox, Confined, MAX_STOP_GRACE, OnLimit, PlacementKind, PlannedTask,
-    ProjectConfig, Protocol, SandboxMode, SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
+    AgentDef, AgentSandbox, Confined, MAX_STOP_GRACE, NetworkMode, OnLimit, PlacementKind,
+    PlannedTask, ProjectConfig, Protocol, SandboxMode, SteerMode, TaskDef, Team, TeamDef,
+    WorkspaceMode,
 };
 use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders};
 use super::values::{HumanDuration, Parallelism};
@@ -47,6 +48,8 @@ pub(super) struct AgentFile {
 pub(super) struct AgentSandboxFile {
     #[serde(default)]
     mode: SandboxMode,
+    #[serde(default)]
+    network: NetworkMode,
     #[serde(default)]
     write: Vec<Spanned<String>>,
     #[serde(default)]
@@ -843,6 +846,7 @@ pub(super) fn parse_agent(
     }
     let mut sandbox = AgentSandbox {
         mode: file.sandbox.mode,
+        network: file.sandbox.network,
         write: Vec::new(),
         confined: Confined::default(),
     };

@@ -461,6 +461,45 @@ pub struct IsolationSettings {
 pub struct SandboxSettings {
     /// `"off"` turns the sandbox off for every agent of the project.
     pub mode: SandboxMode,
+    /// What the project's confined agents reach of the network: `"none"` for all of them.
+    pub network: NetworkMode,
+}
+
+/// What a confined agent reaches of the network (`[sandbox] network`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// The machine's network, as any program of the user (agents call their model's API).
+    #[default]
+    Open,
+    /// No network at all: an empty network namespace of its own, with a loopback of its own
+    /// — no TCP, UDP or raw socket reaches a host, the user's local servers included, and no
+    /// abstract unix socket outside its sandbox.
+    None,
+}
+
+impl NetworkMode {
+    /// The mode when two settings apply (the project's and an agent's): the narrower.
+    pub fn and(self, other: NetworkMode) -> NetworkMode {
+        if self == NetworkMode::None || other == NetworkMode::None {
+            NetworkMode::None
+        } else {
+            NetworkMode::Open
+        }
+    }
+
+    /// The name written in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::Open => "open",
+            NetworkMode::None => "none",
+        }
+    }
+
+    /// Whether this is the default (`open`), left out of records.
+    pub fn is_open(&self) -> bool {
+        *self == NetworkMode::Open
+    }
 }
 
 /// `[sandbox]` of an agent definition: what its program needs to write besides its workspace
@@ -469,6 +508,9 @@ pub struct SandboxSettings {
 pub struct AgentSandbox {
     /// `"off"` turns the sandbox off for this agent.
     pub mode: SandboxMode,
+    /// `"none"`: this agent reaches no network (see [`NetworkMode`]).
+    #[serde(default, skip_serializing_if = "NetworkMode::is_open")]
+    pub network: NetworkMode,
     /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
     /// write beneath. `~` is expanded with the `HOME` the agent sees.
     pub write: Vec<String>,
@@ -730,6 +772,7 @@ mod tests {
     fn only_directories_beneath_the_home_are_made_and_a_trailing_slash_is_dropped() {
         let sandbox = AgentSandbox {
             mode: SandboxMode::Enforce,
+            network: Default::default(),
             write: ["~/.state/", "~/.file", "/etc/cron.d/", "~/", "/var/cache/x"]
                 .map(str::to_owned)
                 .to_vec(),

@@ -407,6 +407,7 @@ impl RunContext {
                     .chain(workspace.writable.iter().cloned())
                     .collect(),
                 read_only: workspace.read_only.clone(),
+                network: self.runner.config.sandbox.network,
             },
             workspace_env: workspace_env(workspace),
             session_id: task.session_id.clone(),
@@ -472,6 +473,7 @@ impl RunContext {
             pass_env,
             sandbox: crew_core::config::AgentSandbox {
                 mode: crew_core::config::SandboxMode::Off,
+                network: crew_core::config::NetworkMode::Open,
                 write: Vec::new(),
                 confined: Default::default(),
             },
