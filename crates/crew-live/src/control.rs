@@ -603,15 +603,36 @@ enum Caller {
 }
 
 impl Caller {
+    /// Traces the process that connected (`peer_pid`, the kernel's word at `connect`), failing
+    /// closed: a peer that cannot be traced — outside this pid namespace, gone before it was
+    /// looked at (an agent's child that connected and was reaped), or gone while it was traced
+    /// (its pid free for another process to take) — is trusted with nothing.
     fn of(peer_pid: Option<u32>, own_wardens: &[u32]) -> Self {
+        const UNKNOWN: Caller = Caller::Foreign { warden: 0 };
         let Some(pid) = peer_pid.filter(|pid| *pid > 0) else {
-            // A peer outside this pid namespace cannot be traced: trust it with nothing.
-            return Caller::Foreign { warden: 0 };
+            return UNKNOWN;
+        };
+        // Held while the chain is read: the process itself, whatever its pid comes to name.
+        let Some(process) = rustix::process::Pid::from_raw(pid as i32).and_then(|raw| {
+            rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).ok()
+        }) else {
+            return UNKNOWN;
         };
         let host = std::process::id();
         let nearest = procscan::warden_ancestors(pid)
             .into_iter()
             .find(|(warden, _)| !own_wardens.contains(warden));
+        // Still that process once read (its pidfd not yet readable, which it becomes when it
+        // exits): the chain read was its own.
+        let mut ready = [rustix::event::PollFd::new(
+            &process,
+            rustix::event::PollFlags::IN,
+        )];
+        let exited = rustix::event::poll(&mut ready, Some(&rustix::event::Timespec::default()))
+            .map_or(true, |ready| ready > 0);
+        if exited {
+            return UNKNOWN;
+        }
         match nearest {
             None => Caller::Person,
             Some((warden, parent)) if parent == host => Caller::Agent { warden },
@@ -873,6 +894,9 @@ async fn authorize(
         |message: String| Err(Box::new(Response::error(id, ErrorCode::Forbidden, message)));
     match (caller, &request.op) {
         (Caller::Person, _) | (_, Op::Ping) => Ok(()),
+        (Caller::Foreign { warden: 0 }, _) => forbidden(
+            "the caller could not be identified (it exited before it was traced, or runs outside this pid namespace): only ping is answered".to_owned(),
+        ),
         (Caller::Foreign { .. }, _) => {
             forbidden("an agent of another crew host may not use this host's socket".to_owned())
         }

@@ -1161,3 +1161,56 @@ attempt("own loopback", own)
         "{newest:#}"
     );
 }
+
+#[test]
+fn an_agent_that_connects_from_a_child_it_reaps_is_never_answered_as_the_user() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The trick: a child connects (the kernel records the child as the peer), exits and is
+    // reaped, and the agent talks on the connection it kept. Traced after that, the peer's
+    // pid names nothing, or another process; it must never count as the user's. (Without the
+    // defence about one try in a hundred got the user's answer.)
+    let probe = r#"import json, os, socket, sys
+answers = {"ok": 0, "refused": 0}
+for attempt in range(1000):
+    connection = socket.socket(socket.AF_UNIX)
+    child = os.fork()
+    if child == 0:
+        try:
+            connection.connect(os.environ["CREW_SOCKET"])
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    try:
+        request = {"id": attempt, "workspace": os.environ["CREW_PROJECT_ROOT"], "op": "list"}
+        connection.sendall((json.dumps(request) + "\n").encode())
+        line = connection.makefile().readline()
+        answer = json.loads(line)
+        answers["ok" if answer.get("ok") else "refused"] += 1
+    except (OSError, ValueError):
+        answers["refused"] += 1
+    connection.close()
+print(json.dumps(answers))
+"#;
+    write(&repo.join("probe.py"), probe);
+    env.git(&repo, ["add", "probe.py"]);
+    env.git(&repo, ["commit", "-q", "-m", "probe"]);
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "python3 probe.py > answers.json",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let answers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo.join("answers.json")).unwrap()).unwrap();
+    assert_eq!(answers["ok"], 0, "answered as the user: {answers}");
+    assert_eq!(answers["refused"], 1000, "{answers}");
+    // The user's own command is answered all the same.
+    let listed = env.crew(&repo, ["agents", "list"]);
+    assert!(listed.status.success(), "{}", render_output(&listed));
+}
