@@ -1214,3 +1214,21 @@ print(json.dumps(answers))
     let listed = env.crew(&repo, ["agents", "list"]);
     assert!(listed.status.success(), "{}", render_output(&listed));
 }
+
+#[test]
+fn an_agent_reads_no_secret_from_another_process_s_environment() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The host holds a secret it keeps out of agents' environments; the agent goes looking for
+    // it in every process's /proc/<pid>/environ (the host's, its warden's, the user's).
+    let script = r#"for p in /proc/[0-9]*; do tr '\0' '\n' < $p/environ 2>/dev/null | grep -q hunter2 && echo "FOUND in $p"; done > found.txt; true"#;
+    let run = env
+        .crew_command(&repo)
+        .env("CREW_TEST_SECRET", "hunter2")
+        .args(["run", "--quiet", "--agent", "shell", script])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", render_output(&run));
+    let found = std::fs::read_to_string(repo.join("found.txt")).unwrap();
+    assert!(found.is_empty(), "{found}");
+}
