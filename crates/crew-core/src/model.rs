@@ -409,6 +409,9 @@ pub struct SandboxRecord {
     /// of its own, and none of the user's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub private_terminals: bool,
+    /// The user's own servers' socket places hidden from it (covered in its namespace).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<Utf8PathBuf>,
     /// What it reached of the network (`none`: an empty network namespace of its own).
     #[serde(default, skip_serializing_if = "crate::config::NetworkMode::is_open")]
     pub network: crate::config::NetworkMode,

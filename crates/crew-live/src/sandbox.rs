@@ -107,6 +107,8 @@ pub struct Namespace {
     pub terminals: bool,
     /// A network namespace of its own, with only its own loopback up: no network at all.
     pub isolated_network: bool,
+    /// The user's own servers' unix sockets, covered (see [`user_sockets`]).
+    pub hidden: Vec<Hidden>,
 }
 
 impl Namespace {
@@ -130,18 +132,99 @@ impl Namespace {
             plan.extend_from_slice(&handled.bits().to_le_bytes());
             plan.extend_from_slice(&file.bits().to_le_bytes());
         }
-        for path in &self.read_only {
+        let entries = self
+            .read_only
+            .iter()
+            .map(|path| (b'r', path))
+            .chain(self.hidden.iter().map(|hidden| match hidden {
+                Hidden::Directory(path) => (b'd', path),
+                Hidden::File(path) => (b'f', path),
+            }));
+        for (kind, path) in entries {
             if path.as_str().contains('\0') {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
-                    format!("{path} cannot be mounted read-only"),
+                    format!("{path} cannot be mounted over"),
                 ));
             }
+            plan.push(kind);
             plan.extend_from_slice(path.as_str().as_bytes());
             plan.push(0);
         }
         Ok(plan)
     }
+}
+
+/// A place the agent's namespace covers so that what is there cannot be reached from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hidden {
+    /// A directory, covered by an empty one (a small tmpfs of the agent's own).
+    Directory(Utf8PathBuf),
+    /// A file (a socket), covered by `/dev/null`.
+    File(Utf8PathBuf),
+}
+
+/// The places where the user's own programs listen on pathname unix sockets, which an agent's
+/// sandbox cannot scope (Landlock scopes abstract sockets only): the per-user runtime
+/// directory (session bus, ssh and gpg agents, a rootless container engine, the desktop), tmux's
+/// and screen's socket directories, the X server's, and the container engines' system sockets.
+/// Those that exist are hidden from the agent, unless `keep` holds them or lies beneath them
+/// (its workspace, its temp dir, a path its definition grants).
+pub fn user_sockets(home: Option<&Utf8Path>, keep: &[Utf8PathBuf]) -> Vec<Hidden> {
+    let uid = rustix::process::getuid().as_raw();
+    let runtime = std::env::var("XDG_RUNTIME_DIR")
+        .ok()
+        .filter(|dir| dir.starts_with('/'))
+        .map(Utf8PathBuf::from)
+        .unwrap_or_else(|| Utf8PathBuf::from(format!("/run/user/{uid}")));
+    let mut directories = vec![
+        runtime,
+        Utf8PathBuf::from(format!("/tmp/tmux-{uid}")),
+        Utf8PathBuf::from("/tmp/.X11-unix"),
+        Utf8PathBuf::from("/run/screen"),
+        Utf8PathBuf::from(format!("/run/screen/S-{uid}")),
+    ];
+    if let Some(home) = home {
+        directories.push(home.join(".gnupg"));
+    }
+    let mut files = vec![
+        Utf8PathBuf::from("/var/run/docker.sock"),
+        Utf8PathBuf::from("/run/docker.sock"),
+        Utf8PathBuf::from("/run/podman/podman.sock"),
+        Utf8PathBuf::from("/run/containerd/containerd.sock"),
+    ];
+    if let Ok(agent) = std::env::var("SSH_AUTH_SOCK")
+        && agent.starts_with('/')
+    {
+        files.push(Utf8PathBuf::from(agent));
+    }
+    let kept = |path: &Utf8Path| {
+        keep.iter()
+            .any(|kept| kept.starts_with(path) || path.starts_with(kept))
+    };
+    let is = |path: &Utf8Path, directory: bool| {
+        std::fs::symlink_metadata(path)
+            .is_ok_and(|metadata| metadata.is_dir() == directory && !metadata.is_symlink())
+    };
+    let mut hidden: Vec<Hidden> = directories
+        .into_iter()
+        .filter(|path| is(path, true) && !kept(path))
+        .map(Hidden::Directory)
+        .collect();
+    let files: Vec<Hidden> = files
+        .into_iter()
+        .filter(|path| is(path, false) && !kept(path))
+        .filter(|path| {
+            // Beneath a directory already hidden, it is gone with it.
+            !hidden.iter().any(|hidden| match hidden {
+                Hidden::Directory(dir) => path.starts_with(dir),
+                Hidden::File(_) => false,
+            })
+        })
+        .map(Hidden::File)
+        .collect();
+    hidden.extend(files);
+    hidden
 }
 
 /// A ruleset the kernel refused to build.
@@ -197,6 +280,7 @@ pub(crate) fn prepare(
                 stood_down: Vec::new(),
                 private_terminals: false,
                 network: NetworkMode::Open,
+                hidden: Vec::new(),
             },
         });
     }
@@ -240,6 +324,14 @@ pub(crate) fn prepare(
             .collect(),
         terminals: private_terminals_work(),
         isolated_network: plan.network == NetworkMode::None,
+        hidden: user_sockets(
+            std::env::var("HOME")
+                .ok()
+                .filter(|home| home.starts_with('/'))
+                .as_deref()
+                .map(Utf8Path::new),
+            &write,
+        ),
     });
     // No network asked, and none to be had: refused, never a silent fallback to the open one.
     if plan.network == NetworkMode::None && ruleset.is_some() && namespace.is_none() {
@@ -267,6 +359,18 @@ pub(crate) fn prepare(
                 .as_ref()
                 .is_some_and(|namespace| namespace.terminals),
             network: plan.network,
+            hidden: namespace
+                .as_ref()
+                .map(|namespace| {
+                    namespace
+                        .hidden
+                        .iter()
+                        .map(|hidden| match hidden {
+                            Hidden::Directory(path) | Hidden::File(path) => path.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         },
         namespace,
         ruleset,
@@ -436,8 +540,40 @@ pub(crate) unsafe fn enter_namespace(
         };
         let mut start = 0;
         for (end, _) in paths.iter().enumerate().filter(|(_, byte)| **byte == 0) {
-            let path = paths.as_ptr().add(start).cast::<libc::c_char>();
+            let kind = paths[start];
+            let path = paths.as_ptr().add(start + 1).cast::<libc::c_char>();
             start = end + 1;
+            match kind {
+                // Covered: by a small empty directory of its own, or by /dev/null.
+                b'd' => {
+                    if libc::mount(
+                        c"crew-hidden".as_ptr(),
+                        path,
+                        c"tmpfs".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        c"size=16k,mode=0700".as_ptr().cast(),
+                    ) != 0
+                    {
+                        return Err(error());
+                    }
+                    continue;
+                }
+                b'f' => {
+                    if libc::mount(
+                        c"/dev/null".as_ptr(),
+                        path,
+                        none,
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return Err(error());
+                    }
+                    continue;
+                }
+                b'r' => {}
+                _ => return Err(invalid()),
+            }
             if libc::mount(
                 path,
                 path,

@@ -1232,3 +1232,63 @@ fn an_agent_reads_no_secret_from_another_process_s_environment() {
     let found = std::fs::read_to_string(repo.join("found.txt")).unwrap();
     assert!(found.is_empty(), "{found}");
 }
+
+#[test]
+fn an_agent_cannot_ask_the_user_s_tmux_server_to_run_a_command() {
+    let installed = std::process::Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var_os("CREW_TESTS_REQUIRE_TMUX").is_none(),
+            "tmux is not installed"
+        );
+        eprintln!("SKIPPED an_agent_cannot_ask_the_user_s_tmux_server: tmux is not installed");
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The user's tmux server, at tmux's own place (/tmp/tmux-<uid>/<name>): an unconfined
+    // program that runs whatever a client on its socket asks.
+    let name = format!("crew-hostile-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .env_remove("TMUX_TMPDIR")
+            .env_remove("TMUX")
+            .arg("-L")
+            .arg(&name)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let started = tmux(&["new-session", "-d", "sleep 120"]);
+    assert!(started.status.success(), "{}", render_output(&started));
+    let escaped = env.root().join("escaped.txt");
+    let script = format!(
+        "tmux -L {name} run-shell 'echo escaped > {escaped}' > asked.txt 2>&1; tmux -L {name} new-window -d 'sleep 300' >> asked.txt 2>&1; true"
+    );
+    let run = env
+        .crew_command(&repo)
+        .env_remove("TMUX_TMPDIR")
+        .args(["run", "--quiet", "--agent", "shell", &script])
+        .output()
+        .unwrap();
+    let windows = tmux(&["list-windows", "-F", "#{window_index}"]);
+    let _ = tmux(&["kill-server"]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    let asked = std::fs::read_to_string(repo.join("asked.txt")).unwrap_or_default();
+    assert!(
+        !escaped.exists(),
+        "the user's tmux ran the agent's command: {asked}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&windows.stdout).lines().count(),
+        1,
+        "the agent opened a window in the user's tmux: {asked}"
+    );
+    let run_id = run_ids(&env, &repo).remove(0);
+    let record = task(&manifest(&env, &repo, &run_id), "shell").clone();
+    let hidden = record["sandbox"]["hidden"].to_string();
+    assert!(hidden.contains("/tmp/tmux-"), "{record:#}");
+}
