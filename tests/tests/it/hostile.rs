@@ -1292,3 +1292,49 @@ fn an_agent_cannot_ask_the_user_s_tmux_server_to_run_a_command() {
     let hidden = record["sandbox"]["hidden"].to_string();
     assert!(hidden.contains("/tmp/tmux-"), "{record:#}");
 }
+
+#[test]
+fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_of_its_own() {
+    use std::os::unix::process::CommandExt;
+    // File permissions do not hold root back; the namespaces differ for an ordinary user:
+    // crew runs as `nobody` here.
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: dropping to another uid needs root; CI runs as root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    server.set_nonblocking(true).unwrap();
+    write(
+        &repo.join(".crew/agents/isolated.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nnetwork = \"none\"\n",
+    );
+    let chown = std::process::Command::new("chown")
+        .args(["-R", &format!("{NOBODY}:{NOBODY}"), env.root().as_str()])
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let script = format!(
+        "bash -c 'echo hello > /dev/tcp/127.0.0.1/{port}' 2> tcp.txt && echo REACHED >> tcp.txt; script -qc tty /dev/null > own.txt 2>&1; true"
+    );
+    let mut command = env.crew_command_for_others(&repo);
+    command.args(["run", "--quiet", "--agent", "isolated", &script]);
+    command.uid(NOBODY);
+    command.gid(NOBODY);
+    let run = command.output().unwrap();
+    assert!(run.status.success(), "{}", render_output(&run));
+    let tcp = std::fs::read_to_string(repo.join("tcp.txt")).unwrap_or_default();
+    assert!(!tcp.contains("REACHED"), "{tcp}");
+    assert!(
+        server.accept().is_err(),
+        "the user's server was reached: {tcp}"
+    );
+    let own = std::fs::read_to_string(repo.join("own.txt")).unwrap_or_default();
+    assert!(
+        own.trim().starts_with("/dev/pts/"),
+        "its own terminal: {own}"
+    );
+}
