@@ -409,6 +409,10 @@ pub struct SandboxRecord {
     /// of its own, and none of the user's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub private_terminals: bool,
+    /// The state directories its definition declares (`~/.claude/`) that crew could not make
+    /// for it, each with why: the agent cannot keep its state there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmade: Vec<String>,
     /// The user's own servers' socket places hidden from it (covered in its namespace).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<Utf8PathBuf>,

@@ -729,12 +729,15 @@ pub(crate) fn confinement(
     // A state directory the definition declares (`~/.claude/`) is made when missing, before
     // the sandbox: a first run in a fresh home keeps its state. One that cannot be made stays
     // missing, and the record says so.
+    let mut unmade = Vec::new();
     for dir in spec.definition.sandbox.declared_dirs(home) {
-        if std::fs::symlink_metadata(&dir).is_err() {
-            let _ = std::fs::DirBuilder::new()
+        if std::fs::symlink_metadata(&dir).is_err()
+            && let Err(error) = std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
-                .create(&dir);
+                .create(&dir)
+        {
+            unmade.push(format!("{dir} ({error})"));
         }
     }
     let mut extra_writes = spec.definition.sandbox.write_paths(home);
@@ -749,7 +752,10 @@ pub(crate) fn confinement(
     if let Some(caches) = &caches {
         extra_writes.push(caches.dir.clone());
     }
-    let prepared = sandbox::prepare(&plan, &extra_writes)?;
+    let mut prepared = sandbox::prepare(&plan, &extra_writes)?;
+    if prepared.record.state == SandboxState::Enforced {
+        prepared.record.unmade = unmade;
+    }
     let caches = caches.filter(|_| prepared.record.state == SandboxState::Enforced);
     Ok((prepared, caches))
 }

@@ -281,6 +281,7 @@ pub(crate) fn prepare(
                 private_terminals: false,
                 network: NetworkMode::Open,
                 hidden: Vec::new(),
+                unmade: Vec::new(),
             },
         });
     }
@@ -359,6 +360,7 @@ pub(crate) fn prepare(
                 .as_ref()
                 .is_some_and(|namespace| namespace.terminals),
             network: plan.network,
+            unmade: Vec::new(),
             hidden: namespace
                 .as_ref()
                 .map(|namespace| {

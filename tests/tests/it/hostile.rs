@@ -636,6 +636,35 @@ fn a_state_directory_an_agent_declares_is_made_in_a_fresh_home_and_granted() {
 }
 
 #[test]
+fn a_state_directory_that_cannot_be_made_is_named_on_the_task() {
+    let env = crew_tests::TestEnv::new();
+    let repo = env.repo("project");
+    // A file where the directory's parent should be: the directory cannot be made.
+    crew_tests::write(&env.home().join(".blocked"), "a file\n");
+    crew_tests::write(
+        &repo.join(".crew/agents/stateful.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nwrite = [\"~/.blocked/state/\"]\n",
+    );
+    env.allow_settings(&repo);
+    let output = env.crew(&repo, ["run", "--agent", "stateful", "true"]);
+    let shown = crew_tests::render_output(&output);
+    assert!(output.status.success(), "{shown}");
+    let run = crate::common::runs::run_ids(&env, &repo).remove(0);
+    let recorded = crate::common::runs::manifest(&env, &repo, &run);
+    let record = crate::common::runs::task(&recorded, "stateful");
+    let warnings = record["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!(
+            "crew could not make {}",
+            env.home().join(".blocked/state")
+        )),
+        "{record:#}"
+    );
+    // Where the user looks: the run's summary.
+    assert!(shown.contains("crew could not make"), "{shown}");
+}
+
+#[test]
 fn a_submitted_task_is_never_wider_than_its_submitter() {
     let env = TestEnv::new();
     let repo = env.repo("project");

@@ -786,6 +786,23 @@ impl RunContext {
     async fn record_started(&self, task_id: &TaskId, handle: &AgentHandle) {
         let status = handle.status();
         let task = task_id.clone();
+        // A state directory its definition declares that could not be made: the agent runs,
+        // and cannot keep its state (its sessions, its transcripts) there. Said where it shows.
+        let unmade: Vec<String> = status
+            .sandbox
+            .as_ref()
+            .map(|sandbox| {
+                sandbox
+                    .unmade
+                    .iter()
+                    .map(|why| {
+                        format!(
+                            "crew could not make {why}, which the agent's definition declares: the agent cannot keep its state there (its sessions, its transcripts); make the directory yourself, or check HOME"
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let record = self
             .save(&format!("task {task_id}'s start"), move |manifest| {
                 let record = manifest.set_task_status(&task, TaskStatus::Running)?;
@@ -797,6 +814,11 @@ impl RunContext {
                 // Why it stopped or paused before is over now.
                 record.reason = None;
                 record.sandbox = status.sandbox;
+                for warning in unmade {
+                    if !record.warnings.contains(&warning) {
+                        record.warnings.push(warning);
+                    }
+                }
                 Ok(record.clone())
             })
             .await;
