@@ -356,15 +356,7 @@ fn openai_responses(
                 429 => "rate_limit_exceeded",
                 _ => "server_error",
             };
-            let body = json!({"error": {"message": message, "type": "invalid_request_error",
-                "code": code, "param": null}});
-            return respond(
-                out,
-                status,
-                "application/json",
-                body.to_string().as_bytes(),
-                retry_after,
-            );
+            return openai_error(out, status, &message, Some(code), retry_after);
         }
         Reply::Say(text) => json!({
             "type": "message", "role": "assistant", "id": format!("msg_{:08x}", next_call_id()),
@@ -406,6 +398,25 @@ fn openai_responses(
     respond(out, 200, "text/event-stream", events.as_bytes(), None)
 }
 
+/// An OpenAI API error: HTTP `status` and the API's error body.
+fn openai_error(
+    out: &mut TcpStream,
+    status: u16,
+    message: &str,
+    code: Option<&str>,
+    retry_after: Option<u64>,
+) -> std::io::Result<()> {
+    let body = json!({"error": {"message": message, "type": "invalid_request_error",
+        "code": code, "param": null}});
+    respond(
+        out,
+        status,
+        "application/json",
+        body.to_string().as_bytes(),
+        retry_after,
+    )
+}
+
 /// Answers OpenAI's Chat Completions API (what aider calls, through `OPENAI_API_BASE`): the
 /// conversation is the request's `messages`; a reply is a text (aider's edits and commands are
 /// in its words), streamed as chunks when the request streams.
@@ -421,17 +432,7 @@ fn chat_completions(
             status,
             message,
             retry_after,
-        } => {
-            let body = json!({"error": {"message": message, "type": "invalid_request_error",
-                "code": null, "param": null}});
-            return respond(
-                out,
-                status,
-                "application/json",
-                body.to_string().as_bytes(),
-                retry_after,
-            );
-        }
+        } => return openai_error(out, status, &message, None, retry_after),
         Reply::Say(text) => text,
         Reply::Tool { name, .. } => panic!("a chat completion calls no tool ({name})"),
     };

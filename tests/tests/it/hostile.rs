@@ -1264,16 +1264,7 @@ fn an_agent_reads_no_secret_from_another_process_s_environment() {
 
 #[test]
 fn an_agent_cannot_ask_the_user_s_tmux_server_to_run_a_command() {
-    let installed = std::process::Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !installed {
-        assert!(
-            std::env::var_os("CREW_TESTS_REQUIRE_TMUX").is_none(),
-            "tmux is not installed"
-        );
-        eprintln!("SKIPPED an_agent_cannot_ask_the_user_s_tmux_server: tmux is not installed");
+    if !crate::common::tmux::installed("an_agent_cannot_ask_the_user_s_tmux_server") {
         return;
     }
     let env = TestEnv::new();

@@ -7,6 +7,23 @@ use std::time::{Duration, Instant};
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output};
 
+/// Whether tmux is installed; when not, `test` says it was skipped, or fails where
+/// `CREW_TESTS_REQUIRE_TMUX` says it must run.
+pub fn installed(test: &str) -> bool {
+    let installed = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !installed {
+        assert!(
+            std::env::var_os("CREW_TESTS_REQUIRE_TMUX").is_none(),
+            "{test} cannot run: tmux is not installed"
+        );
+        eprintln!("SKIPPED {test}: tmux is not installed");
+    }
+    installed
+}
+
 /// A tmux server of the test's own (its socket in the test's directory), killed when dropped.
 pub struct Tmux {
     socket: Utf8PathBuf,
@@ -26,16 +43,7 @@ impl Tmux {
         script: &Utf8Path,
         (columns, lines): (u16, u16),
     ) -> Option<Tmux> {
-        let installed = Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|output| output.status.success());
-        if !installed {
-            assert!(
-                std::env::var_os("CREW_TESTS_REQUIRE_TMUX").is_none(),
-                "{test} cannot run: tmux is not installed"
-            );
-            eprintln!("SKIPPED {test}: tmux is not installed");
+        if !installed(test) {
             return None;
         }
         let tmux = Tmux {
