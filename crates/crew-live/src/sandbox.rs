@@ -384,22 +384,32 @@ pub(crate) fn prepare(
 pub fn namespaces_work() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
-        // SAFETY: the child only makes two system calls and exits; the parent waits for it.
-        unsafe {
-            let child = libc::fork();
-            if child == 0 {
-                let made = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) == 0;
-                libc::_exit(if made { 0 } else { 1 });
-            }
-            if child < 0 {
-                return false;
-            }
-            let mut status = 0;
-            libc::waitpid(child, &mut status, 0) == child
-                && libc::WIFEXITED(status)
-                && libc::WEXITSTATUS(status) == 0
-        }
+        // SAFETY: the probe makes one system call.
+        unsafe { child_succeeds(|| libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) == 0) }
     })
+}
+
+/// Whether `probe`, run in a child forked for it, says yes: what a kernel lets a process do to
+/// itself (enter namespaces), asked without changing this one.
+///
+/// # Safety
+/// `probe` runs between fork and exit in a copy of a multi-threaded process: only
+/// async-signal-safe system calls, no allocation, no lock.
+unsafe fn child_succeeds(probe: impl FnOnce() -> bool) -> bool {
+    // SAFETY: the child runs `probe` (see above) and exits; the parent waits for it.
+    unsafe {
+        let child = libc::fork();
+        if child == 0 {
+            libc::_exit(if probe() { 0 } else { 1 });
+        }
+        if child < 0 {
+            return false;
+        }
+        let mut status = 0;
+        libc::waitpid(child, &mut status, 0) == child
+            && libc::WIFEXITED(status)
+            && libc::WEXITSTATUS(status) == 0
+    }
 }
 
 /// Whether an agent's process can mount a private instance of the terminal devices (see
@@ -410,24 +420,11 @@ pub fn private_terminals_work() -> bool {
         if !namespaces_work() || std::fs::metadata("/dev/ptmx").is_err() {
             return false;
         }
-        // SAFETY: the child only makes the namespace's system calls and exits; the parent
-        // waits for it.
-        unsafe {
-            let child = libc::fork();
-            if child == 0 {
-                let mut plan = [0u8; 17];
-                plan[0] = PLAN_TERMINALS;
-                let made = enter_namespace(&plan, None).is_ok();
-                libc::_exit(if made { 0 } else { 1 });
-            }
-            if child < 0 {
-                return false;
-            }
-            let mut status = 0;
-            libc::waitpid(child, &mut status, 0) == child
-                && libc::WIFEXITED(status)
-                && libc::WEXITSTATUS(status) == 0
-        }
+        let mut plan = [0u8; 17];
+        plan[0] = PLAN_TERMINALS;
+        // SAFETY: the probe only makes the namespace's system calls, on a plan made before
+        // the fork.
+        unsafe { child_succeeds(|| enter_namespace(&plan, None).is_ok()) }
     })
 }
 
