@@ -720,10 +720,11 @@ fn gemini_cli_stopped_mid_command_goes_on_after_a_resume() {
     let Some(project) = Project::new("gemini", "gemini_cli_resumes") else {
         return;
     };
-    // Gemini CLI 0.61 finds no session to load (`session/load`: "No previous sessions found
-    // for this project", a finished session too): crew goes on in a new session, given the
-    // task's prompt again, and the work in the workspace is what the agent finds. The command
-    // does the rest of the job when it runs again.
+    // Gemini CLI 0.61 mostly finds no session to load (`session/load`: "No previous sessions
+    // found for this project"): crew goes on in a new session, given the task's prompt again,
+    // and the work in the workspace is what the agent finds. When it saved the session before
+    // the stop, the session loads and goes on. Either way the command does the rest of the
+    // job when it runs again.
     let model = ModelApi::start(vec![
         Reply::tool(
             "run_shell_command",
@@ -757,8 +758,9 @@ fn gemini_cli_stopped_mid_command_goes_on_after_a_resume() {
     let (_, task) = project.only_task_of("gemini");
     assert_eq!(task["status"], "succeeded", "{task:#}");
     let warnings = task["warnings"].to_string();
+    let loaded = task["warnings"].as_array().is_none_or(Vec::is_empty);
     assert!(
-        warnings.contains("could not be loaded") && warnings.contains("new session"),
+        loaded || (warnings.contains("could not be loaded") && warnings.contains("new session")),
         "the task says how it went on: {task:#}"
     );
     assert!(
