@@ -36,6 +36,16 @@ impl TestEnv {
         Self::in_dir(dir)
     }
 
+    /// Gives everything in the environment to [`NOBODY`], for a test that runs crew as that
+    /// user.
+    pub fn hand_to_nobody(&self) {
+        let chown = Command::new("chown")
+            .args(["-R", &format!("{NOBODY}:{NOBODY}"), self.root().as_str()])
+            .status()
+            .unwrap();
+        assert!(chown.success());
+    }
+
     /// An environment another user can reach, for the tests that drop to another uid: made in
     /// `/tmp` (the user's `TMPDIR` may be private) and opened to others (the umask may be 077).
     pub fn reachable_by_others() -> Self {
@@ -166,6 +176,20 @@ impl TestEnv {
 }
 
 /// Writes `contents` to `path`, creating parent directories.
+/// The user (and group) tests drop to: file permissions do not hold root back, and an
+/// ordinary user's namespaces differ from root's.
+pub const NOBODY: u32 = 65534;
+
+/// Whether this test can drop to another uid (it runs as root, as CI does); says it skipped
+/// when it cannot.
+pub fn can_drop_to_nobody() -> bool {
+    let root = rustix::process::geteuid().is_root();
+    if !root {
+        eprintln!("SKIPPED: dropping to another uid needs root; CI runs as root");
+    }
+    root
+}
+
 pub fn write(path: &Utf8Path, contents: &str) {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap();

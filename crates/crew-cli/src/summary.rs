@@ -187,6 +187,12 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 sanitize(&names)
             ));
         }
+        if let Some(requests) = task.requests {
+            next.push(format!(
+                "# {}: network through crew's proxy: {} request(s) let through, {} refused (`crew events --run {}` names each)",
+                task.id, requests.allowed, requests.refused, manifest.run_id
+            ));
+        }
         if let Some(report) = report
             && !report.setup_paths.is_empty()
         {

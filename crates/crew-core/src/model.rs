@@ -267,6 +267,28 @@ pub struct ExitRecord {
     /// not exit, so crew ended it: how it then ended is no failure of its task.
     #[serde(default)]
     pub ended_after_session: bool,
+    /// With `network = "proxy"`, the requests its proxy let through and refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkCounts>,
+}
+
+/// How many requests an agent's proxy let through and refused (`network = "proxy"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkCounts {
+    /// Let through by the rules (reached or not).
+    pub allowed: u64,
+    /// Refused by the rules.
+    pub refused: u64,
+}
+
+impl NetworkCounts {
+    /// The sum of `counts`, `None` when there are none.
+    pub fn sum(counts: impl IntoIterator<Item = NetworkCounts>) -> Option<NetworkCounts> {
+        counts.into_iter().reduce(|a, b| NetworkCounts {
+            allowed: a.allowed.saturating_add(b.allowed),
+            refused: a.refused.saturating_add(b.refused),
+        })
+    }
 }
 
 fn count_or_flag<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
@@ -498,6 +520,14 @@ pub struct TaskRecord {
     /// the placement's clone, and its work comes back as its branch here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
+    /// The network its team, itself or its run's command line narrowed it to (`crew run
+    /// --network`): its agent gets the narrower of this and its own settings, at every start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::config::NetworkMode>,
+    /// With `network = "proxy"`, the requests its agent's proxy let through and refused, over
+    /// every start (each is also an event of the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<NetworkCounts>,
     /// Other tasks of the run (or the branch it started from) whose work would conflict with
     /// this task's if both were merged, found when their branches are there (the radar).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -812,6 +842,8 @@ impl TaskRecord {
             limit: None,
             on_limit: OnLimit::Fail,
             placement: None,
+            network: None,
+            requests: None,
             overlaps: Vec::new(),
             attempt_of: None,
             check: None,
@@ -1266,6 +1298,20 @@ pub enum EventKind {
     Usage {
         /// The usage.
         usage: Usage,
+    },
+    /// A request of the task's agent to its proxy (`network = "proxy"`), let through or
+    /// refused.
+    Network {
+        /// The host asked for.
+        host: String,
+        /// Its port.
+        port: u16,
+        /// Whether the rules (`allow_hosts`) let it through.
+        allowed: bool,
+        /// Why it was refused, or why an allowed one could not be reached (no such name,
+        /// nobody listening).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// The task's work would conflict with another's (a task id, or the branch the run
     /// started from), in these files: the radar found it when the task's branch was there.

@@ -105,6 +105,8 @@ pub struct AgentSpec {
     /// Follow-ups sent to it that an earlier host had not delivered yet (recorded on its task
     /// when it was stopped): they wait for it as ones queued here do.
     pub follow_ups: Vec<String>,
+    /// Where its proxy reports each request (`network = "proxy"`): the run's events.
+    pub network_log: Option<crate::proxy::NetworkLog>,
 }
 
 /// Whether the agent's process is alive.
@@ -156,6 +158,8 @@ pub struct AgentStatus {
     pub limit: Option<UsageLimit>,
     /// The paths its last process said the sandbox refused it (see `refusals`).
     pub refused_writes: Vec<String>,
+    /// Why its last process's proxy refused hosts (`network = "proxy"`), the first few.
+    pub refused_hosts: Vec<String>,
     /// Output that did not follow the agent's protocol (shown as plain lines).
     pub protocol_warning: Option<String>,
     /// Its turn is over and it waits, alive, for a message (an agent that reads its input
@@ -308,6 +312,8 @@ struct Running {
     refusals: Option<Arc<Mutex<Refusals>>>,
     /// How many processes the warden killed after the agent exited.
     leftovers: LeftoverCount,
+    /// Its proxy (`network = "proxy"`), serving as long as this process lives.
+    proxy: Option<crate::proxy::Proxy>,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
     _temp_dir: tempfile::TempDir,
     /// A placed task's transport ended before the task started there: once its output is
@@ -356,6 +362,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         turn_error: None,
         limit: None,
         refused_writes: Vec::new(),
+        refused_hosts: Vec::new(),
         protocol_warning: None,
         idle: false,
         asks_alive: false,
@@ -391,6 +398,7 @@ pub(crate) fn start_idle(
         turn_error: None,
         limit: None,
         refused_writes: Vec::new(),
+        refused_hosts: Vec::new(),
         protocol_warning: None,
         idle: false,
         asks_alive: false,
@@ -541,6 +549,13 @@ async fn launch(
             SandboxState::Enforced.as_str().to_owned(),
         ));
     }
+    if sandbox.proxy.is_some() {
+        crew_vars.extend(
+            crate::proxy::PROXY_VARS
+                .iter()
+                .map(|(name, value)| (*name, (*value).to_owned())),
+        );
+    }
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| SpawnAgentError::EmptyCommand {
@@ -559,6 +574,10 @@ async fn launch(
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
         sandbox.namespace.as_ref(),
+        sandbox.proxy.map(|lists| crate::proxy::Rules {
+            lists,
+            log: spec.network_log.clone(),
+        }),
     )
     .map_err(|source| SpawnAgentError::Spawn {
         agent_id: spec.agent_id.clone(),
@@ -587,16 +606,19 @@ async fn launch(
             .as_bytes(),
         );
     }
-    let (mut child, leftovers) =
-        launcher
-            .spawner
-            .spawn(warded)
-            .await
-            .map_err(|source| SpawnAgentError::Spawn {
-                agent_id: spec.agent_id.clone(),
-                program: program.clone(),
-                source,
-            })?;
+    let crate::spawn::Spawned {
+        mut child,
+        leftovers,
+        proxy,
+    } = launcher
+        .spawner
+        .spawn(warded)
+        .await
+        .map_err(|source| SpawnAgentError::Spawn {
+            agent_id: spec.agent_id.clone(),
+            program: program.clone(),
+            source,
+        })?;
     let pid = child.id().ok_or_else(|| SpawnAgentError::Spawn {
         agent_id: spec.agent_id.clone(),
         program: program.clone(),
@@ -707,6 +729,7 @@ async fn launch(
         sandbox: sandbox.record,
         refusals,
         leftovers,
+        proxy,
         _temp_dir: temp_dir,
         lost_before_start: false,
         session_over: false,
@@ -745,6 +768,12 @@ pub(crate) fn confinement(
     let mut plan = spec.sandbox.clone();
     plan.mode = plan.mode.and(spec.definition.sandbox.mode);
     plan.network = plan.network.and(spec.definition.sandbox.network);
+    if let Some(hosts) = &spec.definition.sandbox.allow_hosts {
+        plan.hosts.push(crew_core::config::HostList {
+            file: format!(".crew/agents/{}.toml", spec.definition.name),
+            hosts: hosts.clone(),
+        });
+    }
     // Confined, its toolchains build with the project's caches, which it may write.
     let caches = (plan.mode == crew_core::config::SandboxMode::Enforce)
         .then(|| project_caches(spec, launcher))
@@ -1354,6 +1383,7 @@ impl Supervisor {
             leaked_processes: 0,
             timed_out,
             ended_after_session: false,
+            network: None,
         };
         match status {
             Ok(status) => {
@@ -1413,9 +1443,18 @@ impl Supervisor {
                 .found()
                 .to_vec()
         });
+        // Its last connections ended with it; the proxy goes with this process.
+        let proxy = running.proxy.take();
+        exit.network = proxy.as_ref().map(|proxy| proxy.counts().record());
+        let refused_hosts = proxy
+            .as_ref()
+            .map(|proxy| proxy.counts().refusals())
+            .unwrap_or_default();
+        drop(proxy);
         self.status.send_modify(|status| {
             status.asks_alive = false;
             status.refused_writes = refused.unwrap_or_default();
+            status.refused_hosts = refused_hosts;
         });
         Ended {
             exit,

@@ -113,6 +113,13 @@ async fn run(
             prepared.record.state.as_str().to_owned(),
         ));
     }
+    if prepared.proxy.is_some() {
+        vars.extend(
+            crate::proxy::PROXY_VARS
+                .iter()
+                .map(|(name, value)| (*name, (*value).to_owned())),
+        );
+    }
     let marker = procscan::agent_marker(&spec.agent_id);
     let mut warded = WardedCommand::new(
         "sh",
@@ -126,12 +133,20 @@ async fn run(
         &marker,
         prepared.ruleset,
         prepared.namespace.as_ref(),
+        prepared.proxy.map(|lists| crate::proxy::Rules {
+            lists,
+            log: spec.network_log.clone(),
+        }),
     )
     .map_err(|error| format!("could not start sh: {error}"))?;
     warded
         .current_dir(&spec.dir)
         .stdio(std::process::Stdio::null(), output, errors);
-    let (mut child, _leftovers) = launcher
+    let crate::spawn::Spawned {
+        mut child,
+        proxy: _proxy,
+        ..
+    } = launcher
         .spawner
         .spawn(warded)
         .await

@@ -63,6 +63,7 @@
 //!         session_cost: None,
 //!         placed: None,
 //!         follow_ups: Vec::new(),
+//!         network_log: None,
 //!         parent: None,
 //!     })
 //!     .await?;
@@ -106,6 +107,7 @@ pub mod placed;
 pub mod procscan;
 pub mod project;
 pub mod protocol;
+pub mod proxy;
 pub mod publish;
 pub mod refusals;
 pub mod registry;

@@ -23,11 +23,11 @@
 //! teardown that acts only on the directory it created) still hold.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 use camino::{Utf8Path, Utf8PathBuf};
-use crew_core::config::{NetworkMode, SandboxMode};
+use crew_core::config::{HostList, NetworkMode, SandboxMode};
 use crew_core::model::{SandboxRecord, SandboxState};
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
@@ -65,6 +65,9 @@ pub struct SandboxPlan {
     pub read_only: Vec<Utf8PathBuf>,
     /// What it reaches of the network (the narrower of the project's and its definition's).
     pub network: NetworkMode,
+    /// With `proxy`, the lists of hosts that apply besides its definition's (the project's):
+    /// a request must be in every one.
+    pub hosts: Vec<HostList>,
 }
 
 impl SandboxPlan {
@@ -75,6 +78,7 @@ impl SandboxPlan {
             write: vec![dir.into()],
             read_only: Vec::new(),
             network: NetworkMode::Open,
+            hosts: Vec::new(),
         }
     }
 }
@@ -87,6 +91,8 @@ pub(crate) struct Prepared {
     /// The namespace the agent's process makes for itself before it applies the ruleset,
     /// where the kernel lets it.
     pub namespace: Option<Namespace>,
+    /// With `network = "proxy"`, what its proxy lets through.
+    pub proxy: Option<Vec<HostList>>,
     pub record: SandboxRecord,
 }
 
@@ -94,6 +100,9 @@ pub(crate) struct Prepared {
 const PLAN_TERMINALS: u8 = 1;
 /// A namespace plan's flag: a network namespace of its own.
 const PLAN_NO_NETWORK: u8 = 2;
+/// A namespace plan's flag: a network namespace of its own, where the agent's process listens
+/// on the proxy's port for its host (see [`crate::proxy`]).
+const PLAN_PROXY: u8 = 4;
 
 /// What a confined agent's process makes of a user and mount namespace of its own, before its
 /// ruleset (which then forbids changing mounts, so the agent cannot undo it).
@@ -107,6 +116,9 @@ pub struct Namespace {
     pub terminals: bool,
     /// A network namespace of its own, with only its own loopback up: no network at all.
     pub isolated_network: bool,
+    /// In that namespace, the proxy's listening socket, made before the agent's program
+    /// starts and handed to its host (`network = "proxy"`).
+    pub proxy: bool,
     /// The user's own servers' unix sockets, covered (see [`user_sockets`]).
     pub hidden: Vec<Hidden>,
 }
@@ -123,6 +135,9 @@ impl Namespace {
         }
         if self.isolated_network {
             flags |= PLAN_NO_NETWORK;
+        }
+        if self.proxy {
+            flags |= PLAN_PROXY;
         }
         let mut plan = vec![flags];
         if self.terminals {
@@ -271,6 +286,7 @@ pub(crate) fn prepare(
         return Ok(Prepared {
             ruleset: None,
             namespace: None,
+            proxy: None,
             record: SandboxRecord {
                 state,
                 abi,
@@ -324,7 +340,8 @@ pub(crate) fn prepare(
             .cloned()
             .collect(),
         terminals: private_terminals_work(),
-        isolated_network: plan.network == NetworkMode::None,
+        isolated_network: plan.network != NetworkMode::Open,
+        proxy: plan.network == NetworkMode::Proxy,
         hidden: user_sockets(
             std::env::var("HOME")
                 .ok()
@@ -334,10 +351,14 @@ pub(crate) fn prepare(
             &write,
         ),
     });
-    // No network asked, and none to be had: refused, never a silent fallback to the open one.
-    if plan.network == NetworkMode::None && ruleset.is_some() && namespace.is_none() {
+    // A narrower network asked, and none to be had: refused, never a silent fallback to the
+    // open one.
+    if plan.network != NetworkMode::Open && ruleset.is_some() && namespace.is_none() {
         return Err(BuildSandboxError {
-            message: "`[sandbox] network = \"none\"` needs a network namespace of the agent's own, and this kernel refuses unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone`, or AppArmor's `kernel.apparmor_restrict_unprivileged_userns` on Ubuntu): allow them, or set `network = \"open\"`".to_owned(),
+            message: format!(
+                "`[sandbox] network = \"{}\"` needs a network namespace of the agent's own, and this kernel refuses unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone`, or AppArmor's `kernel.apparmor_restrict_unprivileged_userns` on Ubuntu): allow them, or set `network = \"open\"`",
+                plan.network.as_str()
+            ),
         });
     }
     let read_only = namespace
@@ -374,6 +395,10 @@ pub(crate) fn prepare(
                 })
                 .unwrap_or_default(),
         },
+        proxy: namespace
+            .as_ref()
+            .is_some_and(|namespace| namespace.proxy)
+            .then(|| plan.hosts.clone()),
         namespace,
         ruleset,
     })
@@ -459,7 +484,7 @@ pub(crate) unsafe fn enter_namespace(
     } else {
         (None, rest)
     };
-    let network = if flags & PLAN_NO_NETWORK != 0 {
+    let network = if flags & (PLAN_NO_NETWORK | PLAN_PROXY) != 0 {
         libc::CLONE_NEWNET
     } else {
         0
@@ -597,6 +622,120 @@ pub(crate) unsafe fn enter_namespace(
         }
     }
     Ok(())
+}
+
+/// Whether a namespace plan (see [`Namespace::encode`]) asks for the proxy's socket.
+pub(crate) fn plan_wants_proxy(plan: &[u8]) -> bool {
+    plan.first().is_some_and(|flags| flags & PLAN_PROXY != 0)
+}
+
+/// Listens on the proxy's port of the calling process's (own) loopback and sends the
+/// listening socket over `channel` (a unix socket whose other end the host holds), then
+/// closes it here: only the host accepts on it, and the agent's programs cannot take the port.
+///
+/// # Safety
+/// Async-signal-safe: a socket, bind, listen, one `sendmsg` of a message on the stack, a close.
+pub(crate) unsafe fn listen_for_host(channel: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: every structure is plain data on this frame, sized as the calls expect.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut address: libc::sockaddr_in = std::mem::zeroed();
+        address.sin_family = libc::AF_INET as libc::sa_family_t;
+        address.sin_port = crate::proxy::PROXY_PORT.to_be();
+        address.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+        let bound = libc::bind(
+            fd,
+            (&address as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ) == 0
+            && libc::listen(fd, 1024) == 0;
+        let result = if bound {
+            send_descriptor(channel, fd)
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        libc::close(fd);
+        result
+    }
+}
+
+/// Room for one descriptor's control message, aligned as `cmsghdr` needs.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
+/// A message of one data byte (`data`) with room for a descriptor (`control`), both of the
+/// caller's frame, which must outlive it.
+fn rights_message(data: &mut libc::iovec, control: &mut Control) -> libc::msghdr {
+    // SAFETY: a zeroed `msghdr` is a valid empty one; its pointers are set right below.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = data;
+    message.msg_iovlen = 1;
+    message.msg_control = control.0.as_mut_ptr().cast();
+    message.msg_controllen = control.0.len() as _;
+    message
+}
+
+/// Sends `fd` over the unix socket `channel` (`SCM_RIGHTS`), with one byte of data.
+///
+/// # Safety
+/// Async-signal-safe; `channel` and `fd` are open descriptors.
+unsafe fn send_descriptor(channel: libc::c_int, fd: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: the control buffer is aligned and sized for one descriptor; the header's
+    // pointers point into this frame.
+    unsafe {
+        let mut control = Control([0; 64]);
+        let mut byte = [1u8];
+        let mut data = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut message = rights_message(&mut data, &mut control);
+        message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
+        if libc::sendmsg(channel, &message, libc::MSG_NOSIGNAL) != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// Receives the descriptor [`listen_for_host`] sent on `channel`, without waiting: `None`
+/// when nothing came.
+pub(crate) fn receive_descriptor(channel: &OwnedFd) -> Option<OwnedFd> {
+    let mut control = Control([0; 64]);
+    let mut byte = [0u8];
+    let mut data = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut message = rights_message(&mut data, &mut control);
+    // SAFETY: the message's buffers are this frame's; a descriptor received is owned at once.
+    unsafe {
+        let received = libc::recvmsg(
+            channel.as_raw_fd(),
+            &mut message,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        );
+        if received != 1 {
+            return None;
+        }
+        let header = libc::CMSG_FIRSTHDR(&message);
+        if header.is_null()
+            || (*header).cmsg_level != libc::SOL_SOCKET
+            || (*header).cmsg_type != libc::SCM_RIGHTS
+        {
+            return None;
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>());
+        (fd >= 0).then(|| OwnedFd::from_raw_fd(fd))
+    }
 }
 
 /// Raises the loopback interface of the calling process's network namespace.
@@ -849,6 +988,7 @@ mod tests {
             write: vec!["/tmp".into()],
             read_only: Vec::new(),
             network: NetworkMode::Open,
+            hosts: Vec::new(),
         };
         let prepared = prepare(&plan, &[]).unwrap();
         assert!(prepared.ruleset.is_none());

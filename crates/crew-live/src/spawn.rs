@@ -53,12 +53,13 @@ const SWEEPS: usize = 8;
 
 /// The first argument that makes a start of the executable a warden. Its arguments, all
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
-/// <report fd> <environment fd> <namespace plan fd or -> <marker> <program> <args…>`.
-const WARDEN_ARG: &CStr = c"--crew-warden-v2";
+/// <report fd> <environment fd> <namespace plan fd or -> <proxy channel fd or -> <marker>
+/// <program> <args…>`.
+const WARDEN_ARG: &CStr = c"--crew-warden-v3";
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
-/// environment, namespace plan, marker).
-const WARDEN_ARGS: usize = 8;
+/// environment, namespace plan, proxy channel, marker).
+const WARDEN_ARGS: usize = 9;
 
 /// The exit code of a warden whose agent could not be started.
 const NOT_STARTED: libc::c_int = 127;
@@ -125,6 +126,21 @@ pub struct WardedCommand {
     /// The read end of the report pipe: first whether the agent started (0, or the error of
     /// its exec), then how many processes it left behind.
     report: OwnedFd,
+    /// With `network = "proxy"`: the host's end of the unix socket the agent's process sends
+    /// its proxy's listening socket on, and what the proxy lets through.
+    proxy: Option<(OwnedFd, crate::proxy::Rules)>,
+}
+
+/// An agent its warden started.
+#[derive(Debug)]
+pub struct Spawned {
+    /// The warden's process.
+    pub child: Child,
+    /// What the warden will say of the agent's leftovers.
+    pub leftovers: LeftoverCount,
+    /// With `network = "proxy"`, the agent's proxy, serving until dropped: keep it as long as
+    /// the agent lives.
+    pub proxy: Option<crate::proxy::Proxy>,
 }
 
 impl WardedCommand {
@@ -144,7 +160,8 @@ impl WardedCommand {
     ///
     /// With a `ruleset` (a Landlock ruleset built by [`crate::sandbox`]), the agent restricts
     /// itself with it right before exec: the agent and everything it starts are confined, the
-    /// warden is not.
+    /// warden is not. With a `namespace` that asks for a proxy, `proxy` says what it lets
+    /// through (see [`crate::proxy`]); a namespace that asks for one without rules is refused.
     pub fn new(
         program: impl AsRef<OsStr>,
         args: impl IntoIterator<Item = impl AsRef<OsStr>>,
@@ -152,6 +169,7 @@ impl WardedCommand {
         marker: &str,
         ruleset: Option<OwnedFd>,
         namespace: Option<&crate::sandbox::Namespace>,
+        proxy: Option<crate::proxy::Rules>,
     ) -> io::Result<Self> {
         // Keeps the initializer in the executable (see the module's documentation).
         std::hint::black_box(&WARDEN_ENTRY);
@@ -170,6 +188,34 @@ impl WardedCommand {
         let (report, report_writer) =
             unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
         let environment = environment_file(env)?;
+        let (proxy, channel) = match (namespace.is_some_and(|namespace| namespace.proxy), proxy) {
+            (false, _) => (None, None),
+            (true, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "an agent with a proxy of its own needs the proxy's rules",
+                ));
+            }
+            (true, Some(rules)) => {
+                let mut ends = [0 as libc::c_int; 2];
+                // SAFETY: socketpair fills the two descriptors, owned right below.
+                if unsafe {
+                    libc::socketpair(
+                        libc::AF_UNIX,
+                        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                        0,
+                        ends.as_mut_ptr(),
+                    )
+                } != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: both ends were just opened and are owned by nothing else.
+                let (host, agent) =
+                    unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+                (Some((host, rules)), Some(agent))
+            }
+        };
         let namespace = match namespace {
             Some(namespace) => Some(memory_file(c"crew-namespace", &namespace.encode()?)?),
             None => None,
@@ -191,6 +237,11 @@ impl WardedCommand {
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
             )
+            .arg(
+                channel
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
+            )
             .arg(marker)
             .arg(program)
             .args(args)
@@ -200,10 +251,12 @@ impl WardedCommand {
         let mut passed = vec![report_writer, environment];
         passed.extend(ruleset);
         passed.extend(namespace);
+        passed.extend(channel);
         Ok(WardedCommand {
             command,
             passed,
             report,
+            proxy,
         })
     }
 
@@ -226,11 +279,12 @@ impl WardedCommand {
 
     /// Starts the warden and waits until it started the agent: the agent's own error when it
     /// could not be executed. Runs on the spawner thread, the warden's parent.
-    fn start(self) -> io::Result<(Child, LeftoverCount)> {
+    fn start(self) -> io::Result<Spawned> {
         let WardedCommand {
             mut command,
             passed,
             report,
+            proxy,
         } = self;
         for fd in &passed {
             // Inherited by no other warden: every agent of this host starts on this thread,
@@ -247,13 +301,32 @@ impl WardedCommand {
         drop(passed);
         let child = child?;
         match read_u32(&report, true) {
-            Some(0) => Ok((
-                child,
-                LeftoverCount {
-                    report,
-                    read: OnceLock::new(),
-                },
-            )),
+            Some(0) => {
+                // Sent before the agent's exec, which the report follows.
+                let proxy = match proxy {
+                    None => None,
+                    Some((channel, rules)) => {
+                        let listener =
+                            crate::sandbox::receive_descriptor(&channel).ok_or_else(|| {
+                                io::Error::other(
+                                    "the agent's process did not hand over its proxy's socket",
+                                )
+                            })?;
+                        Some(crate::proxy::Proxy::start(
+                            std::net::TcpListener::from(listener),
+                            rules,
+                        )?)
+                    }
+                };
+                Ok(Spawned {
+                    child,
+                    leftovers: LeftoverCount {
+                        report,
+                        read: OnceLock::new(),
+                    },
+                    proxy,
+                })
+            }
             // The warden exits at once; tokio reaps it.
             Some(error) => Err(io::Error::from_raw_os_error(
                 libc::c_int::try_from(error).unwrap_or(libc::EIO),
@@ -359,7 +432,7 @@ unsafe fn report_u32(report: libc::c_int, value: u32) {
 ///
 /// # Safety
 /// Closes descriptors others may own: only for a process about to exec or never to return.
-unsafe fn close_all_but(mut keep: [libc::c_int; 4]) {
+unsafe fn close_all_but(mut keep: [libc::c_int; 5]) {
     keep.sort_unstable();
     let mut from: libc::c_int = 3;
     for kept in keep {
@@ -422,12 +495,20 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
                 None => fail(c"bad namespace descriptor"),
             },
         };
+        let channel = match argument(7).to_bytes() {
+            b"-" => None,
+            _ => match parse_number(argument(7)) {
+                Some(fd) => Some(fd),
+                None => fail(c"bad proxy channel descriptor"),
+            },
+        };
         // What the host's other threads started meanwhile may have left open here.
         close_all_but([
             report,
             environment,
             ruleset.unwrap_or(report),
             namespace.unwrap_or(report),
+            channel.unwrap_or(report),
         ]);
         let Some(agent_env) = map_environment(environment) else {
             report_u32(report, *libc::__errno_location() as u32);
@@ -443,7 +524,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
                 }
             },
         };
-        let marker = argument(7).to_bytes();
+        let marker = argument(8).to_bytes();
         MARKER.store(marker.as_ptr().cast_mut(), Ordering::SeqCst);
         MARKER_LEN.store(marker.len(), Ordering::SeqCst);
         let mut unblocked: libc::sigset_t = std::mem::zeroed();
@@ -488,9 +569,22 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             fail(c"cannot fork the agent");
         }
         if agent == 0 {
-            start_agent(argv, agent_env, ruleset, namespace, report, exec_pipe[1])
+            start_agent(
+                argv,
+                agent_env,
+                Confinement {
+                    ruleset,
+                    namespace,
+                    channel,
+                },
+                report,
+                exec_pipe[1],
+            )
         }
         libc::close(exec_pipe[1]);
+        if let Some(channel) = channel {
+            libc::close(channel);
+        }
         if let Some(ruleset) = ruleset {
             libc::close(ruleset);
         }
@@ -600,6 +694,16 @@ unsafe fn map_file(file: libc::c_int) -> Option<&'static [u8]> {
     }
 }
 
+/// What the agent's process confines itself with, from its warden's arguments.
+struct Confinement<'a> {
+    /// The Landlock ruleset.
+    ruleset: Option<libc::c_int>,
+    /// The namespace plan (see [`crate::sandbox::Namespace::encode`]).
+    namespace: Option<&'a [u8]>,
+    /// Where the proxy's listening socket goes, when the plan asks for one.
+    channel: Option<libc::c_int>,
+}
+
 /// The agent, forked by its warden: confines itself, closes the warden's descriptors and
 /// executes its program. Never returns: an error is written on `exec_error` for the warden.
 ///
@@ -608,11 +712,15 @@ unsafe fn map_file(file: libc::c_int) -> Option<&'static [u8]> {
 unsafe fn start_agent(
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
-    ruleset: Option<libc::c_int>,
-    namespace: Option<&[u8]>,
+    confinement: Confinement<'_>,
     report: libc::c_int,
     exec_error: libc::c_int,
 ) -> ! {
+    let Confinement {
+        ruleset,
+        namespace,
+        channel,
+    } = confinement;
     // SAFETY: plain system calls on this process; `argv` is the warden's, NULL-terminated.
     unsafe {
         let failed = || -> ! {
@@ -623,10 +731,25 @@ unsafe fn start_agent(
         // The parent-death signal is not inherited; the handler goes with exec anyway.
         libc::signal(WARDEN_SIGNAL, libc::SIG_DFL);
         // Mounts first: the ruleset forbids changing them.
-        if let Some(plan) = namespace
-            && crate::sandbox::enter_namespace(plan, ruleset).is_err()
-        {
-            failed()
+        if let Some(plan) = namespace {
+            if crate::sandbox::enter_namespace(plan, ruleset).is_err() {
+                failed()
+            }
+            // In its own network namespace now: the proxy's port, for the host to accept on.
+            // A plan that asks for it without a channel fails closed.
+            if crate::sandbox::plan_wants_proxy(plan) {
+                match channel {
+                    Some(channel) if crate::sandbox::listen_for_host(channel).is_ok() => {}
+                    Some(_) => failed(),
+                    None => {
+                        *libc::__errno_location() = libc::EINVAL;
+                        failed()
+                    }
+                }
+            }
+        }
+        if let Some(channel) = channel {
+            libc::close(channel);
         }
         if let Some(ruleset) = ruleset {
             if crate::sandbox::restrict_self(ruleset).is_err() {
@@ -950,7 +1073,7 @@ impl<'a> EntryMatcher<'a> {
 
 struct SpawnJob {
     command: WardedCommand,
-    reply: oneshot::Sender<io::Result<(Child, LeftoverCount)>>,
+    reply: oneshot::Sender<io::Result<Spawned>>,
 }
 
 /// The thread every agent's warden is started from. It lives until the last [`Spawner`] is
@@ -985,7 +1108,7 @@ impl Spawner {
 
     /// Starts `command`'s warden from the spawner thread, once its agent started: the warden
     /// process, and what it will say of the agent's leftovers.
-    pub async fn spawn(&self, command: WardedCommand) -> io::Result<(Child, LeftoverCount)> {
+    pub async fn spawn(&self, command: WardedCommand) -> io::Result<Spawned> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(SpawnJob { command, reply })
@@ -1038,11 +1161,12 @@ mod tests {
         // Reports on stderr, takes the agent's environment on stdin.
         Command::new("/proc/self/exe")
             .args([
-                "--crew-warden-v2",
+                "--crew-warden-v3",
                 host,
                 "-",
                 "2",
                 "0",
+                "-",
                 "-",
                 "CREW_AGENT_ID=r:t",
             ])
@@ -1061,11 +1185,12 @@ mod tests {
         // In this test's own process group: it would kill the group, so it refuses.
         let grouped = Command::new("/proc/self/exe")
             .args([
-                "--crew-warden-v2",
+                "--crew-warden-v3",
                 "1",
                 "-",
                 "2",
                 "0",
+                "-",
                 "-",
                 "CREW_AGENT_ID=r:t",
                 "true",

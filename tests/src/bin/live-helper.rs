@@ -74,6 +74,7 @@ fn host(args: &[String]) {
                 session_cost: None,
                 placed: None,
                 follow_ups: Vec::new(),
+                network_log: None,
                 parent: None,
             })
             .await
@@ -137,6 +138,7 @@ fn many(args: &[String]) {
                 session_cost: None,
                 placed: None,
                 follow_ups: Vec::new(),
+                network_log: None,
                 parent: None,
             })
             .await
@@ -292,12 +294,14 @@ fn start(args: &[String]) {
                         write: vec![workspace.as_path().to_owned()],
                         read_only: read_only.clone(),
                         network: crew_core::config::NetworkMode::Open,
+                        hosts: Vec::new(),
                     },
                     workspace_env: Vec::new(),
                     session_id: None,
                     session_cost: None,
                     placed: None,
                     follow_ups: Vec::new(),
+                    network_log: None,
                     parent: None,
                 })
                 .await

@@ -439,18 +439,13 @@ fn cancel_of_another_sessions_run_needs_force_but_a_detached_run_is_yours() {
 #[test]
 fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
     // File permissions do not hold root back: crew runs as `nobody` here.
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: dropping to another uid needs root; CI runs as root");
+    if !crew_tests::can_drop_to_nobody() {
         return;
     }
-    const NOBODY: u32 = 65534;
+    const NOBODY: u32 = crew_tests::NOBODY;
     let env = TestEnv::reachable_by_others();
     let repo = env.repo("project");
-    let chown = std::process::Command::new("chown")
-        .args(["-R", &format!("{NOBODY}:{NOBODY}"), env.root().as_str()])
-        .status()
-        .unwrap();
-    assert!(chown.success());
+    env.hand_to_nobody();
     let go = env.root().join("go");
     let script = format!(
         "echo first > work.txt; echo ready; while [ ! -e {go} ]; do sleep 0.05; done; echo second >> work.txt"

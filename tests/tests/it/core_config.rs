@@ -84,7 +84,7 @@ const TASK: &str = "agent = \"shell\"\nprompt = \"true\"\n";
 
 #[test]
 fn unknown_key_names_file_line_column_and_key() {
-    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}promt = \"typo\"\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`, `attempts`, `check`, `on_limit`, `placement`");
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}promt = \"typo\"\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`, `attempts`, `check`, `on_limit`, `placement`, `network`");
 }
 
 #[test]
@@ -173,7 +173,7 @@ fn agent_mistakes_are_located() {
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox]\nmode = \"loose\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:8: key `sandbox.mode`: unknown variant `loose`, expected `enforce` or `off`");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox.confined]\nargs = [\"--id={task_id}\"]\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:9: key `sandbox.confined.args`: these arguments take no placeholders (`{task_id}`): they are the same at every start");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\n[sandbox.confined]\nenv = { \"GIT_DIR\" = \"/x\" }\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:3:9: key `sandbox.confined.env`: `GIT_DIR`: git's own variables never reach an agent, so each agent works on the repository of its workspace (only its identity may: GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME, … or GIT_AUTHOR_*, GIT_COMMITTER_*)");
-    insta::assert_snapshot!(load_error("config.toml", "[sandbox]\nwrite = [\"/tmp\"]\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `sandbox.write`: unknown field `write`, expected `mode` or `network`");
+    insta::assert_snapshot!(load_error("config.toml", "[sandbox]\nwrite = [\"/tmp\"]\n"), @"error: $TEST_ENV/project/.crew/config.toml:2:1: key `sandbox.write`: unknown field `write`, expected one of `mode`, `network`, `allow_hosts`");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nsteer = \"telepathy\"\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `steer`: unknown variant `telepathy`, expected one of `stdin-lines`, `stdin-json`, `none`, `protocol`");
     insta::assert_snapshot!(load_error("agents/a.toml", "command = [\"x\"]\nenv = { \"BAD NAME\" = \"1\" }\n"), @"error: $TEST_ENV/project/.crew/agents/a.toml:2:9: key `env`: `BAD NAME` is not a valid environment variable name (letters, digits and `_`, not starting with a digit)");
 }

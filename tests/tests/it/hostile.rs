@@ -1318,11 +1318,10 @@ fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_of_its_own() {
     use std::os::unix::process::CommandExt;
     // File permissions do not hold root back; the namespaces differ for an ordinary user:
     // crew runs as `nobody` here.
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: dropping to another uid needs root; CI runs as root");
+    if !crew_tests::can_drop_to_nobody() {
         return;
     }
-    const NOBODY: u32 = 65534;
+    const NOBODY: u32 = crew_tests::NOBODY;
     let env = TestEnv::reachable_by_others();
     let repo = env.repo("project");
     let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1332,11 +1331,7 @@ fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_of_its_own() {
         &repo.join(".crew/agents/isolated.toml"),
         "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nnetwork = \"none\"\n",
     );
-    let chown = std::process::Command::new("chown")
-        .args(["-R", &format!("{NOBODY}:{NOBODY}"), env.root().as_str()])
-        .status()
-        .unwrap();
-    assert!(chown.success());
+    env.hand_to_nobody();
     let script = format!(
         "bash -c 'echo hello > /dev/tcp/127.0.0.1/{port}' 2> tcp.txt && echo REACHED >> tcp.txt; script -qc tty /dev/null > own.txt 2>&1; true"
     );

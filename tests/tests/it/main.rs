@@ -29,6 +29,7 @@ mod lead_agents;
 mod library;
 mod live_agents;
 mod live_control;
+mod network;
 mod placements;
 mod real_agents;
 mod remote_work;

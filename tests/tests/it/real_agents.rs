@@ -36,6 +36,7 @@ impl Project {
     /// `crew args…` with the programs on PATH and the variables a user of Claude Code behind a
     /// gateway sets: its key, the gateway's URL, no traffic besides the model's.
     fn command(&self, model: &ModelApi, args: &[&str]) -> Command {
+        self.allow_model(model);
         let mut command = self.env.crew_command(&self.repo);
         let inherited = command
             .get_envs()
@@ -57,6 +58,35 @@ impl Project {
             .env("GOOGLE_GEMINI_BASE_URL", model.url())
             .args(args);
         command
+    }
+
+    /// The shipped definitions reach their vendor's hosts only, through crew's proxy: the
+    /// stand-in's address is added to each list, as a user adds a gateway's. Every program
+    /// then talks to the model through the proxy, or not at all.
+    fn allow_model(&self, model: &ModelApi) {
+        let host = model.url().trim_start_matches("http://").to_owned();
+        let entry = format!("\"{host}\"");
+        let Ok(dir) = std::fs::read_dir(self.repo.join(".crew/agents")) else {
+            return;
+        };
+        let mut changed = false;
+        for file in dir.flatten() {
+            let path = file.path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            if text.contains("allow_hosts = [") && !text.contains(&entry) {
+                std::fs::write(
+                    &path,
+                    text.replace("allow_hosts = [", &format!("allow_hosts = [{entry}, ")),
+                )
+                .unwrap();
+                changed = true;
+            }
+        }
+        // A changed definition needs allowing again (its `write` paths loosen the sandbox).
+        if changed {
+            let allowed = self.env.crew(&self.repo, ["sandbox", "allow"]);
+            assert!(allowed.status.success(), "{}", render_output(&allowed));
+        }
     }
 
     fn crew(&self, model: &ModelApi, args: &[&str]) -> Output {
@@ -173,6 +203,7 @@ fn claude_code_writes_a_file_and_runs_a_command_in_a_worktree_and_its_session_is
         model.user_texts()
     );
     let (run_id, task) = project.only_task();
+    through_the_proxy(&task, &model);
     let branch = format!("crew/{run_id}-claude");
     let env = &project.env;
     // Its own Write tool and its own shell, inside crew's sandbox, on the task's branch.
@@ -503,6 +534,7 @@ fn codex_patches_a_file_and_runs_a_command_in_a_worktree_and_its_thread_is_kept(
         project.output_log_of("codex")
     );
     let (run_id, task) = project.only_task_of("codex");
+    through_the_proxy(&task, &model);
     let branch = format!("crew/{run_id}-codex");
     let env = &project.env;
     assert_eq!(
@@ -705,6 +737,7 @@ fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
     );
     assert!(!log.contains("fs/read_text_file"), "read by itself: {log}");
     let (_, task) = project.only_task_of("gemini");
+    through_the_proxy(&task, &model);
     assert_eq!(task["status"], "succeeded", "{task:#}");
     assert_eq!(
         task["sandbox"]["stood_down"],
@@ -826,6 +859,7 @@ fn aider_writes_a_file_and_runs_a_command_in_a_worktree() {
         model.user_texts()
     );
     let (run_id, task) = project.only_task_of("aider");
+    through_the_proxy(&task, &model);
     assert_eq!(task["status"], "succeeded", "{task:#}");
     assert_eq!(task["sandbox"]["state"], "enforced", "{task:#}");
     let branch = format!("crew/{run_id}-aider");
@@ -960,6 +994,21 @@ fn claude_code_acp_whose_session_cannot_start_fails_its_task_and_is_ended() {
 }
 
 /// Every file beneath `dir`.
+/// The task's agent reached the model through crew's proxy only (its shipped definition's
+/// `network = "proxy"`, which leaves it no other route): its calls are counted there. What the
+/// proxy refused (a program's update check, its feature flags) is named in the warnings, and
+/// the model's address never among it.
+fn through_the_proxy(task: &serde_json::Value, model: &ModelApi) {
+    assert_eq!(task["sandbox"]["network"], "proxy", "{task:#}");
+    let allowed = task["requests"]["allowed"].as_u64().unwrap_or(0);
+    assert!(allowed >= 1, "no call went through the proxy: {task:#}");
+    let host = model.url().trim_start_matches("http://");
+    assert!(
+        !task["warnings"].to_string().contains(host),
+        "the model's address was refused: {task:#}"
+    );
+}
+
 fn walk(dir: &camino::Utf8Path) -> Vec<Utf8PathBuf> {
     let mut files = Vec::new();
     let mut pending = vec![dir.to_path_buf()];

@@ -441,6 +441,7 @@ impl Board {
                 });
                 let last_line = conflict
                     .or_else(|| failed_check_line(task))
+                    .or_else(|| refused_network_line(task))
                     .or_else(|| {
                         self.tails
                             .get(&agent_id)
@@ -779,6 +780,18 @@ impl Tail {
             self.bytes -= self.lines.pop_front().map_or(0, |line| line.len());
         }
     }
+}
+
+/// A finished task whose agent's proxy refused requests says so before its output: the hosts
+/// it could not reach are what to look at first.
+fn refused_network_line(task: &crew_core::model::TaskRecord) -> Option<String> {
+    let requests = task.requests.filter(|requests| requests.refused > 0)?;
+    task.status.is_finished().then(|| {
+        format!(
+            "network: {} request(s) refused by crew's proxy (see its warnings)",
+            requests.refused
+        )
+    })
 }
 
 /// What a failed check says in the row: its command and how it ended.

@@ -92,6 +92,20 @@ fn human(event: &RunEvent) -> String {
             sanitize(with),
             sanitize(&files.join(", "))
         ),
+        EventKind::Network {
+            host,
+            port,
+            allowed,
+            reason,
+        } => format!(
+            "network: {}:{port} {}{}",
+            sanitize(host),
+            if *allowed { "allowed" } else { "refused" },
+            reason
+                .as_deref()
+                .map(|reason| format!(" ({})", sanitize(reason)))
+                .unwrap_or_default()
+        ),
     };
     format!("{time}  {subject:<14}  {what}")
 }

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use crew_core::config::{AdHocTeamError, ConfigDir, OnLimit, Parallelism, WorkspaceMode};
+use crew_core::config::{
+    AdHocTeamError, ConfigDir, NetworkMode, OnLimit, Parallelism, WorkspaceMode,
+};
 use crew_core::{RunId, Team};
 use crew_live::RunSpec;
 
@@ -68,6 +70,11 @@ pub struct RunArgs {
     /// clone the placement's shim keeps, its work coming back as its branch here.
     #[arg(long, value_name = "NAME")]
     pub placement: Option<String>,
+    /// What every task's agent reaches of the network at most: `none`, `proxy` (the hosts of
+    /// its `allow_hosts` only) or `open`. Narrows what the project, the team and the agents
+    /// say; never widens it.
+    #[arg(long, value_name = "none|proxy|open", value_parser = NetworkMode::parse)]
+    pub network: Option<NetworkMode>,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
@@ -127,6 +134,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         check: args.check.clone(),
         on_limit: args.on_limit,
         placement: args.placement.clone(),
+        network: args.network,
     };
     if args.detach {
         return detach(&ctx, &spec).await;

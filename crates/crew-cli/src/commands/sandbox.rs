@@ -38,7 +38,9 @@ pub struct AllowArgs {
 ///
 /// An agent may write beneath its workspace, its private temp dir, its own git directory in a
 /// worktree, and its definition's `[sandbox] write` paths; everything else is read-only to it.
-/// It reaches the network unless its `[sandbox] network` (or the project's) is `none`.
+/// What it reaches of the network is the narrower of its `[sandbox] network` and the project's:
+/// `open`, `proxy` (the hosts every `allow_hosts` list that applies names, through crew's
+/// proxy) or `none`.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// The agents to show (default: every agent of the project and `shell`).
@@ -67,10 +69,21 @@ struct AgentReport {
     sandbox: crew_core::SandboxState,
     /// Besides the workspace and its private temp dir.
     write: Vec<PathReport>,
-    /// What it reaches of the network: `open` or `none`.
+    /// What it reaches of the network: `open`, `proxy` or `none`.
     network: crew_core::config::NetworkMode,
-    /// Whether this machine can give it that (`none` needs unprivileged user namespaces).
+    /// Whether this machine can give it that (`none` and `proxy` need unprivileged user
+    /// namespaces).
     network_enforced: bool,
+    /// With `proxy`, each list of hosts that applies (a request must be in every one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    allow_hosts: Vec<HostsReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct HostsReport {
+    /// Where the list is written.
+    file: String,
+    hosts: Vec<crew_core::config::HostPattern>,
 }
 
 #[derive(Debug, Serialize)]
@@ -158,6 +171,29 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
             network_enforced: ctx.config().sandbox.network.and(definition.sandbox.network)
                 == crew_core::config::NetworkMode::Open
                 || crew_live::sandbox::namespaces_work(),
+            allow_hosts: if ctx.config().sandbox.network.and(definition.sandbox.network)
+                == crew_core::config::NetworkMode::Proxy
+            {
+                let project = ctx
+                    .config()
+                    .sandbox
+                    .allow_hosts
+                    .as_ref()
+                    .map(|hosts| (".crew/config.toml".to_owned(), hosts.clone()));
+                let own = definition.sandbox.allow_hosts.as_ref().map(|hosts| {
+                    (
+                        format!(".crew/agents/{}.toml", definition.name),
+                        hosts.clone(),
+                    )
+                });
+                project
+                    .into_iter()
+                    .chain(own)
+                    .map(|(file, hosts)| HostsReport { file, hosts })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             write: definition
                 .sandbox
                 .write_paths(home.as_deref())
@@ -240,18 +276,50 @@ fn render(ctx: &Context, report: &Report) -> String {
         out.push_str("  everything else is read-only to it\n");
         match (agent.network, agent.network_enforced) {
             (crew_core::config::NetworkMode::Open, _) => out.push_str(
-                "  network: open (set `[sandbox] network = \"none\"` to take it away)\n",
+                "  network: open (set `[sandbox] network = \"proxy\"` with `allow_hosts`, or \"none\", to narrow it)\n",
             ),
-            (crew_core::config::NetworkMode::None, true) => out.push_str(&format!(
-                "  network: {} (a network namespace of its own: its own loopback, no host, none of your local servers)\n",
-                ui.paint("none", Style::Good)
-            )),
-            (crew_core::config::NetworkMode::None, false) => out.push_str(&format!(
-                "  network: none, {}\n",
+            (crew_core::config::NetworkMode::Proxy, true) => {
+                out.push_str(&format!(
+                    "  network: {} (a network namespace of its own; only crew's proxy reaches out, to these hosts)\n",
+                    ui.paint("proxy", Style::Good)
+                ));
+                if agent.allow_hosts.is_empty() {
+                    out.push_str(&format!(
+                        "    {}\n",
+                        ui.paint(
+                            "no host: no `allow_hosts` applies (add one to the agent's definition)",
+                            Style::Warn
+                        )
+                    ));
+                }
+                for list in &agent.allow_hosts {
+                    let hosts: Vec<String> =
+                        list.hosts.iter().map(ToString::to_string).collect();
+                    out.push_str(&format!(
+                        "    {}: {}\n",
+                        list.file,
+                        if hosts.is_empty() {
+                            "(empty: no host)".to_owned()
+                        } else {
+                            hosts.join(", ")
+                        }
+                    ));
+                }
+                if agent.allow_hosts.len() > 1 {
+                    out.push_str("    a request must be in every list\n");
+                }
+            }
+            (crew_core::config::NetworkMode::Proxy | crew_core::config::NetworkMode::None, false) => out.push_str(&format!(
+                "  network: {}, {}\n",
+                agent.network.as_str(),
                 ui.paint(
                     "which this kernel cannot give (no unprivileged user namespaces): its tasks refuse to start",
                     Style::Bad
                 )
+            )),
+            (crew_core::config::NetworkMode::None, true) => out.push_str(&format!(
+                "  network: {} (a network namespace of its own: its own loopback, no host, none of your local servers)\n",
+                ui.paint("none", Style::Good)
             )),
         }
     }

@@ -368,7 +368,9 @@ fn load_session(
         .read_events_since(&run_id, 0)
         .map_err(|error| invalid(error.to_string()))?;
     for event in &events {
-        say(cx, &session_id, event_line(event))?;
+        if let Some(line) = event_line(event) {
+            say(cx, &session_id, line)?;
+        }
     }
     let live = manifest.status == crew_core::RunStatus::Running;
     sessions
@@ -398,7 +400,9 @@ fn load_session(
             };
             offset = next;
             for event in &events {
-                say(&cx, &session_id, event_line(event))?;
+                if let Some(line) = event_line(event) {
+                    say(&cx, &session_id, line)?;
+                }
             }
             if ended {
                 if let Ok(manifest) = ctx.store().read_run(&run_id) {
@@ -410,8 +414,9 @@ fn load_session(
     }))
 }
 
-/// One recorded event as a line of the conversation.
-fn event_line(event: &crew_core::model::RunEvent) -> String {
+/// One recorded event as a line of the conversation; `None` for what is too fine for it (a
+/// network request let through).
+fn event_line(event: &crew_core::model::RunEvent) -> Option<String> {
     use crew_core::model::EventKind;
     let subject = event.task.as_ref().map_or("run", |task| task.as_str());
     let what = match &event.kind {
@@ -424,8 +429,18 @@ fn event_line(event: &crew_core::model::RunEvent) -> String {
         EventKind::Overlap { with, files } => {
             format!("would conflict with {with} in {}", files.join(", "))
         }
+        EventKind::Network { allowed: true, .. } => return None,
+        EventKind::Network {
+            host, port, reason, ..
+        } => format!(
+            "network: {host}:{port} refused{}",
+            reason
+                .as_deref()
+                .map(|reason| format!(" ({reason})"))
+                .unwrap_or_default()
+        ),
     };
-    format!("{subject} {what}\n")
+    Some(format!("{subject} {what}\n"))
 }
 
 fn with_reason(status: &str, reason: Option<&str>) -> String {

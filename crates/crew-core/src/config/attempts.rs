@@ -37,6 +37,10 @@ pub fn run_tasks(team: &TeamDef, all: Option<u32>) -> Result<Vec<RunTask>, Strin
         let mut def = task.clone();
         def.check = task.check.clone().or_else(|| team.check.clone());
         def.on_limit = task.on_limit.or(team.on_limit);
+        def.network = match (task.network, team.network) {
+            (Some(task), Some(team)) => Some(task.and(team)),
+            (task, team) => task.or(team),
+        };
         def.placement = task.placement.clone().or_else(|| team.placement.clone());
         let count = all.or(task.attempts).unwrap_or(1);
         if count <= 1 {

@@ -172,6 +172,7 @@ mod tests {
         let sandbox = AgentSandbox {
             mode: SandboxMode::Enforce,
             network: Default::default(),
+            allow_hosts: None,
             write: vec!["~/.claude".into(), "/opt/cache".into(), "~".into()],
             confined: Default::default(),
         };

@@ -16,6 +16,7 @@ use super::checks::{
     check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
 };
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
+use super::hosts::HostPattern;
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
 use super::settings::{
     AgentDef, AgentSandbox, Confined, MAX_STOP_GRACE, NetworkMode, OnLimit, PlacementKind,
@@ -51,6 +52,8 @@ pub(super) struct AgentSandboxFile {
     #[serde(default)]
     network: NetworkMode,
     #[serde(default)]
+    allow_hosts: Option<Vec<HostPattern>>,
+    #[serde(default)]
     write: Vec<Spanned<String>>,
     #[serde(default)]
     confined: ConfinedFile,
@@ -75,6 +78,7 @@ pub(super) struct TeamFile {
     check: Option<Spanned<String>>,
     on_limit: Option<OnLimit>,
     placement: Option<String>,
+    network: Option<NetworkMode>,
     tasks: Spanned<Vec<TaskFile>>,
 }
 
@@ -92,6 +96,7 @@ pub(super) struct TaskFile {
     check: Option<Spanned<String>>,
     on_limit: Option<OnLimit>,
     placement: Option<String>,
+    network: Option<NetworkMode>,
 }
 
 /// An ad hoc team that could not be made.
@@ -399,6 +404,7 @@ impl ConfigDir {
                 check: None,
                 on_limit: None,
                 placement: None,
+                network: None,
             })
             .collect();
         Ok(Team {
@@ -411,6 +417,7 @@ impl ConfigDir {
                 check: None,
                 on_limit: None,
                 placement: None,
+                network: None,
                 tasks,
             },
             agents,
@@ -529,6 +536,7 @@ impl ConfigDir {
                 check: task.check.map(Spanned::into_inner),
                 on_limit: task.on_limit,
                 placement: task.placement,
+                network: task.network,
             })
             .collect();
         Ok(Team {
@@ -541,6 +549,7 @@ impl ConfigDir {
                 check: file.check.map(Spanned::into_inner),
                 on_limit: file.on_limit,
                 placement: file.placement,
+                network: file.network,
                 tasks,
             },
             agents,
@@ -847,6 +856,7 @@ pub(super) fn parse_agent(
     let mut sandbox = AgentSandbox {
         mode: file.sandbox.mode,
         network: file.sandbox.network,
+        allow_hosts: file.sandbox.allow_hosts,
         write: Vec::new(),
         confined: Confined::default(),
     };

@@ -9,12 +9,14 @@
 //! parallelism), `load` (`ConfigDir`: reading and checking a directory), `graph` (task graphs),
 //! `locate` (where in a TOML file a problem is), `template` (agent command templates), `checks`
 //! (the rules single values follow), `attempts` (best of N: a task run several times), `allow`
-//! (checked-in settings that loosen confinement apply only as the user allowed them).
+//! (checked-in settings that loosen confinement apply only as the user allowed them), `hosts`
+//! (the hosts a proxied agent reaches).
 
 pub mod allow;
 mod attempts;
 mod checks;
 mod graph;
+pub mod hosts;
 mod load;
 mod locate;
 mod settings;
@@ -25,6 +27,7 @@ pub use allow::{ALLOW_COMMAND, AllowList, NotAllowed};
 pub use attempts::{MAX_ATTEMPTS, RunTask, run_tasks};
 pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
 pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
+pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
 pub use settings::{
     AgentDef, AgentSandbox, BaseMoved, Confined, IsolationFallback, IsolationSettings, LinkMode,

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::TaskId;
 
 use super::BUILTIN_SHELL_AGENT;
+use super::hosts::HostPattern;
 use super::values::{ByteSize, HumanDuration, Parallelism};
 
 /// Where a task works. See ARCHITECTURE.md, "Workspaces".
@@ -456,22 +457,36 @@ pub struct IsolationSettings {
 }
 
 /// `[sandbox]` of `config.toml`: the project's word on confining agents.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxSettings {
     /// `"off"` turns the sandbox off for every agent of the project.
     pub mode: SandboxMode,
-    /// What the project's confined agents reach of the network: `"none"` for all of them.
+    /// What the project's confined agents reach of the network at most: each agent gets the
+    /// narrower of this and its definition's.
     pub network: NetworkMode,
+    /// With `network = "proxy"` (here or in an agent's definition), the hosts every agent of
+    /// the project may reach at most (see [`super::hosts`]); unset, the definitions decide.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_hosts: Option<Vec<HostPattern>>,
 }
 
 /// What a confined agent reaches of the network (`[sandbox] network`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+///
+/// Ordered from the widest to the narrowest.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum NetworkMode {
     /// The machine's network, as any program of the user (agents call their model's API).
     #[default]
     Open,
+    /// The hosts of `allow_hosts` only, through a proxy crew runs for the agent (HTTP
+    /// `CONNECT` and plain HTTP): the agent's own network namespace holds nothing but its
+    /// loopback and the proxy's port, so a program that ignores the proxy variables reaches
+    /// nothing.
+    Proxy,
     /// No network at all: an empty network namespace of its own, with a loopback of its own
     /// — no TCP, UDP or raw socket reaches a host, the user's local servers included, and no
     /// abstract unix socket outside its sandbox.
@@ -481,18 +496,27 @@ pub enum NetworkMode {
 impl NetworkMode {
     /// The mode when two settings apply (the project's and an agent's): the narrower.
     pub fn and(self, other: NetworkMode) -> NetworkMode {
-        if self == NetworkMode::None || other == NetworkMode::None {
-            NetworkMode::None
-        } else {
-            NetworkMode::Open
-        }
+        self.max(other)
     }
 
     /// The name written in files.
     pub fn as_str(self) -> &'static str {
         match self {
             NetworkMode::Open => "open",
+            NetworkMode::Proxy => "proxy",
             NetworkMode::None => "none",
+        }
+    }
+
+    /// Parses the name written in files and on the command line.
+    pub fn parse(name: &str) -> Result<NetworkMode, String> {
+        match name {
+            "open" => Ok(NetworkMode::Open),
+            "proxy" => Ok(NetworkMode::Proxy),
+            "none" => Ok(NetworkMode::None),
+            _ => Err(format!(
+                "`{name}` is not a network mode: write \"none\", \"proxy\" or \"open\""
+            )),
         }
     }
 
@@ -508,9 +532,14 @@ impl NetworkMode {
 pub struct AgentSandbox {
     /// `"off"` turns the sandbox off for this agent.
     pub mode: SandboxMode,
-    /// `"none"`: this agent reaches no network (see [`NetworkMode`]).
+    /// `"none"`: this agent reaches no network; `"proxy"`: the hosts of `allow_hosts` only
+    /// (see [`NetworkMode`]).
     #[serde(default, skip_serializing_if = "NetworkMode::is_open")]
     pub network: NetworkMode,
+    /// The hosts its program needs (its vendor's API), for `network = "proxy"`; `None`: the
+    /// definition names none, and other lists decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_hosts: Option<Vec<HostPattern>>,
     /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
     /// write beneath. `~` is expanded with the `HOME` the agent sees.
     pub write: Vec<String>,
@@ -676,6 +705,8 @@ pub struct TeamDef {
     pub on_limit: Option<OnLimit>,
     /// The placement of every task that names none of its own; none: tasks run here.
     pub placement: Option<String>,
+    /// The network of every task, at most: narrows each agent's own (never widens it).
+    pub network: Option<NetworkMode>,
     /// The tasks, in the order written.
     pub tasks: Vec<TaskDef>,
 }
@@ -704,6 +735,8 @@ pub struct TaskDef {
     pub on_limit: Option<OnLimit>,
     /// Where the task runs, when elsewhere: a `[placements.<name>]` of the project.
     pub placement: Option<String>,
+    /// The task's network, at most: narrows its agent's own and the team's (never widens).
+    pub network: Option<NetworkMode>,
 }
 
 impl TeamDef {
@@ -718,6 +751,7 @@ impl TeamDef {
             check: None,
             on_limit: None,
             placement: None,
+            network: None,
             tasks,
         }
     }
@@ -737,6 +771,7 @@ impl TaskDef {
             check: None,
             on_limit: None,
             placement: None,
+            network: None,
         }
     }
 }
@@ -773,6 +808,7 @@ mod tests {
         let sandbox = AgentSandbox {
             mode: SandboxMode::Enforce,
             network: Default::default(),
+            allow_hosts: None,
             write: ["~/.state/", "~/.file", "/etc/cron.d/", "~/", "/var/cache/x"]
                 .map(str::to_owned)
                 .to_vec(),

@@ -172,6 +172,13 @@ impl Terminals {
         let marker = procscan::agent_marker(&self.spec.agent_id);
         // The request's variables after the agent's: the later of two with one name wins.
         let caches = caches.as_ref().map(|caches| &caches.env[..]);
+        if prepared.proxy.is_some() {
+            vars.extend(
+                crate::proxy::PROXY_VARS
+                    .iter()
+                    .map(|(name, value)| (*name, (*value).to_owned())),
+            );
+        }
         let env = agent_env(&self.launcher.env, &self.spec.definition, caches, &vars)
             .into_iter()
             .chain(request.env.iter().map(|variable| {
@@ -188,6 +195,10 @@ impl Terminals {
             &marker,
             prepared.ruleset,
             prepared.namespace.as_ref(),
+            prepared.proxy.map(|lists| crate::proxy::Rules {
+                lists,
+                log: self.spec.network_log.clone(),
+            }),
         )
         .map_err(|error| failed(error.to_string()))?;
         warded.current_dir(&cwd).stdio(
@@ -195,7 +206,9 @@ impl Terminals {
             std::process::Stdio::piped(),
             std::process::Stdio::piped(),
         );
-        let (mut child, _leftovers) = self
+        let crate::spawn::Spawned {
+            mut child, proxy, ..
+        } = self
             .launcher
             .spawner
             .spawn(warded)
@@ -223,6 +236,8 @@ impl Terminals {
         let group = child.id();
         tokio::spawn(async move {
             let status = child.wait().await;
+            // Its proxy serves it as long as it lives.
+            drop(proxy);
             // What it printed last is read before its exit is told.
             for reader in readers {
                 // A reader that panicked has stopped reading: its output is over either way.

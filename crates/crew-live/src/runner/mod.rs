@@ -76,6 +76,9 @@ pub struct RunSpec {
     pub on_limit: Option<OnLimit>,
     /// `--placement`: where every task runs, overriding the team's and the tasks' own.
     pub placement: Option<String>,
+    /// `--network`: the network of every task at most, narrowing what the team, the tasks and
+    /// their agents say.
+    pub network: Option<crew_core::config::NetworkMode>,
 }
 
 impl RunSpec {
@@ -92,6 +95,7 @@ impl RunSpec {
             check: None,
             on_limit: None,
             placement: None,
+            network: None,
         }
     }
 }

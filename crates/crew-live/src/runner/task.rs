@@ -407,7 +407,23 @@ impl RunContext {
                     .chain(workspace.writable.iter().cloned())
                     .collect(),
                 read_only: workspace.read_only.clone(),
-                network: self.runner.config.sandbox.network,
+                network: self
+                    .runner
+                    .config
+                    .sandbox
+                    .network
+                    .and(task.network.unwrap_or_default()),
+                hosts: self
+                    .runner
+                    .config
+                    .sandbox
+                    .allow_hosts
+                    .iter()
+                    .map(|hosts| crew_core::config::HostList {
+                        file: ".crew/config.toml".to_owned(),
+                        hosts: hosts.clone(),
+                    })
+                    .collect(),
             },
             workspace_env: workspace_env(workspace),
             session_id: task.session_id.clone(),
@@ -415,7 +431,29 @@ impl RunContext {
             parent: task.parent.clone(),
             placed: None,
             follow_ups: task.follow_ups.clone(),
+            network_log: Some(self.network_log(&task.id)),
         }
+    }
+
+    /// Where the proxy of `task`'s agent reports each request: an event of the run, written
+    /// as it comes (an unwritten one is logged; the counts on the task still hold it).
+    fn network_log(&self, task: &TaskId) -> crate::proxy::NetworkLog {
+        let store = self.runner.store.clone();
+        let (run_id, task) = (self.run_id.clone(), task.clone());
+        crate::proxy::NetworkLog::new(move |request| {
+            let event = RunEvent::new(
+                Some(task.clone()),
+                EventKind::Network {
+                    host: request.host,
+                    port: request.port,
+                    allowed: request.allowed,
+                    reason: request.reason,
+                },
+            );
+            if let Err(error) = store.append_event(&run_id, &event) {
+                tracing::warn!(run = %run_id, "could not record a network request: {error}");
+            }
+        })
     }
 
     /// The spec of a task that runs on a placement: its agent runs there, and what this host
@@ -474,6 +512,7 @@ impl RunContext {
             sandbox: crew_core::config::AgentSandbox {
                 mode: crew_core::config::SandboxMode::Off,
                 network: crew_core::config::NetworkMode::Open,
+                allow_hosts: None,
                 write: Vec::new(),
                 confined: Default::default(),
             },
@@ -893,6 +932,7 @@ impl RunContext {
                                 leaked_processes: 0,
                                 timed_out: false,
                                 ended_after_session: false,
+                                network: None,
                             });
                             if let Some(limit) = status.limit.clone()
                                 && task.on_limit == OnLimit::Pause
@@ -1214,6 +1254,9 @@ impl RunContext {
         let follow_ups = handle.status().follow_up_queue;
         self.save(&format!("task {task_id}'s exit"), move |manifest| {
             let record = manifest.task_mut(&task)?;
+            record.requests = crew_core::model::NetworkCounts::sum(
+                record.requests.into_iter().chain(exit.network),
+            );
             record.exit = Some(exit);
             record.pid = None;
             record.follow_ups = follow_ups;
@@ -1536,6 +1579,7 @@ struct AgentReport {
     warning: Option<String>,
     limit: Option<UsageLimit>,
     refused_writes: Vec<String>,
+    refused_hosts: Vec<String>,
 }
 
 impl AgentReport {
@@ -1547,6 +1591,7 @@ impl AgentReport {
             warning: status.protocol_warning,
             limit: status.limit,
             refused_writes: status.refused_writes,
+            refused_hosts: status.refused_hosts,
         }
     }
 
@@ -1561,7 +1606,13 @@ impl AgentReport {
         record.limit = self.limit;
         let refused = (!self.refused_writes.is_empty())
             .then(|| crate::refusals::note(&self.refused_writes, &record.agent));
-        for warning in self.warning.into_iter().chain(refused) {
+        let refused_hosts = (!self.refused_hosts.is_empty()).then(|| {
+            format!(
+                "crew's proxy refused its agent's requests: {}",
+                self.refused_hosts.join("; ")
+            )
+        });
+        for warning in self.warning.into_iter().chain(refused).chain(refused_hosts) {
             if !record.warnings.contains(&warning) {
                 record.warnings.push(warning);
             }

@@ -53,6 +53,7 @@ impl LiveFixture {
             session_cost: None,
             placed: None,
             follow_ups: Vec::new(),
+            network_log: None,
             parent: None,
         }
     }
