@@ -293,7 +293,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, committed, eight, linking, list, agents,
-    // sandbox, block, board, radar, history, hundred, placement.
+    // sandbox, network, block, board, radar, history, hundred, placement.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
         Some(only) => only == name,
@@ -322,6 +322,9 @@ fn main() {
     }
     if wanted("sandbox") {
         sandboxed_starts(&bench);
+    }
+    if wanted("network") {
+        network(&bench);
     }
     if wanted("block") {
         live_block(&bench);
@@ -882,6 +885,57 @@ fn sandboxed_starts(bench: &Bench) {
     // ruleset alone.
     let (_, _, per_agent) = paired_starts(&start, "single", "on", AGENTS);
     print_per_agent("single mode's read-only mounts at each start", per_agent);
+}
+
+/// What `network = "proxy"` costs: a 100 MB download from a server on this machine through
+/// crew's proxy against the same download with the network open, paired rounds taking turns;
+/// what an agent's own network namespace (and, with `proxy`, its proxy) adds at each start;
+/// and the host's peak memory with 50 agents streaming through their proxies at once, against
+/// the same 50 with the network open.
+fn network(bench: &Bench) {
+    let download = |mode: &str, agents: &str, megabytes: &str| {
+        live_helper(&["download", bench.repo.as_str(), agents, megabytes, mode])
+    };
+    let mut proxied = Samples::default();
+    let mut direct = Samples::default();
+    for round in 0..bench.rounds.max(7) {
+        let took =
+            |mode| Duration::from_secs_f64(download(mode, "1", "100")["seconds"].as_f64().unwrap());
+        if round % 2 == 0 {
+            proxied.push(took("proxy"));
+            direct.push(took("direct"));
+        } else {
+            direct.push(took("direct"));
+            proxied.push(took("proxy"));
+        }
+    }
+    Comparison {
+        name: "100 MB download, through the proxy".into(),
+        crew: proxied,
+        reference: direct,
+        reference_name: "network open".into(),
+        target: Some(1.10),
+        paired: true,
+    }
+    .print();
+    const AGENTS: u32 = 200;
+    let start = |sandbox: &str| {
+        let figures = live_helper(&["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox]);
+        Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
+    };
+    let (_, _, per_agent) = paired_starts(&start, "none", "on", AGENTS);
+    print_per_agent("network \"none\" added at each start", per_agent);
+    let (_, _, per_agent) = paired_starts(&start, "proxy", "on", AGENTS);
+    print_per_agent("network \"proxy\" added at each start", per_agent);
+    let peak = |mode| download(mode, "50", "20")["hwm_kib"].as_u64().unwrap();
+    let (proxied, open) = (peak("proxy"), peak("direct"));
+    println!(
+        "{:<44} {} MiB host peak, {} MiB with the network open: {} KiB per streaming agent",
+        "50 agents streaming through their proxies",
+        proxied / 1024,
+        open / 1024,
+        proxied.saturating_sub(open) / 50
+    );
 }
 
 /// Eleven rounds of `start(measured)` and `start(reference)`, taking turns going first: both

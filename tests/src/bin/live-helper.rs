@@ -6,8 +6,9 @@
 //! live-helper many <dir> <count> <grace-seconds>
 //!     hosts <count> `sleep 600` agents, measures its own idle CPU share over 5 s and its RSS,
 //!     stops them all and prints `{"idle_cpu_share", "rss_kib", "stop_seconds"}`
-//! live-helper start <dir> <count> <on|off>
-//!     starts <count> `sleep 600` agents one after another, sandboxed or not, prints
+//! live-helper start <dir> <count> <on|off|single|none|proxy>
+//!     starts <count> `sleep 600` agents one after another, sandboxed or not (`none`, `proxy`:
+//!     sandboxed with that network), prints
 //!     `{"start_seconds"}` (from the first start to the last agent's process running), then
 //!     stops them all
 //! live-helper umask-socket <dir>
@@ -18,6 +19,10 @@
 //!     runs a one-task run (`sleep 1`, single mode) in the repository <dir> with the cancel
 //!     sender and the command sender dropped, as an embedder might, and prints
 //!     `{"status", "cpu_seconds"}`: this process's CPU time during the run
+//! live-helper download <dir> <agents> <megabytes> <proxy|direct>
+//!     serves <megabytes> MB on 127.0.0.1, starts <agents> sandboxed agents at once that each
+//!     download it with curl (through crew's proxy, or with the network open), and prints
+//!     `{"seconds", "hwm_kib"}`: the slowest download's own time and this process's peak RSS
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -37,6 +42,7 @@ fn main() {
         "raw" => raw(&args[1], &args[2]),
         "many" => many(&args[1..]),
         "start" => start(&args[1..]),
+        "download" => download(&args[1..]),
         "umask-socket" => umask_socket(&args[1]),
         "dropped-cancel" => dropped_cancel(&args[1]),
         other => panic!("unknown command {other}"),
@@ -245,8 +251,13 @@ fn start(args: &[String]) {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let count: usize = args[1].parse().unwrap();
         let mode = match args[2].as_str() {
-            "on" | "single" => crew_core::config::SandboxMode::Enforce,
+            "on" | "single" | "none" | "proxy" => crew_core::config::SandboxMode::Enforce,
             _ => crew_core::config::SandboxMode::Off,
+        };
+        let network = match args[2].as_str() {
+            "none" => crew_core::config::NetworkMode::None,
+            "proxy" => crew_core::config::NetworkMode::Proxy,
+            _ => crew_core::config::NetworkMode::Open,
         };
         // `single`: also what a single-mode task keeps read-only, as its provider names it.
         let read_only: Vec<camino::Utf8PathBuf> = if args[2] == "single" {
@@ -293,7 +304,7 @@ fn start(args: &[String]) {
                         mode,
                         write: vec![workspace.as_path().to_owned()],
                         read_only: read_only.clone(),
-                        network: crew_core::config::NetworkMode::Open,
+                        network,
                         hosts: Vec::new(),
                     },
                     workspace_env: Vec::new(),
@@ -319,6 +330,127 @@ fn start(args: &[String]) {
         let start_seconds = started.elapsed().as_secs_f64();
         host.stop_all().await;
         println!("{}", serde_json::json!({ "start_seconds": start_seconds }));
+    });
+}
+
+fn download(args: &[String]) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
+        let agents: usize = args[1].parse().unwrap();
+        let bytes: usize = args[2].parse::<usize>().unwrap() * 1_000_000;
+        let proxied = args[3] == "proxy";
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = server.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let chunk = vec![b'x'; 1 << 16];
+            for stream in server.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let chunk = chunk.clone();
+                std::thread::spawn(move || {
+                    let mut head = [0u8; 4096];
+                    let _ = std::io::Read::read(&mut stream, &mut head);
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {bytes}\r\nConnection: close\r\n\r\n"
+                    );
+                    let mut left = bytes;
+                    while left > 0 {
+                        let part = left.min(chunk.len());
+                        if stream.write_all(&chunk[..part]).is_err() {
+                            return;
+                        }
+                        left -= part;
+                    }
+                });
+            }
+        });
+        let logs = tempfile::tempdir().unwrap();
+        let host = AgentHost::new().unwrap();
+        let run_id = RunId::generate();
+        let mut handles = Vec::new();
+        for index in 0..agents {
+            let took = logs.path().join(format!("took-{index}"));
+            let mut definition = AgentDef::builtin_shell();
+            definition.command = vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "curl -s -o /dev/null -w '%{{time_total}}' http://127.0.0.1:{port}/ > {}",
+                    took.display()
+                ),
+            ];
+            let handle = host
+                .start(AgentSpec {
+                    agent_id: AgentId::new(
+                        run_id.clone(),
+                        TaskId::parse(&format!("a{index}")).unwrap(),
+                    ),
+                    workspace: workspace.clone(),
+                    dir: workspace.as_path().to_owned(),
+                    definition,
+                    prompt: String::new(),
+                    timeout: None,
+                    stop_grace: Duration::from_secs(2),
+                    output_log: camino::Utf8PathBuf::from_path_buf(
+                        logs.path().join(format!("a{index}.log")),
+                    )
+                    .unwrap(),
+                    output_log_limit: 64 << 20,
+                    socket: None,
+                    sandbox: crew_live::SandboxPlan {
+                        mode: crew_core::config::SandboxMode::Enforce,
+                        write: vec![
+                            workspace.as_path().to_owned(),
+                            camino::Utf8PathBuf::from_path_buf(logs.path().to_owned()).unwrap(),
+                        ],
+                        read_only: Vec::new(),
+                        network: if proxied {
+                            crew_core::config::NetworkMode::Proxy
+                        } else {
+                            crew_core::config::NetworkMode::Open
+                        },
+                        hosts: vec![crew_core::config::HostList {
+                            file: "the benchmark".into(),
+                            hosts: vec![
+                                crew_core::config::HostPattern::parse(&format!("127.0.0.1:{port}"))
+                                    .unwrap(),
+                            ],
+                        }],
+                    },
+                    workspace_env: Vec::new(),
+                    session_id: None,
+                    session_cost: None,
+                    placed: None,
+                    follow_ups: Vec::new(),
+                    network_log: None,
+                    parent: None,
+                })
+                .await
+                .unwrap();
+            handles.push((handle, took));
+        }
+        let mut slowest: f64 = 0.0;
+        for (handle, took) in handles {
+            let status = handle.wait_exited().await;
+            assert_eq!(status.exit.map(|exit| exit.code), Some(Some(0)));
+            let seconds: f64 = std::fs::read_to_string(&took)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            slowest = slowest.max(seconds);
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let hwm_kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        println!(
+            "{}",
+            serde_json::json!({ "seconds": slowest, "hwm_kib": hwm_kib })
+        );
     });
 }
 
