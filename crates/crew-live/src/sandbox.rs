@@ -282,6 +282,17 @@ pub(crate) fn prepare(
         (SandboxMode::Enforce, None) => SandboxState::Unsupported,
         (SandboxMode::Enforce, Some(_)) => SandboxState::Enforced,
     };
+    // A narrower network is the kernel's to give: without Landlock (the rest of the sandbox
+    // gone too, which crew says), never the open one in its place. Off by the user's choice,
+    // it is off.
+    if state == SandboxState::Unsupported && plan.network != NetworkMode::Open {
+        return Err(BuildSandboxError {
+            message: format!(
+                "`[sandbox] network = \"{}\"` needs the kernel's sandbox, and this kernel has no Landlock: run crew on Linux 5.13 or later with Landlock enabled (`lsm=landlock` among the boot's security modules), or set `network = \"open\"`",
+                plan.network.as_str()
+            ),
+        });
+    }
     if state != SandboxState::Enforced {
         return Ok(Prepared {
             ruleset: None,

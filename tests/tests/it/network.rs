@@ -302,6 +302,28 @@ fn the_command_line_narrows_the_network_of_a_run_and_never_widens_it() {
         record["warnings"].to_string().contains(".crew/config.toml"),
         "{record:#}"
     );
+    std::fs::remove_file(repo.join(".crew/config.toml")).unwrap();
+    // A team's task narrows its agent the same way, and so does its check, which runs
+    // confined like the agent: through the agent's proxy.
+    write(
+        &repo.join(".crew/teams/t.toml"),
+        "[[tasks]]\nid = \"cut\"\nagent = \"open\"\nprompt = \"python3 probe.py > seen.txt 2>&1\"\nnetwork = \"none\"\n\n[[tasks]]\nid = \"checked\"\nagent = \"proxied\"\nprompt = \"true\"\ncheck = \"python3 probe.py > checked.txt 2>&1\"\ndepends_on = [\"cut\"]\n",
+    );
+    let run = env.crew(&repo, ["run", "--quiet", "t"]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    let seen = std::fs::read_to_string(repo.join("seen.txt")).unwrap();
+    assert!(
+        !reached(&seen, "listed") && !reached(&seen, "direct"),
+        "{seen}"
+    );
+    let checked = std::fs::read_to_string(repo.join("checked.txt")).unwrap();
+    assert!(reached(&checked, "listed"), "{checked}");
+    for refused in ["unlisted", "direct", "curl-noproxy"] {
+        assert!(!reached(&checked, refused), "{refused}: {checked}");
+    }
+    let run_id = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run_id);
+    assert_eq!(task(&recorded, "cut")["network"], "none", "{recorded:#}");
 }
 
 #[test]
