@@ -129,6 +129,36 @@ fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its
 }
 
 #[test]
+fn a_placed_task_reaches_the_network_its_run_allows_on_its_placement_too() {
+    let env = TestEnv::new();
+    let (repo, _shim) = project_with_box(&env);
+    // A server of the user's on the machine the placement runs on (here, this one).
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let prompt = format!(
+        "bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo net-reached || echo net-refused"
+    );
+    let said = |extra: &[&str]| {
+        let mut args = vec!["run", "--placement", "box", "--agent", "shell"];
+        args.extend(extra);
+        args.push(&prompt);
+        let output = env.crew(&repo, &args);
+        assert!(output.status.success(), "{}", render_output(&output));
+        let run = run_ids(&env, &repo).remove(0);
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log")))
+            .unwrap()
+    };
+    // Open, it reaches the server: the probe works, and what follows is the sandbox's doing.
+    let open = said(&[]);
+    assert!(open.contains("net-reached"), "{open}");
+    let closed = said(&["--network", "none"]);
+    assert!(
+        closed.contains("net-refused") && !closed.contains("net-reached"),
+        "{closed}"
+    );
+}
+
+#[test]
 fn placed_and_local_tasks_make_one_run_and_a_failure_there_is_named_here_with_its_work_kept() {
     let env = TestEnv::new();
     let (repo, _shim) = project_with_box(&env);

@@ -485,7 +485,22 @@ impl RunContext {
             self.run_id,
             spec.agent_id.task_id()
         );
-        let agent = spec.definition.clone();
+        // Confined there as here: the narrowest network of the project, the task and its
+        // definition travels in the definition, with one list of hosts. Where both the
+        // project and the definition list hosts, only the definition's entries the project
+        // names too go (narrower than here, where wildcards of the project's cover more).
+        let mut agent = spec.definition.clone();
+        agent.sandbox.network = spec.sandbox.network.and(agent.sandbox.network);
+        let project = spec.sandbox.hosts.first().map(|list| &list.hosts);
+        agent.sandbox.allow_hosts = match (agent.sandbox.allow_hosts.take(), project) {
+            (None, project) => project.cloned(),
+            (Some(own), None) => Some(own),
+            (Some(own), Some(project)) => Some(
+                own.into_iter()
+                    .filter(|entry| project.contains(entry))
+                    .collect(),
+            ),
+        };
         let mut pass_env = vec![
             "SSH_AUTH_SOCK".to_owned(),
             "SSH_AGENT_PID".to_owned(),
