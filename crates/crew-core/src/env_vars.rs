@@ -36,6 +36,9 @@ pub const CREW_MESSAGE: &str = "CREW_MESSAGE";
 /// Set for every agent: its private temp dir, the one place outside its workspace it may
 /// always write.
 pub const TMPDIR: &str = "TMPDIR";
+/// Set for every agent to its private temp dir too: where programs keep their per-user
+/// sockets and locks (pnpm's store locks), the user's own being out of an agent's reach.
+pub const XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
 /// Set for agents in `temp` and `dedicated` workspaces: the directory above the workspace, so
 /// that git run there never climbs up into a repository around it (the project's own).
 pub const GIT_CEILING_DIRECTORIES: &str = "GIT_CEILING_DIRECTORIES";

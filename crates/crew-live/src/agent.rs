@@ -530,6 +530,7 @@ async fn launch(
         }
     })?;
     crew_vars.push((env_vars::TMPDIR, temp_path.to_string()));
+    crew_vars.push((env_vars::XDG_RUNTIME_DIR, temp_path.to_string()));
     for (name, value) in &spec.workspace_env {
         crew_vars.push((name.as_str(), value.clone()));
     }

@@ -100,6 +100,7 @@ async fn run(
         (env_vars::CREW_WORKSPACE, dir),
         (env_vars::CREW_PROJECT_ROOT, spec.workspace.to_string()),
         (env_vars::TMPDIR, temp_path.to_string()),
+        (env_vars::XDG_RUNTIME_DIR, temp_path.to_string()),
         (env_vars::CREW_CHECK, "1".to_owned()),
     ];
     for (name, value) in &spec.workspace_env {

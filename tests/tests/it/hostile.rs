@@ -883,6 +883,66 @@ fn a_listings_directory_swapped_for_a_link_is_never_read_written_or_swept_throug
 }
 
 #[test]
+fn pnpm_installs_into_the_project_s_store_inside_the_sandbox() {
+    // pnpm, pinned with the agent programs; a dependency from a tarball, so no registry.
+    let Some(programs) = crew_tests::agent_programs(
+        "pnpm",
+        "pnpm_installs_into_the_project_s_store_inside_the_sandbox",
+    ) else {
+        return;
+    };
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join("package.json"),
+        "{\"name\": \"app\", \"version\": \"1.0.0\"}\n",
+    );
+    write(
+        &repo.join("dep/package/package.json"),
+        "{\"name\": \"dep\", \"version\": \"1.0.0\"}\n",
+    );
+    write(&repo.join("dep/package/index.js"), "module.exports = 1;\n");
+    let tar = std::process::Command::new("tar")
+        .args(["czf", "dep.tgz", "-C", "dep", "package"])
+        .current_dir(&repo)
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "app"]);
+    let mut command = env.crew_command(&repo);
+    let path = format!(
+        "{programs}:{}",
+        command
+            .get_envs()
+            .find(|(name, _)| *name == "PATH")
+            .and_then(|(_, value)| value.map(|value| value.to_string_lossy().into_owned()))
+            .unwrap_or_default()
+    );
+    let run = command
+        .env("PATH", path)
+        .args([
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "pnpm add ./dep.tgz > pnpm.txt 2>&1; pnpm store path > store.txt",
+        ])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", render_output(&run));
+    let said = std::fs::read_to_string(repo.join("pnpm.txt")).unwrap_or_default();
+    assert!(
+        repo.join("node_modules/dep/index.js").exists(),
+        "the install failed inside the sandbox: {said}"
+    );
+    let store = std::fs::read_to_string(repo.join("store.txt")).unwrap();
+    let caches = env.home().join(".local/state/crew/caches");
+    assert!(store.trim().starts_with(caches.as_str()), "{store}");
+    assert!(!env.home().join(".local/share/pnpm").exists());
+}
+
+#[test]
 fn toolchains_write_the_project_s_caches_and_never_the_user_s() {
     let env = TestEnv::new();
     let repo = env.repo("project");

@@ -163,6 +163,7 @@ impl Terminals {
             (env_vars::CREW_WORKSPACE, self.spec.dir.to_string()),
             (env_vars::CREW_PROJECT_ROOT, self.spec.workspace.to_string()),
             (env_vars::TMPDIR, temp_path.to_string()),
+            (env_vars::XDG_RUNTIME_DIR, temp_path.to_string()),
         ];
         for (name, value) in &self.spec.workspace_env {
             vars.push((name.as_str(), value.clone()));
