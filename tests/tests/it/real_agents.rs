@@ -749,6 +749,119 @@ fn gemini_cli_writes_a_file_and_runs_a_command_over_acp() {
 }
 
 #[test]
+fn a_steer_reaches_gemini_cli_s_running_session_mid_turn() {
+    let Some(project) = Project::new("gemini", "a_steer_reaches_gemini_cli") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "run_shell_command",
+            json!({"command": "echo started > started.txt; sleep 6", "description": "the build"}),
+        ),
+        Reply::say("Done, steered."),
+        Reply::say("Done, steered."),
+    ]);
+    let mut host = project
+        .command(&model, &["run", "--quiet", "--agent", "gemini", "build it"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(60, "the command to start", || {
+        project.repo.join("started.txt").exists().then_some(())
+    });
+    // Over ACP a steer is the session's next prompt: the turn under way is cancelled, and the
+    // model reads the steer in the same session.
+    let steer = project.crew(&model, &["agents", "steer", "gemini", "use the Money type"]);
+    assert!(steer.status.success(), "{}", render_output(&steer));
+    assert!(
+        host.wait().unwrap().success(),
+        "{}",
+        project.output_log_of("gemini")
+    );
+    assert!(
+        model.user_texts().contains("use the Money type"),
+        "{}",
+        model.user_texts()
+    );
+    let (_, task) = project.only_task_of("gemini");
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    // One process, one session: the steer went in, not through a restart.
+    assert_eq!(task["attempts"], 1, "{task:#}");
+    through_the_proxy(&task, &model);
+}
+
+#[test]
+fn a_follow_up_of_gemini_cli_s_finished_task_goes_on_on_its_branch() {
+    let Some(project) = Project::new("gemini", "a_follow_up_of_gemini_cli") else {
+        return;
+    };
+    // The stand-in answers by the place in the conversation: a new session starts its script
+    // over, so the command does what is not done yet.
+    let step = json!({"command": "if test -e notes.txt; then echo asked for later > more.txt; else echo first > notes.txt; fi", "description": "the notes"});
+    let model = ModelApi::start(vec![
+        Reply::tool("run_shell_command", step.clone()),
+        Reply::say("Written."),
+        Reply::tool("run_shell_command", step),
+        Reply::say("Also written."),
+    ]);
+    let run = project.crew(
+        &model,
+        &[
+            "run",
+            "--agent",
+            "gemini",
+            "--workspace-mode",
+            "worktree",
+            "write the notes",
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of("gemini")
+    );
+    let (_, first) = project.only_task_of("gemini");
+    assert_eq!(first["status"], "succeeded", "{first:#}");
+    let branch = first["teardown"]["branch"].as_str().unwrap().to_owned();
+    // The conversation goes on in a workspace on the same branch: in its session when Gemini
+    // CLI loads it, else in a new one the task's warnings name.
+    let follow = project.crew(
+        &model,
+        &["agents", "follow-up", "gemini", "now also write more.txt"],
+    );
+    assert!(
+        follow.status.success(),
+        "{}\n{}",
+        render_output(&follow),
+        project.output_log_of("gemini")
+    );
+    assert!(
+        model.user_texts().contains("now also write more.txt"),
+        "{}",
+        model.user_texts()
+    );
+    let (_, again) = project.only_task_of("gemini");
+    assert_eq!(again["status"], "succeeded", "{again:#}");
+    assert_eq!(again["teardown"]["branch"], branch.as_str(), "{again:#}");
+    let warnings = again["warnings"].to_string();
+    let loaded = again["warnings"].as_array().is_none_or(Vec::is_empty);
+    assert!(
+        loaded || warnings.contains("new session"),
+        "the task says how it went on: {again:#}"
+    );
+    let files = project
+        .env
+        .git(&project.repo, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(
+        files.lines().any(|file| file == "notes.txt")
+            && files.lines().any(|file| file == "more.txt"),
+        "both turns' work on the one branch: {files}"
+    );
+}
+
+#[test]
 fn gemini_cli_stopped_mid_command_goes_on_after_a_resume() {
     let Some(project) = Project::new("gemini", "gemini_cli_resumes") else {
         return;
