@@ -652,6 +652,112 @@ fn a_follow_up_of_codex_s_finished_task_goes_on_in_its_thread() {
 }
 
 #[test]
+fn codex_refused_by_the_api_fails_its_task_with_the_api_s_words() {
+    let Some(project) = Project::new("codex", "codex_refused_by_the_api") else {
+        return;
+    };
+    let model = ModelApi::start(vec![Reply::Fail {
+        status: 401,
+        message: "invalid api key (stand-in)".to_owned(),
+        retry_after: None,
+    }]);
+    project.codex_gateway(&model);
+    let run = project.crew(&model, &["run", "--agent", "codex", "do it"]);
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let (_, task) = project.only_task_of("codex");
+    assert_eq!(task["status"], "failed", "{task:#}");
+    let reason = task["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("401 Unauthorized: invalid api key (stand-in)"),
+        "the program's own words: {task:#}\n{}",
+        project.output_log_of("codex")
+    );
+}
+
+#[test]
+fn codex_rate_limited_with_a_reset_retries_by_itself() {
+    let Some(project) = Project::new("codex", "codex_rate_limited") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "exec",
+            json!(
+                "const r = await tools.exec_command({cmd: \"echo after the limit > notes.txt\"});\ntext(r.output);"
+            ),
+        ),
+        Reply::say("Done."),
+    ]);
+    model.fail_next(1, 429, Some(1));
+    project.codex_gateway(&model);
+    let run = project.crew(&model, &["run", "--agent", "codex", "write the notes"]);
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of("codex")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("notes.txt")).unwrap_or_default(),
+        "after the limit\n"
+    );
+    let (_, task) = project.only_task_of("codex");
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    assert!(task["limit"].is_null(), "{task:#}");
+}
+
+#[test]
+fn gemini_cli_refused_by_the_api_fails_its_task_with_the_api_s_words() {
+    let Some(project) = Project::new("gemini", "gemini_cli_refused_by_the_api") else {
+        return;
+    };
+    let model = ModelApi::start(vec![Reply::Fail {
+        status: 401,
+        message: "API key not valid (stand-in)".to_owned(),
+        retry_after: None,
+    }]);
+    let run = project.crew(&model, &["run", "--agent", "gemini", "do it"]);
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let (_, task) = project.only_task_of("gemini");
+    assert_eq!(task["status"], "failed", "{task:#}");
+    let reason = task["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("API key not valid (stand-in)") && reason.contains("failed"),
+        "the program's own words: {task:#}\n{}",
+        project.output_log_of("gemini")
+    );
+}
+
+#[test]
+fn gemini_cli_rate_limited_with_a_reset_retries_by_itself() {
+    let Some(project) = Project::new("gemini", "gemini_cli_rate_limited") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "run_shell_command",
+            json!({"command": "echo after the limit > notes.txt", "description": "the notes"}),
+        ),
+        Reply::say("Done."),
+    ]);
+    model.fail_next(1, 429, Some(1));
+    let run = project.crew(&model, &["run", "--agent", "gemini", "write the notes"]);
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of("gemini")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("notes.txt")).unwrap_or_default(),
+        "after the limit\n"
+    );
+    let (_, task) = project.only_task_of("gemini");
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+    assert!(task["limit"].is_null(), "{task:#}");
+}
+
+#[test]
 fn codex_whose_own_sandbox_cannot_start_fails_its_task_with_what_failed() {
     let Some(project) = Project::new("codex", "codex_whose_own_sandbox_cannot_start") else {
         return;
