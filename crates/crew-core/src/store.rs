@@ -20,7 +20,7 @@
 //! without following links. A manifest that cannot be parsed is reported with its path and left
 //! exactly as it is; the other runs stay usable.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Write};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -53,6 +53,9 @@ const WS_DIR: &str = "ws";
 const TASKS_DIR: &str = "tasks";
 const MANIFEST_FILE: &str = "manifest.json";
 const EVENTS_FILE: &str = "events.jsonl";
+/// The tasks of a run whose outcome someone has looked at (its summary at the end of `crew
+/// run`, `crew runs show`, its diff, the board's pane): one id a line, appended.
+const SEEN_FILE: &str = "seen";
 const OUTPUT_LOG: &str = "output.log";
 const CHECK_LOG: &str = "check.log";
 
@@ -950,6 +953,41 @@ impl StateStore {
             path: path.clone(),
             source: FileError::Write { path, source },
         })
+    }
+
+    /// Records that someone looked at the outcome of `tasks` of `run_id` (see [`SEEN_FILE`]).
+    pub fn mark_seen(&self, run_id: &RunId, tasks: &[TaskId]) -> Result<(), StateError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let path = self.run_dir(run_id).join(SEEN_FILE);
+        let lines: String = tasks.iter().map(|task| format!("{task}\n")).collect();
+        let mut file = open_append_nofollow(&path).map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        file.write_all(lines.as_bytes())
+            .map_err(|source| StateError::Write {
+                path: path.clone(),
+                source: FileError::Write { path, source },
+            })
+    }
+
+    /// The tasks of `run_id` someone looked at; none when nobody did. A line that is not a
+    /// task id (a write cut short) is skipped.
+    pub fn seen_tasks(&self, run_id: &RunId) -> Result<BTreeSet<TaskId>, StateError> {
+        let path = self.run_dir(run_id).join(SEEN_FILE);
+        let bytes = match read_nofollow(&path) {
+            Ok(bytes) => bytes,
+            Err(FileError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok(BTreeSet::new());
+            }
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        Ok(String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|line| TaskId::parse(line).ok())
+            .collect())
     }
 
     /// The events of a run, in order. A line that cannot be parsed (such as the last line of a

@@ -313,14 +313,15 @@ fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
             && row(screen, "plain:bad").contains("oops")
             && row(screen, "plain:kid").contains("from the kid")
     });
-    // Runs that ended before the board started are not news: nothing needs the user.
+    // The run ended before the board started, and nobody looked at it (its summary went to
+    // no terminal): its failure first, then its finished work, as news (`done*`).
     insta::assert_snapshot!(shown(&env, &board), @r#"
     waiting: 0  working: 0  agents: 4  crew watch pr
         AGENT       STATE   LAST OUTPUT
-    > v plain:good  done    fine
-      X plain:bad   failed  oops
-      v plain:lead  done    accepted ["kid"]
-      v ` plain:kid done    from the kid
+    > X plain:bad   failed  oops
+      * plain:good  done*   fine
+      * plain:lead  done*   accepted ["kid"]
+      * ` plain:kid done*   from the kid
     ?: keys  n: next  q: quit
     "#);
     assert!(board.is_ascii(), "{board}");
@@ -334,4 +335,57 @@ fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
     }
     tmux.keys(&["q"]);
     tmux.screen_when("the board's end", |screen| screen.contains("EXITED-0"));
+}
+
+#[test]
+fn finished_work_nobody_looked_at_shows_as_news_until_someone_does() {
+    let test = "finished_work_nobody_looked_at_shows_as_news_until_someone_does";
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    // It finishes in the background before any board is open: nobody has looked at it.
+    let started = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--name",
+            "quiet",
+            "--detach",
+            "echo done quietly",
+        ],
+    );
+    assert!(started.status.success(), "{}", render_output(&started));
+    wait_until(30, "the run to end", || {
+        crate::common::runs::try_manifest(&env, &repo, "quiet")
+            .filter(|run| run["status"] == "completed")
+    });
+    let script = crew_script(&env, &repo, &["watch".to_owned()]);
+    {
+        let Some(tmux) = Tmux::start(&env, test, &script) else {
+            return;
+        };
+        tmux.screen_when("the news", |screen| {
+            row(screen, "quiet:shell").contains("done*")
+        });
+        // Its output opened: looked at.
+        tmux.keys(&["Enter"]);
+        tmux.screen_when("its output", |screen| {
+            screen.contains("done quietly") && !row(screen, "quiet:shell").contains("done*")
+        });
+        tmux.keys(&["q"]);
+        wait_until(10, "the look recorded", || {
+            std::fs::read_to_string(repo.join(".crew/state/runs/quiet/seen"))
+                .ok()
+                .filter(|seen| seen.lines().any(|line| line == "shell"))
+        });
+    }
+    // The next board knows it was looked at.
+    let Some(tmux) = Tmux::start(&env, test, &script) else {
+        return;
+    };
+    let board = tmux.screen_when("the run", |screen| {
+        row(screen, "quiet:shell").contains("done")
+    });
+    assert!(!row(&board, "quiet:shell").contains("done*"), "{board}");
 }

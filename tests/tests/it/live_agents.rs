@@ -294,7 +294,9 @@ async fn agents_see_only_their_allow_listed_environment() {
             "HOME",
             "OPENAI_API_KEY",
             "PATH",
-            "TMPDIR"
+            "TMPDIR",
+            // Its own, its private temp dir: the user's is out of its reach.
+            "XDG_RUNTIME_DIR"
         ]
     );
     assert!(output.contains(&format!("CREW_AGENT_ID={}", fixture.agent_id("env"))));

@@ -11,8 +11,8 @@ pub mod view;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::SystemTime;
 
-use crew_core::AgentId;
 use crew_core::model::{RunManifest, TaskRecord, TaskStatus};
+use crew_core::{AgentId, RunId, TaskId};
 use crew_live::{AgentSnapshot, WatchEvent, Watched};
 
 use crate::ui::sanitize;
@@ -185,8 +185,13 @@ pub struct Board {
     runs: Vec<RunManifest>,
     live: HashMap<AgentId, AgentSnapshot>,
     tails: HashMap<AgentId, Tail>,
-    /// Finished tasks nobody has opened yet (since the board started).
+    /// Finished tasks nobody has looked at yet: finished while the board watched, or finished
+    /// before with no one having looked (their run's record of who looked says so).
     unread: HashSet<AgentId>,
+    /// Tasks whose outcome someone looked at, as their runs record it and as opened here.
+    seen: HashSet<AgentId>,
+    /// Opened here since the last [`Board::newly_seen`]: for the run's record.
+    newly_seen: Vec<AgentId>,
     /// Agents whose output log was read into their tail.
     logs_read: HashSet<AgentId>,
     /// Finished agents whose last line was looked up in their log.
@@ -205,6 +210,19 @@ pub struct Board {
 }
 
 impl Board {
+    /// What the run `run_id` records of the tasks someone looked at: told before its record
+    /// is heard, so that finished work nobody looked at shows as such.
+    pub fn know_seen(&mut self, run_id: &RunId, tasks: impl IntoIterator<Item = TaskId>) {
+        for task in tasks {
+            self.seen.insert(AgentId::new(run_id.clone(), task));
+        }
+    }
+
+    /// The tasks opened here since the last call, for their runs to record.
+    pub fn newly_seen(&mut self) -> Vec<AgentId> {
+        std::mem::take(&mut self.newly_seen)
+    }
+
     /// Takes in what the watch heard.
     pub fn hear(&mut self, watched: Watched) {
         match watched {
@@ -273,10 +291,12 @@ impl Board {
             }
         }
         for (agent_id, before) in changed {
-            // A task that was seen running and is now finished is news.
-            if before.is_some_and(|state| !is_finished(state))
-                && self.state_of(&agent_id).is_some_and(is_finished)
-            {
+            // A task that was seen running and is now finished is news, and so is one that
+            // finished before with nobody having looked at it.
+            let finished = self.state_of(&agent_id).is_some_and(is_finished);
+            let news = before.is_some_and(|state| !is_finished(state))
+                || (before.is_none() && !self.seen.contains(&agent_id));
+            if finished && news {
                 self.unread.insert(agent_id.clone());
             }
             self.note_change(&agent_id, before);
@@ -548,7 +568,10 @@ impl Board {
 
     /// Opens the pane of the selected agent that shows `pane`, marking its work as seen.
     fn open(&mut self, agent_id: &AgentId, pane: Pane) -> Option<Action> {
-        self.unread.remove(agent_id);
+        let was_unread = self.unread.remove(agent_id);
+        if self.seen.insert(agent_id.clone()) || was_unread {
+            self.newly_seen.push(agent_id.clone());
+        }
         // Selected by its id, so that it stays selected as it leaves the "needs you" group.
         self.selected = Some(agent_id.clone());
         match pane {

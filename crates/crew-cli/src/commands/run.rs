@@ -256,8 +256,26 @@ pub fn print_result(
         out!("{}", serde_json::to_string_pretty(manifest)?);
     } else if !ctx.ui.quiet {
         out!(no_newline: "{}", summary(ctx, manifest, SummaryFor::RunEnd));
+        looked_at(ctx, manifest);
     }
     Ok(())
+}
+
+/// Records that the user read the outcome of every finished task of `manifest` (its summary
+/// went to their terminal): the board shows them as seen (`done`, not `done*`). A summary
+/// read by a script is no one's look.
+pub fn looked_at(ctx: &Context, manifest: &crew_core::RunManifest) {
+    if !ctx.ui.terminal {
+        return;
+    }
+    let finished: Vec<crew_core::TaskId> = manifest
+        .tasks
+        .iter()
+        .filter(|task| task.status.is_finished())
+        .map(|task| task.id.clone())
+        .collect();
+    // Not recorded, the board shows them as news: nothing worse.
+    let _ = ctx.store().mark_seen(&manifest.run_id, &finished);
 }
 
 /// The team to run: a team file, or one built from `--agent`.

@@ -95,10 +95,10 @@ pub async fn cmd_watch(args: WatchArgs, ui: Ui) -> Result<Outcome, CliError> {
             heard = watch.next(), if watching => {
                 match heard {
                     Some(heard) => {
-                        board.hear(heard);
+                        hear(&mut board, &project, heard);
                         for _ in 0..BURST {
                             let Some(more) = watch.try_next() else { break };
-                            board.hear(more);
+                            hear(&mut board, &project, more);
                         }
                         for glance in board.glances() {
                             tokio::spawn(perform(project.clone(), glance, results_tx.clone()));
@@ -116,7 +116,9 @@ pub async fn cmd_watch(args: WatchArgs, ui: Ui) -> Result<Outcome, CliError> {
                 match input {
                     Some(Input::Key(key)) => {
                         board.status = None;
-                        match board.key(key) {
+                        let action = board.key(key);
+                        record_seen(&project, board.newly_seen());
+                        match action {
                             Some(Action::Quit) => break,
                             Some(action) => {
                                 tokio::spawn(perform(project.clone(), action, results_tx.clone()));
@@ -282,6 +284,29 @@ enum Done {
 }
 
 /// Carries out what the board asked, through the front door, and says how it went.
+/// Takes in what the watch heard; a run's record comes with who looked at its tasks.
+fn hear(board: &mut Board, project: &Project, heard: crew_live::Watched) {
+    if let crew_live::Watched::Run(manifest) = &heard {
+        // Unreadable, nobody is known to have looked: its finished work shows as news.
+        let seen = project
+            .store()
+            .seen_tasks(&manifest.run_id)
+            .unwrap_or_default();
+        board.know_seen(&manifest.run_id, seen);
+    }
+    board.hear(heard);
+}
+
+/// Records in their runs that the user looked at these tasks here. Not recorded, the next
+/// board shows them as news again: nothing worse.
+fn record_seen(project: &Project, seen: Vec<crew_core::AgentId>) {
+    for agent in seen {
+        let _ = project
+            .store()
+            .mark_seen(agent.run_id(), std::slice::from_ref(agent.task_id()));
+    }
+}
+
 async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) {
     let done = match action {
         Action::Answer(agent_id, message) => {

@@ -39,5 +39,6 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
         println!("  {}", crate::ui::sanitize_lines(reason, "  "));
     }
     print!("{}", summary(&ctx, &manifest, SummaryFor::Review));
+    crate::commands::run::looked_at(&ctx, &manifest);
     Ok(Outcome::Success)
 }
