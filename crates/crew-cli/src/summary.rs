@@ -187,6 +187,30 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 sanitize(&names)
             ));
         }
+        // Held while it may go on (a finished task's ports went back).
+        if let Some(lease) = task.lease.as_ref().filter(|_| {
+            reader == SummaryFor::Review
+                && !matches!(
+                    task.status,
+                    TaskStatus::Succeeded
+                        | TaskStatus::Failed
+                        | TaskStatus::Cancelled
+                        | TaskStatus::Skipped
+                )
+        }) && let Some(port) = lease.port
+        {
+            next.push(format!(
+                "# {}: its lease: ports {port}–{} (CREW_PORT), name {} (COMPOSE_PROJECT_NAME{})",
+                task.id,
+                port.saturating_add(lease.ports.saturating_sub(1)),
+                lease.name,
+                lease
+                    .names
+                    .iter()
+                    .map(|name| format!(", {name}"))
+                    .collect::<String>()
+            ));
+        }
         if let Some(requests) = task.requests {
             next.push(format!(
                 "# {}: network through crew's proxy: {} request(s) let through, {} refused (`crew events --run {}` names each)",

@@ -42,3 +42,18 @@ pub const XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
 /// Set for agents in `temp` and `dedicated` workspaces: the directory above the workspace, so
 /// that git run there never climbs up into a repository around it (the project's own).
 pub const GIT_CEILING_DIRECTORIES: &str = "GIT_CEILING_DIRECTORIES";
+
+/// Where crew keeps what is the user's rather than a project's (what they allowed, the
+/// projects' toolchain caches, leased ports): `$XDG_STATE_HOME/crew`, else
+/// `~/.local/state/crew`, from the variables `env_var` gives; `None` without either.
+pub fn user_state_dir(env_var: impl Fn(&str) -> Option<String>) -> Option<camino::Utf8PathBuf> {
+    let state = env_var("XDG_STATE_HOME")
+        .filter(|dir| dir.starts_with('/'))
+        .map(camino::Utf8PathBuf::from)
+        .or_else(|| {
+            env_var("HOME")
+                .filter(|home| home.starts_with('/'))
+                .map(|home| camino::Utf8PathBuf::from(home).join(".local/state"))
+        })?;
+    Some(state.join("crew"))
+}

@@ -272,6 +272,62 @@ pub struct ExitRecord {
     pub network: Option<NetworkCounts>,
 }
 
+/// What a task was given of its own (`[lease]`), as its agent, its check and its setup see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// The first of its ports (`CREW_PORT`), when it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// How many ports, from `port` on (`CREW_PORTS`).
+    #[serde(default)]
+    pub ports: u16,
+    /// Its own name (`COMPOSE_PROJECT_NAME`, and each variable of `[lease] names`).
+    pub name: String,
+    /// The variables of `[lease] names` it was given, each set to `name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+}
+
+impl LeaseRecord {
+    /// The variables the lease sets, for the task's agent, check and setup.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        let mut vars = Vec::new();
+        if let Some(port) = self.port {
+            vars.push(("CREW_PORT".to_owned(), port.to_string()));
+            vars.push(("CREW_PORTS".to_owned(), self.ports.to_string()));
+        }
+        vars.push(("COMPOSE_PROJECT_NAME".to_owned(), self.name.clone()));
+        for name in &self.names {
+            vars.push((name.clone(), self.name.clone()));
+        }
+        vars
+    }
+
+    /// The task's own name: `crew_<run>_<task>`, lowercase letters, digits and `_`, at most
+    /// 63 characters (what Postgres takes for a name), a hash of the whole kept when cut.
+    pub fn name_of(run: &str, task: &str) -> String {
+        let raw = format!("crew_{run}_{task}");
+        let mut name: String = raw
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if name.len() > 63 {
+            let hash = raw.bytes().fold(0xcbf29ce484222325u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3)
+            });
+            name.truncate(46);
+            name.push_str(&format!("_{hash:016x}"));
+        }
+        name
+    }
+}
+
 /// How many requests an agent's proxy let through and refused (`network = "proxy"`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkCounts {
@@ -528,6 +584,10 @@ pub struct TaskRecord {
     /// every start (each is also an event of the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<NetworkCounts>,
+    /// What it was given of its own besides files (`[lease]`): kept across resumes, released
+    /// when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseRecord>,
     /// Other tasks of the run (or the branch it started from) whose work would conflict with
     /// this task's if both were merged, found when their branches are there (the radar).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -844,6 +904,7 @@ impl TaskRecord {
             placement: None,
             network: None,
             requests: None,
+            lease: None,
             overlaps: Vec::new(),
             attempt_of: None,
             check: None,

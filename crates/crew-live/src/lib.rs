@@ -101,6 +101,7 @@ pub mod events;
 pub mod host;
 pub mod hosting;
 pub mod hosts;
+pub mod lease;
 pub mod limits;
 pub mod output;
 pub mod placed;

@@ -52,14 +52,7 @@ pub fn cache_dir(
     project: &Utf8Path,
     env_var: impl Fn(&str) -> Option<String>,
 ) -> Option<Utf8PathBuf> {
-    let state = env_var("XDG_STATE_HOME")
-        .filter(|dir| dir.starts_with('/'))
-        .map(Utf8PathBuf::from)
-        .or_else(|| {
-            env_var("HOME")
-                .filter(|home| home.starts_with('/'))
-                .map(|home| Utf8PathBuf::from(home).join(".local/state"))
-        })?;
+    let state = crew_core::env_vars::user_state_dir(env_var)?;
     let digest = Sha256::digest(project.as_str().as_bytes());
     let hash: String = digest
         .iter()
@@ -67,7 +60,7 @@ pub fn cache_dir(
         .map(|byte| format!("{byte:02x}"))
         .collect();
     let name = crew_core::safe_segment(project.file_name().unwrap_or("project"));
-    Some(state.join("crew/caches").join(format!("{name}-{hash}")))
+    Some(state.join("caches").join(format!("{name}-{hash}")))
 }
 
 /// Makes (or repairs) the caches beneath `dir`: each tool's directory, and the cargo home with

@@ -26,6 +26,7 @@ mod editor_protocol;
 mod history;
 mod hostile;
 mod lead_agents;
+mod lease;
 mod library;
 mod live_agents;
 mod live_control;

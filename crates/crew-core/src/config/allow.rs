@@ -43,17 +43,8 @@ impl AllowList {
     /// The current user's, from `XDG_STATE_HOME` or `HOME`; `None` without either (then
     /// nothing is allowed).
     pub fn of_user() -> Option<Self> {
-        let state = std::env::var("XDG_STATE_HOME")
-            .ok()
-            .filter(|dir| dir.starts_with('/'))
-            .map(Utf8PathBuf::from)
-            .or_else(|| {
-                std::env::var("HOME")
-                    .ok()
-                    .filter(|home| home.starts_with('/'))
-                    .map(|home| Utf8PathBuf::from(home).join(".local/state"))
-            })?;
-        Some(AllowList::at(state.join("crew/allowed")))
+        let state = crate::env_vars::user_state_dir(|name| std::env::var(name).ok())?;
+        Some(AllowList::at(state.join("allowed")))
     }
 
     /// The list kept in `dir`.

@@ -691,6 +691,43 @@ pub(super) fn validate_project_config(
             ),
         );
     }
+    let lease = &config.lease;
+    let [low, high] = lease.port_range;
+    if low < 1024 || low > high {
+        invalid(
+            "lease.port_range",
+            format!(
+                "[{low}, {high}] is not a range of ports to lease: write [first, last] with 1024 ≤ first ≤ last, such as [20000, 29999]"
+            ),
+        );
+    } else if lease.ports > 64 || u32::from(lease.ports) * 4 > u32::from(high - low) + 1 {
+        invalid(
+            "lease.ports",
+            format!(
+                "{} ports for each task leave room for fewer than 4 tasks in [{low}, {high}]: lease at most 64 a task, and widen `port_range` for more",
+                lease.ports
+            ),
+        );
+    }
+    for name in &lease.names {
+        const CREWS: &[&str] = &[
+            "PATH",
+            "HOME",
+            "TMPDIR",
+            "COMPOSE_PROJECT_NAME",
+            "XDG_RUNTIME_DIR",
+        ];
+        if let Err(problem) = check_env_name(name, false) {
+            invalid("lease.names", problem);
+        } else if CREWS.contains(&name.as_str()) {
+            invalid(
+                "lease.names",
+                format!(
+                    "`{name}` is set by crew for each agent: name a variable of your project's"
+                ),
+            );
+        }
+    }
     for (name, placement) in &config.placements {
         let key = format!("placements.{name}");
         if let Err(problem) = check_name("placement", name) {

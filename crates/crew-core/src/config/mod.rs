@@ -30,10 +30,11 @@ pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_g
 pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
 pub use settings::{
-    AgentDef, AgentSandbox, BaseMoved, Confined, IsolationFallback, IsolationSettings, LinkMode,
-    MAX_STOP_GRACE, NetworkMode, OnLimit, PlacedTask, PlacementDef, PlacementKind, PlannedTask,
-    ProjectConfig, Protocol, RetentionSettings, RunSettings, SandboxMode, SandboxSettings,
-    SteerMode, TaskDef, Team, TeamDef, WatchSettings, WorkspaceMode, WorktreeSettings,
+    AgentDef, AgentSandbox, BaseMoved, Confined, IsolationFallback, IsolationSettings,
+    LeaseSettings, LinkMode, MAX_STOP_GRACE, NetworkMode, OnLimit, PlacedTask, PlacementDef,
+    PlacementKind, PlannedTask, ProjectConfig, Protocol, RetentionSettings, RunSettings,
+    SandboxMode, SandboxSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings, WorkspaceMode,
+    WorktreeSettings,
 };
 pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};
 pub use values::{ByteSize, HumanDuration, Parallelism};

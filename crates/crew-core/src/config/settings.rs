@@ -202,6 +202,8 @@ pub struct ProjectConfig {
     pub sandbox: SandboxSettings,
     /// `[watch]`: the board of `crew watch`.
     pub watch: WatchSettings,
+    /// `[lease]`: what each task gets of its own that is not a file (ports, names).
+    pub lease: LeaseSettings,
     /// `[placements.<name>]`: where tasks that name a placement run, by name.
     pub placements: BTreeMap<String, PlacementDef>,
 }
@@ -328,6 +330,31 @@ impl PlacementDef {
                     self.dir.clone(),
                 ])
                 .collect(),
+        }
+    }
+}
+
+/// `[lease]`: what each task is given of its own, so that parallel tasks do not collide on
+/// what is not a file: a block of free ports, a Compose project name, and names for what a
+/// project names per environment (a database, a queue prefix).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSettings {
+    /// How many ports each task gets (`CREW_PORT` … `CREW_PORT` + this − 1); 0: none.
+    pub ports: u16,
+    /// The ports leases are taken from, both ends included.
+    pub port_range: [u16; 2],
+    /// Variables each set to the task's own name (`crew_<run>_<task>`, lowercase letters,
+    /// digits and `_`): `["DATABASE_NAME", "QUEUE_PREFIX"]`.
+    pub names: Vec<String>,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            ports: 4,
+            port_range: [20000, 29999],
+            names: Vec::new(),
         }
     }
 }

@@ -62,6 +62,8 @@ pub(super) struct RunContext {
     /// The branches (and tips) that hold the work placed tasks sent back, by task: their
     /// teardown (of a scratch directory here) reports them.
     landed: Mutex<HashMap<TaskId, (String, String)>>,
+    /// Each started task's lease (`[lease]`), released when it ends.
+    leases: Mutex<HashMap<TaskId, crew_core::model::LeaseRecord>>,
     /// Held while a task's teardown is recorded and the other branches are read for the
     /// radar: of two tasks ending at once, the second always sees the first's branch.
     radar: tokio::sync::Mutex<()>,
@@ -175,6 +177,7 @@ impl RunContext {
             release,
             saved: Mutex::default(),
             landed: Mutex::default(),
+            leases: Mutex::default(),
             radar: tokio::sync::Mutex::default(),
         }
     }
@@ -425,7 +428,17 @@ impl RunContext {
                     })
                     .collect(),
             },
-            workspace_env: workspace_env(workspace),
+            workspace_env: workspace_env(workspace)
+                .into_iter()
+                .chain(
+                    self.leases
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .get(&task.id)
+                        .map(crew_core::model::LeaseRecord::vars)
+                        .unwrap_or_default(),
+                )
+                .collect(),
             session_id: task.session_id.clone(),
             session_cost: task.usage.and_then(|usage| usage.cost_usd),
             parent: task.parent.clone(),
@@ -573,6 +586,13 @@ impl RunContext {
             )
             .await;
         }
+        if definition.is_ok()
+            && let Err(reason) = self.lease(task).await
+        {
+            self.record_status(&task.id, TaskStatus::Failed, Some(reason))
+                .await;
+            return None;
+        }
         let prepared = match definition {
             Ok(definition) => self
                 .allocate(task)
@@ -583,10 +603,56 @@ impl RunContext {
         match prepared {
             Ok(prepared) => Some(prepared),
             Err(error) => {
+                self.release_lease(&task.id);
                 self.record_status(&task.id, TaskStatus::Failed, Some(error.reason()))
                     .await;
                 None
             }
+        }
+    }
+
+    /// Takes `task`'s lease (its record's ports again on a resume, where free) and records it.
+    async fn lease(&self, task: &TaskRecord) -> Result<(), String> {
+        let settings = self.runner.config.lease.clone();
+        let (run, id, earlier) = (
+            self.run_id.to_string(),
+            task.id.to_string(),
+            task.lease.clone(),
+        );
+        let lease = blocking(move || match crate::lease::Leases::of_user() {
+            Some(leases) => leases.acquire(&settings, &run, &id, earlier.as_ref()),
+            // No state directory to record leases in: a name, no ports.
+            None => Ok(crew_core::model::LeaseRecord {
+                port: None,
+                ports: 0,
+                name: crew_core::model::LeaseRecord::name_of(&run, &id),
+                names: settings.names.clone(),
+            }),
+        })
+        .await
+        .map_err(|reason| format!("its lease: {reason}"))?;
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(task.id.clone(), lease.clone());
+        let task_id = task.id.clone();
+        self.save(&format!("task {task_id}'s lease"), move |manifest| {
+            manifest.task_mut(&task_id)?.lease = Some(lease);
+            Ok(())
+        })
+        .await;
+        Ok(())
+    }
+
+    /// Releases the ports of `task`'s lease: it ended.
+    fn release_lease(&self, task: &TaskId) {
+        let lease = self
+            .leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(task);
+        if let (Some(lease), Some(leases)) = (lease, crate::lease::Leases::of_user()) {
+            leases.release(&lease);
         }
     }
 
@@ -1441,6 +1507,11 @@ impl RunContext {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .push(format!("{task_id} in {saved_at}"));
+        }
+        // Ended, it lets go of its ports; a task kept for a resume keeps them (its host's
+        // lease files name a host that will be gone, and a resume takes them again).
+        if finish.is_some() {
+            self.release_lease(task_id);
         }
         let task = task_id.clone();
         let radar_turn = self.radar.lock().await;

@@ -1,0 +1,156 @@
+//! A task's lease (`[lease]`): its own ports, Compose project name and names, so that tasks of
+//! one run start the project's servers at once without colliding (README, "Each task's own
+//! ports and names").
+
+use crew_tests::{TestEnv, render_output, wait_until, write};
+
+use crate::common::runs::{manifest, run_ids, task};
+
+/// The first port of a range below the kernel's ephemeral ports (where no other test's
+/// connection lands meanwhile), held by another program (a listener of the test's): a lease
+/// never includes it.
+fn range_with_a_held_port() -> (std::net::TcpListener, u16) {
+    let mut port = 20000 + (std::process::id() * 7919 + rand_offset()) % 9000;
+    loop {
+        if let Ok(held) = std::net::TcpListener::bind(("0.0.0.0", port as u16)) {
+            return (held, port as u16);
+        }
+        port = 20000 + (port - 20000 + 97) % 9000;
+    }
+}
+
+/// A different place for each test that asks, within one test process.
+fn rand_offset() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    NEXT.fetch_add(1009, std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn three_tasks_start_servers_on_their_own_ports_at_once() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (held, first) = range_with_a_held_port();
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!(
+            "[lease]\nports = 2\nport_range = [{first}, {}]\nnames = [\"DATABASE_NAME\"]\n",
+            first + 15
+        ),
+    );
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "lease"]);
+    // Each serves on its first port and holds it while the others start theirs.
+    let server = "python3 -c \"import os, socket, time; s = socket.socket(); s.bind(('0.0.0.0', int(os.environ['CREW_PORT']))); s.listen(); print('serving', os.environ['CREW_PORT'], os.environ['CREW_PORTS'], os.environ['COMPOSE_PROJECT_NAME'], os.environ['DATABASE_NAME']); time.sleep(1.5)\"";
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--max-parallel",
+            "3",
+            "--task",
+            &format!("a={server}"),
+            "--task",
+            &format!("b={server}"),
+            "--task",
+            &format!("c={server}"),
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let run_id = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run_id);
+    let mut ports = Vec::new();
+    let mut names = Vec::new();
+    for id in ["a", "b", "c"] {
+        let record = task(&recorded, id);
+        let lease = &record["lease"];
+        let port = lease["port"].as_u64().unwrap() as u16;
+        assert_eq!(lease["ports"], 2, "{record:#}");
+        assert!(
+            (first..=first + 15).contains(&port) && !(port..port + 2).contains(&first),
+            "{first}: {lease}"
+        );
+        let log = std::fs::read_to_string(
+            repo.join(format!(".crew/state/runs/{run_id}/tasks/{id}/output.log")),
+        )
+        .unwrap();
+        let name = lease["name"].as_str().unwrap().to_owned();
+        assert!(
+            log.contains(&format!("serving {port} 2 {name} {name}")),
+            "{log}"
+        );
+        ports.push(port);
+        names.push(name);
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    names.dedup();
+    assert_eq!((ports.len(), names.len()), (3, 3), "{recorded:#}");
+    // Released when they ended: the next run can take them again.
+    let leases = env.home().join(".local/state/crew/leases");
+    let left: Vec<_> = std::fs::read_dir(&leases)
+        .map(|dir| dir.flatten().map(|entry| entry.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    drop(held);
+}
+
+#[test]
+fn a_resumed_task_keeps_its_ports_and_a_bad_lease_setting_is_refused() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (_held, first) = range_with_a_held_port();
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!("[lease]\nport_range = [{first}, {}]\n", first + 63),
+    );
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "lease"]);
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--name",
+            "kept",
+            "echo port $CREW_PORT >> ports.txt; sleep 600",
+        ],
+    );
+    wait_until(30, "the agent to start", || {
+        std::fs::read_to_string(repo.join("ports.txt")).ok()
+    });
+    let stop = env.crew(&repo, ["agents", "stop", "kept:shell"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    let _ = host.wait();
+    let before = task(&manifest(&env, &repo, "kept"), "shell")["lease"].clone();
+    let mut again = env.spawn_crew(&repo, ["agents", "resume", "kept:shell"]);
+    wait_until(30, "the second start", || {
+        std::fs::read_to_string(repo.join("ports.txt"))
+            .ok()
+            .filter(|ports| ports.lines().count() == 2)
+    });
+    let ports = std::fs::read_to_string(repo.join("ports.txt")).unwrap();
+    let lines: Vec<&str> = ports.lines().collect();
+    assert_eq!(lines[0], lines[1], "{ports}");
+    assert_eq!(lines[0], format!("port {}", before["port"]), "{before}");
+    let stop = env.crew(&repo, ["agents", "stop", "kept:shell"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    let _ = again.wait();
+    // A setting that cannot be met is an error naming the key, and nothing runs.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[lease]\nport_range = [80, 70]\n",
+    );
+    let run = env.crew(&repo, ["run", "--agent", "shell", "touch ran"]);
+    assert!(!run.status.success());
+    assert!(
+        render_output(&run).contains("lease.port_range"),
+        "{}",
+        render_output(&run)
+    );
+    assert!(!repo.join("ran").exists());
+}
