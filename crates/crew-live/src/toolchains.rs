@@ -23,10 +23,13 @@ use sha2::{Digest, Sha256};
 const CACHE_VARIABLES: &[(&str, &str)] = &[
     ("npm_config_cache", "npm"),
     ("YARN_CACHE_FOLDER", "yarn"),
-    // pnpm's content-addressed store and its metadata cache (pnpm 10 and later read their
-    // settings from `pnpm_config_*`; npm would warn of an `npm_config_store_dir`).
+    // pnpm's content-addressed store and its metadata cache: pnpm 11 and later read
+    // `pnpm_config_*`, pnpm 10 `npm_config_*` (npm itself then warns of an unknown setting,
+    // which costs less than pnpm 10 making its store inside the workspace).
     ("pnpm_config_store_dir", "pnpm/store"),
     ("pnpm_config_cache_dir", "pnpm/cache"),
+    ("npm_config_store_dir", "pnpm/store"),
+    ("npm_config_cache_dir", "pnpm/cache"),
     ("PIP_CACHE_DIR", "pip"),
     ("UV_CACHE_DIR", "uv"),
     ("GOMODCACHE", "go/mod"),

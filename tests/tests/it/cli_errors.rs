@@ -258,6 +258,78 @@ fn init_writes_the_example_set_and_its_hello_team_runs() {
 }
 
 #[test]
+fn init_keeps_a_cargo_repository_s_build_output_warm_and_a_linked_target_is_refused() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join("Cargo.toml"),
+        "[package]\nname = \"app\"\nversion = \"0.1.0\"\n",
+    );
+    write(&repo.join(".gitignore"), "target/\n");
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "app"]);
+    let output = env.crew(&repo, ["init"]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let config = std::fs::read_to_string(repo.join(".crew/config.toml")).unwrap();
+    assert!(
+        config.contains("builds with Cargo") && config.contains("keep_ignored = [\"target\"]"),
+        "{config}"
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew"]);
+    // The first task's build output is there when the next task takes its recycled worktree.
+    let built = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "mkdir -p target/debug && echo built > target/debug/app",
+        ],
+    );
+    assert!(built.status.success(), "{}", render_output(&built));
+    let warm = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--name",
+            "warm",
+            "cat target/debug/app || echo cold",
+        ],
+    );
+    assert!(warm.status.success(), "{}", render_output(&warm));
+    let log =
+        std::fs::read_to_string(repo.join(".crew/state/runs/warm/tasks/shell/output.log")).unwrap();
+    assert!(log.contains("built") && !log.contains("cold"), "{log}");
+    // Linking it instead would share one target/ among tasks on different branches.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[worktree]\nlink = [\"target\"]\n",
+    );
+    let refused = env.crew(&repo, ["run", "--agent", "shell", "touch ran"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        render_output(&refused)
+    );
+    let said = render_output(&refused);
+    assert!(
+        said.contains("worktree.link") && said.contains("keep_ignored = [\"target\"]"),
+        "{said}"
+    );
+    assert!(!repo.join("ran").exists());
+}
+
+#[test]
 fn help_lists_the_commands() {
     let env = TestEnv::new();
     let output = env.crew(env.root(), ["--help"]);

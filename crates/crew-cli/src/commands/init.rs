@@ -41,6 +41,41 @@ pub const EXAMPLE_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What a repository builds with, by the file at its root that says so, and the build output
+/// a recycled worktree keeps for it (warm: the next task's first build starts from it).
+const BUILD_OUTPUTS: &[(&str, &str, &str)] = &[
+    ("Cargo.toml", "Cargo", "target"),
+    ("pyproject.toml", "Python", ".venv"),
+    ("requirements.txt", "Python", ".venv"),
+    ("next.config.js", "Next.js", ".next"),
+    ("next.config.mjs", "Next.js", ".next"),
+];
+
+/// `config.toml` with `keep_ignored` set to the build output of what the repository at `root`
+/// builds with, said in a comment; as written otherwise.
+fn warm_caches(config: &str, root: &camino::Utf8Path) -> String {
+    let mut kept: Vec<&str> = Vec::new();
+    let mut tools: Vec<&str> = Vec::new();
+    for (file, tool, output) in BUILD_OUTPUTS {
+        if root.join(file).is_file() && !kept.contains(output) {
+            kept.push(output);
+            tools.push(tool);
+        }
+    }
+    if kept.is_empty() {
+        return config.to_owned();
+    }
+    let line = format!(
+        "# This repository builds with {} (crew init saw it): its build output stays warm in\n# recycled worktrees.\nkeep_ignored = [{}]",
+        tools.join(" and "),
+        kept.iter()
+            .map(|path| format!("\"{path}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    config.replacen("keep_ignored = []      # e.g. [\"target\"]", &line, 1)
+}
+
 /// Write `.crew/` with a commented example of each configuration file.
 ///
 /// Existing files are never overwritten. The directory goes at the workspace root: the top of
@@ -64,6 +99,11 @@ pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
+        let contents = if *relative == "config.toml" {
+            warm_caches(contents, workspace.root())
+        } else {
+            (*contents).to_owned()
+        };
         std::fs::write(&path, contents)?;
         written.push(path);
     }

@@ -805,6 +805,21 @@ pub(super) fn validate_project_config(
             }
         }
     }
+    // A linked build directory is one directory for every worktree: tasks on different
+    // branches would build into it at once.
+    const BUILD_OUTPUTS: &[&str] = &["target", ".next", "dist", "build", ".venv", "__pycache__"];
+    if worktree.link_mode == super::settings::LinkMode::Symlink {
+        for entry in &worktree.link {
+            if BUILD_OUTPUTS.contains(&entry.as_str()) {
+                invalid(
+                    "worktree.link",
+                    format!(
+                        "`{entry}` is build output: linked, every worktree would share the one in your checkout, and tasks on different branches would build into it at once; keep it per worktree with `keep_ignored = [\"{entry}\"]` (warm in recycled worktrees), or set `link_mode = \"copy\"`"
+                    ),
+                );
+            }
+        }
+    }
     if let Some(setup) = &worktree.setup
         && setup.first().is_none_or(|program| program.is_empty())
     {
