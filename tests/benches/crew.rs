@@ -168,6 +168,7 @@ impl Bench {
             base: Some(self.base.clone()),
             upstream: Vec::new(),
             progress: None,
+            env: Vec::new(),
         }
     }
 
@@ -1228,6 +1229,7 @@ fn hundred_tasks(bench: &Bench) {
                         base: Some(base.clone()),
                         upstream: Vec::new(),
                         progress: None,
+                        env: Vec::new(),
                     };
                     let allocated = provider.allocate(&request).unwrap();
                     let teardown = TeardownRequest {

@@ -88,6 +88,9 @@ pub struct WorkspaceRequest {
     pub upstream: Vec<UpstreamWork>,
     /// Where to tell how far a long step has come (a checkout of many files), if anywhere.
     pub progress: Option<ProgressSink>,
+    /// Variables the worktree's setup command gets besides the host's: the task's lease
+    /// (`CREW_PORT`, `COMPOSE_PROJECT_NAME`, …), so that what setup starts is the task's own.
+    pub env: Vec<(String, String)>,
 }
 
 /// How far a long step of preparing a workspace has come.

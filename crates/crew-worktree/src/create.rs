@@ -73,6 +73,8 @@ pub struct CreateWorktree<'a> {
     pub baseline_file: Option<Utf8PathBuf>,
     /// Where to tell how the checkout moves on.
     pub progress: Option<&'a ProgressSink>,
+    /// What the setup command gets besides the host's environment (the task's lease).
+    pub env: &'a [(String, String)],
 }
 
 /// Gives the task its worktree: an existing one of the same task, or a new one on its branch.
@@ -322,7 +324,7 @@ fn finish_outside_lock(
     envsetup::link_paths(request.settings, request.repo_root, &names.root)?;
     let warnings = envsetup::copy_paths(request.settings, request.repo_root, &names.root)?;
     let dir = task_dir(&names.root, request.invocation_dir)?;
-    envsetup::run_setup(request.settings, &names.root)?;
+    envsetup::run_setup(request.settings, &names.root, request.env)?;
     let mut warnings = warnings;
     if let Some(file) = &request.baseline_file {
         let links = crate::teardown::crew_links(request.settings, request.repo_root, &names.root);

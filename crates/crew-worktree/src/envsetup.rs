@@ -133,7 +133,11 @@ const OUTPUT_TAIL: usize = 4 * 1024;
 
 /// Runs the configured setup command in `dir`, without a shell, in its own process group,
 /// killed with its group when it exceeds the timeout.
-pub fn run_setup(settings: &WorktreeSettings, dir: &Utf8Path) -> Result<(), PrepareWorktreeError> {
+pub fn run_setup(
+    settings: &WorktreeSettings,
+    dir: &Utf8Path,
+    env: &[(String, String)],
+) -> Result<(), PrepareWorktreeError> {
     let Some(argv) = &settings.setup else {
         return Ok(());
     };
@@ -152,6 +156,7 @@ pub fn run_setup(settings: &WorktreeSettings, dir: &Utf8Path) -> Result<(), Prep
     for variable in GIT_LOCATION_VARIABLES {
         command.env_remove(variable);
     }
+    command.envs(env.iter().map(|(name, value)| (name, value)));
     let mut child = command
         .spawn()
         .map_err(|source| PrepareWorktreeError::SetupSpawn {

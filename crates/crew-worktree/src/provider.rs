@@ -296,6 +296,7 @@ impl CrewWorkspaces {
             invocation_dir: &request.invocation_dir,
             baseline_file: self.baseline_file(request, repo_root),
             progress: request.progress.as_ref(),
+            env: &request.env,
         })
     }
 

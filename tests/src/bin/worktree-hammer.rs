@@ -26,6 +26,7 @@ fn request(workspace: &Workspace, run_id: &RunId, task: &str) -> WorkspaceReques
         base: None,
         upstream: Vec::new(),
         progress: None,
+        env: Vec::new(),
     }
 }
 

@@ -123,6 +123,15 @@ fn a_resumed_task_keeps_its_ports_and_a_bad_lease_setting_is_refused() {
     wait_until(30, "the agent to start", || {
         std::fs::read_to_string(repo.join("ports.txt")).ok()
     });
+    // The live agent's listing shows its lease.
+    let listed = env.crew(&repo, ["agents", "list", "--json"]);
+    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let shown = std::fs::read_to_string(repo.join("ports.txt")).unwrap();
+    assert_eq!(
+        format!("port {}\n", agents[0]["lease"]["port"]),
+        shown,
+        "{agents:#}"
+    );
     let stop = env.crew(&repo, ["agents", "stop", "kept:shell"]);
     assert!(stop.status.success(), "{}", render_output(&stop));
     let _ = host.wait();
@@ -153,4 +162,37 @@ fn a_resumed_task_keeps_its_ports_and_a_bad_lease_setting_is_refused() {
         render_output(&run)
     );
     assert!(!repo.join("ran").exists());
+}
+
+#[test]
+fn a_worktree_s_setup_command_gets_its_task_s_lease() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[worktree]\nsetup = [\"sh\", \"-c\", \"echo $CREW_PORT $COMPOSE_PROJECT_NAME > setup.txt\"]\n",
+    );
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "setup"]);
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--name",
+            "set",
+            "echo $CREW_PORT $COMPOSE_PROJECT_NAME > agent.txt; cmp setup.txt agent.txt && echo the-same-lease; cat setup.txt",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let log =
+        std::fs::read_to_string(repo.join(".crew/state/runs/set/tasks/shell/output.log")).unwrap();
+    assert!(
+        log.contains("the-same-lease") && log.contains("crew_set_shell"),
+        "{log}"
+    );
 }

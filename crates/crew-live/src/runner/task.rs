@@ -362,6 +362,13 @@ impl RunContext {
             base: self.base.clone(),
             upstream,
             progress: Some(self.progress_sink(&task.id)),
+            env: self
+                .leases
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get(&task.id)
+                .map(crew_core::model::LeaseRecord::vars)
+                .unwrap_or_default(),
         })
     }
 

@@ -51,6 +51,7 @@ impl Fixture {
             base: None,
             upstream: Vec::new(),
             progress: None,
+            env: Vec::new(),
         }
     }
 

@@ -62,6 +62,9 @@ pub struct AgentRow {
     /// its branch is there (the conflict radar).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub overlaps: Vec<crew_core::model::TaskOverlap>,
+    /// Its task's lease (`[lease]`: its ports and name), as its record holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<crew_core::model::LeaseRecord>,
 }
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
@@ -151,6 +154,7 @@ pub fn rows_of(
             activity: agent.activity,
             usage: agent.usage,
             overlaps: task.map(|task| task.overlaps.clone()).unwrap_or_default(),
+            lease: task.and_then(|task| task.lease.clone()),
             sandbox: agent.sandbox.or_else(|| {
                 task.and_then(|task| task.sandbox.as_ref())
                     .map(|sandbox| sandbox.state)
@@ -194,6 +198,7 @@ pub fn rows_of(
                 activity: None,
                 usage: task.usage,
                 overlaps: task.overlaps.clone(),
+                lease: task.lease.clone(),
             });
         }
     }
