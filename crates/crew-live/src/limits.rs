@@ -5,7 +5,8 @@
 //! - Claude Code: `Claude AI usage limit reached|<unix seconds>` (the reset after the bar), or
 //!   `You've hit your limit · resets 2am (Europe/Berlin)` (a clock time in a named zone);
 //! - Codex: `… Try again in 2 hours 5 minutes.`, `… try again at 8:40 PM.` (this machine's clock,
-//!   today) or `… Try again at Dec 3rd, 2026 8:40 PM.` (another day).
+//!   today) or `… Try again at Dec 3rd, 2026 8:40 PM.` (another day); an API's 429 it gave up on
+//!   (`exceeded retry limit, last status: 429 Too Many Requests`) names no time.
 //!
 //! A limit without any of these (an API's 429 the program gave up on) lifts by
 //! [`retry_backoff`]: crew tries again after a minute, then two, four, up to an hour.
@@ -39,6 +40,7 @@ fn read_limit(text: &str, now: jiff::Timestamp, local: &TimeZone) -> Option<Usag
         "hit your limit",
         "session limit",
         "out of extra usage",
+        "429 too many requests",
     ]
     .iter()
     .any(|phrase| lower.contains(phrase));
@@ -271,6 +273,7 @@ mod tests {
         // Words that name no time, or a zone no one knows, give no reset; the limit stays.
         for text in [
             "You've hit your usage limit. Try again later.",
+            "exceeded retry limit, last status: 429 Too Many Requests",
             "You've hit your limit · resets soon",
             "You've hit your limit · resets 2am (Nowhere/Atlantis)",
             "You've hit your limit · resets 13pm",

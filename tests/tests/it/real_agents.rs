@@ -707,6 +707,65 @@ fn codex_rate_limited_with_a_reset_retries_by_itself() {
 }
 
 #[test]
+fn codex_giving_up_on_a_429_without_a_reset_is_a_limit() {
+    let Some(project) = Project::new("codex", "codex_rate_limited_without_a_reset") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "exec",
+            json!(
+                "const r = await tools.exec_command({cmd: \"echo after the limit > notes.txt\"});\ntext(r.output);"
+            ),
+        ),
+        Reply::say("Done."),
+    ]);
+    // No `retry-after`: Codex 0.171 gives up on it at once ("exceeded retry limit, last
+    // status: 429"). That is a limit: its task names it (and with `on_limit = "pause"` crew
+    // would try again by its own backoff, a minute first).
+    model.fail_next(1, 429, None);
+    project.codex_gateway(&model);
+    let run = project.crew(&model, &["run", "--agent", "codex", "write the notes"]);
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let (_, task) = project.only_task_of("codex");
+    assert_eq!(task["status"], "failed", "{task:#}");
+    assert!(
+        task["limit"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("429 Too Many Requests")),
+        "the 429 is a limit: {task:#}"
+    );
+}
+
+#[test]
+fn gemini_cli_rate_limited_without_a_reset_backs_off_by_itself() {
+    let Some(project) = Project::new("gemini", "gemini_cli_rate_limited_without_a_reset") else {
+        return;
+    };
+    let model = ModelApi::start(vec![
+        Reply::tool(
+            "run_shell_command",
+            json!({"command": "echo after the limit > notes.txt", "description": "the notes"}),
+        ),
+        Reply::say("Done."),
+    ]);
+    model.fail_next(1, 429, None);
+    let run = project.crew(&model, &["run", "--agent", "gemini", "write the notes"]);
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of("gemini")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo.join("notes.txt")).unwrap_or_default(),
+        "after the limit\n"
+    );
+    let (_, task) = project.only_task_of("gemini");
+    assert_eq!(task["status"], "succeeded", "{task:#}");
+}
+
+#[test]
 fn gemini_cli_refused_by_the_api_fails_its_task_with_the_api_s_words() {
     let Some(project) = Project::new("gemini", "gemini_cli_refused_by_the_api") else {
         return;
