@@ -134,6 +134,9 @@ impl Block {
                 let task_id = event.agent_id().task_id().clone();
                 let line = self.line_of(&task_id);
                 match *event {
+                    // While it waits, its question is what the user needs to see, not the
+                    // lines that came with it (`crew ask` says it recorded the question).
+                    AgentEvent::Output { .. } if matches!(line.doing, Doing::Asks(_)) => return,
                     AgentEvent::Output { line: said, .. } if !said.trim().is_empty() => {
                         line.doing = Doing::Says(said);
                     }
