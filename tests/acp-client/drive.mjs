@@ -147,8 +147,15 @@ const seen = await app.connectWith(stream, async (ctx) => {
   await waitFor(a.sessionId, (u) => text(u).includes("[slow] started"));
 
   // crew's own operations, as extension methods, scoped to the session's folder.
-  const listedA = await ctx.request("_crew/agents", { sessionId: a.sessionId });
-  const idsA = listedA.agents.map((agent) => agent.task_id);
+  // The host publishes its listing a moment after an agent's first output can reach the
+  // editor: asked again until it shows, for at most 10 s.
+  let idsA = [];
+  let listedA;
+  for (let tries = 0; tries < 100 && !idsA.includes("slow"); tries++) {
+    if (tries > 0) await new Promise((resolve) => setTimeout(resolve, 100));
+    listedA = await ctx.request("_crew/agents", { sessionId: a.sessionId });
+    idsA = listedA.agents.map((agent) => agent.task_id);
+  }
   check(idsA.includes("slow"), `_crew/agents in A: ${JSON.stringify(idsA)}`);
   // The rows of `crew agents list --json`, not another shape.
   const slowRow = listedA.agents.find((agent) => agent.task_id === "slow");
