@@ -1113,30 +1113,53 @@ fn radar(bench: &Bench) {
     }
 }
 
-/// Records `count` finished one-task runs in the state of the project at `root`, as a day of
-/// `crew run --agent shell true` would leave them (through the store, without the agents).
+/// Records `count` finished one-task runs in the state of the project at `root` (through the
+/// store, without the agents), as a user's history is: worktree tasks, each leaving its branch
+/// with a commit of its own on top of HEAD, none of them merged. (A history of runs without
+/// branches hid what `crew runs list` cost a user: judging thousands of branches.)
 fn synthesize_runs(root: &Utf8Path, count: usize) {
-    use crew_core::model::{RunManifest, RunStatus, TaskRecord, TaskStatus};
+    use crew_core::model::{RunManifest, RunStatus, TaskRecord, TaskStatus, WorkspaceRecord};
+    use crew_core::provider::WorkspaceKind;
     let workspace = Workspace::at_root(root.as_std_path()).unwrap();
     let store = crew_core::StateStore::new(workspace.id(), workspace.repo_root());
     let task = TaskId::parse("shell").unwrap();
-    for _ in 0..count {
+    let mode = WorkspaceMode::Worktree;
+    let repo = git2::Repository::open(root).unwrap();
+    let head = repo.head().unwrap().peel_to_commit().unwrap();
+    let signature = git2::Signature::now("crew", "crew@example.com").unwrap();
+    for number in 0..count {
         let run = store
             .create_run(|run_id| {
                 RunManifest::new(
                     run_id,
                     workspace.id().clone(),
-                    WorkspaceMode::Single,
+                    mode,
                     vec![TaskRecord::new(
                         task.clone(),
                         "shell".into(),
                         "true".into(),
                         vec![],
-                        WorkspaceMode::Single,
+                        mode,
                     )],
                 )
             })
             .unwrap();
+        let branch = {
+            let name = format!("crew/{}-{task}", run.run_id);
+            let blob = repo
+                .blob(format!("the work of run {number}\n").as_bytes())
+                .unwrap();
+            let mut tree = repo.treebuilder(Some(&head.tree().unwrap())).unwrap();
+            tree.insert(format!("history-{number}.txt"), blob, 0o100_644)
+                .unwrap();
+            let tree = repo.find_tree(tree.write().unwrap()).unwrap();
+            let commit = repo
+                .commit(None, &signature, &signature, "work", &tree, &[&head])
+                .unwrap();
+            repo.branch(&name, &repo.find_commit(commit).unwrap(), false)
+                .unwrap();
+            name
+        };
         store
             .update_run(&run.run_id, |manifest| {
                 for status in [
@@ -1146,6 +1169,21 @@ fn synthesize_runs(root: &Utf8Path, count: usize) {
                 ] {
                     manifest.set_task_status(&task, status)?;
                 }
+                let dir = root
+                    .join(".worktrees")
+                    .join(run.run_id.as_str())
+                    .join("shell");
+                manifest.task_mut(&task)?.workspace = Some(WorkspaceRecord {
+                    kind: WorkspaceKind::Worktree,
+                    root: dir.clone(),
+                    dir,
+                    branch: Some(branch.clone()),
+                    base_commit: Some(head.id().to_string()),
+                    reused: false,
+                    identity: None,
+                    writable: Vec::new(),
+                    read_only: Vec::new(),
+                });
                 manifest.set_status(RunStatus::Completed)
             })
             .unwrap();
@@ -1562,6 +1600,7 @@ fn history(bench: &Bench) {
             "[retention]\nautomatic = false\n",
         )
         .unwrap();
+        // As a user's history is: worktree tasks whose branches hold their work.
         synthesize_runs(&project, runs);
         project
     };

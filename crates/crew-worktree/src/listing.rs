@@ -151,8 +151,13 @@ impl<'a> KnownTasks<'a> {
 
     /// The task's state, `None` when its run is not recorded (or cannot be read).
     fn get(&mut self, run_id: &RunId, task_id: &TaskId) -> Option<TaskInfo> {
+        self.of_run(run_id).get(task_id).copied()
+    }
+
+    /// The run's tasks (none when it is not recorded, or cannot be read).
+    fn of_run(&mut self, run_id: &RunId) -> &HashMap<TaskId, TaskInfo> {
         let store = self.store;
-        let tasks = self.runs.entry(run_id.clone()).or_insert_with(|| {
+        self.runs.entry(run_id.clone()).or_insert_with(|| {
             let Ok(manifest) = store.read_run(run_id) else {
                 return HashMap::new();
             };
@@ -172,8 +177,7 @@ impl<'a> KnownTasks<'a> {
                     (task.id.clone(), info)
                 })
                 .collect()
-        });
-        tasks.get(task_id).copied()
+        })
     }
 }
 
@@ -207,12 +211,25 @@ pub fn mark_interrupted(
     Ok(marked)
 }
 
-/// Lists crew's worktrees and task branches of the repository holding the workspace of
-/// `store`.
+/// Which task branches a listing reads and judges (whether their work is merged costs a merge
+/// of trees each, and a project's history may hold thousands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchScope<'a> {
+    /// None: worktrees only.
+    None,
+    /// The branches of these runs.
+    OfRuns(&'a [RunId]),
+    /// Every task branch.
+    All,
+}
+
+/// Lists crew's worktrees and, as far as `scope` says, the task branches of the repository
+/// holding the workspace of `store`.
 pub fn list(
     repo_root: &Utf8Path,
     settings: &WorktreeSettings,
     store: &StateStore,
+    scope: BranchScope<'_>,
 ) -> Result<WorktreeListing, ListWorktreesError> {
     let repo = leader::open(Some(repo_root), repo_root)?;
     let common = leader::common_dir(&repo);
@@ -289,41 +306,73 @@ pub fn list(
 
     let head = repo.head().ok().and_then(|head| head.target());
     let mut branches = Vec::new();
-    if let Ok(all) = repo.branches(Some(BranchType::Local)) {
-        for (branch, _) in all.flatten() {
-            let Some(name) = branch.name().ok().flatten().map(str::to_owned) else {
-                continue;
-            };
-            if !name.starts_with(&format!("{}/", settings.branch_prefix)) {
-                continue;
+    // Each task branch under crew's prefix, by name with its tip: for a few runs, looked up by
+    // the names their tasks give (no other branch is read); else every local branch.
+    let mut candidates: Vec<(String, Oid)> = Vec::new();
+    match scope {
+        BranchScope::None => {}
+        BranchScope::OfRuns(wanted) => {
+            for run_id in wanted {
+                let task_ids: Vec<TaskId> = tasks.of_run(run_id).keys().cloned().collect();
+                for task_id in task_ids {
+                    let name = TaskNames::new(repo_root, settings, run_id, &task_id).branch;
+                    if let Some(tip) = repo
+                        .find_reference(&format!("refs/heads/{name}"))
+                        .ok()
+                        .and_then(|reference| reference.target())
+                    {
+                        candidates.push((name, tip));
+                    }
+                }
             }
-            let runs = runs.get_or_insert_with(|| store.run_ids().unwrap_or_default());
-            let Some((run_id, task_id)) = parse_task_branch(settings, &name, runs) else {
-                continue;
-            };
-            let Some(tip) = branch.get().target() else {
-                continue;
-            };
-            let checked_out = entries
-                .iter()
-                .any(|entry| entry.branch.as_deref() == Some(name.as_str()));
-            // A worktree still holding uncommitted work on the branch (or whose status cannot
-            // be read): never merged. One whose directory is gone holds nothing.
-            let unsaved = found.values().any(|worktree| {
-                worktree.branch.as_deref() == Some(name.as_str())
-                    && worktree.state != WorktreeState::MissingDirectory
-                    && worktree.uncommitted != Some(0)
-            });
-            let merged = !unsaved && head.is_some_and(|head| is_merged(&repo, head, tip));
-            branches.push(TaskBranch {
-                name,
-                run_id,
-                task_id,
-                tip: tip.to_string(),
-                merged,
-                checked_out,
-            });
         }
+        BranchScope::All => {
+            let all = repo.branches(Some(BranchType::Local));
+            for (branch, _) in all.into_iter().flatten().flatten() {
+                if let (Ok(Some(name)), Some(tip)) = (branch.name(), branch.get().target())
+                    && name.starts_with(&format!("{}/", settings.branch_prefix))
+                {
+                    candidates.push((name.to_owned(), tip));
+                }
+            }
+        }
+    }
+    candidates.sort();
+    candidates.dedup();
+    for (name, tip) in candidates {
+        // Among the runs asked for; or (every branch) the runs' names, listed once.
+        let runs: &[RunId] = match scope {
+            BranchScope::OfRuns(wanted) => wanted,
+            _ => runs.get_or_insert_with(|| store.run_ids().unwrap_or_default()),
+        };
+        let Some((run_id, task_id)) = parse_task_branch(settings, &name, runs) else {
+            continue;
+        };
+        // The pattern said which run it may be; its ids say which it is.
+        if let BranchScope::OfRuns(wanted) = scope
+            && !wanted.contains(&run_id)
+        {
+            continue;
+        }
+        let checked_out = entries
+            .iter()
+            .any(|entry| entry.branch.as_deref() == Some(name.as_str()));
+        // A worktree still holding uncommitted work on the branch (or whose status cannot
+        // be read): never merged. One whose directory is gone holds nothing.
+        let unsaved = found.values().any(|worktree| {
+            worktree.branch.as_deref() == Some(name.as_str())
+                && worktree.state != WorktreeState::MissingDirectory
+                && worktree.uncommitted != Some(0)
+        });
+        let merged = !unsaved && head.is_some_and(|head| is_merged(&repo, head, tip));
+        branches.push(TaskBranch {
+            name,
+            run_id,
+            task_id,
+            tip: tip.to_string(),
+            merged,
+            checked_out,
+        });
     }
     branches.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(WorktreeListing {
@@ -334,24 +383,75 @@ pub fn list(
 }
 
 /// Whether the changes of the branch at `tip` are all in `head`: merged (`head` contains `tip`),
-/// or squashed or rebased in (merging `tip` into `head` would change nothing).
+/// or squashed or rebased in (merging `tip` into `head` would change nothing: every path the
+/// branch changed since its merge base is in `head` as the branch has it). Read only: no tree
+/// is written, and only the paths the branch changed are looked at.
 fn is_merged(repo: &Repository, head: Oid, tip: Oid) -> bool {
-    if head == tip || repo.graph_descendant_of(head, tip).unwrap_or(false) {
+    if head == tip {
         return true;
     }
-    let merged_tree = || -> Result<bool, git2::Error> {
+    let changes_in_head = || -> Result<bool, git2::Error> {
+        // One walk: `head` contains `tip` exactly when `tip` is their merge base.
         let base = repo.merge_base(head, tip)?;
-        let trees =
-            [base, head, tip].map(|id| repo.find_commit(id).and_then(|commit| commit.tree()));
-        let [base, ours, theirs] = trees;
-        let (base, ours, theirs) = (base?, ours?, theirs?);
-        let mut merged = repo.merge_trees(&base, &ours, &theirs, None)?;
-        if merged.has_conflicts() {
+        if base == tip {
+            return Ok(true);
+        }
+        let entry = |id: Oid| -> Result<Entry, git2::Error> {
+            let tree = repo.find_commit(id)?.tree_id();
+            Ok(Some((tree, i32::from(git2::FileMode::Tree))))
+        };
+        applied(repo, entry(base)?, entry(tip)?, entry(head)?)
+    };
+    changes_in_head().unwrap_or(false)
+}
+
+/// A tree entry's id and mode; `None` where there is none.
+type Entry = Option<(Oid, i32)>;
+
+/// Whether what the branch changed between `base` and `theirs` is in `ours` as `theirs` has
+/// it: subtrees are entered only where the branch changed something and `ours` differs.
+fn applied(
+    repo: &Repository,
+    base: Entry,
+    theirs: Entry,
+    ours: Entry,
+) -> Result<bool, git2::Error> {
+    if base == theirs || theirs == ours {
+        return Ok(true);
+    }
+    let tree_mode = i32::from(git2::FileMode::Tree);
+    let subtree = |entry: Entry| -> Result<Option<git2::Tree<'_>>, git2::Error> {
+        match entry {
+            Some((id, mode)) if mode == tree_mode => repo.find_tree(id).map(Some),
+            _ => Ok(None),
+        }
+    };
+    let (Some(theirs), Some(ours)) = (subtree(theirs)?, subtree(ours)?) else {
+        return Ok(false);
+    };
+    let base = subtree(base)?;
+    let child = |tree: Option<&git2::Tree<'_>>, name: &[u8]| -> Entry {
+        let entry = tree?.get_name_bytes(name)?;
+        Some((entry.id(), entry.filemode()))
+    };
+    let mut names: Vec<Vec<u8>> = theirs
+        .iter()
+        .chain(base.iter().flat_map(|base| base.iter()))
+        .map(|entry| entry.name_bytes().to_vec())
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let (base, theirs, ours) = (
+            child(base.as_ref(), &name),
+            child(Some(&theirs), &name),
+            child(Some(&ours), &name),
+        );
+        if !applied(repo, base, theirs, ours)? {
             return Ok(false);
         }
-        Ok(merged.write_tree_to(repo)? == ours.id())
-    };
-    merged_tree().unwrap_or(false)
+    }
+    Ok(true)
 }
 
 /// Removes what holds no work: admin entries of vanished directories; worktrees of finished
@@ -364,7 +464,7 @@ pub fn prune(
     store: &StateStore,
     dry_run: bool,
 ) -> Result<WorktreePruneReport, ListWorktreesError> {
-    let listing = list(repo_root, settings, store)?;
+    let listing = list(repo_root, settings, store, BranchScope::All)?;
     let repo = leader::open(Some(repo_root), repo_root)?;
     let common = leader::common_dir(&repo);
     let root = worktrees_dir(repo_root, settings);
@@ -526,4 +626,95 @@ fn count_uncommitted(
     uncommitted(&repo, path, &links)
         .ok()
         .map(|paths| paths.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A commit on `parent` (or a root commit) whose tree is `files` (path → content).
+    fn commit(repo: &Repository, parent: Option<Oid>, files: &[(&str, &str)]) -> Oid {
+        let mut index = git2::Index::new().unwrap();
+        for (path, content) in files {
+            let blob = repo.blob(content.as_bytes()).unwrap();
+            let mut entry = git2::IndexEntry {
+                ctime: git2::IndexTime::new(0, 0),
+                mtime: git2::IndexTime::new(0, 0),
+                dev: 0,
+                ino: 0,
+                mode: 0o100_644,
+                uid: 0,
+                gid: 0,
+                file_size: 0,
+                id: blob,
+                flags: 0,
+                flags_extended: 0,
+                path: path.as_bytes().to_vec(),
+            };
+            entry.flags = (path.len() as u16) & 0xfff;
+            index.add(&entry).unwrap();
+        }
+        let tree = repo.find_tree(index.write_tree_to(repo).unwrap()).unwrap();
+        let signature = git2::Signature::now("t", "t@example.com").unwrap();
+        let parents: Vec<git2::Commit<'_>> = parent
+            .map(|id| repo.find_commit(id).unwrap())
+            .into_iter()
+            .collect();
+        let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
+        repo.commit(None, &signature, &signature, "c", &tree, &parents)
+            .unwrap()
+    }
+
+    #[test]
+    fn merged_means_every_change_of_the_branch_is_in_head_as_the_branch_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let base_files = [("a/deep/x.txt", "x"), ("a/y.txt", "y"), ("z.txt", "z")];
+        let base = commit(&repo, None, &base_files);
+        // The branch changes a deep file, deletes one and adds one.
+        let tip = commit(
+            &repo,
+            Some(base),
+            &[("a/deep/x.txt", "x2"), ("z.txt", "z"), ("new/n.txt", "n")],
+        );
+        assert!(is_merged(&repo, tip, tip));
+        assert!(!is_merged(&repo, base, tip), "head has none of it");
+        // Head moved on elsewhere, then took all of the branch's changes (a squash).
+        let squashed = commit(
+            &repo,
+            Some(base),
+            &[
+                ("a/deep/x.txt", "x2"),
+                ("z.txt", "z"),
+                ("new/n.txt", "n"),
+                ("other.txt", "o"),
+            ],
+        );
+        assert!(is_merged(&repo, squashed, tip));
+        // Part of it: the deletion is missing, or a file differs.
+        let partial = commit(
+            &repo,
+            Some(base),
+            &[
+                ("a/deep/x.txt", "x2"),
+                ("a/y.txt", "y"),
+                ("z.txt", "z"),
+                ("new/n.txt", "n"),
+            ],
+        );
+        assert!(!is_merged(&repo, partial, tip));
+        let different = commit(
+            &repo,
+            Some(base),
+            &[("a/deep/x.txt", "x3"), ("z.txt", "z"), ("new/n.txt", "n")],
+        );
+        assert!(!is_merged(&repo, different, tip));
+        // What the branch did not touch may differ in head.
+        let unrelated = commit(
+            &repo,
+            Some(squashed),
+            &[("a/deep/x.txt", "x2"), ("z.txt", "z2"), ("new/n.txt", "n")],
+        );
+        assert!(is_merged(&repo, unrelated, tip));
+    }
 }

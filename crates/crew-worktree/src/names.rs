@@ -64,10 +64,15 @@ pub fn parse_task_branch(
     let rest = branch
         .strip_prefix(&settings.branch_prefix)?
         .strip_prefix('/')?;
-    let named = known.iter().find_map(|run_id| {
-        let task = rest.strip_prefix(run_id.as_str())?.strip_prefix('-')?;
-        Some((run_id.clone(), TaskId::parse(task).ok()?))
-    });
+    // Only the named runs need looking up: a generated id is split off by its shape (and a
+    // history of thousands of runs makes a scan of them all, per branch, the listing's cost).
+    let named = known
+        .iter()
+        .filter(|run_id| run_id.created_millis().is_none())
+        .find_map(|run_id| {
+            let task = rest.strip_prefix(run_id.as_str())?.strip_prefix('-')?;
+            Some((run_id.clone(), TaskId::parse(task).ok()?))
+        });
     named.or_else(|| split_run_task(rest))
 }
 

@@ -373,7 +373,6 @@ fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
 
     let list = env.crew(&repo, ["runs", "list"]);
     insta::assert_snapshot!(String::from_utf8_lossy(&list.stderr), @"warning: 5 unmerged task branch(es) — see `crew worktrees list`");
-
     let dry = env.crew(&repo, ["runs", "prune", "--dry-run"]);
     let redactor = Redactor::new(&env).literal(run.clone(), "[RUN_ID]");
     insta::assert_snapshot!(redactor.redact(&render_output(&dry)), @"
@@ -382,6 +381,27 @@ fn warnings_and_dry_runs_stay_short_and_say_what_would_happen() {
     [exit status: 0]
     ");
     assert_eq!(run_ids(&env, &repo), [run], "a dry run removes nothing");
+
+    // The branches of the runs shown are counted, not the whole history's.
+    let newer = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "echo 6 > f6.txt",
+        ],
+    );
+    assert!(newer.status.success(), "{}", render_output(&newer));
+    let newest = run_ids(&env, &repo).remove(0);
+    let list = env.crew(&repo, ["runs", "list", "--limit", "1"]);
+    let redactor = Redactor::new(&env).literal(newest, "[RUN_ID]");
+    insta::assert_snapshot!(redactor.redact(&String::from_utf8_lossy(&list.stderr)), @"
+    warning: 1 unmerged task branch(es) (crew/[RUN_ID]-shell) — see `crew worktrees list`
+    (the 1 newest of 2 runs; `--all` lists every one, `--limit N` the N newest)
+    ");
 }
 
 #[test]

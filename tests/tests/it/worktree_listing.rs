@@ -53,7 +53,7 @@ fn orphans_are_found_and_only_work_free_ones_are_pruned() {
     let vanished = fixture.allocate("vanished");
     std::fs::remove_dir_all(&vanished.root).unwrap();
 
-    let listed = listing::list(&repo_root, &settings, &store).unwrap();
+    let listed = listing::list(&repo_root, &settings, &store, listing::BranchScope::All).unwrap();
     // Clean or not, a worktree left behind is named in the start-of-run warning.
     let named: Vec<_> = listed
         .needs_attention()
@@ -156,7 +156,8 @@ fn merged_means_the_work_is_in_head_and_none_is_left_unsaved() {
     let settings = fixture.provider.settings().clone();
     let repo_root = fixture.workspace.repo_root().unwrap().to_owned();
     let merged = |name: &str| {
-        let listed = listing::list(&repo_root, &settings, &store).unwrap();
+        let listed =
+            listing::list(&repo_root, &settings, &store, listing::BranchScope::All).unwrap();
         listed
             .branches
             .iter()

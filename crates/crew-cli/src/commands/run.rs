@@ -116,7 +116,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         ));
     }
     ctx.reconcile()?;
-    crate::commands::worktrees::warn_attention(&ctx, false);
+    crate::commands::worktrees::warn_attention(&ctx, None);
     let spec = RunSpec {
         team,
         mode: args.workspace_mode,

@@ -55,11 +55,15 @@ pub struct RunRow {
 pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
-    if !args.json {
-        crate::commands::worktrees::warn_attention(&ctx, true);
-    }
     let limit = if args.all { usize::MAX } else { args.limit };
     let (listings, total) = ctx.store().list_newest_runs(limit)?;
+    if !args.json {
+        let shown: Vec<RunId> = listings
+            .iter()
+            .map(|listing| listing.run_id.clone())
+            .collect();
+        crate::commands::worktrees::warn_attention(&ctx, Some(&shown));
+    }
     let shown = listings.len();
     let mut rows = Vec::new();
     for listing in listings {

@@ -23,7 +23,7 @@ pub struct ListArgs {
 pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
-    let Some(listing) = super::listing(&ctx)? else {
+    let Some(listing) = super::listing(&ctx, crew_worktree::listing::BranchScope::All)? else {
         return Err(CliError::user(format!(
             "{} is not inside a git repository",
             ctx.workspace().root()

@@ -4,7 +4,8 @@ pub mod list;
 pub mod prune;
 pub mod refill;
 
-use crew_worktree::listing::{self, WorktreeListing};
+use crew_core::RunId;
+use crew_worktree::listing::{self, BranchScope, WorktreeListing};
 
 use crate::context::Context;
 use crate::ui::Ui;
@@ -32,12 +33,13 @@ pub async fn run(command: WorktreesCommand, ui: Ui) -> Result<Outcome, CliError>
     }
 }
 
-/// crew's worktrees and branches of the repository holding this workspace.
-pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
+/// crew's worktrees and, as far as `scope` says, task branches of the repository holding this
+/// workspace.
+pub fn listing(ctx: &Context, scope: BranchScope<'_>) -> Result<Option<WorktreeListing>, CliError> {
     let Some(repo_root) = ctx.workspace().repo_root() else {
         return Ok(None);
     };
-    listing::list(repo_root, &ctx.config().worktree, ctx.store())
+    listing::list(repo_root, &ctx.config().worktree, ctx.store(), scope)
         .map(Some)
         .map_err(CliError::internal)
 }
@@ -46,21 +48,19 @@ pub fn listing(ctx: &Context) -> Result<Option<WorktreeListing>, CliError> {
 const ATTENTION_NAMES: usize = 3;
 
 /// The one-line warning of what needs the user: worktrees kept after their task (work that is
-/// on no branch), and, with `branches` (`crew runs list`, where runs are reviewed), task
-/// branches whose work is not merged. `crew run` names kept worktrees only: unmerged branches
-/// are what every run leaves, and saying so at each start is noise.
-pub fn warn_attention(ctx: &Context, branches: bool) {
+/// on no branch), and, with `runs` (`crew runs list`, where runs are reviewed: the runs it
+/// shows), those runs' task branches whose work is not merged. `crew run` names kept worktrees
+/// only: unmerged branches are what every run leaves, and saying so at each start is noise.
+/// Only the branches of the runs shown are judged, so that a long history costs nothing here.
+pub fn warn_attention(ctx: &Context, runs: Option<&[RunId]>) {
     if ctx.ui.quiet {
         return;
     }
-    let Ok(Some(listing)) = listing(ctx) else {
+    let scope = runs.map_or(BranchScope::None, BranchScope::OfRuns);
+    let Ok(Some(listing)) = listing(ctx, scope) else {
         return;
     };
-    let (worktrees, mut unmerged) = listing.needs_attention();
-    if !branches {
-        unmerged.clear();
-    }
-    let branches = unmerged;
+    let (worktrees, branches) = listing.needs_attention();
     if worktrees.is_empty() && branches.is_empty() {
         return;
     }
