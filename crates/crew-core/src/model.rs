@@ -427,6 +427,7 @@ impl WorkspaceRecord {
             identity: self.identity,
             writable: self.writable.clone(),
             read_only: self.read_only.clone(),
+            private: Vec::new(),
         }
     }
 }
@@ -479,6 +480,10 @@ pub struct SandboxRecord {
     /// project's `.crew/` and git's `config`, `hooks/`, `info/`, `packed-refs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<Utf8PathBuf>,
+    /// What it saw a private view of, its changes kept apart (`single` mode: the repository's
+    /// git directory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub private: Vec<Utf8PathBuf>,
     /// What its definition's `[sandbox.confined]` gave the program because crew confined it
     /// (its own sandbox or permission prompts standing down): arguments, then `NAME=value`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -193,10 +193,31 @@ pub struct TaskWorkspace {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub writable: Vec<Utf8PathBuf>,
     /// Beneath `root`, what the agent may not write all the same (in `single` mode, where the
-    /// workspace is the project: `.crew/` and git's `config`, `hooks/`, `info/`,
-    /// `packed-refs`). The sandbox mounts these read-only for the agent.
+    /// workspace is the project: `.crew/`, crew's worktrees, and git's `config`, `hooks/`,
+    /// `info/`, `packed-refs`, `worktrees/`). The sandbox mounts these read-only for the agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<Utf8PathBuf>,
+    /// Directories the agent gets a private view of (in `single` mode, the repository's git
+    /// directory): where the kernel lets it, the sandbox lays an overlay over each, so that the
+    /// agent reads them as they are and its changes go to a directory of crew's, never into
+    /// them; the provider takes what it may of those changes when the task ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub private: Vec<PrivateView>,
+}
+
+/// A directory an agent sees as its own copy (see [`TaskWorkspace::private`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrivateView {
+    /// The directory the agent sees.
+    pub target: Utf8PathBuf,
+    /// Where its changes go (the overlay's upper layer), a directory of crew's.
+    pub upper: Utf8PathBuf,
+    /// The overlay's scratch directory, on the same file system as `upper`.
+    pub work: Utf8PathBuf,
+    /// Beneath `target`, what is mounted read-only in its place where the view cannot be
+    /// laid (the agent then writes `target` itself): what the view makes harmless to write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only_without: Vec<Utf8PathBuf>,
 }
 
 /// Why a provider could not give a task its workspace.

@@ -29,6 +29,7 @@ use std::sync::OnceLock;
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::{HostList, NetworkMode, SandboxMode};
 use crew_core::model::{SandboxRecord, SandboxState};
+use crew_core::provider::PrivateView;
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
     RulesetCreatedAttr, Scope,
@@ -63,6 +64,10 @@ pub struct SandboxPlan {
     /// and mount namespace of the agent's own, where the kernel has them (Landlock alone
     /// cannot carve a read-only place out of a writable one).
     pub read_only: Vec<Utf8PathBuf>,
+    /// Directories it gets a private view of: an overlay in its namespace, where the kernel
+    /// has them, whose changes go to crew's directory (see [`PrivateView`]). Each is writable
+    /// to it then (the view, not the directory).
+    pub private: Vec<PrivateView>,
     /// What it reaches of the network (the narrower of the project's and its definition's).
     pub network: NetworkMode,
     /// With `proxy`, the lists of hosts that apply besides its definition's (the project's):
@@ -77,6 +82,7 @@ impl SandboxPlan {
             mode: SandboxMode::Enforce,
             write: vec![dir.into()],
             read_only: Vec::new(),
+            private: Vec::new(),
             network: NetworkMode::Open,
             hosts: Vec::new(),
         }
@@ -108,7 +114,9 @@ const PLAN_PROXY: u8 = 4;
 /// ruleset (which then forbids changing mounts, so the agent cannot undo it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Namespace {
-    /// Bound onto themselves read-only.
+    /// Overlaid first, each with its changes going to crew's directory.
+    pub private: Vec<PrivateView>,
+    /// Bound onto themselves read-only (after the overlays, so beneath one too).
     pub read_only: Vec<Utf8PathBuf>,
     /// A private instance of the terminal devices mounted over `/dev/pts`, its `ptmx` over
     /// `/dev/ptmx`: the agent's programs get pseudo-terminals of their own (a shell tool's
@@ -126,8 +134,10 @@ pub struct Namespace {
 impl Namespace {
     /// The plan as the agent's process reads it between fork and exec: a byte of flags
     /// ([`PLAN_TERMINALS`], [`PLAN_NO_NETWORK`]); with terminals, the write rights of a
-    /// directory and of a file as the ruleset handles them, eight bytes each; then each
-    /// read-only path ended by a NUL.
+    /// directory and of a file as the ruleset handles them, eight bytes each; then entries of
+    /// a kind byte and a path (or an overlay's options) ended by a NUL: each overlay (`o` its
+    /// target, `O` its options), each read-only path (`r`), each hidden directory (`d`) and
+    /// file (`f`).
     pub(crate) fn encode(&self) -> std::io::Result<Vec<u8>> {
         let mut flags = 0;
         if self.terminals {
@@ -147,27 +157,71 @@ impl Namespace {
             plan.extend_from_slice(&handled.bits().to_le_bytes());
             plan.extend_from_slice(&file.bits().to_le_bytes());
         }
-        let entries = self
-            .read_only
-            .iter()
-            .map(|path| (b'r', path))
-            .chain(self.hidden.iter().map(|hidden| match hidden {
-                Hidden::Directory(path) => (b'd', path),
-                Hidden::File(path) => (b'f', path),
-            }));
+        let overlays = self.private.iter().flat_map(|view| {
+            [
+                (b'o', view.target.to_string()),
+                (b'O', overlay_options(view).unwrap_or_default()),
+            ]
+        });
+        let entries = overlays.chain(
+            self.read_only
+                .iter()
+                .map(|path| (b'r', path.to_string()))
+                .chain(self.hidden.iter().map(|hidden| match hidden {
+                    Hidden::Directory(path) => (b'd', path.to_string()),
+                    Hidden::File(path) => (b'f', path.to_string()),
+                })),
+        );
         for (kind, path) in entries {
-            if path.as_str().contains('\0') {
+            if path.is_empty() || path.contains('\0') {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!("{path} cannot be mounted over"),
                 ));
             }
             plan.push(kind);
-            plan.extend_from_slice(path.as_str().as_bytes());
+            plan.extend_from_slice(path.as_bytes());
             plan.push(0);
         }
         Ok(plan)
     }
+}
+
+/// The mount options of an overlay giving a private view of `view.target` (its changes in
+/// `view.upper`); `None` where a path cannot be said in them (the options are split at `,`,
+/// and a layer's path at `:`).
+fn overlay_options(view: &PrivateView) -> Option<String> {
+    let paths = [&view.target, &view.upper, &view.work];
+    if paths
+        .iter()
+        .any(|path| path.as_str().contains([',', ':', '\\', '\0']) || !path.is_absolute())
+    {
+        return None;
+    }
+    // `userxattr`: an overlay a user namespace mounts keeps its own marks (whiteouts of what
+    // the agent removed, directories it replaced) in `user.` attributes.
+    Some(format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        view.target, view.upper, view.work
+    ))
+}
+
+/// Whether an agent's process can lay an overlay (see [`Namespace::private`]) here: asked once,
+/// with the first view an agent asks for, by a child that mounts it in a namespace of its own.
+fn overlays_work(view: &PrivateView) -> bool {
+    static WORKS: OnceLock<bool> = OnceLock::new();
+    *WORKS.get_or_init(|| {
+        let namespace = Namespace {
+            private: vec![view.clone()],
+            ..Namespace::default()
+        };
+        let Ok(plan) = namespace.encode() else {
+            return false;
+        };
+        // SAFETY: the probe only makes the namespace's system calls, on a plan made before
+        // the fork.
+        unsafe { child_succeeds(|| enter_namespace(&plan, None).is_ok()) }
+    })
 }
 
 /// A place the agent's namespace covers so that what is there cannot be reached from it.
@@ -304,6 +358,7 @@ pub(crate) fn prepare(
                 write: Vec::new(),
                 missing: Vec::new(),
                 read_only: Vec::new(),
+                private: Vec::new(),
                 stood_down: Vec::new(),
                 private_terminals: false,
                 network: NetworkMode::Open,
@@ -312,10 +367,30 @@ pub(crate) fn prepare(
             },
         });
     }
+    // A private view is the agent's to write: the overlay, never the directory beneath it
+    // (whose own inode the grant names, the overlay's mount point).
+    let private: Vec<PrivateView> = if namespaces_work() {
+        plan.private
+            .iter()
+            .filter(|view| {
+                overlay_options(view).is_some()
+                    && open_beneath(&view.target).is_some()
+                    && overlays_work(view)
+            })
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut write: Vec<Utf8PathBuf> = Vec::new();
     let mut missing = Vec::new();
     let mut opened = Vec::new();
-    for path in plan.write.iter().chain(extra) {
+    for path in plan
+        .write
+        .iter()
+        .chain(extra)
+        .chain(private.iter().map(|view| &view.target))
+    {
         if write.contains(path) || missing.contains(path) {
             continue;
         }
@@ -343,10 +418,20 @@ pub(crate) fn prepare(
     }
     let ruleset: Option<OwnedFd> = ruleset.into();
     // A place that is not there, or a link, is not mounted over (a mount would follow it).
+    // Where a view could not be laid, what it would have made harmless to write is kept from
+    // the agent instead.
+    let fallback: Vec<Utf8PathBuf> = plan
+        .private
+        .iter()
+        .filter(|view| !private.contains(view))
+        .flat_map(|view| view.read_only_without.iter().cloned())
+        .collect();
     let namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
+        private,
         read_only: plan
             .read_only
             .iter()
+            .chain(&fallback)
             .filter(|path| open_beneath(path).is_some())
             .cloned()
             .collect(),
@@ -387,6 +472,16 @@ pub(crate) fn prepare(
             write,
             missing,
             read_only,
+            private: namespace
+                .as_ref()
+                .map(|namespace| {
+                    namespace
+                        .private
+                        .iter()
+                        .map(|view| view.target.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
             stood_down: Vec::new(),
             private_terminals: namespace
                 .as_ref()
@@ -574,11 +669,33 @@ pub(crate) unsafe fn enter_namespace(
             userns_fd: 0,
         };
         let mut start = 0;
+        let mut overlay_target = std::ptr::null::<libc::c_char>();
         for (end, _) in paths.iter().enumerate().filter(|(_, byte)| **byte == 0) {
             let kind = paths[start];
             let path = paths.as_ptr().add(start + 1).cast::<libc::c_char>();
             start = end + 1;
             match kind {
+                b'o' => {
+                    overlay_target = path;
+                    continue;
+                }
+                // An overlay on its own lower layer: the agent reads the directory as it is,
+                // and what it changes goes to the upper layer.
+                b'O' => {
+                    if overlay_target.is_null()
+                        || libc::mount(
+                            c"crew-private".as_ptr(),
+                            overlay_target,
+                            c"overlay".as_ptr(),
+                            libc::MS_NOSUID | libc::MS_NODEV,
+                            path.cast(),
+                        ) != 0
+                    {
+                        return Err(error());
+                    }
+                    overlay_target = std::ptr::null();
+                    continue;
+                }
                 // Covered: by a small empty directory of its own, or by /dev/null.
                 b'd' => {
                     if libc::mount(
@@ -998,6 +1115,7 @@ mod tests {
             mode: SandboxMode::Off,
             write: vec!["/tmp".into()],
             read_only: Vec::new(),
+            private: Vec::new(),
             network: NetworkMode::Open,
             hosts: Vec::new(),
         };

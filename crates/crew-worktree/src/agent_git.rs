@@ -383,7 +383,7 @@ impl AgentGit {
 /// Copies into `leader` every object reachable from `roots` that it lacks, from `theirs`: each
 /// written by its content, so that one whose content is not its id is refused. With `required`,
 /// an object in neither store is an error; without, it is skipped.
-fn copy_missing(
+pub(crate) fn copy_missing(
     leader: &Repository,
     theirs: &git2::Odb<'_>,
     mut todo: Vec<Oid>,

@@ -138,6 +138,7 @@ pub fn prepare_worktree(
             identity: Some(identity),
             writable: agent_writable(&common, &names.admin),
             read_only: Vec::new(),
+            private: Vec::new(),
             root: names.root,
         });
     }
@@ -158,6 +159,7 @@ pub fn prepare_worktree(
             identity: Some(identity_of(&names.root)?),
             writable: agent_writable(&common, &names.admin),
             read_only: Vec::new(),
+            private: Vec::new(),
         })
     });
     if result.is_err() {

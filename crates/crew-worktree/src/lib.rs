@@ -3,7 +3,9 @@
 //! It implements crew-core's `WorkspaceProvider` for the four modes (ARCHITECTURE.md,
 //! "Workspaces") in [`CrewWorkspaces`]:
 //!
-//! - `single`: the project root itself;
+//! - `single`: the project root itself, with a private view of its git directory
+//!   ([`private_git`]: the agent's changes go to a layer of crew's, from which only its own
+//!   branch's commits are taken back);
 //! - `worktree`: a git worktree at `<repo-root>/.worktrees/<runId>/<taskId>` on the branch
 //!   `crew/<runId>-<taskId>` ([`create`] makes it, [`teardown`] saves the work onto the branch
 //!   and removes it);
@@ -40,6 +42,7 @@ pub mod listing;
 pub mod names;
 mod passes;
 pub mod pool;
+pub mod private_git;
 pub mod provider;
 pub mod radar;
 pub mod teardown;

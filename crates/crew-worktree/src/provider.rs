@@ -20,6 +20,7 @@ use crew_core::{RunId, TaskId};
 use crate::create::{CreateWorktree, identity_of, prepare_worktree};
 use crate::error::{PrepareWorktreeError, TeardownWorktreeError};
 use crate::leader;
+use crate::private_git::PrivateGit;
 use crate::teardown::{TeardownWorktree, release_preserved, teardown_worktree};
 use crate::tripwire::Baseline;
 
@@ -347,6 +348,7 @@ impl CrewWorkspaces {
             warnings: Vec::new(),
             writable: Vec::new(),
             read_only: Vec::new(),
+            private: Vec::new(),
         })
     }
 
@@ -372,6 +374,7 @@ impl CrewWorkspaces {
             warnings: Vec::new(),
             writable: Vec::new(),
             read_only: Vec::new(),
+            private: Vec::new(),
         })
     }
 }
@@ -456,6 +459,20 @@ impl WorkspaceProvider for CrewWorkspaces {
     }
 
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
+        // A `single` task's agent works in the project, beneath which crew's worktrees live
+        // (other tasks' work, of this run or another): the directory is made now, so that it
+        // is there to be mounted read-only for it. Not fatal: a task of a run that makes
+        // worktrees made it already.
+        if request.modes.contains(&WorkspaceMode::Single)
+            && let Some(repo_root) = request.repo_root.as_deref()
+            && git2::Repository::open(repo_root).is_ok()
+        {
+            let _ = crew_core::git_exclude::ensure_excluded(
+                repo_root,
+                &crate::create::excluded_patterns(&self.settings),
+            );
+            let _ = crate::create::ensure_worktrees_dir(repo_root, &self.settings);
+        }
         if !request.modes.contains(&WorkspaceMode::Worktree) {
             return Ok(RunPlan::default());
         }
@@ -507,29 +524,7 @@ impl WorkspaceProvider for CrewWorkspaces {
         request: &WorkspaceRequest,
     ) -> Result<TaskWorkspace, AllocateWorkspaceError> {
         let result = match request.mode {
-            WorkspaceMode::Single => {
-                let base = request
-                    .repo_root
-                    .as_deref()
-                    .unwrap_or(request.workspace.as_path());
-                let dir = crew_core::paths::resolve_contained_path(base, &request.invocation_dir)
-                    .unwrap_or_else(|_| request.workspace.as_path().to_owned());
-                Ok(TaskWorkspace {
-                    kind: WorkspaceKind::Single,
-                    root: request.workspace.as_path().to_owned(),
-                    dir,
-                    branch: None,
-                    base_commit: None,
-                    reused: false,
-                    warnings: Vec::new(),
-                    identity: None,
-                    writable: Vec::new(),
-                    read_only: single_read_only(
-                        request.workspace.as_path(),
-                        request.repo_root.as_deref(),
-                    ),
-                })
-            }
+            WorkspaceMode::Single => Ok(self.allocate_single(request)),
             WorkspaceMode::Temp => self.allocate_temp(request),
             WorkspaceMode::Dedicated => self.allocate_dedicated(request),
             WorkspaceMode::Worktree => match self.allocate_worktree(request) {
@@ -586,7 +581,10 @@ impl WorkspaceProvider for CrewWorkspaces {
             ));
         }
         match workspace.kind {
-            WorkspaceKind::Single => Ok(report),
+            WorkspaceKind::Single => {
+                self.take_single(request, &mut report);
+                Ok(report)
+            }
             WorkspaceKind::Dedicated => {
                 report.preserved = Some(workspace.root.clone());
                 report.preserved_reason =
@@ -665,22 +663,112 @@ impl WorkspaceProvider for CrewWorkspaces {
     }
 }
 
-/// What an agent working in the project itself (`single`) may not write: crew's own `.crew/`
-/// (its settings, agents, teams and state) and what git runs or trusts on the user's behalf
-/// in the common git directory (`config`, `hooks/`, `info/`, `packed-refs`). Those that exist.
-fn single_read_only(project: &Utf8Path, repo_root: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
-    let mut paths = vec![project.join(crew_core::discovery::CREW_DIR)];
-    if let Some(common) = repo_root.and_then(repository_common_dir) {
-        paths.extend(
-            ["config", "hooks", "info", "packed-refs"]
-                .iter()
-                .map(|name| common.join(name)),
-        );
+impl CrewWorkspaces {
+    /// A `single` task's workspace: the project itself. What the agent may not write there:
+    /// crew's own `.crew/` (its settings, agents, teams and state), crew's worktrees (other
+    /// tasks' work, the pool), and what git runs or trusts on the user's behalf in the common
+    /// git directory (`config`, `hooks/`, `info/`, `packed-refs`, and other worktrees' admin
+    /// entries): those that exist, mounted read-only for it. And the git directory itself is
+    /// a private view of its own (see [`crate::private_git`]).
+    fn allocate_single(&self, request: &WorkspaceRequest) -> TaskWorkspace {
+        let project = request.workspace.as_path();
+        let base = request.repo_root.as_deref().unwrap_or(project);
+        let dir = crew_core::paths::resolve_contained_path(base, &request.invocation_dir)
+            .unwrap_or_else(|_| project.to_owned());
+        let mut read_only = vec![project.join(crew_core::discovery::CREW_DIR)];
+        let mut private = Vec::new();
+        let mut warnings = Vec::new();
+        let repository = request
+            .repo_root
+            .as_deref()
+            .and_then(|repo_root| Some((repo_root, git2::Repository::open(repo_root).ok()?)));
+        if let Some((repo_root, repo)) = repository {
+            let common = leader::common_dir(&repo);
+            // Even in the agent's private view: what it would plant there is never the user's,
+            // but a program that writes its settings there (aider its identity) learns at once
+            // that it may not, rather than at the task's end as a finding.
+            read_only.extend(["config", "hooks"].iter().map(|name| common.join(name)));
+            read_only.push(crate::names::worktrees_dir(repo_root, &self.settings));
+            let git_dir = Utf8PathBuf::from_path_buf(repo.path().to_owned()).ok();
+            // The main checkout's: every admin entry is another worktree's. A linked
+            // checkout's own is among them.
+            if git_dir
+                .as_deref()
+                .map(|dir| dir.as_str().trim_end_matches('/'))
+                == Some(common.as_str().trim_end_matches('/'))
+            {
+                read_only.push(common.join("worktrees"));
+            }
+            if let Some(git_dir) = git_dir {
+                let task_dir = StateStore::new(&request.workspace, Some(repo_root))
+                    .task_dir(&request.run_id, &request.task_id);
+                let view = PrivateGit::new(&common, &git_dir, &task_dir);
+                match view.arm() {
+                    Ok(()) => private.push(view.view()),
+                    Err(error) => {
+                        read_only.extend([common.join("packed-refs"), common.join("info")]);
+                        warnings.push(format!(
+                        "git: the agent's private view of {common} could not be made ({error}): it writes the repository's git directory itself"
+                    ));
+                    }
+                }
+            }
+        }
+        read_only.retain(|path| {
+            std::fs::symlink_metadata(path).is_ok_and(|metadata| !metadata.is_symlink())
+        });
+        TaskWorkspace {
+            kind: WorkspaceKind::Single,
+            root: project.to_owned(),
+            dir,
+            branch: None,
+            base_commit: None,
+            reused: false,
+            warnings,
+            identity: None,
+            writable: Vec::new(),
+            read_only,
+            private,
+        }
     }
-    paths.retain(|path| {
-        std::fs::symlink_metadata(path).is_ok_and(|metadata| !metadata.is_symlink())
-    });
-    paths
+
+    /// Takes what a `single` task's agent may give from its private view of the git directory
+    /// (see [`crate::private_git`]) into the repository; the rest is reported.
+    fn take_single(&self, request: &TeardownRequest, report: &mut TeardownReport) {
+        let Some(repo_root) = request.repo_root.as_deref() else {
+            return;
+        };
+        let store = StateStore::new(&request.workspace, Some(repo_root));
+        let task_dir = store.task_dir(&request.run_id, &request.task_id);
+        let Ok(repo) = git2::Repository::open(repo_root) else {
+            return;
+        };
+        let Some(git_dir) = Utf8PathBuf::from_path_buf(repo.path().to_owned()).ok() else {
+            return;
+        };
+        let common = leader::common_dir(&repo);
+        let view = PrivateGit::new(&common, &git_dir, &task_dir);
+        let names = crate::names::TaskNames::new(
+            repo_root,
+            &self.settings,
+            &request.run_id,
+            &request.task_id,
+        );
+        let crew_prefix = format!("refs/heads/{}/", self.settings.branch_prefix);
+        match view.take(&repo, &names.branch, &crew_prefix, &task_dir.join("tripwire")) {
+            Ok(taken) => {
+                report.security.extend(taken.findings);
+                report.warnings.extend(taken.warnings);
+                if let Some(branch) = taken.rescue_branch {
+                    report.branch = Some(branch);
+                }
+            }
+            Err(error) => report.warnings.push(format!(
+                "git: the agent's commits could not be taken from its view of the repository ({error}); they are kept in {}",
+                task_dir.join("git")
+            )),
+        }
+    }
 }
 
 /// The common git directory of the repository at `repo_root`, if there is one.

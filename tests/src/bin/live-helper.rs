@@ -304,6 +304,7 @@ fn start(args: &[String]) {
                         mode,
                         write: vec![workspace.as_path().to_owned()],
                         read_only: read_only.clone(),
+                        private: Vec::new(),
                         network,
                         hosts: Vec::new(),
                     },
@@ -405,6 +406,7 @@ fn download(args: &[String]) {
                             camino::Utf8PathBuf::from_path_buf(logs.path().to_owned()).unwrap(),
                         ],
                         read_only: Vec::new(),
+                        private: Vec::new(),
                         network: if proxied {
                             crew_core::config::NetworkMode::Proxy
                         } else {

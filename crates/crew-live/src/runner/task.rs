@@ -417,6 +417,7 @@ impl RunContext {
                     .chain(workspace.writable.iter().cloned())
                     .collect(),
                 read_only: workspace.read_only.clone(),
+                private: workspace.private.clone(),
                 network: self
                     .runner
                     .config

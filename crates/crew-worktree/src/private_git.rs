@@ -1,0 +1,787 @@
+//! A `single` task's private view of the repository's git directory (ARCHITECTURE.md, "Agents
+//! are untrusted").
+//!
+//! A `single` task works in the project itself, so its git directory is the user's: a commit
+//! needs to write objects and refs there, and the kernel's sandbox grants directories, not
+//! files, so granting what a commit needs would grant the agent the user's whole history. So
+//! the agent never writes it. Where the kernel lets it, the agent's own namespace lays an
+//! overlay over the common git directory: the agent reads the repository as it is, and every
+//! change it makes (objects, refs, reflogs, `HEAD`, the index, a planted hook in a submodule)
+//! goes to an upper layer beneath the task's state, `<task>/git/upper`. Deleting packs,
+//! rewriting an object, moving another branch or another task's saved work, expiring reflogs,
+//! `git gc --prune=now`: all of it happens in the agent's view only.
+//!
+//! When the task ends, crew takes from that layer what is the agent's to give
+//! ([`PrivateGit::take`]):
+//!
+//! - the branch the checkout was on when the task started, moved to where the agent left it,
+//!   when that only adds to it (a fast-forward of where the branch is now); when the branch
+//!   moved another way meanwhile, the agent's commits go on a branch of their own
+//!   (`crew/<run>-<task>`) and the task says so;
+//! - refs the agent made that the repository does not have (its branches, tags, a stash; none
+//!   under crew's prefix, where task branches are);
+//! - `HEAD`, when the agent switched the checkout and the user did not meanwhile; and the
+//!   index, when the user's did not change meanwhile;
+//! - the objects those need, each written into the repository by its content (one that does
+//!   not hash to its name is refused), and only those: objects the repository has are never
+//!   read from the layer;
+//! - each submodule's branch, the same way.
+//!
+//! Anything else the agent changed there (another ref moved or deleted, a config, a hook, an
+//! admin entry of another worktree) never reached the repository: each is a security finding,
+//! its version kept as evidence. Then the layer goes.
+//!
+//! Where the kernel cannot lay the overlay (no unprivileged user namespaces, or the sandbox off),
+//! the layer stays empty and the agent writes the git directory itself; the tripwire and the
+//! read-only mounts (where there are namespaces) are what holds there.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::fsutil::{read_nofollow, write_atomic};
+use crew_core::paths::remove_contained;
+use crew_core::provider::{PrivateView, SecurityFinding};
+use git2::{Oid, Repository};
+use serde::{Deserialize, Serialize};
+
+use crate::agent_git::{TakeError, copy_missing};
+
+/// Beneath the task's state directory: the view's layer, scratch and start record.
+const DIR: &str = "git";
+
+/// A `single` task's private view of the common git directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrivateGit {
+    /// The repository's common git directory.
+    common: Utf8PathBuf,
+    /// The checkout's own git directory, relative to `common` (empty for the main checkout;
+    /// `worktrees/<name>` for a linked one).
+    own: Utf8PathBuf,
+    /// `<task state>/git`.
+    dir: Utf8PathBuf,
+}
+
+/// Where the checkout stood when the task started, as crew recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Start {
+    /// Its `HEAD` as written (`ref: refs/heads/main`, or a commit id).
+    head: String,
+    /// Its index, as a file: the user's staging is theirs if this changed.
+    index: Option<FileStamp>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct FileStamp {
+    inode: u64,
+    size: u64,
+    modified_ns: i64,
+}
+
+impl FileStamp {
+    fn of(path: &Utf8Path) -> Option<Self> {
+        let metadata = std::fs::symlink_metadata(path).ok()?;
+        metadata.is_file().then(|| FileStamp {
+            inode: metadata.ino(),
+            size: metadata.size(),
+            modified_ns: metadata
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(metadata.mtime_nsec()),
+        })
+    }
+}
+
+/// What taking the agent's changes did.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// What the agent changed that never reached the repository.
+    pub findings: Vec<SecurityFinding>,
+    /// What could not be taken as it was, and where it went instead.
+    pub warnings: Vec<String>,
+    /// The branch the agent's commits went to when the checkout's branch moved meanwhile.
+    pub rescue_branch: Option<String>,
+}
+
+/// One entry of the layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layer {
+    /// A file (or a link) the agent wrote.
+    File,
+    /// What the agent removed (a whiteout: a character device 0/0).
+    Removed,
+    /// A directory the agent removed and made again: nothing beneath it in the repository
+    /// shows through.
+    Replaced,
+}
+
+/// Files git writes in a git directory for a command's own use (merges, rebases, messages):
+/// the agent's, and nothing to take.
+const TRANSIENT: &[&str] = &[
+    "ORIG_HEAD",
+    "FETCH_HEAD",
+    "MERGE_HEAD",
+    "MERGE_MSG",
+    "MERGE_MODE",
+    "MERGE_RR",
+    "MERGE_AUTOSTASH",
+    "AUTO_MERGE",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "REBASE_HEAD",
+    "COMMIT_EDITMSG",
+    "TAG_EDITMSG",
+    "SQUASH_MSG",
+    "NOTES_EDITMSG",
+    "EDIT_DESCRIPTION",
+    "BISECT_LOG",
+    "BISECT_START",
+    "BISECT_EXPECTED_REV",
+    "BISECT_ANCESTORS_OK",
+    "BISECT_NAMES",
+    "BISECT_TERMS",
+    "BISECT_RUN",
+    "gc.log",
+    "gc.pid",
+    // What `git update-server-info` (run by `git repack`) writes for dumb transports.
+    "info/refs",
+];
+/// Directories of the same kind.
+const TRANSIENT_DIRS: &[&str] = &[
+    "rebase-merge",
+    "rebase-apply",
+    "sequencer",
+    "rr-cache",
+    "lfs",
+];
+
+impl PrivateGit {
+    /// The view of the repository whose common git directory is `common`, for a checkout whose
+    /// own git directory is `git_dir`, kept beneath `task_dir` (the task's state directory).
+    pub fn new(common: &Utf8Path, git_dir: &Utf8Path, task_dir: &Utf8Path) -> Self {
+        let trim = |path: &Utf8Path| path.as_str().trim_end_matches('/').to_owned();
+        let (common_text, git_dir_text) = (trim(common), trim(git_dir));
+        let own = git_dir_text
+            .strip_prefix(&common_text)
+            .map(|rest| rest.trim_start_matches('/'))
+            .unwrap_or_default();
+        PrivateGit {
+            common: Utf8PathBuf::from(common_text.clone()),
+            own: Utf8PathBuf::from(own),
+            dir: task_dir.join(DIR),
+        }
+    }
+
+    /// The overlay the sandbox lays for the agent.
+    pub fn view(&self) -> PrivateView {
+        PrivateView {
+            target: self.common.clone(),
+            upper: self.upper(),
+            work: self.dir.join("work"),
+            // Rewritten by the agent's own `git gc` (`info/refs` too), `git branch -d` of a
+            // packed branch: its own business in its view, the user's otherwise.
+            read_only_without: vec![self.common.join("packed-refs"), self.common.join("info")],
+        }
+    }
+
+    fn upper(&self) -> Utf8PathBuf {
+        self.dir.join("upper")
+    }
+
+    fn start_file(&self) -> Utf8PathBuf {
+        self.dir.join("start.json")
+    }
+
+    /// Makes the view's directories and records where the checkout stands, unless the task
+    /// already has a view (taken up again after its host died: what its agent changed is still
+    /// to be taken, and where it started still counts).
+    pub fn arm(&self) -> std::io::Result<()> {
+        if self.start_file().is_file() && self.upper().is_dir() {
+            return Ok(());
+        }
+        let view = self.view();
+        std::fs::create_dir_all(&view.upper)?;
+        std::fs::create_dir_all(&view.work)?;
+        let own = self.common.join(&self.own);
+        let head = read_nofollow(&own.join("HEAD")).map_err(std::io::Error::other)?;
+        let start = Start {
+            head: String::from_utf8_lossy(&head).into_owned(),
+            index: FileStamp::of(&own.join("index")),
+        };
+        let json = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
+        write_atomic(&self.start_file(), &json).map_err(std::io::Error::other)
+    }
+
+    /// Takes from the agent's layer what is its to give (see the module's doc), reports the
+    /// rest, keeping each such file in `evidence`, and removes the view. `rescue` is the branch
+    /// the agent's commits go to when the checkout's branch moved another way meanwhile;
+    /// `crew_prefix` (`refs/heads/crew/`) is where an agent may make no branch.
+    pub fn take(
+        &self,
+        repo: &Repository,
+        rescue: &str,
+        crew_prefix: &str,
+        evidence: &Utf8Path,
+    ) -> Result<Taken, TakeError> {
+        let mut taken = Taken::default();
+        let upper = self.upper();
+        if upper.is_dir() {
+            let start: Option<Start> = read_nofollow(&self.start_file())
+                .ok()
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            let scratch = self.dir.join("objects");
+            let mut context = Taking {
+                rescue,
+                crew_prefix,
+                evidence,
+                scratch: &scratch,
+                taken: &mut taken,
+            };
+            context.git_dir(
+                repo,
+                &self.common,
+                &upper,
+                &self.own,
+                start.as_ref(),
+                Utf8Path::new(""),
+            )?;
+            for module in module_dirs(&self.common, &upper) {
+                let Ok(module_repo) = Repository::open_bare(self.common.join(&module)) else {
+                    continue;
+                };
+                context.git_dir(
+                    &module_repo,
+                    &self.common.join(&module),
+                    &upper.join(&module),
+                    Utf8Path::new(""),
+                    None,
+                    &module,
+                )?;
+            }
+        }
+        self.remove();
+        Ok(taken)
+    }
+
+    /// Removes the view's directories (the overlay's scratch directory is made unreadable by
+    /// the kernel: opened again first).
+    pub fn remove(&self) {
+        let inner = self.dir.join("work/work");
+        if std::fs::symlink_metadata(&inner).is_ok_and(|metadata| metadata.is_dir()) {
+            let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+        }
+        if let Some(parent) = self.dir.parent() {
+            let _ = remove_contained(&self.dir, &[parent]);
+        }
+    }
+}
+
+/// The submodules' git directories the agent changed something in (`modules/<name>`, nested
+/// ones too), relative to the common git directory: those the repository has.
+fn module_dirs(common: &Utf8Path, upper: &Utf8Path) -> Vec<Utf8PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![Utf8PathBuf::from("modules")];
+    while let Some(current) = stack.pop() {
+        let Ok(entries) = upper.join(&current).read_dir_utf8() else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                continue;
+            }
+            let relative = current.join(entry.file_name());
+            if common.join(&relative).join("HEAD").is_file() {
+                stack.push(relative.join("modules"));
+                found.push(relative);
+            } else {
+                stack.push(relative);
+            }
+        }
+    }
+    found
+}
+
+/// One teardown's taking, across the common git directory and its submodules'.
+struct Taking<'a> {
+    rescue: &'a str,
+    crew_prefix: &'a str,
+    evidence: &'a Utf8Path,
+    scratch: &'a Utf8Path,
+    taken: &'a mut Taken,
+}
+
+impl Taking<'_> {
+    /// Takes what it may of one git directory's layer (`upper`, over `real`): `own` is the
+    /// checkout's own git directory beneath it, `start` where it stood (the common directory's
+    /// only), `shown` its path relative to the common git directory, for what is said.
+    fn git_dir(
+        &mut self,
+        repo: &Repository,
+        real: &Utf8Path,
+        upper: &Utf8Path,
+        own: &Utf8Path,
+        start: Option<&Start>,
+        shown: &Utf8Path,
+    ) -> Result<(), TakeError> {
+        let mut reported = Vec::new();
+        let mut head = None;
+        let mut index = None;
+        for (relative, layer) in layer_entries(upper) {
+            let within_own = if own.as_str().is_empty() {
+                Some(relative.as_path())
+            } else {
+                relative.strip_prefix(own).ok()
+            };
+            let first = relative.components().next().map(|part| part.as_str());
+            match (first, within_own.map(Utf8Path::as_str)) {
+                (_, Some("HEAD")) if layer == Layer::File => head = Some(upper.join(&relative)),
+                (_, Some("index")) if layer == Layer::File => index = Some(upper.join(&relative)),
+                (_, Some(name)) if is_transient(name) => {}
+                (Some("objects" | "logs"), _) | (Some("modules"), _) => {}
+                (Some("refs"), _) | (_, Some("packed-refs")) => {}
+                _ if relative.as_str().ends_with(".lock") => {}
+                _ => reported.push((relative, layer)),
+            }
+        }
+
+        let branch = start
+            .map(|start| start.head.clone())
+            .or_else(|| {
+                read_nofollow(&real.join(own).join("HEAD"))
+                    .ok()
+                    .map(|head| String::from_utf8_lossy(&head).into_owned())
+            })
+            .and_then(|head| head.trim().strip_prefix("ref: ").map(str::to_owned));
+        let theirs = self.their_objects(upper)?;
+        // Every ref the agent touched, as its view has it against the repository's now: where
+        // they differ, the agent changed it (or rewrote its packed refs before the user moved
+        // one). What it did not touch is not read: a project's refs may be thousands.
+        let view = View::of(real, upper);
+        for name in view.touched() {
+            let theirs_value = view.value(&name);
+            let current = repo
+                .find_reference(&name)
+                .ok()
+                .and_then(|reference| reference.target());
+            if theirs_value == current || is_transient(&name) {
+                continue;
+            }
+            let name = &name;
+            let relative = Utf8Path::new(name.as_str());
+            match (theirs_value, current) {
+                (Some(value), _) if Some(name) == branch.as_ref() => {
+                    self.move_branch(repo, &theirs, name, current, value, shown);
+                }
+                // Its own branch, removed in its view: the repository keeps it.
+                (None, _) if Some(name) == branch.as_ref() => {}
+                (Some(value), None) if !name.starts_with(self.crew_prefix) => {
+                    let made = self.bring(repo, &theirs, value, true)
+                        && repo
+                            .reference(name, value, false, "crew: the agent's ref")
+                            .is_ok();
+                    if !made {
+                        self.report(upper, real, relative, "added");
+                    }
+                }
+                (Some(_), None) => self.report(upper, real, relative, "added"),
+                (Some(_), Some(_)) => self.report(upper, real, relative, "modified"),
+                (None, _) => self.report(upper, real, relative, "removed"),
+            }
+        }
+
+        if let (Some(start), Some(head)) = (start, &head) {
+            self.switch_head(repo, &theirs, real, own, start, head, shown);
+        } else if let Some(head) = head {
+            let ours = read_nofollow(&real.join(own).join("HEAD")).ok();
+            if read_nofollow(&head).ok() != ours {
+                self.taken.warnings.push(format!(
+                    "the agent switched {} to another commit or branch; its HEAD stays where it was",
+                    described(shown)
+                ));
+            }
+        }
+        if let (Some(start), Some(index)) = (start, index) {
+            self.take_index(repo, &theirs, real, own, start, &index);
+        }
+        for (relative, layer) in reported {
+            let change = match layer {
+                Layer::File if real.join(&relative).exists() => "modified",
+                Layer::File => "added",
+                Layer::Removed | Layer::Replaced => "removed",
+            };
+            self.report(upper, real, &relative, change);
+        }
+        Ok(())
+    }
+
+    /// The objects the agent wrote in this layer, as a store of their own: its loose objects
+    /// and packs, linked into a scratch directory (what it removed, whiteouts, left out).
+    fn their_objects(&self, upper: &Utf8Path) -> Result<git2::Odb<'static>, TakeError> {
+        let odb = git2::Odb::new()?;
+        let objects = upper.join("objects");
+        if !objects.is_dir() {
+            return Ok(odb);
+        }
+        if std::fs::symlink_metadata(self.scratch).is_ok() {
+            let _ = remove_contained(
+                self.scratch,
+                &[self.scratch.parent().unwrap_or(self.scratch)],
+            );
+        }
+        for (relative, layer) in layer_entries(&objects) {
+            let source = objects.join(&relative);
+            let is_file = std::fs::symlink_metadata(&source).is_ok_and(|m| m.is_file());
+            if layer != Layer::File || !is_file {
+                continue;
+            }
+            let target = self.scratch.join(&relative);
+            if let Some(parent) = target.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            if std::fs::hard_link(&source, &target).is_err() {
+                let _ = std::fs::copy(&source, &target);
+            }
+        }
+        std::fs::create_dir_all(self.scratch.join("pack"))
+            .map_err(|error| git2::Error::from_str(&format!("{}: {error}", self.scratch)))?;
+        odb.add_disk_alternate(self.scratch.as_str())?;
+        Ok(odb)
+    }
+
+    /// Copies what `tip` needs from the agent's objects; false when it cannot be had whole.
+    fn bring(&mut self, repo: &Repository, theirs: &git2::Odb<'_>, tip: Oid, whole: bool) -> bool {
+        copy_missing(repo, theirs, vec![tip], whole, &mut HashSet::new()).is_ok()
+    }
+
+    /// The checkout's branch, where the agent left it: moved when that only adds to it, else
+    /// its commits on a branch of their own.
+    fn move_branch(
+        &mut self,
+        repo: &Repository,
+        theirs: &git2::Odb<'_>,
+        name: &str,
+        current: Option<Oid>,
+        value: Oid,
+        shown: &Utf8Path,
+    ) {
+        if current == Some(value) {
+            return;
+        }
+        if !self.bring(repo, theirs, value, true) {
+            self.taken.warnings.push(format!(
+                "the agent left {name}{} at {value}, which its objects do not hold whole: not taken",
+                in_module(shown)
+            ));
+            return;
+        }
+        let forward =
+            current.is_none_or(|current| repo.graph_descendant_of(value, current).unwrap_or(false));
+        if forward {
+            let moved = match current {
+                Some(current) => {
+                    repo.reference_matching(name, value, true, current, "crew: the agent's commits")
+                }
+                None => repo.reference(name, value, false, "crew: the agent's commits"),
+            };
+            if moved.is_ok() {
+                return;
+            }
+        }
+        let short = name.strip_prefix("refs/heads/").unwrap_or(name);
+        let rescue = if shown.as_str().is_empty() {
+            self.rescue.to_owned()
+        } else {
+            format!("{}-{}", self.rescue, shown.as_str().replace('/', "-"))
+        };
+        if repo
+            .reference(
+                &format!("refs/heads/{rescue}"),
+                value,
+                true,
+                "crew: the agent's commits",
+            )
+            .is_ok()
+        {
+            self.taken.warnings.push(format!(
+                "{short}{} moved another way while the agent worked: its commits are on {rescue}",
+                in_module(shown)
+            ));
+            if shown.as_str().is_empty() {
+                self.taken.rescue_branch = Some(rescue);
+            }
+        }
+    }
+
+    /// The agent's `HEAD`, when it switched the checkout and nobody else did meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn switch_head(
+        &mut self,
+        repo: &Repository,
+        theirs: &git2::Odb<'_>,
+        real: &Utf8Path,
+        own: &Utf8Path,
+        start: &Start,
+        head: &Utf8Path,
+        shown: &Utf8Path,
+    ) {
+        let Ok(theirs_head) = read_nofollow(head) else {
+            return;
+        };
+        let theirs_head = String::from_utf8_lossy(&theirs_head).into_owned();
+        if theirs_head == start.head {
+            return;
+        }
+        let path = real.join(own).join("HEAD");
+        let ours = read_nofollow(&path)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default();
+        let valid = match theirs_head.trim().strip_prefix("ref: ") {
+            Some(name) => name.starts_with("refs/heads/") && repo.find_reference(name).is_ok(),
+            None => {
+                Oid::from_str(theirs_head.trim()).is_ok_and(|id| self.bring(repo, theirs, id, true))
+            }
+        };
+        if ours == start.head && valid && write_atomic(&path, theirs_head.as_bytes()).is_ok() {
+            return;
+        }
+        self.taken.warnings.push(format!(
+            "the agent left {} at `{}`; its HEAD stays at `{}`",
+            described(shown),
+            theirs_head.trim(),
+            ours.trim()
+        ));
+    }
+
+    /// The agent's index, when the checkout's own did not change meanwhile, with what it stages.
+    fn take_index(
+        &mut self,
+        repo: &Repository,
+        theirs: &git2::Odb<'_>,
+        real: &Utf8Path,
+        own: &Utf8Path,
+        start: &Start,
+        index: &Utf8Path,
+    ) {
+        let path = real.join(own).join("index");
+        if FileStamp::of(&path) != start.index {
+            self.taken.warnings.push(
+                "the checkout's index changed while the agent worked: what the agent staged stays in its files, unstaged"
+                    .to_owned(),
+            );
+            return;
+        }
+        let Ok(staged) = git2::Index::open(index.as_std_path()) else {
+            return;
+        };
+        let ids = staged
+            .iter()
+            .filter(|entry| entry.mode != 0o160_000)
+            .map(|entry| entry.id)
+            .collect();
+        let _ = copy_missing(repo, theirs, ids, false, &mut HashSet::new());
+        if let Ok(bytes) = read_nofollow(index) {
+            let _ = write_atomic(&path, &bytes);
+        }
+    }
+
+    /// A change of the agent's that never reached the repository: reported, and its version
+    /// kept in the evidence directory.
+    fn report(&mut self, upper: &Utf8Path, real: &Utf8Path, relative: &Utf8Path, change: &str) {
+        let source = upper.join(relative);
+        let kept = self
+            .evidence
+            .join(real.join(relative).as_str().trim_start_matches('/'));
+        let movable = std::fs::symlink_metadata(&source)
+            .is_ok_and(|metadata| metadata.is_file() || metadata.is_symlink());
+        let moved = movable
+            && kept
+                .parent()
+                .is_some_and(|parent| std::fs::create_dir_all(parent).is_ok())
+            && std::fs::rename(&source, &kept).is_ok();
+        let saved = moved.then_some(kept);
+        self.taken.findings.push(SecurityFinding {
+            path: real.join(relative),
+            change: change.to_owned(),
+            restored: true,
+            saved,
+            on_branch: false,
+        });
+    }
+}
+
+fn is_transient(name: &str) -> bool {
+    let first = name.split('/').next().unwrap_or(name);
+    TRANSIENT.contains(&name)
+        || TRANSIENT_DIRS.contains(&first)
+        || name.starts_with("refs/bisect/")
+        || name.starts_with("refs/worktree/")
+        || name.starts_with("logs/")
+}
+
+fn described(shown: &Utf8Path) -> String {
+    if shown.as_str().is_empty() {
+        "the checkout".to_owned()
+    } else {
+        format!("the submodule's checkout ({shown})")
+    }
+}
+
+fn in_module(shown: &Utf8Path) -> String {
+    if shown.as_str().is_empty() {
+        String::new()
+    } else {
+        format!(" (in {shown})")
+    }
+}
+
+/// The refs as the agent's view holds them: its layer's loose refs over the repository's (but
+/// those it removed, or hid by replacing a directory), over the packed refs (its layer's, once
+/// it rewrote them).
+struct View<'a> {
+    real: &'a Utf8Path,
+    upper: &'a Utf8Path,
+    layer: BTreeMap<Utf8PathBuf, Layer>,
+    packed: BTreeMap<String, Oid>,
+}
+
+impl<'a> View<'a> {
+    fn of(real: &'a Utf8Path, upper: &'a Utf8Path) -> Self {
+        let layer: BTreeMap<Utf8PathBuf, Layer> = layer_entries(upper).into_iter().collect();
+        let packed_path = Utf8Path::new("packed-refs");
+        let packed = match layer.get(packed_path) {
+            Some(Layer::File) => packed_refs(&upper.join(packed_path)),
+            Some(Layer::Removed | Layer::Replaced) => BTreeMap::new(),
+            // Not read unless the agent touched a ref.
+            None if layer.keys().any(|path| path.starts_with("refs")) => {
+                packed_refs(&real.join(packed_path))
+            }
+            None => BTreeMap::new(),
+        };
+        View {
+            real,
+            upper,
+            layer,
+            packed,
+        }
+    }
+
+    /// The refs the agent wrote, removed, or hid (beneath a directory it replaced, or in the
+    /// packed refs it rewrote).
+    fn touched(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for (path, kind) in &self.layer {
+            if !path.starts_with("refs") {
+                continue;
+            }
+            match kind {
+                Layer::File | Layer::Removed => {
+                    names.insert(path.to_string());
+                    if *kind == Layer::Removed {
+                        names.extend(self.beneath(path));
+                    }
+                }
+                Layer::Replaced => names.extend(self.beneath(path)),
+            }
+        }
+        if self.layer.contains_key(Utf8Path::new("packed-refs")) {
+            names.extend(self.packed.keys().cloned());
+            names.extend(packed_refs(&self.real.join("packed-refs")).into_keys());
+        }
+        names
+    }
+
+    /// The repository's refs beneath `path`, loose and packed.
+    fn beneath(&self, path: &Utf8Path) -> Vec<String> {
+        let mut names: Vec<String> = layer_entries(&self.real.join(path))
+            .into_iter()
+            .filter(|(_, kind)| *kind == Layer::File)
+            .map(|(relative, _)| path.join(relative).to_string())
+            .collect();
+        let prefix = format!("{path}/");
+        names.extend(
+            packed_refs(&self.real.join("packed-refs"))
+                .into_keys()
+                .filter(|name| name.starts_with(&prefix)),
+        );
+        names
+    }
+
+    /// What `name` names in the view (`None`: no ref there, or a symbolic one).
+    fn value(&self, name: &str) -> Option<Oid> {
+        let path = Utf8Path::new(name);
+        if self.layer.get(path) == Some(&Layer::File) {
+            return read_ref(&self.upper.join(path));
+        }
+        // A loose ref of the repository's, unless the agent removed it or a directory above.
+        let hidden = path.ancestors().any(|prefix| match self.layer.get(prefix) {
+            Some(Layer::Removed) => true,
+            Some(Layer::Replaced) => prefix != path,
+            _ => false,
+        });
+        if !hidden && let Some(id) = read_ref(&self.real.join(path)) {
+            return Some(id);
+        }
+        self.packed.get(name).copied()
+    }
+}
+
+/// A `packed-refs` file's refs (its peeled lines left out).
+fn packed_refs(path: &Utf8Path) -> BTreeMap<String, Oid> {
+    let Ok(bytes) = read_nofollow(path) else {
+        return BTreeMap::new();
+    };
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.starts_with('^'))
+        .filter_map(|line| {
+            let (id, name) = line.split_once(' ')?;
+            Some((name.to_owned(), Oid::from_str(id).ok()?))
+        })
+        .collect()
+}
+
+/// A ref file's commit: `None` for a symbolic ref or anything else.
+fn read_ref(path: &Utf8Path) -> Option<Oid> {
+    let bytes = read_nofollow(path).ok()?;
+    Oid::from_str(std::str::from_utf8(&bytes).ok()?.trim()).ok()
+}
+
+/// Every entry of an overlay's upper layer beneath `root`, relative to it, never through a
+/// link: files and links the agent wrote, what it removed (whiteouts), and directories it
+/// replaced (opaque: nothing beneath them in the lower layer shows, and their own entries
+/// follow).
+fn layer_entries(root: &Utf8Path) -> Vec<(Utf8PathBuf, Layer)> {
+    let mut entries = Vec::new();
+    let mut stack = vec![Utf8PathBuf::new()];
+    while let Some(relative) = stack.pop() {
+        let Ok(read) = root.join(&relative).read_dir_utf8() else {
+            continue;
+        };
+        for entry in read.flatten() {
+            let path = relative.join(entry.file_name());
+            let Ok(metadata) = std::fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            let kind = metadata.file_type();
+            if kind.is_dir() {
+                if is_opaque(entry.path()) {
+                    entries.push((path.clone(), Layer::Replaced));
+                }
+                stack.push(path);
+            } else if kind.is_char_device() && metadata.rdev() == 0 {
+                entries.push((path, Layer::Removed));
+            } else {
+                entries.push((path, Layer::File));
+            }
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries
+}
+
+/// Whether an upper layer's directory is opaque (`userxattr` overlays mark it in `user.`).
+fn is_opaque(path: &Utf8Path) -> bool {
+    let mut value = [0u8; 1];
+    rustix::fs::lgetxattr(path.as_std_path(), "user.overlay.opaque", &mut value)
+        .is_ok_and(|length| length == 1 && value[0] == b'y')
+}
