@@ -882,10 +882,10 @@ fn sandboxed_starts(bench: &Bench) {
     }
     .print();
     print_per_agent("sandbox added at each start", per_agent);
-    // Single mode's read-only places (a user and mount namespace, a mount each), against the
-    // ruleset alone.
+    // Single mode's read-only places (a mount each) and its private view of the git directory
+    // (an overlay), against the ruleset alone.
     let (_, _, per_agent) = paired_starts(&start, "single", "on", AGENTS);
-    print_per_agent("single mode's read-only mounts at each start", per_agent);
+    print_per_agent("single mode's mounts and git view at each start", per_agent);
 }
 
 /// What `network = "proxy"` costs: a 100 MB download from a server on this machine through

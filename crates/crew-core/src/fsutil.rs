@@ -78,6 +78,51 @@ pub fn create_dir_beneath(
     Ok(path)
 }
 
+/// Renames `from` to `to`, both beneath `base`, through directory handles: each one's parent
+/// is reached from `base` down without following a link (`to`'s made when missing), and the
+/// rename is `renameat` between the two handles, refused where `to` exists. A level swapped for
+/// a link at any moment is refused rather than followed out of `base`.
+pub fn rename_beneath(base: &Utf8Path, from: &Utf8Path, to: &Utf8Path) -> Result<(), FileError> {
+    let split = |path: &Utf8Path| -> Result<(Vec<String>, String), FileError> {
+        let relative = path
+            .strip_prefix(base)
+            .ok()
+            .filter(|relative| {
+                relative
+                    .components()
+                    .all(|part| matches!(part, camino::Utf8Component::Normal(_)))
+            })
+            .ok_or_else(|| FileError::Write {
+                path: path.to_owned(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, format!("not beneath {base}")),
+            })?;
+        let mut levels: Vec<String> = relative.iter().map(str::to_owned).collect();
+        let name = levels.pop().ok_or_else(|| FileError::Write {
+            path: path.to_owned(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "nothing to rename"),
+        })?;
+        Ok((levels, name))
+    };
+    let (from_levels, from_name) = split(from)?;
+    let (to_levels, to_name) = split(to)?;
+    fn levels(levels: &[String]) -> Vec<&str> {
+        levels.iter().map(String::as_str).collect()
+    }
+    let (from_dir, _) = open_dirs_beneath(base, &levels(&from_levels))?;
+    let (to_dir, _) = open_dirs_beneath(base, &levels(&to_levels))?;
+    rustix::fs::renameat_with(
+        &from_dir,
+        from_name.as_str(),
+        &to_dir,
+        to_name.as_str(),
+        rustix::fs::RenameFlags::NOREPLACE,
+    )
+    .map_err(|errno| FileError::Write {
+        path: to.to_owned(),
+        source: errno.into(),
+    })
+}
+
 /// [`create_dir_beneath`] for a directory that may exist already (then it must be a real one,
 /// reached through real ones). Returns its path.
 pub fn ensure_dirs_beneath(base: &Utf8Path, levels: &[&str]) -> Result<Utf8PathBuf, FileError> {
@@ -560,6 +605,34 @@ mod tests {
             ensure_dirs_beneath(&base, &[".worktrees", "run", "task"]).unwrap(),
             made
         );
+    }
+
+    #[test]
+    fn a_rename_beneath_a_root_never_goes_through_a_link() {
+        let (_dir, root) = temp_dir();
+        let outside = root.join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        let base = root.join("repo");
+        std::fs::create_dir(&base).unwrap();
+        let pooled = ensure_dirs_beneath(&base, &[".worktrees", ".pool", "p1"]).unwrap();
+        std::fs::write(pooled.join("file"), "x").unwrap();
+        // The run's level swapped for a link to elsewhere: refused, nothing moved there.
+        std::os::unix::fs::symlink(&outside, base.join(".worktrees/run")).unwrap();
+        let target = base.join(".worktrees/run/task");
+        assert!(matches!(
+            rename_beneath(&base, &pooled, &target),
+            Err(FileError::Symlink { .. })
+        ));
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        assert!(pooled.join("file").exists());
+        // Outside the root, or onto something there: refused.
+        assert!(rename_beneath(&base, &pooled, &outside.join("task")).is_err());
+        std::fs::remove_file(base.join(".worktrees/run")).unwrap();
+        std::fs::create_dir_all(&target).unwrap();
+        assert!(rename_beneath(&base, &pooled, &target).is_err());
+        std::fs::remove_dir(&target).unwrap();
+        rename_beneath(&base, &pooled, &target).unwrap();
+        assert!(target.join("file").exists() && !pooled.exists());
     }
 
     fn temp_dir() -> (tempfile::TempDir, Utf8PathBuf) {

@@ -188,15 +188,17 @@ pub fn sweep_invalid(common: &Utf8Path, crew_prefix: &str) -> Vec<String> {
     swept
 }
 
-/// Moves a registered worktree: its directory from `from` to `to` and its admin entry from
-/// `old_name` to `new_name`, rewriting both pointer files. Run under the repository lock. Every
-/// step is a rename or a small file written atomically; the worktree's files are not touched.
+/// Moves a registered worktree: its directory from `from` to `to` (both beneath `beneath`, the
+/// repository's root: moved through directory handles from there down, never through a level
+/// swapped for a link) and its admin entry from `old_name` to `new_name`, rewriting both
+/// pointer files. Run under the repository lock. Every step is a rename or a small file
+/// written atomically; the worktree's files are not touched.
 pub fn relocate(
     common: &Utf8Path,
     old_name: &str,
     new_name: &str,
-    from: &Utf8Path,
-    to: &Utf8Path,
+    (from, to): (&Utf8Path, &Utf8Path),
+    beneath: &Utf8Path,
 ) -> Result<(), FileError> {
     let root = admin_root(common);
     let old_dir = root.join(old_name);
@@ -212,7 +214,7 @@ pub fn relocate(
         &from.join(".git"),
         format!("gitdir: {new_dir}\n").as_bytes(),
     )?;
-    rename(from, to)?;
+    crew_core::fsutil::rename_beneath(beneath, from, to)?;
     write_atomic(&new_dir.join("gitdir"), format!("{to}/.git\n").as_bytes())
 }
 

@@ -141,8 +141,8 @@ pub fn take(
         common,
         &chosen.admin,
         &names.admin,
-        &chosen.path,
-        &names.root,
+        (&chosen.path, &names.root),
+        repo_root,
     )
     .ok()?;
     admin::set_head(
@@ -365,8 +365,8 @@ pub fn give_back(
                 common,
                 &names.admin,
                 &pooled_admin,
-                &names.root,
-                &pooled_path,
+                (&names.root, &pooled_path),
+                repo_root,
             )
         })
         .and_then(|()| admin::set_lock(common, &pooled_admin, Some(POOLED)));

@@ -84,17 +84,21 @@ impl CrewWorkspaces {
 
     /// Starts watching the repository's git files for this task: a fresh copy of them when no
     /// other task of the repository is active in this process, the copy already taken
-    /// otherwise (it must predate every agent that could have changed them).
+    /// otherwise (it must predate every agent that could have changed them) — or, for a run
+    /// taken up again after its host died, the copy saved beside it then. The copy is saved
+    /// beside the run while its tasks are active.
     fn arm_tripwire(&self, request: &WorkspaceRequest) {
         let Some(repo_root) = request.repo_root.as_deref() else {
             return;
         };
+        let saved = tripwire_file(&request.workspace, repo_root, &request.run_id);
         let mut tripwires = self.tripwires();
         let tripwire = match tripwires.entry(repo_root.to_owned()) {
             Entry::Occupied(entry) => {
                 let tripwire = entry.into_mut();
                 if tripwire.active.is_empty() {
-                    tripwire.baseline = Baseline::of_repository(&tripwire.common);
+                    tripwire.baseline = Baseline::load(&saved, &tripwire.common)
+                        .unwrap_or_else(|| Baseline::of_repository(&tripwire.common));
                 }
                 tripwire
             }
@@ -103,12 +107,21 @@ impl CrewWorkspaces {
                     return;
                 };
                 entry.insert(Tripwire {
-                    baseline: Baseline::of_repository(&common),
+                    baseline: Baseline::load(&saved, &common)
+                        .unwrap_or_else(|| Baseline::of_repository(&common)),
                     common,
                     active: HashSet::new(),
                 })
             }
         };
+        let run_active = tripwire
+            .active
+            .iter()
+            .any(|(run_id, _)| *run_id == request.run_id);
+        if !run_active && !saved.is_file() {
+            // Not fatal: without it, a teardown after the host died has no copy to check.
+            let _ = tripwire.baseline.save(&saved);
+        }
         tripwire
             .active
             .insert((request.run_id.clone(), request.task_id.clone()));
@@ -124,11 +137,19 @@ impl CrewWorkspaces {
         let Some(repo_root) = request.repo_root.as_deref() else {
             return Vec::new();
         };
+        let saved = tripwire_file(&request.workspace, repo_root, &request.run_id);
+        let key = (request.run_id.clone(), request.task_id.clone());
         let mut tripwires = self.tripwires();
-        let Some(tripwire) = tripwires.get_mut(repo_root) else {
-            return Vec::new();
+        let armed = tripwires
+            .get(repo_root)
+            .is_some_and(|tripwire| tripwire.active.contains(&key));
+        let common = match tripwires.get(repo_root) {
+            Some(tripwire) => tripwire.common.clone(),
+            None => match repository_common_dir(repo_root) {
+                Some(common) => common,
+                None => return Vec::new(),
+            },
         };
-        let common = &tripwire.common;
         // A worktree's own config, which crew never writes: any is the agent's.
         let own = match workspace.kind {
             WorkspaceKind::Worktree => {
@@ -150,11 +171,23 @@ impl CrewWorkspaces {
         let evidence = StateStore::new(&request.workspace, request.repo_root.as_deref())
             .task_dir(&request.run_id, &request.task_id)
             .join("tripwire");
+        let Some(tripwire) = tripwires.get_mut(repo_root).filter(|_| armed) else {
+            // Not armed in this process: a teardown after the host died, checked against the
+            // copy saved beside the run then.
+            return Baseline::load(&saved, &common)
+                .map(|baseline| baseline.restore(&own, &evidence))
+                .unwrap_or_default();
+        };
         let findings = tripwire.baseline.restore(&own, &evidence);
         if !request.keep {
-            tripwire
+            tripwire.active.remove(&key);
+            if !tripwire
                 .active
-                .remove(&(request.run_id.clone(), request.task_id.clone()));
+                .iter()
+                .any(|(run_id, _)| *run_id == request.run_id)
+            {
+                let _ = std::fs::remove_file(&saved);
+            }
         }
         findings
     }
@@ -769,6 +802,17 @@ impl CrewWorkspaces {
             )),
         }
     }
+}
+
+/// Where the tripwire's copy is saved beside a run while its tasks are active.
+fn tripwire_file(
+    workspace: &crew_core::WorkspaceId,
+    repo_root: &Utf8Path,
+    run_id: &RunId,
+) -> Utf8PathBuf {
+    StateStore::new(workspace, Some(repo_root))
+        .run_dir(run_id)
+        .join("tripwire.json")
 }
 
 /// The common git directory of the repository at `repo_root`, if there is one.

@@ -166,8 +166,7 @@ pub fn teardown_worktree(
             let trash = worktrees
                 .join(TRASH_DIR)
                 .join(format!("{}-{}", request.run_id, request.task_id));
-            let moved = crew_core::fsutil::ensure_real_dir(&worktrees.join(TRASH_DIR)).is_ok()
-                && std::fs::rename(root, &trash).is_ok();
+            let moved = crew_core::fsutil::rename_beneath(request.repo_root, root, &trash).is_ok();
             forget_admin_entry(&common, &names.admin, root, report);
             drop(lock);
             // Deleting is the file system's work, not a pass: the next pass need not wait.

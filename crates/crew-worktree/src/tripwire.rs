@@ -15,13 +15,18 @@
 //! When a task ends, whatever differs is put back from the copy, the version the agent left is
 //! kept under the task's state directory (nothing is lost, a change the user made meanwhile
 //! included), and each change is reported as a security finding on the task.
+//!
+//! The copy is also written beside each run that armed it (`runs/<run>/tripwire.json`) while the
+//! run's tasks are active: after its host is killed, `crew runs resume` and `crew runs clean`
+//! check against the copy from before the agents, not against what an agent planted since.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 
 use camino::{Utf8Path, Utf8PathBuf};
-use crew_core::fsutil::write_atomic;
+use crew_core::fsutil::{read_nofollow, write_atomic};
 use crew_core::provider::SecurityFinding;
+use serde::{Deserialize, Serialize};
 
 /// Files directly watched, relative to the common git directory.
 const WATCHED_FILES: &[&str] = &["config", "objects/info/alternates"];
@@ -29,14 +34,49 @@ const WATCHED_FILES: &[&str] = &["config", "objects/info/alternates"];
 const WATCHED_DIRS: &[&str] = &["hooks", "info"];
 
 /// One watched file as it was.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 enum Entry {
-    File { contents: Vec<u8>, mode: u32 },
-    Link { target: Utf8PathBuf },
+    File {
+        #[serde(with = "contents")]
+        contents: Vec<u8>,
+        mode: u32,
+    },
+    Link {
+        target: Utf8PathBuf,
+    },
+}
+
+/// A file's contents as the saved copy holds them: as text when they are (configs and hooks
+/// are), else as bytes.
+mod contents {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Contents {
+        Text(String),
+        Bytes(Vec<u8>),
+    }
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Contents::Text(text.to_owned()),
+            Err(_) => Contents::Bytes(bytes.to_vec()),
+        }
+        .serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        Ok(match Contents::deserialize(deserializer)? {
+            Contents::Text(text) => text.into_bytes(),
+            Contents::Bytes(bytes) => bytes,
+        })
+    }
 }
 
 /// The watched files of a repository (and of one worktree task), as they were.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Baseline {
     /// Keyed by absolute path; a path absent from the map did not exist.
     entries: BTreeMap<Utf8PathBuf, Entry>,
@@ -55,6 +95,20 @@ impl Baseline {
             baseline.add_file(&path);
         }
         baseline
+    }
+
+    /// Writes the copy to `path` (a run's `tripwire.json`).
+    pub fn save(&self, path: &Utf8Path) -> Result<(), String> {
+        let json = serde_json::to_vec(self).map_err(|error| error.to_string())?;
+        write_atomic(path, &json).map_err(|error| error.to_string())
+    }
+
+    /// The copy saved at `path`, for the repository whose common git directory is `common`
+    /// (one saved for another is not taken).
+    pub fn load(path: &Utf8Path, common: &Utf8Path) -> Option<Self> {
+        let bytes = read_nofollow(path).ok()?;
+        let baseline: Baseline = serde_json::from_slice(&bytes).ok()?;
+        (baseline.common == common).then_some(baseline)
     }
 
     /// Adds one more file to watch (a task's `config.worktree`), as it is now.

@@ -259,19 +259,15 @@ fn start(args: &[String]) {
             "proxy" => crew_core::config::NetworkMode::Proxy,
             _ => crew_core::config::NetworkMode::Open,
         };
-        // `single`: also what a single-mode task keeps read-only, as its provider names it.
-        let read_only: Vec<camino::Utf8PathBuf> = if args[2] == "single" {
-            [
-                ".git/config",
-                ".git/hooks",
-                ".git/info",
-                ".git/packed-refs",
-                ".crew",
-            ]
-            .iter()
-            .map(|path| workspace.as_path().join(path))
-            .filter(|path| path.exists())
-            .collect()
+        // `single`: also what a single-mode task keeps read-only, as its provider names it, and
+        // its private view of the git directory (one each).
+        let single = args[2] == "single";
+        let read_only: Vec<camino::Utf8PathBuf> = if single {
+            [".git/config", ".git/hooks", ".crew", ".worktrees"]
+                .iter()
+                .map(|path| workspace.as_path().join(path))
+                .filter(|path| path.exists())
+                .collect()
         } else {
             Vec::new()
         };
@@ -304,7 +300,23 @@ fn start(args: &[String]) {
                         mode,
                         write: vec![workspace.as_path().to_owned()],
                         read_only: read_only.clone(),
-                        private: Vec::new(),
+                        private: if single {
+                            let view = camino::Utf8PathBuf::from_path_buf(
+                                logs.path().join(format!("a{index}-git")),
+                            )
+                            .unwrap();
+                            std::fs::create_dir_all(view.join("upper")).unwrap();
+                            std::fs::create_dir_all(view.join("work")).unwrap();
+                            let git = workspace.as_path().join(".git");
+                            vec![crew_core::provider::PrivateView {
+                                upper: view.join("upper"),
+                                work: view.join("work"),
+                                read_only_without: vec![git.join("packed-refs"), git.join("info")],
+                                target: git,
+                            }]
+                        } else {
+                            Vec::new()
+                        },
                         network,
                         hosts: Vec::new(),
                     },

@@ -738,3 +738,42 @@ while [ ! -e {go} ]; do sleep 0.05; done"#
     );
     env.git(&repo, ["fsck", "--full", "--no-progress"]);
 }
+
+/// A `single` agent commits, and its host is killed before the task ends: its commits are in
+/// its view of the git directory, and `crew runs clean` takes them into the repository before
+/// the run's state goes.
+#[test]
+fn a_single_agents_commits_survive_its_killed_host_and_a_clean() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let script = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's" && touch committed.flag
+sleep 600"#;
+    let mut host = env.spawn_crew(&repo, ["run", "--agent", "shell", script]);
+    let run = wait_until(30, "the agent's commit", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        repo.join("committed.flag").exists().then_some(run)
+    });
+    host.kill().unwrap();
+    host.wait().unwrap();
+    // The agent is gone with its host (its warden saw to it).
+    let agent_alive = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("committed.flag"))
+        })
+    };
+    wait_until(30, "the agent to end", || (!agent_alive()).then_some(()));
+    assert_ne!(
+        env.git(&repo, ["log", "-1", "--format=%s", "main"]).trim(),
+        "the agent's",
+        "not taken yet"
+    );
+    let clean = env.crew(&repo, ["runs", "clean", &run]);
+    assert!(clean.status.success(), "{}", render_output(&clean));
+    assert_eq!(
+        env.git(&repo, ["log", "-1", "--format=%s", "main"]).trim(),
+        "the agent's"
+    );
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+}

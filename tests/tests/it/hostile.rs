@@ -512,6 +512,63 @@ fn with_the_sandbox_off_the_tripwire_and_teardown_catch_what_they_can() {
     assert!(render_output(&output).contains("SECURITY"));
 }
 
+/// With the sandbox off, an agent plants a command in the repository's git config and its host
+/// is killed before the task ends. The run taken up again (and the run cleaned) is checked
+/// against the copy taken before the agents, not against what the agent planted: the config is
+/// put back and the change reported.
+#[test]
+fn after_a_killed_host_the_tripwire_checks_against_the_copy_from_before_the_agents() {
+    for verb in ["resume", "clean"] {
+        let env = TestEnv::new();
+        let repo = env.repo("project");
+        write(
+            &repo.join(".crew/config.toml"),
+            "[sandbox]\nmode = \"off\"\n",
+        );
+        env.allow_settings(&repo);
+        let config_before = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+        // Taken up again, the agent finds its mark and ends.
+        let plant = r#"[ -e planted.flag ] && exit 0
+printf '[core]\n\tfsmonitor = "touch $HOME/fsmonitor-ran"\n' >> "$CREW_PROJECT_ROOT/.git/config" && echo PLANTED && touch planted.flag
+sleep 600"#;
+        let mut host = env.spawn_crew(&repo, ["run", "--agent", "shell", plant]);
+        let run = crew_tests::wait_until(30, "the agent to plant", || {
+            let run = run_ids(&env, &repo).into_iter().next()?;
+            repo.join("planted.flag").exists().then_some(run)
+        });
+        host.kill().unwrap();
+        host.wait().unwrap();
+        assert!(output_log(&repo, &run, "shell").contains("PLANTED"));
+        assert_ne!(
+            std::fs::read_to_string(repo.join(".git/config")).unwrap(),
+            config_before
+        );
+
+        let taken_up = match verb {
+            "resume" => env.crew(&repo, ["runs", "resume", &run]),
+            _ => env.crew(&repo, ["runs", "clean", &run]),
+        };
+        let shown = render_output(&taken_up);
+        assert_eq!(
+            std::fs::read_to_string(repo.join(".git/config")).unwrap(),
+            config_before,
+            "{verb}: {shown}"
+        );
+        if verb == "clean" {
+            assert!(
+                shown.contains("SECURITY") && shown.contains(".git/config"),
+                "{verb}: {shown}"
+            );
+        } else {
+            let manifest = manifest(&env, &repo, &run);
+            let findings = task(&manifest, "shell")["teardown"]["security"].to_string();
+            assert!(findings.contains(".git/config"), "{verb}: {manifest:#}");
+        }
+        env.git(&repo, ["status"]);
+        assert!(!env.home().join("fsmonitor-ran").exists(), "{verb}");
+    }
+}
+
 #[test]
 fn an_agent_told_no_by_the_control_socket_is_not_told_to_retry() {
     let env = crew_tests::TestEnv::new();

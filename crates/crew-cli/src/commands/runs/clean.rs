@@ -63,16 +63,36 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
             keep: false,
         };
         let provider = provider.clone();
+        let kind = workspace.kind;
         let result =
             tokio::task::spawn_blocking(move || provider.teardown(&workspace, &request)).await?;
         match result {
             Ok(report) => {
+                // Said even when quiet: the run's state, where the record would be, goes.
+                for finding in &report.security {
+                    println!(
+                        "{task}: SECURITY: the agent {} {} ({})",
+                        finding.change,
+                        finding.path,
+                        if finding.restored {
+                            "put back, or never reached the repository"
+                        } else {
+                            "could not be put back"
+                        }
+                    );
+                }
                 if !ui.quiet {
-                    match &report.branch {
-                        Some(branch) => {
+                    match (&report.branch, kind) {
+                        (Some(branch), WorkspaceKind::Single) => {
+                            println!("{task}: its commits saved on {branch}")
+                        }
+                        (None, WorkspaceKind::Single) => {
+                            println!("{task}: its git work taken into the repository")
+                        }
+                        (Some(branch), _) => {
                             println!("{task}: work saved on {branch}; workspace removed")
                         }
-                        None => println!("{task}: workspace removed"),
+                        (None, _) => println!("{task}: workspace removed"),
                     }
                 }
             }
@@ -181,13 +201,19 @@ fn clean_unwritten(
 }
 
 /// The workspaces a finished run still keeps: worktrees and temp dirs of waiting tasks, those
-/// a teardown preserved, and those never torn down (an interrupted run's).
+/// a teardown preserved, and those never torn down (an interrupted run's); and the `single`
+/// tasks never torn down (their agents' commits are in their views of the git directory, and
+/// the tripwire's copy is checked).
 fn kept_workspaces(manifest: &RunManifest) -> Vec<(crew_core::TaskId, TaskWorkspace)> {
     manifest
         .tasks
         .iter()
         .filter_map(|task| {
             let record = task.workspace.as_ref()?;
+            if record.kind == WorkspaceKind::Single {
+                let untorn = task.teardown.is_none() || task.status == TaskStatus::Waiting;
+                return untorn.then(|| (task.id.clone(), record.to_task_workspace()));
+            }
             if !matches!(record.kind, WorkspaceKind::Worktree | WorkspaceKind::Temp) {
                 return None;
             }
