@@ -169,6 +169,7 @@ impl Bench {
             upstream: Vec::new(),
             progress: None,
             env: Vec::new(),
+            unconfined: false,
         }
     }
 
@@ -1268,6 +1269,7 @@ fn hundred_tasks(bench: &Bench) {
                         upstream: Vec::new(),
                         progress: None,
                         env: Vec::new(),
+                        unconfined: false,
                     };
                     let allocated = provider.allocate(&request).unwrap();
                     let teardown = TeardownRequest {

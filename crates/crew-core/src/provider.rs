@@ -91,6 +91,10 @@ pub struct WorkspaceRequest {
     /// Variables the worktree's setup command gets besides the host's: the task's lease
     /// (`CREW_PORT`, `COMPOSE_PROJECT_NAME`, …), so that what setup starts is the task's own.
     pub env: Vec<(String, String)>,
+    /// The task's agent will run without the kernel's sandbox (turned off, or no Landlock):
+    /// it can write the repository's refs itself, so the provider records them to report
+    /// what it deletes or moves back.
+    pub unconfined: bool,
 }
 
 /// How far a long step of preparing a workspace has come.

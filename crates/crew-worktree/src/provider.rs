@@ -118,7 +118,12 @@ impl CrewWorkspaces {
             .active
             .iter()
             .any(|(run_id, _)| *run_id == request.run_id);
-        if !run_active && !saved.is_file() {
+        // An agent that will run unconfined can write the refs itself: they are recorded
+        // before it starts, to say what it destroyed.
+        let recorded = request.unconfined
+            && git2::Repository::open(repo_root)
+                .is_ok_and(|repo| tripwire.baseline.record_refs(&repo));
+        if recorded || (!run_active && !saved.is_file()) {
             // Not fatal: without it, a teardown after the host died has no copy to check.
             let _ = tripwire.baseline.save(&saved);
         }
@@ -175,10 +180,16 @@ impl CrewWorkspaces {
             // Not armed in this process: a teardown after the host died, checked against the
             // copy saved beside the run then.
             return Baseline::load(&saved, &common)
-                .map(|baseline| baseline.restore(&own, &evidence))
+                .map(|mut baseline| {
+                    let mut findings = baseline.restore(&own, &evidence);
+                    findings.extend(self.check_refs(&mut baseline, repo_root, [&key]));
+                    findings
+                })
                 .unwrap_or_default();
         };
-        let findings = tripwire.baseline.restore(&own, &evidence);
+        let mut findings = tripwire.baseline.restore(&own, &evidence);
+        let active: Vec<(RunId, TaskId)> = tripwire.active.iter().cloned().collect();
+        findings.extend(self.check_refs(&mut tripwire.baseline, repo_root, active.iter()));
         if !request.keep {
             tripwire.active.remove(&key);
             if !tripwire
@@ -190,6 +201,63 @@ impl CrewWorkspaces {
             }
         }
         findings
+    }
+
+    /// What an unconfined agent destroyed of the refs recorded before it started (see
+    /// [`Baseline::check_refs`]), but for the branches the `tasks` may move and the checkout's.
+    fn check_refs<'a>(
+        &self,
+        baseline: &mut Baseline,
+        repo_root: &Utf8Path,
+        tasks: impl IntoIterator<Item = &'a (RunId, TaskId)>,
+    ) -> Vec<SecurityFinding> {
+        if !baseline.has_refs() {
+            return Vec::new();
+        }
+        let Ok(repo) = git2::Repository::open(repo_root) else {
+            return Vec::new();
+        };
+        let mut own: Vec<String> = tasks
+            .into_iter()
+            .map(|(run_id, task_id)| {
+                crate::names::TaskNames::new(repo_root, &self.settings, run_id, task_id)
+                    .branch_ref()
+            })
+            .collect();
+        if let Some(head) = repo
+            .find_reference("HEAD")
+            .ok()
+            .and_then(|head| head.symbolic_target().ok().flatten().map(str::to_owned))
+        {
+            own.push(head);
+        }
+        baseline.check_refs(&repo, &own)
+    }
+
+    /// After crew moved (or deleted) a task's branch at its teardown: the tripwire's record of
+    /// the refs follows.
+    fn note_task_branch(&self, request: &TeardownRequest) {
+        let Some(repo_root) = request.repo_root.as_deref() else {
+            return;
+        };
+        let mut tripwires = self.tripwires();
+        let Some(tripwire) = tripwires.get_mut(repo_root) else {
+            return;
+        };
+        if !tripwire.baseline.has_refs() {
+            return;
+        }
+        let Ok(repo) = git2::Repository::open(repo_root) else {
+            return;
+        };
+        let branch = crate::names::TaskNames::new(
+            repo_root,
+            &self.settings,
+            &request.run_id,
+            &request.task_id,
+        )
+        .branch_ref();
+        tripwire.baseline.note_ref(&repo, &branch);
     }
 
     /// Where a task's workspace of this kind must be, derived from its ids and crew's roots,
@@ -661,7 +729,7 @@ impl WorkspaceProvider for CrewWorkspaces {
                 };
                 let task_dir = StateStore::new(&request.workspace, Some(repo_root))
                     .task_dir(&request.run_id, &request.task_id);
-                match teardown_worktree(
+                let result = teardown_worktree(
                     &TeardownWorktree {
                         workspace,
                         settings: &self.settings,
@@ -675,7 +743,9 @@ impl WorkspaceProvider for CrewWorkspaces {
                         baseline_file: Some(crate::baseline::file_in(&task_dir)),
                     },
                     &mut report,
-                ) {
+                );
+                self.note_task_branch(request);
+                match result {
                     Ok(()) => Ok(report),
                     Err(error) => {
                         if !report.removed {

@@ -82,14 +82,91 @@ pub struct Baseline {
     entries: BTreeMap<Utf8PathBuf, Entry>,
     /// The common git directory.
     common: Utf8PathBuf,
+    /// The repository's refs and what each named, recorded once an unconfined agent is about
+    /// to start (a confined one cannot write them): see [`Baseline::check_refs`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    refs: Option<BTreeMap<String, String>>,
 }
 
 impl Baseline {
+    /// Records the repository's refs, unless they are recorded already (the first unconfined
+    /// agent's start: none before it could have changed them).
+    pub fn record_refs(&mut self, repo: &git2::Repository) -> bool {
+        if self.refs.is_some() {
+            return false;
+        }
+        self.refs = Some(direct_refs(repo));
+        true
+    }
+
+    /// Whether the refs are recorded.
+    pub fn has_refs(&self) -> bool {
+        self.refs.is_some()
+    }
+
+    /// Crew's own move of a ref (a task branch taken at teardown): the record follows it.
+    pub fn note_ref(&mut self, repo: &git2::Repository, name: &str) {
+        if let Some(refs) = &mut self.refs {
+            match repo
+                .find_reference(name)
+                .ok()
+                .and_then(|reference| reference.target())
+            {
+                Some(id) => refs.insert(name.to_owned(), id.to_string()),
+                None => refs.remove(name),
+            };
+        }
+    }
+
+    /// The recorded refs an unconfined agent may have destroyed: each one deleted since, or
+    /// moved to where it no longer contains what it named (a branch moved forward loses
+    /// nothing). Reported, not put back — the user may have moved it meanwhile — with where it
+    /// was, so that nothing is lost; the record then follows, so that it is said once. `own`
+    /// are the refs tasks of the repository may move (their branches).
+    pub fn check_refs(&mut self, repo: &git2::Repository, own: &[String]) -> Vec<SecurityFinding> {
+        let Some(recorded) = &mut self.refs else {
+            return Vec::new();
+        };
+        let now = direct_refs(repo);
+        let mut findings = Vec::new();
+        for (name, was) in recorded.iter() {
+            if own.contains(name) {
+                continue;
+            }
+            let change = match now.get(name) {
+                Some(id) if id == was => continue,
+                Some(id) => {
+                    let forward = git2::Oid::from_str(id)
+                        .ok()
+                        .zip(git2::Oid::from_str(was).ok())
+                        .is_some_and(|(id, was)| {
+                            repo.graph_descendant_of(id, was).unwrap_or(false)
+                        });
+                    if forward {
+                        continue;
+                    }
+                    format!("moved (from {was}, which it no longer holds)")
+                }
+                None => format!("deleted (it was at {was})"),
+            };
+            findings.push(SecurityFinding {
+                path: self.common.join(name),
+                change,
+                restored: false,
+                saved: None,
+                on_branch: false,
+            });
+        }
+        *recorded = now;
+        findings
+    }
+
     /// Reads the watched files of the repository whose common git directory is `common`.
     pub fn of_repository(common: &Utf8Path) -> Self {
         let mut baseline = Baseline {
             entries: BTreeMap::new(),
             common: common.to_owned(),
+            refs: None,
         };
         for path in baseline.watched_now(&[]) {
             baseline.add_file(&path);
@@ -170,6 +247,24 @@ impl Baseline {
         }
         findings
     }
+}
+
+/// Every ref of the repository that names an object, beneath `refs/`.
+fn direct_refs(repo: &git2::Repository) -> BTreeMap<String, String> {
+    repo.references()
+        .map(|references| {
+            references
+                .flatten()
+                .filter_map(|reference| {
+                    Some((
+                        reference.name().ok()?.to_owned(),
+                        reference.target()?.to_string(),
+                    ))
+                })
+                .filter(|(name, _)| name.starts_with("refs/"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The git directories of the repository's submodules, `<common>/modules/…`, nested ones too

@@ -27,6 +27,7 @@ fn request(workspace: &Workspace, run_id: &RunId, task: &str) -> WorkspaceReques
         upstream: Vec::new(),
         progress: None,
         env: Vec::new(),
+        unconfined: false,
     }
 }
 

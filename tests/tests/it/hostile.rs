@@ -569,6 +569,89 @@ sleep 600"#;
     }
 }
 
+/// With the sandbox off an agent can write the repository's refs itself: what it destroys (an
+/// earlier run's saved work deleted, the user's branch moved back) is reported with where each
+/// was, so that the user can put it back; what moves forward (its own commit on the checkout's
+/// branch) is not.
+#[test]
+fn with_the_sandbox_off_a_deleted_or_rewound_ref_is_reported_with_where_it_was() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    env.allow_settings(&repo);
+    let early = crate::common::runs::finished_run(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "echo early > early.txt",
+        ],
+    );
+    let early_branch = format!("crew/{early}-shell");
+    let early_tip = env
+        .git(&repo, ["rev-parse", &early_branch])
+        .trim()
+        .to_owned();
+    write(&repo.join("more.txt"), "more\n");
+    env.git(&repo, ["add", "more.txt"]);
+    env.git(&repo, ["commit", "-q", "-m", "more"]);
+    env.git(&repo, ["branch", "users-own"]);
+    let users_tip = env.git(&repo, ["rev-parse", "users-own"]).trim().to_owned();
+    let attack = format!(
+        r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+git update-ref -d refs/heads/{early_branch}
+git update-ref refs/heads/users-own users-own~1
+echo work > work.txt && git add work.txt && git commit -q -m "its own"
+echo done"#
+    );
+    let output = env.crew(&repo, ["run", "--agent", "shell", &attack]);
+    let shown = render_output(&output);
+    let run = run_ids(&env, &repo)[0].clone();
+    assert!(output_log(&repo, &run, "shell").contains("done"), "{shown}");
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "shell");
+    assert_eq!(record["sandbox"]["state"], "off");
+    let findings = record["teardown"]["security"].as_array().unwrap().clone();
+    let about = |name: &str| {
+        findings
+            .iter()
+            .find(|finding| finding["path"].as_str().unwrap().ends_with(name))
+            .cloned()
+    };
+    let deleted = about(&format!("refs/heads/{early_branch}")).expect("the deletion is said");
+    assert!(
+        deleted["change"].as_str().unwrap().contains(&early_tip),
+        "{deleted}"
+    );
+    let moved = about("refs/heads/users-own").expect("the rewind is said");
+    assert!(
+        moved["change"].as_str().unwrap().contains(&users_tip),
+        "{moved}"
+    );
+    assert!(about("refs/heads/main").is_none(), "{findings:?}");
+    assert!(shown.contains("SECURITY"), "{shown}");
+    // With what was said, the user puts it back.
+    env.git(
+        &repo,
+        [
+            "update-ref",
+            &format!("refs/heads/{early_branch}"),
+            &early_tip,
+        ],
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{early_branch}:early.txt")]),
+        "early\n"
+    );
+}
+
 #[test]
 fn an_agent_told_no_by_the_control_socket_is_not_told_to_retry() {
     let env = crew_tests::TestEnv::new();

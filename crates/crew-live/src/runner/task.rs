@@ -334,7 +334,11 @@ impl RunContext {
     }
 
     /// The workspace request of a task, with its upstream tasks' branches.
-    async fn workspace_request(&self, task: &TaskRecord) -> Result<WorkspaceRequest, RunError> {
+    async fn workspace_request(
+        &self,
+        task: &TaskRecord,
+        unconfined: bool,
+    ) -> Result<WorkspaceRequest, RunError> {
         let depends_on = task.depends_on.clone();
         let upstream = self
             .runner
@@ -369,11 +373,19 @@ impl RunContext {
                 .get(&task.id)
                 .map(crew_core::model::LeaseRecord::vars)
                 .unwrap_or_default(),
+            unconfined,
         })
     }
 
-    async fn allocate(&self, task: &TaskRecord) -> Result<TaskWorkspace, PrepareError> {
-        let request = self.workspace_request(task).await?;
+    async fn allocate(
+        &self,
+        task: &TaskRecord,
+        definition: &AgentDef,
+    ) -> Result<TaskWorkspace, PrepareError> {
+        let unconfined = self.runner.config.sandbox.mode.and(definition.sandbox.mode)
+            == crew_core::config::SandboxMode::Off
+            || crate::sandbox::kernel_abi().is_none();
+        let request = self.workspace_request(task, unconfined).await?;
         let provider = self.runner.provider.clone();
         let allocated = blocking(move || provider.allocate(&request)).await?;
         let record = WorkspaceRecord::of(&allocated);
@@ -603,7 +615,7 @@ impl RunContext {
         }
         let prepared = match definition {
             Ok(definition) => self
-                .allocate(task)
+                .allocate(task, &definition)
                 .await
                 .map(|workspace| (definition, workspace)),
             Err(reason) => Err(reason),

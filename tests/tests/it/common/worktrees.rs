@@ -52,6 +52,7 @@ impl Fixture {
             upstream: Vec::new(),
             progress: None,
             env: Vec::new(),
+            unconfined: false,
         }
     }
 
