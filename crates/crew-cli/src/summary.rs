@@ -188,21 +188,12 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             ));
         }
         // Held while it may go on (a finished task's ports went back).
-        if let Some(lease) = task.lease.as_ref().filter(|_| {
-            reader == SummaryFor::Review
-                && !matches!(
-                    task.status,
-                    TaskStatus::Succeeded
-                        | TaskStatus::Failed
-                        | TaskStatus::Cancelled
-                        | TaskStatus::Skipped
-                )
-        }) && let Some(port) = lease.port
+        if let Some(lease) = task.held_lease().filter(|_| reader == SummaryFor::Review)
+            && let Some(ports) = lease.port_range()
         {
             next.push(format!(
-                "# {}: its lease: ports {port}–{} (CREW_PORT), name {} (COMPOSE_PROJECT_NAME{})",
+                "# {}: its lease: ports {ports} (CREW_PORT), name {} (COMPOSE_PROJECT_NAME{})",
                 task.id,
-                port.saturating_add(lease.ports.saturating_sub(1)),
                 lease.name,
                 lease
                     .names

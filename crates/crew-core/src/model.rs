@@ -303,6 +303,15 @@ impl LeaseRecord {
         vars
     }
 
+    /// Its ports as people read them: `20000–20003`, or `20000` alone; `None` without ports.
+    pub fn port_range(&self) -> Option<String> {
+        let port = self.port?;
+        Some(match self.ports {
+            0 | 1 => port.to_string(),
+            ports => format!("{port}–{}", port.saturating_add(ports - 1)),
+        })
+    }
+
     /// The task's own name: `crew_<run>_<task>`, lowercase letters, digits and `_`, at most
     /// 63 characters (what Postgres takes for a name), a hash of the whole kept when cut.
     pub fn name_of(run: &str, task: &str) -> String {
@@ -824,6 +833,20 @@ impl Usage {
 pub const INTERRUPTED_REASON: &str = "interrupted: ";
 
 impl TaskRecord {
+    /// Its lease while it holds it: while the task may go on (a finished task's ports went
+    /// back).
+    pub fn held_lease(&self) -> Option<&LeaseRecord> {
+        self.lease.as_ref().filter(|_| {
+            !matches!(
+                self.status,
+                TaskStatus::Succeeded
+                    | TaskStatus::Failed
+                    | TaskStatus::Cancelled
+                    | TaskStatus::Skipped
+            )
+        })
+    }
+
     /// Its agent had exited cleanly (code 0, not stopped, not timed out) when its host died,
     /// before the task was torn down: its work is done and only needs finishing.
     pub fn finished_before_its_host_died(&self) -> bool {

@@ -95,6 +95,8 @@ pub struct Row {
     pub last_line: String,
     /// How many lead agents up it was submitted (0: a task of the run's own).
     pub depth: usize,
+    /// The ports of its lease while it holds them (`20000–20003`).
+    pub ports: Option<String>,
 }
 
 /// What the lower part of the screen shows for the selected agent.
@@ -481,6 +483,7 @@ impl Board {
                     started_at: task.started_at.map(|at| at.0),
                     last_line,
                     depth,
+                    ports: task.held_lease().and_then(|lease| lease.port_range()),
                 };
                 if filter.is_empty() || row_matches(&row, filter) {
                     rows.push(row);
@@ -1007,6 +1010,51 @@ mod tests {
             header.starts_with("waiting: 1  working: 1  agents: 3"),
             "{header}"
         );
+    }
+
+    #[test]
+    fn a_task_holding_its_lease_shows_its_ports_and_a_finished_one_does_not() {
+        let (mut board, _) = board(&[
+            ("serving", TaskStatus::Running),
+            ("done", TaskStatus::Succeeded),
+        ]);
+        for (task, port) in board.runs[0].tasks.iter_mut().zip([20_000, 20_004]) {
+            task.lease = Some(crew_core::model::LeaseRecord {
+                port: Some(port),
+                ports: 4,
+                name: format!("crew_{}", task.id),
+                names: Vec::new(),
+            });
+        }
+        let backend = ratatui::backend::TestBackend::new(140, 8);
+        let mut terminal = ratatui::Terminal::new(backend).unwrap();
+        let looks = view::Looks {
+            color: false,
+            unicode: true,
+        };
+        terminal
+            .draw(|frame| view::draw(frame, &board, "project", looks))
+            .unwrap();
+        let screen: Vec<String> = (0..8)
+            .map(|y| {
+                (0..140)
+                    .map(|x| terminal.backend().buffer()[(x, y)].symbol().to_owned())
+                    .collect()
+            })
+            .collect();
+        let line = |task: &str| {
+            screen
+                .iter()
+                .find(|line| line.contains(&format!(":{task} ")))
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert!(
+            screen.iter().any(|line| line.contains("PORTS")),
+            "{screen:#?}"
+        );
+        assert!(line("serving").contains("20000–20003"), "{screen:#?}");
+        assert!(!line("done").contains("2000"), "{screen:#?}");
     }
 
     #[test]

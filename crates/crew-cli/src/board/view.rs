@@ -164,6 +164,8 @@ struct Columns {
     branch: Option<usize>,
     lines: bool,
     age: bool,
+    /// Shown when a row holds ports, and there is room.
+    ports: Option<usize>,
 }
 
 impl Columns {
@@ -186,14 +188,21 @@ impl Columns {
             .max()
             .unwrap_or(6)
             .clamp(6, 30);
+        let ports = rows
+            .iter()
+            .filter_map(|row| row.ports.as_ref().map(|ports| ports.chars().count()))
+            .max()
+            .map(|widest| widest.max(5));
         // Symbol, pointer, id, state: the least a row says.
         let base = 4 + id + 1 + 8;
+        let with_branch = base + agent + 1 + 12 + 5 + branch + 1 + 20;
         Columns {
             id,
             agent: (width >= base + agent + 1 + 20).then_some(agent),
             lines: width >= base + agent + 1 + 12 + 20,
             age: width >= base + agent + 1 + 12 + 5 + 20,
-            branch: (width >= base + agent + 1 + 12 + 5 + branch + 1 + 20).then_some(branch),
+            branch: (width >= with_branch).then_some(branch),
+            ports: ports.filter(|ports| width > with_branch + ports),
         }
     }
 }
@@ -221,6 +230,9 @@ fn draw_table(
     }
     if columns.age {
         heading.push_str(&format!("{:<5}", "AGE"));
+    }
+    if let Some(ports) = columns.ports {
+        heading.push_str(&format!("{:<ports$} ", "PORTS"));
     }
     heading.push_str("LAST OUTPUT");
     lines.push(Line::styled(
@@ -286,6 +298,10 @@ fn draw_table(
                 .map(short_age)
                 .unwrap_or_default();
             spans.push(Span::raw(format!("{age:<5}")));
+        }
+        if let Some(ports) = columns.ports {
+            let held = row.ports.as_deref().unwrap_or("");
+            spans.push(Span::raw(format!("{held:<ports$} ")));
         }
         let used: usize = spans.iter().map(|span| span.content.chars().count()).sum();
         spans.push(Span::styled(
