@@ -294,7 +294,7 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: fresh, recycled, committed, eight, linking, list, agents,
+    // `-- --only NAME` runs one benchmark: fresh, recycled, cargo, committed, eight, linking, list, agents,
     // sandbox, network, block, board, radar, history, hundred, placement.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
@@ -309,6 +309,9 @@ fn main() {
     }
     if wanted("recycled") {
         recycled(&mut bench);
+    }
+    if wanted("cargo") {
+        warm_builds(&bench);
     }
     if wanted("committed") {
         committed_teardown(&bench);
@@ -545,6 +548,126 @@ fn recycled(bench: &mut Bench) {
     .print();
     crew_worktree::pool::empty(&common, &bench.repo, bench.pooled.settings());
     bench.clean_up();
+}
+
+/// What a warm worktree is worth to a build: the first `cargo check` of a task (a change to
+/// one library of a generated 12-crate workspace: a core, ten libraries on it, an application
+/// on them all) in a recycled worktree whose `target/` the
+/// previous task left (`[worktree] keep_ignored = ["target"]`, what `crew init` writes for a
+/// Cargo project), workspace and check timed together, against a fresh `git worktree add`
+/// and the same check with a cold `target/`.
+fn warm_builds(bench: &Bench) {
+    let has_cargo = Command::new("cargo")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !has_cargo {
+        println!("{:<44} skipped: cargo is not installed", "warm cargo check");
+        return;
+    }
+    let repo = bench.root.join("cargo-repo");
+    let crates = if bench.rounds < 5 { 6 } else { 12 };
+    crew_tests::synth::generate_cargo_workspace(&repo, crates, 30, 20);
+    let workspace = Workspace::at_root(repo.as_std_path()).unwrap();
+    let mut config = ProjectConfig::default();
+    config.worktree.keep_ignored = vec!["target".into()];
+    config.worktree.pool_size = 1;
+    let provider = CrewWorkspaces::new(&config);
+    let run_id = RunId::generate();
+    let request = |task: &str| WorkspaceRequest {
+        workspace: workspace.id().clone(),
+        repo_root: Some(repo.clone()),
+        invocation_dir: Utf8PathBuf::new(),
+        run_id: run_id.clone(),
+        task_id: TaskId::parse(task).unwrap(),
+        mode: WorkspaceMode::Worktree,
+        base: None,
+        upstream: Vec::new(),
+        progress: None,
+        env: Vec::new(),
+        unconfined: false,
+    };
+    let teardown = |task: &str| TeardownRequest {
+        workspace: workspace.id().clone(),
+        repo_root: Some(repo.clone()),
+        run_id: run_id.clone(),
+        task_id: TaskId::parse(task).unwrap(),
+        agent_alive: false,
+        keep: false,
+    };
+    // A task's change: a function more in one of the libraries (it and the application are
+    // checked again).
+    let changed = format!("crate{}/src/m0.rs", crates / 2);
+    let change_and_check = |dir: &Utf8Path, round: &str| {
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(&changed))
+            .unwrap();
+        std::io::Write::write_all(
+            &mut file,
+            format!("\npub fn task_{round}() -> usize {{ {} }}\n", round.len()).as_bytes(),
+        )
+        .unwrap();
+        let checked = Command::new("cargo")
+            .args(["check", "--offline", "--quiet", "--workspace"])
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("RUSTFLAGS")
+            .current_dir(dir)
+            .status()
+            .unwrap();
+        assert!(checked.success(), "cargo check in {dir}");
+    };
+    // The first task builds cold, and gives its worktree (and its target/) to the pool.
+    let seed = provider.allocate(&request("seed")).unwrap();
+    change_and_check(&seed.dir, "seed");
+    provider.teardown(&seed, &teardown("seed")).unwrap();
+
+    let mut crew = Samples::default();
+    let mut git = Samples::default();
+    let rounds = bench.rounds.min(3);
+    for round in 0..rounds {
+        let task = format!("warm{round}");
+        let started = Instant::now();
+        let workspace = provider.allocate(&request(&task)).unwrap();
+        assert!(workspace.reused || workspace.dir.join("target").is_dir());
+        change_and_check(&workspace.dir, &task);
+        crew.push(started.elapsed());
+        provider.teardown(&workspace, &teardown(&task)).unwrap();
+
+        let path = bench.root.join(format!("cargo-cold-{round}"));
+        let started = Instant::now();
+        let added = Command::new("git")
+            .args([
+                "worktree",
+                "add",
+                "-q",
+                "-b",
+                &format!("cold{round}"),
+                path.as_str(),
+                "HEAD",
+            ])
+            .current_dir(&repo)
+            .status()
+            .unwrap();
+        assert!(added.success());
+        change_and_check(&path, &task);
+        git.push(started.elapsed());
+        let _ = std::fs::remove_dir_all(&path);
+        let _ = Command::new("git")
+            .args(["worktree", "prune"])
+            .current_dir(&repo)
+            .status();
+    }
+    Comparison {
+        name: "first cargo check, recycled warm worktree".into(),
+        crew,
+        reference: git,
+        reference_name: "git worktree add, cold target/".into(),
+        target: Some(0.2),
+        paired: false,
+    }
+    .print();
+    let _ = std::fs::remove_dir_all(&repo);
 }
 
 /// One round of a recycled-worktree comparison: crew's task `task` takes a pooled worktree

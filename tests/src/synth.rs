@@ -210,3 +210,79 @@ fn run_git(dir: &Utf8Path, args: &[&str]) {
         .unwrap();
     assert!(status.success(), "git {args:?} failed in {dir}");
 }
+
+/// A Cargo workspace of `crates` library crates shaped as applications usually are: a core
+/// crate, libraries that each depend on it, and an application crate (the last) that depends on
+/// them all; each of `modules` modules of `functions` small generic functions and a
+/// trait implementation, committed on `main` with `target/` ignored: something whose first
+/// `cargo check` takes a while and whose later ones redo only what changed. No dependency from
+/// a registry: it builds offline.
+pub fn generate_cargo_workspace(dir: &Utf8Path, crates: usize, modules: usize, functions: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let members: Vec<String> = (0..crates)
+        .map(|index| format!("\"crate{index}\""))
+        .collect();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[workspace]\nresolver = \"2\"\nmembers = [{}]\n",
+            members.join(", ")
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
+    for index in 0..crates {
+        let root = dir.join(format!("crate{index}"));
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        let dependency_on =
+            |other: usize| format!("crate{other} = {{ path = \"../crate{other}\" }}\n");
+        let dependency = match index {
+            0 => String::new(),
+            last if last + 1 == crates => (0..last).map(dependency_on).collect(),
+            _ => dependency_on(0),
+        };
+        std::fs::write(
+            root.join("Cargo.toml"),
+            format!(
+                "[package]\nname = \"crate{index}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n{dependency}"
+            ),
+        )
+        .unwrap();
+        let mut lib = String::new();
+        for module in 0..modules {
+            lib.push_str(&format!("pub mod m{module};\n"));
+            let mut code = String::from("use std::collections::HashMap;\n\n");
+            if index > 0 {
+                code.push_str(&format!("pub use crate0::m{module}::Shape as Base;\n\n"));
+            }
+            code.push_str(
+                "pub trait Shape {\n    fn area(&self) -> f64;\n    fn name(&self) -> String;\n}\n\n",
+            );
+            for function in 0..functions {
+                code.push_str(&format!(
+                    "#[derive(Debug, Clone, PartialEq)]\npub struct S{function} {{ pub w: f64, pub h: f64, pub tags: Vec<String> }}\n\n\
+impl Shape for S{function} {{\n    fn area(&self) -> f64 {{ self.w * self.h + {function}.0 }}\n    fn name(&self) -> String {{ format!(\"s{function}-{{}}\", self.tags.join(\",\")) }}\n}}\n\n\
+pub fn f{function}<T: Clone + std::fmt::Debug>(items: &[T], key: &str) -> HashMap<String, Vec<T>> {{\n    let mut map = HashMap::new();\n    for (at, item) in items.iter().enumerate() {{\n        map.entry(format!(\"{{key}}-{{}}\", at % {m})).or_insert_with(Vec::new).push(item.clone());\n    }}\n    map\n}}\n\n",
+                    m = function + 2
+                ));
+            }
+            std::fs::write(root.join(format!("src/m{module}.rs")), code).unwrap();
+        }
+        std::fs::write(root.join("src/lib.rs"), lib).unwrap();
+    }
+    run_git(dir, &["init", "-q", "-b", "main"]);
+    run_git(dir, &["add", "-A"]);
+    run_git(
+        dir,
+        &[
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@example.com",
+            "commit",
+            "-q",
+            "-m",
+            "a cargo workspace",
+        ],
+    );
+}
