@@ -14,7 +14,30 @@ fn shown(env: &TestEnv, screen: &str) -> String {
         .map(str::trim_end)
         .filter(|line| !line.is_empty())
         .collect();
+    let text: Vec<String> = text
+        .iter()
+        .map(|line| ports_redacted(line).trim_end().to_owned())
+        .collect();
     Redactor::new(env).redact(&text.join("\n"))
+}
+
+/// A line's lease ports (`24652–24655`, each run's own) as `[PORTS]`, padded to their width.
+fn ports_redacted(text: &str) -> String {
+    text.split(' ')
+        .map(|word| {
+            let is_ports = word.split_once('–').is_some_and(|(first, last)| {
+                [first, last]
+                    .iter()
+                    .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit()))
+            });
+            if is_ports {
+                format!("{:<width$}", "[PORTS]", width = word.chars().count())
+            } else {
+                word.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The board's line of agent `id` (`board:<task>`).
@@ -100,13 +123,13 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     // hostile agent's escapes are text on its line: the board was not cleared or moved.
     insta::assert_snapshot!(shown(&env, &board), @r"
     waiting: 1  working: 4  agents: 6  crew watch project
-        AGENT         DEF   STATE   BRANCH             +/-         AGE  LAST OUTPUT
-    › ? board:asker   shell waiting crew/board-asker               [DURATION]   question recorded; end your tur…
-      ★ board:hello   shell done*   crew/board-hello   +1 -0       [DURATION]   wrote hello
-      ▶ board:first   shell working crew/board-first               [DURATION]   tick
-      ▶ board:second  shell working crew/board-second              [DURATION]   tock
-      ▶ board:hostile shell working crew/board-hostile             [DURATION]   �[2J�[H�]0;pwned�hostile
-      ▶ board:steered shell working crew/board-steered             [DURATION]
+        AGENT         DEF   STATE   BRANCH             +/-         AGE  PORTS       LAST OUTPUT
+    › ? board:asker   shell waiting crew/board-asker               [DURATION]   [PORTS]     question recorded; …
+      ★ board:hello   shell done*   crew/board-hello   +1 -0       [DURATION]               wrote hello
+      ▶ board:first   shell working crew/board-first               [DURATION]   [PORTS]     tick
+      ▶ board:second  shell working crew/board-second              [DURATION]   [PORTS]     tock
+      ▶ board:hostile shell working crew/board-hostile             [DURATION]   [PORTS]     �[2J�[H�]0;pwned�ho…
+      ▶ board:steered shell working crew/board-steered             [DURATION]   [PORTS]
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
     ");
     assert!(!tmux.title().contains("pwned"), "{}", tmux.title());
