@@ -501,6 +501,10 @@ pub struct SandboxRecord {
     /// of its own, and none of the user's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub private_terminals: bool,
+    /// It reached its host by a connection of its own (`CREW_SOCKET=@…`, an abstract socket
+    /// only its sandbox may connect to), the host's socket hidden from it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_connection: bool,
     /// The state directories its definition declares (`~/.claude/`) that crew could not make
     /// for it, each with why: the agent cannot keep its state there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

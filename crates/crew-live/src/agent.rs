@@ -294,6 +294,20 @@ pub(crate) struct Launcher {
     pub spawner: Spawner,
     pub env: Arc<BaseEnv>,
     pub events: broadcast::Sender<AgentEvent>,
+    /// Where agents' own connections are served, once the host serves a control socket.
+    pub own_connections: Arc<std::sync::OnceLock<Arc<dyn OwnConnections>>>,
+}
+
+/// Serves an agent's own connection to its host (see [`crate::sandbox::Namespace::control`]):
+/// what the host's control server does, for the agents it starts.
+pub(crate) trait OwnConnections: std::fmt::Debug + Send + Sync {
+    /// Serves every connection on `listener` as the agent whose warden is `warden`, until the
+    /// returned guard is dropped.
+    fn serve(
+        &self,
+        listener: std::os::unix::net::UnixListener,
+        warden: u32,
+    ) -> Box<dyn std::any::Any + Send>;
 }
 
 /// A process of the agent, running.
@@ -314,6 +328,8 @@ struct Running {
     leftovers: LeftoverCount,
     /// Its proxy (`network = "proxy"`), serving as long as this process lives.
     proxy: Option<crate::proxy::Proxy>,
+    /// Its own connection to its host, served as long as this process lives.
+    _own_connection: Option<Box<dyn std::any::Any + Send>>,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
     _temp_dir: tempfile::TempDir,
     /// A placed task's transport ended before the task started there: once its output is
@@ -534,11 +550,23 @@ async fn launch(
     for (name, value) in &spec.workspace_env {
         crew_vars.push((name.as_str(), value.clone()));
     }
+    let own_connection = launcher.own_connections.get().is_some();
     let (mut sandbox, caches) =
-        confinement(spec, launcher, temp_path).map_err(|source| SpawnAgentError::Sandbox {
-            agent_id: spec.agent_id.clone(),
-            source,
+        confinement(spec, launcher, temp_path, own_connection).map_err(|source| {
+            SpawnAgentError::Sandbox {
+                agent_id: spec.agent_id.clone(),
+                source,
+            }
         })?;
+    // With a connection of its own, that is the socket it knows.
+    if let Some(name) = sandbox
+        .namespace
+        .as_ref()
+        .and_then(|namespace| namespace.control.as_ref())
+    {
+        crew_vars.retain(|(variable, _)| *variable != env_vars::CREW_SOCKET);
+        crew_vars.push((env_vars::CREW_SOCKET, format!("@{name}")));
+    }
     // Confined by crew, the program's own sandbox stands down as its definition says, and
     // what it starts knows it is confined already.
     let confined = sandbox.record.state == SandboxState::Enforced;
@@ -611,6 +639,7 @@ async fn launch(
         mut child,
         leftovers,
         proxy,
+        own_connection,
     } = launcher
         .spawner
         .spawn(warded)
@@ -625,6 +654,13 @@ async fn launch(
         program: program.clone(),
         source: std::io::Error::other("the process exited before its pid was known"),
     })?;
+    // Served as this agent (its warden's pid) for as long as this process lives.
+    let own_connection = own_connection.and_then(|listener| {
+        launcher
+            .own_connections
+            .get()
+            .map(|connections| connections.serve(listener, pid))
+    });
     let (protocol_tx, protocol_rx) = mpsc::unbounded_channel();
     let (acp_lines, acp_incoming) = mpsc::unbounded_channel();
     let sink = OutputSink {
@@ -731,6 +767,7 @@ async fn launch(
         refusals,
         leftovers,
         proxy,
+        _own_connection: own_connection,
         _temp_dir: temp_dir,
         lost_before_start: false,
         session_over: false,
@@ -744,6 +781,7 @@ pub(crate) fn confinement(
     spec: &AgentSpec,
     launcher: &Launcher,
     temp_path: Utf8PathBuf,
+    own_connection: bool,
 ) -> Result<(sandbox::Prepared, Option<ToolchainCaches>), sandbox::BuildSandboxError> {
     let home = launcher
         .env
@@ -782,7 +820,8 @@ pub(crate) fn confinement(
     if let Some(caches) = &caches {
         extra_writes.push(caches.dir.clone());
     }
-    let mut prepared = sandbox::prepare(&plan, &extra_writes)?;
+    let own_socket = spec.socket.as_deref().filter(|_| own_connection);
+    let mut prepared = sandbox::prepare(&plan, &extra_writes, own_socket)?;
     if prepared.record.state == SandboxState::Enforced {
         prepared.record.unmade = unmade;
     }

@@ -107,7 +107,7 @@ async fn run(
         vars.push((name.as_str(), value.clone()));
     }
     let (prepared, caches) =
-        confinement(spec, launcher, temp_path).map_err(|error| error.to_string())?;
+        confinement(spec, launcher, temp_path, false).map_err(|error| error.to_string())?;
     if prepared.record.state == crew_core::model::SandboxState::Enforced {
         vars.push((
             env_vars::CREW_SANDBOX,

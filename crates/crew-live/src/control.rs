@@ -422,6 +422,11 @@ pub fn socket_dir() -> Result<Utf8PathBuf, ControlError> {
 /// private directory of this user. Nothing else is ever connected to.
 pub fn is_plausible_socket(path: &Utf8Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
+    // Inside an agent with a connection of its own, hosts' sockets are hidden from it: it
+    // reaches its host by that connection (see `ControlClient::connect`), whatever the path.
+    if own_connection().is_some() {
+        return path.is_absolute();
+    }
     let uid = rustix::process::geteuid().as_raw();
     let normal = path.is_absolute()
         && path
@@ -539,7 +544,21 @@ impl ControlServer {
             .map_err(bind_error)?;
         let runs = RunRoutes::default();
         let tasks = TaskFeedSlot::default();
-        let task = tokio::spawn(serve(listener, host, runs.clone(), tasks.clone()));
+        let serving = Serving {
+            host: host.clone(),
+            runs: runs.clone(),
+            tasks: tasks.clone(),
+            permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            agent_permits: Arc::new(Semaphore::new(MAX_AGENT_CONNECTIONS)),
+            peers: PeerCounts::default(),
+            uid: rustix::process::geteuid().as_raw(),
+            own_wardens: procscan::warden_ancestors(std::process::id())
+                .into_iter()
+                .map(|(warden, _)| warden)
+                .collect(),
+        };
+        host.serve_own_connections(Arc::new(serving.clone()));
+        let task = tokio::spawn(serve(listener, serving, None));
         Ok(ControlServer {
             path,
             task,
@@ -685,31 +704,71 @@ impl Drop for PeerSlot {
     }
 }
 
-async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes, tasks: TaskFeedSlot) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let agent_permits = Arc::new(Semaphore::new(MAX_AGENT_CONNECTIONS));
-    let peers: PeerCounts = Arc::default();
-    let uid = rustix::process::geteuid().as_raw();
-    let own_wardens: Arc<[u32]> = procscan::warden_ancestors(std::process::id())
-        .into_iter()
-        .map(|(warden, _)| warden)
-        .collect();
+/// What every connection of a server shares: the host and its runs, and the limits.
+#[derive(Clone)]
+struct Serving {
+    host: AgentHost,
+    runs: RunRoutes,
+    tasks: TaskFeedSlot,
+    permits: Arc<Semaphore>,
+    agent_permits: Arc<Semaphore>,
+    peers: PeerCounts,
+    uid: u32,
+    /// Wardens above this host (an agent that started it): they do not make its callers agents.
+    own_wardens: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for Serving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serving").field("uid", &self.uid).finish()
+    }
+}
+
+/// Ends a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl crate::agent::OwnConnections for Serving {
+    fn serve(
+        &self,
+        listener: std::os::unix::net::UnixListener,
+        warden: u32,
+    ) -> Box<dyn std::any::Any + Send> {
+        let listener = listener
+            .set_nonblocking(true)
+            .and_then(|()| UnixListener::from_std(listener));
+        match listener {
+            Ok(listener) => Box::new(AbortOnDrop(tokio::spawn(serve(
+                listener,
+                self.clone(),
+                Some(warden),
+            )))),
+            // Not served: the agent's `crew ask` finds no host, and says so.
+            Err(_) => Box::new(()),
+        }
+    }
+}
+
+/// Serves connections on `listener`: the host's own socket, whose callers are told apart by
+/// the kernel's word on their process (`as_agent` `None`), or an agent's own connection, whose
+/// every caller is that agent (its warden's pid) by construction — only the agent's sandbox
+/// can connect to it.
+async fn serve(listener: UnixListener, serving: Serving, as_agent: Option<u32>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             // Out of descriptors or similar: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let host = host.clone();
-        let runs = runs.clone();
-        let tasks = tasks.clone();
-        let permits = permits.clone();
-        let agent_permits = agent_permits.clone();
-        let peers = peers.clone();
-        let own_wardens = own_wardens.clone();
+        let serving = serving.clone();
         tokio::spawn(async move {
             let credentials = stream.peer_cred().ok();
-            if credentials.map(|cred| cred.uid()) != Some(uid) {
+            if credentials.map(|cred| cred.uid()) != Some(serving.uid) {
                 refuse(
                     stream,
                     ErrorCode::PermissionDenied,
@@ -721,14 +780,17 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes, tasks: 
             let peer_pid = credentials
                 .and_then(|cred| cred.pid())
                 .and_then(|pid| u32::try_from(pid).ok());
-            let caller = Caller::of(peer_pid, &own_wardens);
+            let caller = match as_agent {
+                Some(warden) => Caller::Agent { warden },
+                None => Caller::of(peer_pid, &serving.own_wardens),
+            };
             // Agents are capped one by one and together; the user's own clients (an editor may
             // hold many) only by the host's limit.
             let mut _agent_slot = None;
             if caller.is_agent() {
                 let (Some(slot), Ok(permit)) = (
-                    PeerSlot::take(&peers, caller),
-                    agent_permits.try_acquire_owned(),
+                    PeerSlot::take(&serving.peers, caller),
+                    serving.agent_permits.clone().try_acquire_owned(),
                 ) else {
                     refuse(stream, ErrorCode::Busy,
                         "this agent (or the host's agents together) holds too many connections; retry",
@@ -738,7 +800,7 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes, tasks: 
                 };
                 _agent_slot = Some((slot, permit));
             }
-            let Ok(_permit) = permits.try_acquire_owned() else {
+            let Ok(_permit) = serving.permits.clone().try_acquire_owned() else {
                 refuse(
                     stream,
                     ErrorCode::Busy,
@@ -747,7 +809,13 @@ async fn serve(listener: UnixListener, host: AgentHost, runs: RunRoutes, tasks: 
                 .await;
                 return;
             };
-            let peer = Peer { pid: peer_pid, uid };
+            let peer = Peer {
+                pid: peer_pid,
+                uid: serving.uid,
+            };
+            let Serving {
+                host, runs, tasks, ..
+            } = serving;
             serve_connection(stream, host, runs, tasks, caller, peer).await;
         });
     }
@@ -1067,11 +1135,41 @@ pub struct ControlClient {
 /// How long a client waits for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The own connection of the agent this process runs in (`CREW_SOCKET=@name`), if it has one.
+fn own_connection() -> Option<String> {
+    std::env::var(crew_core::env_vars::CREW_SOCKET)
+        .ok()
+        .filter(|socket| socket.starts_with('@'))
+}
+
+/// Connects to the abstract unix socket `name` (a connection to an abstract socket does not
+/// wait: there is a listener or there is not).
+fn connect_abstract(name: &str) -> io::Result<UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let stream = std::os::unix::net::UnixStream::connect_addr(&address)?;
+    stream.set_nonblocking(true)?;
+    UnixStream::from_std(stream)
+}
+
 impl ControlClient {
     /// Connects to the host at `path`. A socket without a listener (its host died) is reported
     /// as [`ControlError::HostGone`] at once.
+    ///
+    /// `@name` is an abstract socket: an agent's own connection to its host. Inside an agent
+    /// that has one (its `CREW_SOCKET` is `@name`), every connection goes there, whatever
+    /// `path` says: it is the agent's only way to its host (the host's socket is hidden from
+    /// it), and the host answers it as that agent.
     pub async fn connect(path: &Utf8Path) -> Result<Self, ControlError> {
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await {
+        let own = own_connection();
+        let path = own.as_deref().map_or(path, Utf8Path::new);
+        let connecting = async {
+            match path.as_str().strip_prefix('@') {
+                Some(name) => connect_abstract(name),
+                None => UnixStream::connect(path).await,
+            }
+        };
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Err(_) => {
                 return Err(ControlError::Timeout {
                     path: path.to_owned(),

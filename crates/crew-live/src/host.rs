@@ -31,6 +31,12 @@ struct HostInner {
 }
 
 impl AgentHost {
+    /// Serves the own connections of the agents this host starts from now on (see
+    /// [`crate::agent::OwnConnections`]): set once, by the control server that binds first.
+    pub(crate) fn serve_own_connections(&self, connections: Arc<dyn crate::agent::OwnConnections>) {
+        let _first_stays = self.inner.launcher.own_connections.set(connections);
+    }
+
     /// A host whose agents draw from this process's environment. Must be called inside a
     /// tokio runtime; the spawner thread belongs to that runtime.
     pub fn new() -> std::io::Result<Self> {
@@ -48,6 +54,7 @@ impl AgentHost {
                     spawner,
                     env: Arc::new(env),
                     events,
+                    own_connections: Arc::default(),
                 },
             }),
         })

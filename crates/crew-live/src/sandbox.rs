@@ -129,6 +129,10 @@ pub struct Namespace {
     pub proxy: bool,
     /// The user's own servers' unix sockets, covered (see [`user_sockets`]).
     pub hidden: Vec<Hidden>,
+    /// The name of the agent's own connection to its host: an abstract unix socket its process
+    /// listens on once confined (so that only its own Landlock domain may connect) and hands
+    /// to its host, which serves every connection on it as that agent (`CREW_SOCKET=@name`).
+    pub control: Option<String>,
 }
 
 impl Namespace {
@@ -137,7 +141,7 @@ impl Namespace {
     /// directory and of a file as the ruleset handles them, eight bytes each; then entries of
     /// a kind byte and a path (or an overlay's options) ended by a NUL: each overlay (`o` its
     /// target, `O` its options), each read-only path (`r`), each hidden directory (`d`) and
-    /// file (`f`).
+    /// file (`f`), and the name of the agent's own connection (`c`).
     pub(crate) fn encode(&self) -> std::io::Result<Vec<u8>> {
         let mut flags = 0;
         if self.terminals {
@@ -163,15 +167,17 @@ impl Namespace {
                 (b'O', overlay_options(view).unwrap_or_default()),
             ]
         });
-        let entries = overlays.chain(
-            self.read_only
-                .iter()
-                .map(|path| (b'r', path.to_string()))
-                .chain(self.hidden.iter().map(|hidden| match hidden {
-                    Hidden::Directory(path) => (b'd', path.to_string()),
-                    Hidden::File(path) => (b'f', path.to_string()),
-                })),
-        );
+        let entries = overlays
+            .chain(
+                self.read_only
+                    .iter()
+                    .map(|path| (b'r', path.to_string()))
+                    .chain(self.hidden.iter().map(|hidden| match hidden {
+                        Hidden::Directory(path) => (b'd', path.to_string()),
+                        Hidden::File(path) => (b'f', path.to_string()),
+                    })),
+            )
+            .chain(self.control.iter().map(|name| (b'c', name.clone())));
         for (kind, path) in entries {
             if path.is_empty() || path.contains('\0') {
                 return Err(std::io::Error::new(
@@ -326,9 +332,14 @@ pub fn kernel_abi() -> Option<u32> {
 /// Builds the ruleset of one start of an agent: writes beneath `plan.write`, `extra` (its
 /// definition's paths and its temp dir) and the device files; nothing else. Paths that do not
 /// exist cannot be granted and are listed as missing.
+///
+/// With `own_socket` (the host's control socket, for an agent that gets a connection of its
+/// own), a confined agent with a namespace gets one (see [`Namespace::control`]) and the host's
+/// socket directory is covered in its namespace: it reaches its host by that connection only.
 pub(crate) fn prepare(
     plan: &SandboxPlan,
     extra: &[Utf8PathBuf],
+    own_socket: Option<&Utf8Path>,
 ) -> Result<Prepared, BuildSandboxError> {
     let abi = kernel_abi();
     let state = match (plan.mode, abi) {
@@ -361,6 +372,7 @@ pub(crate) fn prepare(
                 private: Vec::new(),
                 stood_down: Vec::new(),
                 private_terminals: false,
+                own_connection: false,
                 network: NetworkMode::Open,
                 hidden: Vec::new(),
                 unmade: Vec::new(),
@@ -426,7 +438,7 @@ pub(crate) fn prepare(
         .filter(|view| !private.contains(view))
         .flat_map(|view| view.read_only_without.iter().cloned())
         .collect();
-    let namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
+    let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
         private,
         read_only: plan
             .read_only
@@ -446,7 +458,22 @@ pub(crate) fn prepare(
                 .map(Utf8Path::new),
             &write,
         ),
+        control: None,
     });
+    // Scoped to its own domain (Landlock ABI 6): the agent's own connection.
+    if let (Some(namespace), Some(socket)) = (&mut namespace, own_socket)
+        && abi.is_some_and(|abi| abi >= 6)
+    {
+        namespace.control = Some(format!("crew-{}", uuid::Uuid::new_v4().simple()));
+        if let Some(dir) = socket.parent().filter(|dir| {
+            std::fs::symlink_metadata(dir).is_ok_and(|metadata| metadata.is_dir())
+                && !write
+                    .iter()
+                    .any(|granted| granted.starts_with(dir) || dir.starts_with(granted))
+        }) {
+            namespace.hidden.push(Hidden::Directory(dir.to_owned()));
+        }
+    }
     // A narrower network asked, and none to be had: refused, never a silent fallback to the
     // open one.
     if plan.network != NetworkMode::Open && ruleset.is_some() && namespace.is_none() {
@@ -486,6 +513,9 @@ pub(crate) fn prepare(
             private_terminals: namespace
                 .as_ref()
                 .is_some_and(|namespace| namespace.terminals),
+            own_connection: namespace
+                .as_ref()
+                .is_some_and(|namespace| namespace.control.is_some()),
             network: plan.network,
             unmade: Vec::new(),
             hidden: namespace
@@ -723,6 +753,8 @@ pub(crate) unsafe fn enter_namespace(
                     }
                     continue;
                 }
+                // Listened on once confined: see `listen_for_own_connections`.
+                b'c' => continue,
                 b'r' => {}
                 _ => return Err(invalid()),
             }
@@ -750,6 +782,69 @@ pub(crate) unsafe fn enter_namespace(
         }
     }
     Ok(())
+}
+
+/// The name of the agent's own connection a namespace plan holds (see [`Namespace::control`]).
+///
+/// Async-signal-safe: it only reads the plan.
+pub(crate) fn plan_control_name(plan: &[u8]) -> Option<&[u8]> {
+    let (&flags, rest) = plan.split_first()?;
+    let mut entries = if flags & PLAN_TERMINALS != 0 {
+        rest.get(16..)?
+    } else {
+        rest
+    };
+    while let Some(end) = entries.iter().position(|byte| *byte == 0) {
+        let (entry, after) = entries.split_at(end);
+        if let Some((&b'c', name)) = entry.split_first() {
+            return Some(name);
+        }
+        entries = &after[1..];
+    }
+    None
+}
+
+/// Listens on the abstract unix socket `name` and sends the listening socket over `channel`
+/// to the host, then closes it here: called once the agent's process is confined, so that the
+/// socket is its Landlock domain's, which only that domain may connect to (ABI 6 scoping):
+/// the agent and what it starts, never another agent. The host serves it as that agent.
+///
+/// # Safety
+/// Async-signal-safe: a socket, bind, listen, one `sendmsg`, a close, all on this frame.
+pub(crate) unsafe fn listen_for_own_connections(
+    channel: libc::c_int,
+    name: &[u8],
+) -> std::io::Result<()> {
+    // SAFETY: every structure is plain data on this frame, sized as the calls expect.
+    unsafe {
+        let mut address: libc::sockaddr_un = std::mem::zeroed();
+        if name.is_empty() || name.len() + 1 > address.sun_path.len() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        // An abstract name: a leading NUL, then the name, no terminator.
+        for (at, byte) in name.iter().enumerate() {
+            address.sun_path[at + 1] = *byte as libc::c_char;
+        }
+        let length = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let listening = libc::bind(
+            fd,
+            (&address as *const libc::sockaddr_un).cast(),
+            length as libc::socklen_t,
+        ) == 0
+            && libc::listen(fd, 64) == 0;
+        let result = if listening {
+            send_descriptor(channel, fd)
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        libc::close(fd);
+        result
+    }
 }
 
 /// Whether a namespace plan (see [`Namespace::encode`]) asks for the proxy's socket.
@@ -1066,7 +1161,7 @@ pub fn probe() -> std::io::Result<Probe> {
     let inside = root.join("inside");
     let outside = root.join("outside");
     std::fs::create_dir(&inside)?;
-    let prepared = prepare(&SandboxPlan::confined_to(inside.clone()), &[])
+    let prepared = prepare(&SandboxPlan::confined_to(inside.clone()), &[], None)
         .map_err(|error| std::io::Error::other(error.to_string()))?;
     let mut command = std::process::Command::new("sh");
     command
@@ -1119,7 +1214,7 @@ mod tests {
             network: NetworkMode::Open,
             hosts: Vec::new(),
         };
-        let prepared = prepare(&plan, &[]).unwrap();
+        let prepared = prepare(&plan, &[], None).unwrap();
         assert!(prepared.ruleset.is_none());
         assert_eq!(prepared.record.state, SandboxState::Off);
     }
@@ -1131,7 +1226,7 @@ mod tests {
         let link = root.join("link");
         std::os::unix::fs::symlink("/", &link).unwrap();
         let plan = SandboxPlan::confined_to(root.clone());
-        let prepared = prepare(&plan, &[root.join("absent"), link.clone()]).unwrap();
+        let prepared = prepare(&plan, &[root.join("absent"), link.clone()], None).unwrap();
         assert!(
             kernel_abi().is_some(),
             "crew's machines have Landlock (see ARCHITECTURE.md); this kernel does not"

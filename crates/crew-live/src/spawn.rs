@@ -126,9 +126,13 @@ pub struct WardedCommand {
     /// The read end of the report pipe: first whether the agent started (0, or the error of
     /// its exec), then how many processes it left behind.
     report: OwnedFd,
-    /// With `network = "proxy"`: the host's end of the unix socket the agent's process sends
-    /// its proxy's listening socket on, and what the proxy lets through.
-    proxy: Option<(OwnedFd, crate::proxy::Rules)>,
+    /// The host's end of the unix socket the agent's process sends its listening sockets on:
+    /// its proxy's (`network = "proxy"`), then its own connection's.
+    channel: Option<OwnedFd>,
+    /// With `network = "proxy"`, what the proxy lets through.
+    proxy: Option<crate::proxy::Rules>,
+    /// The agent's process listens on a connection of its own and sends it over the channel.
+    own_connection: bool,
 }
 
 /// An agent its warden started.
@@ -141,6 +145,9 @@ pub struct Spawned {
     /// With `network = "proxy"`, the agent's proxy, serving until dropped: keep it as long as
     /// the agent lives.
     pub proxy: Option<crate::proxy::Proxy>,
+    /// The listening socket of the agent's own connection to its host, when it has one (see
+    /// [`crate::sandbox::Namespace::control`]).
+    pub own_connection: Option<std::os::unix::net::UnixListener>,
 }
 
 impl WardedCommand {
@@ -188,33 +195,35 @@ impl WardedCommand {
         let (report, report_writer) =
             unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
         let environment = environment_file(env)?;
-        let (proxy, channel) = match (namespace.is_some_and(|namespace| namespace.proxy), proxy) {
-            (false, _) => (None, None),
-            (true, None) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "an agent with a proxy of its own needs the proxy's rules",
-                ));
+        let proxied = namespace.is_some_and(|namespace| namespace.proxy);
+        if proxied && proxy.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an agent with a proxy of its own needs the proxy's rules",
+            ));
+        }
+        let proxy = proxy.filter(|_| proxied);
+        let own_connection = namespace.is_some_and(|namespace| namespace.control.is_some());
+        let (host_end, channel) = if proxied || own_connection {
+            let mut ends = [0 as libc::c_int; 2];
+            // SAFETY: socketpair fills the two descriptors, owned right below.
+            if unsafe {
+                libc::socketpair(
+                    libc::AF_UNIX,
+                    libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                    0,
+                    ends.as_mut_ptr(),
+                )
+            } != 0
+            {
+                return Err(io::Error::last_os_error());
             }
-            (true, Some(rules)) => {
-                let mut ends = [0 as libc::c_int; 2];
-                // SAFETY: socketpair fills the two descriptors, owned right below.
-                if unsafe {
-                    libc::socketpair(
-                        libc::AF_UNIX,
-                        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                        0,
-                        ends.as_mut_ptr(),
-                    )
-                } != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: both ends were just opened and are owned by nothing else.
-                let (host, agent) =
-                    unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
-                (Some((host, rules)), Some(agent))
-            }
+            // SAFETY: both ends were just opened and are owned by nothing else.
+            let (host, agent) =
+                unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+            (Some(host), Some(agent))
+        } else {
+            (None, None)
         };
         let namespace = match namespace {
             Some(namespace) => Some(memory_file(c"crew-namespace", &namespace.encode()?)?),
@@ -256,7 +265,9 @@ impl WardedCommand {
             command,
             passed,
             report,
+            channel: host_end,
             proxy,
+            own_connection,
         })
     }
 
@@ -284,7 +295,9 @@ impl WardedCommand {
             mut command,
             passed,
             report,
+            channel,
             proxy,
+            own_connection,
         } = self;
         for fd in &passed {
             // Inherited by no other warden: every agent of this host starts on this thread,
@@ -302,21 +315,30 @@ impl WardedCommand {
         let child = child?;
         match read_u32(&report, true) {
             Some(0) => {
-                // Sent before the agent's exec, which the report follows.
+                // Sent before the agent's exec, which the report follows: the proxy's socket,
+                // then its own connection's.
+                let received = |what: &str| {
+                    channel
+                        .as_ref()
+                        .and_then(crate::sandbox::receive_descriptor)
+                        .ok_or_else(|| {
+                            io::Error::other(format!(
+                                "the agent's process did not hand over its {what}"
+                            ))
+                        })
+                };
                 let proxy = match proxy {
                     None => None,
-                    Some((channel, rules)) => {
-                        let listener =
-                            crate::sandbox::receive_descriptor(&channel).ok_or_else(|| {
-                                io::Error::other(
-                                    "the agent's process did not hand over its proxy's socket",
-                                )
-                            })?;
-                        Some(crate::proxy::Proxy::start(
-                            std::net::TcpListener::from(listener),
-                            rules,
-                        )?)
-                    }
+                    Some(rules) => Some(crate::proxy::Proxy::start(
+                        std::net::TcpListener::from(received("proxy's socket")?),
+                        rules,
+                    )?),
+                };
+                let own_connection = match own_connection {
+                    false => None,
+                    true => Some(std::os::unix::net::UnixListener::from(received(
+                        "own connection's socket",
+                    )?)),
                 };
                 Ok(Spawned {
                     child,
@@ -325,6 +347,7 @@ impl WardedCommand {
                         read: OnceLock::new(),
                     },
                     proxy,
+                    own_connection,
                 })
             }
             // The warden exits at once; tokio reaps it.
@@ -748,14 +771,26 @@ unsafe fn start_agent(
                 }
             }
         }
-        if let Some(channel) = channel {
-            libc::close(channel);
-        }
         if let Some(ruleset) = ruleset {
             if crate::sandbox::restrict_self(ruleset).is_err() {
                 failed()
             }
             libc::close(ruleset);
+        }
+        // Confined now: its own connection, which only its own domain may connect to.
+        if let Some(name) = namespace.and_then(crate::sandbox::plan_control_name) {
+            match channel {
+                Some(channel)
+                    if crate::sandbox::listen_for_own_connections(channel, name).is_ok() => {}
+                Some(_) => failed(),
+                None => {
+                    *libc::__errno_location() = libc::EINVAL;
+                    failed()
+                }
+            }
+        }
+        if let Some(channel) = channel {
+            libc::close(channel);
         }
         libc::close(report);
         // The agent's PATH is the one its program is looked up in, as for any exec.

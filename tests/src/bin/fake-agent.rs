@@ -146,7 +146,7 @@ fn main() {
         "pwd" => println!("{}", std::env::current_dir().unwrap().display()),
         "pipe-socket" => {
             let socket = std::env::var("CREW_SOCKET").unwrap();
-            let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+            let mut stream = connect(&socket).unwrap();
             let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
             for line in std::io::stdin().lock().lines() {
                 writeln!(stream, "{}", line.unwrap()).unwrap();
@@ -160,7 +160,7 @@ fn main() {
             let socket = std::env::var("CREW_SOCKET").unwrap();
             let mut held = Vec::new();
             for _ in 0..count {
-                let Ok(mut stream) = std::os::unix::net::UnixStream::connect(&socket) else {
+                let Ok(mut stream) = connect(&socket) else {
                     continue;
                 };
                 let _ = stream.write_all(b"{\"workspace\":");
@@ -190,5 +190,17 @@ fn set_term(handler: libc::sighandler_t) {
     #[allow(unsafe_code)]
     unsafe {
         libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// Connects to the host's socket as crew says it: a path, or `@name`, an abstract socket (an
+/// agent's own connection).
+fn connect(socket: &str) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    match socket.strip_prefix('@') {
+        Some(name) => std::os::unix::net::UnixStream::connect_addr(
+            &std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?,
+        ),
+        None => std::os::unix::net::UnixStream::connect(socket),
     }
 }

@@ -1401,12 +1401,15 @@ fn an_agent_that_connects_from_a_child_it_reaps_is_never_answered_as_the_user() 
     // defence about one try in a hundred got the user's answer.)
     let probe = r#"import json, os, socket, sys
 answers = {"ok": 0, "refused": 0}
+address = os.environ["CREW_SOCKET"]
+if address.startswith("@"):
+    address = "\0" + address[1:]
 for attempt in range(1000):
     connection = socket.socket(socket.AF_UNIX)
     child = os.fork()
     if child == 0:
         try:
-            connection.connect(os.environ["CREW_SOCKET"])
+            connection.connect(address)
         finally:
             os._exit(0)
     os.waitpid(child, 0)
@@ -1442,6 +1445,84 @@ print(json.dumps(answers))
     // The user's own command is answered all the same.
     let listed = env.crew(&repo, ["agents", "list"]);
     assert!(listed.status.success(), "{}", render_output(&listed));
+}
+
+/// Each confined agent reaches its host by a connection of its own (an abstract socket it
+/// listens on once confined, which only its own sandbox may connect to), and the host's socket
+/// is hidden from it: it cannot reach another agent's connection (found in `/proc/net/unix`)
+/// nor the host's socket (its path is in the run's record), so nothing it does is ever taken
+/// for the user's or another agent's.
+#[test]
+fn an_agent_reaches_its_host_by_its_own_connection_only() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let probe = r#"import json, os, socket, glob, time
+own = os.environ["CREW_SOCKET"]
+print("OWN", own.startswith("@"))
+time.sleep(0.5)
+def request(address, op):
+    connection = socket.socket(socket.AF_UNIX)
+    connection.settimeout(5)
+    connection.connect(address)
+    connection.sendall((json.dumps({"id": 1, "workspace": os.environ["CREW_PROJECT_ROOT"], "op": op, "agent": "victim"}) + "\n").encode())
+    return json.loads(connection.makefile().readline())
+names = set()
+for line in open("/proc/net/unix").read().splitlines()[1:]:
+    fields = line.split()
+    if len(fields) >= 8 and fields[-1].startswith("@crew-"):
+        names.add(fields[-1])
+print("SEEN", len(names))
+for name in names:
+    if name == own:
+        continue
+    try:
+        answer = request("\0" + name[1:], "stop")
+        print("REACHED", name, answer)
+    except OSError as error:
+        print("REFUSED", name, error.errno)
+for path in glob.glob(os.environ["CREW_PROJECT_ROOT"] + "/.crew/state/runs/*/manifest.json"):
+    socket_path = (json.load(open(path)).get("host") or {}).get("socket")
+    if socket_path:
+        try:
+            answer = request(socket_path, "stop")
+            print("REACHED-MAIN", answer)
+        except OSError as error:
+            print("NO-MAIN", error.errno)
+answer = request("\0" + own[1:], "stop")
+print("OWN-ANSWER", answer.get("error", {}).get("code"))
+"#;
+    write(&repo.join("probe.py"), probe);
+    env.git(&repo, ["add", "probe.py"]);
+    env.git(&repo, ["commit", "-q", "-m", "probe"]);
+    let output = env.crew(
+        &repo,
+        crate::common::runs::shell_worktree_args(&[
+            "victim=echo ready; sleep 4",
+            "attacker=python3 probe.py",
+        ]),
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let said = output_log(&repo, &run, "attacker");
+    assert!(said.contains("OWN True"), "{said}");
+    // It saw the victim's connection, and could not use it; nor the host's socket.
+    let seen: usize = said
+        .lines()
+        .find_map(|line| line.strip_prefix("SEEN "))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0);
+    assert!(seen >= 2, "{said}");
+    assert!(said.contains("REFUSED @crew-"), "{said}");
+    assert!(!said.contains("REACHED"), "{said}");
+    assert!(said.contains("NO-MAIN"), "{said}");
+    // Its own connection answers it as itself: refused what only the user may do.
+    assert!(said.contains("OWN-ANSWER forbidden"), "{said}");
+    let recorded = manifest(&env, &repo, &run);
+    assert_eq!(task(&recorded, "victim")["status"], "succeeded");
+    assert_eq!(
+        task(&recorded, "attacker")["sandbox"]["own_connection"],
+        true
+    );
 }
 
 #[test]

@@ -168,7 +168,7 @@ impl Terminals {
         for (name, value) in &self.spec.workspace_env {
             vars.push((name.as_str(), value.clone()));
         }
-        let (prepared, caches) = confinement(&self.spec, &self.launcher, temp_path)
+        let (prepared, caches) = confinement(&self.spec, &self.launcher, temp_path, false)
             .map_err(|error| failed(error.to_string()))?;
         let marker = procscan::agent_marker(&self.spec.agent_id);
         // The request's variables after the agent's: the later of two with one name wins.
