@@ -437,6 +437,7 @@ impl WorkspaceRecord {
             writable: self.writable.clone(),
             read_only: self.read_only.clone(),
             private: Vec::new(),
+            git_config: Vec::new(),
         }
     }
 }

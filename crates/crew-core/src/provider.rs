@@ -207,6 +207,11 @@ pub struct TaskWorkspace {
     /// them; the provider takes what it may of those changes when the task ends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub private: Vec<PrivateView>,
+    /// git settings the agent's git needs from the project whatever its home: its identity
+    /// (`user.name`, `user.email`) as the repository resolves it (its own config, then the
+    /// user's), so that an agent with a home of its own commits as the user would.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub git_config: Vec<(String, String)>,
 }
 
 /// A directory an agent sees as its own copy (see [`TaskWorkspace::private`]).

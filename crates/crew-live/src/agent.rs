@@ -91,6 +91,10 @@ pub struct AgentSpec {
     /// Variables crew sets for this kind of workspace (such as `GIT_CEILING_DIRECTORIES`, so
     /// that git in a workspace inside the project never finds the project's repository).
     pub workspace_env: Vec<(String, String)>,
+    /// git settings of the project the agent's git runs with whatever its home (its identity,
+    /// `user.name` and `user.email`, as the repository resolves them), through git's
+    /// `GIT_CONFIG_COUNT` variables.
+    pub git_config: Vec<(String, String)>,
     /// The task whose agent submitted this one (a lead agent's sub-task), if any.
     pub parent: Option<TaskId>,
     /// The session an earlier start reported (see `Protocol`): what `{session_id}` in the
@@ -599,6 +603,7 @@ async fn launch(
             definition,
             confined.then(|| caches.as_ref().map_or(&[][..], |caches| &caches.env[..])),
             &crew_vars,
+            &spec.git_config,
         ),
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,

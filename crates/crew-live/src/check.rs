@@ -130,6 +130,7 @@ async fn run(
             &spec.definition,
             caches.as_ref().map(|caches| &caches.env[..]),
             &vars,
+            &spec.git_config,
         ),
         &marker,
         prepared.ruleset,

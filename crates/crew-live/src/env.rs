@@ -88,12 +88,14 @@ pub fn passed_values(patterns: &[String]) -> std::collections::BTreeMap<String, 
 /// git keeps its maintenance.
 pub const AGENT_GIT_CONFIG: &[(&str, &str)] = &[("maintenance.auto", "false"), ("gc.auto", "0")];
 
-/// The complete environment of an agent, in the order it is applied.
+/// The complete environment of an agent, in the order it is applied: `git_config` goes into
+/// git's `GIT_CONFIG_*` variables after crew's own [`AGENT_GIT_CONFIG`].
 pub fn agent_env(
     base: &BaseEnv,
     definition: &AgentDef,
     confined: Option<&[(String, String)]>,
     crew: &[(&str, String)],
+    git_config: &[(String, String)],
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = Vec::new();
     // crew's own variables may name git's (`GIT_CEILING_DIRECTORIES`); the user's never do.
@@ -133,12 +135,21 @@ pub fn agent_env(
     for (name, value) in crew {
         set((*name).into(), value.into(), true);
     }
+    let settings: Vec<(&str, &str)> = AGENT_GIT_CONFIG
+        .iter()
+        .copied()
+        .chain(
+            git_config
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.as_str())),
+        )
+        .collect();
     set(
         "GIT_CONFIG_COUNT".into(),
-        AGENT_GIT_CONFIG.len().to_string().into(),
+        settings.len().to_string().into(),
         true,
     );
-    for (index, (key, value)) in AGENT_GIT_CONFIG.iter().enumerate() {
+    for (index, (key, value)) in settings.iter().enumerate() {
         set(format!("GIT_CONFIG_KEY_{index}").into(), key.into(), true);
         set(
             format!("GIT_CONFIG_VALUE_{index}").into(),
@@ -169,7 +180,13 @@ mod tests {
         let mut definition = AgentDef::builtin_shell();
         definition.pass_env = vec!["ANTHROPIC_API_KEY".into()];
         definition.env.insert("MODE".into(), "fast".into());
-        let env = agent_env(&base, &definition, None, &[("CREW_TASK_ID", "api".into())]);
+        let env = agent_env(
+            &base,
+            &definition,
+            None,
+            &[("CREW_TASK_ID", "api".into())],
+            &[],
+        );
         let names: Vec<_> = env.iter().map(|(name, _)| name.to_str().unwrap()).collect();
         assert_eq!(
             names,

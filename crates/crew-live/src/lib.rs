@@ -59,6 +59,7 @@
 //!         socket: None,
 //!         sandbox: SandboxPlan::confined_to(workspace.as_path()),
 //!         workspace_env: Vec::new(),
+//!         git_config: Vec::new(),
 //!         session_id: None,
 //!         session_cost: None,
 //!         placed: None,

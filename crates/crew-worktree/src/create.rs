@@ -139,6 +139,7 @@ pub fn prepare_worktree(
             writable: agent_writable(&common, &names.admin),
             read_only: Vec::new(),
             private: Vec::new(),
+            git_config: Vec::new(),
             root: names.root,
         });
     }
@@ -160,6 +161,7 @@ pub fn prepare_worktree(
             writable: agent_writable(&common, &names.admin),
             read_only: Vec::new(),
             private: Vec::new(),
+            git_config: Vec::new(),
         })
     });
     if result.is_err() {

@@ -450,6 +450,7 @@ impl CrewWorkspaces {
             writable: Vec::new(),
             read_only: Vec::new(),
             private: Vec::new(),
+            git_config: Vec::new(),
         })
     }
 
@@ -476,6 +477,7 @@ impl CrewWorkspaces {
             writable: Vec::new(),
             read_only: Vec::new(),
             private: Vec::new(),
+            git_config: Vec::new(),
         })
     }
 }
@@ -642,7 +644,14 @@ impl WorkspaceProvider for CrewWorkspaces {
                 other => other,
             },
         };
-        let workspace = result.map_err(PrepareWorktreeError::into_allocate_error)?;
+        let mut workspace = result.map_err(PrepareWorktreeError::into_allocate_error)?;
+        if matches!(
+            workspace.kind,
+            WorkspaceKind::Single | WorkspaceKind::Worktree
+        ) && let Some(repo_root) = request.repo_root.as_deref()
+        {
+            workspace.git_config = git_identity(repo_root);
+        }
         self.arm_tripwire(request);
         Ok(workspace)
     }
@@ -832,6 +841,7 @@ impl CrewWorkspaces {
             writable: Vec::new(),
             read_only,
             private,
+            git_config: Vec::new(),
         }
     }
 
@@ -872,6 +882,19 @@ impl CrewWorkspaces {
             )),
         }
     }
+}
+
+/// The identity a commit in the repository at `repo_root` is made with (`user.name`,
+/// `user.email`, as the repository's config resolves them: its own, then the user's and the
+/// system's), for an agent whose git may not find the user's files (a home of its own).
+fn git_identity(repo_root: &Utf8Path) -> Vec<(String, String)> {
+    let Ok(config) = git2::Repository::open(repo_root).and_then(|repo| repo.config()) else {
+        return Vec::new();
+    };
+    ["user.name", "user.email"]
+        .into_iter()
+        .filter_map(|key| Some((key.to_owned(), config.get_string(key).ok()?)))
+        .collect()
 }
 
 /// Where the tripwire's copy is saved beside a run while its tasks are active.

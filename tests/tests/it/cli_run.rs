@@ -755,3 +755,43 @@ fn the_conflict_radar_sees_what_running_agents_committed() {
         "{shown}"
     );
 }
+
+/// An agent whose home is its own (not the user's, where the user's git identity is) still
+/// commits as the user: crew gives its git the identity the repository resolves.
+#[test]
+fn an_agent_with_a_home_of_its_own_commits_with_the_users_git_identity() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &env.home().join(".gitconfig"),
+        "[user]\n\tname = Ada Lovelace\n\temail = ada@example.com\n",
+    );
+    write(
+        &repo.join(".crew/agents/homeless.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\nenv = { HOME = \"/nonexistent\" }\n",
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "homeless",
+            "--workspace-mode",
+            "worktree",
+            "echo x > x.txt && git add x.txt && git commit -q -m mine && echo COMMITTED",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/homeless/output.log")),
+    )
+    .unwrap();
+    assert!(log.contains("COMMITTED"), "{log}");
+    let branch = format!("crew/{run}-homeless");
+    assert_eq!(
+        env.git(&repo, ["log", "-1", "--format=%an <%ae>|%s", &branch])
+            .trim(),
+        "Ada Lovelace <ada@example.com>|mine"
+    );
+}

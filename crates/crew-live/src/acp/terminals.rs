@@ -180,14 +180,20 @@ impl Terminals {
                     .map(|(name, value)| (*name, (*value).to_owned())),
             );
         }
-        let env = agent_env(&self.launcher.env, &self.spec.definition, caches, &vars)
-            .into_iter()
-            .chain(request.env.iter().map(|variable| {
-                (
-                    std::ffi::OsString::from(&variable.name),
-                    std::ffi::OsString::from(&variable.value),
-                )
-            }));
+        let env = agent_env(
+            &self.launcher.env,
+            &self.spec.definition,
+            caches,
+            &vars,
+            &self.spec.git_config,
+        )
+        .into_iter()
+        .chain(request.env.iter().map(|variable| {
+            (
+                std::ffi::OsString::from(&variable.name),
+                std::ffi::OsString::from(&variable.value),
+            )
+        }));
         let (program, args) = program_and_args(request);
         let mut warded = WardedCommand::new(
             program,

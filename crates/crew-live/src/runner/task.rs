@@ -448,6 +448,7 @@ impl RunContext {
                     })
                     .collect(),
             },
+            git_config: workspace.git_config.clone(),
             workspace_env: workspace_env(workspace)
                 .into_iter()
                 .chain(

@@ -49,6 +49,7 @@ impl LiveFixture {
             socket: None,
             sandbox: crew_live::SandboxPlan::confined_to(self.workspace.as_path()),
             workspace_env: Vec::new(),
+            git_config: Vec::new(),
             session_id: None,
             session_cost: None,
             placed: None,
