@@ -209,7 +209,9 @@ impl PrivateGit {
             index: FileStamp::of(&own.join("index")),
         };
         let json = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
-        write_atomic(&self.start_file(), &json).map_err(std::io::Error::other)
+        // Not synced: lost in a crash, the next arm records where the checkout stands then,
+        // which the agent's view never changed.
+        std::fs::write(self.start_file(), json)
     }
 
     /// Takes from the agent's layer what is its to give (see the module's doc), reports the
@@ -263,16 +265,35 @@ impl PrivateGit {
         Ok(taken)
     }
 
-    /// Removes the view's directories (the overlay's scratch directory is made unreadable by
-    /// the kernel: opened again first).
+    /// Removes the view's directories.
     pub fn remove(&self) {
-        let inner = self.dir.join("work/work");
-        if std::fs::symlink_metadata(&inner).is_ok_and(|metadata| metadata.is_dir()) {
-            let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+        if let Some(task_dir) = self.dir.parent() {
+            remove_view(task_dir);
         }
-        if let Some(parent) = self.dir.parent() {
-            let _ = remove_contained(&self.dir, &[parent]);
-        }
+    }
+}
+
+/// Whether the view of the task whose state directory is `task_dir` holds anything its agent
+/// wrote (most tasks' agents write nothing in git: their teardown need not open the
+/// repository).
+pub fn holds_changes(task_dir: &Utf8Path) -> bool {
+    task_dir
+        .join(DIR)
+        .join("upper")
+        .read_dir_utf8()
+        .is_ok_and(|mut entries| entries.next().is_some())
+}
+
+/// Removes the view beneath the task state directory `task_dir` (the overlay's scratch
+/// directory, which the kernel makes unreadable, is opened again first).
+pub fn remove_view(task_dir: &Utf8Path) {
+    let dir = task_dir.join(DIR);
+    let inner = dir.join("work/work");
+    if std::fs::symlink_metadata(&inner).is_ok_and(|metadata| metadata.is_dir()) {
+        let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
+    }
+    if std::fs::symlink_metadata(&dir).is_ok() {
+        let _ = remove_contained(&dir, &[task_dir]);
     }
 }
 

@@ -645,12 +645,11 @@ impl WorkspaceProvider for CrewWorkspaces {
             },
         };
         let mut workspace = result.map_err(PrepareWorktreeError::into_allocate_error)?;
-        if matches!(
-            workspace.kind,
-            WorkspaceKind::Single | WorkspaceKind::Worktree
-        ) && let Some(repo_root) = request.repo_root.as_deref()
+        if workspace.kind == WorkspaceKind::Worktree
+            && let Some(repo_root) = request.repo_root.as_deref()
+            && let Ok(repo) = git2::Repository::open(repo_root)
         {
-            workspace.git_config = git_identity(repo_root);
+            workspace.git_config = git_identity(&repo);
         }
         self.arm_tripwire(request);
         Ok(workspace)
@@ -790,12 +789,14 @@ impl CrewWorkspaces {
         let mut read_only = vec![project.join(crew_core::discovery::CREW_DIR)];
         let mut private = Vec::new();
         let mut warnings = Vec::new();
+        let mut git_config = Vec::new();
         let repository = request
             .repo_root
             .as_deref()
             .and_then(|repo_root| Some((repo_root, git2::Repository::open(repo_root).ok()?)));
         if let Some((repo_root, repo)) = repository {
             let common = leader::common_dir(&repo);
+            git_config = git_identity(&repo);
             // Even in the agent's private view: what it would plant there is never the user's,
             // but a program that writes its settings there (aider its identity) learns at once
             // that it may not, rather than at the task's end as a finding.
@@ -841,7 +842,7 @@ impl CrewWorkspaces {
             writable: Vec::new(),
             read_only,
             private,
-            git_config: Vec::new(),
+            git_config,
         }
     }
 
@@ -853,6 +854,10 @@ impl CrewWorkspaces {
         };
         let store = StateStore::new(&request.workspace, Some(repo_root));
         let task_dir = store.task_dir(&request.run_id, &request.task_id);
+        if !crate::private_git::holds_changes(&task_dir) {
+            crate::private_git::remove_view(&task_dir);
+            return;
+        }
         let Ok(repo) = git2::Repository::open(repo_root) else {
             return;
         };
@@ -884,11 +889,11 @@ impl CrewWorkspaces {
     }
 }
 
-/// The identity a commit in the repository at `repo_root` is made with (`user.name`,
+/// The identity a commit in `repo` is made with (`user.name`,
 /// `user.email`, as the repository's config resolves them: its own, then the user's and the
 /// system's), for an agent whose git may not find the user's files (a home of its own).
-fn git_identity(repo_root: &Utf8Path) -> Vec<(String, String)> {
-    let Ok(config) = git2::Repository::open(repo_root).and_then(|repo| repo.config()) else {
+fn git_identity(repo: &git2::Repository) -> Vec<(String, String)> {
+    let Ok(config) = repo.config() else {
         return Vec::new();
     };
     ["user.name", "user.email"]
