@@ -516,6 +516,10 @@ pub struct SandboxRecord {
     /// What it reached of the network (`none`: an empty network namespace of its own).
     #[serde(default, skip_serializing_if = "crate::config::NetworkMode::is_open")]
     pub network: crate::config::NetworkMode,
+    /// The narrower network it asked for and this kernel could not give, when its run allowed
+    /// the open one instead (`crew run --allow-open-network`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_unmet: Option<crate::config::NetworkMode>,
 }
 
 /// A task of a run, with everything that happened to it.
@@ -599,6 +603,10 @@ pub struct TaskRecord {
     /// --network`): its agent gets the narrower of this and its own settings, at every start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::config::NetworkMode>,
+    /// Its run allowed an open network where the narrower one cannot be had (`crew run
+    /// --allow-open-network`), at every start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_open_network: bool,
     /// With `network = "proxy"`, the requests its agent's proxy let through and refused, over
     /// every start (each is also an event of the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -936,6 +944,7 @@ impl TaskRecord {
             on_limit: OnLimit::Fail,
             placement: None,
             network: None,
+            allow_open_network: false,
             requests: None,
             lease: None,
             overlaps: Vec::new(),

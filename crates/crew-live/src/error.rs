@@ -205,3 +205,19 @@ impl AgentOpError {
         }
     }
 }
+
+/// An error and each of its causes, as one line (`failed to confine agent x: … needs …`): what
+/// a task's recorded reason says, where nothing prints the chain.
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}

@@ -73,6 +73,9 @@ pub struct SandboxPlan {
     /// With `proxy`, the lists of hosts that apply besides its definition's (the project's):
     /// a request must be in every one.
     pub hosts: Vec<HostList>,
+    /// Where the kernel cannot give the narrower network, run with the open one (recorded as
+    /// `network_unmet`) instead of refusing the start.
+    pub allow_open_network: bool,
 }
 
 impl SandboxPlan {
@@ -85,6 +88,7 @@ impl SandboxPlan {
             private: Vec::new(),
             network: NetworkMode::Open,
             hosts: Vec::new(),
+            allow_open_network: false,
         }
     }
 }
@@ -348,15 +352,19 @@ pub(crate) fn prepare(
         (SandboxMode::Enforce, Some(_)) => SandboxState::Enforced,
     };
     // A narrower network is the kernel's to give: without Landlock (the rest of the sandbox
-    // gone too, which crew says), never the open one in its place. Off by the user's choice,
-    // it is off.
+    // gone too, which crew says), never the open one in its place — unless the run allowed it,
+    // and then it is said. Off by the user's choice, it is off.
+    let mut network_unmet = None;
     if state == SandboxState::Unsupported && plan.network != NetworkMode::Open {
-        return Err(BuildSandboxError {
-            message: format!(
-                "`[sandbox] network = \"{}\"` needs the kernel's sandbox, and this kernel has no Landlock: run crew on Linux 5.13 or later with Landlock enabled (`lsm=landlock` among the boot's security modules), or set `network = \"open\"`",
-                plan.network.as_str()
-            ),
-        });
+        if !plan.allow_open_network {
+            return Err(BuildSandboxError {
+                message: format!(
+                    "`[sandbox] network = \"{}\"` needs the kernel's sandbox, and this kernel has no Landlock: run crew on Linux 5.13 or later with Landlock enabled (`lsm=landlock` among the boot's security modules), set `network = \"open\"`, or run with `--allow-open-network`",
+                    plan.network.as_str()
+                ),
+            });
+        }
+        network_unmet = Some(plan.network);
     }
     if state != SandboxState::Enforced {
         return Ok(Prepared {
@@ -374,6 +382,7 @@ pub(crate) fn prepare(
                 private_terminals: false,
                 own_connection: false,
                 network: NetworkMode::Open,
+                network_unmet,
                 hidden: Vec::new(),
                 unmade: Vec::new(),
             },
@@ -477,12 +486,15 @@ pub(crate) fn prepare(
     // A narrower network asked, and none to be had: refused, never a silent fallback to the
     // open one.
     if plan.network != NetworkMode::Open && ruleset.is_some() && namespace.is_none() {
-        return Err(BuildSandboxError {
-            message: format!(
-                "`[sandbox] network = \"{}\"` needs a network namespace of the agent's own, and this kernel refuses unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone`, or AppArmor's `kernel.apparmor_restrict_unprivileged_userns` on Ubuntu): allow them, or set `network = \"open\"`",
-                plan.network.as_str()
-            ),
-        });
+        if !plan.allow_open_network {
+            return Err(BuildSandboxError {
+                message: format!(
+                    "`[sandbox] network = \"{}\"` needs a network namespace of the agent's own, and this kernel refuses unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone`, or AppArmor's `kernel.apparmor_restrict_unprivileged_userns` on Ubuntu): allow them, set `network = \"open\"`, or run with `--allow-open-network`",
+                    plan.network.as_str()
+                ),
+            });
+        }
+        network_unmet = Some(plan.network);
     }
     let read_only = namespace
         .as_ref()
@@ -516,7 +528,12 @@ pub(crate) fn prepare(
             own_connection: namespace
                 .as_ref()
                 .is_some_and(|namespace| namespace.control.is_some()),
-            network: plan.network,
+            network: if network_unmet.is_some() {
+                NetworkMode::Open
+            } else {
+                plan.network
+            },
+            network_unmet,
             unmade: Vec::new(),
             hidden: namespace
                 .as_ref()
@@ -1213,6 +1230,7 @@ mod tests {
             private: Vec::new(),
             network: NetworkMode::Open,
             hosts: Vec::new(),
+            allow_open_network: false,
         };
         let prepared = prepare(&plan, &[], None).unwrap();
         assert!(prepared.ruleset.is_none());

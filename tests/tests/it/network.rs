@@ -409,3 +409,66 @@ fn as_an_unprivileged_user_a_proxied_agent_reaches_its_listed_host_only() {
     }
     assert_eq!(unlisted.hits(), 0, "{seen}");
 }
+
+/// A kernel that refuses unprivileged user namespaces (made so for crew by starting it in a
+/// user namespace of its own with `user.max_user_namespaces` at 0) cannot give an agent a
+/// network of its own: `--network none` is refused before the agent starts, never run open in
+/// its place; `--allow-open-network` runs it with the network open, and its task says so.
+#[test]
+fn where_namespaces_are_refused_a_narrower_network_runs_open_only_when_allowed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let without_namespaces = |extra: &[&str]| {
+        let crew = env.crew_command(&repo);
+        let mut command = std::process::Command::new("unshare");
+        command.env_clear();
+        for (name, value) in crew.get_envs() {
+            if let Some(value) = value {
+                command.env(name, value);
+            }
+        }
+        command
+            .current_dir(&repo)
+            .args([
+                "--user",
+                "--map-root-user",
+                "sh",
+                "-c",
+                "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"",
+                crew_tests::crew_bin().as_str(),
+                "run",
+                "--agent",
+                "shell",
+                "--network",
+                "none",
+            ])
+            .args(extra)
+            .arg("echo RAN");
+        command.output().unwrap()
+    };
+    let refused = without_namespaces(&[]);
+    let shown = render_output(&refused);
+    if shown.contains("unshare failed") || shown.contains("Operation not permitted") {
+        eprintln!("SKIPPED: this machine cannot make a user namespace for the test: {shown}");
+        return;
+    }
+    assert!(!refused.status.success(), "{shown}");
+    assert!(
+        shown.contains("refuses unprivileged user namespaces")
+            && shown.contains("--allow-open-network"),
+        "{shown}"
+    );
+    let allowed = without_namespaces(&["--allow-open-network"]);
+    assert!(allowed.status.success(), "{}", render_output(&allowed));
+    let run = crate::common::runs::run_ids(&env, &repo).remove(0);
+    let manifest = crate::common::runs::manifest(&env, &repo, &run);
+    let task = crate::common::runs::task(&manifest, "shell");
+    assert_eq!(task["sandbox"]["network_unmet"], "none", "{task:#}");
+    assert!(task["sandbox"]["network"].is_null(), "{task:#}");
+    assert!(
+        task["warnings"]
+            .to_string()
+            .contains("ran with the network open"),
+        "{task:#}"
+    );
+}

@@ -75,6 +75,11 @@ pub struct RunArgs {
     /// say; never widens it.
     #[arg(long, value_name = "none|proxy|open", value_parser = NetworkMode::parse)]
     pub network: Option<NetworkMode>,
+    /// Where the kernel cannot give an agent the narrower network it asks for (it refuses
+    /// unprivileged user namespaces, or has no Landlock), run it with the network open — said
+    /// on the task — instead of refusing it.
+    #[arg(long)]
+    pub allow_open_network: bool,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
@@ -135,6 +140,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         on_limit: args.on_limit,
         placement: args.placement.clone(),
         network: args.network,
+        allow_open_network: args.allow_open_network,
     };
     if args.detach {
         return detach(&ctx, &spec).await;

@@ -67,6 +67,7 @@ impl Runner {
                 (Some(run), Some(task)) => Some(run.and(task)),
                 (run, task) => run.or(task),
             };
+            record.allow_open_network = spec.allow_open_network;
             if let Some(placement) = &record.placement {
                 if !self.config.placements.contains_key(placement) {
                     let known: Vec<&str> =

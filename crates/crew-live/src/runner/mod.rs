@@ -79,6 +79,10 @@ pub struct RunSpec {
     /// `--network`: the network of every task at most, narrowing what the team, the tasks and
     /// their agents say.
     pub network: Option<crew_core::config::NetworkMode>,
+    /// `--allow-open-network`: where the kernel cannot give a task's agent the narrower network
+    /// it asks for (no unprivileged user namespaces, or no Landlock), the agent runs with the
+    /// network open, said on the task, instead of being refused.
+    pub allow_open_network: bool,
 }
 
 impl RunSpec {
@@ -96,6 +100,7 @@ impl RunSpec {
             on_limit: None,
             placement: None,
             network: None,
+            allow_open_network: false,
         }
     }
 }

@@ -447,6 +447,7 @@ impl RunContext {
                         hosts: hosts.clone(),
                     })
                     .collect(),
+                allow_open_network: task.allow_open_network,
             },
             git_config: workspace.git_config.clone(),
             workspace_env: workspace_env(workspace)
@@ -743,7 +744,7 @@ impl RunContext {
             Ok(handle) => handle,
             Err(error) => {
                 return self
-                    .fail_to_start(&task_id, &workspace, error.to_string())
+                    .fail_to_start(&task_id, &workspace, crate::error::with_causes(&error))
                     .await;
             }
         };
@@ -815,7 +816,7 @@ impl RunContext {
             && let Err(error) = handle.resume(message.as_deref()).await
         {
             return self
-                .fail_to_start(&task_id, &workspace, error.to_string())
+                .fail_to_start(&task_id, &workspace, crate::error::with_causes(&error))
                 .await;
         }
         let attempt = task.attempts;
@@ -880,7 +881,7 @@ impl RunContext {
                 Some(handle)
             }
             Err(error) => {
-                self.fail_to_start(&task.id, workspace, error.to_string())
+                self.fail_to_start(&task.id, workspace, crate::error::with_causes(&error))
                     .await;
                 None
             }
@@ -915,7 +916,7 @@ impl RunContext {
         };
         if let Err(error) = handle.resume(message).await {
             return self
-                .fail_to_start(&task_id, &workspace, error.to_string())
+                .fail_to_start(&task_id, &workspace, crate::error::with_causes(&error))
                 .await;
         }
         let attempt = task.attempts;
@@ -928,11 +929,19 @@ impl RunContext {
         let status = handle.status();
         let task = task_id.clone();
         // A state directory its definition declares that could not be made: the agent runs,
-        // and cannot keep its state (its sessions, its transcripts) there. Said where it shows.
+        // and cannot keep its state (its sessions, its transcripts) there. A network narrower
+        // than open that the kernel could not give, where the run allowed the open one. Said
+        // where it shows.
         let unmade: Vec<String> = status
             .sandbox
             .as_ref()
             .map(|sandbox| {
+                let unmet = sandbox.network_unmet.map(|mode| {
+                    format!(
+                        "network: `{}` could not be had here (the kernel refuses what it needs: unprivileged user namespaces, or Landlock): the agent ran with the network open, as --allow-open-network allowed",
+                        mode.as_str()
+                    )
+                });
                 sandbox
                     .unmade
                     .iter()
@@ -941,6 +950,7 @@ impl RunContext {
                             "crew could not make {why}, which the agent's definition declares: the agent cannot keep its state there (its sessions, its transcripts); make the directory yourself, or check HOME"
                         )
                     })
+                    .chain(unmet)
                     .collect()
             })
             .unwrap_or_default();
