@@ -285,25 +285,56 @@ pub fn user_sockets(home: Option<&Utf8Path>, keep: &[Utf8PathBuf]) -> Vec<Hidden
         std::fs::symlink_metadata(path)
             .is_ok_and(|metadata| metadata.is_dir() == directory && !metadata.is_symlink())
     };
-    let mut hidden: Vec<Hidden> = directories
-        .into_iter()
-        .filter(|path| is(path, true) && !kept(path))
-        .map(Hidden::Directory)
-        .collect();
+    let mut hidden: Vec<Hidden> = Vec::new();
+    for directory in directories.into_iter().filter(|path| is(path, true)) {
+        cover(&directory, keep, &mut hidden, 0);
+    }
     let files: Vec<Hidden> = files
         .into_iter()
         .filter(|path| is(path, false) && !kept(path))
         .filter(|path| {
-            // Beneath a directory already hidden, it is gone with it.
+            // Beneath a directory already hidden, it is gone with it (or covered already).
             !hidden.iter().any(|hidden| match hidden {
                 Hidden::Directory(dir) => path.starts_with(dir),
-                Hidden::File(_) => false,
+                Hidden::File(file) => file == path,
             })
         })
         .map(Hidden::File)
         .collect();
     hidden.extend(files);
     hidden
+}
+
+/// Covers `directory` for an agent whose grants (`keep`) do not lie within it; where one does
+/// (its temp dir in the user's runtime directory), covers each of its entries but the ones on
+/// the way to a grant, and so on down: the user's sockets beside a grant are hidden too. A
+/// directory within a grant is the agent's own, and stays.
+fn cover(directory: &Utf8Path, keep: &[Utf8PathBuf], hidden: &mut Vec<Hidden>, depth: usize) {
+    if keep.iter().any(|kept| directory.starts_with(kept)) {
+        return;
+    }
+    if !keep.iter().any(|kept| kept.starts_with(directory)) {
+        hidden.push(Hidden::Directory(directory.to_owned()));
+        return;
+    }
+    // A grant lies within: what stands beside it is covered, one entry at a time.
+    let Ok(entries) = directory.read_dir_utf8() else {
+        return;
+    };
+    if depth > 8 {
+        return;
+    }
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        let path = entry.into_path();
+        if kind.is_dir() {
+            cover(&path, keep, hidden, depth + 1);
+        } else if !kind.is_symlink() && !keep.iter().any(|kept| path.starts_with(kept)) {
+            hidden.push(Hidden::File(path));
+        }
+    }
 }
 
 /// A ruleset the kernel refused to build.

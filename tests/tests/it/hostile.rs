@@ -1634,3 +1634,51 @@ fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_of_its_own() {
         "its own terminal: {own}"
     );
 }
+
+/// The user's runtime directory holds the agent's own temp dir (the user's TMPDIR is there):
+/// the directory cannot be covered whole, and what stands beside the agent's dir — the user's
+/// session bus, an ssh agent's socket — is covered one entry at a time. The agent cannot
+/// connect to a real server listening there.
+#[test]
+fn the_users_sockets_beside_an_agents_temp_dir_in_the_runtime_directory_are_hidden() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let runtime = env.root().join("run-user");
+    let tmp = runtime.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::set_permissions(
+        &runtime,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let bus = runtime.join("bus");
+    let listener = std::os::unix::net::UnixListener::bind(&bus).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let probe = format!(
+        r#"python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect("{bus}"); print("REACHED")' 2>/dev/null || echo REFUSED; echo "tmp=$TMPDIR""#
+    );
+    let output = env
+        .crew_command(&repo)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("TMPDIR", &tmp)
+        .args(["run", "--agent", "shell", &probe])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let said = output_log(&repo, &run, "shell");
+    assert!(said.contains(&format!("tmp={tmp}")), "{said}");
+    assert!(said.contains("REFUSED"), "{said}");
+    assert!(!said.contains("REACHED"), "{said}");
+    assert!(
+        listener.accept().is_err(),
+        "a connection came through: {said}"
+    );
+    let recorded = manifest(&env, &repo, &run);
+    assert!(
+        task(&recorded, "shell")["sandbox"]["hidden"]
+            .to_string()
+            .contains("run-user/bus"),
+        "{recorded:#}"
+    );
+}
