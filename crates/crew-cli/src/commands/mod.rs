@@ -10,7 +10,6 @@ pub mod diff;
 pub mod events;
 mod from_agent;
 pub mod init;
-pub mod kube;
 pub mod land;
 pub mod mcp;
 pub mod run;

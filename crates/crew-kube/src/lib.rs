@@ -1,4 +1,4 @@
-//! `crew-kube-transport` (a program beside `crew`): the transport of a `kubernetes` placement
+//! crew-kube: `crew-kube-transport` (a program beside `crew`), the transport of a `kubernetes` placement
 //! (docs/distributed.md, "Transports"). A placed task's supervisor starts it as it starts
 //! `crew shim` or `ssh` for the other kinds; it makes the task's Secret and Job, waits for the
 //! pod, and joins its own stdin and stdout to the pod's attach stream, so that the host's driver
@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::{CliError, Outcome};
+use crew_cli::{CliError, Outcome};
 
 /// The transport of a kubernetes placement (started by crew for a placed task).
 #[derive(Debug, Clone, clap::Args)]

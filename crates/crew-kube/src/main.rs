@@ -1,7 +1,7 @@
 //! `crew-kube-transport`: the transport of a `kubernetes` placement, a program of its own so
 //! that the Kubernetes client stays out of `crew` (whose every command would otherwise pay for
-//! loading it). crew starts it for a placed task from beside itself; see
-//! `crew_cli::commands::kube`.
+//! loading it), in a crate of its own (so that a build of `crew` does not compile it either).
+//! crew starts it for a placed task from beside itself; see the crate's library.
 
 use std::process::ExitCode;
 
@@ -12,7 +12,7 @@ use clap::Parser;
 #[command(name = "crew-kube-transport", version)]
 struct Args {
     #[command(flatten)]
-    transport: crew_cli::commands::kube::KubeTransportArgs,
+    transport: crew_kube::KubeTransportArgs,
 }
 
 fn main() -> ExitCode {
@@ -24,5 +24,5 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return crew_cli::exit(Err(crew_cli::CliError::internal(error))),
     };
-    crew_cli::exit(runtime.block_on(crew_cli::commands::kube::cmd_kube_transport(args.transport)))
+    crew_cli::exit(runtime.block_on(crew_kube::cmd_kube_transport(args.transport)))
 }
