@@ -472,3 +472,104 @@ fn where_namespaces_are_refused_a_narrower_network_runs_open_only_when_allowed()
         "{task:#}"
     );
 }
+
+#[test]
+fn a_checked_in_definition_reaches_no_further_than_it_last_ran_until_allowed() {
+    let env = TestEnv::new();
+    let listed = Server::start("listed");
+    let unlisted = Server::start("unlisted");
+    let repo = probed_project(&env, &listed, &unlisted, 9);
+    // The first run of a definition is the network crew remembers for its file.
+    let (seen, _) = probed(&env, &repo, "proxied", &[]);
+    assert!(
+        reached(&seen, "listed") && !reached(&seen, "unlisted"),
+        "{seen}"
+    );
+
+    // A teammate's commit (or a merged task branch) widens it, a host at a time or all at once.
+    let file = ".crew/agents/proxied.toml";
+    let widen = |sandbox: &str, said: &str| {
+        define(&repo, "proxied", sandbox);
+        env.git(&repo, ["commit", "-q", "--allow-empty", "-am", "widen"]);
+        let (runs, hits) = (run_ids(&env, &repo), unlisted.hits());
+        let output = env.crew(&repo, ["run", "--agent", "proxied", "python3 probe.py"]);
+        let shown = render_output(&output);
+        assert_eq!(output.status.code(), Some(2), "{shown}");
+        assert!(
+            shown.contains(&format!("{file} loosens the sandbox ({said}"))
+                && shown.contains("crew sandbox allow"),
+            "{shown}"
+        );
+        assert_eq!(run_ids(&env, &repo), runs, "nothing was made: {shown}");
+        assert_eq!(unlisted.hits(), hits, "{shown}");
+    };
+    let both = format!(
+        "network = \"proxy\"\nallow_hosts = [\"127.0.0.1:{}\", \"127.0.0.1:{}\"]\n",
+        listed.port, unlisted.port
+    );
+    widen(
+        &both,
+        &format!("[sandbox] allow_hosts adds \"127.0.0.1:{}\"", unlisted.port),
+    );
+    widen("", "[sandbox] network = \"open\" (it was \"proxy\")");
+    let listing = render_output(&env.crew(&repo, ["sandbox", "allow", "--list"]));
+    assert!(
+        listing.contains(file) && listing.contains("NOT allowed"),
+        "{listing}"
+    );
+
+    // Allowed as it is now, it runs as it says.
+    assert!(env.allow_settings(&repo).contains("allowed now"));
+    let (seen, _) = probed(&env, &repo, "proxied", &[]);
+    assert!(
+        reached(&seen, "direct") && reached(&seen, "unlisted"),
+        "{seen}"
+    );
+
+    // Narrowing needs nothing, and is remembered: widening back needs allowing again.
+    define(
+        &repo,
+        "proxied",
+        &format!(
+            "network = \"proxy\"\nallow_hosts = [\"127.0.0.1:{}\"]\n",
+            listed.port
+        ),
+    );
+    let (seen, _) = probed(&env, &repo, "proxied", &[]);
+    assert!(
+        reached(&seen, "listed") && !reached(&seen, "direct"),
+        "{seen}"
+    );
+    widen("", "[sandbox] network = \"open\" (it was \"proxy\")");
+
+    // The project's `config.toml` likewise: its list is remembered, a host added to it is not
+    // reached until allowed.
+    define(
+        &repo,
+        "proxied",
+        &format!(
+            "network = \"proxy\"\nallow_hosts = [\"127.0.0.1:{}\"]\n",
+            listed.port
+        ),
+    );
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nallow_hosts = [\"example.com\"]\n",
+    );
+    let (seen, _) = probed(&env, &repo, "proxied", &[]);
+    assert!(!reached(&seen, "listed"), "{seen}");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!(
+            "[sandbox]\nallow_hosts = [\"example.com\", \"127.0.0.1:{}\"]\n",
+            listed.port
+        ),
+    );
+    let output = env.crew(&repo, ["run", "--agent", "proxied", "python3 probe.py"]);
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(2), "{shown}");
+    assert!(
+        shown.contains(".crew/config.toml loosens the sandbox ([sandbox] allow_hosts adds"),
+        "{shown}"
+    );
+}

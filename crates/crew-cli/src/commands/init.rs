@@ -110,9 +110,10 @@ pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
     // What crew writes is allowed for the user who ran it: its agents' state directories
     // (`[sandbox] write`) loosen the sandbox, as the user just chose.
     if let Some(list) = crew_core::config::AllowList::of_user() {
-        for path in &written {
-            let content = std::fs::read(path)?;
-            list.allow(path, &content).map_err(CliError::internal)?;
+        for file in crew_core::config::ConfigDir::new(crew_dir.clone()).settings_files()? {
+            if written.contains(&file.path) {
+                list.allow_file(&file).map_err(CliError::internal)?;
+            }
         }
     }
     if !ui.quiet {

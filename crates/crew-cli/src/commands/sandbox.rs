@@ -103,32 +103,34 @@ pub async fn run(command: SandboxCommand, ui: Ui) -> Result<Outcome, CliError> {
 #[allow(clippy::print_stdout)]
 fn cmd_sandbox_allow(args: AllowArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let files = ctx.config_dir().loosening_files()?;
     let Some(list) = crew_core::config::AllowList::of_user() else {
         return Err(CliError::user(
             "there is no home directory to keep what you allow in: set HOME (or XDG_STATE_HOME)",
         ));
     };
-    if files.is_empty() {
-        if !ctx.ui.quiet {
-            println!("nothing in .crew/ loosens the sandbox: nothing to allow");
+    let mut loosening = 0;
+    for file in ctx.config_dir().settings_files()? {
+        let unallowed = crew_core::config::AllowList::unallowed(Some(&list), &file);
+        if file.loosens.is_empty() && unallowed.is_empty() {
+            continue;
         }
-        return Ok(Outcome::Success);
-    }
-    for (file, content, keys) in &files {
-        let was = list.allows(file, content.as_bytes());
+        loosening += 1;
+        let was = unallowed.is_empty();
         if !args.list && !was {
-            list.allow(file, content.as_bytes())
-                .map_err(CliError::internal)?;
+            list.allow_file(&file).map_err(CliError::internal)?;
         }
         if !ctx.ui.quiet {
+            let keys = if was { &file.loosens } else { &unallowed };
             let state = match (was, args.list) {
                 (true, _) => "allowed already",
                 (false, true) => "NOT allowed",
                 (false, false) => "allowed now",
             };
-            println!("{file}: {} — {state}", keys.join("; "));
+            println!("{}: {} — {state}", file.path, keys.join("; "));
         }
+    }
+    if loosening == 0 && !ctx.ui.quiet {
+        println!("nothing in .crew/ loosens the sandbox: nothing to allow");
     }
     Ok(Outcome::Success)
 }

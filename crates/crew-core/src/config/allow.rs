@@ -10,11 +10,21 @@
 //! allowed settings file, named by a hash of its path and holding a hash of its content. Any
 //! change to the file needs allowing again (`crew sandbox allow`); until then crew refuses to
 //! start what it would loosen, naming the file, the keys and that command.
+//!
+//! The network is measured against the past, not against a default: a definition that names no
+//! mode is `open` (so that one written for an earlier crew keeps working), so no content of a
+//! file is wider than what a fresh clone gets. What crew remembers instead is, per file, the
+//! network it last ran by (`network/` beside the records: its `[sandbox] network` and
+//! `allow_hosts`). A file first seen is run as it is and remembered; one whose network
+//! reaches further than that (a wider mode, a host added, its list removed) is refused until
+//! allowed; one that narrows is remembered narrower, so widening it back needs allowing too.
 
 use camino::{Utf8Path, Utf8PathBuf};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::settings::{AgentDef, ProjectConfig, SandboxMode};
+use super::hosts::HostPattern;
+use super::settings::{AgentDef, NetworkMode, ProjectConfig, SandboxMode};
 use crate::fsutil::{FileError, read_nofollow, write_atomic};
 
 /// The command that allows the loosening settings of a project.
@@ -78,20 +88,151 @@ impl AllowList {
         write_atomic(&self.record_of(file), record.as_bytes())
     }
 
-    /// `Ok` when `content` of `file` loosens nothing, or was allowed.
-    pub fn check(
-        list: Option<&AllowList>,
-        file: &Utf8Path,
-        content: &[u8],
-        keys: Vec<String>,
-    ) -> Result<(), NotAllowed> {
-        if keys.is_empty() || list.is_some_and(|list| list.allows(file, content)) {
-            return Ok(());
+    fn network_record_of(&self, file: &Utf8Path) -> Utf8PathBuf {
+        self.dir
+            .join("network")
+            .join(hex(&Sha256::digest(file.as_str().as_bytes())))
+    }
+
+    /// The network crew last ran `file` by, or the user allowed it; `None`: never seen. A
+    /// record that cannot be read as one counts as no network at all, so that everything in
+    /// the file needs allowing.
+    pub fn network_before(&self, file: &Utf8Path) -> Option<NetworkGrant> {
+        let record = read_nofollow(&self.network_record_of(file)).ok()?;
+        Some(serde_json::from_slice(&record).unwrap_or(NetworkGrant {
+            mode: NetworkMode::None,
+            allow_hosts: Some(Vec::new()),
+        }))
+    }
+
+    fn record_network(&self, file: &Utf8Path, grant: &NetworkGrant) -> Result<(), FileError> {
+        let record = self.network_record_of(file);
+        let dir = record.parent().unwrap_or(&self.dir);
+        for dir in [self.dir.as_path(), dir] {
+            crate::fsutil::ensure_real_dir(dir).or_else(|_| {
+                std::fs::create_dir_all(dir)
+                    .map_err(|source| FileError::CreateDir {
+                        path: dir.to_owned(),
+                        source,
+                    })
+                    .and_then(|()| crate::fsutil::ensure_real_dir(dir))
+            })?;
         }
-        Err(NotAllowed {
-            file: file.to_owned(),
-            keys,
-        })
+        let json = serde_json::to_vec(grant).unwrap_or_default();
+        write_atomic(&record, &json)
+    }
+
+    /// Allows `file` as it is now: its content, and the network it grants.
+    pub fn allow_file(&self, file: &SettingsFile) -> Result<(), FileError> {
+        if !file.loosens.is_empty() {
+            self.allow(&file.path, file.content.as_bytes())?;
+        }
+        self.record_network(&file.path, &file.network)
+    }
+
+    /// What of `file` loosens confinement and was not allowed: its loosening keys unless its
+    /// content was allowed, and how its network reaches further than before.
+    pub fn unallowed(list: Option<&AllowList>, file: &SettingsFile) -> Vec<String> {
+        let mut keys = if list.is_some_and(|list| list.allows(&file.path, file.content.as_bytes()))
+        {
+            Vec::new()
+        } else {
+            file.loosens.clone()
+        };
+        if let Some(before) = list.and_then(|list| list.network_before(&file.path)) {
+            keys.extend(file.network.widening_over(&before));
+        }
+        keys
+    }
+
+    /// `Ok` when `file` loosens nothing, or only as the user allowed; then the network it
+    /// grants is remembered as what crew runs it by (first seen, or narrowed).
+    pub fn check(list: Option<&AllowList>, file: &SettingsFile) -> Result<(), NotAllowed> {
+        let keys = AllowList::unallowed(list, file);
+        if !keys.is_empty() {
+            return Err(NotAllowed {
+                file: file.path.clone(),
+                keys,
+            });
+        }
+        if let Some(list) = list
+            && list.network_before(&file.path).as_ref() != Some(&file.network)
+        {
+            // Not remembered, the last record stays: it only narrows what is refused.
+            let _ = list.record_network(&file.path, &file.network);
+        }
+        Ok(())
+    }
+}
+
+/// A settings file of the project, as the rules on loosening see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettingsFile {
+    /// Its absolute path.
+    pub path: Utf8PathBuf,
+    /// Its content.
+    pub content: String,
+    /// What in it loosens confinement whatever ran before (`mode = "off"`, `write`), as
+    /// written there: allowed by the exact content.
+    pub loosens: Vec<String>,
+    /// What it grants of the network: measured against what crew last ran it by.
+    pub network: NetworkGrant,
+}
+
+/// What one settings file says of the network: its `[sandbox] network` and `allow_hosts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkGrant {
+    /// Its mode (`open` when it names none).
+    pub mode: NetworkMode,
+    /// Its list; `None`: it has none, and other lists decide.
+    pub allow_hosts: Option<Vec<HostPattern>>,
+}
+
+impl NetworkGrant {
+    /// What of this reaches further than `before`, as written in the file.
+    pub fn widening_over(&self, before: &NetworkGrant) -> Vec<String> {
+        let mut keys = Vec::new();
+        // Ordered from the widest to the narrowest.
+        if self.mode < before.mode {
+            keys.push(format!(
+                "[sandbox] network = \"{}\" (it was \"{}\")",
+                self.mode.as_str(),
+                before.mode.as_str()
+            ));
+        }
+        match (&self.allow_hosts, &before.allow_hosts) {
+            (None, Some(_)) => {
+                keys.push("[sandbox] allow_hosts removed (it had a list)".to_owned())
+            }
+            (Some(now), Some(before)) => {
+                let added: Vec<String> = now
+                    .iter()
+                    .filter(|host| !before.contains(host))
+                    .map(|host| format!("\"{host}\""))
+                    .collect();
+                if !added.is_empty() {
+                    keys.push(format!("[sandbox] allow_hosts adds {}", added.join(", ")));
+                }
+            }
+            (_, None) => {}
+        }
+        keys
+    }
+}
+
+/// The network a project's `config.toml` grants.
+pub fn network_in_config(config: &ProjectConfig) -> NetworkGrant {
+    NetworkGrant {
+        mode: config.sandbox.network,
+        allow_hosts: config.sandbox.allow_hosts.clone(),
+    }
+}
+
+/// The network an agent definition grants.
+pub fn network_in_agent(definition: &AgentDef) -> NetworkGrant {
+    NetworkGrant {
+        mode: definition.sandbox.network,
+        allow_hosts: definition.sandbox.allow_hosts.clone(),
     }
 }
 
@@ -132,20 +273,88 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn allowed_content_is_allowed_and_any_change_is_not() {
+    fn file(path: &str, content: &str, loosens: &[&str], network: NetworkGrant) -> SettingsFile {
+        SettingsFile {
+            path: path.into(),
+            content: content.to_owned(),
+            loosens: loosens.iter().map(|key| (*key).to_owned()).collect(),
+            network,
+        }
+    }
+
+    fn grant(mode: NetworkMode, hosts: Option<&[&str]>) -> NetworkGrant {
+        NetworkGrant {
+            mode,
+            allow_hosts: hosts.map(|hosts| {
+                hosts
+                    .iter()
+                    .map(|host| HostPattern::parse(host).unwrap())
+                    .collect()
+            }),
+        }
+    }
+
+    fn list() -> (tempfile::TempDir, AllowList) {
         let dir = tempfile::tempdir().unwrap();
         let list = AllowList::at(Utf8Path::from_path(dir.path()).unwrap().join("allowed"));
-        let file = Utf8Path::new("/p/.crew/config.toml");
-        let keys = || vec!["[sandbox] mode = \"off\"".to_owned()];
-        let content = b"[sandbox]\nmode = \"off\"\n";
-        assert!(AllowList::check(Some(&list), file, content, keys()).is_err());
-        assert!(AllowList::check(None, file, content, Vec::new()).is_ok());
-        list.allow(file, content).unwrap();
-        assert!(AllowList::check(Some(&list), file, content, keys()).is_ok());
-        let changed = b"[sandbox]\nmode = \"off\"\n# more\n";
-        assert!(AllowList::check(Some(&list), file, changed, keys()).is_err());
-        let elsewhere = Utf8Path::new("/q/.crew/config.toml");
-        assert!(AllowList::check(Some(&list), elsewhere, content, keys()).is_err());
+        (dir, list)
+    }
+
+    #[test]
+    fn allowed_content_is_allowed_and_any_change_is_not() {
+        let (_dir, list) = list();
+        let open = || grant(NetworkMode::Open, None);
+        let off = "[sandbox]\nmode = \"off\"\n";
+        let key = ["[sandbox] mode = \"off\""];
+        let config = file("/p/.crew/config.toml", off, &key, open());
+        assert!(AllowList::check(Some(&list), &config).is_err());
+        assert!(AllowList::check(None, &file("/p/.crew/config.toml", off, &[], open())).is_ok());
+        list.allow_file(&config).unwrap();
+        assert!(AllowList::check(Some(&list), &config).is_ok());
+        let changed = file(
+            "/p/.crew/config.toml",
+            "[sandbox]\nmode = \"off\"\n# more\n",
+            &key,
+            open(),
+        );
+        assert!(AllowList::check(Some(&list), &changed).is_err());
+        let elsewhere = file("/q/.crew/config.toml", off, &key, open());
+        assert!(AllowList::check(Some(&list), &elsewhere).is_err());
+    }
+
+    #[test]
+    fn a_network_is_remembered_as_first_run_and_reaching_further_needs_allowing() {
+        let (_dir, list) = list();
+        let at = |network| file("/p/.crew/agents/a.toml", "", &[], network);
+        let listed = grant(NetworkMode::Proxy, Some(&["api.example.com"]));
+        assert!(
+            AllowList::check(Some(&list), &at(listed.clone())).is_ok(),
+            "first seen"
+        );
+        let wider = [
+            (
+                grant(NetworkMode::Open, Some(&["api.example.com"])),
+                "network = \"open\" (it was \"proxy\")",
+            ),
+            (
+                grant(
+                    NetworkMode::Proxy,
+                    Some(&["api.example.com", "evil.example"]),
+                ),
+                "allow_hosts adds \"evil.example\"",
+            ),
+            (grant(NetworkMode::Proxy, None), "allow_hosts removed"),
+        ];
+        for (network, key) in wider {
+            let refused = AllowList::check(Some(&list), &at(network.clone())).unwrap_err();
+            assert!(refused.to_string().contains(key), "{refused}");
+            list.allow_file(&at(network)).unwrap();
+            list.allow_file(&at(listed.clone())).unwrap();
+        }
+        // Narrowed, it is remembered narrower: back to what it was needs allowing.
+        assert!(AllowList::check(Some(&list), &at(grant(NetworkMode::None, Some(&[])))).is_ok());
+        assert!(AllowList::check(Some(&list), &at(listed.clone())).is_err());
+        list.allow_file(&at(listed.clone())).unwrap();
+        assert!(AllowList::check(Some(&list), &at(listed)).is_ok());
     }
 }

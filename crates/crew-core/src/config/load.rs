@@ -10,7 +10,10 @@ use toml::Spanned;
 
 use crate::fsutil::{FileError, read_nofollow};
 
-use super::allow::{AllowList, NotAllowed, loosening_in_agent, loosening_in_config};
+use super::allow::{
+    AllowList, NotAllowed, SettingsFile, loosening_in_agent, loosening_in_config, network_in_agent,
+    network_in_config,
+};
 use super::attempts::MAX_ATTEMPTS;
 use super::checks::{
     check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
@@ -278,14 +281,10 @@ impl ConfigDir {
     /// `config.toml` loosens no confinement, or only as the user allowed (see
     /// [`super::allow`]). A file that cannot be read or parsed is another error's to report.
     pub fn check_config_allowed(&self, list: Option<&AllowList>) -> Result<(), NotAllowed> {
-        let path = self.dir.join(CONFIG_FILE);
-        let Ok(Some(source)) = read_optional(&path) else {
-            return Ok(());
-        };
-        let Ok(config) = parse_toml_checked(&path, &source, validate_project_config) else {
-            return Ok(());
-        };
-        AllowList::check(list, &path, source.as_bytes(), loosening_in_config(&config))
+        match self.config_settings_file() {
+            Ok(Some(file)) => AllowList::check(list, &file),
+            _ => Ok(()),
+        }
     }
 
     /// The definition file of agent `name` loosens no confinement, or only as the user
@@ -298,47 +297,46 @@ impl ConfigDir {
         if check_name("agent", name).is_err() {
             return Ok(());
         }
-        let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
-        let Ok(Some(source)) = read_optional(&path) else {
-            return Ok(());
-        };
-        let Ok(definition) = parse_agent(&path, &source, name) else {
-            return Ok(());
-        };
-        AllowList::check(
-            list,
-            &path,
-            source.as_bytes(),
-            loosening_in_agent(&definition),
-        )
+        match self.agent_settings_file(name) {
+            Ok(Some(file)) => AllowList::check(list, &file),
+            _ => Ok(()),
+        }
     }
 
-    /// Every file of the project that loosens confinement, with its content and what in it
-    /// loosens: what `crew sandbox allow` allows.
-    pub fn loosening_files(
-        &self,
-    ) -> Result<Vec<(Utf8PathBuf, String, Vec<String>)>, LoadConfigError> {
-        let mut found = Vec::new();
+    fn config_settings_file(&self) -> Result<Option<SettingsFile>, LoadConfigError> {
         let path = self.dir.join(CONFIG_FILE);
-        if let Some(source) = read_optional(&path)? {
-            let keys = loosening_in_config(&parse_toml_checked(
-                &path,
-                &source,
-                validate_project_config,
-            )?);
-            if !keys.is_empty() {
-                found.push((path, source, keys));
-            }
-        }
+        let Some(content) = read_optional(&path)? else {
+            return Ok(None);
+        };
+        let config = parse_toml_checked(&path, &content, validate_project_config)?;
+        Ok(Some(SettingsFile {
+            loosens: loosening_in_config(&config),
+            network: network_in_config(&config),
+            path,
+            content,
+        }))
+    }
+
+    fn agent_settings_file(&self, name: &str) -> Result<Option<SettingsFile>, LoadConfigError> {
+        let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
+        let Some(content) = read_optional(&path)? else {
+            return Ok(None);
+        };
+        let definition = parse_agent(&path, &content, name)?;
+        Ok(Some(SettingsFile {
+            loosens: loosening_in_agent(&definition),
+            network: network_in_agent(&definition),
+            path,
+            content,
+        }))
+    }
+
+    /// Every settings file of the project that can loosen confinement (`config.toml`, the
+    /// agent definitions), with what in it does: what `crew sandbox allow` allows.
+    pub fn settings_files(&self) -> Result<Vec<SettingsFile>, LoadConfigError> {
+        let mut found: Vec<SettingsFile> = self.config_settings_file()?.into_iter().collect();
         for name in list_toml_stems(&self.dir.join(AGENTS_DIR))? {
-            let path = self.dir.join(AGENTS_DIR).join(format!("{name}.toml"));
-            let Some(source) = read_optional(&path)? else {
-                continue;
-            };
-            let keys = loosening_in_agent(&parse_agent(&path, &source, &name)?);
-            if !keys.is_empty() {
-                found.push((path, source, keys));
-            }
+            found.extend(self.agent_settings_file(&name)?);
         }
         Ok(found)
     }

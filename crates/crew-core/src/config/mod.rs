@@ -23,7 +23,7 @@ mod settings;
 mod template;
 mod values;
 
-pub use allow::{ALLOW_COMMAND, AllowList, NotAllowed};
+pub use allow::{ALLOW_COMMAND, AllowList, NetworkGrant, NotAllowed, SettingsFile};
 pub use attempts::{MAX_ATTEMPTS, RunTask, run_tasks};
 pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
 pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
