@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use camino::{Utf8Path, Utf8PathBuf};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -231,7 +231,7 @@ impl AgentStatus {
 }
 
 /// How a stop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopOutcome {
     /// The agent exited after TERM, within the grace period.
@@ -242,8 +242,19 @@ pub enum StopOutcome {
     AlreadyExited,
 }
 
+impl StopOutcome {
+    /// Its name, as the host writes it (`terminated`, `killed`, `already_exited`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopOutcome::Terminated => "terminated",
+            StopOutcome::Killed => "killed",
+            StopOutcome::AlreadyExited => "already_exited",
+        }
+    }
+}
+
 /// What became of a follow-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum FollowUpOutcome {
     /// Queued: delivered when the current turn (or process) ends.
@@ -258,6 +269,21 @@ pub enum FollowUpOutcome {
     },
     /// It answered the question the running agent waits on.
     Answered,
+    /// The agent's task had finished in a run that goes on: it starts again, with the
+    /// message, in a new workspace on its branch (said by its host, never by the agent).
+    Requeued,
+}
+
+impl FollowUpOutcome {
+    /// Its name, as the host writes it (`queued`, `resumed`, `answered`, `requeued`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FollowUpOutcome::Queued { .. } => "queued",
+            FollowUpOutcome::Resumed { .. } => "resumed",
+            FollowUpOutcome::Answered => "answered",
+            FollowUpOutcome::Requeued => "requeued",
+        }
+    }
 }
 
 pub(crate) enum Control {

@@ -118,6 +118,7 @@ pub mod sandbox;
 pub mod shim;
 pub mod spawn;
 pub mod toolchains;
+pub mod verbs;
 pub mod watch;
 
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
@@ -132,4 +133,5 @@ pub use project::{
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
 pub use runner::{CancelLevel, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
+pub use verbs::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

@@ -410,6 +410,16 @@ impl Project {
         spec: &str,
         op: impl FnOnce(String) -> Op,
     ) -> Result<(AgentSnapshot, Response), ControlAgentError> {
+        let (agent, _, response) = self.control_live(spec, op).await?;
+        Ok((agent, response))
+    }
+
+    /// [`Project::control`], with the host that answered.
+    pub(crate) async fn control_live(
+        &self,
+        spec: &str,
+        op: impl FnOnce(String) -> Op,
+    ) -> Result<(AgentSnapshot, HostRecord, Response), ControlAgentError> {
         let Some((agent, host)) = self.find_live(spec).await? else {
             let waiting_in = self
                 .find_task(spec)?
@@ -432,7 +442,7 @@ impl Project {
                 message: error.message.clone(),
             });
         }
-        Ok((agent, response))
+        Ok((agent, host, response))
     }
 
     /// Asks each host for its agents over its socket, all at the same time.

@@ -469,10 +469,7 @@ impl CrewMcp {
     ) -> Result<Json<DoneReport>, ErrorData> {
         let message = args.message.clone();
         let done = self
-            .control(&args.run, &args.task, |agent| Op::FollowUp {
-                agent,
-                message,
-            })
+            .control(&args.run, &args.task, Verb::FollowUp(message))
             .await?;
         // Answered once the task no longer waits: a `wait` right after sees it go on, not the
         // question just answered.
@@ -499,7 +496,7 @@ impl CrewMcp {
         Parameters(args): Parameters<MessageArgs>,
     ) -> Result<Json<DoneReport>, ErrorData> {
         let message = args.message.clone();
-        self.control(&args.run, &args.task, |agent| Op::Steer { agent, message })
+        self.control(&args.run, &args.task, Verb::Steer(message))
             .await
     }
 
@@ -508,8 +505,7 @@ impl CrewMcp {
         &self,
         Parameters(args): Parameters<TaskRef>,
     ) -> Result<Json<DoneReport>, ErrorData> {
-        self.control(&args.run, &args.task, |agent| Op::Stop { agent })
-            .await
+        self.control(&args.run, &args.task, Verb::Stop).await
     }
 
     #[tool(
@@ -771,32 +767,38 @@ impl CrewMcp {
         &self,
         run: &str,
         task: &str,
-        op: impl FnOnce(String) -> Op,
+        verb: Verb,
     ) -> Result<Json<DoneReport>, ErrorData> {
         let run_id = self.resolve(run)?;
         let spec = format!("{run_id}:{task}");
-        let (agent, response) = self
-            .ctx
-            .project()
-            .control(&spec, op)
-            .await
-            .map_err(|error| invalid(error.to_string()))?;
-        let result = response.result.unwrap_or_default();
-        let what = ["follow_up", "stop"]
-            .iter()
-            .find_map(|key| {
-                result
-                    .pointer(&format!("/{key}/outcome"))
-                    .or_else(|| result.get(*key))
-            })
-            .and_then(|value| value.as_str())
-            .unwrap_or("done")
-            .to_owned();
+        let project = self.ctx.project();
+        let refused = |error: crew_live::ControlAgentError| invalid(error.to_string());
+        let (agent_id, result) = match verb {
+            Verb::FollowUp(message) => {
+                let done = project.follow_up(&spec, message).await.map_err(refused)?;
+                (done.agent_id, done.follow_up.as_str())
+            }
+            Verb::Steer(message) => {
+                let done = project.steer(&spec, message).await.map_err(refused)?;
+                (done.agent_id, "done")
+            }
+            Verb::Stop => {
+                let done = project.stop(&spec).await.map_err(refused)?;
+                (done.agent_id, done.stop.as_str())
+            }
+        };
         Ok(Json(DoneReport {
-            agent_id: agent.agent_id.to_string(),
-            result: what,
+            agent_id: agent_id.to_string(),
+            result: result.to_owned(),
         }))
     }
+}
+
+/// What a lead agent does to one task's agent.
+enum Verb {
+    FollowUp(String),
+    Steer(String),
+    Stop,
 }
 
 #[tool_handler(router = self.tool_router)]

@@ -27,7 +27,6 @@ use agent_client_protocol::{
 use crew_core::config::AdHocTeamError;
 use crew_core::model::{RunManifest, TaskStatus};
 use crew_core::{AgentId, CancelCause, CancelRecord, Team, Workspace, WorkspaceId};
-use crew_live::control::Op;
 use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
 use serde::{Deserialize, Serialize};
 
@@ -237,12 +236,7 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             {
                 let sessions = sessions.clone();
                 async move |Steer(request), responder, cx| {
-                    spawn_agent_op(&sessions, &cx, request, responder, |agent, message| {
-                        Op::Steer {
-                            agent,
-                            message: message.unwrap_or_default(),
-                        }
-                    })
+                    spawn_agent_op(&sessions, &cx, request, responder, Verb::Steer)
                 }
             },
             on_receive_request!(),
@@ -251,12 +245,7 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             {
                 let sessions = sessions.clone();
                 async move |FollowUp(request), responder, cx| {
-                    spawn_agent_op(&sessions, &cx, request, responder, |agent, message| {
-                        Op::FollowUp {
-                            agent,
-                            message: message.unwrap_or_default(),
-                        }
-                    })
+                    spawn_agent_op(&sessions, &cx, request, responder, Verb::FollowUp)
                 }
             },
             on_receive_request!(),
@@ -265,9 +254,7 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             {
                 let sessions = sessions.clone();
                 async move |Stop(request), responder, cx| {
-                    spawn_agent_op(&sessions, &cx, request, responder, |agent, _| Op::Stop {
-                        agent,
-                    })
+                    spawn_agent_op(&sessions, &cx, request, responder, Verb::Stop)
                 }
             },
             on_receive_request!(),
@@ -276,9 +263,7 @@ pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
             {
                 let sessions = sessions.clone();
                 async move |Resume(request), responder, cx| {
-                    spawn_agent_op(&sessions, &cx, request, responder, |agent, message| {
-                        Op::Resume { agent, message }
-                    })
+                    spawn_agent_op(&sessions, &cx, request, responder, Verb::Resume)
                 }
             },
             on_receive_request!(),
@@ -522,14 +507,40 @@ fn session_context(sessions: &Shared, id: &str) -> Result<Context, Error> {
         .ok_or_else(|| invalid(format!("unknown session {id}")))
 }
 
-/// Sends `op` to one of the session folder's agents, answering from a task of its own (a stop
-/// waits out the grace period).
+/// What an editor does to one of its session folder's agents (`_crew/steer`, …).
+#[derive(Debug, Clone, Copy)]
+enum Verb {
+    Steer,
+    FollowUp,
+    Stop,
+    Resume,
+}
+
+/// Does `verb` to the agent `spec` names; the outcome as the editor gets it.
+async fn act(
+    project: &crew_live::Project,
+    verb: Verb,
+    spec: &str,
+    message: Option<String>,
+) -> Result<serde_json::Value, crew_live::ControlAgentError> {
+    let said = message.clone().unwrap_or_default();
+    let outcome = match verb {
+        Verb::Steer => serde_json::to_value(project.steer(spec, said).await?),
+        Verb::FollowUp => serde_json::to_value(project.follow_up(spec, said).await?),
+        Verb::Stop => serde_json::to_value(project.stop(spec).await?),
+        Verb::Resume => serde_json::to_value(project.resume(spec, message).await?),
+    };
+    Ok(outcome.unwrap_or_default())
+}
+
+/// Does `verb` to one of the session folder's agents, answering from a task of its own (a
+/// stop waits out the grace period).
 fn spawn_agent_op(
     sessions: &Shared,
     cx: &ConnectionTo<Client>,
     request: AgentOp,
     responder: Responder<CrewResult, V1>,
-    op: impl FnOnce(String, Option<String>) -> Op + Send + 'static,
+    verb: Verb,
 ) -> Result<(), Error> {
     let ctx = session_context(sessions, &request.session_id);
     cx.spawn(async move {
@@ -537,13 +548,8 @@ fn spawn_agent_op(
             Ok(ctx) => ctx,
             Err(error) => return responder.respond_with_error(error),
         };
-        let message = request.message;
-        match ctx
-            .project()
-            .control(&request.agent, |agent| op(agent, message))
-            .await
-        {
-            Ok((_, response)) => responder.respond(CrewResult(response.result.unwrap_or_default())),
+        match act(ctx.project(), verb, &request.agent, request.message).await {
+            Ok(outcome) => responder.respond(CrewResult(outcome)),
             Err(error) => responder.respond_with_error(invalid(error.to_string())),
         }
     })

@@ -12,8 +12,7 @@ use tokio::time::Instant;
 use crew_core::AgentId;
 use crew_core::model::TaskRecord;
 use crew_core::provider::WorkspaceKind;
-use crew_live::Project;
-use crew_live::control::Op;
+use crew_live::{ControlAgentError, Project};
 
 use crate::board::view::{self, Looks};
 use crate::board::{Action, Board, Glance, Key, RECENT_RUNS};
@@ -309,36 +308,31 @@ fn record_seen(project: &Project, seen: Vec<crew_core::AgentId>) {
 
 async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) {
     let done = match action {
-        Action::Answer(agent_id, message) => {
-            control(&project, &agent_id, "answered", |agent| Op::FollowUp {
-                agent,
-                message,
-            })
-            .await
-        }
-        Action::FollowUp(agent_id, message) => {
-            control(&project, &agent_id, "follow-up sent to", |agent| {
-                Op::FollowUp { agent, message }
-            })
-            .await
-        }
-        Action::Steer(agent_id, message) => {
-            control(&project, &agent_id, "steered", |agent| Op::Steer {
-                agent,
-                message,
-            })
-            .await
-        }
-        Action::Stop(agent_id) => {
-            control(&project, &agent_id, "stopped", |agent| Op::Stop { agent }).await
-        }
-        Action::Resume(agent_id) => {
-            control(&project, &agent_id, "resumed", |agent| Op::Resume {
-                agent,
-                message: None,
-            })
-            .await
-        }
+        Action::Answer(agent_id, message) => said(
+            &agent_id,
+            "answered",
+            project.follow_up(&agent_id.to_string(), message).await,
+        ),
+        Action::FollowUp(agent_id, message) => said(
+            &agent_id,
+            "follow-up sent to",
+            project.follow_up(&agent_id.to_string(), message).await,
+        ),
+        Action::Steer(agent_id, message) => said(
+            &agent_id,
+            "steered",
+            project.steer(&agent_id.to_string(), message).await,
+        ),
+        Action::Stop(agent_id) => said(
+            &agent_id,
+            "stopped",
+            project.stop(&agent_id.to_string()).await,
+        ),
+        Action::Resume(agent_id) => said(
+            &agent_id,
+            "resumed",
+            project.resume(&agent_id.to_string(), None).await,
+        ),
         Action::Diff(agent_id, task) => {
             let repo_root = project.workspace().repo_root().map(ToOwned::to_owned);
             let text = tokio::task::spawn_blocking(move || diff(repo_root.as_deref(), &task))
@@ -364,20 +358,10 @@ async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) 
     let _ = results.send(done).await;
 }
 
-async fn control(
-    project: &Project,
-    agent_id: &AgentId,
-    what: &str,
-    op: impl FnOnce(String) -> Op,
-) -> Done {
-    Done::Status(match project.control(&agent_id.to_string(), op).await {
-        Ok((_, response)) if response.ok => format!("{what} {agent_id}"),
-        Ok((_, response)) => {
-            let message = response
-                .error
-                .map_or_else(|| "the host refused".to_owned(), |error| error.message);
-            format!("{agent_id}: {message}")
-        }
+/// The board's status line after a verb on `agent_id`: what was done, or why not.
+fn said<T>(agent_id: &AgentId, what: &str, done: Result<T, ControlAgentError>) -> Done {
+    Done::Status(match done {
+        Ok(_) => format!("{what} {agent_id}"),
         Err(error) => format!("{agent_id}: {error}"),
     })
 }

@@ -1,6 +1,6 @@
 //! `crew agents follow-up`
 
-use crew_live::control::Op;
+use crew_live::FollowUpOutcome;
 
 use crate::context::Context;
 use crate::ui::Ui;
@@ -30,23 +30,22 @@ pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome,
         }
         return Err(super::not_live(&ctx, &args.agent));
     }
-    let message = args.message;
-    let (agent, response) =
-        super::send(&ctx, &args.agent, |agent| Op::FollowUp { agent, message }).await?;
+    let done = ctx
+        .project()
+        .follow_up(&args.agent, args.message)
+        .await
+        .map_err(|error| super::not_done(&ctx, error))?;
     if !ui.quiet {
-        let outcome = response
-            .result
-            .as_ref()
-            .and_then(|result| result.pointer("/follow_up/outcome"))
-            .and_then(|outcome| outcome.as_str());
-        match outcome {
-            Some("resumed") => println!("resumed {} with the message", agent.agent_id),
-            Some("answered") => println!("answered {}'s question; it goes on", agent.agent_id),
-            Some("requeued") => println!(
-                "resuming {} with the message: its task starts again in a new workspace on its branch",
-                agent.agent_id
+        let agent = done.agent_id;
+        match done.follow_up {
+            FollowUpOutcome::Resumed { .. } => println!("resumed {agent} with the message"),
+            FollowUpOutcome::Answered => println!("answered {agent}'s question; it goes on"),
+            FollowUpOutcome::Requeued => println!(
+                "resuming {agent} with the message: its task starts again in a new workspace on its branch"
             ),
-            _ => println!("queued for {} after its current turn", agent.agent_id),
+            FollowUpOutcome::Queued { .. } => {
+                println!("queued for {agent} after its current turn")
+            }
         }
     }
     Ok(Outcome::Success)

@@ -1,6 +1,6 @@
 //! `crew agents resume`
 
-use crew_live::control::Op;
+use crew_live::ResumeOutcome;
 
 use crate::context::Context;
 use crate::ui::Ui;
@@ -28,21 +28,18 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
         }
         return Err(super::not_live(&ctx, &args.agent));
     }
-    let message = args.message;
-    let (agent, response) =
-        super::send(&ctx, &args.agent, |agent| Op::Resume { agent, message }).await?;
+    let resumed = ctx
+        .project()
+        .resume(&args.agent, args.message)
+        .await
+        .map_err(|error| super::not_done(&ctx, error))?;
     if !ui.quiet {
-        let requeued = response
-            .result
-            .as_ref()
-            .is_some_and(|result| result["requeued"] == true);
-        if requeued {
-            println!(
+        match resumed.outcome {
+            ResumeOutcome::Requeued => println!(
                 "resuming {}: its task starts again in a new workspace on its branch",
-                agent.agent_id
-            );
-        } else {
-            println!("resumed {}", agent.agent_id);
+                resumed.agent_id
+            ),
+            ResumeOutcome::Restarted { .. } => println!("resumed {}", resumed.agent_id),
         }
     }
     Ok(Outcome::Success)

@@ -1,7 +1,5 @@
 //! `crew agents steer`
 
-use crew_live::control::Op;
-
 use crate::context::Context;
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
@@ -21,10 +19,13 @@ pub struct SteerArgs {
 #[allow(clippy::print_stdout)]
 pub async fn cmd_agents_steer(args: SteerArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let message = args.message;
-    let (agent, _) = super::send(&ctx, &args.agent, |agent| Op::Steer { agent, message }).await?;
+    let steered = ctx
+        .project()
+        .steer(&args.agent, args.message)
+        .await
+        .map_err(|error| super::not_done(&ctx, error))?;
     if !ui.quiet {
-        println!("sent to {}", agent.agent_id);
+        println!("sent to {}", steered.agent_id);
     }
     Ok(Outcome::Success)
 }

@@ -1,6 +1,6 @@
 //! `crew agents stop`
 
-use crew_live::control::Op;
+use crew_live::StopOutcome;
 
 use crate::context::Context;
 use crate::ui::Ui;
@@ -19,21 +19,18 @@ pub struct StopArgs {
 #[allow(clippy::print_stdout)]
 pub async fn cmd_agents_stop(args: StopArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let (agent, response) = super::send(&ctx, &args.agent, |agent| Op::Stop { agent }).await?;
+    let stopped = ctx
+        .project()
+        .stop(&args.agent)
+        .await
+        .map_err(|error| super::not_done(&ctx, error))?;
     if !ui.quiet {
-        let how = response
-            .result
-            .as_ref()
-            .and_then(|result| result.get("stop"))
-            .and_then(|stop| stop.as_str())
-            .unwrap_or("stopped");
-        let said = match how {
-            "terminated" => "exited after TERM",
-            "killed" => "needed KILL",
-            "already_exited" => "had already exited",
-            other => other,
+        let said = match stopped.stop {
+            StopOutcome::Terminated => "exited after TERM",
+            StopOutcome::Killed => "needed KILL",
+            StopOutcome::AlreadyExited => "had already exited",
         };
-        println!("{}: {said}", agent.agent_id);
+        println!("{}: {said}", stopped.agent_id);
     }
     Ok(Outcome::Success)
 }
