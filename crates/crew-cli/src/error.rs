@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use crew_core::config::LoadConfigError;
 use crew_core::discovery::DiscoverWorkspaceError;
 use crew_core::store::StateError;
-use crew_live::RunError;
 use crew_live::project::FindAgentError;
+use crew_live::{AgentSelfError, CancelRunError, ControlAgentError, RunError};
 
 /// What kind of failure ended a command; each maps to a documented exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +189,7 @@ internal_errors!(
     std::io::Error,
     serde_json::Error,
     tokio::task::JoinError,
-    crew_live::control::ControlError,
+    crew_live::ControlError,
     crew_worktree::ListWorktreesError,
 );
 
@@ -205,6 +205,59 @@ impl From<FindAgentError> for CliError {
                 "retry in a moment; a busy host answers again once its connections close",
             ),
             FindAgentError::State(error) => error.into(),
+        }
+    }
+}
+
+impl From<ControlAgentError> for CliError {
+    fn from(error: ControlAgentError) -> Self {
+        match error {
+            ControlAgentError::Find(error) => error.into(),
+            // A task waiting for an answer in a run nobody hosts any more (cancelled, or its
+            // host died): say so, and what can be done with it.
+            ControlAgentError::NotLive {
+                waiting_in: Some(run_id),
+                spec,
+                ..
+            } => {
+                let task = spec.rsplit(':').next().unwrap_or(&spec).to_owned();
+                CliError::user(format!(
+                    "agent {run_id}:{task} is not running: it waits for an answer in run {run_id}, which no process hosts any more"
+                ))
+                .with_hint(format!(
+                    "answer it with `crew agents follow-up {task} \"<answer>\"` (crew hosts the run again), or `crew runs clean {run_id}` to save its work and remove its workspace"
+                ))
+            }
+            ControlAgentError::NotLive { .. } => CliError::user(error).with_hint(NOT_LIVE_HINT),
+            ControlAgentError::Host(error) => CliError::internal(error),
+            ControlAgentError::Refused(refusal) => CliError::user(refusal),
+        }
+    }
+}
+
+/// What to do about an agent that is not live.
+pub const NOT_LIVE_HINT: &str =
+    "`crew agents list --all-runs` shows the agents of this workspace, live or not";
+
+impl From<CancelRunError> for CliError {
+    fn from(error: CancelRunError) -> Self {
+        match error {
+            CancelRunError::OtherSession { ref run_id, .. } => {
+                let hint = format!("cancel it anyway with `crew runs cancel {run_id} --force`");
+                CliError::user(error).with_hint(hint)
+            }
+            CancelRunError::Ended { .. } | CancelRunError::Refused(_) => CliError::user(error),
+            CancelRunError::State(error) => error.into(),
+            CancelRunError::Host(error) => CliError::internal(error),
+        }
+    }
+}
+
+impl From<AgentSelfError> for CliError {
+    fn from(error: AgentSelfError) -> Self {
+        match error {
+            AgentSelfError::Host(error) => CliError::internal(error),
+            error => CliError::user(error),
         }
     }
 }

@@ -16,13 +16,7 @@ use crate::context::Context;
 use crate::summary::relative;
 use crate::ui::{Style, between, duration, sanitize, sanitize_lines, truncate};
 
-/// The label of a detached run's host (`crew run --detach`): a session of its own, with no
-/// terminal, started by this user for this user, so its run is theirs to cancel.
-pub const DETACHED_HOST_LABEL: &str = "crew run --detach";
-
-/// The label of the background host of a run a lead agent started over `crew mcp`: detached
-/// the same way, so that the run outlives the lead agent's session.
-pub const MCP_HOST_LABEL: &str = "crew mcp, detached";
+pub use crew_live::hosting::{DETACHED_HOST_LABEL, MCP_HOST_LABEL};
 
 /// Who handed a run to a background host (`crew host RUN --from …`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,12 +34,6 @@ impl Detached {
             Detached::Run => DETACHED_HOST_LABEL,
             Detached::Mcp => MCP_HOST_LABEL,
         }
-    }
-
-    /// Whether a host of this label was started detached: a session of its own, started by
-    /// this user for this user.
-    pub fn labels(label: &str) -> bool {
-        [DETACHED_HOST_LABEL, MCP_HOST_LABEL].contains(&label)
     }
 }
 

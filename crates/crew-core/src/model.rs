@@ -1060,6 +1060,9 @@ pub enum CancelCause {
     Editor,
     /// `crew shim`: the connection to the crew host that asked for the run was lost.
     TransportLost,
+    /// The program hosting the run closed (or dropped) its host: an editor closing the
+    /// folder.
+    HostClosed,
 }
 
 impl CancelRecord {
@@ -1106,6 +1109,7 @@ impl fmt::Display for CancelRecord {
             CancelCause::TransportLost => {
                 f.write_str("because the connection to its host was lost")?
             }
+            CancelCause::HostClosed => f.write_str("because the program hosting it closed")?,
         }
         let mut who = Vec::new();
         if let Some(pid) = self.pid {

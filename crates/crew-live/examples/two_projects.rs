@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crew_core::{CancelCause, CancelRecord};
-use crew_live::control::Op;
 use crew_live::{Host, HostOptions, Project, RunSpec};
 use crew_worktree::CrewWorkspaces;
 
@@ -65,19 +64,22 @@ async fn main() -> Result<(), Error> {
         listed.push(agents);
     }
 
-    // The left folder cannot stop the right folder's agent, even through the right host's own
-    // socket: the host checks which folder asks.
-    let (right_agent, right_host) = &listed[1][0];
-    let refused = projects[0]
-        .call(
-            right_host,
-            Op::Stop {
-                agent: right_agent.agent_id.to_string(),
-            },
-        )
-        .await?;
-    let refusal = refused.error.map(|error| error.message).unwrap_or_default();
-    println!("left stopping {}: refused: {refusal}", right_agent.agent_id);
+    // The left folder cannot stop the right folder's agent: it does not even see it. (The
+    // right host, asked on its own socket as the left folder, refuses too.)
+    let (right_agent, _) = &listed[1][0];
+    let right_id = right_agent.agent_id.to_string();
+    match projects[0].stop(&right_id).await {
+        Ok(stopped) => println!("left stopped {}: it should not have", stopped.agent_id),
+        Err(refused) => println!("left stopping {right_id}: refused: {refused}"),
+    }
+    // Its own agent, it stops.
+    let (left_agent, _) = &listed[0][0];
+    let stopped = projects[0].stop(&left_agent.agent_id.to_string()).await?;
+    println!(
+        "left stopped {}: {}",
+        stopped.agent_id,
+        stopped.stop.as_str()
+    );
 
     for run in runs {
         run.canceller()

@@ -1153,6 +1153,11 @@ fn connect_abstract(name: &str) -> io::Result<UnixStream> {
 }
 
 impl ControlClient {
+    /// The socket it is connected to.
+    pub fn path(&self) -> &Utf8Path {
+        &self.path
+    }
+
     /// Connects to the host at `path`. A socket without a listener (its host died) is reported
     /// as [`ControlError::HostGone`] at once.
     ///

@@ -9,18 +9,19 @@
 //!        .cancel(by)            first: graceful (work kept); again: kill (work still kept)
 //!        .finish().await        the run's manifest once it ended
 //!   .events()                  task status changes and agent events, as they happen
+//!   .close().await             stops its runs (work kept) and waits for them; a drop starts it
 //! ```
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use camino::Utf8PathBuf;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crew_core::model::RunManifest;
-use crew_core::{CancelRecord, RunId, TaskId};
+use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
 
 use crate::control::{ControlError, ControlServer};
 use crate::env::BaseEnv;
@@ -29,6 +30,20 @@ use crate::host::AgentHost;
 use crate::project::Project;
 use crate::publish::{Publisher, listing_path};
 use crate::runner::{CancelLevel, RunError, RunSpec, Runner, TaskActivity, TaskProgress};
+
+/// The label of a detached run's host (`crew run --detach`): a session of its own, with no
+/// terminal, started by this user for this user, so its run is theirs to cancel.
+pub const DETACHED_HOST_LABEL: &str = "crew run --detach";
+
+/// The label of the background host of a run a lead agent started over `crew mcp`: detached
+/// the same way, so that the run outlives the lead agent's session.
+pub const MCP_HOST_LABEL: &str = "crew mcp, detached";
+
+/// Whether a host of this label was started detached: a session of its own, started by this
+/// user for this user.
+pub fn is_detached(label: &str) -> bool {
+    [DETACHED_HOST_LABEL, MCP_HOST_LABEL].contains(&label)
+}
 
 /// How a host presents itself.
 #[derive(Debug, Clone, Default)]
@@ -52,11 +67,28 @@ pub enum HostError {
 }
 
 /// Runs of one project, hosted in this process.
+///
+/// Closing it ([`Host::close`], or dropping it) stops the runs going on in it, as a first
+/// Ctrl-C does: their agents are stopped gracefully (TERM, grace, KILL), their work is saved
+/// on their branches, and each run ends `cancelled`, recorded as [`CancelCause::HostClosed`].
+/// No agent goes on that nobody could reach: its host's socket goes with the host. `close`
+/// waits for that; a drop starts it and returns, and the runs end on the runtime they run on
+/// (a runtime shut down first leaves them interrupted, as a killed host does: the next
+/// `reconcile` marks them, and their work is still in their workspaces).
 #[derive(Debug)]
 pub struct Host {
     runner: Runner,
     server: ControlServer,
     _publisher: Publisher,
+    going: Arc<Mutex<HashMap<RunId, Going>>>,
+}
+
+/// A run going on in a [`Host`], as closing the host sees it.
+#[derive(Debug)]
+struct Going {
+    cancel: Arc<watch::Sender<CancelLevel>>,
+    /// Closed when the run's task ends.
+    ended: watch::Receiver<()>,
 }
 
 /// Something that happened in a run hosted here.
@@ -158,7 +190,34 @@ impl Host {
             runner,
             server,
             _publisher: publisher,
+            going: Arc::default(),
         })
+    }
+
+    /// Stops the runs going on here (see [`Host`]) and waits until each has ended and saved
+    /// its agents' work.
+    pub async fn close(self) {
+        let going = self.take_going();
+        for (run_id, run) in &going {
+            if *run.cancel.borrow() == CancelLevel::None {
+                self.runner
+                    .record_cancel(run_id, CancelRecord::new(CancelCause::HostClosed))
+                    .await;
+                run.cancel.send_replace(CancelLevel::Graceful);
+            }
+        }
+        for (_, mut run) in going {
+            // Never sent: it returns once the run's task ended and dropped its sender.
+            let _ = run.ended.changed().await;
+        }
+    }
+
+    fn take_going(&self) -> Vec<(RunId, Going)> {
+        let mut going = self
+            .going
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        going.drain().collect()
     }
 
     /// The runner that runs this host's runs.
@@ -217,25 +276,68 @@ impl Host {
         resumes: HashMap<TaskId, Option<String>>,
     ) -> RunningRun {
         let (cancel, cancel_rx) = watch::channel(CancelLevel::None);
+        let cancel = Arc::new(cancel);
+        let (ended_tx, ended) = watch::channel(());
         let (commands_tx, commands_rx) = mpsc::channel(16);
         self.server.attach_run(run_id.clone(), commands_tx);
         let routes = self.server.routes();
         let runner = self.runner.clone();
         let socket = self.socket();
         let id = run_id.clone();
+        let going = self.going.clone();
+        going
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(
+                run_id.clone(),
+                Going {
+                    cancel: cancel.clone(),
+                    ended,
+                },
+            );
         let task = tokio::spawn(async move {
             let result = runner
                 .execute(&id, Some(socket), cancel_rx, commands_rx, resumes)
                 .await;
             routes.remove(&id);
             forget_run(runner.host(), &id);
+            going
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .remove(&id);
+            drop(ended_tx);
             result
         });
         RunningRun {
             run_id: run_id.clone(),
             runner: self.runner.clone(),
-            cancel: Arc::new(cancel),
+            cancel,
             task,
+        }
+    }
+}
+
+impl Drop for Host {
+    /// Starts stopping the runs going on here (see [`Host`]), without waiting.
+    fn drop(&mut self) {
+        for (run_id, run) in self.take_going() {
+            if *run.cancel.borrow() != CancelLevel::None {
+                continue;
+            }
+            let by = CancelRecord::new(CancelCause::HostClosed);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let runner = self.runner.clone();
+                    runtime.spawn(async move {
+                        runner.record_cancel(&run_id, by).await;
+                        run.cancel.send_replace(CancelLevel::Graceful);
+                    });
+                }
+                // No runtime to record on: the run still stops, and says it was cancelled.
+                Err(_) => {
+                    run.cancel.send_replace(CancelLevel::Graceful);
+                }
+            }
         }
     }
 }

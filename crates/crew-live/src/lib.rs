@@ -122,7 +122,7 @@ pub mod verbs;
 pub mod watch;
 
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
-pub use control::{ControlClient, ControlServer};
+pub use control::{ControlClient, ControlError, ControlServer, ErrorCode, SubmittedTask};
 pub use error::{AgentOpError, SpawnAgentError};
 pub use events::{AgentEvent, OutputStream};
 pub use host::AgentHost;
@@ -133,5 +133,8 @@ pub use project::{
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
 pub use runner::{CancelLevel, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
-pub use verbs::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
+pub use verbs::{
+    AgentSelf, AgentSelfError, CancelRunError, Cancelled, FollowedUp, Refusal, ResumeOutcome,
+    Resumed, Steered, Stopped, Submitted,
+};
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

@@ -94,13 +94,8 @@ pub enum ControlAgentError {
     #[error(transparent)]
     Host(#[from] ControlError),
     /// The host refused (see the code: `foreign_workspace`, `steer_unsupported`, …).
-    #[error("{message}")]
-    Refused {
-        /// The code, for programs.
-        code: crate::control::ErrorCode,
-        /// The host's message.
-        message: String,
-    },
+    #[error(transparent)]
+    Refused(#[from] crate::verbs::Refusal),
 }
 
 /// The task `spec` names among the runs `manifests`, with its run.
@@ -437,10 +432,7 @@ impl Project {
         };
         let response = self.call(&host, op(agent.agent_id.to_string())).await?;
         if let Some(error) = &response.error {
-            return Err(ControlAgentError::Refused {
-                code: error.code,
-                message: error.message.clone(),
-            });
+            return Err(ControlAgentError::Refused(error.clone().into()));
         }
         Ok((agent, host, response))
     }

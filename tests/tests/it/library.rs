@@ -29,8 +29,8 @@ fn the_examples_run_and_show_what_they_say() {
             &[
                 ":left",
                 ":right",
-                "refused: live agent",
-                "does not belong to workspace",
+                "refused: no live agent",
+                "left stopped",
                 "cancelled",
             ][..],
         ),
@@ -158,5 +158,78 @@ async fn two_project_folders_in_one_process_each_see_and_control_only_their_own(
             files.contains(&format!("{}.txt", task.id)),
             "the work is on its branch: {files}"
         );
+    }
+}
+
+/// A host that closes — by `close`, or dropped, as an editor closing a folder drops it — stops
+/// its runs as a first Ctrl-C does: no agent goes on that nobody could reach, and the work is
+/// on its branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_or_dropping_a_host_stops_its_agents_and_keeps_their_work() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/work.toml"),
+        "[[tasks]]\nid = \"long\"\nagent = \"shell\"\nprompt = \"echo kept > kept.txt; sleep 600\"\nworkspace_mode = \"worktree\"\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a team"]);
+    let project = Project::open(repo.as_std_path(), |config| {
+        Arc::new(CrewWorkspaces::new(config))
+    })
+    .unwrap();
+    for closing in ["close", "drop"] {
+        let options = HostOptions {
+            label: format!("a host to {closing}"),
+            crew_dir: None,
+        };
+        let host = Host::start(&project, options).await.unwrap();
+        let spec = RunSpec::of(project.config_dir().load_team("work").unwrap());
+        let manifest = host.create(&spec).await.unwrap();
+        let running = host.start_run(&manifest.run_id, Default::default());
+        // Running, and its work written.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let pid = loop {
+            assert!(std::time::Instant::now() < deadline, "{closing}: never ran");
+            let live = project.live_agents().await.agents;
+            let written = project
+                .store()
+                .read_run(&manifest.run_id)
+                .ok()
+                .and_then(|manifest| manifest.tasks[0].workspace.clone())
+                .is_some_and(|workspace| workspace.root.join("kept.txt").exists());
+            if let Some(pid) = live.first().and_then(|(agent, _)| agent.pid)
+                && written
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match closing {
+            "close" => host.close().await,
+            _ => drop(host),
+        }
+        let finished = tokio::time::timeout(Duration::from_secs(60), running.finish())
+            .await
+            .unwrap_or_else(|_| panic!("{closing}: the run went on after its host closed"))
+            .unwrap();
+        assert_eq!(finished.status, RunStatus::Cancelled, "{closing}");
+        assert_eq!(
+            finished.cancelled_by.as_ref().map(|by| by.cause),
+            Some(CancelCause::HostClosed),
+            "{closing}"
+        );
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "{closing}: the agent (pid {pid}) outlived its host"
+        );
+        let branch = finished.tasks[0]
+            .teardown
+            .as_ref()
+            .and_then(|report| report.branch.clone())
+            .unwrap();
+        let files = env.git(&repo, ["ls-tree", "-r", "--name-only", &branch]);
+        assert!(files.contains("kept.txt"), "{closing}: {files}");
+        assert!(project.live_agents().await.agents.is_empty(), "{closing}");
     }
 }

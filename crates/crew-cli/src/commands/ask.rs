@@ -1,9 +1,5 @@
 //! `crew ask`
 
-use std::time::Duration;
-
-use crew_live::control::Op;
-
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
@@ -21,20 +17,10 @@ pub struct AskArgs {
 
 #[allow(clippy::print_stdout)]
 pub async fn cmd_ask(args: AskArgs, ui: Ui) -> Result<Outcome, CliError> {
-    let (agent, workspace, mut client) = super::from_agent::connect("ask").await?;
-    let response = client
-        .call(
-            &workspace,
-            Op::Ask {
-                agent,
-                question: args.question,
-            },
-            Duration::from_secs(10),
-        )
+    super::from_agent::connect("ask")
+        .await?
+        .ask(args.question)
         .await?;
-    if let Some(error) = response.error {
-        return Err(CliError::user(error.message));
-    }
     if !ui.quiet {
         println!("question recorded; end your turn now — the answer comes back as a follow-up");
     }

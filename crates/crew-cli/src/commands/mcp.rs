@@ -16,7 +16,7 @@ use std::time::Duration;
 use crew_core::config::{AdHocTeamError, PlannedTask};
 use crew_core::model::{RunManifest, TaskStatus};
 use crew_core::{AgentId, RunId, RunStatus};
-use crew_live::control::{Op, SubmittedTask};
+use crew_live::SubmittedTask;
 use crew_live::{Host, HostOptions, RunSpec};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
@@ -651,20 +651,15 @@ impl CrewMcp {
                 depends_on: task.depends_on.iter().map(ToString::to_string).collect(),
             })
             .collect();
-        let (agent, workspace, mut client) = super::from_agent::connect("mcp")
+        super::from_agent::connect("mcp")
             .await
-            .map_err(|error| invalid(error.render()))?;
-        let response = client
-            .call(
-                &workspace,
-                Op::SubmitTasks { agent, tasks },
-                Duration::from_secs(30),
-            )
+            .map_err(|error| invalid(error.render()))?
+            .submit(tasks)
             .await
-            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
-        if let Some(error) = response.error {
-            return Err(invalid(format!("tasks: {}", error.message)));
-        }
+            .map_err(|error| match error {
+                crew_live::AgentSelfError::Refused(refusal) => invalid(format!("tasks: {refusal}")),
+                error => ErrorData::internal_error(error.to_string(), None),
+            })?;
         let run_id = caller.run_id().clone();
         if let Some(context) = wait {
             return self

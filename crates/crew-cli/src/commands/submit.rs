@@ -1,8 +1,6 @@
 //! `crew submit`
 
-use std::time::Duration;
-
-use crew_live::control::{Op, SubmittedTask};
+use crew_live::SubmittedTask;
 
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
@@ -62,25 +60,12 @@ pub async fn cmd_submit(args: SubmitArgs, ui: Ui) -> Result<Outcome, CliError> {
             "no tasks to submit: give --task ID=PROMPT or --json FILE",
         ));
     }
-    let (agent, workspace, mut client) = super::from_agent::connect("submit").await?;
-    let response = client
-        .call(
-            &workspace,
-            Op::SubmitTasks { agent, tasks },
-            Duration::from_secs(30),
-        )
+    let submitted = super::from_agent::connect("submit")
+        .await?
+        .submit(tasks)
         .await?;
-    if let Some(error) = response.error {
-        return Err(CliError::user(error.message));
-    }
     if !ui.quiet {
-        let accepted = response
-            .result
-            .as_ref()
-            .and_then(|result| result.get("accepted"))
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        println!("accepted {accepted}");
+        println!("accepted {}", serde_json::to_string(&submitted.accepted)?);
     }
     Ok(Outcome::Success)
 }

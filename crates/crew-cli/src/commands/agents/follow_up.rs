@@ -30,11 +30,7 @@ pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome,
         }
         return Err(super::not_live(&ctx, &args.agent));
     }
-    let done = ctx
-        .project()
-        .follow_up(&args.agent, args.message)
-        .await
-        .map_err(|error| super::not_done(&ctx, error))?;
+    let done = ctx.project().follow_up(&args.agent, args.message).await?;
     if !ui.quiet {
         let agent = done.agent_id;
         match done.follow_up {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use crew_core::TaskId;
 use crew_core::model::{HostRecord, RunManifest, TaskStatus};
-use crew_live::{AgentSnapshot, ControlAgentError};
+use crew_live::AgentSnapshot;
 
 use crate::context::Context;
 use crate::foreground::start_host;
@@ -67,32 +67,7 @@ pub fn not_live(ctx: &Context, spec: &str) -> CliError {
         "no live agent '{spec}' in workspace {}",
         ctx.workspace().id()
     ))
-    .with_hint("`crew agents list --all-runs` shows the agents of this workspace, live or not")
-}
-
-/// What a verb on a live agent that did not happen says to the user.
-pub fn not_done(ctx: &Context, error: ControlAgentError) -> CliError {
-    match error {
-        ControlAgentError::Find(error) => error.into(),
-        // A task waiting for an answer in a run nobody hosts any more (cancelled, or its
-        // host died): say so, and what can be done with it.
-        ControlAgentError::NotLive {
-            waiting_in: Some(run_id),
-            spec,
-            ..
-        } => {
-            let task = spec.rsplit(':').next().unwrap_or(&spec).to_owned();
-            CliError::user(format!(
-                "agent {run_id}:{task} is not running: it waits for an answer in run {run_id}, which no process hosts any more"
-            ))
-            .with_hint(format!(
-                "answer it with `crew agents follow-up {task} \"<answer>\"` (crew hosts the run again), or `crew runs clean {run_id}` to save its work and remove its workspace"
-            ))
-        }
-        ControlAgentError::NotLive { spec, .. } => not_live(ctx, &spec),
-        ControlAgentError::Host(error) => CliError::internal(error),
-        ControlAgentError::Refused { message, .. } => CliError::user(message),
-    }
+    .with_hint(crate::error::NOT_LIVE_HINT)
 }
 
 /// Hosts the run of a task that has no live host, here, going on with `answer` for it when it

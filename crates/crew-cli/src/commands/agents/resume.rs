@@ -28,11 +28,7 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
         }
         return Err(super::not_live(&ctx, &args.agent));
     }
-    let resumed = ctx
-        .project()
-        .resume(&args.agent, args.message)
-        .await
-        .map_err(|error| super::not_done(&ctx, error))?;
+    let resumed = ctx.project().resume(&args.agent, args.message).await?;
     if !ui.quiet {
         match resumed.outcome {
             ResumeOutcome::Requeued => println!(

@@ -19,11 +19,7 @@ pub struct SteerArgs {
 #[allow(clippy::print_stdout)]
 pub async fn cmd_agents_steer(args: SteerArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let steered = ctx
-        .project()
-        .steer(&args.agent, args.message)
-        .await
-        .map_err(|error| super::not_done(&ctx, error))?;
+    let steered = ctx.project().steer(&args.agent, args.message).await?;
     if !ui.quiet {
         println!("sent to {}", steered.agent_id);
     }

@@ -19,11 +19,7 @@ pub struct StopArgs {
 #[allow(clippy::print_stdout)]
 pub async fn cmd_agents_stop(args: StopArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
-    let stopped = ctx
-        .project()
-        .stop(&args.agent)
-        .await
-        .map_err(|error| super::not_done(&ctx, error))?;
+    let stopped = ctx.project().stop(&args.agent).await?;
     if !ui.quiet {
         let said = match stopped.stop {
             StopOutcome::Terminated => "exited after TERM",

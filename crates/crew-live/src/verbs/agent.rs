@@ -1,5 +1,5 @@
 //! What a person, or a program acting for one, does to one live agent of a project — steer,
-//! follow up, stop, resume — with typed outcomes and typed errors.
+//! follow up, stop, resume.
 //!
 //! Each verb finds the agent among the project's hosts ([`Project::find_live`]), asks its host
 //! over the control socket, and reads the answer into the outcome below; a host's refusal is

@@ -1,0 +1,37 @@
+//! What hosts do, as typed verbs of the front door: every client of crew — the `crew`
+//! commands, the board, `crew serve`, `crew mcp` — acts through these, never through the wire
+//! protocol of the control socket ([`crate::control`]), which they leave to crew-live.
+//!
+//! - [`agent`]: a person's verbs on one live agent of a [`crate::Project`] (steer, follow up,
+//!   stop, resume);
+//! - [`run`]: on a run (cancel);
+//! - [`from_agent`]: what an agent may do for itself ([`AgentSelf`]: ask, submit).
+//!
+//! Each answers with a typed outcome and a typed error naming what was refused and by whom.
+
+pub mod agent;
+pub mod from_agent;
+pub mod run;
+
+/// What a host refused, and why: its code, for programs, and its message, for people.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// The code (`forbidden`, `foreign_workspace`, `steer_unsupported`, …).
+    pub code: crate::control::ErrorCode,
+    /// The host's message.
+    pub message: String,
+}
+
+impl From<crate::control::ErrorBody> for Refusal {
+    fn from(error: crate::control::ErrorBody) -> Self {
+        Refusal {
+            code: error.code,
+            message: error.message,
+        }
+    }
+}
+
+pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
+pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
+pub use run::{CancelRunError, Cancelled};
