@@ -370,3 +370,63 @@ fn a_run_written_by_a_newer_crew_is_marked_where_it_is_listed_and_shown() {
         "{said}"
     );
 }
+
+/// A defect of crew's in one task (a panic, here at a fail point of debug builds) fails that
+/// task alone: its agent is stopped, its reason says what happened, its work stays for `crew
+/// runs clean`, and the host and the run's other task go on.
+#[test]
+fn a_task_crew_panics_in_fails_alone_and_the_host_goes_on() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let marker = format!("marker-{}", std::process::id());
+    write(
+        &repo.join(".crew/teams/t.toml"),
+        &format!(
+            "[[tasks]]\nid = \"boom\"\nagent = \"shell\"\nprompt = \"echo kept > kept.txt; echo written; sleep 600; : {marker}\"\nworkspace_mode = \"worktree\"\n\n[[tasks]]\nid = \"fine\"\nagent = \"shell\"\nprompt = \"sleep 1; echo fine > fine.txt\"\nworkspace_mode = \"worktree\"\n"
+        ),
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a team"]);
+    let output = env
+        .crew_command(&repo)
+        .args(["run", "--quiet", "t"])
+        .env("CREW_TEST_PANIC_TASK", "boom")
+        .output()
+        .unwrap();
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(1), "a task failed: {shown}");
+    let run_id = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run_id);
+    let boom = task(&recorded, "boom");
+    assert_eq!(boom["status"], "failed", "{boom:#}");
+    let reason = boom["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("crew panicked while running it")
+            && reason.contains("the fail point of task boom")
+            && reason.contains("crew runs clean"),
+        "{reason}"
+    );
+    assert_eq!(
+        task(&recorded, "fine")["status"],
+        "succeeded",
+        "{recorded:#}"
+    );
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "the panicked task's agent goes on: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    // Its work was kept, and `crew runs clean` saves it to its branch.
+    let branch = boom["workspace"]["branch"]
+        .as_str()
+        .map(ToOwned::to_owned)
+        .unwrap_or_else(|| panic!("no branch: {boom:#}"));
+    let clean = env.crew(&repo, ["runs", "clean", &run_id]);
+    assert!(clean.status.success(), "{}", render_output(&clean));
+    let files = env.git(&repo, ["ls-tree", "-r", "--name-only", &branch]);
+    assert!(files.contains("kept.txt"), "{files}");
+}

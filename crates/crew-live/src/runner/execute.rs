@@ -56,6 +56,8 @@ impl Runner {
         let mut schedule =
             Schedule::new(&manifest.tasks, manifest.max_parallel, manifest.fail_fast);
         let mut running: JoinSet<(TaskId, TaskStatus)> = JoinSet::new();
+        // Which task each spawned future runs: a future that panics returns nothing else.
+        let mut spawned: HashMap<tokio::task::Id, TaskId> = HashMap::new();
         let mut commands_open = true;
         let mut cancel_open = true;
 
@@ -69,10 +71,12 @@ impl Runner {
             let task = task.clone();
             let answer = resumes.get(&task.id).cloned().flatten();
             schedule.adopt(&task.id);
-            running.spawn(async move {
+            let id = task.id.clone();
+            let future = running.spawn(async move {
                 let id = task.id.clone();
                 (id, context.adopt_waiting(task, answer).await)
             });
+            spawned.insert(future.id(), id);
         }
         // Tasks a usage limit paused go on when it lifts, or now when the resume names them.
         for task in manifest
@@ -84,10 +88,12 @@ impl Runner {
             let task = task.clone();
             let message = resumes.get(&task.id).cloned();
             schedule.adopt(&task.id);
-            running.spawn(async move {
+            let id = task.id.clone();
+            let future = running.spawn(async move {
                 let id = task.id.clone();
                 (id, context.adopt_paused(task, message).await)
             });
+            spawned.insert(future.id(), id);
         }
 
         loop {
@@ -107,10 +113,12 @@ impl Runner {
                     } => self.finish_unstarted(run_id, &task, status, &reason).await,
                     Step::Start(task_id) => {
                         let context = context.clone();
-                        running.spawn(async move {
+                        let id = task_id.clone();
+                        let future = running.spawn(async move {
                             let status = context.run_task(task_id.clone()).await;
                             (task_id, status)
                         });
+                        spawned.insert(future.id(), id);
                     }
                 }
             }
@@ -122,10 +130,19 @@ impl Runner {
                 break;
             }
             tokio::select! {
-                Some(joined) = running.join_next() => {
+                Some(joined) = running.join_next_with_id() => {
                     let (task_id, status) = match joined {
-                        Ok(result) => result,
-                        Err(error) => panic!("a task of run {run_id} panicked: {error}"),
+                        Ok((id, result)) => {
+                            spawned.remove(&id);
+                            result
+                        }
+                        Err(error) => {
+                            let task_id = spawned
+                                .remove(&error.id())
+                                .expect("every task future is recorded when spawned");
+                            let status = self.task_panicked(run_id, &task_id, error).await;
+                            (task_id, status)
+                        }
                     };
                     if schedule.ended(&task_id, status) {
                         let by = CancelRecord { task: Some(task_id), ..CancelRecord::new(CancelCause::FailFast) };
@@ -149,6 +166,41 @@ impl Runner {
         }
         self.finish_run(run_id, schedule.run_status(), context.saved())
             .await
+    }
+
+    /// A task whose future panicked (a defect of crew's, never the agent's doing): its agent
+    /// is stopped, and the task fails with the panic in its reason; its workspace stays as it
+    /// was, its work in it, for `crew runs clean` to save to its branch. The host and the
+    /// run's other tasks go on.
+    async fn task_panicked(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        error: tokio::task::JoinError,
+    ) -> TaskStatus {
+        let what = if error.is_panic() {
+            let payload = error.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|message| (*message).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            format!("crew panicked while running it ({message})")
+        } else {
+            "crew stopped running it".to_owned()
+        };
+        let agent_id = AgentId::new(run_id.clone(), task_id.clone());
+        let registry = self.host().registry();
+        if let Some(handle) = registry.remove(&agent_id) {
+            let _ = handle.stop().await;
+            handle.close().await;
+        }
+        let reason = format!(
+            "{what}; its agent was stopped and its workspace kept as it was: `crew runs clean {run_id}` saves its work to its branch"
+        );
+        self.finish_unstarted(run_id, task_id, TaskStatus::Failed, &reason)
+            .await;
+        TaskStatus::Failed
     }
 
     /// Answers a request of the control channel for this run.

@@ -749,6 +749,8 @@ impl RunContext {
             }
         };
         self.record_started(&task_id, &handle).await;
+        #[cfg(debug_assertions)]
+        panic_point(&task_id, &handle).await;
         self.follow_through(task, workspace, handle, Phase::Running, 0)
             .await
     }
@@ -1812,5 +1814,21 @@ fn outcome(
             TaskStatus::Failed,
             Some("the agent ended without a status".to_owned()),
         ),
+    }
+}
+
+/// A fail point for the tests of what a defect of crew's does to a run: in a debug build, the
+/// task `CREW_TEST_PANIC_TASK` names panics once its agent has said something (so that it did
+/// some work first). Release builds have none.
+#[cfg(debug_assertions)]
+async fn panic_point(task_id: &TaskId, handle: &crate::registry::AgentHandle) {
+    if std::env::var("CREW_TEST_PANIC_TASK").is_ok_and(|task| task == task_id.as_str()) {
+        for _ in 0..1000 {
+            if !handle.snapshot().last_lines.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the fail point of task {task_id}");
     }
 }
