@@ -21,10 +21,12 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crew_core::model::RunManifest;
-use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
+use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId};
 
+use crate::agent::FollowUpOutcome;
 use crate::control::{ControlError, ControlServer};
 use crate::env::BaseEnv;
+use crate::error::AgentOpError;
 use crate::events::AgentEvent;
 use crate::host::AgentHost;
 use crate::project::Project;
@@ -235,6 +237,13 @@ impl Host {
         self.runner.create(spec, Some(self.socket())).await
     }
 
+    /// Records a new run of `spec` for a host in another process to take over
+    /// ([`Host::take_over`]: `crew run --detach` checks and creates it here, so that a refusal
+    /// reaches the user, and hands it on). No host is recorded for it until then.
+    pub async fn create_for_handover(&self, spec: &RunSpec) -> Result<RunManifest, RunError> {
+        self.runner.create(spec, None).await
+    }
+
     /// Takes up a run whose host is gone (see [`Runner::prepare_resume`]).
     pub async fn prepare_resume(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
         self.runner
@@ -257,6 +266,21 @@ impl Host {
     /// Records this host as the host of a run another process created for it.
     pub async fn take_over(&self, run_id: &RunId) -> Result<RunManifest, RunError> {
         self.runner.take_over(run_id, Some(self.socket())).await
+    }
+
+    /// Sends `message` to an agent of a run hosted here: after its turn, or as the answer it
+    /// waits for ([`Project::follow_up`] reaches the agents of every host of the folder).
+    pub async fn follow_up(
+        &self,
+        agent_id: &AgentId,
+        message: &str,
+    ) -> Result<FollowUpOutcome, AgentOpError> {
+        let workspace = self.runner.workspace().id();
+        let registry = self.runner.host().registry();
+        registry
+            .follow_up(workspace, &agent_id.to_string(), message)
+            .await
+            .map(|(_, outcome)| outcome)
     }
 
     /// Subscribes to what happens in the runs hosted here from now on.

@@ -135,6 +135,6 @@ pub use runner::{CancelLevel, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
 pub use verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, FollowedUp, Refusal, ResumeOutcome,
-    Resumed, Steered, Stopped, Submitted,
+    Resumed, RunFollower, Steered, Stopped, Submitted,
 };
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

@@ -1,7 +1,6 @@
 //! `crew events`
 
 use std::io::Write as _;
-use std::time::Duration;
 
 use crew_core::model::{EventKind, RunEvent};
 
@@ -27,9 +26,6 @@ pub struct EventsArgs {
     pub json: bool,
 }
 
-/// How often a followed run's log is read again.
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
-
 #[allow(clippy::print_stdout)]
 pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
@@ -40,14 +36,14 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
             CliError::user("this workspace has no runs yet").with_hint("start one with `crew run`")
         })?,
     };
-    let mut offset = 0;
+    let mut events = if args.follow {
+        ctx.project().follow_run(&run_id, 0)
+    } else {
+        ctx.project().run_events(&run_id)
+    };
     let mut stdout = std::io::stdout().lock();
-    loop {
-        // Whether the run was over before this read: then this read holds its last events.
-        let ended = !args.follow || ctx.project().run_ended(&run_id)?;
-        let (events, next) = ctx.store().read_events_since(&run_id, offset)?;
-        offset = next;
-        for event in &events {
+    while let Some(batch) = events.next().await? {
+        for event in &batch {
             let line = if args.json {
                 let mut value = serde_json::to_value(event)?;
                 value["run_id"] = serde_json::Value::String(run_id.to_string());
@@ -61,11 +57,8 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
             }
         }
         let _ = stdout.flush();
-        if ended {
-            return Ok(Outcome::Success);
-        }
-        tokio::time::sleep(FOLLOW_INTERVAL).await;
     }
+    Ok(Outcome::Success)
 }
 
 fn with_reason(status: &str, reason: &Option<String>) -> String {

@@ -348,7 +348,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
 #[allow(clippy::print_stdout)]
 async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let host = start_host(ctx, DETACHED_HOST_LABEL).await?;
-    let manifest = host.runner().create(spec, None).await?;
+    let manifest = host.create_for_handover(spec).await?;
     drop(host);
     let run_id = manifest.run_id.clone();
     let pid = crate::foreground::host_detached(ctx, &run_id, Detached::Run).await?;

@@ -26,7 +26,7 @@ use agent_client_protocol::{
 };
 use crew_core::config::AdHocTeamError;
 use crew_core::model::{RunManifest, TaskStatus};
-use crew_core::{AgentId, CancelCause, CancelRecord, Team, Workspace, WorkspaceId};
+use crew_core::{AgentId, CancelCause, CancelRecord, Team, Workspace};
 use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
 use serde::{Deserialize, Serialize};
 
@@ -376,26 +376,25 @@ fn load_session(
     }
     let cx = cx.clone();
     Ok(Some(async move {
-        let mut offset = offset;
+        let mut events = ctx.project().follow_run(&run_id, offset);
         loop {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            let ended = ctx.project().run_ended(&run_id).unwrap_or(true);
-            let Ok((events, next)) = ctx.store().read_events_since(&run_id, offset) else {
-                return Ok(());
-            };
-            offset = next;
-            for event in &events {
-                if let Some(line) = event_line(event) {
-                    say(&cx, &session_id, line)?;
+            match events.next().await {
+                Ok(Some(batch)) => {
+                    for event in &batch {
+                        if let Some(line) = event_line(event) {
+                            say(&cx, &session_id, line)?;
+                        }
+                    }
                 }
-            }
-            if ended {
-                if let Ok(manifest) = ctx.store().read_run(&run_id) {
-                    say(&cx, &session_id, summary_text(&manifest))?;
-                }
-                return Ok(());
+                Ok(None) => break,
+                // Its record cannot be read any more: nothing more to show.
+                Err(_) => return Ok(()),
             }
         }
+        if let Ok(manifest) = ctx.store().read_run(&run_id) {
+            say(&cx, &session_id, summary_text(&manifest))?;
+        }
+        Ok(())
     }))
 }
 
@@ -650,7 +649,6 @@ async fn prompt(
                             cx: cx.clone(),
                             session_id: session_id.clone(),
                             host: host.clone(),
-                            workspace: ctx.workspace().id().clone(),
                             agent_id: AgentId::new(change.run_id.clone(), change.task_id.clone()),
                             text: change.reason.clone().unwrap_or_default(),
                         };
@@ -698,7 +696,6 @@ struct Question {
     cx: ConnectionTo<Client>,
     session_id: SessionId,
     host: Arc<Host>,
-    workspace: WorkspaceId,
     agent_id: AgentId,
     text: String,
 }
@@ -725,11 +722,7 @@ impl Question {
             return;
         };
         let answer = selected.option_id.0.to_string();
-        let registry = self.host.runner().host().registry();
-        if let Err(error) = registry
-            .follow_up(&self.workspace, &self.agent_id.to_string(), &answer)
-            .await
-        {
+        if let Err(error) = self.host.follow_up(&self.agent_id, &answer).await {
             tracing::warn!(agent = %self.agent_id, %error, "the answer did not reach the agent");
         }
     }

@@ -361,6 +361,11 @@ impl Runner {
         &self.store
     }
 
+    /// The project folder its runs belong to.
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
     /// The agent host the runner starts agents in.
     pub fn host(&self) -> &AgentHost {
         &self.host

@@ -34,4 +34,4 @@ impl From<crate::control::ErrorBody> for Refusal {
 
 pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
 pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
-pub use run::{CancelRunError, Cancelled};
+pub use run::{CancelRunError, Cancelled, RunFollower};

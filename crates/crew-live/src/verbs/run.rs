@@ -1,4 +1,6 @@
-//! A person's verbs on a run of a project: cancel.
+//! A person's verbs on a run of a project: cancel it, follow what it records.
+
+use std::time::Duration;
 
 use crew_core::model::{EventKind, RunEvent, RunStatus};
 use crew_core::store::StateError;
@@ -112,6 +114,72 @@ impl Project {
         match response.error {
             Some(error) => Err(CancelRunError::Refused(error.into())),
             None => Ok(Cancelled::Cancelling),
+        }
+    }
+}
+
+/// How often a followed run's log is read again.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The events a run records, read as they are appended (`crew events --follow`, an editor's
+/// session showing a run): see [`Project::follow_run`].
+#[derive(Debug)]
+pub struct RunFollower {
+    project: Project,
+    run_id: RunId,
+    offset: u64,
+    follow: bool,
+    done: bool,
+}
+
+impl RunFollower {
+    /// The events recorded since the last call, waiting until there are some or the run
+    /// ended; `None` once the run ended and every event it recorded was given. A run whose
+    /// host died ends too (it is marked interrupted), never a wait forever.
+    pub async fn next(&mut self) -> Result<Option<Vec<RunEvent>>, StateError> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            // Whether the run was over before this read: then this read holds its last events.
+            let ended = !self.follow || self.project.run_ended(&self.run_id)?;
+            let (events, next) = self
+                .project
+                .store()
+                .read_events_since(&self.run_id, self.offset)?;
+            self.offset = next;
+            self.done = ended;
+            if ended || !events.is_empty() {
+                return Ok(Some(events));
+            }
+            tokio::time::sleep(FOLLOW_INTERVAL).await;
+        }
+    }
+
+    /// Where in the run's log the next read starts.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+impl Project {
+    /// The events `run_id` records from `offset` of its log (0: from the start), until it
+    /// ends.
+    pub fn follow_run(&self, run_id: &RunId, offset: u64) -> RunFollower {
+        RunFollower {
+            project: self.clone(),
+            run_id: run_id.clone(),
+            offset,
+            follow: true,
+            done: false,
+        }
+    }
+
+    /// The events `run_id` recorded so far, in one batch.
+    pub fn run_events(&self, run_id: &RunId) -> RunFollower {
+        RunFollower {
+            follow: false,
+            ..self.follow_run(run_id, 0)
         }
     }
 }
