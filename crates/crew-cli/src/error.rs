@@ -7,7 +7,7 @@ use crew_core::config::LoadConfigError;
 use crew_core::discovery::DiscoverWorkspaceError;
 use crew_core::store::StateError;
 use crew_live::project::FindAgentError;
-use crew_live::{AgentSelfError, CancelRunError, ControlAgentError, RunError};
+use crew_live::{AgentSelfError, CancelRunError, CleanRunError, ControlAgentError, RunError};
 
 /// What kind of failure ended a command; each maps to a documented exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +250,28 @@ impl From<CancelRunError> for CliError {
             CancelRunError::State(error) => error.into(),
             CancelRunError::Host(error) => CliError::internal(error),
         }
+    }
+}
+
+impl From<CleanRunError> for CliError {
+    fn from(error: CleanRunError) -> Self {
+        let error = match error {
+            CleanRunError::State(error) => return error.into(),
+            error => error,
+        };
+        let hint = match &error {
+            CleanRunError::Newer { .. } => "clean it with the crew that made it".to_owned(),
+            CleanRunError::Running { run_id } => {
+                format!("cancel it first: `crew runs cancel {run_id}`")
+            }
+            CleanRunError::BeingMade { .. } => "try again in a few seconds".to_owned(),
+            CleanRunError::OnlyCopy { run_id, .. } => format!(
+                "copy out what you want to keep, then `crew runs clean {run_id} --force` removes it with the run"
+            ),
+            CleanRunError::Kept { .. } => "see `crew worktrees list`; `--force` removes the run's state anyway (the workspaces stay)".to_owned(),
+            CleanRunError::State(_) => unreachable!("returned above"),
+        };
+        CliError::user(error).with_hint(hint)
     }
 }
 

@@ -1,10 +1,94 @@
-//! crew-live: live agents.
+//! crew-live: the front door of crew, and its live agents.
 //!
-//! It owns the agent processes (one supervisor task per agent, [`agent`]), the live registry
-//! scoped by workspace ([`registry`]), the control channel between processes ([`control`]) and
-//! the team runner. It receives a `WorkspaceProvider` and never names git; it never prints.
+//! A program embedding crew (an editor, a bot) holds one [`Project`] per project folder and
+//! hosts runs in itself with a [`Host`]; it acts on agents and runs through the typed verbs of
+//! `Project` ([`verbs`]), which reach the agents of every process hosting runs of that folder,
+//! and only that folder's. The `crew` commands, `crew watch`, `crew serve` (editors, over the
+//! Agent Client Protocol) and `crew mcp` (lead agents) are clients of the same door.
 //!
-//! # Supervisor lifecycle
+//! # A run of one task, followed
+//!
+//! No team file is needed: a team of one task is made on the spot (a team file's is loaded
+//! with `project.config_dir().load_team(name)`).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use crew_core::{CancelCause, CancelRecord};
+//! use crew_live::{AgentEvent, ControlAgentError, Host, HostEvent, HostOptions, Project, RunSpec};
+//! use crew_worktree::CrewWorkspaces;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! // The folder, its `.crew/` configuration and state; its tasks' workspaces are git worktrees.
+//! let project = Project::open("/path/to/repo".as_ref(), |config| {
+//!     Arc::new(CrewWorkspaces::new(config))
+//! })?;
+//! let options = HostOptions { label: "my editor".into(), crew_dir: None };
+//! let host = Host::start(&project, options).await?;
+//! let team = project
+//!     .config_dir()
+//!     .ad_hoc_team("shell", vec![("hello".into(), "echo hello > hello.txt".into())])?;
+//! let run = host.create(&RunSpec::of(team)).await?;
+//! let mut events = host.events();
+//! let running = host.start_run(&run.run_id, Default::default());
+//! let cancel = running.canceller(); // an editor's cancel: CancelCause::Editor
+//! while let Some(Ok(event)) = events.next().await {
+//!     match event {
+//!         HostEvent::Agent(agent) => {
+//!             if let AgentEvent::Output { line, .. } = *agent {
+//!                 println!("{line}");
+//!             }
+//!         }
+//!         HostEvent::Task(change) if change.status.is_finished() => break,
+//!         _ => {}
+//!     }
+//! }
+//! # let _ = cancel.cancel(CancelRecord::new(CancelCause::Editor));
+//! // Any agent of the folder, hosted here or elsewhere, named as a person names it.
+//! match project.steer("hello", "and say goodbye".into()).await {
+//!     Ok(steered) => println!("steered {}", steered.agent_id),
+//!     Err(ControlAgentError::NotLive { .. }) => println!("it has finished"),
+//!     Err(error) => println!("not steered: {error}"),
+//! }
+//! let finished = running.finish().await?; // statuses, branches, teardowns
+//! println!("run {} {}", finished.run_id, finished.status);
+//! host.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What an embedder needs to know
+//!
+//! - **Depending on it.** The crates are not published: depend on them by path or by git
+//!   (`crew-live = { git = "<crew's repository>" }`, and `crew-core`, `crew-worktree` the same
+//!   way), at one commit for all three.
+//! - **`crew_dir`.** Agents call `crew ask` and `crew submit`; [`HostOptions::crew_dir`] is
+//!   the directory of the `crew` binary they should find first on their `PATH`. `None`: they
+//!   find the user's, or none — and then only asking and submitting fail, nothing else.
+//! - **Events.** [`HostEvents`] merges three streams, each in order: task status changes
+//!   (queued first when several wait), agent events (`Started`, `Output`…, `Exited` of one
+//!   agent in order), and preparation progress. Across streams there is no order: an agent's
+//!   first `Output` can arrive before its task's `running`. A listener that falls far behind
+//!   loses the oldest events and is told how many (`Lagged`); a task's record
+//!   ([`Project::manifests`]) is always the truth.
+//! - **Cancelling.** [`Canceller::cancel`]: the first call stops the run's agents gracefully,
+//!   work kept, recording who asked — an editor records [`CancelCause::Editor`]; the next
+//!   kills them (work still saved). [`Project::cancel_run`] cancels a run another process
+//!   hosts.
+//! - **Closing.** [`Host::close`] (or dropping the host) stops the runs going on in it, work
+//!   kept, each `cancelled` by `host_closed`: no agent goes on that nobody could reach. A
+//!   [`Project`] holds nothing live and may be dropped at any time.
+//! - **Errors** are typed at each verb: [`ControlAgentError`] (not live, ambiguous, refused by
+//!   its host with a [`Refusal`]'s code), [`CancelRunError`], [`CleanRunError`],
+//!   [`RunError`].
+//!
+//! [`CancelCause::Editor`]: crew_core::CancelCause::Editor
+//!
+//! # Underneath: one agent, supervised
+//!
+//! What a [`Host`] does for each task, an embedder may do for one agent alone with
+//! [`AgentHost`].
+//!
+//! ## Supervisor lifecycle
 //!
 //! [`AgentHost::start`] launches the agent's command (a template filled argument by argument,
 //! never through a shell) in its workspace with an allow-listed environment ([`env`](mod@env)). The
@@ -24,7 +108,7 @@
 //! - the exit is recorded as an exit code or a signal, with how a stop ended it and whether
 //!   processes were left behind.
 //!
-//! # The signal ladder
+//! ## The signal ladder
 //!
 //! Stop = TERM to the agent's process group, then KILL when the grace period (10 s by default)
 //! runs out; a second stop sends KILL at once. A timeout is a stop the supervisor starts
@@ -32,9 +116,9 @@
 //! killed with the group and reported; after a stop, processes that escaped the group but carry
 //! the agent's `CREW_AGENT_ID` marker are found in `/proc` and killed too.
 //!
-//! # Example
+//! ## Example
 //!
-//! An editor host starting an agent and following it:
+//! One agent started and followed, without a run:
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -134,7 +218,8 @@ pub use registry::{AgentHandle, AgentSnapshot, Registry};
 pub use runner::{CancelLevel, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
 pub use verbs::{
-    AgentSelf, AgentSelfError, CancelRunError, Cancelled, FollowedUp, Refusal, ResumeOutcome,
-    Resumed, RunFollower, Steered, Stopped, Submitted,
+    AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
+    FollowedUp, Refusal, ResumeOutcome, Resumed, RunFollower, Steered, Stopped, Submitted,
+    TaskCleaned,
 };
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

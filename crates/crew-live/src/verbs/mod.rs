@@ -4,12 +4,13 @@
 //!
 //! - [`agent`]: a person's verbs on one live agent of a [`crate::Project`] (steer, follow up,
 //!   stop, resume);
-//! - [`run`]: on a run (cancel);
+//! - [`run`]: on a run (cancel, follow its events); [`clean`]: removing a finished run;
 //! - [`from_agent`]: what an agent may do for itself ([`AgentSelf`]: ask, submit).
 //!
 //! Each answers with a typed outcome and a typed error naming what was refused and by whom.
 
 pub mod agent;
+pub mod clean;
 pub mod from_agent;
 pub mod run;
 
@@ -33,5 +34,6 @@ impl From<crate::control::ErrorBody> for Refusal {
 }
 
 pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
+pub use clean::{CleanOptions, CleanRunError, Cleaned, TaskCleaned};
 pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
 pub use run::{CancelRunError, Cancelled, RunFollower};

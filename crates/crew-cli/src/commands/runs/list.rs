@@ -99,7 +99,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
             }
             Err(error) => RunRow {
                 error: Some(
-                    if super::clean::never_written(&ctx, &listing.run_id) {
+                    if ctx.project().never_written(&listing.run_id) {
                         format!(
                             "never written (its creation was interrupted): `crew runs clean {}` removes it",
                             listing.run_id
