@@ -19,7 +19,7 @@
 //! for as long as the agent lives, and the host, which keeps writing its memory, would pay a
 //! page fault and a copy for each page it touched after every start. Started again, the warden
 //! is caught before `main` by a function this crate places in the executable's initializers
-//! ([`WARDEN_ENTRY`]): any program that embeds crew-live can start agents, and none of them
+//! (`WARDEN_ENTRY`, in `warden.rs`): any program that embeds crew-live can start agents, and none of them
 //! runs its `main` as a warden. Until it execs the agent, the warden runs with nothing of
 //! Rust's runtime set up: it makes raw `libc` calls, allocates nothing and never returns.
 //!
