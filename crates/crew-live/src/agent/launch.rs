@@ -1,0 +1,525 @@
+//! Starting an agent: its confinement planned, its temp dir and log made, its process
+//! started under a warden (`crate::spawn`), and its supervisor handed the running process —
+//! or an idle one, for an agent that waits on an answer from before its host.
+
+use super::supervisor::supervise_from;
+use super::*;
+
+/// Launches the agent's first process and starts its supervisor. A program that cannot be
+/// started is an error for this agent only.
+pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
+    let tail = Arc::new(Mutex::new(OutputTail::default()));
+    let running = launch(
+        &spec,
+        &launcher,
+        &tail,
+        None,
+        spec.session_id.as_deref(),
+        None,
+    )
+    .await?;
+    // The first `Started` event is sent by the host once the agent is registered, so that a
+    // subscriber reacting to it finds the agent.
+    let status = AgentStatus {
+        state: AgentState::Running,
+        pid: Some(running.pid),
+        attempt: 1,
+        started_at: Timestamp::now(),
+        exit: None,
+        question: None,
+        queued_follow_ups: 0,
+        follow_up_queue: Vec::new(),
+        closed: false,
+        sandbox: Some(running.sandbox.clone()),
+        session_id: None,
+        usage: None,
+        turn_error: None,
+        limit: None,
+        refused_writes: Vec::new(),
+        refused_hosts: Vec::new(),
+        protocol_warning: None,
+        idle: false,
+        asks_alive: false,
+        checking: false,
+        landed: None,
+        lost: None,
+    };
+    Ok(supervise_from(spec, launcher, tail, status, Some(running)))
+}
+
+/// Starts a supervisor for an agent whose process is not running, such as one that asked a
+/// question before its host went away: it waits, exited, until a follow-up or a resume starts
+/// it again in its workspace.
+pub(crate) fn start_idle(
+    spec: AgentSpec,
+    launcher: Launcher,
+    question: Option<String>,
+    attempt: u32,
+) -> Started {
+    let status = AgentStatus {
+        state: AgentState::Exited,
+        pid: None,
+        attempt,
+        started_at: Timestamp::now(),
+        exit: None,
+        question,
+        queued_follow_ups: 0,
+        follow_up_queue: Vec::new(),
+        closed: false,
+        sandbox: None,
+        session_id: None,
+        usage: None,
+        turn_error: None,
+        limit: None,
+        refused_writes: Vec::new(),
+        refused_hosts: Vec::new(),
+        protocol_warning: None,
+        idle: false,
+        asks_alive: false,
+        checking: false,
+        landed: None,
+        lost: None,
+    };
+    supervise_from(
+        spec,
+        launcher,
+        Arc::new(Mutex::new(OutputTail::default())),
+        status,
+        None,
+    )
+}
+
+/// Builds and spawns one process of the agent: the `command` template, or the `resume`
+/// template when resuming; never through a shell.
+pub(super) async fn launch(
+    spec: &AgentSpec,
+    launcher: &Launcher,
+    tail: &Arc<Mutex<OutputTail>>,
+    resume_message: Option<&str>,
+    session_id: Option<&str>,
+    session_cost: Option<f64>,
+) -> Result<Running, SpawnAgentError> {
+    let definition = &spec.definition;
+    let template = match (resume_message, &definition.resume) {
+        (Some(_), Some(resume)) => resume,
+        _ => &definition.command,
+    };
+    let uses = |placeholder: &str| {
+        template
+            .iter()
+            .any(|arg| crew_core::config::placeholders(arg).any(|name| name == placeholder))
+    };
+    if uses("session_id") && session_id.is_none() {
+        return Err(SpawnAgentError::NoSession {
+            agent_id: spec.agent_id.clone(),
+        });
+    }
+    let acp = definition.protocol == Protocol::Acp;
+    let shim = definition.protocol == Protocol::Shim;
+    // A stream-json agent takes what it is asked as its first input message, unless its
+    // template passes it as an argument.
+    let first_message = match resume_message {
+        _ if definition.protocol != Protocol::ClaudeStreamJson => None,
+        None => (!uses("prompt")).then_some(spec.prompt.as_str()),
+        Some(message) => (!uses("message") && !message.is_empty()).then_some(message),
+    };
+    let dir = spec.dir.as_str();
+    let run_id = spec.agent_id.run_id().as_str();
+    let task_id = spec.agent_id.task_id().as_str();
+    let message = resume_message.unwrap_or("");
+    let values = [
+        ("prompt", spec.prompt.as_str()),
+        ("workspace", dir),
+        ("run_id", run_id),
+        ("task_id", task_id),
+        ("message", message),
+        ("session_id", session_id.unwrap_or("")),
+    ];
+    let mut argv: Vec<String> = template
+        .iter()
+        .map(|arg| fill_template(arg, &values))
+        .collect();
+    if argv.is_empty() {
+        return Err(SpawnAgentError::EmptyCommand {
+            agent_id: spec.agent_id.clone(),
+        });
+    }
+    if !spec.dir.is_dir() {
+        return Err(SpawnAgentError::MissingDir {
+            agent_id: spec.agent_id.clone(),
+            dir: spec.dir.clone(),
+        });
+    }
+    let mut crew_vars = vec![
+        (env_vars::CREW_RUN_ID, run_id.to_owned()),
+        (env_vars::CREW_TASK_ID, task_id.to_owned()),
+        (env_vars::CREW_AGENT_ID, spec.agent_id.to_string()),
+        (env_vars::CREW_WORKSPACE, dir.to_owned()),
+        (env_vars::CREW_PROJECT_ROOT, spec.workspace.to_string()),
+    ];
+    if let Some(socket) = &spec.socket {
+        crew_vars.push((env_vars::CREW_SOCKET, socket.to_string()));
+    }
+    if let Some(message) = resume_message {
+        crew_vars.push((env_vars::CREW_MESSAGE, message.to_owned()));
+    }
+    let temp_dir = private_temp_dir(spec)?;
+    let temp_path = Utf8PathBuf::from_path_buf(temp_dir.path().to_owned()).map_err(|path| {
+        SpawnAgentError::TempDir {
+            agent_id: spec.agent_id.clone(),
+            source: std::io::Error::other(format!("{} is not UTF-8", path.display())),
+        }
+    })?;
+    crew_vars.push((env_vars::TMPDIR, temp_path.to_string()));
+    crew_vars.push((env_vars::XDG_RUNTIME_DIR, temp_path.to_string()));
+    for (name, value) in &spec.workspace_env {
+        crew_vars.push((name.as_str(), value.clone()));
+    }
+    let own_connection = launcher.own_connections.get().is_some();
+    let (mut sandbox, caches) =
+        confinement(spec, launcher, temp_path, own_connection).map_err(|source| {
+            SpawnAgentError::Sandbox {
+                agent_id: spec.agent_id.clone(),
+                source,
+            }
+        })?;
+    // With a connection of its own, that is the socket it knows.
+    if let Some(name) = sandbox
+        .namespace
+        .as_ref()
+        .and_then(|namespace| namespace.control.as_ref())
+    {
+        crew_vars.retain(|(variable, _)| *variable != env_vars::CREW_SOCKET);
+        crew_vars.push((env_vars::CREW_SOCKET, format!("@{name}")));
+    }
+    // Confined by crew, the program's own sandbox stands down as its definition says, and
+    // what it starts knows it is confined already.
+    let confined = sandbox.record.state == SandboxState::Enforced;
+    if confined {
+        argv.extend(definition.sandbox.confined.args.iter().cloned());
+        sandbox.record.stood_down = definition.sandbox.confined.given();
+        crew_vars.push((
+            env_vars::CREW_SANDBOX,
+            SandboxState::Enforced.as_str().to_owned(),
+        ));
+    }
+    if sandbox.proxy.is_some() {
+        crew_vars.extend(
+            crate::proxy::PROXY_VARS
+                .iter()
+                .map(|(name, value)| (*name, (*value).to_owned())),
+        );
+    }
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| SpawnAgentError::EmptyCommand {
+            agent_id: spec.agent_id.clone(),
+        })?;
+    let steerable = definition.steer != SteerMode::None || acp;
+    let mut warded = WardedCommand::new(
+        program,
+        args,
+        agent_env(
+            &launcher.env,
+            definition,
+            confined.then(|| caches.as_ref().map_or(&[][..], |caches| &caches.env[..])),
+            &crew_vars,
+            &spec.git_config,
+        ),
+        &procscan::agent_marker(&spec.agent_id),
+        sandbox.ruleset,
+        sandbox.namespace.as_ref(),
+        sandbox.proxy.map(|lists| crate::proxy::Rules {
+            lists,
+            log: spec.network_log.clone(),
+        }),
+    )
+    .map_err(|source| SpawnAgentError::Spawn {
+        agent_id: spec.agent_id.clone(),
+        program: program.clone(),
+        source,
+    })?;
+    warded.current_dir(&spec.dir).stdio(
+        if steerable {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        },
+        std::process::Stdio::piped(),
+        std::process::Stdio::piped(),
+    );
+
+    let mut log = open_log(spec)?;
+    if log.written() > 0 {
+        // A resume or a follow-up appends to the same log: say where the new start begins. A
+        // log that cannot be written to fails the agent's own output first, with its error.
+        let _ = log.write(
+            format!(
+                "\n[crew: the agent started again at {}]\n",
+                Timestamp::now()
+            )
+            .as_bytes(),
+        );
+    }
+    let crate::spawn::Spawned {
+        mut child,
+        leftovers,
+        proxy,
+        own_connection,
+    } = launcher
+        .spawner
+        .spawn(warded)
+        .await
+        .map_err(|source| SpawnAgentError::Spawn {
+            agent_id: spec.agent_id.clone(),
+            program: program.clone(),
+            source,
+        })?;
+    let pid = child.id().ok_or_else(|| SpawnAgentError::Spawn {
+        agent_id: spec.agent_id.clone(),
+        program: program.clone(),
+        source: std::io::Error::other("the process exited before its pid was known"),
+    })?;
+    // Served as this agent (its warden's pid) for as long as this process lives.
+    let own_connection = own_connection.and_then(|listener| {
+        launcher
+            .own_connections
+            .get()
+            .map(|connections| connections.serve(listener, pid))
+    });
+    let (protocol_tx, protocol_rx) = mpsc::unbounded_channel();
+    let (acp_lines, acp_incoming) = mpsc::unbounded_channel();
+    let sink = OutputSink {
+        agent_id: spec.agent_id.clone(),
+        log: Arc::new(Mutex::new(Some(log))),
+        tail: tail.clone(),
+        events: launcher.events.clone(),
+        protocol: definition.protocol,
+        supervisor: (definition.steer == SteerMode::StdinJson
+            || definition.protocol != Protocol::Lines)
+            .then_some(protocol_tx),
+        acp: (acp || shim).then_some(acp_lines),
+        refusals: confined
+            .then(|| Arc::new(Mutex::new(Refusals::new(sandbox.record.write.clone())))),
+    };
+    let refusals = sink.refusals.clone();
+    let mut stdin = child.stdin.take();
+    let mut driver_lines = Some(acp_incoming);
+    // An ACP agent's input belongs to its client connection, which sends the first prompt:
+    // the task's, or the message it is resumed with, in the session it had.
+    let acp = match stdin.take() {
+        Some(input) if acp => Some(crate::acp::start(
+            AcpStart {
+                workspace: spec.dir.clone(),
+                first: resume_message
+                    .filter(|message| !message.is_empty())
+                    .unwrap_or(&spec.prompt)
+                    .to_owned(),
+                resume: resume_message.and(session_id).map(str::to_owned),
+                prompt: spec.prompt.clone(),
+                resume_cost: session_cost,
+                terminals: crate::acp::Terminals::new(launcher.clone(), spec.clone()),
+            },
+            input,
+            driver_lines.take().expect("one driver reads the lines"),
+            // Without the line sender: the connection ends when the agent's stdout does.
+            OutputSink {
+                acp: None,
+                ..sink.clone()
+            },
+        )),
+        input => {
+            stdin = input;
+            None
+        }
+    };
+    // A placed task's transport speaks the shim protocol with its driver, which sends the
+    // task's prompt (or, started again, the message) to the placement.
+    let placed = match (stdin.take(), spec.placed.clone(), driver_lines.take()) {
+        (Some(input), Some(placed), Some(lines)) if shim => Some(crate::placed::start(
+            placed,
+            spec.agent_id.clone(),
+            resume_message
+                .filter(|message| !message.is_empty())
+                .unwrap_or(&spec.prompt)
+                .to_owned(),
+            spec.dir.clone(),
+            input,
+            lines,
+            OutputSink {
+                acp: None,
+                ..sink.clone()
+            },
+        )),
+        (input, _, _) => {
+            stdin = input;
+            None
+        }
+    };
+    if let (Some(message), Some(input)) = (first_message, stdin.as_mut()) {
+        let line = format!("{}\n", user_message_line(message));
+        let written = async {
+            input.write_all(line.as_bytes()).await?;
+            input.flush().await
+        };
+        if let Err(source) = tokio::time::timeout(STEER_TIMEOUT, written)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the agent did not read its input")))
+        {
+            // The agent exits without its prompt; its exit says the rest.
+            tracing::warn!(agent = %spec.agent_id, "could not give the agent its first message: {source}");
+        }
+    }
+    let mut readers = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        readers.push(tokio::spawn(drain(
+            stdout,
+            OutputStream::Stdout,
+            sink.clone(),
+        )));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        readers.push(tokio::spawn(drain(stderr, OutputStream::Stderr, sink)));
+    }
+    Ok(Running {
+        stdin,
+        child,
+        pid,
+        readers,
+        protocol: protocol_rx,
+        acp,
+        placed,
+        sandbox: sandbox.record,
+        refusals,
+        leftovers,
+        proxy,
+        _own_connection: own_connection,
+        _temp_dir: temp_dir,
+        lost_before_start: false,
+        session_over: false,
+    })
+}
+
+/// The ruleset of one start of the agent (or of its check): the plan, narrowed by its
+/// definition's mode, plus its definition's paths, its private temp dir and, confined, its
+/// project's toolchain caches (returned with it, for its environment).
+pub(crate) fn confinement(
+    spec: &AgentSpec,
+    launcher: &Launcher,
+    temp_path: Utf8PathBuf,
+    own_connection: bool,
+) -> Result<(sandbox::Prepared, Option<ToolchainCaches>), sandbox::BuildSandboxError> {
+    let home = launcher
+        .env
+        .get("HOME")
+        .and_then(|home| home.to_str())
+        .map(Utf8Path::new);
+    // A state directory the definition declares (`~/.claude/`) is made when missing, before
+    // the sandbox: a first run in a fresh home keeps its state. One that cannot be made stays
+    // missing, and the record says so.
+    let mut unmade = Vec::new();
+    for dir in spec.definition.sandbox.declared_dirs(home) {
+        if std::fs::symlink_metadata(&dir).is_err()
+            && let Err(error) = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+        {
+            unmade.push(format!("{dir} ({error})"));
+        }
+    }
+    let mut extra_writes = spec.definition.sandbox.write_paths(home);
+    extra_writes.push(temp_path);
+    let mut plan = spec.sandbox.clone();
+    plan.mode = plan.mode.and(spec.definition.sandbox.mode);
+    plan.network = plan.network.and(spec.definition.sandbox.network);
+    if let Some(hosts) = &spec.definition.sandbox.allow_hosts {
+        plan.hosts.push(crew_core::config::HostList {
+            file: format!(".crew/agents/{}.toml", spec.definition.name),
+            hosts: hosts.clone(),
+        });
+    }
+    // Confined, its toolchains build with the project's caches, which it may write.
+    let caches = (plan.mode == crew_core::config::SandboxMode::Enforce)
+        .then(|| project_caches(spec, launcher))
+        .flatten();
+    if let Some(caches) = &caches {
+        extra_writes.push(caches.dir.clone());
+    }
+    let own_socket = spec.socket.as_deref().filter(|_| own_connection);
+    let mut prepared = sandbox::prepare(&plan, &extra_writes, own_socket)?;
+    if prepared.record.state == SandboxState::Enforced {
+        prepared.record.unmade = unmade;
+    }
+    let caches = caches.filter(|_| prepared.record.state == SandboxState::Enforced);
+    Ok((prepared, caches))
+}
+
+/// The toolchain caches of the agent's project, made for this start (see `toolchains`).
+pub(super) fn project_caches(spec: &AgentSpec, launcher: &Launcher) -> Option<ToolchainCaches> {
+    let var = |name: &str| {
+        launcher
+            .env
+            .get(name)
+            .and_then(|value| value.to_str())
+            .map(str::to_owned)
+    };
+    let dir = toolchains::cache_dir(spec.workspace.as_path(), var)?;
+    let home = Utf8PathBuf::from(var("HOME").filter(|home| home.starts_with('/'))?);
+    let user_cargo = var("CARGO_HOME")
+        .filter(|path| path.starts_with('/'))
+        .map(Utf8PathBuf::from)
+        .unwrap_or_else(|| home.join(".cargo"));
+    toolchains::prepare(&dir, &home, &user_cargo)
+}
+
+/// A temp dir of the agent's own (mode 0700) in the host's temp directory: its `TMPDIR`, and
+/// the one place outside its workspace the sandbox lets every agent write.
+pub(crate) fn private_temp_dir(spec: &AgentSpec) -> Result<tempfile::TempDir, SpawnAgentError> {
+    tempfile::Builder::new()
+        .prefix(&format!(
+            "crew-agent-{}-",
+            crew_core::safe_segment(spec.agent_id.task_id().as_str())
+        ))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .map_err(|source| SpawnAgentError::TempDir {
+            agent_id: spec.agent_id.clone(),
+            source,
+        })
+}
+
+pub(super) fn open_log(spec: &AgentSpec) -> Result<LogWriter, SpawnAgentError> {
+    let log_error = |source| SpawnAgentError::OutputLog {
+        path: spec.output_log.clone(),
+        source,
+    };
+    if let Some(parent) = spec.output_log.parent() {
+        std::fs::create_dir_all(parent).map_err(log_error)?;
+    }
+    LogWriter::open(&spec.output_log, spec.output_log_limit)
+        .map_err(|error| log_error(std::io::Error::other(error.to_string())))
+}
+
+/// A `stdin-json` agent's user message, `{"type":"user","message":{"role":"user","content":…}}`:
+/// built from structs, so its keys come in this order however serde_json is configured.
+pub(super) fn user_message_line(content: &str) -> String {
+    #[derive(serde::Serialize)]
+    struct Message<'a> {
+        role: &'static str,
+        content: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        r#type: &'static str,
+        message: Message<'a>,
+    }
+    let line = Line {
+        r#type: "user",
+        message: Message {
+            role: "user",
+            content,
+        },
+    };
+    serde_json::to_string(&line).expect("a user message serializes")
+}
