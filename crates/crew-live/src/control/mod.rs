@@ -1,0 +1,46 @@
+//! The control channel: a host serves its registry over a Unix socket, so that other `crew`
+//! processes of the same workspace (and agents running `crew ask`) can list and steer its
+//! agents.
+//!
+//! - The socket lives in a directory only the user can enter (0700, owner checked, never a
+//!   symlink): `$XDG_RUNTIME_DIR/crew`, else `$TMPDIR/crew-<uid>`, else `/tmp/crew-<uid>`, the
+//!   first whose paths fit a socket address. Its name is a hash of the workspace plus the host's
+//!   pid, so long project paths never matter; the path is recorded in the run's manifest.
+//! - The socket is 0600 whatever the umask, and the peer's uid is checked before anything is
+//!   read.
+//! - Requests and responses are JSON, one per line, each request at most [`MAX_REQUEST_BYTES`].
+//!   A connection idle for [`IDLE_TIMEOUT`] is closed; at most [`MAX_CONNECTIONS`] are served
+//!   at once. Malformed input gets a structured error, never a panic, and the server goes on.
+//! - A client that finds no listener (a stale socket of a dead host) learns it at once.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId, WorkspaceId};
+use dashmap::DashMap;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::AgentOpError;
+use crate::host::AgentHost;
+use crate::procscan;
+use crate::watch::{TaskFeed, serve_watch};
+
+mod client;
+mod server;
+mod socket;
+mod wire;
+
+pub use client::*;
+pub use server::*;
+pub use socket::*;
+pub use wire::*;
