@@ -1,0 +1,451 @@
+//! A run's manifest read and written: whole and checked (its workspace, its schema), or
+//! glanced at; changes made under the run's lock, queued ones written together; what this
+//! store last wrote kept, so that reading it back costs nothing while the file is unchanged.
+
+use super::*;
+
+impl StateStore {
+    /// Reads a run's manifest. A newer schema is returned when it parses (it is read-only: any
+    /// update is refused); a corrupt file is an error naming it.
+    pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
+        match self.as_written(run_id) {
+            Some(manifest) => Ok(manifest),
+            None => self.read_manifest_as(run_id),
+        }
+    }
+
+    /// `look` at the run's manifest: [`StateStore::read_run`] without a copy of the manifest
+    /// when this store wrote it last (a runner looks up one task of a hundred at each start).
+    pub fn look_at_run<T>(
+        &self,
+        run_id: &RunId,
+        look: impl Fn(&RunManifest) -> T,
+    ) -> Result<T, StateError> {
+        match self.look_at_written(run_id, &look) {
+            Some(found) => Ok(found),
+            None => Ok(look(&self.read_manifest_as(run_id)?)),
+        }
+    }
+
+    /// The manifest as this store last wrote it, if that is still the file in place (and the
+    /// directories leading to it are still real directories).
+    pub(super) fn as_written(&self, run_id: &RunId) -> Option<RunManifest> {
+        self.look_at_written(run_id, RunManifest::clone)
+    }
+
+    /// What `look` finds in [`StateStore::as_written`]'s manifest, without copying it.
+    pub(super) fn look_at_written<T>(
+        &self,
+        run_id: &RunId,
+        look: impl FnOnce(&RunManifest) -> T,
+    ) -> Option<T> {
+        let written = lock_unpoisoned(&self.written);
+        let entry = written.get(run_id)?;
+        self.still_in_place(run_id, entry.stamp)
+            .then(|| look(&entry.manifest))
+    }
+
+    /// [`StateStore::as_written`], taken out of the store's memory.
+    pub(super) fn take_written(&self, run_id: &RunId) -> Option<RunManifest> {
+        let mut written = lock_unpoisoned(&self.written);
+        let entry = written.remove(run_id)?;
+        self.still_in_place(run_id, entry.stamp)
+            .then_some(entry.manifest)
+    }
+
+    pub(super) fn still_in_place(&self, run_id: &RunId, stamp: FileStamp) -> bool {
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        let dirs = [
+            &crew_dir,
+            &self.state_dir,
+            &self.runs_dir(),
+            &self.run_dir(run_id),
+        ];
+        dirs.iter().all(|dir| real_dir_exists(dir).is_ok())
+            && FileStamp::of(&self.manifest_path(run_id)) == Some(stamp)
+    }
+
+    pub(super) fn forget_written(&self, run_id: &RunId) {
+        let mut written = lock_unpoisoned(&self.written);
+        written.remove(run_id);
+    }
+
+    /// Remembers `manifest` as just written, while its run is running.
+    pub(super) fn remember_written(&self, manifest: RunManifest) {
+        let stamp = FileStamp::of(&self.manifest_path(&manifest.run_id));
+        let mut written = lock_unpoisoned(&self.written);
+        match stamp.filter(|_| manifest.status == RunStatus::Running) {
+            Some(stamp) => {
+                written.insert(manifest.run_id.clone(), Written { stamp, manifest });
+            }
+            None => {
+                written.remove(&manifest.run_id);
+            }
+        }
+    }
+
+    /// Whether a run is live and who hosts it, without reading its tasks: cheaper than
+    /// [`StateStore::read_run`] for listings that look at every run.
+    pub fn glance_run(&self, run_id: &RunId) -> Result<RunGlance, StateError> {
+        self.read_manifest_as(run_id)
+    }
+
+    /// [`StateStore::glance_run`] for every run whose manifest is readable.
+    pub fn glance_runs(&self) -> Result<Vec<RunGlance>, StateError> {
+        Ok(self
+            .run_ids()?
+            .iter()
+            .filter_map(|run_id| self.glance_run(run_id).ok())
+            .collect())
+    }
+
+    /// Reads a run's manifest as `T` (the whole manifest, or a view of some of its fields).
+    pub(super) fn read_manifest_as<T: DeserializeOwned + ManifestOf>(
+        &self,
+        run_id: &RunId,
+    ) -> Result<T, StateError> {
+        let crew_dir = self.workspace.as_path().join(CREW_DIR);
+        let run_dir = self.run_dir(run_id);
+        for dir in [&crew_dir, &self.state_dir, &self.runs_dir(), &run_dir] {
+            real_dir_exists(dir).map_err(|source| StateError::Read {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let path = self.manifest_path(run_id);
+        let read = || {
+            read_nofollow_steady(&path).map_err(|source| StateError::Read {
+                path: path.clone(),
+                source,
+            })
+        };
+        let (mut bytes, mut steady) = read()?;
+        let mut parsed = serde_json::from_slice(&bytes);
+        // A running run's manifest is exchanged with a spare at each write: opened just before
+        // two writes, it may be read while it is being rewritten (`write_exchanging`). Read
+        // again before trusting it or calling it corrupt.
+        for _ in 0..5 {
+            if steady && parsed.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            (bytes, steady) = read()?;
+            parsed = serde_json::from_slice(&bytes);
+        }
+        let manifest: T = match parsed {
+            Ok(manifest) => manifest,
+            Err(source) => {
+                return Err(match serde_json::from_slice::<SchemaProbe>(&bytes) {
+                    Ok(probe) if probe.schema_version > MANIFEST_SCHEMA_VERSION => {
+                        StateError::NewerSchema {
+                            path,
+                            found: probe.schema_version,
+                            supported: MANIFEST_SCHEMA_VERSION,
+                        }
+                    }
+                    _ => StateError::Corrupt { path, source },
+                });
+            }
+        };
+        if manifest.schema_version() < MANIFEST_SCHEMA_VERSION {
+            return Err(StateError::OlderSchema {
+                path,
+                found: manifest.schema_version(),
+                supported: MANIFEST_SCHEMA_VERSION,
+            });
+        }
+        if manifest.workspace() != &self.workspace {
+            return Err(StateError::ForeignManifest {
+                path,
+                expected: self.workspace.clone(),
+                found: manifest.workspace().clone(),
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// Lock → read → modify → write. `change` may refuse (an invalid transition), in which case
+    /// nothing is written. Manifests of a newer schema are never written.
+    pub fn update_run<T>(
+        &self,
+        run_id: &RunId,
+        change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError>,
+    ) -> Result<T, StateError> {
+        let _lock = self.lock()?;
+        // Taken out while it changes: a change that fails leaves nothing behind to trust.
+        let mut manifest = self.manifest_to_change(run_id)?;
+        let result = change(&mut manifest)?;
+        self.write_manifest(&manifest)?;
+        self.remember_written(manifest);
+        Ok(result)
+    }
+
+    /// [`StateStore::update_run`] for a process that changes one run from many threads (a
+    /// run's host, whose tasks each record every step): a change made while another thread
+    /// writes the manifest waits for that write to end, and is written together with every
+    /// other change that waited, in one write, in the order they came. Each caller learns its
+    /// own outcome: its change's refusal (the others are written all the same), or the write's
+    /// error.
+    pub fn update_run_together<T: Send + 'static>(
+        &self,
+        run_id: &RunId,
+        change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let (answer, outcome) = std::sync::mpsc::sync_channel::<Result<T, StateError>>(1);
+        let queued: QueuedChange = Box::new(move |target: Option<(&mut RunManifest, bool)>| {
+            let Some((manifest, shared)) = target else {
+                return Outcome {
+                    applied: false,
+                    tell: Box::new(move |failed: Option<&StateError>| {
+                        let message = failed.map_or_else(String::new, error_chain);
+                        let _ = answer.send(Err(StateError::Together(message)));
+                    }),
+                };
+            };
+            let before = shared.then(|| manifest.clone());
+            match change(manifest) {
+                Ok(value) => Outcome {
+                    applied: true,
+                    tell: Box::new(move |failed: Option<&StateError>| {
+                        let _ = answer.send(match failed {
+                            None => Ok(value),
+                            Some(error) => Err(StateError::Together(error_chain(error))),
+                        });
+                    }),
+                },
+                Err(refused) => {
+                    if let Some(before) = before {
+                        *manifest = before;
+                    }
+                    Outcome {
+                        applied: false,
+                        tell: Box::new(move |_| {
+                            let _ = answer.send(Err(refused.into()));
+                        }),
+                    }
+                }
+            }
+        });
+        lock_unpoisoned(&self.queued.0)
+            .entry(run_id.clone())
+            .or_default()
+            .push(queued);
+        let _writing = lock_unpoisoned(&self.writing);
+        // The thread that wrote before may have written this change too.
+        if let Ok(result) = outcome.try_recv() {
+            return result;
+        }
+        let changes = lock_unpoisoned(&self.queued.0)
+            .remove(run_id)
+            .unwrap_or_default();
+        if let Err(error) = self.write_together(run_id, changes) {
+            // Every change was told; this caller learns the error itself, unless its own
+            // change was refused first.
+            return match outcome.try_recv() {
+                Ok(Err(StateError::Together(_))) | Err(_) => Err(error),
+                Ok(result) => result,
+            };
+        }
+        outcome
+            .try_recv()
+            .unwrap_or_else(|_| Err(StateError::Together("the change was lost".to_owned())))
+    }
+
+    /// Applies `changes` to the run's manifest in one lock → read → modify → write, and tells
+    /// each its outcome. An error that stopped them all is returned as well.
+    pub(super) fn write_together(
+        &self,
+        run_id: &RunId,
+        changes: Vec<QueuedChange>,
+    ) -> Result<(), StateError> {
+        let written = (|| {
+            let lock = self.lock()?;
+            let manifest = self.manifest_to_change(run_id)?;
+            Ok((lock, manifest))
+        })();
+        let (_lock, mut manifest) = match written {
+            Ok(ready) => ready,
+            Err(error) => {
+                for change in changes {
+                    (change(None).tell)(Some(&error));
+                }
+                return Err(error);
+            }
+        };
+        let shared = changes.len() > 1;
+        let outcomes: Vec<Outcome> = changes
+            .into_iter()
+            .map(|change| change(Some((&mut manifest, shared))))
+            .collect();
+        let any_applied = outcomes.iter().any(|outcome| outcome.applied);
+        let result = if any_applied {
+            self.write_manifest(&manifest)
+        } else {
+            Ok(())
+        };
+        if result.is_ok() && any_applied {
+            self.remember_written(manifest);
+        }
+        for outcome in outcomes {
+            (outcome.tell)(result.as_ref().err());
+        }
+        result
+    }
+
+    /// The manifest of `run_id` to change, taken out of what this store remembers or read;
+    /// refused when a newer crew wrote it. The caller holds the lock.
+    pub(super) fn manifest_to_change(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
+        let manifest = match self.take_written(run_id) {
+            Some(manifest) => manifest,
+            None => self.read_manifest_as(run_id)?,
+        };
+        if manifest.schema_version > MANIFEST_SCHEMA_VERSION {
+            return Err(StateError::NewerSchema {
+                path: self.manifest_path(run_id),
+                found: manifest.schema_version,
+                supported: MANIFEST_SCHEMA_VERSION,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// Writes a manifest, keeping the running index with it. The caller holds the lock.
+    pub(super) fn write_manifest(&self, manifest: &RunManifest) -> Result<(), StateError> {
+        let path = self.manifest_path(&manifest.run_id);
+        let mut json = serde_json::to_vec(manifest).map_err(|source| StateError::Serialize {
+            path: path.clone(),
+            source,
+        })?;
+        json.push(b'\n');
+        let running = manifest.status == RunStatus::Running;
+        if running {
+            // First the marker: a crash before the manifest leaves a marker of a run that is
+            // not running, which readers skip; never a running run the index misses.
+            self.ensure_running_index_locked()?;
+            let marker = self.running_dir().join(manifest.run_id.as_str());
+            open_rw_nofollow(&marker).map_err(StateError::Layout)?;
+        }
+        // Whatever this store remembered of the run is no longer what is on disk.
+        self.forget_written(&manifest.run_id);
+        let hosted_here = manifest
+            .host
+            .as_ref()
+            .is_some_and(|host| host.identity.pid == std::process::id());
+        if running && hosted_here {
+            // Its host rewrites a running run's manifest at every step of every task:
+            // exchanged with a spare, no file is made or deleted per write. Any other process
+            // writes a new file, so that the host's memory of what it wrote (`FileStamp`, an
+            // inode) never takes that write for its own.
+            write_exchanging(&path, &json)
+        } else {
+            write_atomic(&path, &json)
+        }
+        .map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        if !running {
+            // An ended run is rarely written again; its spare (the manifest before) goes.
+            let spare = self
+                .run_dir(&manifest.run_id)
+                .join(spare_name(MANIFEST_FILE));
+            // Best effort: the spare is never read, and a later write makes it again.
+            let _ = std::fs::remove_file(spare);
+            self.remove_marker(&manifest.run_id)?;
+        }
+        Ok(())
+    }
+}
+
+/// A change queued for [`StateStore::update_run_together`]: applied to the manifest (with
+/// whether it must undo itself when refused: other changes share the manifest), or to none
+/// when the manifest could not be read, it returns what tells its caller the outcome once the
+/// write is done.
+pub(super) type QueuedChange = Box<dyn FnOnce(Option<(&mut RunManifest, bool)>) -> Outcome + Send>;
+
+/// Tells a caller of [`StateStore::update_run_together`] its outcome, given the write's error
+/// if it failed.
+pub(super) type Tell = Box<dyn FnOnce(Option<&StateError>) + Send>;
+
+/// The changes queued by run, for [`StateStore::update_run_together`].
+#[derive(Default)]
+pub(super) struct ChangeQueue(Mutex<HashMap<RunId, Vec<QueuedChange>>>);
+
+impl std::fmt::Debug for ChangeQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queued: usize = lock_unpoisoned(&self.0).values().map(Vec::len).sum();
+        f.debug_struct("ChangeQueue")
+            .field("queued", &queued)
+            .finish()
+    }
+}
+
+/// What a queued change did: whether it was applied (not refused), and how to tell its caller
+/// the outcome once the write is done.
+pub(super) struct Outcome {
+    applied: bool,
+    tell: Tell,
+}
+
+/// A manifest this store wrote, and the file it went into.
+#[derive(Debug)]
+pub(super) struct Written {
+    stamp: FileStamp,
+    manifest: RunManifest,
+}
+
+/// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it
+/// (or, by its own host, exchanged with its spare), so another writer's manifest is another
+/// inode (made while this one still existed), and a reused inode number would also need the
+/// same size and change times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &Utf8Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::symlink_metadata(path).ok()?;
+        metadata.is_file().then(|| FileStamp {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            len: metadata.len(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+            ctime: (metadata.ctime(), metadata.ctime_nsec()),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct SchemaProbe {
+    schema_version: u32,
+}
+
+/// What a manifest read as a whole or in part says about the workspace it belongs to.
+pub(super) trait ManifestOf {
+    fn workspace(&self) -> &WorkspaceId;
+    fn schema_version(&self) -> u32;
+}
+
+impl ManifestOf for RunManifest {
+    fn workspace(&self) -> &WorkspaceId {
+        &self.cwd
+    }
+    fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
+}
+
+impl ManifestOf for RunGlance {
+    fn workspace(&self) -> &WorkspaceId {
+        &self.cwd
+    }
+    fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
+}
