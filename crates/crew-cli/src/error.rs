@@ -193,6 +193,25 @@ internal_errors!(
     crew_worktree::ListWorktreesError,
 );
 
+/// A git error as the user reads it: its message, without libgit2's class and code; the
+/// error itself is kept beneath.
+#[derive(Debug)]
+struct GitError(crew_worktree::GitError);
+
+impl std::fmt::Display for GitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.message())
+    }
+}
+
+impl std::error::Error for GitError {}
+
+impl From<crew_worktree::GitError> for CliError {
+    fn from(error: crew_worktree::GitError) -> Self {
+        CliError::internal(GitError(error))
+    }
+}
+
 impl From<FindAgentError> for CliError {
     fn from(error: FindAgentError) -> Self {
         match error {

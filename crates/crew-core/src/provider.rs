@@ -392,6 +392,9 @@ pub struct TeardownError {
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
+/// An error of a provider's own, kept whole (its causes beneath it) for whoever reports it.
+pub type ProviderError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Where tasks work. Implementations are synchronous (git and file work) and are called from a
 /// blocking thread; they must be safe to call for many tasks at once.
 pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
@@ -448,16 +451,16 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         repo_root: &Utf8Path,
         commit: &str,
         out: &mut dyn std::io::Write,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProviderError> {
         let _ = (repo_root, commit, out);
-        Err("this workspace provider cannot send history to a placement".to_owned())
+        Err("this workspace provider cannot send history to a placement".into())
     }
 
     /// Takes in work a placement sent back (a pack and its claim), checked before the task's
     /// branch moves to it (crew-worktree `incoming`). The default cannot.
-    fn accept_work(&self, request: &ReceivedWork) -> Result<(), String> {
+    fn accept_work(&self, request: &ReceivedWork) -> Result<(), ProviderError> {
         let _ = request;
-        Err("this workspace provider cannot take in work from a placement".to_owned())
+        Err("this workspace provider cannot take in work from a placement".into())
     }
 }
 

@@ -23,6 +23,7 @@
 //! next `base` or `work` message closes. The agent never writes to the shim's stdout: its own
 //! stdio are pipes of the shim's supervisor, and what it prints arrives as `output`.
 
+use crate::provider::ProviderError;
 use camino::Utf8Path;
 use serde::{Deserialize, Serialize};
 
@@ -212,11 +213,16 @@ pub enum FromShim {
 /// repository that is not the host's. Called from blocking threads.
 pub trait CloneStore: Send + Sync + std::fmt::Debug {
     /// Makes the clone at `dir` when missing (with nothing checked out), or opens it.
-    fn open_clone(&self, dir: &Utf8Path) -> Result<(), String>;
+    fn open_clone(&self, dir: &Utf8Path) -> Result<(), ProviderError>;
     /// Whether the repository holds `commit`.
-    fn has_commit(&self, repo: &Utf8Path, commit: &str) -> Result<bool, String>;
+    fn has_commit(&self, repo: &Utf8Path, commit: &str) -> Result<bool, ProviderError>;
     /// Takes in `commit`'s history from the pack file `pack`, and names it so that it stays.
-    fn import_base(&self, repo: &Utf8Path, pack: &Utf8Path, commit: &str) -> Result<(), String>;
+    fn import_base(
+        &self,
+        repo: &Utf8Path,
+        pack: &Utf8Path,
+        commit: &str,
+    ) -> Result<(), ProviderError>;
     /// Writes the commits from `base` to `branch` as a pack to `out`; what they are.
     fn pack_work(
         &self,
@@ -224,9 +230,9 @@ pub trait CloneStore: Send + Sync + std::fmt::Debug {
         base: &str,
         branch: &str,
         out: &mut dyn std::io::Write,
-    ) -> Result<WorkClaim, String>;
+    ) -> Result<WorkClaim, ProviderError>;
     /// The commit `branch` points to, if it exists.
     fn branch_tip(&self, repo: &Utf8Path, branch: &str) -> Option<String>;
     /// Deletes `branch` if it is still at `tip` (gone already is fine).
-    fn drop_branch(&self, repo: &Utf8Path, branch: &str, tip: &str) -> Result<(), String>;
+    fn drop_branch(&self, repo: &Utf8Path, branch: &str, tip: &str) -> Result<(), ProviderError>;
 }

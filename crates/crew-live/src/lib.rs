@@ -215,7 +215,7 @@ pub use project::{
     ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project, resolve_spec,
 };
 pub use registry::{AgentHandle, AgentSnapshot, Registry};
-pub use runner::{CancelLevel, RunError, RunSpec, Runner};
+pub use runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
 pub use verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,

@@ -312,6 +312,7 @@ impl Driver {
             provider
                 .pack_history(&repo_root, &commit, &mut bytes)
                 .map(|()| bytes)
+                .map_err(|error| crate::error::with_causes(&*error))
         })
         .await
         .map_err(|error| error.to_string())?
@@ -353,9 +354,13 @@ impl Driver {
             ),
         };
         let provider = self.placed.provider.clone();
-        tokio::task::spawn_blocking(move || provider.accept_work(&request))
-            .await
-            .map_err(|error| error.to_string())?
+        tokio::task::spawn_blocking(move || {
+            provider
+                .accept_work(&request)
+                .map_err(|error| crate::error::with_causes(&*error))
+        })
+        .await
+        .map_err(|error| error.to_string())?
     }
 
     async fn send(&mut self, message: &ToShim) {

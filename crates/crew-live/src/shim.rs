@@ -165,7 +165,7 @@ pub async fn serve(
                     }
                     Err(error) => {
                         failures += 1;
-                        refuse(&out, None, "protocol", error);
+                        refuse(&out, None, "protocol", crate::error::with_causes(&*error));
                     }
                 }
             }
@@ -233,7 +233,8 @@ async fn handle(
                 let imported = session
                     .options
                     .clones
-                    .import_base(&session.clone, &file, &commit);
+                    .import_base(&session.clone, &file, &commit)
+                    .map_err(|error| crate::error::with_causes(&*error));
                 // Its objects are in the clone's store now (or were refused): the file is spent.
                 let _ = std::fs::remove_file(&file);
                 imported
@@ -312,7 +313,8 @@ async fn start(
     }
     // The base's history, or that of the earlier work the host holds, which includes it.
     let needed = from.as_deref().unwrap_or(&base);
-    if !session.options.clones.has_commit(&session.clone, needed)? {
+    let has = session.options.clones.has_commit(&session.clone, needed);
+    if !has.map_err(|error| crate::error::with_causes(&*error))? {
         let _ = out.send(FromShim::NeedBase {
             commit: needed.to_owned(),
         });
@@ -510,7 +512,9 @@ async fn send_work(
     );
     let packed = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, WorkClaim), String> {
         let mut bytes = Vec::new();
-        let claim = clones.pack_work(&clone, &base, &branch, &mut bytes)?;
+        let claim = clones
+            .pack_work(&clone, &base, &branch, &mut bytes)
+            .map_err(|error| crate::error::with_causes(&*error))?;
         Ok((bytes, claim))
     })
     .await
@@ -703,7 +707,11 @@ fn release(session: &Session, out: &Out, tasks: &Tasks, task: TaskId) {
                 out,
                 Some(task.clone()),
                 "release",
-                format!("{branch} was kept in {}: {why}", session.clone),
+                format!(
+                    "{branch} was kept in {}: {}",
+                    session.clone,
+                    crate::error::with_causes(&*why)
+                ),
             );
             return;
         }

@@ -19,6 +19,7 @@
 //!
 //! A refusal changes no branch and keeps the quarantine ref, which the error names.
 
+use crew_core::provider::ProviderError;
 use std::io::Write;
 
 use camino::Utf8Path;
@@ -551,16 +552,21 @@ fn parse_id(field: &'static str, value: &str) -> Result<Oid, IncomingError> {
 pub struct GitClones;
 
 impl crew_core::shim::CloneStore for GitClones {
-    fn open_clone(&self, dir: &Utf8Path) -> Result<(), String> {
-        open_clone(dir).map_err(|error| error.to_string())
+    fn open_clone(&self, dir: &Utf8Path) -> Result<(), ProviderError> {
+        open_clone(dir).map_err(Into::into)
     }
 
-    fn has_commit(&self, repo: &Utf8Path, commit: &str) -> Result<bool, String> {
-        has_commit(repo, commit).map_err(|error| error.to_string())
+    fn has_commit(&self, repo: &Utf8Path, commit: &str) -> Result<bool, ProviderError> {
+        has_commit(repo, commit).map_err(Into::into)
     }
 
-    fn import_base(&self, repo: &Utf8Path, pack: &Utf8Path, commit: &str) -> Result<(), String> {
-        import_base(repo, pack, commit).map_err(|error| error.to_string())
+    fn import_base(
+        &self,
+        repo: &Utf8Path,
+        pack: &Utf8Path,
+        commit: &str,
+    ) -> Result<(), ProviderError> {
+        import_base(repo, pack, commit).map_err(Into::into)
     }
 
     fn pack_work(
@@ -569,21 +575,21 @@ impl crew_core::shim::CloneStore for GitClones {
         base: &str,
         branch: &str,
         out: &mut dyn Write,
-    ) -> Result<WorkClaim, String> {
-        pack_work(repo, base, branch, out).map_err(|error| error.to_string())
+    ) -> Result<WorkClaim, ProviderError> {
+        pack_work(repo, base, branch, out).map_err(Into::into)
     }
 
     fn branch_tip(&self, repo: &Utf8Path, branch: &str) -> Option<String> {
         branch_tip(repo, branch)
     }
 
-    fn drop_branch(&self, repo: &Utf8Path, branch: &str, tip: &str) -> Result<(), String> {
+    fn drop_branch(&self, repo: &Utf8Path, branch: &str, tip: &str) -> Result<(), ProviderError> {
         match crate::inspect::drop_branch(repo, branch, tip) {
             crate::inspect::BranchDrop::Deleted | crate::inspect::BranchDrop::Missing => Ok(()),
-            crate::inspect::BranchDrop::Moved { tip } => Err(format!(
-                "it moved on to {tip}, so it holds more than the work sent"
-            )),
-            crate::inspect::BranchDrop::Refused { message } => Err(message),
+            crate::inspect::BranchDrop::Moved { tip } => {
+                Err(format!("it moved on to {tip}, so it holds more than the work sent").into())
+            }
+            crate::inspect::BranchDrop::Refused { message } => Err(message.into()),
         }
     }
 }

@@ -49,4 +49,6 @@ pub mod teardown;
 pub mod tripwire;
 
 pub use error::{ListWorktreesError, PrepareWorktreeError, TeardownWorktreeError};
+/// The git library's error, which the inspections here return as it is.
+pub use git2::Error as GitError;
 pub use provider::{CrewWorkspaces, fallback_warning};

@@ -70,8 +70,7 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
     for record in manifest.attempts_of(&task) {
         let attempt = record.attempt_of.as_ref().expect("an attempt");
         let files = match record.work_range() {
-            Some((base, branch)) => branch_files(repo_root, &base, &branch)
-                .map_err(|error| CliError::internal(error.message().to_owned()))?,
+            Some((base, branch)) => branch_files(repo_root, &base, &branch)?,
             None => Vec::new(),
         };
         attempts.push(Attempt {

@@ -89,8 +89,7 @@ pub fn run_overlaps(
         return Ok(Vec::new());
     }
     Ok(
-        crew_worktree::radar::overlaps(repo_root, &branches, manifest.base_branch.as_deref())
-            .map_err(|error| CliError::internal(error.message().to_owned()))?
+        crew_worktree::radar::overlaps(repo_root, &branches, manifest.base_branch.as_deref())?
             .into_iter()
             .filter(|overlap| !manifest.rivals(&overlap.left, &overlap.right))
             .collect(),

@@ -65,10 +65,8 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
     let mut json = Vec::new();
     for (task_id, (base, branch)) in &ranges {
         let (stat, [files, insertions, deletions]) =
-            crew_worktree::inspect::branch_stat(repo_root, base, branch, 80)
-                .map_err(|error| CliError::internal(error.message().to_owned()))?;
-        let patch = crew_worktree::inspect::branch_patch(repo_root, base, branch)
-            .map_err(|error| CliError::internal(error.message().to_owned()))?;
+            crew_worktree::inspect::branch_stat(repo_root, base, branch, 80)?;
+        let patch = crew_worktree::inspect::branch_patch(repo_root, base, branch)?;
         let text = if args.stat { stat } else { patch.clone() };
         // An agent's bytes reach a terminal as text: an escape sequence in a file it wrote
         // must not retitle, clear or drive the user's terminal. Piped, the patch stays whole.

@@ -11,7 +11,7 @@ use crew_core::model::{
 use crew_core::provider::RunRequest;
 use crew_core::{CancelRecord, RunId, TaskId};
 
-use super::{RunError, RunSpec, Runner, blocking};
+use super::{PlanError, RunError, RunSpec, Runner, blocking};
 use crate::control::{ErrorBody, ErrorCode};
 
 impl Runner {
@@ -26,7 +26,7 @@ impl Runner {
         self.check_allowed(team.tasks.iter().map(|task| task.agent.as_str()))?;
         let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
         let mut run_tasks =
-            crew_core::config::run_tasks(team, spec.attempts).map_err(RunError::Plan)?;
+            crew_core::config::run_tasks(team, spec.attempts).map_err(PlanError::Attempts)?;
         if let Some(check) = &spec.check {
             for task in &mut run_tasks {
                 task.def.check = Some(check.clone());
@@ -45,10 +45,12 @@ impl Runner {
             if let Some(attempt) = &run_task.attempt_of
                 && mode != WorkspaceMode::Worktree
             {
-                return Err(RunError::Plan(format!(
-                    "task `{}` would run {} attempts in {mode} mode: attempts need worktree mode, each in its own worktree and branch (`--workspace-mode worktree`)",
-                    attempt.task, attempt.of
-                )));
+                return Err(PlanError::AttemptsNeedWorktrees {
+                    task: attempt.task.clone(),
+                    of: attempt.of,
+                    mode,
+                }
+                .into());
             }
             let mut record = TaskRecord::new(
                 task.id.clone(),
@@ -70,31 +72,29 @@ impl Runner {
             record.allow_open_network = spec.allow_open_network;
             if let Some(placement) = &record.placement {
                 if !self.config.placements.contains_key(placement) {
-                    let known: Vec<&str> =
-                        self.config.placements.keys().map(String::as_str).collect();
-                    return Err(RunError::Plan(format!(
-                        "task `{}` names the placement `{placement}`, which .crew/config.toml does not define ({})",
-                        record.id,
-                        if known.is_empty() {
-                            "it defines none: add a [placements.<name>] section".to_owned()
-                        } else {
-                            format!("it defines: {}", known.join(", "))
-                        }
-                    )));
+                    return Err(PlanError::UnknownPlacement {
+                        task: record.id.clone(),
+                        placement: placement.clone(),
+                        known: self.config.placements.keys().cloned().collect(),
+                    }
+                    .into());
                 }
                 // Elsewhere a task works in a worktree of the placement's clone; here it has
                 // only a scratch directory, where its work arrives.
                 if let Some(asked) = asked.filter(|asked| *asked != WorkspaceMode::Worktree) {
-                    return Err(RunError::Plan(format!(
-                        "task `{}` runs on the placement `{placement}`, where tasks work in worktrees; it asks for {asked} mode",
-                        record.id
-                    )));
+                    return Err(PlanError::PlacedMode {
+                        task: record.id.clone(),
+                        placement: placement.clone(),
+                        asked,
+                    }
+                    .into());
                 }
                 if record.attempt_of.is_some() {
-                    return Err(RunError::Plan(format!(
-                        "task `{}` runs on the placement `{placement}`, which does not run attempts yet",
-                        record.id
-                    )));
+                    return Err(PlanError::PlacedAttempts {
+                        task: record.id.clone(),
+                        placement: placement.clone(),
+                    }
+                    .into());
                 }
                 record.workspace_mode = WorkspaceMode::Temp;
             }
@@ -179,7 +179,7 @@ impl Runner {
     fn check_allowed<'a>(&self, agents: impl IntoIterator<Item = &'a str>) -> Result<(), RunError> {
         let list = AllowList::of_user();
         let config_dir = ConfigDir::new(self.workspace.crew_dir());
-        let refused = |error: crew_core::config::NotAllowed| RunError::Plan(error.to_string());
+        let refused = |error: crew_core::config::NotAllowed| RunError::Plan(error.into());
         config_dir
             .check_config_allowed(list.as_ref())
             .map_err(refused)?;
@@ -212,10 +212,13 @@ impl Runner {
             .map(|arg| crew_core::config::fill_template(arg, &values).len())
             .max();
         match longest {
-            Some(length) if length > ARGUMENT_MAX => Err(RunError::Plan(format!(
-                "task `{}`'s prompt is {length} bytes as its agent `{}` passes it (one program argument), and an argument can hold at most {ARGUMENT_MAX}: put the long part in a file and name the file in the prompt, or use an agent whose protocol reads the prompt from its input (claude-stream-json, acp)",
-                task.id, task.agent
-            ))),
+            Some(length) if length > ARGUMENT_MAX => Err(PlanError::PromptTooLong {
+                task: task.id.clone(),
+                agent: task.agent.clone(),
+                length,
+                max: ARGUMENT_MAX,
+            }
+            .into()),
             _ => Ok(()),
         }
     }

@@ -105,6 +105,82 @@ impl RunSpec {
     }
 }
 
+/// Why the tasks asked for cannot be run as asked: each says which task and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// Attempts asked for as they cannot be (a count out of range, attempts of a task others
+    /// depend on).
+    #[error("{0}")]
+    Attempts(String),
+    /// Attempts of a task in a mode without branches.
+    #[error(
+        "task `{task}` would run {of} attempts in {mode} mode: attempts need worktree mode, each in its own worktree and branch (`--workspace-mode worktree`)"
+    )]
+    AttemptsNeedWorktrees {
+        /// The task.
+        task: TaskId,
+        /// How many attempts.
+        of: u32,
+        /// The mode it would run in.
+        mode: WorkspaceMode,
+    },
+    /// A placement `.crew/config.toml` does not define.
+    #[error(
+        "task `{task}` names the placement `{placement}`, which .crew/config.toml does not define ({})",
+        if known.is_empty() {
+            "it defines none: add a [placements.<name>] section".to_owned()
+        } else {
+            format!("it defines: {}", known.join(", "))
+        }
+    )]
+    UnknownPlacement {
+        /// The task.
+        task: TaskId,
+        /// The placement it names.
+        placement: String,
+        /// The placements the project defines.
+        known: Vec<String>,
+    },
+    /// A placed task that asks for a mode other than worktree.
+    #[error(
+        "task `{task}` runs on the placement `{placement}`, where tasks work in worktrees; it asks for {asked} mode"
+    )]
+    PlacedMode {
+        /// The task.
+        task: TaskId,
+        /// Its placement.
+        placement: String,
+        /// The mode it asks for.
+        asked: WorkspaceMode,
+    },
+    /// A placed task with attempts.
+    #[error("task `{task}` runs on the placement `{placement}`, which does not run attempts yet")]
+    PlacedAttempts {
+        /// The task.
+        task: TaskId,
+        /// Its placement.
+        placement: String,
+    },
+    /// A prompt longer than the kernel lets one program argument be, for an agent that takes
+    /// it as one.
+    #[error(
+        "task `{task}`'s prompt is {length} bytes as its agent `{agent}` passes it (one program argument), and an argument can hold at most {max}: put the long part in a file and name the file in the prompt, or use an agent whose protocol reads the prompt from its input (claude-stream-json, acp)"
+    )]
+    PromptTooLong {
+        /// The task.
+        task: TaskId,
+        /// Its agent.
+        agent: String,
+        /// The prompt's length as passed.
+        length: usize,
+        /// The most an argument holds.
+        max: usize,
+    },
+    /// A checked-in settings file loosens the sandbox in a way the user has not allowed.
+    #[error(transparent)]
+    NotAllowed(#[from] crew_core::config::NotAllowed),
+}
+
 /// A run that could not be created, resumed or finished.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -114,10 +190,9 @@ pub enum RunError {
     /// The provider refused the run before any task started.
     #[error("the run cannot start")]
     Prepare(#[source] AllocateWorkspaceError),
-    /// The tasks asked for cannot be run as asked (attempts of a task others depend on, in a
-    /// mode without branches); the message says which and why.
-    #[error("{0}")]
-    Plan(String),
+    /// The tasks asked for cannot be run as asked; nothing was made.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     /// This process's identity could not be read.
     #[error("failed to record this process as the run's host")]
     Host(#[from] HostIdentityError),

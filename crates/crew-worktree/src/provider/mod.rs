@@ -5,8 +5,9 @@ use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::{IsolationFallback, ProjectConfig, WorkspaceMode, WorktreeSettings};
 use crew_core::paths::{canonical_utf8, remove_contained};
 use crew_core::provider::{
-    AllocateErrorKind, AllocateWorkspaceError, RunPlan, RunRequest, TaskWorkspace, TeardownError,
-    TeardownReport, TeardownRequest, WorkspaceKind, WorkspaceProvider, WorkspaceRequest,
+    AllocateErrorKind, AllocateWorkspaceError, ProviderError, RunPlan, RunRequest, TaskWorkspace,
+    TeardownError, TeardownReport, TeardownRequest, WorkspaceKind, WorkspaceProvider,
+    WorkspaceRequest,
 };
 use crew_core::{StateStore, safe_segment};
 use git2::Oid;
@@ -140,11 +141,14 @@ impl WorkspaceProvider for CrewWorkspaces {
         repo_root: &Utf8Path,
         commit: &str,
         out: &mut dyn std::io::Write,
-    ) -> Result<(), String> {
-        crate::incoming::pack_history(repo_root, commit, out).map_err(|error| error.to_string())
+    ) -> Result<(), ProviderError> {
+        Ok(crate::incoming::pack_history(repo_root, commit, out)?)
     }
 
-    fn accept_work(&self, request: &crew_core::provider::ReceivedWork) -> Result<(), String> {
+    fn accept_work(
+        &self,
+        request: &crew_core::provider::ReceivedWork,
+    ) -> Result<(), ProviderError> {
         crate::incoming::accept_work(&crate::incoming::AcceptWork {
             repo_root: &request.repo_root,
             claim: &request.claim,
@@ -154,7 +158,7 @@ impl WorkspaceProvider for CrewWorkspaces {
             quarantine: &request.quarantine,
         })
         .map(|_| ())
-        .map_err(|error| error.to_string())
+        .map_err(Into::into)
     }
 
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
@@ -450,6 +454,7 @@ fn teardown_error(error: TeardownWorktreeError, report: TeardownReport) -> Teard
     TeardownError {
         message: with_cause(&error),
         partial: Box::new(report),
-        source: std::error::Error::source(&error).map(|source| source.to_string().into()),
+        // The error itself, its causes beneath it: a program that reads it gets the types.
+        source: Some(Box::new(error)),
     }
 }

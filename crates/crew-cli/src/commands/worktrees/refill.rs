@@ -68,8 +68,7 @@ pub async fn cmd_worktrees_refill(
             }
         }
     });
-    crew_worktree::pool::refill_at_head(&repo_root, &ctx.config().worktree, run_started)
-        .map_err(|error| CliError::internal(error.message().to_owned()))?;
+    crew_worktree::pool::refill_at_head(&repo_root, &ctx.config().worktree, run_started)?;
     Ok(Outcome::Success)
 }
 
