@@ -431,7 +431,7 @@ impl Project {
             });
         };
         let response = self.call(&host, op(agent.agent_id.to_string())).await?;
-        if let Some(error) = &response.error {
+        if let Err(error) = &response.answer {
             return Err(ControlAgentError::Refused(error.clone().into()));
         }
         Ok((agent, host, response))
@@ -469,18 +469,20 @@ impl Project {
                     continue;
                 }
             };
-            if let Some(error) = response.error.filter(|_| !response.ok) {
-                let said = format!("host pid {}: {}", host.identity.pid, error.message);
-                match error.code {
-                    ErrorCode::Forbidden | ErrorCode::PermissionDenied => live.refused.push(said),
-                    code => live.unanswered.push(format!("{said} ({code})")),
+            let result = match response.answer {
+                Ok(result) => result,
+                Err(error) => {
+                    let said = format!("host pid {}: {}", host.identity.pid, error.message);
+                    match error.code {
+                        ErrorCode::Forbidden | ErrorCode::PermissionDenied => {
+                            live.refused.push(said)
+                        }
+                        code => live.unanswered.push(format!("{said} ({code})")),
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let Some(listed) = response
-                .result
-                .and_then(|value| serde_json::from_value::<Vec<serde_json::Value>>(value).ok())
-            else {
+            };
+            let Ok(listed) = serde_json::from_value::<Vec<serde_json::Value>>(result) else {
                 continue;
             };
             for value in listed {

@@ -113,13 +113,7 @@ pub(crate) async fn serve_watch(
         .map(|agent| (agent.agent_id.clone(), true))
         .collect();
     let (mut read, mut write) = stream.into_split();
-    let first = Response {
-        v: PROTOCOL_VERSION,
-        id,
-        ok: true,
-        result: Some(serde_json::json!({ "agents": listing })),
-        error: None,
-    };
+    let first = Response::ok(id, serde_json::json!({ "agents": listing }));
     let mut out = serde_json::to_vec(&first).unwrap_or_default();
     out.push(b'\n');
     if write.write_all(&out).await.is_err() {
@@ -624,8 +618,8 @@ pub async fn subscribe(
         .call(workspace, Op::Watch, crate::project::REQUEST_TIMEOUT)
         .await?;
     let agents = response
-        .result
-        .filter(|_| response.ok)
+        .answer
+        .ok()
         .and_then(|mut result| serde_json::from_value(result["agents"].take()).ok())
         .ok_or_else(|| ControlError::Closed {
             path: socket.to_owned(),

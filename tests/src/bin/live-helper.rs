@@ -241,7 +241,7 @@ fn umask_socket(dir: &str) {
                 "socket": server.path(),
                 "socket_mode": mode(server.path()),
                 "dir_mode": mode(server.path().parent().unwrap()),
-                "ping_ok": answer.ok,
+                "ping_ok": answer.answer.is_ok(),
             })
         );
     });

@@ -130,13 +130,13 @@ async fn two_project_folders_in_one_process_each_see_and_control_only_their_own(
         },
     ] {
         let response = projects[0].call(right_host, op).await.unwrap();
-        let error = response.error.expect("refused");
+        let error = response.answer.expect_err("refused");
         assert_eq!(error.code, ErrorCode::ForeignWorkspace, "{}", error.message);
     }
     let listed = projects[0].call(right_host, Op::List).await.unwrap();
     assert_eq!(
-        listed.result,
-        Some(serde_json::json!([])),
+        listed.answer,
+        Ok(serde_json::json!([])),
         "the right host lists nothing for the left folder"
     );
 

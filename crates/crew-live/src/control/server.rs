@@ -527,7 +527,7 @@ async fn handle(host: &AgentHost, runs: &RunRoutes, request: Request, peer: Peer
                 )),
                 Err(AgentOpError::Closed { agent_id }) => {
                     let mut response = requeue(id, runs, workspace, &agent_id, Some(message)).await;
-                    if let Some(result) = &mut response.result {
+                    if let Ok(result) = &mut response.answer {
                         result["follow_up"] = serde_json::json!({ "outcome": "requeued" });
                     }
                     response

@@ -153,22 +153,64 @@ pub enum RunCommand {
 /// The runs a server routes [`RunCommand`]s to.
 pub type RunRoutes = Arc<DashMap<RunId, mpsc::Sender<RunCommand>>>;
 
-/// The answer to a request.
+/// The answer to a request: what it gave, or why it failed — one `Result`. On the wire,
+/// `{"v":1,"id":…,"ok":true,"result":…}` or `{"v":1,"id":…,"ok":false,"error":{…}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "ResponseWire", from = "ResponseWire")]
 pub struct Response {
     /// The protocol version.
     pub v: u32,
     /// The request's id.
-    #[serde(default)]
     pub id: Option<u64>,
-    /// Whether the request succeeded.
-    pub ok: bool,
-    /// What it gave, when it succeeded.
+    /// What it gave, or why it failed.
+    pub answer: Result<Value, ErrorBody>,
+}
+
+/// [`Response`] as it is written.
+#[derive(Serialize, Deserialize)]
+struct ResponseWire {
+    v: u32,
+    #[serde(default)]
+    id: Option<u64>,
+    ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    /// Why it failed, when it did.
+    result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorBody>,
+    error: Option<ErrorBody>,
+}
+
+impl From<Response> for ResponseWire {
+    fn from(response: Response) -> Self {
+        let (ok, result, error) = match response.answer {
+            Ok(result) => (true, Some(result), None),
+            Err(error) => (false, None, Some(error)),
+        };
+        ResponseWire {
+            v: response.v,
+            id: response.id,
+            ok,
+            result,
+            error,
+        }
+    }
+}
+
+impl From<ResponseWire> for Response {
+    fn from(wire: ResponseWire) -> Self {
+        let answer = match (wire.ok, wire.error) {
+            (true, _) => Ok(wire.result.unwrap_or_default()),
+            (false, Some(error)) => Err(error),
+            (false, None) => Err(ErrorBody::new(
+                ErrorCode::Internal,
+                "the host refused without saying why",
+            )),
+        };
+        Response {
+            v: wire.v,
+            id: wire.id,
+            answer,
+        }
+    }
 }
 
 /// A structured error: a stable code and a message for people.
@@ -258,13 +300,11 @@ impl std::fmt::Display for ErrorCode {
 }
 
 impl Response {
-    pub(super) fn ok(id: Option<u64>, result: Value) -> Self {
+    pub(crate) fn ok(id: Option<u64>, result: Value) -> Self {
         Response {
             v: PROTOCOL_VERSION,
             id,
-            ok: true,
-            result: Some(result),
-            error: None,
+            answer: Ok(result),
         }
     }
 
@@ -272,9 +312,7 @@ impl Response {
         Response {
             v: PROTOCOL_VERSION,
             id,
-            ok: false,
-            result: None,
-            error: Some(ErrorBody::new(code, message)),
+            answer: Err(ErrorBody::new(code, message)),
         }
     }
 }

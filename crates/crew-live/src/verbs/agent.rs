@@ -139,7 +139,7 @@ impl Project {
         op: impl FnOnce(String) -> Op,
     ) -> Result<T, ControlAgentError> {
         let (_, host, response) = self.control_live(spec, op).await?;
-        serde_json::from_value(response.result.unwrap_or_default()).map_err(|source| {
+        serde_json::from_value(response.answer.unwrap_or_default()).map_err(|source| {
             ControlAgentError::Host(ControlError::Protocol {
                 path: host.socket.unwrap_or_default(),
                 source,

@@ -11,7 +11,9 @@ use crew_core::env_vars::{CREW_AGENT_ID, CREW_PROJECT_ROOT, CREW_SOCKET};
 use crew_core::{AgentId, WorkspaceId};
 use serde::{Deserialize, Serialize};
 
-use crate::control::{ControlClient, ControlError, Op, Response, SubmittedTask};
+use serde_json::Value;
+
+use crate::control::{ControlClient, ControlError, Op, SubmittedTask};
 
 /// How long a question may take to be recorded.
 const ASK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,8 +107,8 @@ impl AgentSelf {
             agent: self.agent_id.clone(),
             tasks,
         };
-        let response = self.call(op, SUBMIT_TIMEOUT).await?;
-        serde_json::from_value(response.result.unwrap_or_default()).map_err(|source| {
+        let answer = self.call(op, SUBMIT_TIMEOUT).await?;
+        serde_json::from_value(answer).map_err(|source| {
             AgentSelfError::Host(ControlError::Protocol {
                 path: self.client.path().to_owned(),
                 source,
@@ -114,11 +116,10 @@ impl AgentSelf {
         })
     }
 
-    async fn call(&mut self, op: Op, timeout: Duration) -> Result<Response, AgentSelfError> {
+    async fn call(&mut self, op: Op, timeout: Duration) -> Result<Value, AgentSelfError> {
         let response = self.client.call(&self.workspace, op, timeout).await?;
-        match response.error {
-            Some(error) => Err(AgentSelfError::Refused(error.into())),
-            None => Ok(response),
-        }
+        response
+            .answer
+            .map_err(|error| AgentSelfError::Refused(error.into()))
     }
 }

@@ -111,10 +111,10 @@ impl Project {
                 },
             )
             .await?;
-        match response.error {
-            Some(error) => Err(CancelRunError::Refused(error.into())),
-            None => Ok(Cancelled::Cancelling),
-        }
+        response
+            .answer
+            .map(|_| Cancelled::Cancelling)
+            .map_err(|error| CancelRunError::Refused(error.into()))
     }
 }
 
