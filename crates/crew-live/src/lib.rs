@@ -179,6 +179,9 @@ compile_error!(
 mod acp;
 pub mod agent;
 mod check;
+// The wire protocol between crew's own processes, public for crew's tests of it (a hostile
+// client speaks it raw); programs act through `Project`'s verbs instead.
+#[doc(hidden)]
 pub mod control;
 pub mod env;
 pub mod error;
@@ -219,7 +222,7 @@ pub use runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
 pub use verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
-    FollowedUp, Refusal, ResumeOutcome, Resumed, RunFollower, Steered, Stopped, Submitted,
-    TaskCleaned,
+    FollowedUp, Refusal, ResumeOutcome, Resumed, RunFollower, RunWaiter, Steered, Stopped,
+    Submitted, TaskCleaned, WaitOver, WaitStep,
 };
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use crew_core::config::{AdHocTeamError, PlannedTask};
 use crew_core::model::{RunManifest, TaskStatus};
-use crew_core::{AgentId, RunId, RunStatus};
-use crew_live::SubmittedTask;
+use crew_core::{AgentId, RunId};
 use crew_live::{Host, HostOptions, RunSpec};
+use crew_live::{SubmittedTask, WaitStep};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{ProgressNotificationParam, ServerCapabilities, ServerConfig};
@@ -695,66 +695,31 @@ impl CrewMcp {
         timeout: Duration,
         context: Option<&RequestContext<RoleServer>>,
     ) -> Result<Json<RunReport>, ErrorData> {
-        let deadline = tokio::time::Instant::now() + timeout;
         let own = nested_caller().filter(|caller| caller.run_id() == run_id);
         let progress = context.and_then(|context| {
             let token = context.meta.get_progress_token()?;
             Some((context.peer.clone(), token))
         });
-        let mut reported = None;
+        let ignore = own.map(|caller| caller.task_id().clone());
+        let mut waiting = self.ctx.project().wait_run(run_id, timeout, ignore);
         loop {
-            let manifest = self
-                .ctx
-                .read_run(run_id)
-                .map_err(|error| invalid(error.render()))?;
-            let others: Vec<_> = manifest
-                .tasks
-                .iter()
-                .filter(|task| {
-                    own.as_ref()
-                        .is_none_or(|caller| caller.task_id() != &task.id)
-                })
-                .collect();
-            let asks = others.iter().any(|task| task.status == TaskStatus::Waiting);
-            let finished = others
-                .iter()
-                .filter(|task| task.status.is_finished())
-                .count();
-            if let Some((peer, token)) = &progress
-                && reported != Some(finished)
-            {
-                reported = Some(finished);
-                let mut note = ProgressNotificationParam::new(token.clone(), finished as f64);
-                note.total = Some(others.len() as f64);
-                note.message = Some(format!("{finished} of {} task(s) finished", others.len()));
-                // A client that stopped listening does not stop the wait.
-                let _ = peer.notify_progress(note).await;
-            }
-            let ended = if own.is_some() {
-                others.iter().all(|task| task.status.is_finished())
-            } else {
-                // A run whose host died ends too (marked interrupted), never a wait to the
-                // timeout.
-                manifest.status != RunStatus::Running
-                    || self.ctx.project().run_ended(run_id).unwrap_or(true)
-            };
-            if ended || asks || tokio::time::Instant::now() >= deadline {
-                // Ended here between the read and the look: its record says so a moment later
-                // (a host that died leaves it running: reported as it is).
-                let mut manifest = manifest;
-                for _ in 0..20 {
-                    if manifest.status != RunStatus::Running || own.is_some() || !ended {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    match self.ctx.read_run(run_id) {
-                        Ok(again) => manifest = again,
-                        Err(_) => break,
-                    }
+            let step = waiting
+                .next()
+                .await
+                .map_err(|error| invalid(error.to_string()))?;
+            match step {
+                WaitStep::Progress { finished, of } => {
+                    let Some((peer, token)) = &progress else {
+                        continue;
+                    };
+                    let mut note = ProgressNotificationParam::new(token.clone(), finished as f64);
+                    note.total = Some(of as f64);
+                    note.message = Some(format!("{finished} of {of} task(s) finished"));
+                    // A client that stopped listening does not stop the wait.
+                    let _ = peer.notify_progress(note).await;
                 }
-                return Ok(Json(report(&manifest)));
+                WaitStep::Over { manifest, .. } => return Ok(Json(report(&manifest))),
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

@@ -2,6 +2,11 @@
 //! processes of the same workspace (and agents running `crew ask`) can list and steer its
 //! agents.
 //!
+//! This is crew's own wire protocol, not an API: a program acts on agents and runs through
+//! the typed verbs of [`crate::Project`] ([`crate::verbs`]) and [`crate::AgentSelf`], which
+//! speak it. It is public (and hidden from the docs) for crew's tests, whose hostile clients
+//! speak it raw.
+//!
 //! - The socket lives in a directory only the user can enter (0700, owner checked, never a
 //!   symlink): `$XDG_RUNTIME_DIR/crew`, else `$TMPDIR/crew-<uid>`, else `/tmp/crew-<uid>`, the
 //!   first whose paths fit a socket address. Its name is a hash of the workspace plus the host's

@@ -4,7 +4,7 @@
 //!
 //! - [`agent`]: a person's verbs on one live agent of a [`crate::Project`] (steer, follow up,
 //!   stop, resume);
-//! - [`run`]: on a run (cancel, follow its events); [`clean`]: removing a finished run;
+//! - [`run`]: on a run (cancel, follow its events, wait for it); [`clean`]: removing a finished run;
 //! - [`from_agent`]: what an agent may do for itself ([`AgentSelf`]: ask, submit).
 //!
 //! Each answers with a typed outcome and a typed error naming what was refused and by whom.
@@ -36,4 +36,4 @@ impl From<crate::control::ErrorBody> for Refusal {
 pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
 pub use clean::{CleanOptions, CleanRunError, Cleaned, TaskCleaned};
 pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
-pub use run::{CancelRunError, Cancelled, RunFollower};
+pub use run::{CancelRunError, Cancelled, RunFollower, RunWaiter, WaitOver, WaitStep};

@@ -1,10 +1,10 @@
-//! A person's verbs on a run of a project: cancel it, follow what it records.
+//! A person's verbs on a run of a project: cancel it, follow what it records, wait for it.
 
 use std::time::Duration;
 
-use crew_core::model::{EventKind, RunEvent, RunStatus};
+use crew_core::model::{EventKind, RunEvent, RunManifest, RunStatus, TaskStatus};
 use crew_core::store::StateError;
-use crew_core::{CancelCause, CancelRecord, RunId};
+use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
 
 use crate::control::{ControlError, Op};
 use crate::project::Project;
@@ -180,6 +180,146 @@ impl Project {
         RunFollower {
             follow: false,
             ..self.follow_run(run_id, 0)
+        }
+    }
+}
+
+/// How often a waited-on run's manifest is read again.
+const WAIT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A step of a wait on a run (see [`Project::wait_run`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitStep {
+    /// How many of the tasks waited on have finished, of how many: said first at once, then
+    /// at each change.
+    Progress {
+        /// Finished so far.
+        finished: usize,
+        /// Waited on.
+        of: usize,
+    },
+    /// The wait is over: why, and the run as it was then.
+    Over {
+        /// Why.
+        why: WaitOver,
+        /// The run's manifest.
+        manifest: Box<RunManifest>,
+    },
+}
+
+/// Why a wait on a run is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOver {
+    /// The run ended (its host gone counts: it is then marked interrupted), or every task
+    /// waited on finished.
+    Ended,
+    /// A task asks a question: someone must answer it before the run goes on.
+    Asks,
+    /// The time given ran out.
+    TimedOut,
+}
+
+/// A wait on a run, step by step: see [`Project::wait_run`].
+#[derive(Debug)]
+pub struct RunWaiter {
+    project: Project,
+    run_id: RunId,
+    ignore: Option<TaskId>,
+    deadline: tokio::time::Instant,
+    reported: Option<usize>,
+    pending: Option<WaitStep>,
+}
+
+impl RunWaiter {
+    /// The next step: progress when it changed, else [`WaitStep::Over`] once the wait is
+    /// over (call no more after that).
+    pub async fn next(&mut self) -> Result<WaitStep, StateError> {
+        if let Some(step) = self.pending.take() {
+            return Ok(step);
+        }
+        loop {
+            let manifest = self.project.store().read_run(&self.run_id)?;
+            let waited: Vec<_> = manifest
+                .tasks
+                .iter()
+                .filter(|task| self.ignore.as_ref() != Some(&task.id))
+                .collect();
+            let asks = waited.iter().any(|task| task.status == TaskStatus::Waiting);
+            let finished = waited
+                .iter()
+                .filter(|task| task.status.is_finished())
+                .count();
+            let of = waited.len();
+            let ended = if self.ignore.is_some() {
+                finished == of
+            } else {
+                // A run whose host died ends too (marked interrupted), never a wait to the
+                // deadline.
+                manifest.status != RunStatus::Running
+                    || self.project.run_ended(&self.run_id).unwrap_or(true)
+            };
+            let why = if ended {
+                Some(WaitOver::Ended)
+            } else if asks {
+                Some(WaitOver::Asks)
+            } else if tokio::time::Instant::now() >= self.deadline {
+                Some(WaitOver::TimedOut)
+            } else {
+                None
+            };
+            let over = match why {
+                Some(why) => Some(WaitStep::Over {
+                    why,
+                    manifest: Box::new(self.settled(manifest, why).await),
+                }),
+                None => None,
+            };
+            if self.reported != Some(finished) {
+                self.reported = Some(finished);
+                self.pending = over;
+                return Ok(WaitStep::Progress { finished, of });
+            }
+            if let Some(over) = over {
+                return Ok(over);
+            }
+            tokio::time::sleep(WAIT_INTERVAL).await;
+        }
+    }
+
+    /// The run as it ended: one that ended here between a read of its manifest and the look
+    /// at its host says so in its record a moment later (a host that died leaves it running,
+    /// and it is reported as it is).
+    async fn settled(&self, mut manifest: RunManifest, why: WaitOver) -> RunManifest {
+        if why != WaitOver::Ended || self.ignore.is_some() {
+            return manifest;
+        }
+        for _ in 0..20 {
+            if manifest.status != RunStatus::Running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            match self.project.store().read_run(&self.run_id) {
+                Ok(again) => manifest = again,
+                Err(_) => break,
+            }
+        }
+        manifest
+    }
+}
+
+impl Project {
+    /// Waits until `run_id` ends or one of its tasks asks a question, at most `timeout`,
+    /// saying how many tasks have finished as it goes. `ignore` leaves one task out: a lead
+    /// agent waiting in its own run, whose own task cannot finish while it waits — the wait
+    /// is then over once every other task finished.
+    pub fn wait_run(&self, run_id: &RunId, timeout: Duration, ignore: Option<TaskId>) -> RunWaiter {
+        RunWaiter {
+            project: self.clone(),
+            run_id: run_id.clone(),
+            ignore,
+            deadline: tokio::time::Instant::now() + timeout,
+            reported: None,
+            pending: None,
         }
     }
 }
