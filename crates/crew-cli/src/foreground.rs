@@ -139,10 +139,17 @@ pub async fn run_here(
         let _ = finished.send(());
         let _ = printer.await;
     }
+    after_run(ctx, result.as_ref().ok());
+    Ok(result?)
+}
+
+/// What a run's end starts in the background, wherever it was hosted: a prune of history when
+/// due, and a refill of the worktree pool after a run that used worktrees.
+pub fn after_run(ctx: &Context, finished: Option<&RunManifest>) {
     crate::commands::runs::prune::prune_in_background(ctx);
-    let manifest = result?;
-    crate::commands::worktrees::refill::refill_in_background(ctx, &manifest);
-    Ok(manifest)
+    if let Some(manifest) = finished {
+        crate::commands::worktrees::refill::refill_in_background(ctx, manifest);
+    }
 }
 
 /// Turns SIGINT and SIGTERM into cancels: the first is graceful, the second kills.

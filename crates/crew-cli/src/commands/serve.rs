@@ -667,10 +667,7 @@ async fn prompt(
                 _ => {}
             },
             result = &mut finish => {
-                crate::commands::runs::prune::prune_in_background(&ctx);
-                if let Ok(manifest) = &result {
-                    crate::commands::worktrees::refill::refill_in_background(&ctx, manifest);
-                }
+                crate::foreground::after_run(&ctx, result.as_ref().ok());
                 break result;
             }
         }
