@@ -204,6 +204,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod shim;
 pub mod spawn;
+mod sys;
 pub mod toolchains;
 pub mod verbs;
 pub mod watch;

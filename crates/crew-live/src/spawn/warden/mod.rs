@@ -26,7 +26,7 @@ compile_error!(
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-mod sys;
+use crate::sys;
 
 /// The signal the kernel sends the warden when the host's spawner thread dies.
 const WARDEN_SIGNAL: libc::c_int = libc::SIGUSR2;

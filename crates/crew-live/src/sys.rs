@@ -1,0 +1,370 @@
+//! The system calls the warden and its agent's process make before exec (`spawn::warden`,
+//! `sandbox::enter`), each in a function of its own with the one unsafe operation it needs and
+//! why that operation is sound. None allocates; all are async-signal-safe (what glibc's
+//! wrappers are), so they may run before `main`, between fork and exec, and in a signal
+//! handler.
+#![allow(unsafe_code)]
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::multiple_unsafe_ops_per_block
+)]
+
+use std::ffi::CStr;
+
+use libc::{c_int, c_ulong, pid_t};
+
+/// This thread's `errno`.
+pub(crate) fn errno() -> c_int {
+    // SAFETY: no precondition; it returns this thread's errno slot.
+    let slot = unsafe { libc::__errno_location() };
+    // SAFETY: the slot is valid and aligned for the thread's whole life.
+    unsafe { *slot }
+}
+
+/// Sets this thread's `errno`.
+pub(crate) fn set_errno(value: c_int) {
+    // SAFETY: no precondition; it returns this thread's errno slot.
+    let slot = unsafe { libc::__errno_location() };
+    // SAFETY: the slot is valid and aligned for the thread's whole life.
+    unsafe { *slot = value };
+}
+
+/// `write(2)` of `bytes`.
+pub(crate) fn write(fd: c_int, bytes: &[u8]) -> isize {
+    // SAFETY: reads `bytes.len()` bytes of a live slice.
+    unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) }
+}
+
+/// `read(2)` into `buffer`.
+pub(crate) fn read(fd: c_int, buffer: &mut [u8]) -> isize {
+    // SAFETY: writes at most `buffer.len()` bytes of a live, exclusive slice.
+    unsafe { libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len()) }
+}
+
+/// `_exit(2)`: ends the process at once, running nothing of Rust's or the C library's.
+pub(crate) fn exit(code: c_int) -> ! {
+    // SAFETY: no precondition.
+    unsafe { libc::_exit(code) }
+}
+
+/// This process's id.
+pub(crate) fn getpid() -> pid_t {
+    // SAFETY: no precondition.
+    unsafe { libc::getpid() }
+}
+
+/// The parent's id.
+pub(crate) fn getppid() -> pid_t {
+    // SAFETY: no precondition.
+    unsafe { libc::getppid() }
+}
+
+/// This process's group.
+pub(crate) fn getpgrp() -> pid_t {
+    // SAFETY: no precondition.
+    unsafe { libc::getpgrp() }
+}
+
+/// `kill(2)`.
+pub(crate) fn kill(pid: pid_t, signal: c_int) -> c_int {
+    // SAFETY: no memory precondition; which process it reaches is the caller's choice.
+    unsafe { libc::kill(pid, signal) }
+}
+
+/// `open(2)` of `path`.
+pub(crate) fn open(path: &CStr, flags: c_int) -> c_int {
+    // SAFETY: `path` is NUL-terminated and outlives the call.
+    unsafe { libc::open(path.as_ptr(), flags) }
+}
+
+/// `close(2)`.
+pub(crate) fn close(fd: c_int) -> c_int {
+    // SAFETY: no memory precondition; the callers close only descriptors they own.
+    unsafe { libc::close(fd) }
+}
+
+/// Closes the descriptors from `first` to `last`, both included.
+pub(crate) fn close_range(first: u32, last: u32) {
+    // SAFETY: no memory precondition; only for a process about to exec or never to return,
+    // whose descriptors nothing else uses.
+    unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
+}
+
+/// `prctl(2)` with one integer argument.
+pub(crate) fn prctl(option: c_int, argument: c_ulong) -> c_int {
+    // SAFETY: the options used take an integer, not a pointer.
+    unsafe { libc::prctl(option, argument, 0, 0, 0) }
+}
+
+/// Names the calling thread (`PR_SET_NAME`).
+pub(crate) fn set_name(name: &CStr) {
+    // SAFETY: `name` is NUL-terminated and outlives the call; the kernel copies it.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
+}
+
+/// `pipe2(2)`.
+pub(crate) fn pipe2(ends: &mut [c_int; 2], flags: c_int) -> c_int {
+    // SAFETY: writes two descriptors into an exclusive array of two.
+    unsafe { libc::pipe2(ends.as_mut_ptr(), flags) }
+}
+
+/// Sets `signal`'s disposition to `handler` (`SIG_IGN`, `SIG_DFL`).
+pub(crate) fn set_disposition(signal: c_int, handler: libc::sighandler_t) {
+    // SAFETY: the handlers passed are the constants, never a function pointer.
+    unsafe { libc::signal(signal, handler) };
+}
+
+/// An empty signal set.
+fn empty_set() -> libc::sigset_t {
+    // SAFETY: an all-zero `sigset_t` is a valid value, emptied below anyway.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: writes the set it is given.
+    unsafe { libc::sigemptyset(&mut set) };
+    set
+}
+
+/// Unblocks every signal.
+pub(crate) fn unblock_all_signals() {
+    let set = empty_set();
+    // SAFETY: reads the set; no old set is asked for.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) };
+}
+
+/// Runs `handler` on `signal`.
+pub(crate) fn on_signal(signal: c_int, handler: extern "C" fn(c_int)) {
+    // SAFETY: an all-zero `sigaction` is a valid value: no flags, no restorer.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = handler as libc::sighandler_t;
+    action.sa_mask = empty_set();
+    // SAFETY: reads the action; no old one is asked for. The handler is async-signal-safe.
+    unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) };
+}
+
+/// `waitpid(2)`.
+pub(crate) fn waitpid(pid: pid_t, status: &mut c_int, flags: c_int) -> pid_t {
+    // SAFETY: writes the status into an exclusive integer.
+    unsafe { libc::waitpid(pid, status, flags) }
+}
+
+/// Whether a child of this process has exited and waits to be reaped, without reaping it;
+/// `Err(errno)` when asking failed (`ECHILD`: there is no child at all).
+pub(crate) fn child_exited() -> Result<(), c_int> {
+    // SAFETY: an all-zero `siginfo_t` is a valid value to be written over.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+    // SAFETY: writes into an exclusive `siginfo_t`.
+    let asked = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, flags) };
+    if asked < 0 { Err(errno()) } else { Ok(()) }
+}
+
+/// `getdents64(2)` into `buffer`.
+pub(crate) fn getdents64(fd: c_int, buffer: &mut [u8]) -> isize {
+    // SAFETY: writes at most `buffer.len()` bytes of a live, exclusive slice.
+    let filled =
+        unsafe { libc::syscall(libc::SYS_getdents64, fd, buffer.as_mut_ptr(), buffer.len()) };
+    filled as isize
+}
+
+/// The size of the file `fd`.
+pub(crate) fn file_size(fd: c_int) -> Option<usize> {
+    // SAFETY: an all-zero `stat` is a valid value to be written over.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: writes into an exclusive `stat`.
+    if unsafe { libc::fstat(fd, &mut stat) } != 0 {
+        return None;
+    }
+    usize::try_from(stat.st_size).ok()
+}
+
+/// Maps `size` bytes of the file `fd` read-only, for the rest of the process's life.
+pub(crate) fn map_file(fd: c_int, size: usize) -> Option<&'static [u8]> {
+    let flags = libc::MAP_PRIVATE;
+    // SAFETY: a new mapping the kernel places; nothing else is touched.
+    let mapped = unsafe { libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ, flags, fd, 0) };
+    if mapped == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: `size` readable bytes at `mapped`, never unmapped nor written: valid for
+    // `'static`.
+    Some(unsafe { std::slice::from_raw_parts(mapped.cast::<u8>(), size) })
+}
+
+/// A new zero-filled, writable mapping of `len` bytes, for the rest of the process's life.
+pub(crate) fn map_anonymous(len: usize) -> Option<*mut u8> {
+    let protection = libc::PROT_READ | libc::PROT_WRITE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a new mapping the kernel places; nothing else is touched.
+    let mapped = unsafe { libc::mmap(std::ptr::null_mut(), len, protection, flags, -1, 0) };
+    (mapped != libc::MAP_FAILED).then(|| mapped.cast::<u8>())
+}
+
+/// This process's user id.
+pub(crate) fn getuid() -> libc::uid_t {
+    // SAFETY: no precondition.
+    unsafe { libc::getuid() }
+}
+
+/// This process's group id.
+pub(crate) fn getgid() -> libc::gid_t {
+    // SAFETY: no precondition.
+    unsafe { libc::getgid() }
+}
+
+/// `unshare(2)`.
+pub(crate) fn unshare(flags: c_int) -> c_int {
+    // SAFETY: no memory precondition; the namespaces are this process's own.
+    unsafe { libc::unshare(flags) }
+}
+
+/// `mount(2)`, each string NUL-terminated (or absent).
+pub(crate) fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> c_int {
+    let pointer = |text: Option<&CStr>| text.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is null or a NUL-terminated string alive for the call.
+    unsafe {
+        libc::mount(
+            pointer(source),
+            target.as_ptr(),
+            pointer(fstype),
+            flags,
+            pointer(data).cast(),
+        )
+    }
+}
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Marks the mount at `path`, and every mount beneath it, read-only.
+pub(crate) fn make_read_only(path: &CStr) -> c_int {
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is NUL-terminated; the kernel reads `attr`, of the size given.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    done as c_int
+}
+
+/// `socket(2)`.
+pub(crate) fn socket(domain: c_int, kind: c_int) -> c_int {
+    // SAFETY: no memory precondition.
+    unsafe { libc::socket(domain, kind, 0) }
+}
+
+/// `bind(2)` to the address `address` holds, of `length` bytes.
+pub(crate) fn bind<T>(fd: c_int, address: &T, length: usize) -> c_int {
+    if length > std::mem::size_of::<T>() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the kernel reads at most `length` bytes of `address`, which holds that many.
+    unsafe { libc::bind(fd, (address as *const T).cast(), length as libc::socklen_t) }
+}
+
+/// `listen(2)`.
+pub(crate) fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: no memory precondition.
+    unsafe { libc::listen(fd, backlog) }
+}
+
+/// A plain-data C structure, all zero: a valid value for the structures used here (socket
+/// addresses, an interface request, a message header).
+pub(crate) fn zeroed<T: Zeroable>() -> T {
+    // SAFETY: `T` is one of the plain-data structures for which all-zero bytes are valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Plain-data C structures whose all-zero bytes are a valid value.
+pub(crate) trait Zeroable {}
+impl Zeroable for libc::sockaddr_un {}
+impl Zeroable for libc::sockaddr_in {}
+impl Zeroable for libc::ifreq {}
+impl Zeroable for libc::msghdr {}
+
+/// `ioctl(2)` with an interface request (`SIOCGIFFLAGS`, `SIOCSIFFLAGS`).
+pub(crate) fn ioctl_interface(
+    fd: c_int,
+    request: libc::Ioctl,
+    interface: &mut libc::ifreq,
+) -> c_int {
+    // SAFETY: these requests read and write only the `ifreq` they are given.
+    unsafe { libc::ioctl(fd, request, interface as *mut libc::ifreq) }
+}
+
+/// `sendmsg(2)`.
+///
+/// # Safety
+/// Every pointer in `message` points at memory alive and sized as it says.
+pub(crate) unsafe fn sendmsg(fd: c_int, message: &libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: by the caller's contract.
+    unsafe { libc::sendmsg(fd, message, flags) }
+}
+
+/// `recvmsg(2)`.
+///
+/// # Safety
+/// Every pointer in `message` points at writable memory alive and sized as it says.
+pub(crate) unsafe fn recvmsg(fd: c_int, message: &mut libc::msghdr, flags: c_int) -> isize {
+    // SAFETY: by the caller's contract.
+    unsafe { libc::recvmsg(fd, message, flags) }
+}
+
+/// `struct landlock_path_beneath_attr`, packed as the kernel declares it.
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// Adds to the Landlock `ruleset` a rule that `access` is allowed beneath the directory or
+/// file `parent` (an `O_PATH` descriptor).
+pub(crate) fn landlock_add_path_rule(ruleset: c_int, parent: c_int, access: u64) -> c_int {
+    const LANDLOCK_RULE_PATH_BENEATH: c_int = 1;
+    let attr = PathBeneathAttr {
+        allowed_access: access,
+        parent_fd: parent,
+    };
+    // SAFETY: the kernel reads the attribute of the kind named.
+    let added = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0u32,
+        )
+    };
+    added as c_int
+}
+
+/// Confines this process with the Landlock `ruleset` (after `PR_SET_NO_NEW_PRIVS`).
+pub(crate) fn landlock_restrict_self(ruleset: c_int) -> c_int {
+    // SAFETY: no memory precondition; the confinement is this process's own.
+    let done = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
+    done as c_int
+}
