@@ -271,7 +271,9 @@ impl Project {
         hosts
     }
 
-    /// Sends `op` to the host at `socket`, as this project.
+    /// Sends `op` to the host at `socket`, as this project: the wire protocol, for crew's
+    /// own verbs and for the tests that check what a host refuses. Programs use the verbs.
+    #[doc(hidden)]
     pub async fn call(&self, host: &HostRecord, op: Op) -> Result<Response, ControlError> {
         let socket = host.socket.as_deref().expect("live hosts serve a socket");
         let mut client = ControlClient::connect(socket).await?;
@@ -399,18 +401,10 @@ impl Project {
             .map(|(id, manifest)| (manifest.clone(), id.task_id().clone())))
     }
 
-    /// Sends `op` (made for the agent's exact id) to the host of the live agent `spec` names.
-    pub async fn control(
-        &self,
-        spec: &str,
-        op: impl FnOnce(String) -> Op,
-    ) -> Result<(AgentSnapshot, Response), ControlAgentError> {
-        let (agent, _, response) = self.control_live(spec, op).await?;
-        Ok((agent, response))
-    }
-
-    /// [`Project::control`], with the host that answered.
-    pub(crate) async fn control_live(
+    /// Sends `op` (made for the agent's exact id) to the host of the live agent `spec` names:
+    /// the agent, the host that answered, and its answer (a refusal is an error). What the
+    /// typed verbs ([`crate::verbs`]) are made of.
+    pub(crate) async fn control(
         &self,
         spec: &str,
         op: impl FnOnce(String) -> Op,

@@ -138,7 +138,7 @@ impl Project {
         spec: &str,
         op: impl FnOnce(String) -> Op,
     ) -> Result<T, ControlAgentError> {
-        let (_, host, response) = self.control_live(spec, op).await?;
+        let (_, host, response) = self.control(spec, op).await?;
         serde_json::from_value(response.answer.unwrap_or_default()).map_err(|source| {
             ControlAgentError::Host(ControlError::Protocol {
                 path: host.socket.unwrap_or_default(),
