@@ -5,9 +5,13 @@ use std::process::ExitCode;
 
 use crew_core::config::LoadConfigError;
 use crew_core::discovery::DiscoverWorkspaceError;
+use crew_core::provider::land::LandError;
 use crew_core::store::StateError;
 use crew_live::project::FindAgentError;
-use crew_live::{AgentSelfError, CancelRunError, CleanRunError, ControlAgentError, RunError};
+use crew_live::{
+    AgentSelfError, CancelRunError, CleanRunError, ControlAgentError, LandWorkError, NotPicked,
+    RunError,
+};
 
 /// What kind of failure ended a command; each maps to a documented exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,6 +295,78 @@ impl From<CleanRunError> for CliError {
             CleanRunError::State(_) => unreachable!("returned above"),
         };
         CliError::user(error).with_hint(hint)
+    }
+}
+
+/// A task with attempts and no picked result, for a command that goes on to do `then` once
+/// one is picked (`land again`).
+pub fn not_picked(error: NotPicked, then: &str) -> CliError {
+    let spec = &error.spec;
+    let hint = format!(
+        "compare them (`crew compare {spec}`), keep one (`crew pick {spec} <N>`), then {then}"
+    );
+    CliError::user(error).with_hint(hint)
+}
+
+impl From<LandWorkError> for CliError {
+    fn from(error: LandWorkError) -> Self {
+        let error = match error {
+            LandWorkError::Find(error) => return error.into(),
+            LandWorkError::State(error) => return error.into(),
+            LandWorkError::NotPicked(error) => return not_picked(error, "land again"),
+            error => error,
+        };
+        let hint = match &error {
+            LandWorkError::CheckFailed { .. } => Some(
+                "`crew runs show <run>` shows each check's output; land with --force to take the work all the same".to_owned(),
+            ),
+            LandWorkError::Land {
+                error,
+                into,
+                agent,
+                several,
+            } => land_hint(error, into, agent.as_deref(), *several),
+            _ => None,
+        };
+        CliError::user(error).with_hints(hint)
+    }
+}
+
+/// What to do about a landing the provider refused: a conflict goes to an agent (or to the
+/// user, for the shell agent, which runs its prompt as a script), a dirty checkout elsewhere.
+fn land_hint(error: &LandError, into: &str, agent: Option<&str>, several: bool) -> Option<String> {
+    match error {
+        LandError::Conflict {
+            task,
+            files,
+            both_sides: Some(both),
+            ..
+        } => {
+            let others = if several {
+                format!("; or land the others without {task}")
+            } else {
+                String::new()
+            };
+            let files = files.join(", ");
+            Some(match agent {
+                Some(agent) if agent != "shell" => format!(
+                    "both sides are on {both}, with conflict markers in {files}; hand them to an agent: crew run --agent {agent} --workspace-mode worktree --base {both} \"Resolve the conflict markers in {files}, keeping what both sides meant, and remove the markers\", then `crew land <that run> --into {into}` in place of {task}{others}"
+                ),
+                _ => format!(
+                    "both sides are on {both}, with conflict markers in {files}: resolve them there (`git switch {both}`, edit, commit), then `git merge {both}` into {into} in place of {task}{others}"
+                ),
+            })
+        }
+        LandError::Conflict { task, .. } if several => Some(format!(
+            "land the others without {task}, or bring {task}'s branch up to date with {into} first (`crew diff {task}` shows its work)"
+        )),
+        LandError::Conflict { task, .. } => Some(format!(
+            "bring {task}'s branch up to date with {into} first (`crew diff {task}` shows its work)"
+        )),
+        LandError::DirtyCheckout { .. } => Some(format!(
+            "commit or stash your changes, or land into another branch: crew land … --into <branch>, then merge it into {into} yourself"
+        )),
+        LandError::TargetMoved { .. } | LandError::Failed(_) => None,
     }
 }
 

@@ -223,7 +223,7 @@ pub use runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
 pub use verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
-    FollowedUp, Refusal, ResumeOutcome, Resumed, RunFollower, RunWaiter, Steered, Stopped,
-    Submitted, TaskCleaned, WaitOver, WaitStep,
+    FollowedUp, LandOptions, LandWorkError, LandedWork, NotPicked, Refusal, ResumeOutcome, Resumed,
+    RunFollower, RunWaiter, Steered, Stopped, Submitted, TaskCleaned, WaitOver, WaitStep,
 };
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

@@ -20,84 +20,32 @@ use git2::{BranchType, Commit, Oid, Repository, Sort};
 
 use crate::leader::{crew_signature, dirty_paths};
 
-/// How each task's work goes onto the target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LandMode {
-    /// A merge commit per task: its branch's history is kept.
-    #[default]
-    Merge,
-    /// One commit per task with the task's whole change.
-    Squash,
-    /// The task's commits replayed one by one on the target.
-    Rebase,
+pub use crew_core::provider::land::{LandError, LandMode, Landed, Landing};
+
+/// What can stop a landing inside: one of its own refusals, or git failing.
+enum Stop {
+    Refused(LandError),
+    Git(git2::Error),
 }
 
-/// One task to land: its name (for messages) and its branch.
-#[derive(Debug, Clone)]
-pub struct Landing {
-    /// The task's name, for messages.
-    pub name: String,
-    /// Its branch.
-    pub branch: String,
-    /// Where to put both sides of a conflict of this task, if anywhere (a branch that must not
-    /// exist yet, or one this function made before).
-    pub conflict_branch: Option<String>,
+impl From<LandError> for Stop {
+    fn from(error: LandError) -> Self {
+        Stop::Refused(error)
+    }
 }
 
-/// What moved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Landed {
-    /// The branch that moved.
-    pub target: String,
-    /// Its tip before.
-    pub from: String,
-    /// Its tip after.
-    pub to: String,
-    /// Whether the target's files in the user's working tree were brought up to date.
-    pub checkout_updated: bool,
-}
-
-/// A landing that did not happen: the target is as it was.
-#[derive(Debug, thiserror::Error)]
-pub enum LandError {
-    /// A task's work conflicts with what landed before it.
-    #[error("{task} conflicts with what lands before it on {target}, in: {}", files.join(", "))]
-    Conflict {
-        /// The task.
-        task: String,
-        /// The branch it was landing on.
-        target: String,
-        /// The files both change.
-        files: Vec<String>,
-        /// The branch holding both sides with conflict markers, when one was made.
-        both_sides: Option<String>,
-    },
-    /// The target is checked out with uncommitted changes in the way.
-    #[error("{target} is checked out in {path} with uncommitted changes: {}", paths.join(", "))]
-    DirtyCheckout {
-        /// The target branch.
-        target: String,
-        /// Where it is checked out.
-        path: String,
-        /// The uncommitted paths.
-        paths: Vec<String>,
-    },
-    /// The target moved while the landing was prepared.
-    #[error("{target} moved while the landing was prepared (from {expected}); nothing was changed")]
-    TargetMoved {
-        /// The target branch.
-        target: String,
-        /// Its tip when the landing began.
-        expected: String,
-    },
-    /// git failed; the message says how.
-    #[error("{0}")]
-    Git(String),
-}
-
-impl From<git2::Error> for LandError {
+impl From<git2::Error> for Stop {
     fn from(error: git2::Error) -> Self {
-        LandError::Git(error.message().to_owned())
+        Stop::Git(error)
+    }
+}
+
+impl From<Stop> for LandError {
+    fn from(stop: Stop) -> Self {
+        match stop {
+            Stop::Refused(error) => error,
+            Stop::Git(error) => LandError::Failed(Box::new(error)),
+        }
     }
 }
 
@@ -109,13 +57,22 @@ pub fn land(
     tasks: &[Landing],
     mode: LandMode,
 ) -> Result<Landed, LandError> {
+    land_with_git(repo_root, target, tasks, mode).map_err(LandError::from)
+}
+
+fn land_with_git(
+    repo_root: &Utf8Path,
+    target: &str,
+    tasks: &[Landing],
+    mode: LandMode,
+) -> Result<Landed, Stop> {
     let repo = Repository::open(repo_root)?;
     let target_ref = repo
         .find_branch(target, BranchType::Local)?
         .into_reference();
     let start = target_ref
         .target()
-        .ok_or_else(|| LandError::Git(format!("{target} points at no commit")))?;
+        .ok_or_else(|| LandError::Failed(format!("{target} points at no commit").into()))?;
     let checked_out = repo
         .head()
         .ok()
@@ -124,13 +81,14 @@ pub fn land(
         && !repo.is_bare();
     if checked_out {
         let paths =
-            dirty_paths(&repo, repo_root).map_err(|error| LandError::Git(error.to_string()))?;
+            dirty_paths(&repo, repo_root).map_err(|error| LandError::Failed(Box::new(error)))?;
         if !paths.is_empty() {
             return Err(LandError::DirtyCheckout {
                 target: target.to_owned(),
                 path: repo_root.to_string(),
                 paths,
-            });
+            }
+            .into());
         }
     }
     let signature = crew_signature()?;
@@ -173,7 +131,7 @@ pub fn land(
                             branch,
                         )?);
                     }
-                    return Err(error);
+                    return Err(error.into());
                 }
                 let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
                 if tree.id() == onto.tree_id() {
@@ -238,7 +196,7 @@ fn landed_upstream(
     repo: &Repository,
     landed_tips: &[Oid],
     branch_tip: &Commit,
-) -> Result<Option<Oid>, LandError> {
+) -> Result<Option<Oid>, Stop> {
     let mut upstream: Option<Oid> = None;
     for &landed in landed_tips {
         let below =
@@ -265,7 +223,7 @@ fn replay(
     upstream: Option<Oid>,
     task: &Landing,
     target: &str,
-) -> Result<Oid, LandError> {
+) -> Result<Oid, Stop> {
     let base = repo.merge_base(onto.id(), branch_tip.id())?;
     let mut walk = repo.revwalk()?;
     walk.push(branch_tip.id())?;
@@ -279,7 +237,7 @@ fn replay(
         let commit = repo.find_commit(oid?)?;
         let mut index = repo.cherrypick_commit(&commit, &tip, 0, None)?;
         if index.has_conflicts() {
-            return Err(conflict(&index, task, target));
+            return Err(conflict(&index, task, target).into());
         }
         let tree = repo.find_tree(index.write_tree_to(repo)?)?;
         if tree.id() == tip.tree_id() {
@@ -309,7 +267,7 @@ fn both_sides_branch(
     task_tip: &Commit,
     task: &Landing,
     branch: &str,
-) -> Result<String, LandError> {
+) -> Result<String, Stop> {
     let conflicts: Vec<git2::IndexConflict> = index.conflicts()?.collect::<Result<_, _>>()?;
     for conflict in conflicts {
         let sides = [&conflict.ancestor, &conflict.our, &conflict.their];
@@ -374,10 +332,14 @@ fn both_sides_branch(
             .peel_to_commit()
             .is_ok_and(|tip| tip.parent_id(1).ok() == Some(task_tip.id()));
         if !ours {
-            return Err(LandError::Git(format!(
-                "{branch} exists and is not a conflict branch crew made for {}",
-                task.branch
-            )));
+            return Err(LandError::Failed(
+                format!(
+                    "{branch} exists and is not a conflict branch crew made for {}",
+                    task.branch
+                )
+                .into(),
+            )
+            .into());
         }
     }
     repo.branch(branch, &repo.find_commit(commit)?, true)?;

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crew_core::provider::land::LandError;
 use crew_core::{CancelCause, CancelRecord, RunStatus};
 use crew_live::control::{ErrorCode, Op};
-use crew_live::{Host, HostOptions, Project, RunSpec};
+use crew_live::{Host, HostOptions, LandOptions, LandWorkError, Project, RunSpec};
 use crew_tests::{TestEnv, helper_bin, render_output, write};
 use crew_worktree::CrewWorkspaces;
 
@@ -232,4 +233,65 @@ async fn closing_or_dropping_a_host_stops_its_agents_and_keeps_their_work() {
         assert!(files.contains("kept.txt"), "{closing}: {files}");
         assert!(project.live_agents().await.agents.is_empty(), "{closing}");
     }
+}
+
+/// Landing through the front door: a conflict comes back as a typed error naming the task and
+/// its agent, with the target where it was; the other task lands, and says what moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_lands_work_and_reads_a_conflict_as_a_typed_error() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/both.toml"),
+        "workspace_mode = \"worktree\"\n[[tasks]]\nid = \"one\"\nagent = \"shell\"\nprompt = \"echo one > same.txt\"\n[[tasks]]\nid = \"two\"\nagent = \"shell\"\nprompt = \"echo two > same.txt\"\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "a team"]);
+    let project = Project::open(repo.as_std_path(), |config| {
+        Arc::new(CrewWorkspaces::new(config))
+    })
+    .unwrap();
+    let host = Host::start(&project, HostOptions::default()).await.unwrap();
+    let spec = RunSpec::of(project.config_dir().load_team("both").unwrap());
+    let manifest = host.create(&spec).await.unwrap();
+    let finished = host
+        .start_run(&manifest.run_id, Default::default())
+        .finish()
+        .await
+        .unwrap();
+    assert_eq!(finished.status, RunStatus::Completed);
+    let run = finished.run_id.to_string();
+    let main = env.git(&repo, ["rev-parse", "main"]);
+
+    let refused = project.land(std::slice::from_ref(&run), &LandOptions::default());
+    match refused {
+        Err(LandWorkError::Land {
+            error: LandError::Conflict { task, files, .. },
+            into,
+            agent,
+            several,
+        }) => {
+            assert_eq!((task.as_str(), into.as_str()), ("two", "main"));
+            assert_eq!(files, ["same.txt"]);
+            assert_eq!(agent.as_deref(), Some("shell"));
+            assert!(several);
+        }
+        other => panic!("expected a typed conflict, got {other:?}"),
+    }
+    assert_eq!(env.git(&repo, ["rev-parse", "main"]), main, "nothing moved");
+
+    let landed = project
+        .land(&[format!("{run}:one")], &LandOptions::default())
+        .unwrap();
+    assert_eq!(
+        (landed.into.as_str(), landed.tasks.as_slice()),
+        ("main", &["one".to_owned()][..])
+    );
+    assert_eq!(landed.from.trim(), main.trim());
+    assert_eq!(env.git(&repo, ["rev-parse", "main"]).trim(), landed.to);
+    assert_eq!(
+        std::fs::read_to_string(repo.join("same.txt")).unwrap(),
+        "one\n"
+    );
+    host.close().await;
 }

@@ -35,8 +35,8 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
         // A task with attempts: its picked one.
         None => match ctx.project().find_attempted(&args.target)? {
             Some((manifest, task)) => {
-                let result =
-                    crate::commands::land::picked_attempt(&manifest, &task, "show its work again")?;
+                let result = crew_live::verbs::picked_attempt(&manifest, &task)
+                    .map_err(|error| crate::error::not_picked(error, "show its work again"))?;
                 Some((manifest, result))
             }
             None => None,

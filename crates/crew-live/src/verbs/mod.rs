@@ -5,6 +5,7 @@
 //! - [`agent`]: a person's verbs on one live agent of a [`crate::Project`] (steer, follow up,
 //!   stop, resume);
 //! - [`run`]: on a run (cancel, follow its events, wait for it); [`clean`]: removing a finished run;
+//! - [`land`]: landing tasks' work on a branch;
 //! - [`from_agent`]: what an agent may do for itself ([`AgentSelf`]: ask, submit).
 //!
 //! Each answers with a typed outcome and a typed error naming what was refused and by whom.
@@ -12,6 +13,7 @@
 pub mod agent;
 pub mod clean;
 pub mod from_agent;
+pub mod land;
 pub mod run;
 
 /// What a host refused, and why: its code, for programs, and its message, for people.
@@ -36,4 +38,5 @@ impl From<crate::control::ErrorBody> for Refusal {
 pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
 pub use clean::{CleanOptions, CleanRunError, Cleaned, TaskCleaned};
 pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
+pub use land::{LandOptions, LandWorkError, LandedWork, NotPicked, picked_attempt};
 pub use run::{CancelRunError, Cancelled, RunFollower, RunWaiter, WaitOver, WaitStep};

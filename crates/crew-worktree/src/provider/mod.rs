@@ -136,6 +136,16 @@ impl WorkspaceProvider for CrewWorkspaces {
         }
     }
 
+    fn land(
+        &self,
+        repo_root: &Utf8Path,
+        target: &str,
+        tasks: &[crate::land::Landing],
+        mode: crate::land::LandMode,
+    ) -> Result<crate::land::Landed, crate::land::LandError> {
+        crate::land::land(repo_root, target, tasks, mode)
+    }
+
     fn pack_history(
         &self,
         repo_root: &Utf8Path,

@@ -272,18 +272,21 @@ impl CrewMcp {
                 targets
             }
         };
-        let mode = match args.mode.unwrap_or(LandModeArg::Merge) {
-            LandModeArg::Merge => crew_worktree::land::LandMode::Merge,
-            LandModeArg::Squash => crew_worktree::land::LandMode::Squash,
-            LandModeArg::Rebase => crew_worktree::land::LandMode::Rebase,
+        let options = crew_live::LandOptions {
+            into: args.into.clone(),
+            mode: match args.mode.unwrap_or(LandModeArg::Merge) {
+                LandModeArg::Merge => crew_core::provider::land::LandMode::Merge,
+                LandModeArg::Squash => crew_core::provider::land::LandMode::Squash,
+                LandModeArg::Rebase => crew_core::provider::land::LandMode::Rebase,
+            },
+            force: args.force,
         };
-        let report = match crate::commands::land::land_targets(
-            &self.ctx,
-            &targets,
-            args.into.as_deref(),
-            mode,
-            args.force,
-        ) {
+        let report = match self
+            .ctx
+            .project()
+            .land(&targets, &options)
+            .map_err(CliError::from)
+        {
             Ok(landed) => LandReport {
                 landed: true,
                 into: Some(landed.into),

@@ -14,6 +14,10 @@ use crate::config::WorkspaceMode;
 use crate::ids::{RunId, TaskId, WorkspaceId};
 use crate::paths::DirIdentity;
 
+pub mod land;
+
+use land::{LandError, LandMode, Landed, Landing};
+
 /// What kind of directory a task actually got (after any fallback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -454,6 +458,21 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     ) -> Result<(), ProviderError> {
         let _ = (repo_root, commit, out);
         Err("this workspace provider cannot send history to a placement".into())
+    }
+
+    /// Lands `tasks`, in this order, on the local branch `target` of the repository at
+    /// `repo_root`: all of them, or none (`crew land`). The default cannot.
+    fn land(
+        &self,
+        repo_root: &Utf8Path,
+        target: &str,
+        tasks: &[Landing],
+        mode: LandMode,
+    ) -> Result<Landed, LandError> {
+        let _ = (repo_root, target, tasks, mode);
+        Err(LandError::Failed(
+            "this workspace provider cannot land work on a branch".into(),
+        ))
     }
 
     /// Takes in work a placement sent back (a pack and its claim), checked before the task's
