@@ -264,20 +264,22 @@ async fn a_program_lands_work_and_reads_a_conflict_as_a_typed_error() {
     let main = env.git(&repo, ["rev-parse", "main"]);
 
     let refused = project.land(std::slice::from_ref(&run), &LandOptions::default());
-    match refused {
-        Err(LandWorkError::Land {
-            error: LandError::Conflict { task, files, .. },
-            into,
-            agent,
-            several,
-        }) => {
-            assert_eq!((task.as_str(), into.as_str()), ("two", "main"));
-            assert_eq!(files, ["same.txt"]);
-            assert_eq!(agent.as_deref(), Some("shell"));
-            assert!(several);
-        }
-        other => panic!("expected a typed conflict, got {other:?}"),
-    }
+    let Err(LandWorkError::Land {
+        error,
+        into,
+        agent,
+        several,
+    }) = refused
+    else {
+        panic!("expected the provider's refusal, got {refused:?}");
+    };
+    let LandError::Conflict { task, files, .. } = *error else {
+        panic!("expected a typed conflict, got {error:?}");
+    };
+    assert_eq!((task.as_str(), into.as_str()), ("two", "main"));
+    assert_eq!(files, ["same.txt"]);
+    assert_eq!(agent.as_deref(), Some("shell"));
+    assert!(several);
     assert_eq!(env.git(&repo, ["rev-parse", "main"]), main, "nothing moved");
 
     let landed = project

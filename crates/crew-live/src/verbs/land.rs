@@ -89,8 +89,8 @@ pub enum LandWorkError {
     /// The provider did not land them (a conflict, a dirty checkout of the target, …).
     #[error("{error}")]
     Land {
-        /// What it said.
-        error: LandError,
+        /// What it said (boxed: a conflict names many files).
+        error: Box<LandError>,
         /// The branch it was landing on.
         into: String,
         /// The agent of the task that conflicted, when one did.
@@ -163,7 +163,7 @@ impl Project {
                     _ => None,
                 };
                 LandWorkError::Land {
-                    error,
+                    error: Box::new(error),
                     into: into.clone(),
                     agent,
                     several: picked.len() > 1,
