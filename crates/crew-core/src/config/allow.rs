@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::hosts::HostPattern;
-use super::settings::{AgentDef, NetworkMode, ProjectConfig, SandboxMode};
+use super::sandbox::{NetworkMode, SandboxMode};
+use super::settings::{AgentDef, ProjectConfig};
 use crate::fsutil::{FileError, read_nofollow, write_atomic};
 
 /// The command that allows the loosening settings of a project.

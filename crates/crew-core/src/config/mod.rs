@@ -19,6 +19,7 @@ mod graph;
 pub mod hosts;
 mod load;
 mod locate;
+mod sandbox;
 mod settings;
 mod template;
 mod values;
@@ -29,12 +30,12 @@ pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
 pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
 pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
+pub use sandbox::{AgentSandbox, Confined, NetworkMode, SandboxMode, SandboxSettings};
 pub use settings::{
-    AgentDef, AgentSandbox, BaseMoved, Confined, IsolationFallback, IsolationSettings,
-    LeaseSettings, LinkMode, MAX_STOP_GRACE, NetworkMode, OnLimit, PlacedTask, PlacementDef,
-    PlacementKind, PlannedTask, ProjectConfig, Protocol, RetentionSettings, RunSettings,
-    SandboxMode, SandboxSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings, WorkspaceMode,
-    WorktreeSettings,
+    AgentDef, BaseMoved, IsolationFallback, IsolationSettings, LeaseSettings, LinkMode,
+    MAX_STOP_GRACE, OnLimit, PlacedTask, PlacementDef, PlacementKind, PlannedTask, ProjectConfig,
+    Protocol, RetentionSettings, RunSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings,
+    WorkspaceMode, WorktreeSettings,
 };
 pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};
 pub use values::{ByteSize, HumanDuration, Parallelism};

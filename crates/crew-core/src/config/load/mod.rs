@@ -21,10 +21,10 @@ use super::checks::{
 use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
 use super::hosts::HostPattern;
 use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
+use super::sandbox::{AgentSandbox, Confined, NetworkMode, SandboxMode};
 use super::settings::{
-    AgentDef, AgentSandbox, Confined, MAX_STOP_GRACE, NetworkMode, OnLimit, PlacementKind,
-    PlannedTask, ProjectConfig, Protocol, SandboxMode, SteerMode, TaskDef, Team, TeamDef,
-    WorkspaceMode,
+    AgentDef, MAX_STOP_GRACE, OnLimit, PlacementKind, PlannedTask, ProjectConfig, Protocol,
+    SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
 };
 use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders};
 use super::values::{HumanDuration, Parallelism};

@@ -11,7 +11,7 @@
 //! sent as a pack with its claim, and kept in the clone until the host says `release`. When
 //! the connection's input closes, every run still going is cancelled gracefully: its work
 //! stays on its branch in the clone. The git side of the clones is a [`CloneStore`]
-//! (crew-worktree's), so that this crate names no git.
+//! (crew-worktree's), so that this crate names no git. [`work`] holds the work going both ways.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -33,6 +33,10 @@ use crate::events::AgentEvent;
 use crate::hosting::{Canceller, Host, HostEvent, HostOptions};
 use crate::project::Project;
 use crate::runner::RunSpec;
+
+mod work;
+
+use work::{PackBuffer, earlier_work, release, send_work};
 
 /// Makes the workspace provider of a clone from its configuration.
 pub type ProviderFor = Arc<dyn Fn(&ProjectConfig) -> Arc<dyn WorkspaceProvider> + Send + Sync>;
@@ -417,122 +421,6 @@ async fn start(
     })))
 }
 
-/// The work an earlier start of `task` of the host's run `run` left in the clone (the host
-/// lost its connection before it came back): the branch of the newest such run of this
-/// shim and its tip. A worktree a dead shim left with the agent's files in it is torn down
-/// first, its work committed to its branch as any teardown does.
-async fn earlier_work(
-    session: &Session,
-    host: &Host,
-    run: &RunId,
-    task: &TaskId,
-) -> Result<Option<(String, String)>, String> {
-    let Some(project) = &session.project else {
-        return Ok(None);
-    };
-    let store = host.runner().store().clone();
-    let provider = project.provider().clone();
-    let workspace = project.workspace().id().clone();
-    let clone = session.clone.clone();
-    let clones = session.options.clones.clone();
-    let (team, task) = (format!("shim-{run}"), task.clone());
-    tokio::task::spawn_blocking(move || {
-        crate::hosts::reconcile_workspace(&store).map_err(|error| error.to_string())?;
-        let listings = store.list_runs().map_err(|error| error.to_string())?;
-        for listing in listings {
-            let Ok(manifest) = listing.manifest else {
-                continue;
-            };
-            if manifest.team.as_deref() != Some(team.as_str()) || !manifest.status.is_finished() {
-                continue;
-            }
-            let Some(record) = manifest.task(&task) else {
-                continue;
-            };
-            let branch = match (&record.teardown, &record.workspace) {
-                (Some(teardown), _) => teardown.branch.clone(),
-                (None, Some(recorded)) if recorded.dir.exists() => {
-                    let request = crew_core::provider::TeardownRequest {
-                        workspace: workspace.clone(),
-                        repo_root: Some(clone.clone()),
-                        run_id: manifest.run_id.clone(),
-                        task_id: task.clone(),
-                        agent_alive: false,
-                        keep: false,
-                    };
-                    let saved = provider
-                        .teardown(&recorded.to_task_workspace(), &request)
-                        .map_err(|error| {
-                            format!(
-                                "the earlier work of {task} in {} could not be saved: {}",
-                                recorded.dir, error.message
-                            )
-                        })?;
-                    saved.branch
-                }
-                (None, recorded) => recorded
-                    .as_ref()
-                    .and_then(|recorded| recorded.branch.clone()),
-            };
-            let Some(branch) = branch else {
-                continue;
-            };
-            if let Some(tip) = clones.branch_tip(&clone, &branch) {
-                return Ok(Some((branch, tip)));
-            }
-        }
-        Ok(None)
-    })
-    .await
-    .map_err(|error| error.to_string())?
-}
-
-/// Sends the work on `kept` (branch and tip) as a pack and its claim; `None`: no work.
-async fn send_work(
-    clones: &Arc<dyn CloneStore>,
-    clone: &Utf8Path,
-    out: &Out,
-    task: &TaskId,
-    base: &str,
-    kept: Option<&(String, String)>,
-) -> Result<(), String> {
-    let Some((branch, _)) = kept else {
-        let _ = out.send(FromShim::Work {
-            task: task.clone(),
-            claim: None,
-            kept_at: None,
-        });
-        return Ok(());
-    };
-    let (clones, clone, base, branch) = (
-        clones.clone(),
-        clone.to_owned(),
-        base.to_owned(),
-        branch.clone(),
-    );
-    let packed = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, WorkClaim), String> {
-        let mut bytes = Vec::new();
-        let claim = clones
-            .pack_work(&clone, &base, &branch, &mut bytes)
-            .map_err(|error| crate::error::with_causes(&*error))?;
-        Ok((bytes, claim))
-    })
-    .await
-    .map_err(|error| error.to_string())??;
-    let (bytes, claim) = packed;
-    for chunk in bytes.chunks(PACK_CHUNK) {
-        let _ = out.send(FromShim::Pack {
-            data: base64::engine::general_purpose::STANDARD.encode(chunk),
-        });
-    }
-    let _ = out.send(FromShim::Work {
-        task: task.clone(),
-        claim: Some(claim),
-        kept_at: kept.map(|(branch, _)| branch.clone()),
-    });
-    Ok(())
-}
-
 /// The host of the session's clone, started at the first task: it forwards what happens to
 /// each task (status changes, output lines) as it happens.
 async fn host_of(session: &mut Session, out: &Out) -> Result<Arc<Host>, String> {
@@ -672,53 +560,6 @@ async fn control(session: &Session, out: &Out, tasks: &Tasks, task: TaskId, what
     }
 }
 
-/// The host holds the work now: the clone's copy of the branch goes, if it is still where it
-/// was sent from.
-fn release(session: &Session, out: &Out, tasks: &Tasks, task: TaskId) {
-    let held = {
-        let mut held = tasks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match held.get(&task) {
-            None => None,
-            Some(running) if running.canceller.is_some() => {
-                refuse(
-                    out,
-                    Some(task.clone()),
-                    "release",
-                    format!("task {task} still runs; stop it first"),
-                );
-                return;
-            }
-            Some(_) => held.remove(&task),
-        }
-    };
-    let Some(held) = held else {
-        unknown(out, &task);
-        return;
-    };
-    for (branch, tip) in held.kept.iter().chain(held.prior.iter()) {
-        if let Err(why) = session
-            .options
-            .clones
-            .drop_branch(&session.clone, branch, tip)
-        {
-            refuse(
-                out,
-                Some(task.clone()),
-                "release",
-                format!(
-                    "{branch} was kept in {}: {}",
-                    session.clone,
-                    crate::error::with_causes(&*why)
-                ),
-            );
-            return;
-        }
-    }
-    let _ = out.send(FromShim::Released { task });
-}
-
 /// A request about a task this shim does not hold.
 fn unknown(out: &Out, task: &TaskId) {
     refuse(
@@ -735,45 +576,6 @@ fn refuse(out: &Out, task: Option<TaskId>, code: &str, message: String) {
         code: code.to_owned(),
         message,
     });
-}
-
-/// Pack chunks received so far, written to a file in the clone's git directory as they
-/// arrive (a history may be large: it is never held whole).
-#[derive(Default)]
-struct PackBuffer {
-    file: Option<(Utf8PathBuf, std::fs::File)>,
-}
-
-impl PackBuffer {
-    fn push(&mut self, clone: &Utf8Path, data: &str) -> Result<(), String> {
-        use std::io::Write as _;
-        let chunk = base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .map_err(|error| format!("a pack chunk is not base64: {error}"))?;
-        if self.file.is_none() {
-            // Of this process: another shim of the project may receive a pack at once.
-            let path = clone
-                .join(".git")
-                .join(format!("crew-incoming-{}.pack", std::process::id()));
-            let file = std::fs::File::create(&path)
-                .map_err(|error| format!("failed to write {path}: {error}"))?;
-            self.file = Some((path, file));
-        }
-        let (path, file) = self.file.as_mut().expect("opened above");
-        file.write_all(&chunk)
-            .map_err(|error| format!("failed to write {path}: {error}"))
-    }
-
-    /// The file of the chunks so far; the next chunk starts a new one.
-    fn take(&mut self) -> Result<Utf8PathBuf, String> {
-        let (path, file) = self
-            .file
-            .take()
-            .ok_or_else(|| "no pack chunk came before `base`".to_owned())?;
-        file.sync_all()
-            .map_err(|error| format!("failed to write {path}: {error}"))?;
-        Ok(path)
-    }
 }
 
 /// The directory of a project's clone under the shim's root: readable, and distinct for
