@@ -295,7 +295,7 @@ fn main() {
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
     // `-- --only NAME` runs one benchmark: fresh, recycled, cargo, committed, eight, linking, list, agents,
-    // sandbox, network, block, board, radar, history, hundred, placement.
+    // sandbox, network, block, board, radar, history, hundred, placement, thousand.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
         Some(only) => only == name,
@@ -348,6 +348,9 @@ fn main() {
     }
     if wanted("placement") {
         placement(&bench);
+    }
+    if wanted("thousand") {
+        thousand_tasks(&bench);
     }
 
     let _ = std::fs::remove_dir_all(&root);
@@ -1492,6 +1495,157 @@ fn hundred_tasks(bench: &Bench) {
         },
         seconds(single.median()),
     );
+}
+
+/// A run of 1,000 one-line tasks against one of 100, in the project itself (no git work),
+/// 16 at once: crew's own CPU per task (the run's, less the same number of agents run alone),
+/// which must not grow with the run; the host's own memory; and how long `crew agents list`
+/// and `crew runs show` take while the 1,000 run, against the same commands idle.
+fn thousand_tasks(bench: &Bench) {
+    let crew = crew_binary();
+    let project = clone_repository(bench, "thousand-project");
+    std::fs::create_dir_all(project.join(".crew")).unwrap();
+    std::fs::write(
+        project.join(".crew/config.toml"),
+        "[retention]\nautomatic = false\n",
+    )
+    .unwrap();
+    let agents_alone = |tasks: usize| {
+        let before = cpu_of(libc::RUSAGE_CHILDREN);
+        for _ in 0..tasks {
+            assert!(
+                Command::new("sh")
+                    .args(["-c", "true"])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+        cpu_of(libc::RUSAGE_CHILDREN) - before
+    };
+    let run = |tasks: usize| {
+        let count = tasks.to_string();
+        run_measured(
+            &crew,
+            &project,
+            &[
+                "run",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                "single",
+                "--fan-out",
+                &count,
+                "--max-parallel",
+                "16",
+                "--quiet",
+                "true",
+            ],
+        )
+    };
+    let rounds = bench.rounds.min(3);
+    let mut own = [Samples::default(), Samples::default()];
+    let mut elapsed = [Samples::default(), Samples::default()];
+    let mut memory_mb = 0;
+    for _ in 0..rounds {
+        for (side, tasks) in [100, 1000].into_iter().enumerate() {
+            let agents = agents_alone(tasks);
+            let measured = run(tasks);
+            own[side].push(measured.cpu.saturating_sub(agents) / tasks as u32);
+            elapsed[side].push(measured.elapsed);
+            memory_mb = memory_mb.max(measured.peak_anonymous_kb / 1024);
+        }
+    }
+    // One more 1,000-task run, with a reader listing the agents and showing the run meanwhile.
+    let running = project.join(".crew/state/running");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (crew, project, done) = (crew.clone(), project.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut list, mut show) = (Samples::default(), Samples::default());
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let run = std::fs::read_dir(&running)
+                    .ok()
+                    .and_then(|mut dir| dir.next())
+                    .and_then(|entry| entry.ok())
+                    .map(|entry| entry.file_name().to_string_lossy().into_owned());
+                let Some(run) = run else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                list.push(timed_crew(&crew, &project, &["agents", "list"]));
+                show.push(timed_crew(&crew, &project, &["runs", "show", &run]));
+            }
+            (list, show)
+        })
+    };
+    let during_run = run(1000);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (list_during, show_during) = reader.join().unwrap();
+    let last = std::fs::read_dir(project.join(".crew/state/runs"))
+        .unwrap()
+        .filter_map(|entry| entry.ok())
+        .max_by_key(|entry| entry.metadata().unwrap().modified().unwrap())
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    let (mut list_idle, mut show_idle) = (Samples::default(), Samples::default());
+    for _ in 0..bench.rounds {
+        list_idle.push(timed_crew(&crew, &project, &["agents", "list"]));
+        show_idle.push(timed_crew(&crew, &project, &["runs", "show", &last]));
+    }
+
+    let flat = own[1].median().as_secs_f64() / own[0].median().as_secs_f64();
+    println!(
+        "{:<44} {:<28} {:<28} {:>6.2}×  ≤ 1.20× {}; ≤ 5ms a task: {}",
+        "crew's own CPU a task, 1,000 against 100",
+        own[1].show(),
+        own[0].show(),
+        flat,
+        if flat <= 1.2 { "met" } else { "MISSED" },
+        if own[1].median() <= Duration::from_millis(5) {
+            "met"
+        } else {
+            "MISSED"
+        },
+    );
+    println!(
+        "{:<44} 1,000 tasks in {} ({} a task), 100 in {} ({} a task); host's own memory {} MB (≤ 64 MB: {})",
+        "1,000 one-line tasks, 16 at once, single",
+        elapsed[1].show(),
+        seconds(elapsed[1].median() / 1000),
+        elapsed[0].show(),
+        seconds(elapsed[0].median() / 100),
+        memory_mb,
+        if memory_mb <= 64 { "met" } else { "MISSED" },
+    );
+    for (name, during, idle) in [
+        (
+            "crew agents list during a 1,000-task run",
+            &list_during,
+            &list_idle,
+        ),
+        (
+            "crew runs show during a 1,000-task run",
+            &show_during,
+            &show_idle,
+        ),
+    ] {
+        if during.0.is_empty() {
+            println!("{name:<44} not measured: the run ended before a listing began");
+            continue;
+        }
+        println!(
+            "{:<44} {:<28} {:<28} {:>6.2}×  ({} times during a run of {}; idle after it)",
+            name,
+            during.show(),
+            idle.show(),
+            during.median().as_secs_f64() / idle.median().as_secs_f64(),
+            during.0.len(),
+            seconds(during_run.elapsed),
+        );
+    }
 }
 
 /// How long `crew args…` took in `dir`, which must succeed.

@@ -64,6 +64,12 @@ pub struct RunManifest {
     pub cancelled_by: Option<CancelRecord>,
     /// Its tasks, in the order they were planned (attempts after their task).
     pub tasks: Vec<TaskRecord>,
+    /// While it runs: which generation of its task journal (`changes.jsonl`, beside the
+    /// manifest) goes with this manifest. A change to one task is appended there rather than
+    /// written with the whole manifest; the store reads it back with the manifest, and folds
+    /// it in at the next whole write (`StateStore`). Absent once the run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<u64>,
 }
 
 /// Who asked for a run to be cancelled, from where, and why.
@@ -286,6 +292,7 @@ impl RunManifest {
             fail_fast: false,
             cancelled_by: None,
             tasks,
+            journal: None,
         }
     }
 
@@ -367,25 +374,7 @@ impl RunManifest {
         let now = Timestamp::now();
         self.updated_at = now;
         let task = self.task_mut(id)?;
-        if !task.status.can_become(next) {
-            return Err(TransitionError::Task {
-                agent_id: AgentId::new(run_id, id.clone()),
-                from: task.status,
-                to: next,
-            });
-        }
-        task.status = next;
-        match next {
-            TaskStatus::Preparing => {
-                task.started_at = Some(now);
-                task.finished_at = None;
-            }
-            TaskStatus::Pending => {
-                task.finished_at = None;
-            }
-            status if status.is_finished() => task.finished_at = Some(now),
-            _ => {}
-        }
+        task.set_status(&run_id, next, now)?;
         Ok(task)
     }
 }

@@ -492,6 +492,36 @@ pub struct TaskOverlap {
 pub const INTERRUPTED_REASON: &str = "interrupted: ";
 
 impl TaskRecord {
+    /// Moves the task (of run `run_id`) to `next` at `now`, refused when its lifecycle does
+    /// not allow it; its start and end times follow.
+    pub fn set_status(
+        &mut self,
+        run_id: &RunId,
+        next: TaskStatus,
+        now: Timestamp,
+    ) -> Result<(), TransitionError> {
+        if !self.status.can_become(next) {
+            return Err(TransitionError::Task {
+                agent_id: AgentId::new(run_id.clone(), self.id.clone()),
+                from: self.status,
+                to: next,
+            });
+        }
+        self.status = next;
+        match next {
+            TaskStatus::Preparing => {
+                self.started_at = Some(now);
+                self.finished_at = None;
+            }
+            TaskStatus::Pending => {
+                self.finished_at = None;
+            }
+            status if status.is_finished() => self.finished_at = Some(now),
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Its lease while it holds it: while the task may go on (a finished task's ports went
     /// back).
     pub fn held_lease(&self) -> Option<&LeaseRecord> {

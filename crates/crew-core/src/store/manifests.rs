@@ -8,9 +8,9 @@ impl StateStore {
     /// Reads a run's manifest. A newer schema is returned when it parses (it is read-only: any
     /// update is refused); a corrupt file is an error naming it.
     pub fn read_run(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
-        match self.as_written(run_id) {
+        match self.look_at_written_or_wait(run_id, RunManifest::clone) {
             Some(manifest) => Ok(manifest),
-            None => self.read_manifest_as(run_id),
+            None => self.read_manifest(run_id),
         }
     }
 
@@ -21,19 +21,52 @@ impl StateStore {
         run_id: &RunId,
         look: impl Fn(&RunManifest) -> T,
     ) -> Result<T, StateError> {
-        match self.look_at_written(run_id, &look) {
+        match self.look_at_written_or_wait(run_id, &look) {
             Some(found) => Ok(found),
-            None => Ok(look(&self.read_manifest_as(run_id)?)),
+            None => Ok(look(&self.read_manifest(run_id)?)),
         }
     }
 
-    /// The manifest as this store last wrote it, if that is still the file in place (and the
-    /// directories leading to it are still real directories).
-    pub(super) fn as_written(&self, run_id: &RunId) -> Option<RunManifest> {
-        self.look_at_written(run_id, RunManifest::clone)
+    /// [`StateStore::look_at_written`]; when this store is writing the run meanwhile (the
+    /// manifest is out of its memory while it changes), after that write, rather than reading
+    /// and parsing the files.
+    fn look_at_written_or_wait<T>(
+        &self,
+        run_id: &RunId,
+        look: impl Fn(&RunManifest) -> T,
+    ) -> Option<T> {
+        if let Some(found) = self.look_at_written(run_id, &look) {
+            return Some(found);
+        }
+        let writing = lock_unpoisoned(&self.writing);
+        let found = self.look_at_written(run_id, &look);
+        drop(writing);
+        found
     }
 
-    /// What `look` finds in [`StateStore::as_written`]'s manifest, without copying it.
+    /// Reads a run's manifest whole: the file, and the journal of task changes that goes with
+    /// it (`journal`). Read again when the manifest was rewritten meanwhile, so that a
+    /// journal is never applied to a manifest it does not belong to, nor left out.
+    pub(super) fn read_manifest(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
+        let path = self.manifest_path(run_id);
+        let mut tries = 0;
+        loop {
+            let before = FileStamp::of(&path);
+            let mut manifest: RunManifest = self.read_manifest_as(run_id)?;
+            if manifest.journal.is_none() {
+                return Ok(manifest);
+            }
+            self.replay_journal(&mut manifest)?;
+            tries += 1;
+            if before.is_some() && FileStamp::of(&path) == before || tries == 5 {
+                return Ok(manifest);
+            }
+        }
+    }
+
+    /// What `look` finds in the manifest as this store last wrote it, if that is still what the
+    /// files hold (and the directories leading to them are still real directories), without
+    /// copying it.
     pub(super) fn look_at_written<T>(
         &self,
         run_id: &RunId,
@@ -41,19 +74,19 @@ impl StateStore {
     ) -> Option<T> {
         let written = lock_unpoisoned(&self.written);
         let entry = written.get(run_id)?;
-        self.still_in_place(run_id, entry.stamp)
+        self.still_in_place(run_id, &entry.files)
             .then(|| look(&entry.manifest))
     }
 
-    /// [`StateStore::as_written`], taken out of the store's memory.
-    pub(super) fn take_written(&self, run_id: &RunId) -> Option<RunManifest> {
+    /// [`StateStore::as_written`], taken out of the store's memory, with the files it is in.
+    pub(super) fn take_written(&self, run_id: &RunId) -> Option<(RunManifest, Files)> {
         let mut written = lock_unpoisoned(&self.written);
         let entry = written.remove(run_id)?;
-        self.still_in_place(run_id, entry.stamp)
-            .then_some(entry.manifest)
+        self.still_in_place(run_id, &entry.files)
+            .then_some((entry.manifest, entry.files))
     }
 
-    pub(super) fn still_in_place(&self, run_id: &RunId, stamp: FileStamp) -> bool {
+    pub(super) fn still_in_place(&self, run_id: &RunId, files: &Files) -> bool {
         let crew_dir = self.workspace.as_path().join(CREW_DIR);
         let dirs = [
             &crew_dir,
@@ -62,7 +95,8 @@ impl StateStore {
             &self.run_dir(run_id),
         ];
         dirs.iter().all(|dir| real_dir_exists(dir).is_ok())
-            && FileStamp::of(&self.manifest_path(run_id)) == Some(stamp)
+            && FileStamp::of(&self.manifest_path(run_id)) == Some(files.manifest)
+            && FileStamp::of(&self.journal_path(run_id)) == files.journal
     }
 
     pub(super) fn forget_written(&self, run_id: &RunId) {
@@ -73,10 +107,15 @@ impl StateStore {
     /// Remembers `manifest` as just written, while its run is running.
     pub(super) fn remember_written(&self, manifest: RunManifest) {
         let stamp = FileStamp::of(&self.manifest_path(&manifest.run_id));
+        let journal = FileStamp::of(&self.journal_path(&manifest.run_id));
         let mut written = lock_unpoisoned(&self.written);
         match stamp.filter(|_| manifest.status == RunStatus::Running) {
             Some(stamp) => {
-                written.insert(manifest.run_id.clone(), Written { stamp, manifest });
+                let files = Files {
+                    manifest: stamp,
+                    journal,
+                };
+                written.insert(manifest.run_id.clone(), Written { files, manifest });
             }
             None => {
                 written.remove(&manifest.run_id);
@@ -173,9 +212,9 @@ impl StateStore {
     ) -> Result<T, StateError> {
         let _lock = self.lock()?;
         // Taken out while it changes: a change that fails leaves nothing behind to trust.
-        let mut manifest = self.manifest_to_change(run_id)?;
+        let (mut manifest, _) = self.manifest_to_change(run_id)?;
         let result = change(&mut manifest)?;
-        self.write_manifest(&manifest)?;
+        self.write_manifest(&mut manifest)?;
         self.remember_written(manifest);
         Ok(result)
     }
@@ -191,21 +230,71 @@ impl StateStore {
         run_id: &RunId,
         change: impl FnOnce(&mut RunManifest) -> Result<T, TransitionError> + Send + 'static,
     ) -> Result<T, StateError> {
+        self.change_together(
+            run_id,
+            Touched::Run,
+            move |manifest: &mut RunManifest, shared: bool| {
+                let before = shared.then(|| manifest.clone());
+                let changed = change(manifest);
+                if let (Err(_), Some(before)) = (&changed, before) {
+                    *manifest = before;
+                }
+                changed
+            },
+        )
+    }
+
+    /// [`StateStore::update_run_together`] for a change to one task's record alone: what a
+    /// run's host records at each step of a task. It is appended to the run's journal
+    /// ([`super::journal`]), so its cost does not grow with the run; the manifest's
+    /// `updated_at` moves with it. A refused change leaves the record as it was.
+    pub fn update_task_together<T: Send + 'static>(
+        &self,
+        run_id: &RunId,
+        task_id: &TaskId,
+        change: impl FnOnce(&mut TaskRecord) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let task = task_id.clone();
+        self.change_together(
+            run_id,
+            Touched::Task(task_id.clone()),
+            move |manifest: &mut RunManifest, _shared: bool| {
+                let now = Timestamp::now();
+                let record = manifest.task_mut(&task)?;
+                let before = record.clone();
+                let changed = change(record);
+                match &changed {
+                    Ok(_) => manifest.updated_at = now,
+                    Err(_) => *record = before,
+                }
+                changed
+            },
+        )
+    }
+
+    /// Queues `change` (which undoes itself when it refuses, given whether other changes
+    /// share the manifest) to be written together with the changes of other threads; see
+    /// [`StateStore::update_run_together`].
+    fn change_together<T: Send + 'static>(
+        &self,
+        run_id: &RunId,
+        touched: Touched,
+        change: impl FnOnce(&mut RunManifest, bool) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Result<T, StateError> {
         let (answer, outcome) = std::sync::mpsc::sync_channel::<Result<T, StateError>>(1);
         let queued: QueuedChange = Box::new(move |target: Option<(&mut RunManifest, bool)>| {
             let Some((manifest, shared)) = target else {
                 return Outcome {
-                    applied: false,
+                    applied: None,
                     tell: Box::new(move |failed: Option<&StateError>| {
                         let message = failed.map_or_else(String::new, error_chain);
                         let _ = answer.send(Err(StateError::Together(message)));
                     }),
                 };
             };
-            let before = shared.then(|| manifest.clone());
-            match change(manifest) {
+            match change(manifest, shared) {
                 Ok(value) => Outcome {
-                    applied: true,
+                    applied: Some(touched),
                     tell: Box::new(move |failed: Option<&StateError>| {
                         let _ = answer.send(match failed {
                             None => Ok(value),
@@ -213,17 +302,12 @@ impl StateStore {
                         });
                     }),
                 },
-                Err(refused) => {
-                    if let Some(before) = before {
-                        *manifest = before;
-                    }
-                    Outcome {
-                        applied: false,
-                        tell: Box::new(move |_| {
-                            let _ = answer.send(Err(refused.into()));
-                        }),
-                    }
-                }
+                Err(refused) => Outcome {
+                    applied: None,
+                    tell: Box::new(move |_| {
+                        let _ = answer.send(Err(refused.into()));
+                    }),
+                },
             }
         });
         lock_unpoisoned(&self.queued.0)
@@ -258,12 +342,12 @@ impl StateStore {
         run_id: &RunId,
         changes: Vec<QueuedChange>,
     ) -> Result<(), StateError> {
-        let written = (|| {
+        let ready = (|| {
             let lock = self.lock()?;
             let manifest = self.manifest_to_change(run_id)?;
             Ok((lock, manifest))
         })();
-        let (_lock, mut manifest) = match written {
+        let (_lock, (mut manifest, files)) = match ready {
             Ok(ready) => ready,
             Err(error) => {
                 for change in changes {
@@ -277,15 +361,35 @@ impl StateStore {
             .into_iter()
             .map(|change| change(Some((&mut manifest, shared))))
             .collect();
-        let any_applied = outcomes.iter().any(|outcome| outcome.applied);
-        let result = if any_applied {
-            self.write_manifest(&manifest)
-        } else {
-            Ok(())
-        };
-        if result.is_ok() && any_applied {
-            self.remember_written(manifest);
+        let mut tasks: Vec<TaskId> = Vec::new();
+        let mut whole = false;
+        for touched in outcomes
+            .iter()
+            .filter_map(|outcome| outcome.applied.as_ref())
+        {
+            match touched {
+                Touched::Run => whole = true,
+                Touched::Task(task) if !tasks.contains(task) => tasks.push(task.clone()),
+                Touched::Task(_) => {}
+            }
         }
+        let result = if whole {
+            self.write_manifest(&mut manifest).map(|()| true)
+        } else if tasks.is_empty() {
+            Ok(false)
+        } else if journal_has_room(files.as_ref(), tasks.len()) && manifest.journal.is_some() {
+            self.append_journal(&manifest, &tasks, manifest.updated_at)
+                .map(|()| true)
+        } else {
+            self.write_manifest(&mut manifest).map(|()| true)
+        };
+        match result {
+            Ok(true) => self.remember_written(manifest),
+            Ok(false) => {}
+            // What the files hold is not known: the manifest is read again next time.
+            Err(_) => self.forget_written(run_id),
+        }
+        let result = result.map(|_| ());
         for outcome in outcomes {
             (outcome.tell)(result.as_ref().err());
         }
@@ -294,10 +398,13 @@ impl StateStore {
 
     /// The manifest of `run_id` to change, taken out of what this store remembers or read;
     /// refused when a newer crew wrote it. The caller holds the lock.
-    pub(super) fn manifest_to_change(&self, run_id: &RunId) -> Result<RunManifest, StateError> {
-        let manifest = match self.take_written(run_id) {
-            Some(manifest) => manifest,
-            None => self.read_manifest_as(run_id)?,
+    pub(super) fn manifest_to_change(
+        &self,
+        run_id: &RunId,
+    ) -> Result<(RunManifest, Option<Files>), StateError> {
+        let (manifest, files) = match self.take_written(run_id) {
+            Some((manifest, files)) => (manifest, Some(files)),
+            None => (self.read_manifest(run_id)?, None),
         };
         if manifest.schema_version > MANIFEST_SCHEMA_VERSION {
             return Err(StateError::NewerSchema {
@@ -306,13 +413,17 @@ impl StateStore {
                 supported: MANIFEST_SCHEMA_VERSION,
             });
         }
-        Ok(manifest)
+        Ok((manifest, files))
     }
 
     /// Writes a manifest, keeping the running index with it. The caller holds the lock.
-    pub(super) fn write_manifest(&self, manifest: &RunManifest) -> Result<(), StateError> {
+    /// While the run runs, the manifest takes the next generation of its journal, whose older
+    /// lines it now holds; the journal then goes.
+    pub(super) fn write_manifest(&self, manifest: &mut RunManifest) -> Result<(), StateError> {
         let path = self.manifest_path(&manifest.run_id);
-        let mut json = serde_json::to_vec(manifest).map_err(|source| StateError::Serialize {
+        manifest.journal = (manifest.status == RunStatus::Running)
+            .then(|| manifest.journal.map_or(1, |generation| generation + 1));
+        let mut json = serde_json::to_vec(&*manifest).map_err(|source| StateError::Serialize {
             path: path.clone(),
             source,
         })?;
@@ -344,6 +455,7 @@ impl StateStore {
             path: path.clone(),
             source,
         })?;
+        self.remove_journal(&manifest.run_id);
         if !running {
             // An ended run is rarely written again; its spare (the manifest before) goes.
             let spare = self
@@ -380,18 +492,44 @@ impl std::fmt::Debug for ChangeQueue {
     }
 }
 
-/// What a queued change did: whether it was applied (not refused), and how to tell its caller
+/// What a queued change did: what it touched when it was applied (not refused), and how to tell its caller
 /// the outcome once the write is done.
 pub(super) struct Outcome {
-    applied: bool,
+    applied: Option<Touched>,
     tell: Tell,
 }
 
-/// A manifest this store wrote, and the file it went into.
+/// What an applied change touched: the run (written whole), or one task's record (journaled).
+pub(super) enum Touched {
+    Run,
+    Task(TaskId),
+}
+
+/// A manifest this store wrote, and the files it went into.
 #[derive(Debug)]
 pub(super) struct Written {
-    stamp: FileStamp,
+    files: Files,
     manifest: RunManifest,
+}
+
+/// The files a manifest went into: the manifest, and the journal of task changes appended
+/// since (none: no journal file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Files {
+    manifest: FileStamp,
+    journal: Option<FileStamp>,
+}
+
+/// Whether `tasks` more records may go to the journal rather than a whole write: only while
+/// the journal (as these files hold it) is smaller than the manifest, whose next whole write
+/// folds it in, so that appends and whole writes together cost what the changes were. A
+/// journal line is about one task's share of the manifest.
+fn journal_has_room(files: Option<&Files>, tasks: usize) -> bool {
+    let Some(files) = files else {
+        return false;
+    };
+    let journal = files.journal.map_or(0, |journal| journal.len);
+    journal < files.manifest.len && tasks <= 8
 }
 
 /// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it

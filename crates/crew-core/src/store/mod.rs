@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! state/lock                                 cross-process lock, never deleted
-//! state/runs/<runId>/manifest.json           replaced atomically on every change
+//! state/runs/<runId>/manifest.json           replaced atomically on every whole change
+//! state/runs/<runId>/changes.jsonl           while it runs: one task's changes, appended (`journal`)
 //! state/runs/<runId>/events.jsonl            append-only
 //! state/runs/<runId>/tasks/<taskId>/output.log
 //! state/ws/<runId>/<taskId>/                 `dedicated` workspaces
@@ -40,11 +41,12 @@ use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
 use crate::model::{
     EventKind, INTERRUPTED_REASON, MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest,
-    RunStatus, TaskRecord, TaskStatus, TransitionError,
+    RunStatus, TaskRecord, TaskStatus, Timestamp, TransitionError,
 };
 use crate::paths::{RemoveError, remove_contained};
 
 mod events;
+mod journal;
 mod listing;
 mod manifests;
 mod retention;
@@ -376,8 +378,8 @@ impl StateStore {
                 }
             }
         };
-        let manifest = build(run_id);
-        self.write_manifest(&manifest)?;
+        let mut manifest = build(run_id);
+        self.write_manifest(&mut manifest)?;
         Ok(manifest)
     }
 
@@ -410,8 +412,8 @@ impl StateStore {
                 }));
             }
         }
-        let manifest = build(name.clone());
-        self.write_manifest(&manifest)?;
+        let mut manifest = build(name.clone());
+        self.write_manifest(&mut manifest)?;
         Ok(manifest)
     }
 

@@ -38,8 +38,8 @@ impl RunContext {
             ..CheckRecord::pending(command.to_owned())
         });
         let task_id = task.id.clone();
-        self.save(&format!("task {task_id}'s check"), move |manifest| {
-            manifest.task_mut(&task_id)?.check = Some(record);
+        self.save_task(&format!("task {task_id}'s check"), &task_id, move |task| {
+            task.check = Some(record);
             Ok(())
         })
         .await;
@@ -139,47 +139,67 @@ impl RunContext {
         let task = task_id.clone();
         let radar_turn = self.radar.lock().await;
         let finishing = finish.clone();
+        let run_id = self.run_id.clone();
         let saved = self
-            .save(&format!("task {task_id}'s teardown"), move |manifest| {
-                let record = manifest.task_mut(&task)?;
-                if let (Some(base), Some(workspace)) = (placed_base, record.workspace.as_mut()) {
-                    workspace.base_commit.get_or_insert(base);
-                }
-                match result {
-                    Ok(report) => {
-                        record.warnings.extend(
-                            report
-                                .warnings
-                                .iter()
-                                .map(|warning| format!("teardown: {warning}")),
-                        );
-                        record.teardown = Some(report);
+            .save_task(
+                &format!("task {task_id}'s teardown"),
+                &task,
+                move |record| {
+                    if let (Some(base), Some(workspace)) = (placed_base, record.workspace.as_mut())
+                    {
+                        workspace.base_commit.get_or_insert(base);
                     }
-                    Err((message, partial)) => {
-                        record.warnings.push(format!("teardown: {message}"));
-                        record.teardown = Some(*partial);
-                    }
-                }
-                // A refused status never costs the report its record.
-                let finished = finishing.map(|(status, why)| {
-                    manifest.set_task_status(&task, status).map(|record| {
-                        if why.is_some() {
-                            record.reason = why;
+                    match result {
+                        Ok(report) => {
+                            record.warnings.extend(
+                                report
+                                    .warnings
+                                    .iter()
+                                    .map(|warning| format!("teardown: {warning}")),
+                            );
+                            record.teardown = Some(report);
                         }
-                        record.clone()
-                    })
-                });
-                let branches = manifest
-                    .task_branches()
-                    .into_iter()
-                    .filter(|(other, _)| !manifest.rivals(task.as_str(), other))
-                    .collect::<Vec<_>>();
-                Ok((branches, manifest.base_branch.clone(), finished))
-            })
+                        Err((message, partial)) => {
+                            record.warnings.push(format!("teardown: {message}"));
+                            record.teardown = Some(*partial);
+                        }
+                    }
+                    // A refused status never costs the report its record.
+                    let finished = finishing.map(|(status, why)| {
+                        record
+                            .set_status(&run_id, status, Timestamp::now())
+                            .map(|()| {
+                                if why.is_some() {
+                                    record.reason = why;
+                                }
+                                record.clone()
+                            })
+                    });
+                    Ok(finished)
+                },
+            )
             .await;
+        // The other tasks' branches as they are now, read with the radar's turn still held.
+        let branches = match saved {
+            Some(_) => {
+                let task = task_id.clone();
+                self.runner
+                    .look(&self.run_id, move |manifest| {
+                        let branches = manifest
+                            .task_branches()
+                            .into_iter()
+                            .filter(|(other, _)| !manifest.rivals(task.as_str(), other))
+                            .collect::<Vec<_>>();
+                        (branches, manifest.base_branch.clone())
+                    })
+                    .await
+                    .ok()
+            }
+            None => None,
+        };
         drop(radar_turn);
         if let Some((status, reason)) = finish {
-            let record = match saved.as_ref().and_then(|(_, _, finished)| finished.clone()) {
+            let record = match saved.flatten() {
                 Some(Ok(record)) => Some(record),
                 Some(Err(refused)) => {
                     self.runner.unrecorded(
@@ -194,7 +214,7 @@ impl RunContext {
             self.runner
                 .announce(&self.run_id, task_id, status, reason, record);
         }
-        if let Some((branches, target, _)) = saved {
+        if let Some((branches, target)) = branches {
             self.radar(task_id, branches, target).await;
         }
     }

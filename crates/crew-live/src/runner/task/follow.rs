@@ -206,9 +206,8 @@ impl RunContext {
             }
             Ending::Stopped => {
                 self.teardown(&task_id, &workspace, false).await;
-                let task = task_id.clone();
-                self.save(&format!("task {task_id}'s reason"), move |manifest| {
-                    manifest.task_mut(&task)?.reason = Some(STOPPED_BY_REQUEST.to_owned());
+                self.save_task(&format!("task {task_id}'s reason"), &task_id, |record| {
+                    record.reason = Some(STOPPED_BY_REQUEST.to_owned());
                     Ok(())
                 })
                 .await;
@@ -332,10 +331,10 @@ impl RunContext {
         reason: String,
         retry: Option<Timestamp>,
     ) {
-        let (task, why) = (task_id.clone(), reason.clone());
+        let (run_id, why) = (self.run_id.clone(), reason.clone());
         let record = self
-            .save(&format!("task {task_id} paused"), move |manifest| {
-                let record = manifest.set_task_status(&task, TaskStatus::Paused)?;
+            .save_task(&format!("task {task_id} paused"), task_id, move |record| {
+                record.set_status(&run_id, TaskStatus::Paused, Timestamp::now())?;
                 record.reason = Some(why);
                 if let Some(limit) = &mut record.limit {
                     limit.retry_at = retry;
@@ -373,8 +372,7 @@ impl RunContext {
         let usage = report.usage;
         // Follow-ups it has not had yet (sent before a stop) outlive this host on the record.
         let follow_ups = handle.status().follow_up_queue;
-        self.save(&format!("task {task_id}'s exit"), move |manifest| {
-            let record = manifest.task_mut(&task)?;
+        self.save_task(&format!("task {task_id}'s exit"), &task, move |record| {
             record.requests = crew_core::model::NetworkCounts::sum(
                 record.requests.into_iter().chain(exit.network),
             );
@@ -400,19 +398,21 @@ impl RunContext {
         handle: &AgentHandle,
         prior: Option<Usage>,
     ) {
-        let (task, asked) = (task_id.clone(), question.to_owned());
+        let (run_id, asked) = (self.run_id.clone(), question.to_owned());
         let report = AgentReport::of(handle, prior);
         let record = self
-            .save(&format!("task {task_id}'s question"), move |manifest| {
-                let status = manifest.task(&task).map(|record| record.status);
-                if status != Some(TaskStatus::Waiting) {
-                    manifest.set_task_status(&task, TaskStatus::Waiting)?;
-                }
-                let record = manifest.task_mut(&task)?;
-                record.question = Some(asked);
-                report.apply(record);
-                Ok(record.clone())
-            })
+            .save_task(
+                &format!("task {task_id}'s question"),
+                task_id,
+                move |record| {
+                    if record.status != TaskStatus::Waiting {
+                        record.set_status(&run_id, TaskStatus::Waiting, Timestamp::now())?;
+                    }
+                    record.question = Some(asked);
+                    report.apply(record);
+                    Ok(record.clone())
+                },
+            )
             .await;
         self.runner.announce(
             &self.run_id,

@@ -202,16 +202,40 @@ impl RunContext {
         }
     }
 
+    /// [`RunContext::save`] for a change to `task_id`'s record alone: appended to the run's
+    /// journal, so that what a task records costs the same in a run of ten tasks or a thousand
+    /// (`StateStore::update_task_together`).
+    async fn save_task<T: Send + 'static>(
+        &self,
+        what: &str,
+        task_id: &TaskId,
+        change: impl FnOnce(&mut TaskRecord) -> Result<T, TransitionError> + Send + 'static,
+    ) -> Option<T> {
+        let store = self.runner.store.clone();
+        let (run_id, task_id) = (self.run_id.clone(), task_id.clone());
+        match blocking(move || store.update_task_together(&run_id, &task_id, change)).await {
+            Ok(value) => Some(value),
+            Err(error) => {
+                self.runner.unrecorded(&self.run_id, what, &error);
+                None
+            }
+        }
+    }
+
     async fn record_status(&self, task_id: &TaskId, status: TaskStatus, reason: Option<String>) {
-        let (task, why) = (task_id.clone(), reason.clone());
+        let (run_id, why) = (self.run_id.clone(), reason.clone());
         let record = self
-            .save(&format!("task {task_id} {status}"), move |manifest| {
-                let record = manifest.set_task_status(&task, status)?;
-                if why.is_some() {
-                    record.reason = why;
-                }
-                Ok(record.clone())
-            })
+            .save_task(
+                &format!("task {task_id} {status}"),
+                task_id,
+                move |record| {
+                    record.set_status(&run_id, status, Timestamp::now())?;
+                    if why.is_some() {
+                        record.reason = why;
+                    }
+                    Ok(record.clone())
+                },
+            )
             .await;
         self.runner
             .announce(&self.run_id, task_id, status, reason, record);
@@ -463,10 +487,14 @@ impl RunContext {
             return;
         }
         let task_id = task.id.clone();
-        self.save(&format!("task {task_id}'s follow-ups"), move |manifest| {
-            manifest.task_mut(&task_id)?.follow_ups.clear();
-            Ok(())
-        })
+        self.save_task(
+            &format!("task {task_id}'s follow-ups"),
+            &task_id,
+            |record| {
+                record.follow_ups.clear();
+                Ok(())
+            },
+        )
         .await;
     }
 
@@ -557,9 +585,10 @@ impl RunContext {
                     .collect()
             })
             .unwrap_or_default();
+        let run_id = self.run_id.clone();
         let record = self
-            .save(&format!("task {task_id}'s start"), move |manifest| {
-                let record = manifest.set_task_status(&task, TaskStatus::Running)?;
+            .save_task(&format!("task {task_id}'s start"), &task, move |record| {
+                record.set_status(&run_id, TaskStatus::Running, Timestamp::now())?;
                 record.pid = status.pid;
                 record.attempts += 1;
                 record.question = None;
@@ -582,9 +611,8 @@ impl RunContext {
 
     /// Adds a warning to the task's record.
     async fn record_warning(&self, task_id: &TaskId, warning: String) {
-        let id = task_id.clone();
-        self.save(&format!("task {task_id}'s warning"), move |manifest| {
-            manifest.task_mut(&id)?.warnings.push(warning);
+        self.save_task(&format!("task {task_id}'s warning"), task_id, |record| {
+            record.warnings.push(warning);
             Ok(())
         })
         .await;
@@ -592,13 +620,17 @@ impl RunContext {
 
     /// The running agent's question was answered and it goes on: the task is `running` again.
     async fn record_answered(&self, task_id: &TaskId) {
-        let task = task_id.clone();
+        let run_id = self.run_id.clone();
         let record = self
-            .save(&format!("task {task_id}'s answer"), move |manifest| {
-                let record = manifest.set_task_status(&task, TaskStatus::Running)?;
-                record.question = None;
-                Ok(record.clone())
-            })
+            .save_task(
+                &format!("task {task_id}'s answer"),
+                task_id,
+                move |record| {
+                    record.set_status(&run_id, TaskStatus::Running, Timestamp::now())?;
+                    record.question = None;
+                    Ok(record.clone())
+                },
+            )
             .await;
         self.runner
             .announce(&self.run_id, task_id, TaskStatus::Running, None, record);

@@ -101,16 +101,19 @@ impl RunContext {
         let record = WorkspaceRecord::of(&allocated);
         let warnings = allocated.warnings.clone();
         let task_id = task.id.clone();
-        self.save(&format!("task {task_id}'s workspace"), move |manifest| {
-            let task = manifest.task_mut(&task_id)?;
-            task.workspace = Some(record);
-            for warning in warnings {
-                if !task.warnings.contains(&warning) {
-                    task.warnings.push(warning);
+        self.save_task(
+            &format!("task {task_id}'s workspace"),
+            &task_id,
+            move |task| {
+                task.workspace = Some(record);
+                for warning in warnings {
+                    if !task.warnings.contains(&warning) {
+                        task.warnings.push(warning);
+                    }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
         .await;
         Ok(allocated)
     }
@@ -368,10 +371,14 @@ impl RunContext {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(task.id.clone(), lease.clone());
         let task_id = task.id.clone();
-        self.save(&format!("task {task_id}'s lease"), move |manifest| {
-            manifest.task_mut(&task_id)?.lease = Some(lease);
-            Ok(())
-        })
+        self.save_task(
+            &format!("task {task_id}'s lease"),
+            &task_id,
+            move |record| {
+                record.lease = Some(lease);
+                Ok(())
+            },
+        )
         .await;
         Ok(())
     }
