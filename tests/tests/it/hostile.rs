@@ -401,6 +401,16 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
         });
         host.kill().unwrap();
         host.wait().unwrap();
+        // The next command finds the host dead and writes the run whole (interrupted), its
+        // task journal folded in: the manifest is then the one record to forge.
+        let listed = env.crew(&repo, ["runs", "list"]);
+        assert!(listed.status.success(), "{}", render_output(&listed));
+        assert!(
+            !repo
+                .join(format!(".crew/state/runs/{run}/changes.jsonl"))
+                .exists(),
+            "{mode}"
+        );
         let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
         let mut forged: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
