@@ -377,7 +377,7 @@ impl StateStore {
             self.write_manifest(&mut manifest).map(|()| true)
         } else if tasks.is_empty() {
             Ok(false)
-        } else if journal_has_room(files.as_ref(), tasks.len()) && manifest.journal.is_some() {
+        } else if journal_has_room(files.as_ref()) && manifest.journal.is_some() {
             self.append_journal(&manifest, &tasks, manifest.updated_at)
                 .map(|()| true)
         } else {
@@ -520,16 +520,13 @@ pub(super) struct Files {
     journal: Option<FileStamp>,
 }
 
-/// Whether `tasks` more records may go to the journal rather than a whole write: only while
-/// the journal (as these files hold it) is smaller than the manifest, whose next whole write
-/// folds it in, so that appends and whole writes together cost what the changes were. A
-/// journal line is about one task's share of the manifest.
-fn journal_has_room(files: Option<&Files>, tasks: usize) -> bool {
-    let Some(files) = files else {
-        return false;
-    };
-    let journal = files.journal.map_or(0, |journal| journal.len);
-    journal < files.manifest.len && tasks <= 8
+/// Whether changed records may go to the journal rather than a whole write: only while the
+/// journal (as these files hold it) is smaller than the manifest, whose next whole write folds
+/// it in, so that appends and whole writes together cost about what the changes were.
+fn journal_has_room(files: Option<&Files>) -> bool {
+    files.is_some_and(|files| {
+        files.journal.map_or(0, |journal| journal.len) < files.manifest.len
+    })
 }
 
 /// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it
