@@ -524,9 +524,7 @@ pub(super) struct Files {
 /// journal (as these files hold it) is smaller than the manifest, whose next whole write folds
 /// it in, so that appends and whole writes together cost about what the changes were.
 fn journal_has_room(files: Option<&Files>) -> bool {
-    files.is_some_and(|files| {
-        files.journal.map_or(0, |journal| journal.len) < files.manifest.len
-    })
+    files.is_some_and(|files| files.journal.map_or(0, |journal| journal.len) < files.manifest.len)
 }
 
 /// Which file is at a path, and as what: a manifest is replaced by renaming a new file over it
