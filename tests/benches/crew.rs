@@ -193,22 +193,7 @@ impl Bench {
 
     /// Removes every worktree and branch the benchmarks made (not timed).
     fn clean_up(&self) {
-        self.git(&["worktree", "prune"]);
-        let list = Command::new("git")
-            .args(["worktree", "list", "--porcelain"])
-            .current_dir(&self.repo)
-            .output()
-            .unwrap();
-        for line in String::from_utf8(list.stdout).unwrap().lines() {
-            if let Some(path) = line.strip_prefix("worktree ")
-                && path != self.repo.as_str()
-            {
-                let _ = Command::new("git")
-                    .args(["worktree", "remove", "--force", "--force", path])
-                    .current_dir(&self.repo)
-                    .status();
-            }
-        }
+        self.delete_worktrees();
         let branches = Command::new("git")
             .args(["for-each-ref", "--format=%(refname:short)", "refs/heads/"])
             .current_dir(&self.repo)
@@ -219,7 +204,14 @@ impl Bench {
                 self.git(&["branch", "-D", branch]);
             }
         }
+    }
+
+    /// Deletes every worktree made so far, as a user's `rm -rf` or crew's teardowns take them:
+    /// their files, then git's admin entries (locked ones too); the branches stay.
+    fn delete_worktrees(&self) {
         let _ = std::fs::remove_dir_all(self.repo.join(".worktrees"));
+        let _ = std::fs::remove_dir_all(self.git_worktrees());
+        let _ = std::fs::remove_dir_all(self.repo.join(".git/worktrees"));
         std::fs::create_dir_all(self.git_worktrees()).unwrap();
     }
 
@@ -294,7 +286,7 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: fresh, recycled, cargo, committed, eight, linking, list, agents,
+    // `-- --only NAME` runs one benchmark: eight-deleted, fresh, recycled, cargo, committed, eight, linking, list, agents,
     // sandbox, network, block, board, radar, history, hundred, placement, thousand.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
@@ -302,7 +294,10 @@ fn main() {
         None => !large || matches!(name, "fresh" | "recycled"),
     };
     if wanted("eight") {
-        eight_at_once(&mut bench);
+        eight_at_once(&mut bench, false);
+    }
+    if wanted("eight-deleted") {
+        eight_at_once(&mut bench, true);
     }
     if wanted("fresh") {
         fresh_worktrees(&mut bench);
@@ -783,14 +778,31 @@ fn recycled_round(
 
 /// Eight tasks' workspaces prepared by crew (as a run does, at once) against eight sequential
 /// `git worktree add`.
-fn eight_at_once(bench: &mut Bench) {
+/// With `after_deletion`, each side starts right after the worktrees made before it (160,000
+/// files) were deleted: the state a user's disk is in after a day of agents, where ext4 looks
+/// for free inodes among those just freed.
+fn eight_at_once(bench: &mut Bench, after_deletion: bool) {
     let mut crew = Samples::default();
     let mut git = Samples::default();
     let rounds = bench.rounds.min(3);
+    let deleted = |bench: &Bench| {
+        if after_deletion {
+            bench.delete_worktrees();
+        }
+    };
+    if after_deletion {
+        // A first deletion as large as a round's, before the first side.
+        for _ in 0..8 {
+            let name = bench.next_name();
+            let path = bench.git_worktrees().join(&name);
+            bench.git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]);
+        }
+    }
     for round in 0..rounds {
         // Alternate who goes first, so that neither always meets a file system still busy
         // with the other's files.
         let crew_round = |bench: &mut Bench| {
+            deleted(bench);
             let run_id = RunId::generate();
             let provider = Arc::new(bench.provider.clone());
             settle_disk();
@@ -808,6 +820,7 @@ fn eight_at_once(bench: &mut Bench) {
             started.elapsed()
         };
         let git_round = |bench: &mut Bench| {
+            deleted(bench);
             settle_disk();
             let started = Instant::now();
             for _ in 0..8 {
@@ -830,7 +843,11 @@ fn eight_at_once(bench: &mut Bench) {
     // between full runs; `git worktree add` alone went from 2.5 s to 6 s of system time).
     bench.clean_up();
     Comparison {
-        name: "8 tasks' worktrees".into(),
+        name: if after_deletion {
+            "8 tasks' worktrees, after a mass deletion".into()
+        } else {
+            "8 tasks' worktrees".into()
+        },
         crew,
         reference: git,
         reference_name: "8 × git worktree add".into(),
