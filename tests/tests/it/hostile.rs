@@ -372,12 +372,17 @@ fn sandbox_check_tries_the_kernel_and_shows_what_each_agent_may_write() {
     );
 }
 
-/// A task waits on `crew ask`, its host is killed, and the run's manifest is edited (by an
+/// A task waits on `crew ask`, its host is killed, and the run's record is edited (by an
 /// agent working in the project, or by hand) to name another directory as the task's
-/// workspace: `crew runs clean` must neither delete that directory nor commit into it.
+/// workspace — in the manifest, or in the task journal the dead host left beside it: `crew
+/// runs clean` must neither delete that directory nor commit into it.
 #[test]
 fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
-    for mode in ["temp", "worktree"] {
+    for (mode, forged_in) in [
+        ("temp", "manifest.json"),
+        ("worktree", "manifest.json"),
+        ("worktree", "changes.jsonl"),
+    ] {
         let env = TestEnv::new();
         let repo = env.repo("project");
         let victim = sibling_repo(&env);
@@ -401,33 +406,55 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
         });
         host.kill().unwrap();
         host.wait().unwrap();
-        // The next command finds the host dead and writes the run whole (interrupted), its
-        // task journal folded in: the manifest is then the one record to forge.
-        let listed = env.crew(&repo, ["runs", "list"]);
-        assert!(listed.status.success(), "{}", render_output(&listed));
-        assert!(
-            !repo
-                .join(format!(".crew/state/runs/{run}/changes.jsonl"))
-                .exists(),
-            "{mode}"
-        );
-        let path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
-        let mut forged: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let workspace = &mut forged["tasks"][0]["workspace"];
-        let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
-        workspace["root"] = victim.as_str().into();
-        workspace["dir"] = victim.as_str().into();
-        std::fs::write(&path, serde_json::to_vec_pretty(&forged).unwrap()).unwrap();
+        let journal = repo.join(format!(".crew/state/runs/{run}/changes.jsonl"));
+        let path = repo.join(format!(".crew/state/runs/{run}/{forged_in}"));
+        let real_root = if forged_in == "manifest.json" {
+            // The next command finds the host dead and writes the run whole (interrupted),
+            // its task journal folded in: the manifest is then the one record to forge.
+            let listed = env.crew(&repo, ["runs", "list"]);
+            assert!(listed.status.success(), "{}", render_output(&listed));
+            assert!(!journal.exists(), "{mode}");
+            let mut forged: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let workspace = &mut forged["tasks"][0]["workspace"];
+            let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
+            workspace["root"] = victim.as_str().into();
+            workspace["dir"] = victim.as_str().into();
+            std::fs::write(&path, serde_json::to_vec_pretty(&forged).unwrap()).unwrap();
+            real_root
+        } else {
+            // The task's latest record in the journal, appended again naming the victim: the
+            // next command folds it in as the record.
+            let lines = std::fs::read_to_string(&journal).unwrap();
+            let mut forged: serde_json::Value = lines
+                .lines()
+                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                .filter(|line| line["task"]["workspace"].is_object())
+                .last()
+                .expect("the task's workspace is in the journal");
+            let workspace = &mut forged["task"]["workspace"];
+            let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
+            workspace["root"] = victim.as_str().into();
+            workspace["dir"] = victim.as_str().into();
+            let mut appended = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&journal)
+                .unwrap();
+            use std::io::Write as _;
+            writeln!(appended, "{forged}").unwrap();
+            real_root
+        };
         let victim_before = tree_fingerprint(victim.as_std_path());
         let victim_head = env.git(&victim, ["rev-parse", "HEAD"]);
 
         let clean = env.crew(&repo, ["runs", "clean", &run]);
         let shown = render_output(&clean);
         assert_eq!(clean.status.code(), Some(2), "{mode}: {shown}");
+        // A forged journal line is the record once folded into the manifest.
+        let manifest = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
         assert!(
             shown.contains("is not where this task's workspace belongs")
-                && shown.contains(&format!("as recorded in {path}")),
+                && shown.contains(&format!("as recorded in {manifest}")),
             "{mode}: {shown}"
         );
         assert_eq!(
