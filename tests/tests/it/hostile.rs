@@ -428,9 +428,9 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
             let lines = std::fs::read_to_string(&journal).unwrap();
             let mut forged: serde_json::Value = lines
                 .lines()
+                .rev()
                 .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-                .filter(|line| line["task"]["workspace"].is_object())
-                .last()
+                .find(|line| line["task"]["workspace"].is_object())
                 .expect("the task's workspace is in the journal");
             let workspace = &mut forged["task"]["workspace"];
             let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
