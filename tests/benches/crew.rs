@@ -1435,19 +1435,7 @@ fn hundred_tasks(bench: &Bench) {
     let workspaces_cpu = own_cpu() - before;
 
     // The agents alone: 100 `sh -c true`.
-    let agents_alone = || {
-        let before = cpu_of(libc::RUSAGE_CHILDREN);
-        for _ in 0..TASKS {
-            assert!(
-                Command::new("sh")
-                    .args(["-c", "true"])
-                    .status()
-                    .unwrap()
-                    .success()
-            );
-        }
-        cpu_of(libc::RUSAGE_CHILDREN) - before
-    };
+    let agents_alone = || agents_alone_cpu(TASKS);
 
     // The run, through the binary, from the same full pool.
     fill_pool();
@@ -1515,6 +1503,22 @@ fn hundred_tasks(bench: &Bench) {
     );
 }
 
+/// The CPU of `tasks` agents that do nothing (`sh -c true`), run one after another: what a run
+/// of as many one-line tasks spends beyond crew's own work.
+fn agents_alone_cpu(tasks: usize) -> Duration {
+    let before = cpu_of(libc::RUSAGE_CHILDREN);
+    for _ in 0..tasks {
+        assert!(
+            Command::new("sh")
+                .args(["-c", "true"])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    cpu_of(libc::RUSAGE_CHILDREN) - before
+}
+
 /// A run of 1,000 one-line tasks against one of 100, in the project itself (no git work),
 /// 16 at once: crew's own CPU per task (the run's, less the same number of agents run alone),
 /// which must not grow with the run; the host's own memory; and how long `crew agents list`
@@ -1528,19 +1532,7 @@ fn thousand_tasks(bench: &Bench) {
         "[retention]\nautomatic = false\n",
     )
     .unwrap();
-    let agents_alone = |tasks: usize| {
-        let before = cpu_of(libc::RUSAGE_CHILDREN);
-        for _ in 0..tasks {
-            assert!(
-                Command::new("sh")
-                    .args(["-c", "true"])
-                    .status()
-                    .unwrap()
-                    .success()
-            );
-        }
-        cpu_of(libc::RUSAGE_CHILDREN) - before
-    };
+    let agents_alone = agents_alone_cpu;
     let run = |tasks: usize| {
         let count = tasks.to_string();
         run_measured(
