@@ -1434,30 +1434,9 @@ fn hundred_tasks(bench: &Bench) {
     }
     let workspaces_cpu = own_cpu() - before;
 
-    // The agents alone: 100 `sh -c true`.
-    let agents_alone = || agents_alone_cpu(TASKS);
-
     // The run, through the binary, from the same full pool.
     fill_pool();
-    let fan_out = |mode: &str| {
-        run_measured(
-            &crew,
-            &project,
-            &[
-                "run",
-                "--agent",
-                "shell",
-                "--workspace-mode",
-                mode,
-                "--fan-out",
-                "100",
-                "--max-parallel",
-                "8",
-                "--quiet",
-                "true",
-            ],
-        )
-    };
+    let fan_out = |mode: &str| fan_out_true(&crew, &project, mode, TASKS, PARALLEL);
     let run = fan_out("worktree");
     // crew's own work per task, with no git work at all: the same run in the project itself,
     // five rounds, each beside a round of the agents alone, as every other line takes its
@@ -1465,7 +1444,7 @@ fn hundred_tasks(bench: &Bench) {
     let (mut own, mut agents, mut single) =
         (Samples::default(), Samples::default(), Samples::default());
     for _ in 0..5 {
-        let agents_cpu = agents_alone();
+        let agents_cpu = agents_alone_cpu(TASKS);
         let run = fan_out("single");
         own.push(run.cpu.saturating_sub(agents_cpu) / TASKS as u32);
         agents.push(agents_cpu / TASKS as u32);
@@ -1503,6 +1482,35 @@ fn hundred_tasks(bench: &Bench) {
     );
 }
 
+/// `crew run --fan-out tasks` of the shell agent's `true` in `mode`, `parallel` at once,
+/// measured.
+fn fan_out_true(
+    crew: &Utf8Path,
+    project: &Utf8Path,
+    mode: &str,
+    tasks: usize,
+    parallel: usize,
+) -> Measured {
+    let (tasks, parallel) = (tasks.to_string(), parallel.to_string());
+    run_measured(
+        crew,
+        project,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            mode,
+            "--fan-out",
+            &tasks,
+            "--max-parallel",
+            &parallel,
+            "--quiet",
+            "true",
+        ],
+    )
+}
+
 /// The CPU of `tasks` agents that do nothing (`sh -c true`), run one after another: what a run
 /// of as many one-line tasks spends beyond crew's own work.
 fn agents_alone_cpu(tasks: usize) -> Duration {
@@ -1532,34 +1540,14 @@ fn thousand_tasks(bench: &Bench) {
         "[retention]\nautomatic = false\n",
     )
     .unwrap();
-    let agents_alone = agents_alone_cpu;
-    let run = |tasks: usize| {
-        let count = tasks.to_string();
-        run_measured(
-            &crew,
-            &project,
-            &[
-                "run",
-                "--agent",
-                "shell",
-                "--workspace-mode",
-                "single",
-                "--fan-out",
-                &count,
-                "--max-parallel",
-                "16",
-                "--quiet",
-                "true",
-            ],
-        )
-    };
+    let run = |tasks: usize| fan_out_true(&crew, &project, "single", tasks, 16);
     let rounds = bench.rounds.min(3);
     let mut own = [Samples::default(), Samples::default()];
     let mut elapsed = [Samples::default(), Samples::default()];
     let mut memory_mb = 0;
     for _ in 0..rounds {
         for (side, tasks) in [100, 1000].into_iter().enumerate() {
-            let agents = agents_alone(tasks);
+            let agents = agents_alone_cpu(tasks);
             let measured = run(tasks);
             own[side].push(measured.cpu.saturating_sub(agents) / tasks as u32);
             elapsed[side].push(measured.elapsed);
