@@ -26,6 +26,10 @@ use crew_core::{RunId, TaskId, Workspace};
 use crew_tests::synth::{RepoSpec, generate_node_modules, generate_repository};
 use crew_worktree::CrewWorkspaces;
 
+#[path = "crew/board.rs"]
+mod board;
+use board::Board;
+
 /// Measured durations of one side of a comparison.
 #[derive(Debug, Clone, Default)]
 struct Samples(Vec<Duration>);
@@ -215,6 +219,19 @@ impl Bench {
         std::fs::create_dir_all(self.git_worktrees()).unwrap();
     }
 
+    /// [`Bench::delete_worktrees`], but crew's pool stays (its worktrees, their admin entries).
+    fn delete_worktrees_but_the_pool(&self) {
+        if let Ok(entries) = self.repo.join(".worktrees").read_dir_utf8() {
+            for entry in entries.flatten() {
+                if entry.file_name() != ".pool" {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        self.git(&["worktree", "prune"]);
+        std::fs::create_dir_all(self.git_worktrees()).unwrap();
+    }
+
     /// Where the reference `git worktree add` puts its worktrees: beside crew's, under the
     /// repository's `.worktrees`, so that both meet the same file-system placement (ext4 puts
     /// a new directory's files near its parent; a sibling of the repository lands elsewhere).
@@ -286,7 +303,7 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: eight-deleted, fresh, recycled, cargo, committed, eight, linking, list, agents,
+    // `-- --only NAME` runs one benchmark: eight-deleted, eight-pooled, fresh, recycled, cargo, committed, eight, linking, list, agents,
     // sandbox, network, block, board, radar, history, hundred, placement, thousand.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
@@ -294,10 +311,13 @@ fn main() {
         None => !large || matches!(name, "fresh" | "recycled"),
     };
     if wanted("eight") {
-        eight_at_once(&mut bench, false);
+        eight_at_once(&mut bench, Disk::AsLeft);
     }
     if wanted("eight-deleted") {
-        eight_at_once(&mut bench, true);
+        eight_at_once(&mut bench, Disk::AfterDeletion);
+    }
+    if wanted("eight-pooled") {
+        eight_at_once(&mut bench, Disk::AfterDeletionWithPool);
     }
     if wanted("fresh") {
         fresh_worktrees(&mut bench);
@@ -776,21 +796,62 @@ fn recycled_round(
     bench.git(&["branch", "-D", &name]);
 }
 
+/// The disk an [`eight_at_once`] side starts on.
+#[derive(Clone, Copy, PartialEq)]
+enum Disk {
+    /// As the benchmarks before left it.
+    AsLeft,
+    /// Right after every worktree made before was deleted (160,000 files): ext4 then passes
+    /// over each inode freed in the last minute at every new file of the same block group.
+    AfterDeletion,
+    /// The same, with crew's pool as a run leaves it (`pool_size` 4, the default, holding what
+    /// the previous run's teardowns recycled): the state a user's disk is in after a day of
+    /// agents run by crew.
+    AfterDeletionWithPool,
+}
+
 /// Eight tasks' workspaces prepared by crew (as a run does, at once) against eight sequential
-/// `git worktree add`.
-/// With `after_deletion`, each side starts right after the worktrees made before it (160,000
-/// files) were deleted: the state a user's disk is in after a day of agents, where ext4 looks
-/// for free inodes among those just freed.
-fn eight_at_once(bench: &mut Bench, after_deletion: bool) {
+/// `git worktree add`, on the `disk` given.
+fn eight_at_once(bench: &mut Bench, disk: Disk) {
     let mut crew = Samples::default();
     let mut git = Samples::default();
     let rounds = bench.rounds.min(3);
-    let deleted = |bench: &Bench| {
-        if after_deletion {
-            bench.delete_worktrees();
+    let pooled = disk == Disk::AfterDeletionWithPool;
+    let deleted = |bench: &Bench| match disk {
+        Disk::AsLeft => {}
+        Disk::AfterDeletion => bench.delete_worktrees(),
+        Disk::AfterDeletionWithPool => bench.delete_worktrees_but_the_pool(),
+    };
+    let provider = Arc::new(if pooled {
+        bench.pooled.clone()
+    } else {
+        bench.provider.clone()
+    });
+    let allocate_eight = |bench: &Bench, run_id: &RunId| -> Vec<TaskWorkspace> {
+        let threads: Vec<_> = (0..8)
+            .map(|index| {
+                let provider = provider.clone();
+                let request = bench.request(run_id, &format!("task{index}"));
+                std::thread::spawn(move || provider.allocate(&request).unwrap())
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect()
+    };
+    // A run's eight, torn down by crew at its end: the pool keeps four of them.
+    let tear_down = |bench: &Bench, run_id: &RunId, workspaces: Vec<TaskWorkspace>| {
+        for (index, workspace) in workspaces.iter().enumerate() {
+            provider
+                .teardown(
+                    workspace,
+                    &bench.teardown_request(run_id, &format!("task{index}")),
+                )
+                .unwrap();
         }
     };
-    if after_deletion {
+    if disk != Disk::AsLeft {
         // A first deletion as large as a round's, before the first side.
         for _ in 0..8 {
             let name = bench.next_name();
@@ -798,26 +859,25 @@ fn eight_at_once(bench: &mut Bench, after_deletion: bool) {
             bench.git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]);
         }
     }
+    if pooled {
+        let run_id = RunId::generate();
+        let workspaces = allocate_eight(bench, &run_id);
+        tear_down(bench, &run_id, workspaces);
+    }
     for round in 0..rounds {
         // Alternate who goes first, so that neither always meets a file system still busy
         // with the other's files.
         let crew_round = |bench: &mut Bench| {
             deleted(bench);
             let run_id = RunId::generate();
-            let provider = Arc::new(bench.provider.clone());
             settle_disk();
             let started = Instant::now();
-            let threads: Vec<_> = (0..8)
-                .map(|index| {
-                    let provider = provider.clone();
-                    let request = bench.request(&run_id, &format!("task{index}"));
-                    std::thread::spawn(move || provider.allocate(&request).unwrap())
-                })
-                .collect();
-            for thread in threads {
-                thread.join().unwrap();
+            let workspaces = allocate_eight(bench, &run_id);
+            let took = started.elapsed();
+            if pooled {
+                tear_down(bench, &run_id, workspaces);
             }
-            started.elapsed()
+            took
         };
         let git_round = |bench: &mut Bench| {
             deleted(bench);
@@ -841,13 +901,21 @@ fn eight_at_once(bench: &mut Bench, after_deletion: bool) {
     // Only now: ext4 creates files 2–3× slower for minutes after many were deleted, and
     // deleting between rounds made every later round measure that instead (0.39× to 0.64×
     // between full runs; `git worktree add` alone went from 2.5 s to 6 s of system time).
+    if pooled {
+        crew_worktree::pool::empty(
+            &bench.repo.join(".git"),
+            &bench.repo,
+            bench.pooled.settings(),
+        );
+    }
     bench.clean_up();
     Comparison {
-        name: if after_deletion {
-            "8 tasks' worktrees, after a mass deletion".into()
-        } else {
-            "8 tasks' worktrees".into()
-        },
+        name: match disk {
+            Disk::AsLeft => "8 tasks' worktrees",
+            Disk::AfterDeletion => "8 tasks' worktrees, after a mass deletion",
+            Disk::AfterDeletionWithPool => "8 tasks, after a mass deletion, crew's pool",
+        }
+        .into(),
         crew,
         reference: git,
         reference_name: "8 × git worktree add".into(),
@@ -1588,6 +1656,7 @@ fn thousand_tasks(bench: &Bench) {
         .file_name()
         .to_string_lossy()
         .into_owned();
+    let board = board_during_thousand(bench, &crew, &project, &run);
     let (mut list_idle, mut show_idle) = (Samples::default(), Samples::default());
     for _ in 0..bench.rounds {
         list_idle.push(timed_crew(&crew, &project, &["agents", "list"]));
@@ -1644,6 +1713,71 @@ fn thousand_tasks(bench: &Bench) {
             seconds(during_run.elapsed),
         );
     }
+    if let Some(board) = board {
+        println!("{board}");
+    }
+}
+
+/// `crew watch` watching one more 1,000-task run of `run`: how long `?` takes to show and hide
+/// the keys while the run goes, against the same board once the run is over and the board has
+/// every task on it; how long after the run's end that took; the board's peak memory.
+fn board_during_thousand(
+    bench: &Bench,
+    crew: &Utf8Path,
+    project: &Utf8Path,
+    run: &(dyn Fn(usize) -> Measured + Sync),
+) -> Option<String> {
+    if !tmux_installed() {
+        println!(
+            "{:<44} skipped: tmux is not installed",
+            "crew watch during a 1,000-task run"
+        );
+        return None;
+    }
+    let board = Board::start(crew, project, &bench.root, "thousand-board");
+    board.wait_for("the board", &|screen| screen.contains("crew watch"));
+    let agents_shown = |screen: &str| {
+        screen
+            .split_once("agents: ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|count| count.parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    let before = agents_shown(&board.screen());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (during, ended) = std::thread::scope(|scope| {
+        let keys = scope.spawn(|| {
+            let mut during = Samples::default();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) || during.0.is_empty() {
+                during.push(board.toggle_keys());
+            }
+            during
+        });
+        run(1000);
+        let ended = Instant::now();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (keys.join().unwrap(), ended)
+    });
+    board.wait_for("the run's 1,000 tasks", &|screen| {
+        agents_shown(screen) >= before + 1000
+    });
+    let caught_up = ended.elapsed();
+    let mut idle = Samples::default();
+    for _ in 0..bench.rounds {
+        idle.push(board.toggle_keys());
+    }
+    let line = format!(
+        "{:<44} {:<28} {:<28} {:>6.2}×  ({} keys during the run; every task on the board {} after its end; board peak memory {})",
+        "crew watch: a key on screen, 1,000-task run",
+        during.show(),
+        idle.show(),
+        during.median().as_secs_f64() / idle.median().as_secs_f64(),
+        during.0.len(),
+        seconds(caught_up),
+        board.peak_memory(),
+    );
+    board.quit();
+    Some(line)
 }
 
 /// How long `crew args…` took in `dir`, which must succeed.
@@ -1977,49 +2111,9 @@ fn board(bench: &Bench) {
     let project = bench.root.join("board-project");
     std::fs::create_dir_all(&project).unwrap();
     let crew = crew_binary();
-    let socket = bench.root.join("board-tmux.sock");
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .args(["-u", "-S", socket.as_str()])
-            .args(args)
-            .current_dir(&project)
-            .output()
-            .unwrap()
-    };
-    let pid_file = bench.root.join("board.pid");
-    let watch = format!("echo $$ > {pid_file}; LANG=C.UTF-8 exec {crew} watch --no-bell");
-    tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "160",
-        "-y",
-        "70",
-        "sh",
-        "-c",
-        &watch,
-    ]);
-    let screen = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
-    let wait_for = |what: &str, ready: &dyn Fn(&str) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let shown = screen();
-            if ready(&shown) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "never on the board: {what}\n{shown}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    wait_for("the empty board", &|screen| screen.contains("no runs yet"));
-    let board = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse::<u32>()
-        .unwrap();
+    let board = Board::start(&crew, &project, &bench.root, "board");
+    board.wait_for("the empty board", &|screen| screen.contains("no runs yet"));
+    let wait_for = |what: &str, ready: &dyn Fn(&str) -> bool| board.wait_for(what, ready);
     let start = |agents: usize, script: &str| -> String {
         let output = Command::new(&crew)
             .args([
@@ -2060,14 +2154,14 @@ fn board(bench: &Bench) {
     wait_for("50 printing agents", &|screen| working(screen) >= 50);
     // Settled: the new host found, the listing's lookups over.
     std::thread::sleep(Duration::from_secs(8));
-    let busy = cpu_share(board, Duration::from_secs(10));
+    let busy = cpu_share(board.pid, Duration::from_secs(10));
     cancel(&printing);
     wait_for("the printing run's end", &|screen| working(screen) == 0);
 
     let quiet = start(50, "sleep 600");
     wait_for("50 quiet agents", &|screen| working(screen) >= 50);
     std::thread::sleep(Duration::from_secs(8));
-    let idle = cpu_share(board, Duration::from_secs(10));
+    let idle = cpu_share(board.pid, Duration::from_secs(10));
     println!(
         "{:<44} board CPU {:.2}% of a core (≤ 5%: {})",
         "crew watch, 50 agents printing 1 line/s",
@@ -2084,14 +2178,7 @@ fn board(bench: &Bench) {
     // 200 agents: how long `?` takes to open the keys and close them again.
     let more = start(149, "sleep 600");
     wait_for("199 agents", &|screen| screen.contains("working: 199 "));
-    let toggle = || {
-        let started = Instant::now();
-        tmux(&["send-keys", "?"]);
-        wait_for("the keys", &|screen| screen.contains("── keys"));
-        tmux(&["send-keys", "?"]);
-        wait_for("the keys closed", &|screen| !screen.contains("── keys"));
-        started.elapsed()
-    };
+    let toggle = || board.toggle_keys();
     let reference: Vec<Duration> = (0..5).map(|_| toggle()).collect();
     let flood = start(
         1,
@@ -2100,7 +2187,7 @@ fn board(bench: &Bench) {
     let flooding = Instant::now();
     let mut loaded = Vec::new();
     // Keys while it prints (at least one).
-    while loaded.is_empty() || !screen().contains("flood-done") {
+    while loaded.is_empty() || !board.screen().contains("flood-done") {
         loaded.push(toggle());
         assert!(
             flooding.elapsed() < Duration::from_secs(600),
@@ -2108,11 +2195,7 @@ fn board(bench: &Bench) {
         );
     }
     let flooded = flooding.elapsed();
-    let status = std::fs::read_to_string(format!("/proc/{board}/status")).unwrap_or_default();
-    let peak = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .map_or_else(String::new, |value| value.trim().to_owned());
+    let peak = board.peak_memory();
     let median = |mut samples: Vec<Duration>| {
         samples.sort();
         samples[samples.len() / 2]
@@ -2130,9 +2213,7 @@ fn board(bench: &Bench) {
     for run in [&quiet, &more, &flood] {
         cancel(run);
     }
-    tmux(&["send-keys", "q"]);
-    std::thread::sleep(Duration::from_secs(3));
-    tmux(&["kill-server"]);
+    board.quit();
 }
 
 /// `crew run` of 200 sleeping agents drawing its live block in a terminal (tmux): the host's
