@@ -303,7 +303,7 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: eight-deleted, eight-pooled, fresh, recycled, cargo, committed, eight, linking, list, agents,
+    // `-- --only NAME` runs one benchmark: eight-deleted, eight-pooled, fresh, fresh-deleted, recycled, cargo, committed, eight, linking, list, agents,
     // sandbox, network, block, board, radar, history, hundred, placement, thousand.
     let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
     let wanted = |name: &str| match only.as_deref() {
@@ -321,6 +321,9 @@ fn main() {
     }
     if wanted("fresh") {
         fresh_worktrees(&mut bench);
+    }
+    if wanted("fresh-deleted") {
+        fresh_after_deletion(&mut bench);
     }
     if wanted("recycled") {
         recycled(&mut bench);
@@ -794,6 +797,51 @@ fn recycled_round(
     git.push(bench.timed_git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]));
     bench.git(&["worktree", "remove", path.as_str()]);
     bench.git(&["branch", "-D", &name]);
+}
+
+/// The fresh line on a disk just after a mass deletion: crew's fresh worktree, `git worktree
+/// add` and the same with `checkout.workers=0` take turns, each right after every worktree
+/// made before it was deleted (the first after eight, 160,000 files).
+fn fresh_after_deletion(bench: &mut Bench) {
+    let mut crew = Samples::default();
+    let mut git_default = Samples::default();
+    let mut git_parallel = Samples::default();
+    for _ in 0..8 {
+        let name = bench.next_name();
+        let path = bench.git_worktrees().join(&name);
+        bench.git(&["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"]);
+    }
+    for round in 0..bench.rounds.min(3) {
+        for turn in 0..3 {
+            bench.delete_worktrees();
+            settle_disk();
+            let name = bench.next_name();
+            let path = bench.git_worktrees().join(&name);
+            let add = ["worktree", "add", "-q", "-b", &name, path.as_str(), "HEAD"];
+            match (round + turn) % 3 {
+                0 => crew.push(bench.crew_prepare(&RunId::generate(), "fresh").0),
+                1 => git_default.push(bench.timed_git(&add)),
+                _ => git_parallel.push(
+                    bench.timed_git(&[["-c", "checkout.workers=0"].as_slice(), &add].concat()),
+                ),
+            }
+        }
+    }
+    bench.clean_up();
+    for (reference, reference_name, target) in [
+        (git_default, "git worktree add", None),
+        (git_parallel, "checkout.workers=0", Some(1.0)),
+    ] {
+        Comparison {
+            name: "fresh worktree, after a mass deletion".into(),
+            crew: crew.clone(),
+            reference,
+            reference_name: reference_name.into(),
+            target,
+            paired: false,
+        }
+        .print();
+    }
 }
 
 /// The disk an [`eight_at_once`] side starts on.
