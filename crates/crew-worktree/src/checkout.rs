@@ -7,8 +7,8 @@
 //! stat in the index". crew does exactly that, over every core:
 //!
 //! - the blobs are inflated by worker threads, each with its own handle on the object database,
-//!   and written straight from libgit2's buffer; the workers make the directories as they reach
-//!   them, so that making them overlaps with writing files;
+//!   and written straight from libgit2's buffer, once every directory is made (in tree order,
+//!   before any file: see `make_directories`);
 //! - tasks that start from the same commit at the same moment (the tasks of one run) share one
 //!   pass: each blob is inflated once and written into every worktree of the batch;
 //! - the index is written with the stat data of the files just written, so `git status` in the
@@ -297,6 +297,8 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
             .unwrap_or(true)
     };
 
+    // Every directory before any file: see `make_directories`.
+    make_directories(&entries, targets, &fail, &is_failed);
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let workers = std::thread::available_parallelism()
@@ -341,10 +343,6 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
                     // Workers take runs of neighbouring entries: files of one directory go to
                     // one worker, and workers do not contend for the same directory.
                     let mut chunk = 0..0;
-                    // The directory the previous entry went to, made in every target already.
-                    // Workers make directories as they reach them, overlapping with the
-                    // writes; tree order puts a directory's files next to each other.
-                    let mut made_dir: Option<&[u8]> = None;
                     loop {
                         if stop.load(Ordering::Relaxed) {
                             break;
@@ -363,29 +361,6 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
                         let Some(entry) = entries.get(index) else {
                             break;
                         };
-                        let parent = entry
-                            .path
-                            .iter()
-                            .rposition(|&byte| byte == b'/')
-                            .map(|slash| &entry.path[..slash]);
-                        if let Some(parent) = parent
-                            && made_dir != Some(parent)
-                        {
-                            for (target_index, target) in targets.iter().enumerate() {
-                                if is_failed(target_index) {
-                                    continue;
-                                }
-                                let dir = target.as_std_path().join(bytes_path(parent));
-                                // Another worker may be making the same one: that is fine.
-                                if let Err(error) = std::fs::create_dir_all(&dir) {
-                                    fail(
-                                        target_index,
-                                        format!("failed to create {}: {error}", dir.display()),
-                                    );
-                                }
-                            }
-                            made_dir = Some(parent);
-                        }
                         // The blob is written straight from libgit2's buffer, never copied.
                         let object = if entry.mode == i32::from(FileMode::Commit) {
                             None
@@ -463,6 +438,49 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
 }
 
 /// Every file of the commit's tree, in tree order.
+/// Makes every directory of `entries` in every target, in tree order, before any file is
+/// written. Workers that made them as they reached them (overlapping with the writes) were no
+/// faster on a file system as it was left, and a quarter to two fifths slower right after a mass
+/// deletion, when ext4 passes over every inode freed in the last minute at each new file of
+/// the same block group. Made together first, the checkout meets far less of that walk (where
+/// the directories, and so their files, land among the block groups is the likeliest reason;
+/// BENCHMARKS.md, "Creation after a mass deletion").
+fn make_directories(
+    entries: &[Entry],
+    targets: &[Utf8PathBuf],
+    fail: &dyn Fn(usize, String),
+    is_failed: &dyn Fn(usize) -> bool,
+) {
+    let mut made: Option<&[u8]> = None;
+    for entry in entries {
+        let Some(parent) = entry
+            .path
+            .iter()
+            .rposition(|&byte| byte == b'/')
+            .map(|slash| &entry.path[..slash])
+        else {
+            continue;
+        };
+        // Tree order puts a directory's files next to each other.
+        if made == Some(parent) {
+            continue;
+        }
+        for (index, target) in targets.iter().enumerate() {
+            if is_failed(index) {
+                continue;
+            }
+            let dir = target.as_std_path().join(bytes_path(parent));
+            if let Err(error) = std::fs::create_dir_all(&dir) {
+                fail(
+                    index,
+                    format!("failed to create {}: {error}", dir.display()),
+                );
+            }
+        }
+        made = Some(parent);
+    }
+}
+
 fn list_entries(common: &Utf8Path, commit: Oid) -> Result<Vec<Entry>, git2::Error> {
     let repo = Repository::open(common)?;
     let tree = repo.find_commit(commit)?.tree()?;
