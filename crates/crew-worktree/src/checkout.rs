@@ -437,7 +437,6 @@ fn fill(common: &Utf8Path, commit: Oid, targets: &[Utf8PathBuf]) -> HashMap<Utf8
     results
 }
 
-/// Every file of the commit's tree, in tree order.
 /// Makes every directory of `entries` in every target, in tree order, before any file is
 /// written. Workers that made them as they reached them (overlapping with the writes) were no
 /// faster on a file system as it was left, and a quarter to two fifths slower right after a mass
@@ -481,6 +480,7 @@ fn make_directories(
     }
 }
 
+/// Every file of the commit's tree, in tree order.
 fn list_entries(common: &Utf8Path, commit: Oid) -> Result<Vec<Entry>, git2::Error> {
     let repo = Repository::open(common)?;
     let tree = repo.find_commit(commit)?.tree()?;
