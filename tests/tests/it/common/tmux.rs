@@ -46,8 +46,13 @@ impl Tmux {
         if !installed(test) {
             return None;
         }
+        // A socket of its own for each server: a test that opens a second terminal after the
+        // first closed would otherwise reach the first server while it exits ("server exited
+        // unexpectedly").
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let number = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmux = Tmux {
-            socket: env.root().join("tmux.sock"),
+            socket: env.root().join(format!("tmux-{number}.sock")),
         };
         let started = tmux
             .command()
