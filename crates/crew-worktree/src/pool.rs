@@ -135,6 +135,14 @@ pub fn take(
         }
         !too_old
     });
+    // One that kept build output (`keep_ignored`) first: a worktree the background refill
+    // checked out starts cold, one a task's teardown recycled holds its `target/`.
+    candidates.sort_by_key(|entry| {
+        !settings
+            .keep_ignored
+            .iter()
+            .any(|kept| entry.path.join(kept).exists())
+    });
     let chosen = candidates.into_iter().next()?;
     admin::set_lock(common, &chosen.admin, Some(admin::INITIALIZING)).ok()?;
     admin::relocate(
