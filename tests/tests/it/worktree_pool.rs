@@ -139,6 +139,36 @@ fn a_recycled_worktree_holds_nothing_of_the_previous_task_but_keep_ignored() {
 }
 
 #[test]
+fn a_task_takes_the_pooled_worktree_that_kept_its_build_output_before_a_refilled_one() {
+    let fixture = keeping_target();
+    write(&fixture.repo.join(".gitignore"), "target/\n");
+    fixture.git(&["add", ".gitignore"]);
+    fixture.git(&["commit", "-q", "-m", "ignores"]);
+    let first = fixture.allocate("first");
+    write(&first.root.join("target/debug/cache.bin"), "build cache\n");
+    let report = fixture
+        .provider
+        .teardown(&first, &fixture.teardown_request("first"))
+        .unwrap();
+    assert!(report.recycled);
+    // A run's end refills the pool in the background: newer worktrees, with no build output.
+    let added =
+        crew_worktree::pool::refill_at_head(&fixture.repo, fixture.provider.settings(), || false)
+            .unwrap();
+    assert!(
+        added > 0,
+        "the refill added cold worktrees beside the warm one"
+    );
+
+    let second = fixture.allocate("second");
+    assert_eq!(
+        std::fs::read_to_string(second.root.join("target/debug/cache.bin")).ok(),
+        Some("build cache\n".to_owned()),
+        "the warm worktree was taken"
+    );
+}
+
+#[test]
 fn a_recycled_worktree_moves_to_another_base() {
     let fixture = Fixture::new();
     let first = fixture.allocate("first");
