@@ -25,6 +25,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+mod relay;
+
 /// The port the proxy listens on, in the agent's own network namespace.
 pub const PROXY_PORT: u16 = 3128;
 
@@ -51,9 +53,6 @@ const MAX_HEAD: usize = 64 * 1024;
 
 /// How long a client may take to send its request head, and the proxy to reach a host.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The buffer of each direction of a relayed connection.
-const RELAY_BUFFER: usize = 64 * 1024;
 
 /// One request the proxy decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,13 +270,7 @@ async fn connection(mut client: TcpStream, rules: Arc<Rules>, counts: Arc<Counts
         return;
     }
     drop(buffer);
-    let _ = tokio::io::copy_bidirectional_with_sizes(
-        &mut client,
-        &mut upstream,
-        RELAY_BUFFER,
-        RELAY_BUFFER,
-    )
-    .await;
+    let _ = relay::relay(&client, &upstream).await;
 }
 
 /// Reads until the end of a request head; its length.
