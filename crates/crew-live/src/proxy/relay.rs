@@ -200,17 +200,27 @@ mod tests {
             .expect("the relay did not finish within a minute")
     }
 
-    #[tokio::test]
-    async fn both_directions_arrive_whole_and_in_order_and_each_end_is_passed_on() {
+    /// The agent's and the server's ends of two connections the relay joins, and the relay.
+    async fn relayed() -> (
+        TcpStream,
+        TcpStream,
+        tokio::task::JoinHandle<io::Result<()>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let agent = TcpStream::connect(address).await.unwrap();
         let (client, _) = listener.accept().await.unwrap();
         let upstream = TcpStream::connect(address).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
+        let relaying = tokio::spawn(async move { relay(&client, &upstream).await });
+        (agent, server, relaying)
+    }
+
+    #[tokio::test]
+    async fn both_directions_arrive_whole_and_in_order_and_each_end_is_passed_on() {
+        let (agent, server, relaying) = relayed().await;
         // Many times what a pipe holds, both ways at once.
         let (download, upload) = (pattern(9 << 20, 1), pattern(3 << 20, 2));
-        let relaying = tokio::spawn(async move { relay(&client, &upstream).await });
         let both = async {
             tokio::join!(
                 exchange(agent, upload.clone()),
@@ -225,13 +235,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_side_ending_early_leaves_the_other_direction_flowing() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let agent = TcpStream::connect(address).await.unwrap();
-        let (client, _) = listener.accept().await.unwrap();
-        let upstream = TcpStream::connect(address).await.unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        let relaying = tokio::spawn(async move { relay(&client, &upstream).await });
+        let (agent, mut server, relaying) = relayed().await;
         // The agent sends its request and ends its side at once; the server reads the end,
         // then answers.
         let agent_side = tokio::spawn(exchange(agent, b"request".to_vec()));
