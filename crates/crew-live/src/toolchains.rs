@@ -92,6 +92,12 @@ pub fn prepare(dir: &Utf8Path, home: &Utf8Path, user_cargo: &Utf8Path) -> Option
     if make(&cargo).is_ok() {
         for name in CARGO_LINKED {
             let link = cargo.join(name);
+            let target = user_cargo.join(name);
+            // Already the link it should be (the last task's): kept, not made again.
+            let linked = std::fs::read_link(&link).is_ok_and(|points_to| points_to == target);
+            if linked && target.exists() {
+                continue;
+            }
             // What an agent put in place of a link is not kept: the user's settings are.
             match std::fs::symlink_metadata(&link) {
                 Ok(meta) if meta.is_dir() => {
@@ -102,7 +108,6 @@ pub fn prepare(dir: &Utf8Path, home: &Utf8Path, user_cargo: &Utf8Path) -> Option
                 }
                 Err(_) => {}
             }
-            let target = user_cargo.join(name);
             if target.exists() {
                 let _ = std::os::unix::fs::symlink(&target, &link);
             }

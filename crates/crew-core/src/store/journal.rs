@@ -16,11 +16,13 @@
 //!    newline is an append still under way (or cut by a crash): it is left out.
 //! 3. A whole write (a change to the run, to several tasks, a journal grown as large as the
 //!    manifest, the run's end) folds everything in, takes the next generation (none once the
-//!    run ended), and then removes the journal: a crash between the two leaves lines of an
-//!    older generation, which readers skip.
+//!    run ended), and then empties the journal (truncates it; removes it once the run ended):
+//!    a crash between the two leaves lines of an older generation, which readers skip.
 //! 4. Appends happen under the workspace's lock, each one `write` and `fdatasync`, and only by
 //!    a store that remembers the manifest as the files now hold it; any other writer writes
 //!    the manifest whole.
+
+use std::os::unix::fs::OpenOptionsExt as _;
 
 use serde::Serialize;
 
@@ -136,9 +138,23 @@ impl StateStore {
         Ok(())
     }
 
-    /// Removes the journal after the manifest was written whole. Best effort: lines left
-    /// behind name an older generation, which readers skip.
-    pub(super) fn remove_journal(&self, run_id: &RunId) {
-        let _ = std::fs::remove_file(self.journal_path(run_id));
+    /// Empties the journal after the manifest was written whole: truncated while the run
+    /// runs (its next change appends to the same file: no file is made and deleted at each
+    /// whole write, which on some file systems slows every file made after), removed once it
+    /// ended. Best effort: lines left behind name an older generation, which readers skip.
+    pub(super) fn empty_journal(&self, run_id: &RunId, running: bool) {
+        let path = self.journal_path(run_id);
+        if running {
+            // Only a journal that is there: none is made here; a link or a FIFO planted in
+            // its place is not followed or waited on.
+            let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .custom_flags(flags.bits() as i32)
+                .open(&path);
+        } else {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }

@@ -455,7 +455,7 @@ impl StateStore {
             path: path.clone(),
             source,
         })?;
-        self.remove_journal(&manifest.run_id);
+        self.empty_journal(&manifest.run_id, running);
         if !running {
             // An ended run is rarely written again; its spare (the manifest before) goes.
             let spare = self
