@@ -88,13 +88,78 @@ fn three_tasks_start_servers_on_their_own_ports_at_once() {
     ports.dedup();
     names.dedup();
     assert_eq!((ports.len(), names.len()), (3, 3), "{recorded:#}");
-    // Released when they ended: the next run can take them again.
+    // Released when they ended: another holder can lock the whole range now. And no file was
+    // made for a lease: the one lock file is all there is.
     let leases = env.home().join(".local/state/crew/leases");
-    let left: Vec<_> = std::fs::read_dir(&leases)
-        .map(|dir| dir.flatten().map(|entry| entry.file_name()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        range_is_free(&leases.join("ports"), first, 16),
+        "a lease outlived its task"
+    );
+    let files: Vec<_> = std::fs::read_dir(&leases)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name())
+        .collect();
+    assert_eq!(files, ["ports"]);
     drop(held);
+}
+
+/// A range of four ports, one a task, and six tasks run one at a time in one host: the fifth
+/// and sixth can have ports only if the tasks before released theirs when they ended, not
+/// when their host exits.
+#[test]
+fn a_task_s_ports_are_released_when_it_ends_for_the_next_task_of_its_host() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (held, first) = range_with_a_held_port();
+    let range = first + 1..=first + 4;
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!(
+            "[lease]\nports = 1\nport_range = [{}, {}]\n",
+            range.start(),
+            range.end()
+        ),
+    );
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "lease"]);
+    let tasks: Vec<String> = (0..6).map(|n| format!("t{n}=echo $CREW_PORT")).collect();
+    let mut args = vec!["run", "--quiet", "--agent", "shell", "--max-parallel", "1"];
+    for task in &tasks {
+        args.extend(["--task", task.as_str()]);
+    }
+    let run = env.crew(&repo, args);
+    assert!(run.status.success(), "{}", render_output(&run));
+    let run_id = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run_id);
+    for n in 0..6 {
+        let port = task(&recorded, &format!("t{n}"))["lease"]["port"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("t{n} has no port: {recorded:#}"));
+        assert!(range.contains(&(port as u16)), "t{n}: {port}");
+    }
+    drop(held);
+}
+
+/// Whether this process can lock the `count` ports from `first` in the user's lease file as a
+/// lease does (an open file description's lock on byte `port`): no host holds any of them.
+#[allow(unsafe_code)]
+fn range_is_free(lease_file: &camino::Utf8Path, first: u16, count: u16) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(lease_file)
+        .unwrap();
+    // SAFETY: `flock` is plain data, for which all zeroes is a valid value.
+    let mut range: libc::flock = unsafe { std::mem::zeroed() };
+    range.l_type = libc::F_WRLCK as libc::c_short;
+    range.l_whence = libc::SEEK_SET as libc::c_short;
+    range.l_start = libc::off_t::from(first);
+    range.l_len = libc::off_t::from(count);
+    // SAFETY: reads the `flock` above, on a descriptor `file` keeps open; the lock goes with
+    // `file`.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut range) == 0 }
 }
 
 #[test]

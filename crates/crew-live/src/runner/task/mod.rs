@@ -72,7 +72,7 @@ pub(super) struct RunContext {
     /// teardown (of a scratch directory here) reports them.
     landed: Mutex<HashMap<TaskId, (String, String)>>,
     /// Each started task's lease (`[lease]`), released when it ends.
-    leases: Mutex<HashMap<TaskId, crew_core::model::LeaseRecord>>,
+    leases: Mutex<HashMap<TaskId, crate::lease::Lease>>,
     /// Held while a task's teardown is recorded and the other branches are read for the
     /// radar: of two tasks ending at once, the second always sees the first's branch.
     radar: tokio::sync::Mutex<()>,

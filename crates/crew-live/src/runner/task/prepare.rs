@@ -81,7 +81,7 @@ impl RunContext {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .get(&task.id)
-                .map(crew_core::model::LeaseRecord::vars)
+                .map(|lease| lease.record.vars())
                 .unwrap_or_default(),
             unconfined,
         })
@@ -170,7 +170,7 @@ impl RunContext {
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner())
                         .get(&task.id)
-                        .map(crew_core::model::LeaseRecord::vars)
+                        .map(|lease| lease.record.vars())
                         .unwrap_or_default(),
                 )
                 .collect(),
@@ -356,43 +356,32 @@ impl RunContext {
         );
         let lease = blocking(move || match crate::lease::Leases::of_user() {
             Some(leases) => leases.acquire(&settings, &run, &id, earlier.as_ref()),
-            // No state directory to record leases in: a name, no ports.
-            None => Ok(crew_core::model::LeaseRecord {
-                port: None,
-                ports: 0,
-                name: crew_core::model::LeaseRecord::name_of(&run, &id),
-                names: settings.names.clone(),
-            }),
+            // No state directory to lock leases in: a name, no ports.
+            None => Ok(crate::lease::Lease::unported(&run, &id, &settings)),
         })
         .await
         .map_err(|reason| format!("its lease: {reason}"))?;
+        let record = lease.record.clone();
         self.leases
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(task.id.clone(), lease.clone());
+            .insert(task.id.clone(), lease);
         let task_id = task.id.clone();
-        self.save_task(
-            &format!("task {task_id}'s lease"),
-            &task_id,
-            move |record| {
-                record.lease = Some(lease);
-                Ok(())
-            },
-        )
+        self.save_task(&format!("task {task_id}'s lease"), &task_id, move |task| {
+            task.lease = Some(record);
+            Ok(())
+        })
         .await;
         Ok(())
     }
 
     /// Releases the ports of `task`'s lease: it ended.
     pub(super) fn release_lease(&self, task: &TaskId) {
-        let lease = self
-            .leases
+        // Dropped: its lock goes with it.
+        self.leases
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(task);
-        if let (Some(lease), Some(leases)) = (lease, crate::lease::Leases::of_user()) {
-            leases.release(&lease);
-        }
     }
 }
 
