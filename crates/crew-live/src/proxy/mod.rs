@@ -51,6 +51,12 @@ pub const PROXY_VARS: &[(&str, &str)] = &[
 /// The longest request head the proxy reads.
 const MAX_HEAD: usize = 64 * 1024;
 
+/// The most connections one agent's proxy serves at once; more wait in its listening queue
+/// until one ends. Each costs the host six descriptors (two sockets, two pipes) and its pipes'
+/// room: an agent cannot take the host's descriptors from its other tasks. Package managers
+/// open a few dozen at most (npm 15 an origin).
+const MAX_CONNECTIONS: usize = 128;
+
 /// How long a client may take to send its request head, and the proxy to reach a host.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -167,7 +173,7 @@ async fn serve(listener: TcpListener, rules: Arc<Rules>, counts: Arc<Counts>) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = listener.accept(), if connections.len() < MAX_CONNECTIONS => match accepted {
                 Ok((stream, _)) => {
                     connections.spawn(connection(stream, rules.clone(), counts.clone()));
                 }
@@ -422,6 +428,65 @@ async fn respond(client: &mut TcpStream, status: u16, reason: &str) -> std::io::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_agent_s_connections_beyond_the_cap_wait_until_one_ends() {
+        // The host the agent may reach: it counts connections and holds each open until its
+        // client ends.
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let reached = Arc::new(AtomicU64::new(0));
+        let counted = reached.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = upstream.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut ignored = Vec::new();
+                    let _ = stream.read_to_end(&mut ignored).await;
+                });
+            }
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_address = listener.local_addr().unwrap();
+        let lists = vec![HostList {
+            file: "the test".into(),
+            hosts: vec![
+                crew_core::config::HostPattern::parse(&format!("127.0.0.1:{port}")).unwrap(),
+            ],
+        }];
+        let _proxy = Proxy::start(listener, Rules { lists, log: None }).unwrap();
+        let connect = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut agents = Vec::new();
+        for _ in 0..MAX_CONNECTIONS + 20 {
+            let mut agent = TcpStream::connect(proxy_address).await.unwrap();
+            agent.write_all(connect.as_bytes()).await.unwrap();
+            agents.push(agent);
+        }
+        let settled = |want: u64| {
+            let reached = reached.clone();
+            async move {
+                for _ in 0..500 {
+                    if reached.load(Ordering::SeqCst) >= want {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                // Anything more would have come by now.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                reached.load(Ordering::SeqCst)
+            }
+        };
+        assert_eq!(
+            settled(MAX_CONNECTIONS as u64).await,
+            MAX_CONNECTIONS as u64
+        );
+        // Ten end: ten of the waiting ones are served.
+        agents.drain(..10);
+        assert_eq!(
+            settled(MAX_CONNECTIONS as u64 + 10).await,
+            MAX_CONNECTIONS as u64 + 10
+        );
+    }
 
     #[test]
     fn a_plain_request_goes_on_in_origin_form() {
