@@ -65,6 +65,12 @@ impl Leases {
         })
     }
 
+    /// The directory of the lease file, which no agent may see: a lock an agent took there
+    /// (a read lock needs only reading) would keep other tasks from their ports.
+    pub fn dir(&self) -> &camino::Utf8Path {
+        &self.dir
+    }
+
     /// A lease for the task `run`:`task` as `settings` say: the ports of `earlier` (its
     /// record's, on a resume) when they are free, else the first free block from a place in
     /// the range that differs from host to host; its name either way. The error says why no

@@ -141,6 +141,62 @@ fn a_task_s_ports_are_released_when_it_ends_for_the_next_task_of_its_host() {
     drop(held);
 }
 
+/// A lock on the user's lease file needs only reading it: an agent that could open the file
+/// could lock every free port of the range, and no task after it would get one. The file's
+/// directory is hidden from agents.
+#[test]
+fn an_agent_cannot_lock_the_ports_other_tasks_lease() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (held, first) = range_with_a_held_port();
+    let (low, high) = (first + 1, first + 4);
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!("[lease]\nports = 1\nport_range = [{low}, {high}]\n"),
+    );
+    env.git(&repo, ["add", "."]);
+    env.git(&repo, ["commit", "-q", "-m", "lease"]);
+    let leases = env.home().join(".local/state/crew/leases");
+    let hostile = format!(
+        "python3 -c \"\nimport fcntl, os, time\ntry:\n    fd = os.open('{leases}/ports', os.O_RDONLY)\n    said = 'OPENED'\n    for port in range({low}, {high} + 1):\n        try:\n            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, port, 0)\n            said += ' locked ' + str(port)\n        except OSError:\n            pass\nexcept Exception as error:\n    said = 'REFUSED ' + type(error).__name__\nopen('tried.txt', 'w').write(said)\ntime.sleep(120)\n\""
+    );
+    let started = env.crew(
+        &repo,
+        ["run", "--detach", "-q", "--agent", "shell", &hostile],
+    );
+    assert!(started.status.success(), "{}", render_output(&started));
+    let hostile_run = String::from_utf8(started.stdout).unwrap().trim().to_owned();
+    let tried = wait_until(30, "the agent to try the lease file", || {
+        std::fs::read_to_string(repo.join("tried.txt")).ok()
+    });
+    // Another task of the user's, while the hostile agent lives: it gets its port.
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            "echo $CREW_PORT > port.txt",
+        ],
+    );
+    let cancel = env.crew(&repo, ["runs", "cancel", "--force", "-q", &hostile_run]);
+    assert!(cancel.status.success(), "{}", render_output(&cancel));
+    assert!(
+        run.status.success(),
+        "the agent ({tried}) kept the next task from its port: {}",
+        render_output(&run)
+    );
+    assert!(tried.starts_with("REFUSED"), "{tried}");
+    let port: u16 = std::fs::read_to_string(repo.join("port.txt"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((low..=high).contains(&port), "{port}");
+    drop(held);
+}
+
 /// Whether this process can lock the `count` ports from `first` in the user's lease file as a
 /// lease does (an open file description's lock on byte `port`): no host holds any of them.
 #[allow(unsafe_code)]

@@ -281,17 +281,28 @@ pub(crate) fn prepare(
         ),
         control: None,
     });
+    // The user's lease file: an agent that could open it could lock ports no task then gets.
+    // A directory that is there (not a link) and holds no grant of the agent's, nor lies
+    // within one, can be covered.
+    let coverable = |dir: &Utf8Path| {
+        std::fs::symlink_metadata(dir).is_ok_and(|metadata| metadata.is_dir())
+            && !write
+                .iter()
+                .any(|granted| granted.starts_with(dir) || dir.starts_with(granted))
+    };
+    if let (Some(namespace), Some(leases)) = (&mut namespace, crate::lease::Leases::of_user())
+        && coverable(leases.dir())
+    {
+        namespace
+            .hidden
+            .push(Hidden::Directory(leases.dir().to_owned()));
+    }
     // Scoped to its own domain (Landlock ABI 6): the agent's own connection.
     if let (Some(namespace), Some(socket)) = (&mut namespace, own_socket)
         && abi.is_some_and(|abi| abi >= 6)
     {
         namespace.control = Some(format!("crew-{}", uuid::Uuid::new_v4().simple()));
-        if let Some(dir) = socket.parent().filter(|dir| {
-            std::fs::symlink_metadata(dir).is_ok_and(|metadata| metadata.is_dir())
-                && !write
-                    .iter()
-                    .any(|granted| granted.starts_with(dir) || dir.starts_with(granted))
-        }) {
+        if let Some(dir) = socket.parent().filter(|dir| coverable(dir)) {
             namespace.hidden.push(Hidden::Directory(dir.to_owned()));
         }
     }
