@@ -44,38 +44,63 @@ pub(super) async fn relay(client: &TcpStream, upstream: &TcpStream) -> io::Resul
     Ok(())
 }
 
+/// How long a direction waits for bytes with its pipe still made: past that, it gives the
+/// pipe's two descriptors back until its next bytes come. A relayed connection then costs
+/// the host its two sockets while idle (a kept-alive connection between requests, of which a
+/// package manager holds dozens) and six only while bytes flow.
+const IDLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Moves what `from` receives to `to` through a pipe of its own until `from` ends, then
 /// half-closes `to`.
 async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<()> {
-    let pipe = Pipe::new()?;
+    let mut pipe: Option<Pipe> = None;
     let mut in_pipe = 0usize;
     let mut ended = false;
     let mut moved_so_far = 0usize;
-    let mut grown = false;
     loop {
-        if !grown && moved_so_far >= BULK_AFTER {
-            // Best effort: at the user's quota the default room is kept.
-            pipe.grow(BULK_PIPE);
-            grown = true;
-        }
         if in_pipe == 0 {
             if ended {
                 break;
             }
-            // The pipe is empty, so a `WouldBlock` can only be the socket's: tokio may clear
-            // its readiness and wait for the next.
-            let moved = from
-                .async_io(Interest::READABLE, || pipe.fill_from(from.as_raw_fd()))
-                .await?;
+            let moved = loop {
+                let Some(current) = &pipe else {
+                    // Waited for without one: it is made when there are bytes to move.
+                    from.readable().await?;
+                    pipe = Some(Pipe::new()?);
+                    continue;
+                };
+                // The pipe is empty, so a `WouldBlock` can only be the socket's: tokio may
+                // clear its readiness.
+                match from.try_io(Interest::READABLE, || current.fill_from(from.as_raw_fd())) {
+                    Ok(moved) => break moved,
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                        // Nothing yet: waited for with the pipe a while, then without it.
+                        match tokio::time::timeout(IDLE, from.readable()).await {
+                            Ok(ready) => ready?,
+                            Err(_) => pipe = None,
+                        }
+                    }
+                    Err(error) => return Err(error),
+                }
+            };
             if moved == 0 {
                 ended = true;
                 continue;
             }
             in_pipe += moved;
-        } else if !ended {
+        }
+        let current = pipe
+            .as_mut()
+            .expect("made before its first bytes, kept while it holds some");
+        if !current.grown && moved_so_far >= BULK_AFTER {
+            // Best effort: at the user's quota the default room is kept.
+            current.grow(BULK_PIPE);
+        }
+        let current = &*current;
+        if !ended {
             // More of what already arrived, without waiting and without telling tokio: a
             // `WouldBlock` here may be the full pipe's, not the socket's.
-            match pipe.fill_from(from.as_raw_fd()) {
+            match current.fill_from(from.as_raw_fd()) {
                 Ok(0) => ended = true,
                 Ok(moved) => in_pipe += moved,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
@@ -85,7 +110,7 @@ async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<()> {
         // The pipe holds something, so a `WouldBlock` can only be the socket's.
         let moved = to
             .async_io(Interest::WRITABLE, || {
-                pipe.drain_to(to.as_raw_fd(), in_pipe)
+                current.drain_to(to.as_raw_fd(), in_pipe)
             })
             .await?;
         in_pipe -= moved;
@@ -98,6 +123,8 @@ async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<()> {
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+    /// Whether it was asked for a bulk transfer's room.
+    grown: bool,
 }
 
 impl Pipe {
@@ -111,13 +138,20 @@ impl Pipe {
         let read = unsafe { OwnedFd::from_raw_fd(ends[0]) };
         // SAFETY: as above.
         let write = unsafe { OwnedFd::from_raw_fd(ends[1]) };
-        Ok(Pipe { read, write })
+        #[cfg(test)]
+        tests::LIVE_PIPES.with(|live| live.set(live.get() + 1));
+        Ok(Pipe {
+            read,
+            write,
+            grown: false,
+        })
     }
 
     /// Asks for `room` bytes of room, keeping what it has if refused.
-    fn grow(&self, room: libc::c_int) {
+    fn grow(&mut self, room: libc::c_int) {
         // SAFETY: `F_SETPIPE_SZ` on a pipe this holds open; it passes no memory.
         unsafe { libc::fcntl(self.write.as_raw_fd(), libc::F_SETPIPE_SZ, room) };
+        self.grown = true;
     }
 
     /// Moves what `socket` has received into the pipe, as much as it has room for: 0 when the
@@ -129,6 +163,13 @@ impl Pipe {
     /// Sends up to `len` bytes of what the pipe holds on `socket`.
     fn drain_to(&self, socket: RawFd, len: usize) -> io::Result<usize> {
         splice(self.read.as_raw_fd(), socket, len)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        tests::LIVE_PIPES.with(|live| live.set(live.get() - 1));
     }
 }
 
@@ -169,6 +210,38 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+
+    thread_local! {
+        /// The pipes the relays of this thread hold (a `#[tokio::test]` runs on one thread).
+        pub(super) static LIVE_PIPES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_gives_its_pipes_back_and_takes_them_again_for_its_next_bytes() {
+        let (mut agent, mut server, relaying) = relayed().await;
+        let mut answer = vec![0u8; 5];
+        for round in 0..2 {
+            agent.write_all(b"ask").await.unwrap();
+            let mut asked = [0u8; 3];
+            within_a_minute(server.read_exact(&mut asked))
+                .await
+                .unwrap();
+            server.write_all(b"reply").await.unwrap();
+            within_a_minute(agent.read_exact(&mut answer))
+                .await
+                .unwrap();
+            assert_eq!(
+                (&asked, answer.as_slice()),
+                (b"ask", &b"reply"[..]),
+                "{round}"
+            );
+            // Both directions made a pipe to move their bytes; idle, both give them back.
+            tokio::time::sleep(IDLE * 4).await;
+            assert_eq!(LIVE_PIPES.get(), 0, "round {round}: pipes kept while idle");
+        }
+        drop((agent, server));
+        let _ = within_a_minute(relaying).await;
+    }
 
     /// `len` bytes of a pattern in which a byte out of place shows.
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
