@@ -25,20 +25,29 @@ fn rand_offset() -> u32 {
     NEXT.fetch_add(1009, std::sync::atomic::Ordering::Relaxed)
 }
 
-#[test]
-fn three_tasks_start_servers_on_their_own_ports_at_once() {
-    let env = TestEnv::new();
+/// A project whose checked-in `.crew/config.toml` holds `lease` (the `[lease]` table's keys).
+fn project_leasing(env: &TestEnv, lease: &str) -> camino::Utf8PathBuf {
     let repo = env.repo("project");
-    let (held, first) = range_with_a_held_port();
     write(
         &repo.join(".crew/config.toml"),
-        &format!(
-            "[lease]\nports = 2\nport_range = [{first}, {}]\nnames = [\"DATABASE_NAME\"]\n",
-            first + 15
-        ),
+        &format!("[lease]\n{lease}"),
     );
     env.git(&repo, ["add", "."]);
     env.git(&repo, ["commit", "-q", "-m", "lease"]);
+    repo
+}
+
+#[test]
+fn three_tasks_start_servers_on_their_own_ports_at_once() {
+    let env = TestEnv::new();
+    let (held, first) = range_with_a_held_port();
+    let repo = project_leasing(
+        &env,
+        &format!(
+            "ports = 2\nport_range = [{first}, {}]\nnames = [\"DATABASE_NAME\"]\n",
+            first + 15
+        ),
+    );
     // Each serves on its first port and holds it while the others start theirs.
     let server = "python3 -c \"import os, socket, time; s = socket.socket(); s.bind(('0.0.0.0', int(os.environ['CREW_PORT']))); s.listen(); print('serving', os.environ['CREW_PORT'], os.environ['CREW_PORTS'], os.environ['COMPOSE_PROJECT_NAME'], os.environ['DATABASE_NAME']); time.sleep(1.5)\"";
     let run = env.crew(
@@ -110,19 +119,16 @@ fn three_tasks_start_servers_on_their_own_ports_at_once() {
 #[test]
 fn a_task_s_ports_are_released_when_it_ends_for_the_next_task_of_its_host() {
     let env = TestEnv::new();
-    let repo = env.repo("project");
     let (held, first) = range_with_a_held_port();
     let range = first + 1..=first + 4;
-    write(
-        &repo.join(".crew/config.toml"),
+    let repo = project_leasing(
+        &env,
         &format!(
-            "[lease]\nports = 1\nport_range = [{}, {}]\n",
+            "ports = 1\nport_range = [{}, {}]\n",
             range.start(),
             range.end()
         ),
     );
-    env.git(&repo, ["add", "."]);
-    env.git(&repo, ["commit", "-q", "-m", "lease"]);
     let tasks: Vec<String> = (0..6).map(|n| format!("t{n}=echo $CREW_PORT")).collect();
     let mut args = vec!["run", "--quiet", "--agent", "shell", "--max-parallel", "1"];
     for task in &tasks {
@@ -147,15 +153,9 @@ fn a_task_s_ports_are_released_when_it_ends_for_the_next_task_of_its_host() {
 #[test]
 fn an_agent_cannot_lock_the_ports_other_tasks_lease() {
     let env = TestEnv::new();
-    let repo = env.repo("project");
     let (held, first) = range_with_a_held_port();
     let (low, high) = (first + 1, first + 4);
-    write(
-        &repo.join(".crew/config.toml"),
-        &format!("[lease]\nports = 1\nport_range = [{low}, {high}]\n"),
-    );
-    env.git(&repo, ["add", "."]);
-    env.git(&repo, ["commit", "-q", "-m", "lease"]);
+    let repo = project_leasing(&env, &format!("ports = 1\nport_range = [{low}, {high}]\n"));
     let leases = env.home().join(".local/state/crew/leases");
     let hostile = format!(
         "python3 -c \"\nimport fcntl, os, time\ntry:\n    fd = os.open('{leases}/ports', os.O_RDONLY)\n    said = 'OPENED'\n    for port in range({low}, {high} + 1):\n        try:\n            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, port, 0)\n            said += ' locked ' + str(port)\n        except OSError:\n            pass\nexcept Exception as error:\n    said = 'REFUSED ' + type(error).__name__\nopen('tried.txt', 'w').write(said)\ntime.sleep(120)\n\""
