@@ -401,18 +401,23 @@ pub enum Outcome {
 }
 
 /// Prints the error (if any) to stderr and turns the result into the process exit code.
-#[allow(clippy::print_stderr)]
 pub fn exit(result: Result<Outcome, CliError>) -> ExitCode {
+    ExitCode::from(exit_status(result))
+}
+
+/// [`exit`]'s code as a number, for an entry that ends the process itself.
+#[allow(clippy::print_stderr)]
+pub fn exit_status(result: Result<Outcome, CliError>) -> u8 {
     match result {
-        Ok(Outcome::Success) => ExitCode::from(exit_code::SUCCESS),
-        Ok(Outcome::TaskFailed) => ExitCode::from(exit_code::FAILURE),
-        Ok(Outcome::Interrupted) => ExitCode::from(exit_code::INTERRUPTED),
+        Ok(Outcome::Success) => exit_code::SUCCESS,
+        Ok(Outcome::TaskFailed) => exit_code::FAILURE,
+        Ok(Outcome::Interrupted) => exit_code::INTERRUPTED,
         Err(error) => {
             eprint!("{}", error.render());
-            ExitCode::from(match error.kind {
+            match error.kind {
                 ErrorKind::User => exit_code::USAGE,
                 ErrorKind::Internal | ErrorKind::Failure => exit_code::FAILURE,
-            })
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ mod foreground;
 mod summary;
 pub mod ui;
 
-pub use error::{CliError, ErrorKind, Outcome, exit, exit_code};
+pub use error::{CliError, ErrorKind, Outcome, exit, exit_code, exit_status};
 
 use clap::Parser;
 

@@ -957,6 +957,25 @@ fn a_reader_that_stops_reading_ends_a_listing_quietly_and_never_a_run() {
 }
 
 #[test]
+fn a_crew_started_with_its_standard_descriptors_closed_prints_into_none_of_its_own_files() {
+    // Without its standard descriptors, the first descriptors crew makes (its runtime's) would
+    // be numbered 0 and 1, and its table printed into them: it fails, or writes where it must
+    // not. Closed ones are opened on /dev/null before anything else.
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut shell = std::process::Command::new("sh");
+    let shell = env
+        .hermetic(&mut shell)
+        .args(["-c", "exec \"$0\" agents list <&- >&-"])
+        .arg(crew_tests::crew_bin().as_str())
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(shell.status.success(), "{}", render_output(&shell));
+    assert_eq!(String::from_utf8_lossy(&shell.stderr), "");
+}
+
+#[test]
 fn retention_prunes_by_itself_after_a_run_and_keeps_work_that_is_on_no_branch() {
     let env = TestEnv::new();
     let repo = repo_with_config(&env, "[retention]\nmax_kept_runs = 2\n");
