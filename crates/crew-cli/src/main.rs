@@ -64,12 +64,17 @@ fn standard_descriptors_open() {
     for pollfd in fds {
         if pollfd.revents & libc::POLLNVAL != 0 {
             // The lowest free descriptor is this one: those below it are open or were just
-            // opened. Kept open for the life of the process.
-            match std::fs::File::options()
+            // opened. Kept open for the life of the process, and for the programs it starts
+            // (not closed on exec, as std opens files).
+            let opened = std::fs::File::options()
                 .read(true)
                 .write(true)
                 .open("/dev/null")
-            {
+                .and_then(|null| {
+                    rustix::io::fcntl_setfd(&null, rustix::io::FdFlags::empty())?;
+                    Ok(null)
+                });
+            match opened {
                 Ok(null) => std::mem::forget(null),
                 // As Rust's own start-up does, crew does not run on without them.
                 Err(error) => {

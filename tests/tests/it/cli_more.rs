@@ -973,6 +973,35 @@ fn a_crew_started_with_its_standard_descriptors_closed_prints_into_none_of_its_o
         .unwrap();
     assert!(shell.status.success(), "{}", render_output(&shell));
     assert_eq!(String::from_utf8_lossy(&shell.stderr), "");
+    // And the /dev/null it opens stays open in the programs it starts (they too would take
+    // the descriptor for a file of their own): not closed on exec.
+    let crew = crew_tests::crew_bin();
+    let mut shell = std::process::Command::new("sh");
+    let mut running = env
+        .hermetic(&mut shell)
+        .args(["-c", "exec \"$0\" run -q --agent shell \"sleep 3\" <&-"])
+        .arg(crew.as_str())
+        .current_dir(&repo)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = running.id();
+    let flags = wait_until(10, "crew's /dev/null on descriptor 0", || {
+        // The shell's own descriptor 0 is the test's: only once it is crew.
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        (exe == crew.as_std_path()).then_some(())?;
+        let target = std::fs::read_link(format!("/proc/{pid}/fd/0")).ok()?;
+        (target == std::path::Path::new("/dev/null")).then_some(())?;
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/0")).ok()?;
+        let flags = info.lines().find_map(|line| line.strip_prefix("flags:"))?;
+        u32::from_str_radix(flags.trim(), 8).ok()
+    });
+    assert_eq!(
+        flags & libc::O_CLOEXEC as u32,
+        0,
+        "descriptor 0 is closed on exec (flags {flags:o})"
+    );
+    assert!(running.wait().unwrap().success());
 }
 
 #[test]
