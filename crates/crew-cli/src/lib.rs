@@ -22,6 +22,7 @@ pub mod commands;
 mod context;
 mod error;
 mod foreground;
+pub mod quick;
 mod summary;
 pub mod ui;
 

@@ -30,6 +30,11 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
 
 fn run() -> i32 {
     few_malloc_arenas();
+    // A listing, the command most often run, answers before clap's parse when it can.
+    on_closed_stdout(false);
+    if let Some(code) = crew_cli::quick::answer(std::env::args_os()) {
+        return i32::from(code);
+    }
     let cli = crew_cli::Cli::parse();
     on_closed_stdout(cli.command.hosts_agents());
     // Commands that host agents get every core; the others answer in a millisecond or two on

@@ -42,7 +42,7 @@ impl HostIdentity {
 
     /// The identity of `pid` now, or `None` when no such process exists.
     pub fn of_pid(pid: u32) -> Result<Option<Self>, HostIdentityError> {
-        let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let stat = match read_proc_file(&format!("/proc/{pid}/stat")) {
             Ok(stat) => stat,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(HostIdentityError { pid, source }),
@@ -66,7 +66,7 @@ impl HostIdentity {
     /// Whether the process this identity describes is still running. A pid now held by another
     /// process, a zombie, or a different boot all count as gone.
     pub fn is_alive(&self) -> bool {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+        let Ok(stat) = read_proc_file(&format!("/proc/{}/stat", self.pid)) else {
             return false;
         };
         if parse_state(&stat) == Some('Z') {
@@ -83,11 +83,21 @@ fn boot_id() -> String {
     static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     BOOT_ID
         .get_or_init(|| {
-            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            read_proc_file("/proc/sys/kernel/random/boot_id")
                 .map(|id| id.trim().to_owned())
                 .unwrap_or_default()
         })
         .clone()
+}
+
+/// A small file of `/proc`, in one read and the one that finds its end: such files say their
+/// size is 0, so `fs::read_to_string` reads them in growing pieces (six reads for a process's
+/// `stat`, which every listing reads for each host).
+fn read_proc_file(path: &str) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::with_capacity(1024);
+    std::fs::File::open(path)?.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The fields after the command name. The name sits in parentheses and may itself contain

@@ -20,7 +20,7 @@ use camino::Utf8PathBuf;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crew_core::model::RunManifest;
+use crew_core::model::{HostRecord, RunManifest};
 use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId};
 
 use crate::agent::FollowUpOutcome;
@@ -172,8 +172,18 @@ impl Host {
         }
         let host = AgentHost::with_env(env).map_err(HostError::Agents)?;
         let server = ControlServer::bind(host.clone(), project.workspace().id()).await?;
+        // The record the manifests of its runs will hold (see `Runner`): a listing that
+        // carries it is trusted by readers without a manifest read.
+        let record = crew_core::host::HostIdentity::current()
+            .ok()
+            .map(|identity| HostRecord {
+                identity,
+                socket: Some(server.path().to_owned()),
+                label: Some(options.label.clone()),
+            });
         let publisher = Publisher::start(
             host.clone(),
+            record,
             project.workspace().id().clone(),
             listing_path(project.store().state_dir(), server.path()),
         );

@@ -29,15 +29,19 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
 /// find the live agents of the workspace. Only running runs are read (the store's running
 /// index); runs that cannot be read are no live host's.
 pub fn live_hosts(store: &StateStore) -> Vec<(RunId, HostRecord)> {
-    store
-        .glance_running()
-        .unwrap_or_default()
-        .iter()
+    live_hosts_of(store, &store.running_run_ids().unwrap_or_default())
+}
+
+/// [`live_hosts`] among `runs` only.
+pub fn live_hosts_of(store: &StateStore, runs: &[RunId]) -> Vec<(RunId, HostRecord)> {
+    runs.iter()
+        .filter_map(|run_id| store.glance_run(run_id).ok())
+        .filter(|run| run.status == crew_core::model::RunStatus::Running)
         .filter_map(|run| {
-            let host = run.host.clone()?;
+            let host = run.host?;
             let socket = host.socket.as_deref()?;
             (host.identity.is_alive() && crate::control::is_plausible_socket(socket))
-                .then(|| (run.run_id.clone(), host))
+                .then_some((run.run_id, host))
         })
         .collect()
 }

@@ -292,16 +292,71 @@ impl Project {
     /// once for status changes), asking a host over its socket only when its listing cannot be
     /// read.
     pub async fn published_agents(&self) -> LiveAgents {
+        let (mut live, unpublished) = self.read_published();
+        if !unpublished.is_empty() {
+            let asked = self.ask_hosts(unpublished).await;
+            live.agents.extend(asked.agents);
+            live.unanswered.extend(asked.unanswered);
+            live.agents = one_per_agent(live.agents);
+        }
+        live
+    }
+
+    /// [`Project::published_agents`] without asking any host: `None` when a live host's
+    /// listing cannot be read (only its socket would tell its agents). For a caller with no
+    /// async runtime that answers at once or steps aside.
+    pub fn published_agents_now(&self) -> Option<LiveAgents> {
+        let (live, unpublished) = self.read_published();
+        unpublished.is_empty().then_some(live)
+    }
+
+    /// The agents of the live hosts whose listings can be read, and the hosts whose cannot.
+    /// A listing that names its writer is trusted while that host is alive and has an agent
+    /// of a running run (the store's running index): no manifest is read for it. The running
+    /// runs none of those listings has an agent of (a host of an older crew, a run whose
+    /// agents have not started yet, a host that died) are found by their manifests, as before.
+    fn read_published(&self) -> (LiveAgents, Vec<(RunId, HostRecord)>) {
         let mut live = LiveAgents::default();
+        let state_dir = self.store.state_dir();
         // No listing at all: no host is live, and no run needs reading (a project with
         // thousands of finished runs answers at once).
-        if !crate::publish::any_listing(self.store.state_dir()) {
-            return live;
+        let Some(listings) = crate::publish::read_listings(state_dir) else {
+            return (live, Vec::new());
+        };
+        let running = self.store.running_run_ids().unwrap_or_default();
+        let mut sockets_read = Vec::new();
+        for (path, published) in listings {
+            let Some(host) = published.live_writer(state_dir, &path).cloned() else {
+                continue;
+            };
+            if !published
+                .agents
+                .iter()
+                .any(|agent| running.contains(&agent.run_id))
+            {
+                continue;
+            }
+            sockets_read.push(host.socket.clone());
+            live.agents.extend(
+                published
+                    .agents
+                    .into_iter()
+                    .map(|agent| (agent, host.clone())),
+            );
         }
+        let uncovered: Vec<RunId> = running
+            .into_iter()
+            .filter(|run_id| !live.agents.iter().any(|(agent, _)| &agent.run_id == run_id))
+            .collect();
         let mut unpublished = Vec::new();
-        for (run_id, host) in self.live_hosts() {
+        for (run_id, host) in crate::hosts::live_hosts_of(&self.store, &uncovered) {
+            // One host may serve several runs: its listing is read once.
+            if sockets_read.contains(&host.socket) {
+                continue;
+            }
+            sockets_read.push(host.socket.clone());
             let socket = host.socket.as_deref().expect("live hosts serve a socket");
-            let path = crate::publish::listing_path(self.store.state_dir(), socket);
+            let path = crate::publish::listing_path(state_dir, socket);
             match crate::publish::read_listing(&path, host.identity.pid) {
                 Some(listed) => live
                     .agents
@@ -309,13 +364,8 @@ impl Project {
                 None => unpublished.push((run_id, host)),
             }
         }
-        if !unpublished.is_empty() {
-            let asked = self.ask_hosts(unpublished).await;
-            live.agents.extend(asked.agents);
-            live.unanswered.extend(asked.unanswered);
-        }
         live.agents = one_per_agent(live.agents);
-        live
+        (live, unpublished)
     }
 
     /// The live agent `spec` names, with its host.

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crew_core::WorkspaceId;
-use crew_core::model::Timestamp;
+use crew_core::model::{HostRecord, Timestamp};
 
 use crate::events::AgentEvent;
 use crate::host::AgentHost;
@@ -44,6 +44,10 @@ pub struct PublishedAgents {
     pub schema_version: u32,
     /// The host process that wrote it.
     pub pid: u32,
+    /// That host's record, as the manifests of its runs hold it: a reader that finds it alive
+    /// trusts the listing without reading a manifest. Absent in a listing of an older crew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostRecord>,
     /// When it was written.
     pub written_at: Timestamp,
     /// The host's agents, as listings show them.
@@ -66,16 +70,53 @@ fn live_dir(state_dir: &Utf8Path) -> Option<Utf8PathBuf> {
         .then_some(dir)
 }
 
-/// Whether any host has a listing in `state_dir` (live or left by one that died). Every host
-/// publishes one as it starts, so none means no host is live: nothing else needs reading.
-pub fn any_listing(state_dir: &Utf8Path) -> bool {
-    let Some(Ok(entries)) = live_dir(state_dir).map(|dir| dir.read_dir_utf8()) else {
-        return false;
+/// Every listing in `state_dir` that can be read and parses, with its path; `None` when there
+/// is none at all. Every host publishes one as it starts, so none means no host is live:
+/// nothing else needs reading. Whether to trust one is [`PublishedAgents::live_writer`]'s.
+pub fn read_listings(state_dir: &Utf8Path) -> Option<Vec<(Utf8PathBuf, PublishedAgents)>> {
+    let entries = live_dir(state_dir)?.read_dir_utf8().ok()?;
+    let mut any = false;
+    let mut listings = Vec::new();
+    for entry in entries.flatten() {
+        if !entry.file_name().ends_with(".json")
+            || crew_core::fsutil::is_atomic_temp_name(entry.file_name())
+        {
+            continue;
+        }
+        any = true;
+        if let Some(published) = read_published(entry.path()) {
+            listings.push((entry.path().to_owned(), published));
+        }
+    }
+    any.then_some(listings)
+}
+
+impl PublishedAgents {
+    /// The host that wrote this listing, when the listing says which and that host is alive,
+    /// wrote it, and serves the socket whose listing is at `path` in `state_dir`.
+    pub fn live_writer(&self, state_dir: &Utf8Path, path: &Utf8Path) -> Option<&HostRecord> {
+        let host = self.host.as_ref()?;
+        let socket = host.socket.as_deref()?;
+        (self.schema_version == SCHEMA_VERSION
+            && host.identity.pid == self.pid
+            && listing_path(state_dir, socket) == path
+            && crate::control::is_plausible_socket(socket)
+            && host.identity.is_alive())
+        .then_some(host)
+    }
+}
+
+/// A listing read whole and parsed, never while it is being exchanged with its spare.
+fn read_published(path: &Utf8Path) -> Option<PublishedAgents> {
+    let read = || {
+        let (bytes, steady) = crew_core::fsutil::read_nofollow_steady(path).ok()?;
+        steady
+            .then(|| serde_json::from_slice::<PublishedAgents>(&bytes).ok())
+            .flatten()
     };
-    entries.flatten().any(|entry| {
-        entry.file_name().ends_with(".json")
-            && !crew_core::fsutil::is_atomic_temp_name(entry.file_name())
-    })
+    // A listing is exchanged with a spare at each write: one opened just before two writes may
+    // change while it is read (`fsutil::write_replace`); the next read finds the current one.
+    read().or_else(read)
 }
 
 /// Reads a published listing, when it exists, parses, and was written by `pid`.
@@ -85,15 +126,7 @@ pub fn read_listing(path: &Utf8Path, pid: u32) -> Option<Vec<AgentSnapshot>> {
     }) {
         return None;
     }
-    let read = || {
-        let (bytes, steady) = crew_core::fsutil::read_nofollow_steady(path).ok()?;
-        steady
-            .then(|| serde_json::from_slice::<PublishedAgents>(&bytes).ok())
-            .flatten()
-    };
-    // A listing is exchanged with a spare at each write: one opened just before two writes may
-    // change while it is read (`fsutil::write_replace`); the next read finds the current one.
-    let published = read().or_else(read)?;
+    let published = read_published(path)?;
     (published.pid == pid && published.schema_version == SCHEMA_VERSION).then_some(published.agents)
 }
 
@@ -154,9 +187,15 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// Publishes `host`'s agents of `workspace` to `path` until dropped.
-    pub fn start(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) -> Self {
-        let task = tokio::spawn(publish_loop(host, workspace, path.clone()));
+    /// Publishes `host`'s agents of `workspace` to `path` until dropped, signed with the
+    /// host's `record` when it has one.
+    pub fn start(
+        host: AgentHost,
+        record: Option<HostRecord>,
+        workspace: WorkspaceId,
+        path: Utf8PathBuf,
+    ) -> Self {
+        let task = tokio::spawn(publish_loop(host, record, workspace, path.clone()));
         Publisher { path, task }
     }
 
@@ -177,9 +216,14 @@ impl Drop for Publisher {
     }
 }
 
-async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf) {
+async fn publish_loop(
+    host: AgentHost,
+    record: Option<HostRecord>,
+    workspace: WorkspaceId,
+    path: Utf8PathBuf,
+) {
     let mut events = host.subscribe();
-    write(&host, &workspace, &path).await;
+    write(&host, record.as_ref(), &workspace, &path).await;
     let mut written_at = Instant::now();
     let mut pending_output: Option<Instant> = None;
     loop {
@@ -202,13 +246,18 @@ async fn publish_loop(host: AgentHost, workspace: WorkspaceId, path: Utf8PathBuf
             // A burst (a run starting its agents) becomes one write.
             while events.try_recv().is_ok() {}
             pending_output = None;
-            write(&host, &workspace, &path).await;
+            write(&host, record.as_ref(), &workspace, &path).await;
             written_at = Instant::now();
         }
     }
 }
 
-async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
+async fn write(
+    host: &AgentHost,
+    record: Option<&HostRecord>,
+    workspace: &WorkspaceId,
+    path: &Utf8Path,
+) {
     let mut agents = host.registry().list(workspace);
     for agent in &mut agents {
         let older = agent.last_lines.len().saturating_sub(1);
@@ -217,6 +266,7 @@ async fn write(host: &AgentHost, workspace: &WorkspaceId, path: &Utf8Path) {
     let published = PublishedAgents {
         schema_version: SCHEMA_VERSION,
         pid: std::process::id(),
+        host: record.cloned(),
         written_at: Timestamp::now(),
         agents,
     };

@@ -490,6 +490,79 @@ fn the_first_run_of_a_fresh_project_publishes_its_listing() {
     child.wait().unwrap();
 }
 
+/// `crew agents list` reads the listings hosts publish, before its command line is even
+/// parsed (`crew_cli::quick`); a live host whose listing cannot be read is asked over its
+/// socket instead, and its agents are listed all the same.
+#[test]
+fn a_live_host_whose_listing_cannot_be_read_is_asked_for_its_agents() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut child = env.spawn_crew(
+        &repo,
+        ["run", "--agent", "shell", "echo started; sleep 600"],
+    );
+    let listed = || {
+        let output = env.crew(&repo, ["agents", "list", "--json"]);
+        assert!(output.status.success(), "{}", render_output(&output));
+        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        agents
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|agent| agent["task_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    // Published once its agent has said something (and nothing is written after that).
+    wait_until(20, "the agent in the published listing", || {
+        let listing = std::fs::read_dir(repo.join(".crew/state/live"))
+            .ok()?
+            .flatten()
+            .find(|entry| entry.file_name().to_string_lossy().ends_with(".json"))?;
+        std::fs::read_to_string(listing.path())
+            .ok()?
+            .contains("started")
+            .then_some(())
+    });
+    assert_eq!(listed(), ["shell"]);
+    // The listing names the host that wrote it, so no manifest is read to trust it: with the
+    // run's manifest unreadable for a moment, its agent is listed all the same.
+    let run = run_ids(&env, &repo).remove(0);
+    let manifest_path = repo.join(format!(".crew/state/runs/{run}/manifest.json"));
+    let kept = std::fs::read(&manifest_path).unwrap();
+    std::fs::write(&manifest_path, "{ not a manifest").unwrap();
+    let without_manifest = listed();
+    std::fs::write(&manifest_path, &kept).unwrap();
+    assert_eq!(without_manifest, ["shell"]);
+    // The listing, spoiled: the host is alive and only its socket can tell.
+    let listings: Vec<_> = std::fs::read_dir(repo.join(".crew/state/live"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    let published: Vec<Vec<u8>> = listings
+        .iter()
+        .map(|path| std::fs::read(path).unwrap())
+        .collect();
+    for path in &listings {
+        std::fs::write(path, "{ not a listing").unwrap();
+    }
+    assert_eq!(listed(), ["shell"]);
+    let table = env.crew(&repo, ["agents", "list"]);
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("shell"),
+        "{}",
+        render_output(&table)
+    );
+    // Put back, then left by a host that died: its writer is not alive, so it is not
+    // trusted, and nothing is listed.
+    for (path, bytes) in listings.iter().zip(&published) {
+        std::fs::write(path, bytes).unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(listings.iter().any(|path| path.exists()));
+    assert_eq!(listed(), Vec::<String>::new());
+}
+
 #[test]
 fn an_agents_log_keeps_its_newest_output_within_its_limit() {
     let env = TestEnv::new();

@@ -819,6 +819,7 @@ async fn a_published_listing_carries_each_agents_newest_line_only() {
     let path = fixture.env.root().join("live/host.json");
     let _publisher = crew_live::publish::Publisher::start(
         fixture.host.clone(),
+        None,
         fixture.workspace.clone(),
         path.clone(),
     );

@@ -206,7 +206,7 @@ pub fn rows_of(
 }
 
 #[allow(clippy::print_stdout)]
-fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
+pub(crate) fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
     if json {
         println!("{}", serde_json::to_string_pretty(rows)?);
         return Ok(());
