@@ -122,3 +122,13 @@ fn few_malloc_arenas() {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
+
+/// `pow`, the one function crew took from glibc's `libm` (for indicatif's and tokio's
+/// averages): given here, the loader maps no `libm` at each start. See ARCHITECTURE.md,
+/// "Start-up".
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+extern "C" fn pow(base: f64, exponent: f64) -> f64 {
+    libm::pow(base, exponent)
+}
