@@ -59,6 +59,16 @@ impl CliError {
         }
     }
 
+    /// Standard output could not be written: what crew had to say is lost, not what it did.
+    pub fn stdout(error: std::io::Error) -> Self {
+        CliError::internal(format!(
+            "crew could not write to its standard output: {error}"
+        ))
+        .with_hint(
+            "check where standard output goes: a full disk, a file or device that takes no writes",
+        )
+    }
+
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.hints.push(hint.into());
         self

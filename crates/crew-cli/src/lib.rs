@@ -16,6 +16,21 @@ macro_rules! out {
     }};
 }
 
+/// `println!` for commands that answer and end: a standard output that cannot be written (a
+/// full disk, a file opened read-only) ends the command with an error that says so, where
+/// `println!` would panic. `say!(no_newline: …)` is `print!`. A reader that stopped reading
+/// ends such a command by SIGPIPE before any write fails (see `main.rs`).
+macro_rules! say {
+    (no_newline: $($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*).map_err(crate::CliError::stdout)?
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err(crate::CliError::stdout)?
+    }};
+}
+
 mod block;
 mod board;
 pub mod commands;

@@ -1030,6 +1030,40 @@ fn a_reader_that_stops_reading_ends_a_listing_quietly_and_never_a_run() {
 }
 
 #[test]
+fn a_standard_output_that_takes_no_writes_ends_a_command_with_an_error_that_says_so() {
+    // `println!` panics when its write fails: exit 101 and a message about crew's source.
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    for args in [
+        &["agents", "list"][..],
+        &["agents", "list", "--json"],
+        &["runs", "list"],
+        &["completions", "bash"],
+    ] {
+        let full = std::fs::File::options()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let output = env
+            .crew_command(&repo)
+            .args(args)
+            .stdout(full)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(
+                "error: crew could not write to its standard output: No space left on device"
+            ),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn a_crew_started_with_its_standard_descriptors_closed_prints_into_none_of_its_own_files() {
     // Without its standard descriptors, the first descriptors crew makes (its runtime's) would
     // be numbered 0 and 1, and its table printed into them: it fails, or writes where it must

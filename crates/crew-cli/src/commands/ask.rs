@@ -15,14 +15,13 @@ pub struct AskArgs {
     pub question: String,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_ask(args: AskArgs, ui: Ui) -> Result<Outcome, CliError> {
     super::from_agent::connect("ask")
         .await?
         .ask(args.question)
         .await?;
     if !ui.quiet {
-        println!("question recorded; end your turn now — the answer comes back as a follow-up");
+        say!("question recorded; end your turn now — the answer comes back as a follow-up");
     }
     Ok(Outcome::Success)
 }

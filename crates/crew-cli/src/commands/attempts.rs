@@ -61,7 +61,6 @@ impl Attempt<'_> {
     }
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let repo_root = repo_root(&ctx)?;
@@ -105,7 +104,7 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
                 })
             }).collect::<Vec<_>>(),
         });
-        println!("{value:#}");
+        say!("{value:#}");
         return Ok(Outcome::Success);
     }
     // The prompt's first line with words on it, shortened: enough to know which task it is.
@@ -120,7 +119,7 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
         })
         .map(|line| truncate(&sanitize(line.trim()), 60))
         .unwrap_or_default();
-    println!("{spec}: {} attempts of {prompt:?}\n", attempts.len());
+    say!("{spec}: {} attempts of {prompt:?}\n", attempts.len());
     let mut table = Table::new(&[
         "ATTEMPT", "STATUS", "FILES", "+/-", "CHECK", "COST", "DURATION", "BRANCH",
     ]);
@@ -152,7 +151,7 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
             cell(attempt.branch.clone().unwrap_or_else(|| "-".to_owned())),
         ]);
     }
-    print!("{}", table.render(&ctx.ui));
+    say!(no_newline: "{}", table.render(&ctx.ui));
     let mut paths: Vec<&str> = attempts
         .iter()
         .flat_map(|attempt| attempt.files.iter().map(|(path, _, _)| path.as_str()))
@@ -183,7 +182,7 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
             }
             files.row(row);
         }
-        print!("\n{}", files.render(&ctx.ui));
+        say!(no_newline: "\n{}", files.render(&ctx.ui));
     }
     let failed: Vec<String> = attempts
         .iter()
@@ -201,10 +200,10 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
         })
         .collect();
     if !failed.is_empty() {
-        println!("\n{}", failed.join("\n"));
+        say!("\n{}", failed.join("\n"));
     }
     if !attempts.iter().any(|attempt| attempt.picked) {
-        println!(
+        say!(
             "\nsee one: crew diff {}.<N>; keep one: crew pick {spec} <N>",
             spec
         );
@@ -212,7 +211,6 @@ pub async fn cmd_compare(args: CompareArgs, ui: Ui) -> Result<Outcome, CliError>
     Ok(Outcome::Success)
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_pick(args: PickArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let repo_root = repo_root(&ctx)?.to_owned();
@@ -248,7 +246,7 @@ pub async fn cmd_pick(args: PickArgs, ui: Ui) -> Result<Outcome, CliError> {
     {
         if earlier.id == chosen.id {
             if !ctx.ui.quiet {
-                println!("{} is {task}'s result already", chosen.id);
+                say!("{} is {task}'s result already", chosen.id);
             }
             return Ok(Outcome::Success);
         }
@@ -296,19 +294,19 @@ pub async fn cmd_pick(args: PickArgs, ui: Ui) -> Result<Outcome, CliError> {
     }
     record_pick(ctx.store(), &manifest, &chosen.id, &dropped)?;
     if !ctx.ui.quiet {
-        println!("picked {}: {task}'s result is {chosen_branch}", chosen.id);
+        say!("picked {}: {task}'s result is {chosen_branch}", chosen.id);
         if !dropped.is_empty() {
             let names: Vec<&str> = dropped.iter().map(|(_, branch)| branch.as_str()).collect();
-            println!("deleted {}", names.join(", "));
+            say!("deleted {}", names.join(", "));
         }
         for (branch, why) in &kept {
-            println!(
+            say!(
                 "{}",
                 ctx.ui
                     .paint(&format!("kept {branch}: {why}"), crate::ui::Style::Warn)
             );
         }
-        println!("land it: crew land {}", manifest.run_id);
+        say!("land it: crew land {}", manifest.run_id);
     }
     Ok(Outcome::Success)
 }

@@ -15,6 +15,9 @@ pub struct CompletionsArgs {
 
 pub fn cmd_completions(args: CompletionsArgs) -> Result<Outcome, CliError> {
     let mut command = Cli::command();
-    clap_complete::generate(args.shell, &mut command, "crew", &mut std::io::stdout());
+    // Written whole into memory first: clap_complete panics on a write that fails.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut command, "crew", &mut script);
+    std::io::Write::write_all(&mut std::io::stdout(), &script).map_err(CliError::stdout)?;
     Ok(Outcome::Success)
 }

@@ -17,7 +17,6 @@ pub struct ConflictsArgs {
     pub json: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let repo_root = ctx.workspace().repo_root().ok_or_else(|| {
@@ -43,21 +42,21 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
             "branches": branches.iter().map(|(task, branch)| serde_json::json!({ "task": task, "branch": branch })).collect::<Vec<_>>(),
             "overlaps": overlaps,
         });
-        println!("{value:#}");
+        say!("{value:#}");
         return Ok(Outcome::Success);
     }
     if overlaps.is_empty() {
         let against = target
             .map(|target| format!(" and {target}"))
             .unwrap_or_default();
-        println!(
+        say!(
             "no conflicts among the {} task branch(es) of run {run_id}{against}",
             branches.len()
         );
         return Ok(Outcome::Success);
     }
     for overlap in &overlaps {
-        println!(
+        say!(
             "{} ↔ {}: {}",
             overlap.left,
             overlap.right,

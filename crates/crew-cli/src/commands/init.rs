@@ -83,7 +83,6 @@ fn warm_caches(config: &str, root: &camino::Utf8Path) -> String {
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {}
 
-#[allow(clippy::print_stdout)]
 pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
     let cwd = crate::context::current_dir()?;
     let workspace = Workspace::discover(&cwd)?;
@@ -118,12 +117,12 @@ pub fn cmd_init(_args: InitArgs, ui: Ui) -> Result<Outcome, CliError> {
     }
     if !ui.quiet {
         for path in &written {
-            println!("wrote {path}");
+            say!("wrote {path}");
         }
         for path in &kept {
-            println!("kept  {path} (exists)");
+            say!("kept  {path} (exists)");
         }
-        println!("\nnext: `crew run hello` runs three shell agents in separate worktrees");
+        say!("\nnext: `crew run hello` runs three shell agents in separate worktrees");
     }
     Ok(Outcome::Success)
 }

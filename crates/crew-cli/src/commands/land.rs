@@ -35,7 +35,6 @@ pub struct LandArgs {
     pub force: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let mode = if args.squash {
@@ -54,18 +53,18 @@ pub async fn cmd_land(args: LandArgs, ui: Ui) -> Result<Outcome, CliError> {
     if !ctx.ui.quiet {
         let (names, into) = (landed.tasks.join(", "), &landed.into);
         if landed.from == landed.to {
-            println!("nothing to land on {into}: {names} already there");
+            say!("nothing to land on {into}: {names} already there");
         } else {
-            println!(
+            say!(
                 "landed {names} on {into}: {}..{}",
                 &landed.from[..12],
                 &landed.to[..12]
             );
             if landed.checkout_updated {
-                println!("your checkout of {into} is up to date");
+                say!("your checkout of {into} is up to date");
             }
             if !landed.checks.is_empty() {
-                println!("checks: {}", landed.checks.join(", "));
+                say!("checks: {}", landed.checks.join(", "));
             }
         }
     }

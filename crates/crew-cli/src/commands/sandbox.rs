@@ -100,7 +100,6 @@ pub async fn run(command: SandboxCommand, ui: Ui) -> Result<Outcome, CliError> {
     }
 }
 
-#[allow(clippy::print_stdout)]
 fn cmd_sandbox_allow(args: AllowArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let Some(list) = crew_core::config::AllowList::of_user() else {
@@ -126,16 +125,15 @@ fn cmd_sandbox_allow(args: AllowArgs, ui: Ui) -> Result<Outcome, CliError> {
                 (false, true) => "NOT allowed",
                 (false, false) => "allowed now",
             };
-            println!("{}: {} — {state}", file.path, keys.join("; "));
+            say!("{}: {} — {state}", file.path, keys.join("; "));
         }
     }
     if loosening == 0 && !ctx.ui.quiet {
-        println!("nothing in .crew/ loosens the sandbox: nothing to allow");
+        say!("nothing in .crew/ loosens the sandbox: nothing to allow");
     }
     Ok(Outcome::Success)
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let config = ctx.config_dir();
@@ -214,10 +212,10 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         agents,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(Outcome::Success);
     }
-    print!("{}", render(&ctx, &report));
+    say!(no_newline: "{}", render(&ctx, &report));
     Ok(Outcome::Success)
 }
 

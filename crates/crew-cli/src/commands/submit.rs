@@ -26,7 +26,6 @@ pub struct SubmitArgs {
     pub json: Option<String>,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_submit(args: SubmitArgs, ui: Ui) -> Result<Outcome, CliError> {
     let tasks = match &args.json {
         Some(source) => {
@@ -65,7 +64,7 @@ pub async fn cmd_submit(args: SubmitArgs, ui: Ui) -> Result<Outcome, CliError> {
         .submit(tasks)
         .await?;
     if !ui.quiet {
-        println!("accepted {}", serde_json::to_string(&submitted.accepted)?);
+        say!("accepted {}", serde_json::to_string(&submitted.accepted)?);
     }
     Ok(Outcome::Success)
 }

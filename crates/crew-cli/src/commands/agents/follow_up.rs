@@ -20,7 +20,6 @@ pub struct FollowUpArgs {
     pub message: String,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     if super::find_live(&ctx, &args.agent).await?.is_none() {
@@ -34,13 +33,13 @@ pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome,
     if !ui.quiet {
         let agent = done.agent_id;
         match done.follow_up {
-            FollowUpOutcome::Resumed { .. } => println!("resumed {agent} with the message"),
-            FollowUpOutcome::Answered => println!("answered {agent}'s question; it goes on"),
-            FollowUpOutcome::Requeued => println!(
+            FollowUpOutcome::Resumed { .. } => out!("resumed {agent} with the message"),
+            FollowUpOutcome::Answered => out!("answered {agent}'s question; it goes on"),
+            FollowUpOutcome::Requeued => out!(
                 "resuming {agent} with the message: its task starts again in a new workspace on its branch"
             ),
             FollowUpOutcome::Queued { .. } => {
-                println!("queued for {agent} after its current turn")
+                out!("queued for {agent} after its current turn")
             }
         }
     }

@@ -205,14 +205,13 @@ pub fn rows_of(
     Ok((rows, published.unanswered))
 }
 
-#[allow(clippy::print_stdout)]
 pub(crate) fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), CliError> {
     if json {
-        println!("{}", serde_json::to_string_pretty(rows)?);
+        say!("{}", serde_json::to_string_pretty(rows)?);
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no live agents in {}", ctx.workspace().id());
+        say!("no live agents in {}", ctx.workspace().id());
         return Ok(());
     }
     // The cost and conflict columns show only when an agent has something in them.
@@ -291,7 +290,7 @@ pub(crate) fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), 
             .collect(),
         );
     }
-    print!("{}", table.render(&ctx.ui));
+    say!(no_newline: "{}", table.render(&ctx.ui));
     Ok(())
 }
 

@@ -18,7 +18,6 @@ pub struct ResumeArgs {
     pub message: Option<String>,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     if super::find_live(&ctx, &args.agent).await?.is_none() {
@@ -31,11 +30,11 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
     let resumed = ctx.project().resume(&args.agent, args.message).await?;
     if !ui.quiet {
         match resumed.outcome {
-            ResumeOutcome::Requeued => println!(
+            ResumeOutcome::Requeued => out!(
                 "resuming {}: its task starts again in a new workspace on its branch",
                 resumed.agent_id
             ),
-            ResumeOutcome::Restarted { .. } => println!("resumed {}", resumed.agent_id),
+            ResumeOutcome::Restarted { .. } => out!("resumed {}", resumed.agent_id),
         }
     }
     Ok(Outcome::Success)

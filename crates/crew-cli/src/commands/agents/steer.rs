@@ -16,12 +16,11 @@ pub struct SteerArgs {
     pub message: String,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_agents_steer(args: SteerArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let steered = ctx.project().steer(&args.agent, args.message).await?;
     if !ui.quiet {
-        println!("sent to {}", steered.agent_id);
+        say!("sent to {}", steered.agent_id);
     }
     Ok(Outcome::Success)
 }

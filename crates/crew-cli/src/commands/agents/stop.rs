@@ -16,7 +16,6 @@ pub struct StopArgs {
     pub agent: String,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_agents_stop(args: StopArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let stopped = ctx.project().stop(&args.agent).await?;
@@ -26,7 +25,7 @@ pub async fn cmd_agents_stop(args: StopArgs, ui: Ui) -> Result<Outcome, CliError
             StopOutcome::Killed => "needed KILL",
             StopOutcome::AlreadyExited => "had already exited",
         };
-        println!("{}: {said}", stopped.agent_id);
+        say!("{}: {said}", stopped.agent_id);
     }
     Ok(Outcome::Success)
 }

@@ -18,7 +18,6 @@ pub struct CancelArgs {
     pub force: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
@@ -30,7 +29,7 @@ pub async fn cmd_runs_cancel(args: CancelArgs, ui: crate::ui::Ui) -> Result<Outc
         }
     };
     if !ui.quiet {
-        println!("{said}");
+        say!("{said}");
     }
     Ok(Outcome::Success)
 }

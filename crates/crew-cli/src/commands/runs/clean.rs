@@ -25,7 +25,6 @@ pub struct CleanArgs {
     pub force: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
@@ -45,7 +44,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
     {
         match task {
             TaskCleaned::WouldTearDown { task, root } => {
-                println!("would tear down {root} ({task})")
+                say!("would tear down {root} ({task})")
             }
             TaskCleaned::TornDown {
                 task,
@@ -55,7 +54,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
             } => {
                 // Said even when quiet: the run's state, where the record would be, goes.
                 for finding in security {
-                    println!(
+                    say!(
                         "{task}: SECURITY: the agent {} {} ({})",
                         finding.change,
                         finding.path,
@@ -69,19 +68,19 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                 if !ui.quiet {
                     match (branch, kind) {
                         (Some(branch), WorkspaceKind::Single) => {
-                            println!("{task}: its commits saved on {branch}")
+                            say!("{task}: its commits saved on {branch}")
                         }
                         (None, WorkspaceKind::Single) => {
-                            println!("{task}: its git work taken into the repository")
+                            say!("{task}: its git work taken into the repository")
                         }
                         (Some(branch), _) => {
-                            println!("{task}: work saved on {branch}; workspace removed")
+                            say!("{task}: work saved on {branch}; workspace removed")
                         }
-                        (None, _) => println!("{task}: workspace removed"),
+                        (None, _) => say!("{task}: workspace removed"),
                     }
                 }
             }
-            TaskCleaned::Kept { task, why } => println!(
+            TaskCleaned::Kept { task, why } => say!(
                 "{task}: kept — {why} (as recorded in {})",
                 ctx.store().manifest_path(&run_id)
             ),
@@ -95,11 +94,11 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
     };
     if args.dry_run {
         match cleaned.never_written {
-            true => println!("would remove run {run_id}{never_written}"),
-            false => println!("would remove the state of run {run_id}"),
+            true => say!("would remove run {run_id}{never_written}"),
+            false => say!("would remove the state of run {run_id}"),
         }
     } else if !ui.quiet {
-        println!("removed run {run_id}{never_written}");
+        say!("removed run {run_id}{never_written}");
     }
     Ok(Outcome::Success)
 }

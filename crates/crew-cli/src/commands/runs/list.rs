@@ -51,7 +51,6 @@ pub struct RunRow {
     pub newer_schema: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
@@ -123,11 +122,11 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         });
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        say!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(Outcome::Success);
     }
     if rows.is_empty() {
-        println!("no runs in {}", ctx.workspace().id());
+        say!("no runs in {}", ctx.workspace().id());
         return Ok(Outcome::Success);
     }
     let mut table = Table::new(&["RUN", "STATUS", "TEAM", "MODE", "CREATED", "TASKS"]);
@@ -163,7 +162,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
             cell(tasks),
         ]);
     }
-    print!("{}", table.render(&ctx.ui));
+    say!(no_newline: "{}", table.render(&ctx.ui));
     if shown < total {
         #[allow(clippy::print_stderr)]
         {

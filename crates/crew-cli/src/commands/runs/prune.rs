@@ -58,7 +58,6 @@ pub fn start_in_background(ctx: &Context, args: &[&str]) {
     }
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     if args.if_due {
         // Out of the terminal's session: the run that started it has ended, and its user's
@@ -93,7 +92,7 @@ pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcom
     .await?;
     if args.json {
         let json = serde_json::json!({ "pruned": report.pruned, "kept": report.kept, "dry_run": args.dry_run });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        say!("{}", serde_json::to_string_pretty(&json)?);
     } else if !ui.quiet {
         let verb = if args.dry_run {
             "would remove"
@@ -101,14 +100,14 @@ pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcom
             "removed"
         };
         for run_id in &report.pruned {
-            println!("{verb} run {run_id}");
+            say!("{verb} run {run_id}");
         }
         let summary = if args.dry_run {
             "would be removed"
         } else {
             "removed"
         };
-        println!(
+        say!(
             "{} run(s) {summary}, {} kept",
             report.pruned.len(),
             report.kept

@@ -14,31 +14,32 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let run_id = ctx.resolve_run(&args.run)?;
     let manifest = ctx.read_run(&run_id)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&manifest)?);
+        say!("{}", serde_json::to_string_pretty(&manifest)?);
         return Ok(Outcome::Success);
     }
     let team = manifest.team.as_deref().unwrap_or("-");
-    println!(
+    say!(
         "run {}  team {team}  {} mode  created {}",
-        manifest.run_id, manifest.workspace_mode, manifest.created_at
+        manifest.run_id,
+        manifest.workspace_mode,
+        manifest.created_at
     );
     if manifest.schema_version > crew_core::model::MANIFEST_SCHEMA_VERSION {
-        println!(
+        say!(
             "  written by a newer crew (schema version {}, this one knows {}): shown as this crew reads it, and read-only to it",
             manifest.schema_version,
             crew_core::model::MANIFEST_SCHEMA_VERSION
         );
     }
     if let Some(reason) = &manifest.reason {
-        println!("  {}", crate::ui::sanitize_lines(reason, "  "));
+        say!("  {}", crate::ui::sanitize_lines(reason, "  "));
     }
-    print!("{}", summary(&ctx, &manifest, SummaryFor::Review));
+    say!(no_newline: "{}", summary(&ctx, &manifest, SummaryFor::Review));
     crate::commands::run::looked_at(&ctx, &manifest);
     Ok(Outcome::Success)
 }

@@ -19,7 +19,6 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
@@ -30,11 +29,11 @@ pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Out
         )));
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        say!("{}", serde_json::to_string_pretty(&listing)?);
         return Ok(Outcome::Success);
     }
     if listing.worktrees.is_empty() {
-        println!("no crew worktrees");
+        say!("no crew worktrees");
     } else {
         let mut table = Table::new(&["WORKTREE", "STATE", "UNCOMMITTED", "BRANCH", "PATH"]);
         for worktree in &listing.worktrees {
@@ -58,10 +57,10 @@ pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Out
                 cell(relative(&ctx, &worktree.path)),
             ]);
         }
-        print!("{}", table.render(&ctx.ui));
+        say!(no_newline: "{}", table.render(&ctx.ui));
     }
     if !listing.branches.is_empty() {
-        println!();
+        say!();
         let mut table = Table::new(&["BRANCH", "MERGED", "CHECKED OUT", "TIP"]);
         for branch in &listing.branches {
             table.row(vec![
@@ -75,10 +74,10 @@ pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Out
                 cell(branch.tip[..12].to_owned()),
             ]);
         }
-        print!("{}", table.render(&ctx.ui));
+        say!(no_newline: "{}", table.render(&ctx.ui));
     }
     if listing.pooled > 0 {
-        println!("\n{} worktree(s) in crew's recycling pool", listing.pooled);
+        say!("\n{} worktree(s) in crew's recycling pool", listing.pooled);
     }
     Ok(Outcome::Success)
 }

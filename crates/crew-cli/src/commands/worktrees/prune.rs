@@ -21,7 +21,6 @@ pub struct PruneArgs {
     pub json: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;
@@ -52,7 +51,7 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
     })
     .await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(Outcome::Success);
     }
     if ui.quiet {
@@ -64,10 +63,10 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
         "removed"
     };
     for path in &report.removed_worktrees {
-        println!("{verb} worktree {path}");
+        say!("{verb} worktree {path}");
     }
     for name in &report.removed_admin_entries {
-        println!("{verb} stale registration {name}");
+        say!("{verb} stale registration {name}");
     }
     let branch_verb = if args.dry_run {
         "would delete"
@@ -75,23 +74,23 @@ pub async fn cmd_worktrees_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<O
         "deleted"
     };
     for branch in &report.deleted_branches {
-        println!("{branch_verb} merged branch {branch}");
+        say!("{branch_verb} merged branch {branch}");
     }
     if report.emptied_pool > 0 {
-        println!(
+        say!(
             "{verb} {} recycled worktree(s) from crew's pool",
             report.emptied_pool
         );
     }
     for (what, why) in &report.kept {
-        println!("kept {what}: {why}");
+        say!("kept {what}: {why}");
     }
     if report.removed_worktrees.is_empty()
         && report.removed_admin_entries.is_empty()
         && report.deleted_branches.is_empty()
         && report.emptied_pool == 0
     {
-        println!("nothing to prune");
+        say!("nothing to prune");
     }
     Ok(Outcome::Success)
 }
