@@ -27,7 +27,7 @@ fn compiler_file(name: &str) -> Option<String> {
         .output()
         .ok()?;
     let path = String::from_utf8(output.stdout).ok()?.trim().to_owned();
-    (output.status.success() && std::path::Path::new(&path).is_absolute())
-        .then(|| std::path::Path::new(&path).exists().then_some(path))
-        .flatten()
+    // A compiler without the file prints its bare name back.
+    let found = std::path::Path::new(&path);
+    (output.status.success() && found.is_absolute() && found.exists()).then_some(path)
 }

@@ -183,7 +183,6 @@ async fn watch_signals(canceller: Canceller, quiet: bool) {
 }
 
 /// One line per task status change, as the run goes.
-#[allow(clippy::print_stdout)]
 async fn print_progress(
     mut events: HostEvents,
     mut finish: tokio::sync::oneshot::Receiver<()>,

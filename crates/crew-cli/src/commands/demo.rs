@@ -28,7 +28,6 @@ pub struct DemoArgs {
     pub dir: Option<Utf8PathBuf>,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     let dir = match args.dir {
         Some(dir) => {

@@ -26,7 +26,6 @@ pub struct EventsArgs {
     pub json: bool,
 }
 
-#[allow(clippy::print_stdout)]
 pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     ctx.reconcile()?;

@@ -187,7 +187,6 @@ fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<
     )))
 }
 
-#[allow(clippy::print_stdout)]
 fn print_header(ctx: &Context, manifest: &crew_core::RunManifest) {
     let placed = manifest
         .tasks
@@ -252,7 +251,6 @@ pub fn sandbox_warning(ctx: &Context) -> Option<String> {
     })
 }
 
-#[allow(clippy::print_stdout)]
 pub fn print_result(
     ctx: &Context,
     manifest: &crew_core::RunManifest,
@@ -345,7 +343,6 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
 
 /// Creates the run here (so that a refusal reaches the user), then hands it to a background
 /// host and prints its id as soon as that host has taken it.
-#[allow(clippy::print_stdout)]
 async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let host = start_host(ctx, DETACHED_HOST_LABEL).await?;
     let manifest = host.create_for_handover(spec).await?;

@@ -72,7 +72,6 @@ pub fn not_live(ctx: &Context, spec: &str) -> CliError {
 
 /// Hosts the run of a task that has no live host, here, going on with `answer` for it when it
 /// waits for one. Used by `follow-up` and `resume` when the run's host is gone.
-#[allow(clippy::print_stdout)]
 pub async fn host_again(
     ctx: &Context,
     manifest: RunManifest,
