@@ -80,16 +80,34 @@ pub fn prepare(dir: &Utf8Path, home: &Utf8Path, user_cargo: &Utf8Path) -> Option
             .mode(0o700)
             .create(path)
     };
-    make(dir).ok()?;
+    // Each tool's directory is made once in a host's life: a tool makes its own again if an
+    // agent removed it, and one an agent replaced by a link leads nowhere its sandbox does
+    // not already allow. The project's directory is looked at every time (removed by hand,
+    // everything is made again); the cargo home's links, the user's settings, every time.
+    let made = made_dirs().lock().is_ok_and(|made| made.contains(dir)) && dir.is_dir();
+    if !made {
+        make(dir).ok()?;
+    }
     let mut env = Vec::new();
+    let mut all_made = true;
     for (variable, sub) in CACHE_VARIABLES {
         let path = dir.join(sub);
-        if make(&path).is_ok() {
+        if made || make(&path).is_ok() {
             env.push(((*variable).to_owned(), path.to_string()));
+        } else {
+            all_made = false;
         }
     }
     let cargo = dir.join("cargo");
-    if make(&cargo).is_ok() {
+    let cargo_made = made || make(&cargo).is_ok();
+    if !made
+        && all_made
+        && cargo_made
+        && let Ok(mut made) = made_dirs().lock()
+    {
+        made.insert(dir.to_owned());
+    }
+    if cargo_made {
         for name in CARGO_LINKED {
             let link = cargo.join(name);
             let target = user_cargo.join(name);
@@ -120,6 +138,13 @@ pub fn prepare(dir: &Utf8Path, home: &Utf8Path, user_cargo: &Utf8Path) -> Option
     })
 }
 
+/// The cache directories this process has made, each with every tool's directory in it.
+fn made_dirs() -> &'static std::sync::Mutex<std::collections::HashSet<Utf8PathBuf>> {
+    static MADE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<Utf8PathBuf>>> =
+        std::sync::OnceLock::new();
+    MADE.get_or_init(Default::default)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +170,53 @@ mod tests {
                 .starts_with("/state/crew/caches/")
         );
         assert_eq!(cache_dir(Utf8Path::new("/src/app"), |_| None), None);
+    }
+
+    #[test]
+    fn the_caches_are_made_once_and_the_user_s_settings_linked_at_every_start() {
+        let root = tempfile::tempdir().unwrap();
+        let root = Utf8Path::from_path(root.path()).unwrap();
+        let (home, user_cargo) = (root.join("home"), root.join("cargo-home"));
+        std::fs::create_dir_all(user_cargo.join("bin")).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::write(user_cargo.join("config.toml"), "[net]\n").unwrap();
+        let dir = home.join(".local/state/crew/caches/app-1");
+        let named = |caches: &ToolchainCaches, variable: &str| {
+            caches
+                .env
+                .iter()
+                .find(|(name, _)| name == variable)
+                .map(|(_, path)| Utf8PathBuf::from(path))
+        };
+
+        let first = prepare(&dir, &home, &user_cargo).unwrap();
+        for (variable, sub) in CACHE_VARIABLES {
+            assert_eq!(named(&first, variable), Some(dir.join(sub)));
+            assert!(dir.join(sub).is_dir(), "{sub} is made");
+        }
+        let config = dir.join("cargo/config.toml");
+        assert_eq!(
+            std::fs::read_link(&config).unwrap(),
+            user_cargo.join("config.toml")
+        );
+
+        // An agent replaced the user's settings by its own: the next start links them again.
+        std::fs::remove_file(&config).unwrap();
+        std::fs::write(&config, "[build]\nrustc-wrapper = \"/tmp/evil\"\n").unwrap();
+        let again = prepare(&dir, &home, &user_cargo).unwrap();
+        assert_eq!(
+            std::fs::read_link(&config).unwrap(),
+            user_cargo.join("config.toml")
+        );
+        assert_eq!(again.env, first.env);
+
+        // The whole directory removed by hand: made again, every tool's directory in it.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let remade = prepare(&dir, &home, &user_cargo).unwrap();
+        assert_eq!(remade.env, first.env);
+        for (_, sub) in CACHE_VARIABLES {
+            assert!(dir.join(sub).is_dir(), "{sub} is made again");
+        }
+        assert!(dir.join("cargo/bin").is_symlink());
     }
 }

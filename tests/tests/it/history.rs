@@ -777,3 +777,69 @@ sleep 600"#;
     );
     env.git(&repo, ["fsck", "--full", "--no-progress"]);
 }
+
+/// A `single` task whose agent wrote nothing in git leaves its view for the next task (making
+/// and removing those directories is most of what a one-line task costs the disk), and a
+/// spare view holds nothing of an earlier task when the next one takes it: one an earlier
+/// agent (or anyone) left something in is removed, never taken as the next agent's.
+#[test]
+fn a_single_task_takes_a_spare_view_of_git_only_when_it_holds_nothing() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let spares = repo.join(".crew/state/views");
+    let spare_views = || -> Vec<camino::Utf8PathBuf> {
+        let Ok(entries) = spares.read_dir_utf8() else {
+            return Vec::new();
+        };
+        entries.flatten().map(|entry| entry.into_path()).collect()
+    };
+    let quiet = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(quiet.status.success(), "{}", render_output(&quiet));
+    let left = spare_views();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let run = run_ids(&env, &repo)[0].clone();
+    let task_dir = repo.join(format!(".crew/state/runs/{run}/tasks/shell"));
+    assert!(!task_dir.join("git").exists(), "moved, not copied");
+    assert!(
+        !left[0].join("start.json").exists(),
+        "where that task started goes"
+    );
+
+    // Something left in the spare's layer: a branch of the user's, moved.
+    let main = env.git(&repo, ["rev-parse", "main"]).trim().to_owned();
+    write(
+        &left[0].join("upper/refs/heads/planted"),
+        &format!("{main}\n"),
+    );
+    let before = refs(&env, &repo);
+    let next = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    let shown = render_output(&next);
+    assert!(next.status.success(), "{shown}");
+    assert_eq!(refs(&env, &repo), before, "nothing of the spare was taken");
+    assert!(!shown.contains("SECURITY"), "{shown}");
+    assert!(!left[0].exists(), "the spare that held something is gone");
+    assert_eq!(
+        spare_views().len(),
+        1,
+        "the next task's own view is spare now"
+    );
+
+    // A task that commits takes the clean spare, and what it gives reaches the repository.
+    let script = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's""#;
+    let committing = env.crew(&repo, ["run", "--agent", "shell", script]);
+    assert!(
+        committing.status.success(),
+        "{}",
+        render_output(&committing)
+    );
+    assert_eq!(
+        env.git(&repo, ["log", "-1", "--format=%s", "main"]).trim(),
+        "the agent's"
+    );
+    assert!(
+        spare_views().is_empty(),
+        "a view that held commits is not kept"
+    );
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+}

@@ -184,16 +184,19 @@ impl PrivateGit {
         self.dir.join("start.json")
     }
 
-    /// Makes the view's directories and records where the checkout stands, unless the task
-    /// already has a view (taken up again after its host died: what its agent changed is still
-    /// to be taken, and where it started still counts).
-    pub fn arm(&self) -> std::io::Result<()> {
+    /// Makes the view's directories (or takes a spare one from `spares`, see [`recycle_view`])
+    /// and records where the checkout stands, unless the task already has a view (taken up
+    /// again after its host died: what its agent changed is still to be taken, and where it
+    /// started still counts).
+    pub fn arm(&self, spares: &Utf8Path) -> std::io::Result<()> {
         if self.start_file().is_file() && self.upper().is_dir() {
             return Ok(());
         }
         let view = self.view();
-        std::fs::create_dir_all(&view.upper)?;
-        std::fs::create_dir_all(&view.work)?;
+        if !self.take_spare(spares) {
+            std::fs::create_dir_all(&view.upper)?;
+            std::fs::create_dir_all(&view.work)?;
+        }
         let own = self.common.join(&self.own);
         let head = read_nofollow(&own.join("HEAD")).map_err(std::io::Error::other)?;
         let start = Start {
@@ -204,6 +207,38 @@ impl PrivateGit {
         // Not synced: lost in a crash, the next arm records where the checkout stands then,
         // which the agent's view never changed.
         std::fs::write(self.start_file(), json)
+    }
+
+    /// Moves a spare view from `spares` into place, if there is one: an empty layer and the
+    /// overlay's scratch directory, which the kernel empties at every mount. Another task's
+    /// arm may take the same spare first; a spare that holds anything is not a view to take.
+    fn take_spare(&self, spares: &Utf8Path) -> bool {
+        let Ok(entries) = spares.read_dir_utf8() else {
+            return false;
+        };
+        let Some(task_dir) = self.dir.parent() else {
+            return false;
+        };
+        if std::fs::create_dir_all(task_dir).is_err() {
+            return false;
+        }
+        for entry in entries.flatten() {
+            if std::fs::rename(entry.path(), &self.dir).is_err() {
+                continue;
+            }
+            let empty = self
+                .upper()
+                .read_dir_utf8()
+                .is_ok_and(|mut entries| entries.next().is_none());
+            let work = self.dir.join("work");
+            let work_is_dir = std::fs::symlink_metadata(&work)
+                .is_ok_and(|metadata| metadata.is_dir() && !metadata.is_symlink());
+            if empty && work_is_dir && !self.start_file().exists() {
+                return true;
+            }
+            remove_view(task_dir);
+        }
+        false
     }
 
     /// Takes from the agent's layer what is its to give (see the module's doc), reports the
@@ -274,6 +309,52 @@ pub fn holds_changes(task_dir: &Utf8Path) -> bool {
         .join("upper")
         .read_dir_utf8()
         .is_ok_and(|mut entries| entries.next().is_some())
+}
+
+/// The most spare views a project keeps (see [`recycle_view`]): as many as the tasks that
+/// usually run at once.
+const SPARE_VIEWS: usize = 16;
+
+/// Where a project whose state directory is `state_dir` keeps its spare views.
+pub fn spares_dir(state_dir: &Utf8Path) -> Utf8PathBuf {
+    state_dir.join("views")
+}
+
+/// Keeps the view beneath `task_dir`, whose agent ended and wrote nothing in it, in `spares`
+/// for the next task's [`PrivateGit::arm`], where fewer than [`SPARE_VIEWS`] wait; else
+/// removes it. Making a view's directories and removing them again is most of what a
+/// one-line `single` task costs the file system: on ext4 without a journal each new inode is
+/// looked for past every one freed in the last minutes, and each freed block discarded at
+/// once. Where the task started is no longer the view's to say: that record goes first.
+pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
+    let dir = task_dir.join(DIR);
+    let kept = spares
+        .read_dir_utf8()
+        .map_or(0, |entries| entries.flatten().count());
+    let start = dir.join("start.json");
+    let recycled = kept < SPARE_VIEWS
+        && !holds_changes(task_dir)
+        && std::fs::remove_file(&start).map_or_else(
+            |error| error.kind() == std::io::ErrorKind::NotFound,
+            |()| true,
+        )
+        && {
+            // `<run>-<task>`, from `runs/<run>/tasks/<task>`: no other task's.
+            let run = task_dir
+                .parent()
+                .and_then(Utf8Path::parent)
+                .and_then(Utf8Path::file_name);
+            let name = spares.join(format!(
+                "{}-{}",
+                run.unwrap_or("run"),
+                task_dir.file_name().unwrap_or("task")
+            ));
+            std::fs::rename(&dir, &name).is_ok()
+                || (std::fs::create_dir_all(spares).is_ok() && std::fs::rename(&dir, &name).is_ok())
+        };
+    if !recycled {
+        remove_view(task_dir);
+    }
 }
 
 /// Removes the view beneath the task state directory `task_dir` (the overlay's scratch

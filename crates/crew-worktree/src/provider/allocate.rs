@@ -264,10 +264,10 @@ impl CrewWorkspaces {
                 read_only.push(common.join("worktrees"));
             }
             if let Some(git_dir) = git_dir {
-                let task_dir = StateStore::new(&request.workspace, Some(repo_root))
-                    .task_dir(&request.run_id, &request.task_id);
+                let store = StateStore::new(&request.workspace, Some(repo_root));
+                let task_dir = store.task_dir(&request.run_id, &request.task_id);
                 let view = PrivateGit::new(&common, &git_dir, &task_dir);
-                match view.arm() {
+                match view.arm(&crate::private_git::spares_dir(store.state_dir())) {
                     Ok(()) => private.push(view.view()),
                     Err(error) => {
                         read_only.extend([common.join("packed-refs"), common.join("info")]);

@@ -394,7 +394,8 @@ impl CrewWorkspaces {
         let store = StateStore::new(&request.workspace, Some(repo_root));
         let task_dir = store.task_dir(&request.run_id, &request.task_id);
         if !crate::private_git::holds_changes(&task_dir) {
-            crate::private_git::remove_view(&task_dir);
+            let spares = crate::private_git::spares_dir(store.state_dir());
+            crate::private_git::recycle_view(&task_dir, &spares);
             return;
         }
         let Ok(repo) = git2::Repository::open(repo_root) else {
