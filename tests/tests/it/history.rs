@@ -818,13 +818,35 @@ fn a_single_task_takes_a_spare_view_of_git_only_when_it_holds_nothing() {
     assert_eq!(refs(&env, &repo), before, "nothing of the spare was taken");
     assert!(!shown.contains("SECURITY"), "{shown}");
     assert!(!left[0].exists(), "the spare that held something is gone");
-    assert_eq!(
-        spare_views().len(),
-        1,
-        "the next task's own view is spare now"
-    );
+    let left = spare_views();
+    assert_eq!(left.len(), 1, "the next task's own view is spare now");
 
-    // A task that commits takes the clean spare, and what it gives reaches the repository.
+    // An attribute set on a spare's root (an ACL, a mark): that spare is not taken either.
+    rustix::fs::setxattr(
+        left[0].join("upper").as_std_path(),
+        "user.planted",
+        b"x",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    let next = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(next.status.success(), "{}", render_output(&next));
+    let mut names = [0u8; 256];
+    for spare in spare_views() {
+        let length = rustix::fs::llistxattr(spare.join("upper").as_std_path(), &mut names).unwrap();
+        let names = String::from_utf8_lossy(&names[..length]).into_owned();
+        assert!(!names.contains("user.planted"), "{spare}: {names:?}");
+    }
+
+    // An agent that changes its `.git` itself (the overlay's root: the layer's own directory)
+    // and nothing in it: its view is not kept for another task.
+    let before = spare_views();
+    assert_eq!(before.len(), 1);
+    let chmod = env.crew(&repo, ["run", "--agent", "shell", "chmod 700 .git"]);
+    assert!(chmod.status.success(), "{}", render_output(&chmod));
+    assert!(spare_views().is_empty(), "that view went");
+
+    // A task that commits: what it gives reaches the repository, and its view is not kept.
     let script = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
 echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's""#;
     let committing = env.crew(&repo, ["run", "--agent", "shell", script]);

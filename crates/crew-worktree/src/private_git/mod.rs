@@ -226,14 +226,10 @@ impl PrivateGit {
             if std::fs::rename(entry.path(), &self.dir).is_err() {
                 continue;
             }
-            let empty = self
-                .upper()
-                .read_dir_utf8()
-                .is_ok_and(|mut entries| entries.next().is_none());
             let work = self.dir.join("work");
             let work_is_dir = std::fs::symlink_metadata(&work)
                 .is_ok_and(|metadata| metadata.is_dir() && !metadata.is_symlink());
-            if empty && work_is_dir && !self.start_file().exists() {
+            if untouched(&self.dir) && work_is_dir && !self.start_file().exists() {
                 return true;
             }
             remove_view(task_dir);
@@ -333,7 +329,7 @@ pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
         .map_or(0, |entries| entries.flatten().count());
     let start = dir.join("start.json");
     let recycled = kept < SPARE_VIEWS
-        && !holds_changes(task_dir)
+        && untouched(&dir)
         && std::fs::remove_file(&start).map_or_else(
             |error| error.kind() == std::io::ErrorKind::NotFound,
             |()| true,
@@ -355,6 +351,34 @@ pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
     if !recycled {
         remove_view(task_dir);
     }
+}
+
+/// Whether the view in `dir` (`<task>/git`) is as crew made it: its layer holds nothing, and
+/// its root, which is the overlay's root, has the mode crew made it with (that of `dir`,
+/// made beside it) and no extended attribute but the overlay's own mark. An agent that
+/// changed the mode of its `.git`, or set an attribute or an ACL on it, changed that root
+/// and nothing in it: a view like that is never another task's.
+fn untouched(dir: &Utf8Path) -> bool {
+    let upper = dir.join("upper");
+    let mode = |path: &Utf8Path| {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .filter(|metadata| metadata.is_dir() && !metadata.is_symlink())
+            .map(|metadata| metadata.mode() & 0o7777)
+    };
+    let mut names = [0u8; 256];
+    let attributes_are_the_overlays = rustix::fs::llistxattr(upper.as_std_path(), &mut names)
+        .is_ok_and(|length| {
+            names[..length]
+                .split(|byte| *byte == 0)
+                .all(|name| name.is_empty() || name == b"user.overlay.uuid")
+        });
+    mode(&upper).is_some()
+        && mode(&upper) == mode(dir)
+        && attributes_are_the_overlays
+        && upper
+            .read_dir_utf8()
+            .is_ok_and(|mut entries| entries.next().is_none())
 }
 
 /// Removes the view beneath the task state directory `task_dir` (the overlay's scratch
