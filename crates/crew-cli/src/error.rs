@@ -416,14 +416,13 @@ pub fn exit(result: Result<Outcome, CliError>) -> ExitCode {
 }
 
 /// [`exit`]'s code as a number, for an entry that ends the process itself.
-#[allow(clippy::print_stderr)]
 pub fn exit_status(result: Result<Outcome, CliError>) -> u8 {
     match result {
         Ok(Outcome::Success) => exit_code::SUCCESS,
         Ok(Outcome::TaskFailed) => exit_code::FAILURE,
         Ok(Outcome::Interrupted) => exit_code::INTERRUPTED,
         Err(error) => {
-            eprint!("{}", error.render());
+            err!(no_newline: "{}", error.render());
             match error.kind {
                 ErrorKind::User => exit_code::USAGE,
                 ErrorKind::Internal | ErrorKind::Failure => exit_code::FAILURE,

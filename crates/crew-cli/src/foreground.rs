@@ -171,12 +171,11 @@ async fn watch_signals(canceller: Canceller, quiet: bool) {
         };
         let level = canceller.cancel(CancelRecord::by_this_process(cause)).await;
         if !quiet {
-            #[allow(clippy::print_stderr)]
             match level {
-                CancelLevel::Graceful => eprintln!(
+                CancelLevel::Graceful => err!(
                     "crew: stopping the agents gracefully and keeping their work (Ctrl-C again to kill them at once)"
                 ),
-                _ => eprintln!("crew: killing the agents; their work is still saved"),
+                _ => err!("crew: killing the agents; their work is still saved"),
             }
         }
     }

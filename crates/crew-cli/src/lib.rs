@@ -31,6 +31,20 @@ macro_rules! say {
     }};
 }
 
+/// `eprintln!` that never panics: a standard error that cannot be written (closed, a full
+/// disk) loses the message, never the command, whose exit code still says how it ended.
+/// `err!(no_newline: …)` is `eprint!`.
+macro_rules! err {
+    (no_newline: $($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod block;
 mod board;
 pub mod commands;

@@ -8,6 +8,8 @@
 //! ARCHITECTURE.md, "Start-up".
 #![no_main]
 
+use std::io::Write as _;
+
 use clap::Parser;
 
 /// The exit code of a command that panicked, as Rust's own `main` gives it.
@@ -53,7 +55,6 @@ fn run() -> i32 {
 
 /// Opens `/dev/null` on each of descriptors 0, 1 and 2 that is closed (as Rust's start-up
 /// does), so that no file crew opens later takes their place and gets its output.
-#[allow(clippy::print_stderr)]
 fn standard_descriptors_open() {
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
@@ -83,7 +84,10 @@ fn standard_descriptors_open() {
                 Ok(null) => std::mem::forget(null),
                 // As Rust's own start-up does, crew does not run on without them.
                 Err(error) => {
-                    eprintln!(
+                    // Standard error itself may be the closed one: the message is lost, then,
+                    // and the exit code still says it.
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "crew: descriptor {} is closed and /dev/null cannot be opened on it ({error}): start crew with its standard input, output and error open",
                         pollfd.fd
                     );

@@ -72,10 +72,9 @@ impl Ui {
     }
 
     /// Prints `warning: <message>` on stderr, unless `-q` asked for errors only.
-    #[allow(clippy::print_stderr)]
     pub fn warn(&self, message: &str) {
         if !self.quiet {
-            eprintln!("{} {message}", self.paint("warning:", Style::Warn));
+            err!("{} {message}", self.paint("warning:", Style::Warn));
         }
     }
 

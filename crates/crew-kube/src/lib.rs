@@ -18,6 +18,7 @@
 //!   look at (`ttlSecondsAfterFinished` clears it after a day).
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -196,7 +197,6 @@ fn label_value(value: &str) -> String {
         .to_owned()
 }
 
-#[allow(clippy::print_stderr)]
 pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliError> {
     use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
@@ -240,7 +240,11 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliE
         .patch(&name, &PatchParams::default(), &Patch::Merge(&owner))
         .await
         .map_err(failed("could not make the Job own its Secret"))?;
-    eprintln!("kubernetes: job {namespace}/{name} created; waiting for its pod");
+    // A standard error that takes no writes loses the line, never the placed task.
+    let _ = writeln!(
+        std::io::stderr(),
+        "kubernetes: job {namespace}/{name} created; waiting for its pod"
+    );
 
     // Its pod, once it runs (or why it never will).
     let selector = ListParams::default().labels(&format!("job-name={name}"));
@@ -326,7 +330,8 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliE
             Ok(Outcome::Success)
         }
         other => {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "kubernetes: job {namespace}/{name} is kept ({}); `kubectl logs job/{name} -n {namespace}`",
                 other.map_or_else(
                     || "its shim did not end".to_owned(),

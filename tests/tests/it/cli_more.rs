@@ -1064,6 +1064,48 @@ fn a_standard_output_that_takes_no_writes_ends_a_command_with_an_error_that_says
 }
 
 #[test]
+fn a_standard_error_that_takes_no_writes_loses_the_message_never_the_exit_code() {
+    // `eprint!` panics when its write fails: exit 101, whatever the command's own outcome.
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let full = || {
+        std::fs::File::options()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    // An error of the user's (exit 2), an error of the output's (exit 1), as they end with
+    // standard error writable.
+    for (args, stdout_full, code) in [
+        (&["runs", "show", "no-such-run"][..], false, 2),
+        (&["agents", "list"], true, 1),
+    ] {
+        let mut command = env.crew_command(&repo);
+        command.args(args).stderr(full());
+        if stdout_full {
+            command.stdout(full());
+        }
+        let output = command.output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            render_output(&output)
+        );
+        let mut writable = env.crew_command(&repo);
+        writable.args(args);
+        if stdout_full {
+            writable.stdout(full());
+        }
+        assert_eq!(
+            writable.output().unwrap().status.code(),
+            Some(code),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
 fn a_crew_started_with_its_standard_descriptors_closed_prints_into_none_of_its_own_files() {
     // Without its standard descriptors, the first descriptors crew makes (its runtime's) would
     // be numbered 0 and 1, and its table printed into them: it fails, or writes where it must

@@ -164,12 +164,9 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
     }
     say!(no_newline: "{}", table.render(&ctx.ui));
     if shown < total {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!(
-                "(the {shown} newest of {total} runs; `--all` lists every one, `--limit N` the N newest)"
-            );
-        }
+        err!(
+            "(the {shown} newest of {total} runs; `--all` lists every one, `--limit N` the N newest)"
+        );
     }
     Ok(Outcome::Success)
 }
