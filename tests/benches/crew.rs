@@ -240,11 +240,51 @@ impl Bench {
     }
 }
 
+/// Every benchmark's name, as `-- --only` takes them, in the order of a full run.
+const BENCHMARKS: &[&str] = &[
+    "eight",
+    "eight-deleted",
+    "eight-pooled",
+    "fresh",
+    "fresh-deleted",
+    "recycled",
+    "cargo",
+    "committed",
+    "linking",
+    "list",
+    "agents",
+    "sandbox",
+    "network",
+    "block",
+    "board",
+    "radar",
+    "history",
+    "hundred",
+    "placement",
+    "thousand",
+];
+
 fn main() {
     let quick = std::env::args().any(|arg| arg == "--quick");
     // `-- --large`: the worktree benchmarks (fresh and recycled) on a 100,000-file repository;
     // not in the default run.
     let large = std::env::args().any(|arg| arg == "--large");
+    // `-- --only NAME[,NAME…]` runs those benchmarks, in the order of a full run.
+    let only: Option<Vec<String>> = std::env::args()
+        .skip_while(|arg| arg != "--only")
+        .nth(1)
+        .map(|names| names.split(',').map(str::to_owned).collect());
+    if let Some(unknown) = only
+        .iter()
+        .flatten()
+        .find(|name| !BENCHMARKS.contains(&name.as_str()))
+    {
+        eprintln!(
+            "--only: no benchmark is called {unknown:?}; there are {}",
+            BENCHMARKS.join(", ")
+        );
+        std::process::exit(2);
+    }
     // `cargo bench` passes `--bench`; anything else unknown is ignored.
     let spec = if large {
         RepoSpec::large()
@@ -303,11 +343,8 @@ fn main() {
     };
     std::fs::create_dir_all(bench.git_worktrees()).unwrap();
 
-    // `-- --only NAME` runs one benchmark: eight-deleted, eight-pooled, fresh, fresh-deleted, recycled, cargo, committed, eight, linking, list, agents,
-    // sandbox, network, block, board, radar, history, hundred, placement, thousand.
-    let only: Option<String> = std::env::args().skip_while(|arg| arg != "--only").nth(1);
-    let wanted = |name: &str| match only.as_deref() {
-        Some(only) => only == name,
+    let wanted = |name: &str| match &only {
+        Some(only) => only.iter().any(|wanted| wanted == name),
         None => !large || matches!(name, "fresh" | "recycled"),
     };
     if wanted("eight") {
