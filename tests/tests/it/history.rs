@@ -846,6 +846,20 @@ fn a_single_task_takes_a_spare_view_of_git_only_when_it_holds_nothing() {
     assert!(chmod.status.success(), "{}", render_output(&chmod));
     assert!(spare_views().is_empty(), "that view went");
 
+    // A link among the spares, to a view made elsewhere: never taken.
+    let decoy = env.root().join("decoy");
+    std::fs::create_dir_all(decoy.join("upper")).unwrap();
+    std::fs::create_dir_all(decoy.join("work")).unwrap();
+    std::os::unix::fs::symlink(&decoy, spares.join("planted")).unwrap();
+    let next = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(next.status.success(), "{}", render_output(&next));
+    assert!(
+        spares.join("planted").is_symlink(),
+        "the link is where it was: {:?}",
+        spare_views()
+    );
+    std::fs::remove_file(spares.join("planted")).unwrap();
+
     // A task that commits: what it gives reaches the repository, and its view is not kept.
     let script = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
 echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's""#;

@@ -223,7 +223,9 @@ impl PrivateGit {
             return false;
         }
         for entry in entries.flatten() {
-            if std::fs::rename(entry.path(), &self.dir).is_err() {
+            // A directory, never a link (taken, its `upper/` would be wherever it led).
+            let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+            if !is_dir || std::fs::rename(entry.path(), &self.dir).is_err() {
                 continue;
             }
             let work = self.dir.join("work");
