@@ -79,6 +79,14 @@ pub enum SpawnAgentError {
 
 /// Why a program could not be started, in the words a user needs: the message of an `errno`
 /// alone does not say that a program missing from `PATH` is the agent's `PATH`.
+/// This process's soft limit on open files, as a message shows it.
+fn open_files_limit() -> String {
+    match rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
+        Some(limit) => limit.to_string(),
+        None => "unlimited".to_owned(),
+    }
+}
+
 fn spawn_reason(program: &str, error: &std::io::Error) -> String {
     match error.raw_os_error() {
         Some(libc::ENOENT) if !program.contains('/') => {
@@ -94,6 +102,10 @@ fn spawn_reason(program: &str, error: &std::io::Error) -> String {
         Some(libc::EAGAIN) => {
             "the system refused another process (the user's process limit?)".to_owned()
         }
+        Some(libc::EMFILE) => format!(
+            "crew's host has no descriptor left, about six for each live agent (its limit: {}): raise the hard limit (`ulimit -Hn`, `LimitNOFILE=` of a service), or start fewer agents at once (`--max-parallel`)",
+            open_files_limit()
+        ),
         _ => error.to_string(),
     }
 }

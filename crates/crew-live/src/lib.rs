@@ -191,6 +191,7 @@ pub mod hosting;
 pub mod hosts;
 pub mod lease;
 pub mod limits;
+mod open_files;
 pub mod output;
 pub mod placed;
 pub mod procscan;

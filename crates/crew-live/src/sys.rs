@@ -14,6 +14,25 @@ use std::ffi::CStr;
 
 use libc::{c_int, c_ulong, pid_t};
 
+/// Sets this process's soft limit on open files to `limit`, its hard limit as it is: 0, or -1
+/// with `errno` set.
+pub(crate) fn set_open_files_soft(limit: u64) -> c_int {
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes one `rlimit` into the one it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) } != 0 {
+        return -1;
+    }
+    let wanted = libc::rlimit {
+        rlim_cur: limit.min(current.rlim_max),
+        rlim_max: current.rlim_max,
+    };
+    // SAFETY: `setrlimit` reads the one `rlimit` it is given.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) }
+}
+
 /// This thread's `errno`.
 pub(crate) fn errno() -> c_int {
     // SAFETY: no precondition; it returns this thread's errno slot.

@@ -795,3 +795,54 @@ fn an_agent_with_a_home_of_its_own_commits_with_the_users_git_identity() {
         "Ada Lovelace <ada@example.com>|mine"
     );
 }
+
+/// A host holds about six descriptors for each live agent, and most systems give a process
+/// 1,024 (`ulimit -n`): crew raises its own limit, so a run of more agents at once than the
+/// user's limit allows starts every one of them, and each agent's program gets the user's
+/// limit back.
+#[test]
+fn more_agents_at_once_than_the_user_s_open_files_allow_all_start_with_the_user_s_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    const AGENTS: usize = 40;
+    const LIMIT: u64 = 100;
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut command = env.crew_command(&repo);
+    command.args([
+        "run",
+        "--agent",
+        "shell",
+        "--workspace-mode",
+        "single",
+        "--fan-out",
+        &AGENTS.to_string(),
+        "--max-parallel",
+        &AGENTS.to_string(),
+        "sleep 2; ulimit -Sn",
+    ]);
+    // SAFETY: getrlimit and setrlimit are async-signal-safe and only affect the child.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let maximum = getrlimit(Resource::Nofile).maximum;
+            setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(LIMIT),
+                    maximum,
+                },
+            )
+            .map_err(std::io::Error::from)
+        });
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    for index in 1..=AGENTS {
+        let log = repo.join(format!(
+            ".crew/state/runs/{run}/tasks/shell-{index}/output.log"
+        ));
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(said.trim(), LIMIT.to_string(), "shell-{index}'s limit");
+    }
+}

@@ -250,14 +250,27 @@ impl RunError {
                 "every task of it succeeded; for more work, start a new run (its branches are where the work is)"
                     .to_owned(),
             ),
-            RunError::Unrecorded { run_id, saved, .. } => {
+            RunError::Unrecorded {
+                run_id,
+                saved,
+                problems,
+            } => {
                 let work = if saved.is_empty() {
                     "no task left work to save".to_owned()
                 } else {
                     format!("the agents' work is saved: {}", saved.join(", "))
                 };
+                // Out of descriptors (EMFILE), the directory was writable all along.
+                let cause = if problems
+                    .iter()
+                    .any(|problem| problem.contains("(os error 24)"))
+                {
+                    "crew ran out of open files: raise the hard limit (`ulimit -Hn`) or start fewer agents at once (`--max-parallel`)"
+                } else {
+                    "make .crew/state writable again"
+                };
                 Some(format!(
-                    "{work}; make .crew/state writable again, and `crew runs show {run_id}` may still show an older state of the run"
+                    "{work}; {cause}, and `crew runs show {run_id}` may still show an older state of the run"
                 ))
             }
             _ => None,
@@ -386,8 +399,20 @@ impl Runner {
     }
 
     /// Notes a change to `run_id`'s record that could not be saved: the run goes on, and ends
-    /// with [`RunError::Unrecorded`].
-    fn unrecorded(&self, run_id: &RunId, what: &str, error: &dyn std::fmt::Display) {
+    /// with [`RunError::Unrecorded`], saying why with each cause (the system's error last: a
+    /// full disk, a refused write, no descriptor left).
+    fn unrecorded(&self, run_id: &RunId, what: &str, error: &dyn std::error::Error) {
+        let mut error_text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            // A wrapper that says what its cause says adds nothing.
+            let cause_text = cause.to_string();
+            if !error_text.ends_with(&cause_text) {
+                error_text.push_str(&format!(": {cause_text}"));
+            }
+            source = cause.source();
+        }
+        let error = error_text;
         tracing::warn!(run = %run_id, "could not record {what}: {error}");
         self.unrecorded
             .lock()

@@ -231,6 +231,10 @@ impl WardedCommand {
                     .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
             )
             .arg(marker)
+            .arg(
+                crate::open_files::users_limit()
+                    .map_or_else(|| "-".to_owned(), |limit| limit.to_string()),
+            )
             .arg(program)
             .args(args)
             .env_clear()

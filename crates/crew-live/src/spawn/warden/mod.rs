@@ -43,12 +43,12 @@ const SWEEPS: usize = 8;
 /// The first argument that makes a start of the executable a warden. Its arguments, all
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
 /// <report fd> <environment fd> <namespace plan fd or -> <proxy channel fd or -> <marker>
-/// <program> <args…>`.
-pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v3";
+/// <the agent's soft limit on open files or -> <program> <args…>`.
+pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v4";
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
-/// environment, namespace plan, proxy channel, marker).
-const WARDEN_ARGS: usize = 9;
+/// environment, namespace plan, proxy channel, marker, open files).
+const WARDEN_ARGS: usize = 10;
 
 /// The exit code of a warden whose agent could not be started.
 const NOT_STARTED: libc::c_int = 127;
@@ -104,6 +104,18 @@ unsafe fn argument(argv: *const *const libc::c_char, index: usize) -> &'static C
 /// Parses a decimal argument of the warden's: a pid or a descriptor.
 fn parse_number(argument: &CStr) -> Option<libc::c_int> {
     parse_pid(argument.to_bytes())
+}
+
+/// Parses the agent's soft limit on open files, a decimal of at most 19 digits.
+fn parse_limit(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |limit, &digit| {
+        digit
+            .is_ascii_digit()
+            .then(|| limit * 10 + u64::from(digit - b'0'))
+    })
 }
 
 /// Writes `value` on the report pipe; a host gone meanwhile is not the warden's concern.
@@ -188,6 +200,10 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         map_file(fd).unwrap_or_else(|| fail_reported(report, c"cannot read the agent's namespace"))
     });
     let marker = args[8].to_bytes();
+    let open_files = match args[9].to_bytes() {
+        b"-" => None,
+        digits => Some(parse_limit(digits).unwrap_or_else(|| fail(c"bad open files limit"))),
+    };
     MARKER.store(marker.as_ptr().cast_mut(), Ordering::SeqCst);
     MARKER_LEN.store(marker.len(), Ordering::SeqCst);
     sys::unblock_all_signals();
@@ -222,6 +238,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             ruleset,
             namespace,
             channel,
+            open_files,
         };
         // SAFETY: the child just forked, with the warden's argv.
         unsafe { start_agent(argv, agent_env, confinement, report, exec_pipe[1]) }
@@ -317,6 +334,9 @@ struct Confinement<'a> {
     namespace: Option<&'a [u8]>,
     /// Where the proxy's listening socket goes, when the plan asks for one.
     channel: Option<libc::c_int>,
+    /// The soft limit on open files the agent gets back, its host's raised (see
+    /// `crate::open_files`).
+    open_files: Option<u64>,
 }
 
 /// The agent, forked by its warden: confines itself, closes the warden's descriptors and
@@ -335,6 +355,7 @@ unsafe fn start_agent(
         ruleset,
         namespace,
         channel,
+        open_files,
     } = confinement;
     let failed = || -> ! {
         sys::write(exec_error, &(sys::errno() as u32).to_ne_bytes());
@@ -379,6 +400,12 @@ unsafe fn start_agent(
     }
     if let Some(channel) = channel {
         sys::close(channel);
+    }
+    // The user's own limit: lowering a soft limit is never refused.
+    if let Some(limit) = open_files
+        && sys::set_open_files_soft(limit) != 0
+    {
+        failed()
     }
     sys::close(report);
     // The agent's PATH is the one its program is looked up in, as for any exec.
@@ -672,7 +699,7 @@ impl<'a> EntryMatcher<'a> {
 mod tests {
     use std::process::Command;
 
-    use super::{EntryMatcher, environ_holds, parse_pid, sweep_marked};
+    use super::{EntryMatcher, WARDEN_ARG, environ_holds, parse_limit, parse_pid, sweep_marked};
 
     fn holds(stream: &[u8], marker: &str) -> bool {
         let mut matcher = EntryMatcher::new(marker.as_bytes());
@@ -699,6 +726,16 @@ mod tests {
         assert_eq!(parse_pid(b"12a\0"), None);
     }
 
+    #[test]
+    fn an_open_files_limit_is_a_decimal_that_fits() {
+        assert_eq!(parse_limit(b"1024"), Some(1024));
+        assert_eq!(parse_limit(b"1073741816"), Some(1_073_741_816));
+        assert_eq!(parse_limit(b""), None);
+        assert_eq!(parse_limit(b"-"), None);
+        assert_eq!(parse_limit(b"12x"), None);
+        assert_eq!(parse_limit(b"99999999999999999999"), None);
+    }
+
     /// A start of the executable as a warden, as an agent could try it, with `host` named as
     /// its host; what it would start touches `flag`.
     fn start_as_warden(host: &str, flag: &std::path::Path) -> std::process::Output {
@@ -710,7 +747,7 @@ mod tests {
         // Reports on stderr, takes the agent's environment on stdin.
         Command::new("/proc/self/exe")
             .args([
-                "--crew-warden-v3",
+                WARDEN_ARG.to_str().unwrap(),
                 host,
                 "-",
                 "2",
@@ -718,6 +755,7 @@ mod tests {
                 "-",
                 "-",
                 "CREW_AGENT_ID=r:t",
+                "-",
             ])
             .args(["sh", "-c", &touch])
             .stdin(std::fs::File::open(&env).unwrap())
@@ -734,7 +772,7 @@ mod tests {
         // In this test's own process group: it would kill the group, so it refuses.
         let grouped = Command::new("/proc/self/exe")
             .args([
-                "--crew-warden-v3",
+                WARDEN_ARG.to_str().unwrap(),
                 "1",
                 "-",
                 "2",
@@ -742,6 +780,7 @@ mod tests {
                 "-",
                 "-",
                 "CREW_AGENT_ID=r:t",
+                "-",
                 "true",
             ])
             .output()
