@@ -77,8 +77,6 @@ pub enum SpawnAgentError {
     },
 }
 
-/// Why a program could not be started, in the words a user needs: the message of an `errno`
-/// alone does not say that a program missing from `PATH` is the agent's `PATH`.
 /// This process's soft limit on open files, as a message shows it.
 fn open_files_limit() -> String {
     match rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
@@ -87,6 +85,8 @@ fn open_files_limit() -> String {
     }
 }
 
+/// Why a program could not be started, in the words a user needs: the message of an `errno`
+/// alone does not say that a program missing from `PATH` is the agent's `PATH`.
 fn spawn_reason(program: &str, error: &std::io::Error) -> String {
     match error.raw_os_error() {
         Some(libc::ENOENT) if !program.contains('/') => {
