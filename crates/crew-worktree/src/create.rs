@@ -1,11 +1,12 @@
 //! `prepare_task_workspace` for the `worktree` mode.
 //!
-//! Under the repository lock (milliseconds): sweep leftover admin entries, take up an existing
+//! Under the repository lock (milliseconds): sweep leftover admin entries, take away what a
+//! preparation of the same task that died left unfinished ([`unfinished`]), take up an existing
 //! worktree of the same task, or make the branch, the directory and the admin entry (locked
 //! "initializing"). Outside the lock (the slow part, so tasks overlap): check the files out,
-//! lock the worktree for its task, link, copy and run the setup command. Any failure after the
-//! first change rolls everything back: no branch, no admin entry, no directory is left, and a
-//! directory that existed before is never removed.
+//! link, copy, run the setup command, and only then lock the worktree for its task. Any failure
+//! after the first change rolls everything back: no branch, no admin entry, no directory is
+//! left, and a directory that existed before is never removed.
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use crate::error::PrepareWorktreeError;
 use crate::leader;
 use crate::names::{TaskNames, admin_prefix, worktrees_dir};
 use crate::pool;
+use crate::unfinished;
 
 /// How long a worktree mutation waits for another one on the same repository.
 pub const REPO_LOCK_TIMEOUT: Duration = Duration::from_secs(120);
@@ -91,6 +93,9 @@ pub fn prepare_worktree(
     );
     let lock = repo_lock(&common).map_err(PrepareWorktreeError::Lock)?;
     admin::sweep_invalid(&common, &admin_prefix(request.settings));
+    // A preparation of this task that died left its worktree unfinished: never handed to an
+    // agent as it is (any part of a checkout), but made again from the task's branch.
+    let unfinished = unfinished::take_away(&common, request.repo_root, request.settings, &names)?;
 
     if let Some(entry) = admin::read_entry(&common, &names.admin)
         && entry.is_valid()
@@ -103,15 +108,7 @@ pub fn prepare_worktree(
                 names.branch
             ));
         }
-        admin::set_lock(
-            &common,
-            &names.admin,
-            Some(&in_use_reason(request.run_id, request.task_id)),
-        )
-        .map_err(|source| PrepareWorktreeError::Register {
-            path: names.root.clone(),
-            source,
-        })?;
+        lock_in_use(&common, &names, request)?;
         drop(lock);
         let dir = task_dir(&names.root, request.invocation_dir)?;
         let identity = identity_of(&names.root)?;
@@ -147,8 +144,25 @@ pub fn prepare_worktree(
     let mut made = Made::default();
     let created = create_locked(&repo, &common, &names, request, &mut made);
     drop(lock);
+    if let Some(trash) = &unfinished {
+        // Off the task's way: nothing waits for it (what a host that ends first leaves there,
+        // prune empties).
+        let (trash, repo_root, settings) = (
+            trash.clone(),
+            request.repo_root.to_owned(),
+            request.settings.clone(),
+        );
+        std::thread::spawn(move || unfinished::delete(&trash, &repo_root, &settings));
+    }
     let result = created.and_then(|(base_commit, tip)| {
-        let (dir, warnings) = finish_outside_lock(&common, &names, request, tip, made.recycled)?;
+        let (dir, mut warnings) =
+            finish_outside_lock(&common, &names, request, tip, made.recycled)?;
+        if unfinished.is_some() {
+            warnings.push(format!(
+                "workspace:worktree — a preparation killed before it finished had left this worktree half made; it was made again from {}",
+                names.branch
+            ));
+        }
         Ok(TaskWorkspace {
             kind: WorkspaceKind::Worktree,
             root: names.root.clone(),
@@ -316,15 +330,6 @@ fn finish_outside_lock(
         branch: names.branch.clone(),
         source,
     })?;
-    admin::set_lock(
-        common,
-        &names.admin,
-        Some(&in_use_reason(request.run_id, request.task_id)),
-    )
-    .map_err(|source| PrepareWorktreeError::Register {
-        path: names.root.clone(),
-        source,
-    })?;
     envsetup::link_paths(request.settings, request.repo_root, &names.root)?;
     let warnings = envsetup::copy_paths(request.settings, request.repo_root, &names.root)?;
     let dir = task_dir(&names.root, request.invocation_dir)?;
@@ -350,7 +355,27 @@ fn finish_outside_lock(
             path: names.root.clone(),
             problem,
         })?;
+    // Complete: until now it was locked "initializing", which a host that dies leaves behind
+    // (see [`unfinished`]).
+    lock_in_use(common, names, request)?;
     Ok((dir, warnings))
+}
+
+/// Locks the task's worktree "in use" by its task: complete, and its agent's from now on.
+fn lock_in_use(
+    common: &Utf8Path,
+    names: &TaskNames,
+    request: &CreateWorktree<'_>,
+) -> Result<(), PrepareWorktreeError> {
+    admin::set_lock(
+        common,
+        &names.admin,
+        Some(&in_use_reason(request.run_id, request.task_id)),
+    )
+    .map_err(|source| PrepareWorktreeError::Register {
+        path: names.root.clone(),
+        source,
+    })
 }
 
 /// `<worktree>/<invocation dir>`, created when the leader's directory is not tracked.

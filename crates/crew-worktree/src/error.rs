@@ -231,6 +231,17 @@ pub enum PrepareWorktreeError {
         /// What went wrong.
         problem: String,
     },
+    /// A preparation of this task that died (its host was killed) left the worktree
+    /// unfinished, and it could not be taken away to be made again.
+    #[error(
+        "the worktree {path} was left unfinished by a preparation that died, and could not be taken away: {problem}"
+    )]
+    Unfinished {
+        /// The worktree.
+        path: Utf8PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
 }
 
 fn list_paths(paths: &[String]) -> String {
@@ -280,6 +291,9 @@ impl PrepareWorktreeError {
             )),
             PrepareWorktreeError::TargetExists { .. } => Some(
                 "move that directory away (it may hold someone's work), or run `crew worktrees list`".to_owned(),
+            ),
+            PrepareWorktreeError::Unfinished { .. } => Some(
+                "nothing of an agent's is in it: `crew worktrees prune` removes it, then retry".to_owned(),
             ),
             _ => None,
         }

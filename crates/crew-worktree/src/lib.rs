@@ -47,6 +47,7 @@ pub mod provider;
 pub mod radar;
 pub mod teardown;
 pub mod tripwire;
+pub mod unfinished;
 
 pub use error::{ListWorktreesError, PrepareWorktreeError, TeardownWorktreeError};
 /// The git library's error, which the inspections here return as it is.

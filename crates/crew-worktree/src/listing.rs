@@ -36,6 +36,10 @@ pub enum WorktreeState {
     MissingDirectory,
     /// Registered, but no run of this workspace knows it.
     UnknownRun,
+    /// Its preparation never finished (the host making it died): nothing of an agent's is in
+    /// it, and its files may be any part of a checkout. Made again when its run is resumed;
+    /// removed by prune.
+    Unfinished,
     /// A directory under the worktrees directory that git does not know as a worktree.
     Unregistered,
 }
@@ -98,7 +102,10 @@ impl WorktreeListing {
             .filter(|worktree| {
                 matches!(
                     worktree.state,
-                    WorktreeState::Preserved | WorktreeState::Waiting | WorktreeState::UnknownRun
+                    WorktreeState::Preserved
+                        | WorktreeState::Waiting
+                        | WorktreeState::UnknownRun
+                        | WorktreeState::Unfinished
                 )
             })
             .collect();
@@ -257,13 +264,22 @@ pub fn list(
             WorktreeState::MissingDirectory
         } else {
             match info {
-                None => WorktreeState::UnknownRun,
                 Some(info) if info.waiting => WorktreeState::Waiting,
                 Some(info) if info.run_live => WorktreeState::Active,
+                // No live host is preparing it: the one that was died.
+                _ if crate::unfinished::is_unfinished(entry.locked.as_deref()) => {
+                    WorktreeState::Unfinished
+                }
+                None => WorktreeState::UnknownRun,
                 Some(_) => WorktreeState::Preserved,
             }
         };
-        let uncommitted = (state != WorktreeState::MissingDirectory)
+        // What an unfinished checkout lacks is no one's change.
+        let counted = !matches!(
+            state,
+            WorktreeState::MissingDirectory | WorktreeState::Unfinished
+        );
+        let uncommitted = counted
             .then(|| count_uncommitted(&path, settings, repo_root))
             .flatten();
         found.insert(
@@ -535,32 +551,34 @@ pub fn prune(
                     report.removed_worktrees.push(worktree.path.clone());
                 }
             }
-            WorktreeState::Preserved | WorktreeState::UnknownRun => match worktree.uncommitted {
-                Some(0) => {
-                    if !dry_run {
-                        remove_contained(&worktree.path, &[&root]).map_err(|source| {
-                            ListWorktreesError::Remove {
-                                path: worktree.path.clone(),
-                                source,
+            WorktreeState::Preserved | WorktreeState::UnknownRun | WorktreeState::Unfinished => {
+                match (worktree.state, worktree.uncommitted) {
+                    (WorktreeState::Unfinished, _) | (_, Some(0)) => {
+                        if !dry_run {
+                            remove_contained(&worktree.path, &[&root]).map_err(|source| {
+                                ListWorktreesError::Remove {
+                                    path: worktree.path.clone(),
+                                    source,
+                                }
+                            })?;
+                            if let Err(error) = admin::remove_entry(&common, &names.admin) {
+                                keep(
+                                    &mut report,
+                                    &format!("removed, but git's entry could not be: {error}"),
+                                );
                             }
-                        })?;
-                        if let Err(error) = admin::remove_entry(&common, &names.admin) {
-                            keep(
-                                &mut report,
-                                &format!("removed, but git's entry could not be: {error}"),
-                            );
+                            if let Some(parent) = worktree.path.parent() {
+                                // Only when empty: the run's other worktrees may be there.
+                                let _ = std::fs::remove_dir(parent);
+                            }
                         }
-                        if let Some(parent) = worktree.path.parent() {
-                            // Only when empty: the run's other worktrees may be there.
-                            let _ = std::fs::remove_dir(parent);
-                        }
+                        report.removed_worktrees.push(worktree.path.clone());
+                        freed_branches.extend(worktree.branch.clone());
                     }
-                    report.removed_worktrees.push(worktree.path.clone());
-                    freed_branches.extend(worktree.branch.clone());
+                    (_, Some(count)) => keep(&mut report, &format!("{count} uncommitted path(s)")),
+                    (_, None) => keep(&mut report, "its status could not be read"),
                 }
-                Some(count) => keep(&mut report, &format!("{count} uncommitted path(s)")),
-                None => keep(&mut report, "its status could not be read"),
-            },
+            }
         }
     }
     for branch in &listing.branches {

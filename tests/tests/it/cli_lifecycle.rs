@@ -698,3 +698,82 @@ fn a_run_whose_creation_was_interrupted_before_its_manifest_is_named_and_cleaned
     assert!(clean.status.success(), "{}", render_output(&clean));
     assert!(!runs.join(old).exists());
 }
+
+/// A run whose host is killed while it prepares the task's worktree, at a moment when the
+/// worktree lacks files of the task's commit (as in the middle of its checkout): the project's
+/// `setup` stands in for that moment, the first time only, by removing a committed file,
+/// saying it is there, and waiting for its host to be killed. Returns the run.
+fn kill_host_mid_preparation(env: &TestEnv, repo: &Utf8Path) -> String {
+    let once = env.root().join("setup-ran");
+    let there = env.root().join("setup-there");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!(
+            "[worktree]\nsetup = [\"sh\", \"-c\", \"if [ ! -e {once} ]; then touch {once}; rm src/lib.txt; touch {there}; while kill -0 $PPID 2>/dev/null; do sleep 0.05; done; fi\"]\n"
+        ),
+    );
+    let mut child = env
+        .crew_command(repo)
+        .args([
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "echo done > agent.txt",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(30, "the preparation to reach its setup", || {
+        there.exists().then_some(())
+    });
+    signal(&child, rustix::process::Signal::KILL);
+    child.wait().unwrap();
+    let listed = env.crew(repo, ["worktrees", "list"]);
+    let shown = render_output(&listed);
+    assert!(shown.contains("unfinished"), "{shown}");
+    run_ids(env, repo).remove(0)
+}
+
+#[test]
+fn a_run_resumed_after_its_host_died_mid_checkout_never_hands_the_agent_the_half_made_worktree() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = kill_host_mid_preparation(&env, &repo);
+    let base = env.git(&repo, ["rev-parse", "HEAD"]);
+
+    let resumed = env.crew(&repo, ["runs", "resume", &run]);
+    let shown = render_output(&resumed);
+    assert!(resumed.status.success(), "{shown}");
+    // The task's work is the agent's file alone: nothing the checkout had not reached yet is
+    // committed as deleted.
+    let branch = format!("crew/{run}-shell");
+    let changed = env.git(&repo, ["diff", "--name-status", base.trim(), &branch]);
+    assert_eq!(changed.trim(), "A\tagent.txt", "{shown}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("{branch}:src/lib.txt")]),
+        "one\ntwo\nthree\n"
+    );
+    assert!(shown.contains("it was made again from"), "{shown}");
+}
+
+#[test]
+fn prune_removes_the_worktree_a_killed_host_left_unfinished() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = kill_host_mid_preparation(&env, &repo);
+    let worktree = repo.join(".worktrees").join(&run).join("shell");
+    assert!(worktree.exists());
+
+    let pruned = env.crew(&repo, ["worktrees", "prune"]);
+    let shown = render_output(&pruned);
+    assert!(pruned.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!("removed worktree {worktree}")),
+        "{shown}"
+    );
+    assert!(!worktree.exists());
+    assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
+}

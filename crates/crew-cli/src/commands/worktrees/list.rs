@@ -10,8 +10,10 @@ use crate::{CliError, Outcome};
 /// List crew's worktrees and task branches in this repository.
 ///
 /// Worktrees are active (their task runs), waiting (for an answer), preserved (kept after their
-/// task), or orphans: missing_directory, unknown_run, unregistered. Branches are listed with
-/// whether their work is already merged into HEAD.
+/// task), unfinished (the host preparing it died before its agent started: nothing of an
+/// agent's in it; a resumed run makes it again, prune removes it), or orphans:
+/// missing_directory, unknown_run, unregistered. Branches are listed with whether their work is
+/// already merged into HEAD.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
     /// Print JSON: `{"worktrees": [...], "branches": [...], "pooled": N}`.
@@ -44,6 +46,7 @@ pub async fn cmd_worktrees_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Out
                 WorktreeState::MissingDirectory => ("missing directory", Style::Bad),
                 WorktreeState::UnknownRun => ("unknown run", Style::Bad),
                 WorktreeState::Unregistered => ("unregistered", Style::Bad),
+                WorktreeState::Unfinished => ("unfinished", Style::Warn),
             };
             table.row(vec![
                 cell(format!("{}:{}", worktree.run_id, worktree.task_id)),
