@@ -8,11 +8,9 @@
 //! after the first change rolls everything back: no branch, no admin entry, no directory is
 //! left, and a directory that existed before is never removed.
 
-use std::time::Duration;
-
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::WorktreeSettings;
-use crew_core::fsutil::{FileLock, ensure_real_dir};
+use crew_core::fsutil::ensure_real_dir;
 use crew_core::git_exclude::ensure_excluded;
 use crew_core::paths::DirIdentity;
 use crew_core::provider::{ProgressSink, TaskWorkspace, UpstreamWork, WorkspaceKind};
@@ -30,13 +28,7 @@ use crate::names::{TaskNames, admin_prefix, worktrees_dir};
 use crate::pool;
 use crate::unfinished;
 
-/// How long a worktree mutation waits for another one on the same repository.
-pub const REPO_LOCK_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The file serializing worktree mutations of one repository, across threads and processes.
-pub fn repo_lock(common: &Utf8Path) -> Result<FileLock, crew_core::fsutil::LockError> {
-    FileLock::acquire(&common.join("crew-worktrees.lock"), REPO_LOCK_TIMEOUT)
-}
+pub use crate::trash::{REPO_LOCK_TIMEOUT, repo_lock};
 
 /// What the leader's `info/exclude` gets so that `git status` there ignores crew's worktrees
 /// and the paths it links into them.
@@ -144,20 +136,10 @@ pub fn prepare_worktree(
     let mut made = Made::default();
     let created = create_locked(&repo, &common, &names, request, &mut made);
     drop(lock);
-    if let Some(trash) = &unfinished {
-        // Off the task's way: nothing waits for it (what a host that ends first leaves there,
-        // prune empties).
-        let (trash, repo_root, settings) = (
-            trash.clone(),
-            request.repo_root.to_owned(),
-            request.settings.clone(),
-        );
-        std::thread::spawn(move || unfinished::delete(&trash, &repo_root, &settings));
-    }
     let result = created.and_then(|(base_commit, tip)| {
         let (dir, mut warnings) =
             finish_outside_lock(&common, &names, request, tip, made.recycled)?;
-        if unfinished.is_some() {
+        if unfinished {
             warnings.push(format!(
                 "workspace:worktree — a preparation killed before it finished had left this worktree half made; it was made again from {}",
                 names.branch

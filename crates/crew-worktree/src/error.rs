@@ -470,13 +470,4 @@ pub enum ListWorktreesError {
     /// The repository's worktree lock could not be taken.
     #[error("failed to lock the worktrees of the repository")]
     Lock(#[source] LockError),
-    /// A worktree could not be removed.
-    #[error("failed to remove the worktree {path}")]
-    Remove {
-        /// The worktree directory.
-        path: Utf8PathBuf,
-        /// The error beneath it.
-        #[source]
-        source: RemoveError,
-    },
 }

@@ -46,6 +46,7 @@ pub mod private_git;
 pub mod provider;
 pub mod radar;
 pub mod teardown;
+pub mod trash;
 pub mod tripwire;
 pub mod unfinished;
 

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, HashMap};
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::WorktreeSettings;
 use crew_core::model::{RunStatus, TaskStatus};
-use crew_core::paths::remove_contained;
 use crew_core::{RunId, StateStore, TaskId};
 use git2::{BranchType, Oid, Repository};
 use serde::Serialize;
@@ -483,7 +482,6 @@ pub fn prune(
     let listing = list(repo_root, settings, store, BranchScope::All)?;
     let repo = leader::open(Some(repo_root), repo_root)?;
     let common = leader::common_dir(&repo);
-    let root = worktrees_dir(repo_root, settings);
     let mut report = WorktreePruneReport {
         dry_run,
         ..WorktreePruneReport::default()
@@ -494,17 +492,14 @@ pub fn prune(
         Some(repo_lock(&common).map_err(ListWorktreesError::Lock)?)
     };
     let mut freed_branches = Vec::new();
+    // What it removes goes to the trash under the lock, and is deleted once the lock is
+    // released (see [`crate::trash`]): other tasks' worktrees do not wait on the deletions.
     report.emptied_pool = if dry_run {
         listing.pooled
     } else {
-        let trash = root.join(crate::names::TRASH_DIR);
-        if let Ok(entries) = trash.read_dir_utf8() {
-            for entry in entries.flatten() {
-                // Work was saved before a worktree went to the trash: nothing here is work, and
-                // what cannot be removed now is tried again by the next prune.
-                let _ = remove_contained(entry.path(), &[&root]);
-            }
-        }
+        // Work was saved before a worktree went to the trash: nothing there is work, and what
+        // cannot be removed now is tried again by the next prune.
+        crate::trash::empty_later(repo_root, settings);
         crate::pool::empty(&common, repo_root, settings)
     };
     for worktree in &listing.worktrees {
@@ -555,12 +550,7 @@ pub fn prune(
                 match (worktree.state, worktree.uncommitted) {
                     (WorktreeState::Unfinished, _) | (_, Some(0)) => {
                         if !dry_run {
-                            remove_contained(&worktree.path, &[&root]).map_err(|source| {
-                                ListWorktreesError::Remove {
-                                    path: worktree.path.clone(),
-                                    source,
-                                }
-                            })?;
+                            crate::trash::discard(repo_root, settings, &worktree.path);
                             if let Err(error) = admin::remove_entry(&common, &names.admin) {
                                 keep(
                                     &mut report,

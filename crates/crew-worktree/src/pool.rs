@@ -19,6 +19,7 @@ use git2::{Oid, Repository, StatusOptions};
 
 use crate::admin;
 use crate::names::{POOL_DIR, TaskNames, admin_prefix, worktrees_dir};
+use crate::trash;
 
 /// The lock reason of a pooled worktree.
 pub const POOLED: &str = "crew: pooled (a recycled worktree)";
@@ -77,38 +78,47 @@ pub fn pooled(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettin
     found
 }
 
-/// Removes a pooled worktree (its directory, then its admin entry). Under the repository lock.
+/// Removes a pooled worktree: its directory to the trash (deleted once the lock is released,
+/// see [`trash`]), then its admin entry. Under the repository lock.
 pub fn evict(
     common: &Utf8Path,
     repo_root: &Utf8Path,
     settings: &WorktreeSettings,
     pooled: &Pooled,
 ) -> bool {
-    let dir = pool_dir(repo_root, settings);
-    if remove_contained(&pooled.path, &[&dir]).is_err() {
-        return false;
-    }
+    trash::discard(repo_root, settings, &pooled.path);
     admin::remove_entry(common, &pooled.admin).is_ok()
 }
 
-/// Removes every pooled worktree, and any directory left in the pool by a crash. Returns how
-/// many went.
+/// Removes every pooled worktree, and any directory left in the pool by a crash (to the trash:
+/// see [`evict`]). Returns how many went.
 pub fn empty(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeSettings) -> usize {
     let mut removed = evict_abandoned(common, repo_root, settings);
     for entry in pooled(common, repo_root, settings) {
         removed += usize::from(evict(common, repo_root, settings, &entry));
     }
-    let dir = pool_dir(repo_root, settings);
-    if let Ok(entries) = dir.read_dir_utf8() {
-        for entry in entries.flatten() {
-            // Pooled worktrees hold no work (it was committed before pooling): a leftover
-            // directory here is crew's own.
-            if remove_contained(entry.path(), &[&dir]).is_ok() {
-                removed += 1;
-            }
+    removed + discard_unnamed(repo_root, settings, &[])
+}
+
+/// Puts in the trash each directory of the pool not in `named`: pooled worktrees hold no work
+/// (it was committed before pooling), so a leftover directory there is crew's own. Returns how
+/// many.
+fn discard_unnamed(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    named: &[Utf8PathBuf],
+) -> usize {
+    let Ok(entries) = pool_dir(repo_root, settings).read_dir_utf8() else {
+        return 0;
+    };
+    let mut discarded = 0;
+    for entry in entries.flatten() {
+        if !named.iter().any(|path| path == entry.path()) {
+            trash::discard(repo_root, settings, entry.path());
+            discarded += 1;
         }
     }
-    removed
+    discarded
 }
 
 /// Takes the newest pooled worktree for a task, under the repository lock: evicts entries
@@ -524,24 +534,14 @@ fn evict_abandoned(common: &Utf8Path, repo_root: &Utf8Path, settings: &WorktreeS
             continue;
         }
         if let Some(path) = &inside {
-            // An abandoned fill holds no work; a directory that stays is removed by the
-            // sweep of unnamed directories below or by the next prune.
-            let _ = remove_contained(path, &[&dir]);
+            // An abandoned fill holds no work.
+            trash::discard(repo_root, settings, path);
         }
         if admin::remove_entry(common, &entry.name).is_ok() {
             removed += 1;
         }
     }
-    if let Ok(entries) = dir.read_dir_utf8() {
-        for entry in entries.flatten() {
-            if !named.iter().any(|path| path == entry.path())
-                && remove_contained(entry.path(), &[&dir]).is_ok()
-            {
-                removed += 1;
-            }
-        }
-    }
-    removed
+    removed + discard_unnamed(repo_root, settings, &named)
 }
 
 /// The process a [`FILLING`] lock reason names.

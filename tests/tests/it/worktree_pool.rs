@@ -239,6 +239,43 @@ fn the_pool_is_bounded_by_size_and_age_and_prune_empties_it() {
 }
 
 #[test]
+fn emptying_the_pool_deletes_nothing_while_it_holds_the_repository_lock() {
+    let fixture = Fixture::new();
+    let workspaces = ["one", "two"].map(|task| (task, fixture.allocate(task)));
+    for (task, workspace) in &workspaces {
+        fixture
+            .provider
+            .teardown(workspace, &fixture.teardown_request(task))
+            .unwrap();
+    }
+    assert_eq!(pooled_dirs(&fixture), 2);
+    let common = fixture.repo.join(".git");
+    let trash = fixture.repo.join(".worktrees/.trash");
+    let files_in_trash = || {
+        tree_fingerprint(trash.as_std_path())
+            .into_iter()
+            .filter(|(path, _)| path.ends_with("src/lib.txt"))
+            .count()
+    };
+
+    let lock = crew_worktree::create::repo_lock(&common).unwrap();
+    let emptied = crew_worktree::pool::empty(&common, &fixture.repo, fixture.provider.settings());
+    assert_eq!(emptied, 2);
+    // Taken out of the pool under the lock, but not deleted there: other tasks' worktrees
+    // would wait on the deletion of every file.
+    assert_eq!(pooled_dirs(&fixture), 0);
+    assert_eq!(files_in_trash(), 2, "deleted while the lock was held");
+    drop(lock);
+    assert_eq!(
+        files_in_trash(),
+        0,
+        "not deleted once the lock was released"
+    );
+    let list = fixture.git(&["worktree", "list", "--porcelain"]);
+    assert_eq!(list.matches("worktree ").count(), 1, "{list}");
+}
+
+#[test]
 fn pool_size_zero_turns_recycling_off() {
     let mut config = ProjectConfig::default();
     config.worktree.pool_size = 0;
