@@ -12,9 +12,11 @@
 
 use camino::Utf8Path;
 use crew_core::config::WorktreeSettings;
+use crew_core::{RunId, TaskId};
 
 use crate::admin::{self, INITIALIZING};
-use crate::error::PrepareWorktreeError;
+use crate::error::{ListWorktreesError, PrepareWorktreeError};
+use crate::leader;
 use crate::names::TaskNames;
 use crate::trash;
 
@@ -53,4 +55,29 @@ pub fn take_away(
         }
     })?;
     Ok(true)
+}
+
+/// Takes away the unfinished worktrees of `tasks` of the finished run `run_id` (no host
+/// prepares them any more), under the repository lock; what goes is deleted once it is
+/// released. Returns the tasks whose worktree went. A dry run only says which would.
+pub fn take_away_of_run(
+    repo_root: &Utf8Path,
+    settings: &WorktreeSettings,
+    run_id: &RunId,
+    tasks: &[TaskId],
+    dry_run: bool,
+) -> Result<Vec<TaskId>, ListWorktreesError> {
+    let repo = leader::open(Some(repo_root), repo_root)?;
+    let common = leader::common_dir(&repo);
+    let _lock = trash::repo_lock(&common).map_err(ListWorktreesError::Lock)?;
+    let mut gone = Vec::new();
+    for task in tasks {
+        let names = TaskNames::new(repo_root, settings, run_id, task);
+        let unfinished = admin::read_entry(&common, &names.admin)
+            .is_some_and(|entry| is_unfinished(entry.locked.as_deref()));
+        if unfinished && (dry_run || take_away(&common, repo_root, settings, &names)?) {
+            gone.push(task.clone());
+        }
+    }
+    Ok(gone)
 }

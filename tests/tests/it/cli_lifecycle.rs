@@ -777,3 +777,23 @@ fn prune_removes_the_worktree_a_killed_host_left_unfinished() {
     assert!(!worktree.exists());
     assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
 }
+
+#[test]
+fn cleaning_a_run_whose_host_died_mid_preparation_removes_its_unfinished_worktree() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = kill_host_mid_preparation(&env, &repo);
+    let worktree = repo.join(".worktrees").join(&run).join("shell");
+    assert!(worktree.exists());
+
+    let cleaned = env.crew(&repo, ["runs", "clean", &run]);
+    let shown = render_output(&cleaned);
+    assert!(cleaned.status.success(), "{shown}");
+    assert!(
+        shown.contains("shell: its worktree, which its host's death left unfinished"),
+        "{shown}"
+    );
+    assert!(!worktree.exists(), "{shown}");
+    assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
+    assert!(run_ids(&env, &repo).is_empty());
+}

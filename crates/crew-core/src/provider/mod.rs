@@ -448,6 +448,20 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         let _ = (repo_root, run_id);
     }
 
+    /// Removes the workspaces of `tasks` of the finished run `run_id` that a preparation its
+    /// host's death cut short left behind, unrecorded on their task and holding nothing of an
+    /// agent's; in a dry run, only names them. Returns those tasks. The default knows of none.
+    fn take_away_unfinished(
+        &self,
+        repo_root: &Utf8Path,
+        run_id: &RunId,
+        tasks: &[TaskId],
+        dry_run: bool,
+    ) -> Vec<TaskId> {
+        let _ = (repo_root, run_id, tasks, dry_run);
+        Vec::new()
+    }
+
     /// Writes the whole history of `commit` as a git pack to `out`: what a placement's clone
     /// that lacks the run's base needs. The default cannot.
     fn pack_history(

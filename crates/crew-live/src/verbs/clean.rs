@@ -47,6 +47,12 @@ pub enum TaskCleaned {
         /// where it would be kept, goes).
         security: Vec<SecurityFinding>,
     },
+    /// Its worktree, left unfinished by a preparation its host's death cut short (nothing of
+    /// an agent's in it: see `crew_worktree::unfinished`), removed; in a dry run, it would be.
+    Unfinished {
+        /// The task.
+        task: TaskId,
+    },
     /// Kept as it is: it could not be removed safely.
     Kept {
         /// The task.
@@ -211,10 +217,44 @@ impl Project {
                 cleaned,
             });
         }
+        let mut cleaned = cleaned;
+        cleaned
+            .tasks
+            .extend(self.take_away_unfinished(&manifest, options.dry_run).await);
         if !options.dry_run {
             self.store().remove_run(run_id)?;
         }
         Ok(cleaned)
+    }
+
+    /// The workspaces of the run's tasks that a preparation cut short left behind: never
+    /// recorded on their task, so the teardowns above did not see them.
+    async fn take_away_unfinished(
+        &self,
+        manifest: &RunManifest,
+        dry_run: bool,
+    ) -> Vec<TaskCleaned> {
+        let Some(repo_root) = self.workspace().repo_root().map(ToOwned::to_owned) else {
+            return Vec::new();
+        };
+        let tasks: Vec<TaskId> = manifest
+            .tasks
+            .iter()
+            .filter(|task| task.workspace.is_none())
+            .map(|task| task.id.clone())
+            .collect();
+        if tasks.is_empty() {
+            return Vec::new();
+        }
+        let (provider, run_id) = (self.provider().clone(), manifest.run_id.clone());
+        let gone = tokio::task::spawn_blocking(move || {
+            provider.take_away_unfinished(&repo_root, &run_id, &tasks, dry_run)
+        })
+        .await
+        .unwrap_or_default();
+        gone.into_iter()
+            .map(|task| TaskCleaned::Unfinished { task })
+            .collect()
     }
 
     /// Whether the run's directory is there and its manifest never was.

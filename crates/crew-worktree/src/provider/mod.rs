@@ -101,6 +101,18 @@ impl WorkspaceProvider for CrewWorkspaces {
         let _ = crate::listing::mark_interrupted(repo_root, &self.settings, run_id);
     }
 
+    fn take_away_unfinished(
+        &self,
+        repo_root: &Utf8Path,
+        run_id: &RunId,
+        tasks: &[TaskId],
+        dry_run: bool,
+    ) -> Vec<TaskId> {
+        // Best effort: one that stays is `crew worktrees prune`'s to remove.
+        crate::unfinished::take_away_of_run(repo_root, &self.settings, run_id, tasks, dry_run)
+            .unwrap_or_default()
+    }
+
     fn branch_diffstat(
         &self,
         repo_root: &Utf8Path,

@@ -80,6 +80,16 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                     }
                 }
             }
+            TaskCleaned::Unfinished { task } if args.dry_run => {
+                say!("would remove {task}'s worktree, which its host's death left unfinished")
+            }
+            TaskCleaned::Unfinished { task } => {
+                if !ui.quiet {
+                    say!(
+                        "{task}: its worktree, which its host's death left unfinished (nothing of an agent's in it), removed"
+                    )
+                }
+            }
             TaskCleaned::Kept { task, why } => say!(
                 "{task}: kept — {why} (as recorded in {})",
                 ctx.store().manifest_path(&run_id)
