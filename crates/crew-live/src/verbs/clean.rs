@@ -201,7 +201,7 @@ impl Project {
                 },
             });
         }
-        let cleaned = Cleaned {
+        let mut cleaned = Cleaned {
             tasks,
             never_written: false,
         };
@@ -217,7 +217,6 @@ impl Project {
                 cleaned,
             });
         }
-        let mut cleaned = cleaned;
         cleaned
             .tasks
             .extend(self.take_away_unfinished(&manifest, options.dry_run).await);
