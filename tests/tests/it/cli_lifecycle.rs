@@ -276,6 +276,54 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
     assert!(died < resumed && resumed < finished, "{runs:?}");
 }
 
+/// A host that dies leaves no record of when: its run may be looked at a second or a day later.
+/// The interrupted task's end (and its DURATION) is when it was last seen going on — its last
+/// output, the run's last write — never the moment the death was noticed.
+#[test]
+fn an_interrupted_task_ends_when_it_was_last_seen_not_when_its_host_s_death_was_noticed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let marker = env.root().join("never");
+    let mut child = start_run(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "shell",
+            &format!("echo ready; while [ ! -f {marker} ]; do sleep 0.1; done"),
+        ],
+        1,
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let killed_at = std::time::SystemTime::now();
+    signal(&child, rustix::process::Signal::KILL);
+    child.wait().unwrap();
+    // Noticed later, as by a user who comes back to it.
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Shown as `crew runs list` shows it: interrupted, not running.
+    let manifest = manifest(&env, &repo, &run);
+    assert_eq!(manifest["status"], "interrupted");
+    let time = |value: &serde_json::Value| {
+        serde_json::from_value::<crew_core::model::Timestamp>(value.clone())
+            .unwrap_or_else(|_| panic!("a timestamp: {value}"))
+            .0
+    };
+    let task = &manifest["tasks"][0];
+    assert_eq!(task["status"], "failed");
+    let (started, finished) = (time(&task["started_at"]), time(&task["finished_at"]));
+    assert!(
+        started <= finished && finished <= killed_at,
+        "the task ended at {finished:?}, its host was killed at {killed_at:?} (started at {started:?})"
+    );
+    let run_finished = time(&manifest["finished_at"]);
+    assert!(
+        finished <= run_finished && run_finished <= killed_at,
+        "the run ended at {run_finished:?}, its host was killed at {killed_at:?}"
+    );
+}
+
 #[test]
 fn a_question_waits_with_its_workspace_and_a_follow_up_answers_it() {
     let env = TestEnv::new();

@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// When a task whose host died was last seen going on: the later of its run's last write
+/// (`last_written`) and its agent's last output, never before the task started nor after now
+/// (an agent can set its log's time to anything). Its host died after that, when nobody
+/// recorded.
+fn last_seen(task: &TaskRecord, last_written: Timestamp, log: &Utf8Path) -> Timestamp {
+    let output = std::fs::symlink_metadata(log)
+        .and_then(|metadata| metadata.modified())
+        .map(Timestamp);
+    let seen = output.map_or(last_written, |output| output.max(last_written));
+    let seen = task.started_at.map_or(seen, |started| seen.max(started));
+    seen.min(Timestamp::now())
+}
+
 impl StateStore {
     /// Marks every `running` run of this workspace whose host process is gone as `interrupted`;
     /// its tasks that were preparing or running become `failed` with the reason. Runs of other
@@ -57,11 +70,21 @@ impl StateStore {
                     })
                     .map(|task| task.id.clone())
                     .collect();
+                // The host died at a moment nobody recorded, maybe long before now: each task
+                // and the run end when they were last seen, not when the death was noticed.
+                let last_written = manifest.updated_at;
+                let mut run_seen = last_written;
                 for task_id in &active {
+                    let log = self.output_log_path(&run_id, task_id);
                     let task = manifest.set_task_status(task_id, TaskStatus::Failed)?;
                     task.reason = Some(format!("{INTERRUPTED_REASON}{reason}"));
+                    let seen = last_seen(task, last_written, &log);
+                    run_seen = run_seen.max(seen);
+                    task.finished_at = Some(seen);
                 }
                 manifest.set_status(RunStatus::Interrupted)?;
+                // Stamped now by the change: the run, too, ended when it was last seen.
+                manifest.finished_at = Some(run_seen.min(Timestamp::now()));
                 manifest.reason = Some(reason.clone());
                 Ok(Some((reason, active)))
             })?;

@@ -17,6 +17,9 @@ pub struct ShowArgs {
 pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     let ctx = Context::discover(ui)?;
     let run_id = ctx.resolve_run(&args.run)?;
+    // A run whose host died is shown interrupted, as `crew runs list` shows it, not running.
+    // Best effort: a run that cannot be read is refused by the read below, with its own error.
+    let _ = ctx.project().run_ended(&run_id);
     let manifest = ctx.read_run(&run_id)?;
     if args.json {
         say!("{}", serde_json::to_string_pretty(&manifest)?);
