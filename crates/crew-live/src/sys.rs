@@ -387,3 +387,20 @@ pub(crate) fn landlock_restrict_self(ruleset: c_int) -> c_int {
     let done = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
     done as c_int
 }
+
+/// Installs the seccomp filter `program` on this process and everything it starts (after
+/// `PR_SET_NO_NEW_PRIVS`).
+pub(crate) fn seccomp_filter(program: &libc::sock_fprog) -> c_int {
+    const SECCOMP_SET_MODE_FILTER: c_int = 1;
+    // SAFETY: the kernel copies the program `program` points at, whose filter lives as long
+    // as the borrow; nothing is written.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            0u32,
+            program as *const libc::sock_fprog,
+        )
+    };
+    done as c_int
+}

@@ -16,6 +16,9 @@
 //! fake-agent env                       print its environment, sorted, one `NAME=value` per line
 //! fake-agent write <file> <text>       append a line to <file> (relative to its cwd), exit 0
 //! fake-agent pwd                       print its working directory
+//! fake-agent keyring <description>     look for the user key <description> in its session
+//!                                      keyring and read it: `ESCAPED keyring <secret>`, or
+//!                                      `refused keyring: <error>`
 //! fake-agent pipe-socket               send each stdin line to `$CREW_SOCKET` and print the
 //!                                      answer line
 //! fake-agent hold-socket <n> <seconds> open <n> connections to `$CREW_SOCKET`, send each a
@@ -144,6 +147,7 @@ fn main() {
             writeln!(file, "{}", args[2..].join(" ")).unwrap();
         }
         "pwd" => println!("{}", std::env::current_dir().unwrap().display()),
+        "keyring" => read_key(&args[1]),
         "pipe-socket" => {
             let socket = std::env::var("CREW_SOCKET").unwrap();
             let mut stream = connect(&socket).unwrap();
@@ -202,5 +206,48 @@ fn connect(socket: &str) -> std::io::Result<std::os::unix::net::UnixStream> {
             &std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?,
         ),
         None => std::os::unix::net::UnixStream::connect(socket),
+    }
+}
+
+/// `keyctl(KEYCTL_SEARCH, KEY_SPEC_SESSION_KEYRING, "user", description)`, then
+/// `keyctl(KEYCTL_READ)` of what it found.
+#[allow(unsafe_code)]
+fn read_key(description: &str) {
+    const KEYCTL_SEARCH: libc::c_long = 10;
+    const KEYCTL_READ: libc::c_long = 11;
+    const KEY_SPEC_SESSION_KEYRING: libc::c_long = -3;
+    let description = std::ffi::CString::new(description).unwrap();
+    // SAFETY: two NUL-terminated strings, read by the kernel during the call.
+    let key = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_SEARCH,
+            KEY_SPEC_SESSION_KEYRING,
+            c"user".as_ptr(),
+            description.as_ptr(),
+            0,
+        )
+    };
+    if key < 0 {
+        println!("refused keyring: {}", std::io::Error::last_os_error());
+        return;
+    }
+    let mut secret = [0u8; 256];
+    // SAFETY: the kernel writes at most `secret.len()` bytes into it.
+    let read = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_READ,
+            key,
+            secret.as_mut_ptr(),
+            secret.len(),
+        )
+    };
+    match usize::try_from(read) {
+        Ok(read) => println!(
+            "ESCAPED keyring {}",
+            String::from_utf8_lossy(&secret[..read.min(secret.len())])
+        ),
+        Err(_) => println!("refused keyring read: {}", std::io::Error::last_os_error()),
     }
 }

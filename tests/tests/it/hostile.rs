@@ -1719,3 +1719,74 @@ fn the_users_sockets_beside_an_agents_temp_dir_in_the_runtime_directory_are_hidd
         "{recorded:#}"
     );
 }
+
+/// The kernel's keyrings are confined by no namespace and not by Landlock: an agent inherits
+/// its host's session keyring, and what the user's login put there (a Kerberos ticket, a file
+/// system's key) is its to read. A confined agent is refused the keyrings; with the sandbox
+/// off, the same agent reads the secret (the attack works here).
+#[test]
+fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
+    use std::os::unix::process::CommandExt;
+    let env = TestEnv::new();
+    let description = format!("crew-test-secret-{}", std::process::id());
+    let secret = format!("hunter2-{}", std::process::id());
+    let read = |repo: &Utf8Path| -> String {
+        let mut command = env.crew_command(repo);
+        command.args([
+            "run",
+            "--quiet",
+            "--agent",
+            "shell",
+            &format!(
+                "{} keyring {description} > seen.txt",
+                crew_tests::helper_bin("fake-agent")
+            ),
+        ]);
+        let (name, payload) = (
+            std::ffi::CString::new(description.clone()).unwrap(),
+            secret.clone().into_bytes(),
+        );
+        // The host starts in a session keyring of its own that holds the secret, as the
+        // user's login session would.
+        #[allow(unsafe_code)]
+        // SAFETY: between fork and exec: two system calls on memory made before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+                const KEY_SPEC_SESSION_KEYRING: libc::c_long = -3;
+                let joined = libc::syscall(libc::SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, 0usize);
+                let added = libc::syscall(
+                    libc::SYS_add_key,
+                    c"user".as_ptr(),
+                    name.as_ptr(),
+                    payload.as_ptr(),
+                    payload.len(),
+                    KEY_SPEC_SESSION_KEYRING,
+                );
+                if joined < 0 || added < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let run = command.output().unwrap();
+        assert!(run.status.success(), "{}", render_output(&run));
+        std::fs::read_to_string(repo.join("seen.txt")).unwrap()
+    };
+
+    let confined = env.repo("confined");
+    let seen = read(&confined);
+    assert!(
+        seen.contains("refused keyring: Operation not permitted") && !seen.contains(&secret),
+        "{seen}"
+    );
+
+    let unconfined = env.repo("unconfined");
+    write(
+        &unconfined.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    env.allow_settings(&unconfined);
+    let seen = read(&unconfined);
+    assert_eq!(seen.trim(), format!("ESCAPED keyring {secret}"));
+}

@@ -274,6 +274,9 @@ fn render(ctx: &Context, report: &Report) -> String {
             crew_live::sandbox::DEVICE_FILES.join(", ")
         ));
         out.push_str("  everything else is read-only to it\n");
+        out.push_str(
+            "  the kernel's keyrings are closed to it (what your login keeps there stays yours)\n",
+        );
         match (agent.network, agent.network_enforced) {
             (crew_core::config::NetworkMode::Open, _) => out.push_str(
                 "  network: open (set `[sandbox] network = \"proxy\"` with `allow_hosts`, or \"none\", to narrow it)\n",

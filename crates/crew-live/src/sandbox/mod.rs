@@ -12,7 +12,9 @@
 //!   paths its agent definition adds (`[sandbox] write`), and a few device
 //!   files (`/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`, `/dev/shm`);
 //! - signals to processes outside its own sandbox are refused (Landlock ABI 6 and newer), so an
-//!   agent cannot kill its host or the user's other programs.
+//!   agent cannot kill its host or the user's other programs;
+//! - the kernel's keyrings, which no namespace confines, are closed by a seccomp filter (see
+//!   `keyrings`).
 //!
 //! The ruleset is built in the host (opening the paths allocates); the agent's warden inherits
 //! its descriptor, and the process it forks for the agent only makes the two system calls that
@@ -36,6 +38,7 @@ use landlock::{
 };
 
 mod enter;
+mod keyrings;
 mod namespace;
 
 use enter::child_succeeds;
