@@ -454,13 +454,12 @@ fn write_proc(path: &CStr, contents: &[u8]) -> std::io::Result<()> {
 }
 
 /// Applies a ruleset built by [`prepare`] to the calling process: no new privileges (setuid
-/// programs cannot lift the sandbox), the keyrings closed (see [`super::keyrings`]), then the
-/// ruleset.
+/// programs cannot lift the sandbox), then the ruleset. (An agent's keyrings were closed
+/// before: see `crate::spawn::Spawner`.)
 ///
 /// # Safety
 /// Runs between fork and exec: only async-signal-safe system calls, no allocation.
 pub(crate) unsafe fn restrict_self(ruleset: libc::c_int) -> std::io::Result<()> {
     zero_or_error(sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1))?;
-    super::keyrings::close_keyrings()?;
     zero_or_error(sys::landlock_restrict_self(ruleset))
 }

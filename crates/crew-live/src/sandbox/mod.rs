@@ -41,6 +41,8 @@ mod enter;
 mod keyrings;
 mod namespace;
 
+pub(crate) use keyrings::close_keyrings;
+
 use enter::child_succeeds;
 pub(crate) use enter::{
     enter_namespace, listen_for_host, listen_for_own_connections, plan_control_name,
