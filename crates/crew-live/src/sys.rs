@@ -266,12 +266,12 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Marks the mount at `path`, and every mount beneath it, read-only.
-pub(crate) fn make_read_only(path: &CStr) -> c_int {
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// `mount_setattr(2)` of the mount at `path` (and, with `AT_RECURSIVE` in `flags`, of every
+/// mount beneath it): the attributes `set` set, `clear` cleared.
+fn set_mount_attributes(path: &CStr, flags: libc::c_uint, set: u64, clear: u64) -> c_int {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
+        attr_set: set,
+        attr_clr: clear,
         propagation: 0,
         userns_fd: 0,
     };
@@ -281,12 +281,45 @@ pub(crate) fn make_read_only(path: &CStr) -> c_int {
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             path.as_ptr(),
-            libc::AT_RECURSIVE as libc::c_uint,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     done as c_int
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// Marks the mount at `path`, and every mount beneath it, read-only.
+pub(crate) fn make_read_only(path: &CStr) -> c_int {
+    set_mount_attributes(
+        path,
+        libc::AT_RECURSIVE as libc::c_uint,
+        MOUNT_ATTR_RDONLY,
+        0,
+    )
+}
+
+/// Marks the mount at `path` (only that one) writable again.
+pub(crate) fn make_writable(path: &CStr) -> c_int {
+    set_mount_attributes(path, 0, 0, MOUNT_ATTR_RDONLY)
+}
+
+/// The `getcwd` system call into `buffer` (the C library's may allocate): the path's length
+/// with its NUL, or `None` (too long, or a directory no longer reachable from the root).
+pub(crate) fn current_dir(buffer: &mut [u8]) -> Option<usize> {
+    // SAFETY: the kernel writes at most `buffer.len()` bytes into it.
+    let length = unsafe { libc::syscall(libc::SYS_getcwd, buffer.as_mut_ptr(), buffer.len()) };
+    usize::try_from(length)
+        .ok()
+        .filter(|length| *length > 1 && buffer.first() == Some(&b'/'))
+}
+
+/// `chdir(2)`.
+pub(crate) fn change_dir(path: &CStr) -> c_int {
+    // SAFETY: `path` is NUL-terminated and alive for the call.
+    unsafe { libc::chdir(path.as_ptr()) }
 }
 
 /// `socket(2)`.

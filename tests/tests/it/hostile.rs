@@ -1790,3 +1790,85 @@ fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
     let seen = read(&unconfined);
     assert_eq!(seen.trim(), format!("ESCAPED keyring {secret}"));
 }
+
+/// Landlock refuses an agent every write outside its places, but not a file's metadata: a
+/// confined agent could `chmod` any file its user owns (as root, any of the system's: a
+/// root-owned program made setuid) and `touch` it. In its namespace every mount is read-only
+/// but its places: a private key it tries to make world-readable, the repository's packs it
+/// tries to make unreadable, a program it tries to make setuid and a file it backdates stay as
+/// they were, in a worktree and in single mode, while what it does in its own places works.
+#[test]
+fn a_confined_agent_changes_no_mode_or_time_of_what_it_may_not_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    env.git(&repo, ["gc", "-q"]);
+    let key = env.home().join(".ssh/id_ed25519");
+    write(&key, "private\n");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let program = env.root().join("bin/tool");
+    write(&program, "#!/bin/sh\n");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let packs = repo.join(".git/objects/pack");
+    let pack = std::fs::read_dir(&packs)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "pack")
+        })
+        .unwrap();
+    // Modes, and the times of the files only the agent could touch (git freshens a pack's
+    // time itself when it writes an object the pack holds).
+    let state = |path: &std::path::Path| {
+        let metadata = std::fs::metadata(path).unwrap();
+        let time = (!path.starts_with(&repo)).then(|| metadata.modified().unwrap());
+        (metadata.permissions().mode(), time)
+    };
+    let watched = [
+        key.as_std_path(),
+        program.as_std_path(),
+        packs.as_std_path(),
+        &pack,
+    ];
+    let before: Vec<_> = watched.iter().map(|path| state(path)).collect();
+    let attempt = format!(
+        "chmod 644 {key} && echo ESCAPED key; chmod 4755 {program} && echo ESCAPED setuid; \
+         chmod 000 {packs} {pack} && echo ESCAPED packs; touch -d 2001-01-01 {key} && echo ESCAPED time; \
+         echo mine > mine.sh && chmod +x mine.sh && touch -d 2001-01-01 mine.sh && echo OWN OK",
+        pack = pack.display()
+    );
+    for mode in ["worktree", "single"] {
+        let output = env.crew(
+            &repo,
+            [
+                "run",
+                "--quiet",
+                "--workspace-mode",
+                mode,
+                "--agent",
+                "shell",
+                &attempt,
+            ],
+        );
+        assert!(
+            output.status.success(),
+            "{mode}: {}",
+            render_output(&output)
+        );
+        let run = run_ids(&env, &repo)[0].clone();
+        let log = output_log(&repo, &run, "shell");
+        // In single mode the git directory is the agent's private view: its chmod there
+        // changes its view, and the repository's own packs are compared below.
+        let escaped = log.lines().any(|line| {
+            line.starts_with("ESCAPED") && !(mode == "single" && line == "ESCAPED packs")
+        });
+        assert!(!escaped, "{mode}: {log}");
+        assert!(log.contains("OWN OK"), "{mode}: {log}");
+        let after: Vec<_> = watched.iter().map(|path| state(path)).collect();
+        assert_eq!(after, before, "{mode}: {log}");
+        std::fs::remove_file(repo.join("mine.sh")).ok();
+    }
+    env.git(&repo, ["fsck", "--no-progress"]);
+}

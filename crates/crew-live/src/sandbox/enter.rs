@@ -132,6 +132,64 @@ pub(crate) unsafe fn enter_namespace(
         libc::MS_REC | libc::MS_PRIVATE,
         None,
     ))?;
+    let read_only_elsewhere = flags & PLAN_READ_ONLY_ELSEWHERE != 0;
+    // Where it works: gone back to once its places are bound, so that it works through the
+    // bind, not the mount beneath it that is made read-only.
+    let mut cwd = [0u8; 4096];
+    let cwd = if read_only_elsewhere {
+        sys::current_dir(&mut cwd).and_then(|length| CStr::from_bytes_with_nul(&cwd[..length]).ok())
+    } else {
+        None
+    };
+    // Its places, each bound onto itself: a mount of their own, made writable again below.
+    if read_only_elsewhere {
+        for entry in entries(paths) {
+            let (kind, path) = entry?;
+            if kind == b'w' {
+                bind_onto_itself(path)?;
+            }
+        }
+    }
+    // Each private view: an overlay on its own lower layer; the agent reads the directory as
+    // it is, and what it changes goes to the upper layer (which the overlay holds a mount of
+    // its own of, untouched by what follows).
+    let mut overlay_target: Option<&CStr> = None;
+    for entry in entries(paths) {
+        match entry? {
+            (b'o', target) => overlay_target = Some(target),
+            (b'O', options) => {
+                let target = overlay_target.take().ok_or_else(invalid)?;
+                zero_or_error(sys::mount(
+                    Some(c"crew-private"),
+                    target,
+                    Some(c"overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(options),
+                ))?;
+            }
+            _ => {}
+        }
+    }
+    // Every mount read-only, then its places and views writable again: what it may not write,
+    // it may not `chmod`, `touch` or give attributes either.
+    if read_only_elsewhere {
+        zero_or_error(sys::make_read_only(c"/"))?;
+        for entry in entries(paths) {
+            let (kind, path) = entry?;
+            match kind {
+                b'o' => zero_or_error(sys::make_writable(path))?,
+                // A place on a mount the machine made read-only stays read-only (the kernel
+                // keeps that flag of a mount a namespace inherited): it was never writable.
+                b'w' if sys::make_writable(path) != 0 && sys::errno() != libc::EPERM => {
+                    return Err(std::io::Error::from_raw_os_error(sys::errno()));
+                }
+                _ => {}
+            }
+        }
+        if let Some(cwd) = cwd {
+            zero_or_error(sys::change_dir(cwd))?;
+        }
+    }
     if let Some((dir_access, file_access)) = terminals {
         zero_or_error(sys::mount(
             Some(c"devpts"),
@@ -156,66 +214,58 @@ pub(crate) unsafe fn enter_namespace(
             grant(ruleset, c"/dev/pts/ptmx", file_access)?;
         }
     }
-    let mut start = 0;
-    let mut overlay_target: Option<&CStr> = None;
-    for (end, _) in paths.iter().enumerate().filter(|(_, byte)| **byte == 0) {
-        let kind = paths[start];
-        let entry = CStr::from_bytes_with_nul(&paths[start + 1..=end]).map_err(|_| invalid())?;
-        start = end + 1;
-        match kind {
-            b'o' => {
-                overlay_target = Some(entry);
-                continue;
-            }
-            // An overlay on its own lower layer: the agent reads the directory as it is,
-            // and what it changes goes to the upper layer.
-            b'O' => {
-                let target = overlay_target.take().ok_or_else(invalid)?;
-                zero_or_error(sys::mount(
-                    Some(c"crew-private"),
-                    target,
-                    Some(c"overlay"),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(entry),
-                ))?;
-                continue;
-            }
+    for entry in entries(paths) {
+        match entry? {
             // Covered: by a small empty directory of its own, or by /dev/null.
-            b'd' => {
-                zero_or_error(sys::mount(
-                    Some(c"crew-hidden"),
-                    entry,
-                    Some(c"tmpfs"),
-                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    Some(c"size=16k,mode=0700"),
-                ))?;
-                continue;
+            (b'd', path) => zero_or_error(sys::mount(
+                Some(c"crew-hidden"),
+                path,
+                Some(c"tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                Some(c"size=16k,mode=0700"),
+            ))?,
+            (b'f', path) => zero_or_error(sys::mount(
+                Some(c"/dev/null"),
+                path,
+                None,
+                libc::MS_BIND,
+                None,
+            ))?,
+            // Read-only beneath a place it may write (or a view).
+            (b'r', path) => {
+                bind_onto_itself(path)?;
+                zero_or_error(sys::make_read_only(path))?;
             }
-            b'f' => {
-                zero_or_error(sys::mount(
-                    Some(c"/dev/null"),
-                    entry,
-                    None,
-                    libc::MS_BIND,
-                    None,
-                ))?;
-                continue;
-            }
-            // Listened on once confined: see `listen_for_own_connections`.
-            b'c' => continue,
-            b'r' => {}
+            // Done above; the agent's own connection is listened on once confined (see
+            // `listen_for_own_connections`).
+            (b'w' | b'o' | b'O' | b'c', _) => {}
             _ => return Err(invalid()),
         }
-        zero_or_error(sys::mount(
-            Some(entry),
-            entry,
-            None,
-            libc::MS_BIND | libc::MS_REC,
-            None,
-        ))?;
-        zero_or_error(sys::make_read_only(entry))?;
     }
     Ok(())
+}
+
+/// Binds `path` (and the mounts beneath it) onto itself: a mount of its own, whose flags can
+/// then be set apart from the one it lies on. Async-signal-safe.
+fn bind_onto_itself(path: &CStr) -> std::io::Result<()> {
+    zero_or_error(sys::mount(
+        Some(path),
+        path,
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        None,
+    ))
+}
+
+/// The entries of a namespace plan's paths (see [`Namespace::encode`]): a kind byte and a
+/// NUL-terminated path each. Async-signal-safe: it only reads the plan.
+fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
+    paths.split_inclusive(|byte| *byte == 0).map(|entry| {
+        let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
+        let (&kind, path) = entry.split_first().ok_or_else(invalid)?;
+        let path = CStr::from_bytes_with_nul(path).map_err(|_| invalid())?;
+        Ok((kind, path))
+    })
 }
 
 /// The name of the agent's own connection a namespace plan holds (see [`Namespace::control`]).

@@ -11,6 +11,9 @@
 //!   needs (for a worktree: its own git directory, never the repository's objects or refs), the
 //!   paths its agent definition adds (`[sandbox] write`), and a few device
 //!   files (`/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`, `/dev/shm`);
+//!   and, where it has a namespace, every other mount is read-only in it, so that what it may
+//!   not write it may not `chmod`, `touch` or give attributes either (Landlock does not cover
+//!   metadata);
 //! - signals to processes outside its own sandbox are refused (Landlock ABI 6 and newer), so an
 //!   agent cannot kill its host or the user's other programs;
 //! - the kernel's keyrings, which no namespace confines, are closed by a seccomp filter (see
@@ -50,7 +53,10 @@ pub(crate) use enter::{
 };
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{Hidden, Namespace, user_sockets};
-use namespace::{PLAN_NO_NETWORK, PLAN_PROXY, PLAN_TERMINALS, overlay_options, overlays_work};
+use namespace::{
+    PLAN_NO_NETWORK, PLAN_PROXY, PLAN_READ_ONLY_ELSEWHERE, PLAN_TERMINALS, overlay_options,
+    overlays_work,
+};
 
 /// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`
 /// and `IoctlDev`). Older kernels get the subset they have.
@@ -264,7 +270,20 @@ pub(crate) fn prepare(
         .filter(|view| !private.contains(view))
         .flat_map(|view| view.read_only_without.iter().cloned())
         .collect();
+    // What stays writable when every mount is made read-only: its places (a view is an
+    // overlay, writable as it is mounted), and the shared memory of `/dev/shm`.
+    let writable: Vec<Utf8PathBuf> = write
+        .iter()
+        .filter(|path| !private.iter().any(|view| view.target == **path))
+        .cloned()
+        .chain(
+            std::iter::once(Utf8PathBuf::from("/dev/shm"))
+                .filter(|shm| open_beneath(shm).is_some_and(|beneath| beneath.is_dir)),
+        )
+        .collect();
     let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
+        read_only_elsewhere: true,
+        writable,
         private,
         read_only: plan
             .read_only

@@ -12,11 +12,22 @@ pub(super) const PLAN_NO_NETWORK: u8 = 2;
 /// A namespace plan's flag: a network namespace of its own, where the agent's process listens
 /// on the proxy's port for its host (see [`crate::proxy`]).
 pub(super) const PLAN_PROXY: u8 = 4;
+/// A namespace plan's flag: every mount read-only but the places it may write (see
+/// [`Namespace::writable`]).
+pub(super) const PLAN_READ_ONLY_ELSEWHERE: u8 = 8;
 
 /// What a confined agent's process makes of a user and mount namespace of its own, before its
 /// ruleset (which then forbids changing mounts, so the agent cannot undo it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Namespace {
+    /// Every mount made read-only, but `writable` (each bound onto itself first) and the
+    /// private views. Landlock refuses writes elsewhere, but not a file's metadata: without
+    /// this the agent could `chmod` (or `touch`, or set attributes of) any file its user owns,
+    /// or, as root, any file of the system's — make a private key world-readable, a pack
+    /// unreadable, a root-owned program setuid.
+    pub read_only_elsewhere: bool,
+    /// The places it may write, which stay writable when the rest is made read-only.
+    pub writable: Vec<Utf8PathBuf>,
     /// Overlaid first, each with its changes going to crew's directory.
     pub private: Vec<PrivateView>,
     /// Bound onto themselves read-only (after the overlays, so beneath one too).
@@ -40,11 +51,12 @@ pub struct Namespace {
 
 impl Namespace {
     /// The plan as the agent's process reads it between fork and exec: a byte of flags
-    /// ([`PLAN_TERMINALS`], [`PLAN_NO_NETWORK`]); with terminals, the write rights of a
-    /// directory and of a file as the ruleset handles them, eight bytes each; then entries of
-    /// a kind byte and a path (or an overlay's options) ended by a NUL: each overlay (`o` its
-    /// target, `O` its options), each read-only path (`r`), each hidden directory (`d`) and
-    /// file (`f`), and the name of the agent's own connection (`c`).
+    /// ([`PLAN_TERMINALS`], [`PLAN_NO_NETWORK`], [`PLAN_PROXY`],
+    /// [`PLAN_READ_ONLY_ELSEWHERE`]); with terminals, the write rights of a directory and of a
+    /// file as the ruleset handles them, eight bytes each; then entries of a kind byte and a
+    /// path (or an overlay's options) ended by a NUL: each writable place (`w`), each overlay
+    /// (`o` its target, `O` its options), each read-only path (`r`), each hidden directory
+    /// (`d`) and file (`f`), and the name of the agent's own connection (`c`).
     pub(crate) fn encode(&self) -> std::io::Result<Vec<u8>> {
         let mut flags = 0;
         if self.terminals {
@@ -56,6 +68,9 @@ impl Namespace {
         if self.proxy {
             flags |= PLAN_PROXY;
         }
+        if self.read_only_elsewhere {
+            flags |= PLAN_READ_ONLY_ELSEWHERE;
+        }
         let mut plan = vec![flags];
         if self.terminals {
             let handled = AccessFs::from_write(FS_ABI)
@@ -64,13 +79,19 @@ impl Namespace {
             plan.extend_from_slice(&handled.bits().to_le_bytes());
             plan.extend_from_slice(&file.bits().to_le_bytes());
         }
+        let writable = self
+            .writable
+            .iter()
+            .filter(|_| self.read_only_elsewhere)
+            .map(|path| (b'w', path.to_string()));
         let overlays = self.private.iter().flat_map(|view| {
             [
                 (b'o', view.target.to_string()),
                 (b'O', overlay_options(view).unwrap_or_default()),
             ]
         });
-        let entries = overlays
+        let entries = writable
+            .chain(overlays)
             .chain(
                 self.read_only
                     .iter()
