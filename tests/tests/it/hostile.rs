@@ -1872,3 +1872,36 @@ fn a_confined_agent_changes_no_mode_or_time_of_what_it_may_not_write() {
     }
     env.git(&repo, ["fsck", "--no-progress"]);
 }
+
+/// The same as an ordinary user, whose own files are the ones its agent could `chmod`: crew
+/// run by `nobody`, whose private key its agent tries to make world-readable.
+#[test]
+fn as_an_unprivileged_user_a_confined_agent_changes_no_mode_of_its_user_s_files() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !crew_tests::can_drop_to_nobody() {
+        return;
+    }
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let key = env.home().join(".ssh/id_ed25519");
+    write(&key, "private\n");
+    env.hand_to_nobody();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut command = env.crew_command_for_others(&repo);
+    command.args([
+        "run",
+        "--quiet",
+        "--agent",
+        "shell",
+        &format!("chmod 644 {key} && echo ESCAPED key; echo mine > mine.sh && chmod +x mine.sh && echo OWN OK"),
+    ]);
+    command.uid(crew_tests::NOBODY);
+    command.gid(crew_tests::NOBODY);
+    let run = command.output().unwrap();
+    assert!(run.status.success(), "{}", render_output(&run));
+    let log = output_log(&repo, &run_ids(&env, &repo)[0], "shell");
+    assert!(!log.contains("ESCAPED") && log.contains("OWN OK"), "{log}");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{log}");
+}
