@@ -37,8 +37,13 @@ impl Drop for RepoLock {
 
 /// The file serializing worktree mutations of one repository, across threads and processes.
 pub fn repo_lock(common: &Utf8Path) -> Result<RepoLock, LockError> {
-    FileLock::acquire(&common.join("crew-worktrees.lock"), REPO_LOCK_TIMEOUT)
+    FileLock::acquire(&repo_lock_path(common), REPO_LOCK_TIMEOUT)
         .map(|lock| RepoLock { lock: Some(lock) })
+}
+
+/// Where the repository lock of the git directory `common` is.
+pub fn repo_lock_path(common: &Utf8Path) -> Utf8PathBuf {
+    common.join("crew-worktrees.lock")
 }
 
 /// Something in the trash, and the directory it must lie within.

@@ -16,6 +16,8 @@
 //! fake-agent env                       print its environment, sorted, one `NAME=value` per line
 //! fake-agent write <file> <text>       append a line to <file> (relative to its cwd), exit 0
 //! fake-agent pwd                       print its working directory
+//! fake-agent hold-lock <file> <seconds> open <file> read-only, take an exclusive lock on it
+//!                                      (`flock`), print `held`, hold it that long
 //! fake-agent keyring <description>     look for the user key <description> in its session
 //!                                      keyring and read it: `ESCAPED keyring <secret>`, or
 //!                                      `refused keyring: <error>`
@@ -148,6 +150,17 @@ fn main() {
         }
         "pwd" => println!("{}", std::env::current_dir().unwrap().display()),
         "keyring" => read_key(&args[1]),
+        "hold-lock" => {
+            use std::os::fd::AsRawFd;
+            let file = std::fs::File::open(&args[1]).unwrap();
+            #[allow(unsafe_code)]
+            // SAFETY: a lock on a descriptor this function owns.
+            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            assert_eq!(locked, 0, "{}", std::io::Error::last_os_error());
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(Duration::from_secs_f64(args[2].parse().unwrap()));
+        }
         "pipe-socket" => {
             let socket = std::env::var("CREW_SOCKET").unwrap();
             let mut stream = connect(&socket).unwrap();

@@ -25,16 +25,7 @@ fn start_run(env: &TestEnv, dir: &Utf8Path, args: &[&str], count: usize) -> Chil
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until(30, "the agents to start", || {
-        let output = env.crew(dir, ["agents", "list", "--json"]);
-        let agents: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-        let ready = agents
-            .as_array()?
-            .iter()
-            .filter(|agent| agent["last_line"] == "ready")
-            .count();
-        (ready == count).then_some(())
-    });
+    crate::common::runs::wait_for_agents_saying(env, dir, "ready", count);
     // Drain stderr so the host never blocks on it.
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});

@@ -736,15 +736,7 @@ fn the_conflict_radar_sees_what_running_agents_committed() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    wait_until(30, "both agents to commit", || {
-        let agents = env.agents_json(&repo)?;
-        let committed = agents
-            .as_array()?
-            .iter()
-            .filter(|agent| agent["last_line"] == "committed")
-            .count();
-        (committed == 2).then_some(())
-    });
+    crate::common::runs::wait_for_agents_saying(&env, &repo, "committed", 2);
     let run = run_ids(&env, &repo).remove(0);
     let listed = env.crew(&repo, ["conflicts", &run]);
     let shown = render_output(&listed);

@@ -1905,3 +1905,54 @@ fn as_an_unprivileged_user_a_confined_agent_changes_no_mode_of_its_user_s_files(
     let mode = std::fs::metadata(&key).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "{log}");
 }
+
+/// A lock needs no right to write: an agent that opened crew's state lock or its repository
+/// lock (both readable to it) and held it would stall its host's every record and every other
+/// task's workspace for as long as it liked. In its namespace both files are covered: what it
+/// locks is not theirs, and while it holds it, the real locks are free.
+#[test]
+fn an_agent_cannot_hold_crew_s_locks() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let warmup = env.crew(
+        &repo,
+        [
+            "run",
+            "--workspace-mode",
+            "worktree",
+            "--agent",
+            "shell",
+            "true",
+        ],
+    );
+    assert!(warmup.status.success(), "{}", render_output(&warmup));
+    let locks = [
+        repo.join(".crew/state/lock"),
+        repo.join(".git/crew-worktrees.lock"),
+    ];
+    let fake = crew_tests::helper_bin("fake-agent");
+    for lock in &locks {
+        let mut run = env
+            .crew_command(&repo)
+            .args([
+                "run",
+                "--quiet",
+                "--workspace-mode",
+                "worktree",
+                "--agent",
+                "shell",
+                &format!("{fake} hold-lock {lock} 30"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        crate::common::runs::wait_for_agents_saying(&env, &repo, "held", 1);
+        // While the agent holds what it took for the lock, the lock itself is free.
+        let file = std::fs::File::open(lock).unwrap();
+        let free = file.try_lock();
+        let _ = run.kill();
+        let _ = run.wait();
+        assert!(free.is_ok(), "{lock} is held by the agent: {free:?}");
+    }
+}

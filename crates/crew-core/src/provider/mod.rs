@@ -442,6 +442,14 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The files this provider locks for the repository at `repo_root` (made when missing):
+    /// an agent must not be able to hold them, and a lock needs no right to write. The
+    /// sandbox covers them in the agent's namespace. The default locks nothing.
+    fn lock_files(&self, repo_root: &Utf8Path) -> Vec<Utf8PathBuf> {
+        let _ = repo_root;
+        Vec::new()
+    }
+
     /// The host of `run_id` died: its workspaces may still say they are in use, and should
     /// now say what became of them. The default does nothing.
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {

@@ -351,10 +351,12 @@ impl StateStore {
     /// Takes the cross-process lock, waiting up to [`LOCK_TIMEOUT`].
     pub fn lock(&self) -> Result<FileLock, StateError> {
         self.ensure_layout()?;
-        Ok(FileLock::acquire(
-            &self.state_dir.join(LOCK_FILE),
-            LOCK_TIMEOUT,
-        )?)
+        Ok(FileLock::acquire(&self.lock_path(), LOCK_TIMEOUT)?)
+    }
+
+    /// The file of the cross-process lock (see [`StateStore::lock`]).
+    pub fn lock_path(&self) -> Utf8PathBuf {
+        self.state_dir.join(LOCK_FILE)
     }
 
     /// Creates a run with a fresh id. `build` receives the id and returns the manifest.

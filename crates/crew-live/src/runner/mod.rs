@@ -321,6 +321,8 @@ pub struct Runner {
     unrecorded: Arc<Mutex<HashMap<RunId, Vec<String>>>>,
     /// Per run, agent definitions given with it (see [`Runner::give_agents`]).
     given_agents: Arc<Mutex<HashMap<RunId, HashMap<String, AgentDef>>>>,
+    /// The lock files its agents' sandboxes cover (see [`Runner::agent_locks`]).
+    agent_locks: Arc<std::sync::OnceLock<Vec<camino::Utf8PathBuf>>>,
 }
 
 impl Runner {
@@ -343,7 +345,22 @@ impl Runner {
             activity: tokio::sync::broadcast::channel(256).0,
             given_agents: Arc::default(),
             unrecorded: Arc::default(),
+            agent_locks: Arc::default(),
         }
+    }
+
+    /// The lock files its agents must not hold: its state's, and its provider's for the
+    /// project's repository. Asked once.
+    pub(crate) fn agent_locks(&self) -> Vec<camino::Utf8PathBuf> {
+        self.agent_locks
+            .get_or_init(|| {
+                let mut locks = vec![self.store.lock_path()];
+                if let Some(repo_root) = self.workspace.repo_root() {
+                    locks.extend(self.provider.lock_files(repo_root));
+                }
+                locks
+            })
+            .clone()
     }
 
     /// Every task status change of the runs this runner executes.

@@ -99,6 +99,10 @@ pub struct SandboxPlan {
     /// Where the kernel cannot give the narrower network, run with the open one (recorded as
     /// `network_unmet`) instead of refusing the start.
     pub allow_open_network: bool,
+    /// Lock files crew takes (its state's, its repository's): covered in the agent's
+    /// namespace, since holding a lock needs no right to write and an agent holding one would
+    /// stall its host and every other task.
+    pub locks: Vec<Utf8PathBuf>,
 }
 
 impl SandboxPlan {
@@ -112,6 +116,7 @@ impl SandboxPlan {
             network: NetworkMode::Open,
             hosts: Vec::new(),
             allow_open_network: false,
+            locks: Vec::new(),
         }
     }
 }
@@ -320,6 +325,17 @@ pub(crate) fn prepare(
         namespace
             .hidden
             .push(Hidden::Directory(leases.dir().to_owned()));
+    }
+    // crew's lock files: a file that is there (not a link) is covered by /dev/null.
+    if let Some(namespace) = &mut namespace {
+        namespace.hidden.extend(
+            plan.locks
+                .iter()
+                .filter(|lock| {
+                    std::fs::symlink_metadata(lock).is_ok_and(|metadata| metadata.is_file())
+                })
+                .map(|lock| Hidden::File(lock.clone())),
+        );
     }
     // Scoped to its own domain (Landlock ABI 6): the agent's own connection.
     if let (Some(namespace), Some(socket)) = (&mut namespace, own_socket)
@@ -535,6 +551,7 @@ mod tests {
             network: NetworkMode::Open,
             hosts: Vec::new(),
             allow_open_network: false,
+            locks: Vec::new(),
         };
         let prepared = prepare(&plan, &[], None).unwrap();
         assert!(prepared.ruleset.is_none());

@@ -95,6 +95,18 @@ pub fn fallback_warning(error: &PrepareWorktreeError) -> String {
 }
 
 impl WorkspaceProvider for CrewWorkspaces {
+    fn lock_files(&self, repo_root: &Utf8Path) -> Vec<Utf8PathBuf> {
+        let Ok(repo) = crate::leader::open(Some(repo_root), repo_root) else {
+            return Vec::new();
+        };
+        let lock = crate::trash::repo_lock_path(&crate::leader::common_dir(&repo));
+        // Made now, so that there is a file to cover when the agent starts.
+        match crew_core::fsutil::open_rw_nofollow(&lock) {
+            Ok(_) => vec![lock],
+            Err(_) => Vec::new(),
+        }
+    }
+
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {
         // Only labels: a worktree not relabelled still shows as the run's, and teardown or
         // `crew runs clean` handles it the same.

@@ -108,3 +108,17 @@ pub fn repo_with_config(env: &TestEnv, config: &str) -> Utf8PathBuf {
     env.git(&repo, ["commit", "-q", "-m", "crew config"]);
     repo
 }
+
+/// Waits (30 s at most) until `count` live agents of the workspace at `dir` last printed
+/// `line`.
+pub fn wait_for_agents_saying(env: &TestEnv, dir: &Utf8Path, line: &str, count: usize) {
+    crew_tests::wait_until(30, &format!("{count} agent(s) to say {line:?}"), || {
+        let agents = env.agents_json(dir)?;
+        let saying = agents
+            .as_array()?
+            .iter()
+            .filter(|agent| agent["last_line"] == line)
+            .count();
+        (saying == count).then_some(())
+    });
+}

@@ -161,6 +161,7 @@ impl RunContext {
                     })
                     .collect(),
                 allow_open_network: task.allow_open_network,
+                locks: self.runner.agent_locks(),
             },
             git_config: workspace.git_config.clone(),
             workspace_env: workspace_env(workspace)
