@@ -437,3 +437,100 @@ pub(crate) fn seccomp_filter(program: &libc::sock_fprog) -> c_int {
     };
     done as c_int
 }
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapabilityHeader {
+    version: u32,
+    pid: c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapabilityData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two data structs, 64 capabilities.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Whether this process holds `capability` in its effective set.
+fn holds_capability(capability: u32) -> bool {
+    let mut header = CapabilityHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapabilityData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: the kernel reads the header and writes the two data structs version 3 asks for.
+    let read = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapabilityHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    let (slot, bit) = ((capability / 32) as usize, capability % 32);
+    read == 0 && data[slot].effective & (1 << bit) != 0
+}
+
+/// Leaves this process, and what it executes, no capability: every one dropped from its
+/// bounding set (so that an exec as root gains none), its ambient set cleared, and its own
+/// sets emptied. 0, or -1 with `errno` set. A process without `CAP_SETPCAP` (an ordinary
+/// user's, outside a user namespace) has none to drop, and none an exec would give it under
+/// `PR_SET_NO_NEW_PRIVS`: nothing is done.
+pub(crate) fn drop_capabilities() -> c_int {
+    const CAP_SETPCAP: u32 = 8;
+    if !holds_capability(CAP_SETPCAP) {
+        return 0;
+    }
+    let bounding = |option: c_int, capability: c_ulong| {
+        // SAFETY: integer arguments only.
+        unsafe { libc::prctl(option, capability, 0, 0, 0) }
+    };
+    // Past the last capability this kernel knows, reading its bounding bit fails.
+    let mut capability: c_ulong = 0;
+    while bounding(libc::PR_CAPBSET_READ, capability) >= 0 {
+        if bounding(libc::PR_CAPBSET_DROP, capability) != 0 {
+            return -1;
+        }
+        capability += 1;
+    }
+    // SAFETY: integer arguments only.
+    let cleared = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if cleared != 0 {
+        return -1;
+    }
+    let header = CapabilityHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let none = [CapabilityData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: the kernel reads the header and the two data structs version 3 names.
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &header as *const CapabilityHeader,
+            none.as_ptr(),
+        )
+    };
+    set as c_int
+}

@@ -496,7 +496,7 @@ git update-ref refs/heads/{early_branch} HEAD
 git update-ref -d "refs/heads/crew/$CREW_RUN_ID-sib"
 git update-ref refs/heads/users-own HEAD
 git tag -f planted
-printf x > "$C/objects/{loose}" && echo REWROTE-IN-VIEW
+chmod u+w "$C/objects/{loose}" && printf x > "$C/objects/{loose}" && echo REWROTE-IN-VIEW
 try pool-worktree sh -c 'for d in "$CREW_PROJECT_ROOT"/.worktrees/.pool/*/; do echo x > "$d/planted.txt" && exit 0; done; exit 1'
 try admin-entry sh -c 'for d in "$0"/worktrees/*/; do echo /elsewhere/.git > "$d/gitdir" && exit 0; done; exit 1' "$C"
 try config sh -c 'echo "[core]" >> "$0/config"' "$C"

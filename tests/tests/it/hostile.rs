@@ -1956,3 +1956,51 @@ fn an_agent_cannot_hold_crew_s_locks() {
         assert!(free.is_ok(), "{lock} is held by the agent: {free:?}");
     }
 }
+
+/// A confined agent keeps no capability, nor gains one by its exec: run by root, it would hold
+/// every capability of its own namespace, and where the kernel gives it none (namespaces
+/// refused) every capability of root's — loading a kernel module from its workspace, setting
+/// the clock — which Landlock does not refuse. With the sandbox off, root's agent has them
+/// (what the test reads is there to read).
+#[test]
+fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let show = "grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status";
+    // The sets the agent printed, and those of them that hold a capability.
+    let sets = |dir: &Utf8Path, run: std::process::Output| -> (usize, Vec<String>) {
+        assert!(run.status.success(), "{}", render_output(&run));
+        let log = output_log(dir, &run_ids(&env, dir)[0], "shell");
+        let shown: Vec<&str> = log.lines().filter(|line| line.starts_with("Cap")).collect();
+        let held = shown
+            .iter()
+            .filter(|line| !line.ends_with("0000000000000000"))
+            .map(|line| (*line).to_owned())
+            .collect();
+        (shown.len(), held)
+    };
+
+    let confined = env.crew(&repo, ["run", "--agent", "shell", show]);
+    assert_eq!(sets(&repo, confined), (4, Vec::new()));
+
+    let without = crate::common::runs::crew_without_namespaces(&env, &repo)
+        .args(["run", "--agent", "shell", show])
+        .output()
+        .unwrap();
+    if crate::common::runs::namespace_refused_to_the_test(&without) {
+        return;
+    }
+    assert_eq!(sets(&repo, without), (4, Vec::new()));
+
+    if rustix::process::geteuid().is_root() {
+        let off = env.repo("unconfined");
+        write(
+            &off.join(".crew/config.toml"),
+            "[sandbox]\nmode = \"off\"\n",
+        );
+        env.allow_settings(&off);
+        let run = env.crew(&off, ["run", "--agent", "shell", show]);
+        let (shown, held) = sets(&off, run);
+        assert!(shown == 4 && held.len() >= 3, "{held:?}");
+    }
+}

@@ -419,39 +419,18 @@ fn where_namespaces_are_refused_a_narrower_network_runs_open_only_when_allowed()
     let env = TestEnv::new();
     let repo = env.repo("project");
     let without_namespaces = |extra: &[&str]| {
-        let crew = env.crew_command(&repo);
-        let mut command = std::process::Command::new("unshare");
-        command.env_clear();
-        for (name, value) in crew.get_envs() {
-            if let Some(value) = value {
-                command.env(name, value);
-            }
-        }
-        command
-            .current_dir(&repo)
-            .args([
-                "--user",
-                "--map-root-user",
-                "sh",
-                "-c",
-                "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"",
-                crew_tests::crew_bin().as_str(),
-                "run",
-                "--agent",
-                "shell",
-                "--network",
-                "none",
-            ])
+        crate::common::runs::crew_without_namespaces(&env, &repo)
+            .args(["run", "--agent", "shell", "--network", "none"])
             .args(extra)
-            .arg("echo RAN");
-        command.output().unwrap()
+            .arg("echo RAN")
+            .output()
+            .unwrap()
     };
     let refused = without_namespaces(&[]);
-    let shown = render_output(&refused);
-    if shown.contains("unshare failed") || shown.contains("Operation not permitted") {
-        eprintln!("SKIPPED: this machine cannot make a user namespace for the test: {shown}");
+    if crate::common::runs::namespace_refused_to_the_test(&refused) {
         return;
     }
+    let shown = render_output(&refused);
     assert!(!refused.status.success(), "{shown}");
     assert!(
         shown.contains("refuses unprivileged user namespaces")

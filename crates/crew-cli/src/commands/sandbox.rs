@@ -275,7 +275,7 @@ fn render(ctx: &Context, report: &Report) -> String {
         ));
         out.push_str("  everything else is read-only to it\n");
         out.push_str(
-            "  the kernel's keyrings are closed to it (what your login keeps there stays yours)\n",
+            "  it keeps no capability, and the kernel's keyrings are closed to it (what your login keeps there stays yours)\n",
         );
         match (agent.network, agent.network_enforced) {
             (crew_core::config::NetworkMode::Open, _) => out.push_str(

@@ -17,7 +17,9 @@
 //! - signals to processes outside its own sandbox are refused (Landlock ABI 6 and newer), so an
 //!   agent cannot kill its host or the user's other programs;
 //! - the kernel's keyrings, which no namespace confines, are closed by a seccomp filter (see
-//!   `keyrings`).
+//!   `keyrings`);
+//! - it keeps no capability, nor gains one by its exec (its warden drops them all last, see
+//!   `crate::spawn`).
 //!
 //! The ruleset is built in the host (opening the paths allocates); the agent's warden inherits
 //! its descriptor, and the process it forks for the agent only makes the two system calls that

@@ -122,3 +122,37 @@ pub fn wait_for_agents_saying(env: &TestEnv, dir: &Utf8Path, line: &str, count: 
         (saying == count).then_some(())
     });
 }
+
+/// `crew` in `dir` as on a kernel that refuses unprivileged user namespaces: started in a
+/// user namespace of its own (root there) with `user.max_user_namespaces` at 0. Its arguments
+/// follow.
+pub fn crew_without_namespaces(env: &TestEnv, dir: &Utf8Path) -> std::process::Command {
+    let crew = env.crew_command(dir);
+    let mut command = std::process::Command::new("unshare");
+    command.env_clear();
+    for (name, value) in crew.get_envs() {
+        if let Some(value) = value {
+            command.env(name, value);
+        }
+    }
+    command.current_dir(dir).args([
+        "--user",
+        "--map-root-user",
+        "sh",
+        "-c",
+        "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"",
+        crew_tests::crew_bin().as_str(),
+    ]);
+    command
+}
+
+/// Whether `output` says the test machine could not make the user namespace
+/// [`crew_without_namespaces`] starts crew in (then the test says it skipped).
+pub fn namespace_refused_to_the_test(output: &std::process::Output) -> bool {
+    let shown = render_output(output);
+    let refused = shown.contains("unshare failed") || shown.contains("Operation not permitted");
+    if refused {
+        eprintln!("SKIPPED: this machine cannot make a user namespace for the test: {shown}");
+    }
+    refused
+}

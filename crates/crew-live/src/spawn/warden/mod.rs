@@ -407,6 +407,11 @@ unsafe fn start_agent(
     {
         failed()
     }
+    // Confined, it keeps no capability, nor gains one by its exec: root's (with no namespace,
+    // the machine's: loading a kernel module, setting the clock) or its own namespace's.
+    if ruleset.is_some() && sys::drop_capabilities() != 0 {
+        failed()
+    }
     sys::close(report);
     // The agent's PATH is the one its program is looked up in, as for any exec.
     // SAFETY: this process has one thread, and nothing reads `environ` while it is set.
