@@ -77,9 +77,11 @@ fn zero_or_error(answer: libc::c_int) -> std::io::Result<()> {
 
 /// Enters the namespace `plan` encodes (see [`Namespace::encode`]) for the calling process and
 /// everything it starts: a user namespace of its own (mapping its own uid and gid, nothing
-/// else), a mount namespace in it whose mounts no longer propagate, a private instance of the
-/// terminal devices when asked, and each read-only path bound onto itself and marked
-/// read-only. Landlock, applied next, forbids changing mounts: the agent cannot undo this.
+/// else), a mount namespace in it whose mounts no longer propagate, its private views laid,
+/// every mount read-only but its places and views when asked (its working directory entered
+/// again through them), a private instance of the terminal devices when asked, the covers,
+/// and each read-only path bound onto itself and marked read-only. Landlock, applied next,
+/// forbids changing mounts: the agent cannot undo this.
 ///
 /// # Safety
 /// Runs between fork and exec: only async-signal-safe system calls, no allocation.
@@ -273,19 +275,15 @@ fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
 /// Async-signal-safe: it only reads the plan.
 pub(crate) fn plan_control_name(plan: &[u8]) -> Option<&[u8]> {
     let (&flags, rest) = plan.split_first()?;
-    let mut entries = if flags & PLAN_TERMINALS != 0 {
+    let paths = if flags & PLAN_TERMINALS != 0 {
         rest.get(16..)?
     } else {
         rest
     };
-    while let Some(end) = entries.iter().position(|byte| *byte == 0) {
-        let (entry, after) = entries.split_at(end);
-        if let Some((&b'c', name)) = entry.split_first() {
-            return Some(name);
-        }
-        entries = &after[1..];
-    }
-    None
+    entries(paths).find_map(|entry| match entry {
+        Ok((b'c', name)) => Some(name.to_bytes()),
+        _ => None,
+    })
 }
 
 /// Listens on the abstract unix socket `name` and sends the listening socket over `channel`

@@ -277,20 +277,19 @@ pub(crate) fn prepare(
         .filter(|view| !private.contains(view))
         .flat_map(|view| view.read_only_without.iter().cloned())
         .collect();
-    // What stays writable when every mount is made read-only: its places (a view is an
-    // overlay, writable as it is mounted), and the shared memory of `/dev/shm`.
-    let writable: Vec<Utf8PathBuf> = write
-        .iter()
-        .filter(|path| !private.iter().any(|view| view.target == **path))
-        .cloned()
-        .chain(
-            std::iter::once(Utf8PathBuf::from("/dev/shm"))
-                .filter(|shm| open_beneath(shm).is_some_and(|beneath| beneath.is_dir)),
-        )
-        .collect();
     let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
         read_only_elsewhere: true,
-        writable,
+        // What stays writable when every mount is made read-only: its places (a view is an
+        // overlay, writable as it is mounted), and the shared memory of `/dev/shm`.
+        writable: write
+            .iter()
+            .filter(|path| !private.iter().any(|view| view.target == **path))
+            .cloned()
+            .chain(
+                std::iter::once(Utf8PathBuf::from("/dev/shm"))
+                    .filter(|shm| open_beneath(shm).is_some_and(|beneath| beneath.is_dir)),
+            )
+            .collect(),
         private,
         read_only: plan
             .read_only
