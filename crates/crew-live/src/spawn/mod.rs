@@ -431,19 +431,15 @@ impl Spawner {
                     let _runtime = handle.enter();
                     // Refused by the kernel, no confined agent starts: each is told why.
                     let closed = if confined {
-                        crate::sandbox::close_keyrings().map_err(|error| error.raw_os_error())
+                        crate::sandbox::close_keyrings().map_err(|error| error.to_string())
                     } else {
                         Ok(())
                     };
                     while let Ok(job) = queue.recv() {
-                        let started = match closed {
+                        let started = match &closed {
                             Ok(()) => job.command.start(),
-                            Err(code) => Err(io::Error::other(format!(
-                                "the kernel refused the seccomp filter that closes its keyrings to a confined agent ({}): run the agent with `[sandbox] mode = \"off\"`, or crew on a kernel with seccomp filters",
-                                code.map_or_else(
-                                    || "no error code".to_owned(),
-                                    |code| io::Error::from_raw_os_error(code).to_string()
-                                )
+                            Err(error) => Err(io::Error::other(format!(
+                                "the kernel refused the seccomp filter that closes its keyrings to a confined agent ({error}): run the agent with `[sandbox] mode = \"off\"`, or crew on a kernel with seccomp filters"
                             ))),
                         };
                         // An asker gone before the answer leaves the child to its death
