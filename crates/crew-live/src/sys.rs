@@ -236,6 +236,12 @@ pub(crate) fn unshare(flags: c_int) -> c_int {
     unsafe { libc::unshare(flags) }
 }
 
+/// `setns(2)`: joins the namespace `fd` refers to, of type `nstype` (0 for any).
+pub(crate) fn setns(fd: c_int, nstype: c_int) -> c_int {
+    // SAFETY: no memory precondition; the namespaces changed are this thread's own.
+    unsafe { libc::setns(fd, nstype) }
+}
+
 /// `mount(2)`, each string NUL-terminated (or absent).
 pub(crate) fn mount(
     source: Option<&CStr>,

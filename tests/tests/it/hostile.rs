@@ -47,6 +47,18 @@ impl Canaries {
     }
 }
 
+/// A repository whose checked-in settings switch the sandbox off, allowed by the user: the
+/// control run in which an attack must work.
+fn unconfined_repo(env: &TestEnv) -> Utf8PathBuf {
+    let off = env.repo("unconfined");
+    write(
+        &off.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    env.allow_settings(&off);
+    off
+}
+
 /// A sibling repository with a tracked file, an untracked one and an ignored `prod.env`.
 fn sibling_repo(env: &TestEnv) -> Utf8PathBuf {
     let sibling = env.repo("sibling");
@@ -1993,14 +2005,81 @@ fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own()
     assert_eq!(sets(&repo, without), (4, Vec::new()));
 
     if rustix::process::geteuid().is_root() {
-        let off = env.repo("unconfined");
-        write(
-            &off.join(".crew/config.toml"),
-            "[sandbox]\nmode = \"off\"\n",
-        );
-        env.allow_settings(&off);
+        let off = unconfined_repo(&env);
         let run = env.crew(&off, ["run", "--agent", "shell", show]);
         let (shown, held) = sets(&off, run);
         assert!(shown == 4 && held.len() >= 3, "{held:?}");
+    }
+}
+
+/// Confined agents of one host share a user namespace its host made once (cheaper than one of
+/// their own at each start), and that gives none of them another's: an agent that finds a
+/// sibling tries to read and enter its mount and network namespaces, from where it is and
+/// from a user namespace of its own. With the sandbox off (root only, where the agents have
+/// no namespaces and the capabilities to enter any) the same attempts get in: the attack
+/// works where nothing stops it.
+#[test]
+fn agents_share_their_host_s_user_namespace_and_none_enters_another_s_namespaces() {
+    let env = TestEnv::new();
+    // The sibling says where it is and waits; the other goes at it, then lets it go.
+    let script = r#"own=$(readlink /proc/self/ns/user)
+case "$CREW_AGENT_ID" in
+*:shell-1) echo "own $own"; echo $$ > sibling.pid; while [ ! -e attacked ]; do sleep 0.05; done; exit 0 ;;
+esac
+echo "own $own"
+while [ ! -s sibling.pid ]; do sleep 0.05; done
+pid=$(cat sibling.pid)
+{
+echo "sibling $pid"
+readlink /proc/$pid/ns/mnt && echo "ESCAPED read its mount namespace"
+nsenter --mount=/proc/$pid/ns/mnt true && echo "ESCAPED into its mount namespace"
+nsenter --net=/proc/$pid/ns/net true && echo "ESCAPED into its network namespace"
+unshare -Ur nsenter --mount=/proc/$pid/ns/mnt true && echo "ESCAPED into its mount namespace from a namespace of its own"
+} > attack.txt 2>&1
+touch attacked"#;
+    let attack = |repo: &Utf8Path| -> (String, Vec<String>) {
+        let run = env.crew(
+            repo,
+            [
+                "run",
+                "--agent",
+                "shell",
+                "--fan-out",
+                "2",
+                "--max-parallel",
+                "2",
+                script,
+            ],
+        );
+        assert!(run.status.success(), "{}", render_output(&run));
+        let run_id = &run_ids(&env, repo)[0];
+        let namespaces = ["shell-1", "shell-2"]
+            .iter()
+            .map(|task| {
+                let log = output_log(repo, run_id, task);
+                let own = log.lines().find_map(|line| line.strip_prefix("own "));
+                own.unwrap_or_else(|| panic!("{task} said nothing: {log}"))
+                    .to_owned()
+            })
+            .collect();
+        let attack = std::fs::read_to_string(repo.join("attack.txt")).unwrap();
+        assert!(attack.starts_with("sibling "), "{attack}");
+        (attack, namespaces)
+    };
+
+    let repo = env.repo("project");
+    let (attempts, namespaces) = attack(&repo);
+    assert!(!attempts.contains("ESCAPED"), "{attempts}");
+    let host = std::fs::read_link("/proc/self/ns/user").unwrap();
+    assert_eq!(namespaces[0], namespaces[1], "{attempts}");
+    assert_ne!(namespaces[0], host.to_string_lossy(), "{attempts}");
+
+    if rustix::process::geteuid().is_root() {
+        let off = unconfined_repo(&env);
+        let (attempts, _) = attack(&off);
+        assert!(
+            attempts.contains("ESCAPED into its mount namespace\n"),
+            "{attempts}"
+        );
     }
 }

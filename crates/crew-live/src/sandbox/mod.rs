@@ -51,7 +51,7 @@ pub(crate) use keyrings::close_keyrings;
 use enter::child_succeeds;
 pub(crate) use enter::{
     enter_namespace, listen_for_host, listen_for_own_connections, plan_control_name,
-    plan_wants_proxy, receive_descriptor, restrict_self,
+    plan_wants_proxy, receive_descriptor, restrict_self, shared_user_namespace,
 };
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{Hidden, Namespace, user_sockets};

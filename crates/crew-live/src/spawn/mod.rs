@@ -101,8 +101,8 @@ fn read_u32(pipe: &OwnedFd, blocking: bool) -> Option<u32> {
 pub struct WardedCommand {
     command: Command,
     /// The descriptors the warden inherits, open until it started: the write end of its report
-    /// pipe, the agent's environment and the ruleset, if any. Their numbers are in its
-    /// arguments.
+    /// pipe, the agent's environment, and its ruleset, namespace plan, user namespace and
+    /// channel, if any. Their numbers are in its arguments.
     passed: Vec<OwnedFd>,
     /// The read end of the report pipe: first whether the agent started (0, or the error of
     /// its exec), then how many processes it left behind.
@@ -208,6 +208,13 @@ impl WardedCommand {
         } else {
             (None, None)
         };
+        // The user namespace the agent's process joins: its host's, made once (see
+        // `crate::sandbox::shared_user_namespace`), a copy of whose descriptor the warden
+        // gets.
+        let user = match namespace.and_then(|_| crate::sandbox::shared_user_namespace()) {
+            Some(shared) => Some(shared.try_clone_to_owned()?),
+            None => None,
+        };
         let namespace = match namespace {
             Some(namespace) => Some(memory_file(c"crew-namespace", &namespace.encode()?)?),
             None => None,
@@ -230,6 +237,10 @@ impl WardedCommand {
                     .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
             )
             .arg(
+                user.as_ref()
+                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
+            )
+            .arg(
                 channel
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
@@ -248,6 +259,7 @@ impl WardedCommand {
         let mut passed = vec![report_writer, environment];
         passed.extend(ruleset);
         passed.extend(namespace);
+        passed.extend(user);
         passed.extend(channel);
         Ok(WardedCommand {
             command,

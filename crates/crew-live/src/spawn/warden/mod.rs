@@ -42,13 +42,13 @@ const SWEEPS: usize = 8;
 
 /// The first argument that makes a start of the executable a warden. Its arguments, all
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
-/// <report fd> <environment fd> <namespace plan fd or -> <proxy channel fd or -> <marker>
-/// <the agent's soft limit on open files or -> <program> <args…>`.
-pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v4";
+/// <report fd> <environment fd> <namespace plan fd or -> <user namespace fd or -> <proxy
+/// channel fd or -> <marker> <the agent's soft limit on open files or -> <program> <args…>`.
+pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v5";
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
-/// environment, namespace plan, proxy channel, marker, open files).
-const WARDEN_ARGS: usize = 10;
+/// environment, namespace plan, user namespace, proxy channel, marker, open files).
+const WARDEN_ARGS: usize = 11;
 
 /// The exit code of a warden whose agent could not be started.
 const NOT_STARTED: libc::c_int = 127;
@@ -139,7 +139,7 @@ fn fail(what: &CStr) -> ! {
 
 /// Closes every descriptor from 3 up but the ones in `keep`: only for a process about to
 /// exec or never to return.
-fn close_all_but(mut keep: [libc::c_int; 5]) {
+fn close_all_but(mut keep: [libc::c_int; 6]) {
     keep.sort_unstable();
     let mut from: libc::c_int = 3;
     for kept in keep {
@@ -184,13 +184,15 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         fail(c"bad environment descriptor")
     };
     let namespace = optional_fd(args[6], c"bad namespace descriptor");
-    let channel = optional_fd(args[7], c"bad proxy channel descriptor");
+    let user = optional_fd(args[7], c"bad user namespace descriptor");
+    let channel = optional_fd(args[8], c"bad proxy channel descriptor");
     // What the host's other threads started meanwhile may have left open here.
     close_all_but([
         report,
         environment,
         ruleset.unwrap_or(report),
         namespace.unwrap_or(report),
+        user.unwrap_or(report),
         channel.unwrap_or(report),
     ]);
     let Some(agent_env) = map_environment(environment) else {
@@ -199,8 +201,8 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
     let namespace = namespace.map(|fd| {
         map_file(fd).unwrap_or_else(|| fail_reported(report, c"cannot read the agent's namespace"))
     });
-    let marker = args[8].to_bytes();
-    let open_files = match args[9].to_bytes() {
+    let marker = args[9].to_bytes();
+    let open_files = match args[10].to_bytes() {
         b"-" => None,
         digits => Some(parse_limit(digits).unwrap_or_else(|| fail(c"bad open files limit"))),
     };
@@ -237,6 +239,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         let confinement = Confinement {
             ruleset,
             namespace,
+            user,
             channel,
             open_files,
         };
@@ -244,6 +247,9 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         unsafe { start_agent(argv, agent_env, confinement, report, exec_pipe[1]) }
     }
     sys::close(exec_pipe[1]);
+    if let Some(user) = user {
+        sys::close(user);
+    }
     if let Some(channel) = channel {
         sys::close(channel);
     }
@@ -332,6 +338,8 @@ struct Confinement<'a> {
     ruleset: Option<libc::c_int>,
     /// The namespace plan (see [`crate::sandbox::Namespace::encode`]).
     namespace: Option<&'a [u8]>,
+    /// The user namespace its host made for its agents, to join.
+    user: Option<libc::c_int>,
     /// Where the proxy's listening socket goes, when the plan asks for one.
     channel: Option<libc::c_int>,
     /// The soft limit on open files the agent gets back, its host's raised (see
@@ -354,6 +362,7 @@ unsafe fn start_agent(
     let Confinement {
         ruleset,
         namespace,
+        user,
         channel,
         open_files,
     } = confinement;
@@ -370,7 +379,7 @@ unsafe fn start_agent(
     // Mounts first: the ruleset forbids changing them.
     if let Some(plan) = namespace {
         // SAFETY: between fork and exec, in the agent's own process, as it requires.
-        if unsafe { crate::sandbox::enter_namespace(plan, ruleset) }.is_err() {
+        if unsafe { crate::sandbox::enter_namespace(plan, ruleset, user) }.is_err() {
             failed()
         }
         // In its own network namespace now: the proxy's port, for the host to accept on.
@@ -400,6 +409,9 @@ unsafe fn start_agent(
     }
     if let Some(channel) = channel {
         sys::close(channel);
+    }
+    if let Some(user) = user {
+        sys::close(user);
     }
     // The user's own limit: lowering a soft limit is never refused.
     if let Some(limit) = open_files
@@ -759,6 +771,7 @@ mod tests {
                 "0",
                 "-",
                 "-",
+                "-",
                 "CREW_AGENT_ID=r:t",
                 "-",
             ])
@@ -782,6 +795,7 @@ mod tests {
                 "-",
                 "2",
                 "0",
+                "-",
                 "-",
                 "-",
                 "CREW_AGENT_ID=r:t",
