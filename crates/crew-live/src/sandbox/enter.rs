@@ -137,11 +137,12 @@ fn zero_or_error(answer: libc::c_int) -> std::io::Result<()> {
 
 /// Enters the namespace `plan` encodes (see [`Namespace::encode`]) for the calling process and
 /// everything it starts: the user namespace `user` (see [`shared_user_namespace`]), or one of
-/// its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts no longer propagate, its private views laid,
-/// every mount read-only but its places and views when asked (its working directory entered
-/// again through them), a private instance of the terminal devices when asked, the covers,
-/// and each read-only path bound onto itself and marked read-only. Landlock, applied next,
-/// forbids changing mounts: the agent cannot undo this.
+/// its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts
+/// no longer propagate, its private views laid, every mount read-only but its places and
+/// views when asked (its working directory entered again through them), a private instance
+/// of the terminal devices when asked, the covers, and each read-only path bound onto itself
+/// and marked read-only. Landlock, applied next, forbids changing mounts: the agent cannot
+/// undo this.
 ///
 /// # Safety
 /// Runs between fork and exec: only async-signal-safe system calls, no allocation.
