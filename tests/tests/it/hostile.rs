@@ -2021,13 +2021,14 @@ fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own()
 #[test]
 fn agents_share_their_host_s_user_namespace_and_none_enters_another_s_namespaces() {
     let env = TestEnv::new();
-    // The sibling says where it is and waits; the other goes at it, then lets it go.
+    // The sibling says where it is and waits; the other goes at it, then lets it go (each
+    // waits 30 s at most: a test that fails ends).
     let script = r#"own=$(readlink /proc/self/ns/user)
 case "$CREW_AGENT_ID" in
-*:shell-1) echo "own $own"; echo $$ > sibling.pid; while [ ! -e attacked ]; do sleep 0.05; done; exit 0 ;;
+*:shell-1) echo "own $own"; echo $$ > sibling.pid; for i in $(seq 600); do [ -e attacked ] && break; sleep 0.05; done; exit 0 ;;
 esac
 echo "own $own"
-while [ ! -s sibling.pid ]; do sleep 0.05; done
+for i in $(seq 600); do [ -s sibling.pid ] && break; sleep 0.05; done
 pid=$(cat sibling.pid)
 {
 echo "sibling $pid"
