@@ -2084,3 +2084,74 @@ touch attacked"#;
         );
     }
 }
+
+/// System V shared memory and message queues are found by a number, not a path, so Landlock
+/// does not see them: in the machine's IPC namespace an agent could list, read and remove
+/// those of every program of its user (as root, of everyone's: a database's shared memory).
+/// A confined agent has an IPC namespace of its own: it sees none of the host's objects,
+/// removes none, and makes its own as before.
+#[test]
+fn a_confined_agent_reaches_no_system_v_ipc_object_outside_its_sandbox() {
+    let env = TestEnv::new();
+    // Made by `ipcmk` as the user's programs would, in this process's namespace; the ids are
+    // what the agent goes for (as `ipcs` would have shown it).
+    let make = |what: &str| -> String {
+        let made = std::process::Command::new("ipcmk")
+            .arg(what)
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{}", render_output(&made));
+        let said = String::from_utf8(made.stdout).unwrap();
+        said.rsplit(' ').next().unwrap().trim().to_owned()
+    };
+    let listed = |table: &str, id: &str| {
+        std::fs::read_to_string(format!("/proc/sysvipc/{table}"))
+            .unwrap()
+            .lines()
+            .any(|line| line.split_whitespace().nth(1) == Some(id))
+    };
+    let remove = |flag: &str, id: &str| {
+        let _ = std::process::Command::new("ipcrm")
+            .args([flag, id])
+            .output();
+    };
+    let attack = |repo: &Utf8Path, queue: &str, memory: &str| -> String {
+        let script = format!(
+            r#"ipcs -q -m | grep -E '^0x' | sed 's/^/SEEN /' > attack.txt
+ipcrm -q {queue} 2>/dev/null && echo 'ESCAPED removed the queue' >> attack.txt
+ipcrm -m {memory} 2>/dev/null && echo 'ESCAPED removed the shared memory' >> attack.txt
+own=$(ipcmk -Q) && echo "OWN $own" >> attack.txt && ipcrm -q "${{own##* }}"
+true"#
+        );
+        let run = env.crew(repo, ["run", "--agent", "shell", &script]);
+        assert!(run.status.success(), "{}", render_output(&run));
+        std::fs::read_to_string(repo.join("attack.txt")).unwrap()
+    };
+
+    let repo = env.repo("project");
+    let (queue, memory) = (make("-Q"), make("-M4096"));
+    let attempts = attack(&repo, &queue, &memory);
+    let (queue_kept, memory_kept) = (listed("msg", &queue), listed("shm", &memory));
+    remove("-q", &queue);
+    remove("-m", &memory);
+    assert!(
+        !attempts.contains("ESCAPED") && !attempts.contains("SEEN"),
+        "{attempts}"
+    );
+    assert!(queue_kept && memory_kept, "{attempts}");
+    assert!(attempts.contains("OWN Message queue id: "), "{attempts}");
+
+    // With the sandbox off, the same agent removes both.
+    let off = unconfined_repo(&env);
+    let (queue, memory) = (make("-Q"), make("-M4096"));
+    let attempts = attack(&off, &queue, &memory);
+    let (queue_kept, memory_kept) = (listed("msg", &queue), listed("shm", &memory));
+    remove("-q", &queue);
+    remove("-m", &memory);
+    assert!(
+        attempts.contains("ESCAPED removed the queue")
+            && attempts.contains("ESCAPED removed the shared memory"),
+        "{attempts}"
+    );
+    assert!(!queue_kept && !memory_kept, "{attempts}");
+}

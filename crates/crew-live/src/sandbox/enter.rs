@@ -15,13 +15,18 @@ use std::ffi::CStr;
 use super::*;
 use crate::sys;
 
-/// Whether this kernel lets an unprivileged process make a user and mount namespace of its own
-/// (some distributions turn that off). Asked once, by a child that tries.
+/// Whether this kernel lets an unprivileged process make the user, mount and IPC namespaces
+/// an agent's process makes (some distributions turn that off). Asked once, by a child that
+/// tries.
 pub fn namespaces_work() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
         // SAFETY: the probe makes one system call.
-        unsafe { child_succeeds(|| sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) == 0) }
+        unsafe {
+            child_succeeds(|| {
+                sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWIPC) == 0
+            })
+        }
     })
 }
 
@@ -176,14 +181,16 @@ pub(crate) unsafe fn enter_namespace(
         0
     };
     // The user namespace its host made for its agents, joined; where that is refused, one of
-    // its own. Either way, mount and network namespaces of its own in it.
+    // its own. Either way, mount, IPC and network namespaces of its own in it: System V shared
+    // memory, semaphores and message queues (and POSIX message queues) are found by a number,
+    // not a path, so Landlock does not see them, and in the machine's IPC namespace an agent
+    // could read, fill or remove those of every program of its user (as root, of everyone).
+    let own = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | network;
     if user.is_some_and(|user| sys::setns(user, libc::CLONE_NEWUSER) == 0) {
-        zero_or_error(sys::unshare(libc::CLONE_NEWNS | network))?;
+        zero_or_error(sys::unshare(own))?;
     } else {
         let (uid, gid) = (sys::getuid(), sys::getgid());
-        zero_or_error(sys::unshare(
-            libc::CLONE_NEWUSER | libc::CLONE_NEWNS | network,
-        ))?;
+        zero_or_error(sys::unshare(libc::CLONE_NEWUSER | own))?;
         map_own_ids(uid, gid)?;
     }
     // A network of its own has its own loopback, down until raised: programs that talk to
