@@ -1644,7 +1644,7 @@ fn an_agent_cannot_ask_the_user_s_tmux_server_to_run_a_command() {
 }
 
 #[test]
-fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_of_its_own() {
+fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_and_shared_memory_of_its_own() {
     use std::os::unix::process::CommandExt;
     // File permissions do not hold root back; the namespaces differ for an ordinary user:
     // crew runs as `nobody` here.
@@ -1662,15 +1662,28 @@ fn as_an_unprivileged_user_an_agent_has_no_network_and_terminals_of_its_own() {
         "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nnetwork = \"none\"\n",
     );
     env.hand_to_nobody();
+    // A segment of shared memory anyone may write, as a program might leave it.
+    let segment = Utf8PathBuf::from(format!("/dev/shm/crew-test-nobody-{}", std::process::id()));
+    write(&segment, "the user's\n");
+    std::fs::set_permissions(
+        &segment,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
     let script = format!(
-        "bash -c 'echo hello > /dev/tcp/127.0.0.1/{port}' 2> tcp.txt && echo REACHED >> tcp.txt; script -qc tty /dev/null > own.txt 2>&1; true"
+        "bash -c 'echo hello > /dev/tcp/127.0.0.1/{port}' 2> tcp.txt && echo REACHED >> tcp.txt; script -qc tty /dev/null > own.txt 2>&1; cat {segment} > shm.txt 2>&1; echo agent >> {segment}; true"
     );
     let mut command = env.crew_command_for_others(&repo);
     command.args(["run", "--quiet", "--agent", "isolated", &script]);
     command.uid(NOBODY);
     command.gid(NOBODY);
     let run = command.output().unwrap();
+    let left = std::fs::read_to_string(&segment);
+    let _ = std::fs::remove_file(&segment);
     assert!(run.status.success(), "{}", render_output(&run));
+    let shm = std::fs::read_to_string(repo.join("shm.txt")).unwrap_or_default();
+    assert!(!shm.contains("the user's"), "{shm}");
+    assert_eq!(left.unwrap(), "the user's\n");
     let tcp = std::fs::read_to_string(repo.join("tcp.txt")).unwrap_or_default();
     assert!(!tcp.contains("REACHED"), "{tcp}");
     assert!(
@@ -2154,4 +2167,53 @@ true"#
         "{attempts}"
     );
     assert!(!queue_kept && !memory_kept, "{attempts}");
+}
+
+/// POSIX shared memory is files in `/dev/shm`, which every program may write: a confined
+/// agent could read, fill or remove any other program's segment there (a browser's, a
+/// database's, the sound server's). It gets a `/dev/shm` of its own: the user's segment is
+/// not there, it stays as it was, and the agent's own shared memory works and goes with it.
+#[test]
+fn a_confined_agent_has_shared_memory_of_its_own_and_never_the_user_s() {
+    let env = TestEnv::new();
+    let segment = Utf8PathBuf::from(format!("/dev/shm/crew-test-{}", std::process::id()));
+    let own = format!("crew-test-own-{}", std::process::id());
+    // What the agent read of the user's segment, what it says of its own, and what is left
+    // of the user's after it appended to it and removed it.
+    let attack = |repo: &Utf8Path| -> (String, Option<String>) {
+        write(&segment, "the user's\n");
+        let script = format!(
+            r#"cat {segment} > attack.txt 2>/dev/null
+echo agent >> {segment} 2>/dev/null
+rm -f {segment} 2>/dev/null
+echo mine > /dev/shm/{own} && [ "$(cat /dev/shm/{own})" = mine ] && echo "OWN shared memory" >> attack.txt
+true"#
+        );
+        let run = env.crew(repo, ["run", "--agent", "shell", &script]);
+        assert!(run.status.success(), "{}", render_output(&run));
+        let left = std::fs::read_to_string(&segment).ok();
+        let _ = std::fs::remove_file(&segment);
+        (
+            std::fs::read_to_string(repo.join("attack.txt")).unwrap(),
+            left,
+        )
+    };
+
+    let repo = env.repo("project");
+    let (attempts, left) = attack(&repo);
+    let own_left = std::path::Path::new("/dev/shm").join(&own).exists();
+    assert!(!attempts.contains("the user's"), "{attempts}");
+    assert_eq!(left.as_deref(), Some("the user's\n"), "{attempts}");
+    assert!(attempts.contains("OWN shared memory"), "{attempts}");
+    assert!(
+        !own_left,
+        "the agent's own segment landed in the user's /dev/shm"
+    );
+
+    // With the sandbox off, the same agent reads the user's, and removes it.
+    let off = unconfined_repo(&env);
+    let (attempts, left) = attack(&off);
+    let _ = std::fs::remove_file(std::path::Path::new("/dev/shm").join(&own));
+    assert!(attempts.contains("the user's"), "{attempts}");
+    assert_eq!(left, None, "{attempts}");
 }

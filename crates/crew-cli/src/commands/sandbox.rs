@@ -269,10 +269,17 @@ fn render(ctx: &Context, report: &Report) -> String {
             };
             out.push_str(&format!("    {}{note}\n", path.path));
         }
-        out.push_str(&format!(
-            "    {}\n",
-            crew_live::sandbox::DEVICE_FILES.join(", ")
-        ));
+        let own_shared_memory = crew_live::sandbox::namespaces_work();
+        let devices: Vec<String> = crew_live::sandbox::DEVICE_FILES
+            .iter()
+            .map(|device| match *device {
+                crew_live::sandbox::SHARED_MEMORY if own_shared_memory => {
+                    format!("{device} (its own, not yours)")
+                }
+                _ => (*device).to_owned(),
+            })
+            .collect();
+        out.push_str(&format!("    {}\n", devices.join(", ")));
         out.push_str("  everything else is read-only to it\n");
         out.push_str(
             "  it keeps no capability, and the kernel's keyrings are closed to it (what your login keeps there stays yours)\n",

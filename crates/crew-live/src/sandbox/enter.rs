@@ -160,7 +160,7 @@ pub(crate) unsafe fn enter_namespace(
     let Some((&flags, rest)) = plan.split_first() else {
         return Err(invalid());
     };
-    let (terminals, paths) = if flags & PLAN_TERMINALS != 0 {
+    let (access, paths) = if flags & PLAN_ACCESS != 0 {
         if rest.len() < 16 {
             return Err(invalid());
         }
@@ -264,7 +264,7 @@ pub(crate) unsafe fn enter_namespace(
             zero_or_error(sys::change_dir(cwd))?;
         }
     }
-    if let Some((dir_access, file_access)) = terminals {
+    if let Some((dir_access, file_access)) = access.filter(|_| flags & PLAN_TERMINALS != 0) {
         zero_or_error(sys::mount(
             Some(c"devpts"),
             c"/dev/pts",
@@ -286,6 +286,20 @@ pub(crate) unsafe fn enter_namespace(
         if let Some(ruleset) = ruleset {
             grant(ruleset, c"/dev/pts", dir_access)?;
             grant(ruleset, c"/dev/pts/ptmx", file_access)?;
+        }
+    }
+    // Shared memory of its own, over the user's (after the mounts were made read-only, so
+    // writable), granted the same way.
+    if let Some((dir_access, _)) = access.filter(|_| flags & PLAN_SHARED_MEMORY != 0) {
+        zero_or_error(sys::mount(
+            Some(c"crew-shm"),
+            c"/dev/shm",
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(c"mode=1777"),
+        ))?;
+        if let Some(ruleset) = ruleset {
+            grant(ruleset, c"/dev/shm", dir_access)?;
         }
     }
     for entry in entries(paths) {
@@ -347,7 +361,7 @@ fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
 /// Async-signal-safe: it only reads the plan.
 pub(crate) fn plan_control_name(plan: &[u8]) -> Option<&[u8]> {
     let (&flags, rest) = plan.split_first()?;
-    let paths = if flags & PLAN_TERMINALS != 0 {
+    let paths = if flags & PLAN_ACCESS != 0 {
         rest.get(16..)?
     } else {
         rest

@@ -56,8 +56,8 @@ pub(crate) use enter::{
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{Hidden, Namespace, user_sockets};
 use namespace::{
-    PLAN_NO_NETWORK, PLAN_PROXY, PLAN_READ_ONLY_ELSEWHERE, PLAN_TERMINALS, overlay_options,
-    overlays_work,
+    PLAN_ACCESS, PLAN_NO_NETWORK, PLAN_PROXY, PLAN_READ_ONLY_ELSEWHERE, PLAN_SHARED_MEMORY,
+    PLAN_TERMINALS, overlay_options, overlays_work,
 };
 
 /// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`
@@ -73,8 +73,11 @@ pub const DEVICE_FILES: &[&str] = &[
     "/dev/full",
     "/dev/random",
     "/dev/urandom",
-    "/dev/shm",
+    SHARED_MEMORY,
 ];
+
+/// Where POSIX shared memory lives: an agent with a namespace gets its own there.
+pub const SHARED_MEMORY: &str = "/dev/shm";
 
 /// What an agent may write, decided by whoever starts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,7 +265,15 @@ pub(crate) fn prepare(
         .and_then(|ruleset| ruleset.scope(Scope::from_all(SCOPE_ABI)))
         .and_then(|ruleset| ruleset.create())
         .map_err(build_error)?;
-    for beneath in opened.iter().chain(devices()) {
+    // Where the agent gets a namespace, it gets shared memory of its own there (see
+    // `Namespace::shared_memory`), and the user's is not granted.
+    let own_shared_memory = namespaces_work()
+        && open_beneath(Utf8Path::new(SHARED_MEMORY)).is_some_and(|beneath| beneath.is_dir);
+    let devices = devices()
+        .iter()
+        .filter(|(path, _)| !(own_shared_memory && *path == SHARED_MEMORY))
+        .map(|(_, beneath)| beneath);
+    for beneath in opened.iter().chain(devices) {
         ruleset = ruleset
             .add_rule(PathBeneath::new(beneath.fd.as_fd(), beneath.access()))
             .map_err(build_error)?;
@@ -280,16 +291,13 @@ pub(crate) fn prepare(
     let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
         read_only_elsewhere: true,
         // What stays writable when every mount is made read-only: its places (a view is an
-        // overlay, writable as it is mounted), and the shared memory of `/dev/shm`.
+        // overlay, writable as it is mounted).
         writable: write
             .iter()
             .filter(|path| !private.iter().any(|view| view.target == **path))
             .cloned()
-            .chain(
-                std::iter::once(Utf8PathBuf::from("/dev/shm"))
-                    .filter(|shm| open_beneath(shm).is_some_and(|beneath| beneath.is_dir)),
-            )
             .collect(),
+        shared_memory: own_shared_memory,
         private,
         read_only: plan
             .read_only
@@ -459,13 +467,13 @@ fn open_beneath(path: &Utf8Path) -> Option<Beneath> {
     }
 }
 
-/// The device files every agent may write, opened once per process.
-fn devices() -> &'static [Beneath] {
-    static DEVICES: OnceLock<Vec<Beneath>> = OnceLock::new();
+/// The device files every agent may write, each with its path, opened once per process.
+fn devices() -> &'static [(&'static str, Beneath)] {
+    static DEVICES: OnceLock<Vec<(&'static str, Beneath)>> = OnceLock::new();
     DEVICES.get_or_init(|| {
         DEVICE_FILES
             .iter()
-            .filter_map(|path| open_beneath(Utf8Path::new(path)))
+            .filter_map(|path| Some((*path, open_beneath(Utf8Path::new(path))?)))
             .collect()
     })
 }

@@ -15,6 +15,10 @@ pub(super) const PLAN_PROXY: u8 = 4;
 /// A namespace plan's flag: every mount read-only but the places it may write (see
 /// [`Namespace::writable`]).
 pub(super) const PLAN_READ_ONLY_ELSEWHERE: u8 = 8;
+/// A namespace plan's flag: shared memory of its own (see [`Namespace::shared_memory`]).
+pub(super) const PLAN_SHARED_MEMORY: u8 = 16;
+/// The flags with which a plan carries the ruleset's write rights after its flags byte.
+pub(super) const PLAN_ACCESS: u8 = PLAN_TERMINALS | PLAN_SHARED_MEMORY;
 
 /// What a confined agent's process makes of a user and mount namespace of its own, before its
 /// ruleset (which then forbids changing mounts, so the agent cannot undo it).
@@ -36,6 +40,11 @@ pub struct Namespace {
     /// `/dev/ptmx`: the agent's programs get pseudo-terminals of their own (a shell tool's
     /// `forkpty`), and the user's terminals (`/dev/pts/N`) are not there for it to open.
     pub terminals: bool,
+    /// A tmpfs of its own mounted over `/dev/shm`: POSIX shared memory (and the semaphores
+    /// named there) works for the agent's programs, and none of the user's other programs'
+    /// (a browser's, a database's, the sound server's) is there for it to read, fill or
+    /// remove.
+    pub shared_memory: bool,
     /// A network namespace of its own, with only its own loopback up: no network at all.
     pub isolated_network: bool,
     /// In that namespace, the proxy's listening socket, made before the agent's program
@@ -52,8 +61,9 @@ pub struct Namespace {
 impl Namespace {
     /// The plan as the agent's process reads it between fork and exec: a byte of flags
     /// ([`PLAN_TERMINALS`], [`PLAN_NO_NETWORK`], [`PLAN_PROXY`],
-    /// [`PLAN_READ_ONLY_ELSEWHERE`]); with terminals, the write rights of a directory and of a
-    /// file as the ruleset handles them, eight bytes each; then entries of a kind byte and a
+    /// [`PLAN_READ_ONLY_ELSEWHERE`], [`PLAN_SHARED_MEMORY`]); with terminals or shared memory
+    /// (granted in the agent's process, once mounted), the write rights of a directory and of
+    /// a file as the ruleset handles them, eight bytes each; then entries of a kind byte and a
     /// path (or an overlay's options) ended by a NUL: each writable place (`w`), each overlay
     /// (`o` its target, `O` its options), each read-only path (`r`), each hidden directory
     /// (`d`) and file (`f`), and the name of the agent's own connection (`c`).
@@ -71,8 +81,11 @@ impl Namespace {
         if self.read_only_elsewhere {
             flags |= PLAN_READ_ONLY_ELSEWHERE;
         }
+        if self.shared_memory {
+            flags |= PLAN_SHARED_MEMORY;
+        }
         let mut plan = vec![flags];
-        if self.terminals {
+        if self.terminals || self.shared_memory {
             let handled = AccessFs::from_write(FS_ABI)
                 & AccessFs::from_all(ABI::from(kernel_abi().map_or(0, |abi| abi as i32)));
             let file = handled & AccessFs::from_file(FS_ABI);
