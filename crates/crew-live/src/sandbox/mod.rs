@@ -268,7 +268,9 @@ pub(crate) fn prepare(
     // Where the agent gets a namespace, it gets shared memory of its own there (see
     // `Namespace::shared_memory`), and the user's is not granted.
     let own_shared_memory = namespaces_work()
-        && open_beneath(Utf8Path::new(SHARED_MEMORY)).is_some_and(|beneath| beneath.is_dir);
+        && devices()
+            .iter()
+            .any(|(path, beneath)| *path == SHARED_MEMORY && beneath.is_dir);
     let devices = devices()
         .iter()
         .filter(|(path, _)| !(own_shared_memory && *path == SHARED_MEMORY))
