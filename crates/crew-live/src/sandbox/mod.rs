@@ -324,14 +324,15 @@ pub(crate) fn prepare(
     // The user's lease file: an agent that could open it could lock ports no task then gets.
     // A directory that is there (not a link) and holds no grant of the agent's, nor lies
     // within one, can be covered.
-    let coverable = |dir: &Utf8Path| {
+    let coverable = |dir: &Utf8Path, hidden: &[Hidden]| {
         std::fs::symlink_metadata(dir).is_ok_and(|metadata| metadata.is_dir())
+            && !namespace::covered(hidden, dir)
             && !write
                 .iter()
                 .any(|granted| granted.starts_with(dir) || dir.starts_with(granted))
     };
     if let (Some(namespace), Some(leases)) = (&mut namespace, crate::lease::Leases::of_user())
-        && coverable(leases.dir())
+        && coverable(leases.dir(), &namespace.hidden)
     {
         namespace
             .hidden
@@ -339,21 +340,26 @@ pub(crate) fn prepare(
     }
     // crew's lock files: a file that is there (not a link) is covered by /dev/null.
     if let Some(namespace) = &mut namespace {
-        namespace.hidden.extend(
-            plan.locks
-                .iter()
-                .filter(|lock| {
-                    std::fs::symlink_metadata(lock).is_ok_and(|metadata| metadata.is_file())
-                })
-                .map(|lock| Hidden::File(lock.clone())),
-        );
+        let locks: Vec<Hidden> = plan
+            .locks
+            .iter()
+            .filter(|lock| {
+                std::fs::symlink_metadata(lock).is_ok_and(|metadata| metadata.is_file())
+                    && !namespace::covered(&namespace.hidden, lock)
+            })
+            .map(|lock| Hidden::File(lock.clone()))
+            .collect();
+        namespace.hidden.extend(locks);
     }
     // Scoped to its own domain (Landlock ABI 6): the agent's own connection.
     if let (Some(namespace), Some(socket)) = (&mut namespace, own_socket)
         && abi.is_some_and(|abi| abi >= 6)
     {
         namespace.control = Some(format!("crew-{}", uuid::Uuid::new_v4().simple()));
-        if let Some(dir) = socket.parent().filter(|dir| coverable(dir)) {
+        if let Some(dir) = socket
+            .parent()
+            .filter(|dir| coverable(dir, &namespace.hidden))
+        {
             namespace.hidden.push(Hidden::Directory(dir.to_owned()));
         }
     }
@@ -585,5 +591,38 @@ mod tests {
         assert!(prepared.ruleset.is_some());
         assert_eq!(prepared.record.write, std::slice::from_ref(&root));
         assert_eq!(prepared.record.missing, [root.join("absent"), link]);
+    }
+
+    /// Two places to cover, one within the other (`/run/screen/S-<uid>` in `/run/screen`):
+    /// the inner one is gone with the outer, and an agent's process enters the namespace.
+    /// Mounting over both, it failed: nothing was left to mount the inner one on.
+    #[test]
+    fn places_to_cover_within_one_another_are_covered_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Utf8PathBuf::from_path_buf(dir.path().to_owned()).unwrap();
+        let (outer, inner) = (root.join("screen"), root.join("screen/S-1000"));
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::write(inner.join("socket"), "").unwrap();
+        let hidden = namespace::hiding(
+            vec![outer.clone(), inner.clone()],
+            vec![inner.join("socket")],
+            &[],
+        );
+        assert_eq!(hidden, [Hidden::Directory(outer)]);
+        if !namespaces_work() {
+            return;
+        }
+        let plan = Namespace {
+            hidden,
+            ..Namespace::default()
+        }
+        .encode()
+        .unwrap();
+        // SAFETY: the child makes only the namespace's system calls, on a plan made before
+        // the fork.
+        #[allow(unsafe_code)]
+        let entered =
+            unsafe { enter::child_succeeds(|| enter::enter_namespace(&plan, None, None).is_ok()) };
+        assert!(entered);
     }
 }

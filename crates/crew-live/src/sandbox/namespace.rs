@@ -210,6 +210,16 @@ pub fn user_sockets(home: Option<&Utf8Path>, keep: &[Utf8PathBuf]) -> Vec<Hidden
     {
         files.push(Utf8PathBuf::from(agent));
     }
+    hiding(directories, files, keep)
+}
+
+/// The covers that hide `directories` and `files` (those that exist) from an agent whose
+/// grants are `keep`: see [`user_sockets`].
+pub(super) fn hiding(
+    directories: Vec<Utf8PathBuf>,
+    files: Vec<Utf8PathBuf>,
+    keep: &[Utf8PathBuf],
+) -> Vec<Hidden> {
     let kept = |path: &Utf8Path| {
         keep.iter()
             .any(|kept| kept.starts_with(path) || path.starts_with(kept))
@@ -220,22 +230,29 @@ pub fn user_sockets(home: Option<&Utf8Path>, keep: &[Utf8PathBuf]) -> Vec<Hidden
     };
     let mut hidden: Vec<Hidden> = Vec::new();
     for directory in directories.into_iter().filter(|path| is(path, true)) {
-        cover(&directory, keep, &mut hidden, 0);
+        // Beneath a directory already covered it is gone with it, and a mount there would
+        // find nothing to mount on (`/run/screen/S-<uid>` beneath `/run/screen`).
+        if !covered(&hidden, &directory) {
+            cover(&directory, keep, &mut hidden, 0);
+        }
     }
     let files: Vec<Hidden> = files
         .into_iter()
         .filter(|path| is(path, false) && !kept(path))
-        .filter(|path| {
-            // Beneath a directory already hidden, it is gone with it (or covered already).
-            !hidden.iter().any(|hidden| match hidden {
-                Hidden::Directory(dir) => path.starts_with(dir),
-                Hidden::File(file) => file == path,
-            })
-        })
+        .filter(|path| !covered(&hidden, path))
         .map(Hidden::File)
         .collect();
     hidden.extend(files);
     hidden
+}
+
+/// Whether `path` is covered already by one of `hidden`, or lies beneath a directory that
+/// is (and so is gone with it: nothing is there to mount on in the agent's namespace).
+pub(super) fn covered(hidden: &[Hidden], path: &Utf8Path) -> bool {
+    hidden.iter().any(|hidden| match hidden {
+        Hidden::Directory(dir) => path.starts_with(dir),
+        Hidden::File(file) => file == path,
+    })
 }
 
 /// Covers `directory` for an agent whose grants (`keep`) do not lie within it; where one does

@@ -353,9 +353,13 @@ impl WardedCommand {
                 })
             }
             // The warden exits at once; tokio reaps it.
-            Some(error) => Err(io::Error::from_raw_os_error(
-                libc::c_int::try_from(error).unwrap_or(libc::EIO),
-            )),
+            Some(error) => Err(match warden::ConfineStep::split(error) {
+                (None, errno) => io::Error::from_raw_os_error(errno),
+                (Some(step), errno) => io::Error::other(format!(
+                    "its sandbox failed it while {step}: {} (`crew sandbox check` tries the sandbox on this machine; `[sandbox] mode = \"off\"` runs an agent unconfined)",
+                    io::Error::from_raw_os_error(errno)
+                )),
+            }),
             None => Err(io::Error::other(
                 "the agent's warden ended before it started the agent",
             )),
@@ -482,5 +486,46 @@ impl Spawner {
         answer
             .await
             .map_err(|_| io::Error::other("the spawner thread has stopped"))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Hidden, Namespace, namespaces_work};
+
+    /// An agent whose namespace cannot be entered (here: a place to cover that is not there)
+    /// is refused with the step that failed, not as a program that cannot be run (`sh` is
+    /// there: an `ENOENT` of a mount is not one of `PATH`).
+    #[tokio::test]
+    async fn a_start_its_sandbox_refused_names_the_step() {
+        if !namespaces_work() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let missing = camino::Utf8PathBuf::from_path_buf(dir.path().join("absent")).unwrap();
+        let namespace = Namespace {
+            hidden: vec![Hidden::Directory(missing)],
+            ..Namespace::default()
+        };
+        let marker = "CREW_AGENT_ID=r:t";
+        let command = WardedCommand::new(
+            "sh",
+            ["-c", "true"],
+            [("PATH", "/usr/bin:/bin"), ("CREW_AGENT_ID", "r:t")],
+            marker,
+            None,
+            Some(&namespace),
+            None,
+        )
+        .unwrap();
+        let Err(error) = command.start() else {
+            panic!("the agent started");
+        };
+        let said = error.to_string();
+        assert!(
+            said.contains("while entering its namespaces") && said.contains("No such file"),
+            "{said}"
+        );
     }
 }

@@ -44,7 +44,7 @@ const SWEEPS: usize = 8;
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
 /// <report fd> <environment fd> <namespace plan fd or -> <user namespace fd or -> <proxy
 /// channel fd or -> <marker> <the agent's soft limit on open files or -> <program> <args…>`.
-pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v5";
+pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v6";
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
 /// environment, namespace plan, user namespace, proxy channel, marker, open files).
@@ -52,6 +52,62 @@ const WARDEN_ARGS: usize = 11;
 
 /// The exit code of a warden whose agent could not be started.
 const NOT_STARTED: libc::c_int = 127;
+
+/// The step of an agent's start that failed, reported to the host in the high half of the
+/// error (the low half its `errno`): an error confining the agent is not one of its program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum ConfineStep {
+    /// Executing its program.
+    Exec = 0,
+    /// Entering its namespaces: its mounts, covers, terminals, shared memory and network.
+    Namespace = 1,
+    /// Listening on the proxy's port for its host.
+    Proxy = 2,
+    /// Applying its Landlock ruleset.
+    Ruleset = 3,
+    /// Listening on its own connection to its host.
+    OwnConnection = 4,
+    /// Giving back the user's limit on open files.
+    OpenFiles = 5,
+    /// Dropping its capabilities.
+    Capabilities = 6,
+}
+
+impl ConfineStep {
+    /// Every step, in order.
+    const ALL: [ConfineStep; 7] = [
+        ConfineStep::Exec,
+        ConfineStep::Namespace,
+        ConfineStep::Proxy,
+        ConfineStep::Ruleset,
+        ConfineStep::OwnConnection,
+        ConfineStep::OpenFiles,
+        ConfineStep::Capabilities,
+    ];
+
+    /// The step (`None` for the program's exec) and the error of a warden's report of a
+    /// failed start.
+    pub(crate) fn split(report: u32) -> (Option<&'static str>, i32) {
+        let errno = i32::try_from(report & 0xffff).unwrap_or(libc::EIO);
+        let step = Self::ALL
+            .into_iter()
+            .find(|step| *step as u32 == report >> 16);
+        let said = match step {
+            Some(ConfineStep::Exec) => None,
+            Some(ConfineStep::Namespace) => {
+                Some("entering its namespaces (its mounts, covers and terminals)")
+            }
+            Some(ConfineStep::Proxy) => Some("listening on its proxy's port"),
+            Some(ConfineStep::Ruleset) => Some("applying its Landlock ruleset"),
+            Some(ConfineStep::OwnConnection) => Some("listening on its own connection"),
+            Some(ConfineStep::OpenFiles) => Some("setting its limit on open files"),
+            Some(ConfineStep::Capabilities) => Some("dropping its capabilities"),
+            None => Some("confining itself"),
+        };
+        (said, errno)
+    }
+}
 
 /// The warden's entry: glibc calls every function of `.init_array` with `main`'s arguments
 /// before `main`. A start of the executable whose first argument is [`WARDEN_ARG`] becomes a
@@ -366,13 +422,15 @@ unsafe fn start_agent(
         channel,
         open_files,
     } = confinement;
-    let failed = || -> ! {
-        sys::write(exec_error, &(sys::errno() as u32).to_ne_bytes());
+    // The error, and in its high half the step that failed (see `ConfineStep`).
+    let failed = |step: ConfineStep| -> ! {
+        let error = (sys::errno() as u32 & 0xffff) | ((step as u32) << 16);
+        sys::write(exec_error, &error.to_ne_bytes());
         sys::exit(NOT_STARTED)
     };
-    let invalid = || -> ! {
+    let invalid = |step: ConfineStep| -> ! {
         sys::set_errno(libc::EINVAL);
-        failed()
+        failed(step)
     };
     // The parent-death signal is not inherited; the handler goes with exec anyway.
     sys::set_disposition(WARDEN_SIGNAL, libc::SIG_DFL);
@@ -380,31 +438,35 @@ unsafe fn start_agent(
     if let Some(plan) = namespace {
         // SAFETY: between fork and exec, in the agent's own process, as it requires.
         if unsafe { crate::sandbox::enter_namespace(plan, ruleset, user) }.is_err() {
-            failed()
+            failed(ConfineStep::Namespace)
         }
         // In its own network namespace now: the proxy's port, for the host to accept on.
         // A plan that asks for it without a channel fails closed.
         if crate::sandbox::plan_wants_proxy(plan) {
-            let Some(channel) = channel else { invalid() };
+            let Some(channel) = channel else {
+                invalid(ConfineStep::Proxy)
+            };
             // SAFETY: between fork and exec; `channel` is the warden's open descriptor.
             if unsafe { crate::sandbox::listen_for_host(channel) }.is_err() {
-                failed()
+                failed(ConfineStep::Proxy)
             }
         }
     }
     if let Some(ruleset) = ruleset {
         // SAFETY: between fork and exec; `ruleset` is the warden's open ruleset descriptor.
         if unsafe { crate::sandbox::restrict_self(ruleset) }.is_err() {
-            failed()
+            failed(ConfineStep::Ruleset)
         }
         sys::close(ruleset);
     }
     // Confined now: its own connection, which only its own domain may connect to.
     if let Some(name) = namespace.and_then(crate::sandbox::plan_control_name) {
-        let Some(channel) = channel else { invalid() };
+        let Some(channel) = channel else {
+            invalid(ConfineStep::OwnConnection)
+        };
         // SAFETY: between fork and exec; `channel` is the warden's open descriptor.
         if unsafe { crate::sandbox::listen_for_own_connections(channel, name) }.is_err() {
-            failed()
+            failed(ConfineStep::OwnConnection)
         }
     }
     if let Some(channel) = channel {
@@ -417,12 +479,12 @@ unsafe fn start_agent(
     if let Some(limit) = open_files
         && sys::set_open_files_soft(limit) != 0
     {
-        failed()
+        failed(ConfineStep::OpenFiles)
     }
     // Confined, it keeps no capability, nor gains one by its exec: root's (with no namespace,
     // the machine's: loading a kernel module, setting the clock) or its own namespace's.
     if ruleset.is_some() && sys::drop_capabilities() != 0 {
-        failed()
+        failed(ConfineStep::Capabilities)
     }
     sys::close(report);
     // The agent's PATH is the one its program is looked up in, as for any exec.
@@ -435,7 +497,7 @@ unsafe fn start_agent(
     // SAFETY: `program` and the rest of argv are NUL-terminated strings ended by a null
     // pointer, and `environ` a null-terminated array of entries: what exec reads.
     unsafe { libc::execvp(program, program_slot) };
-    failed()
+    failed(ConfineStep::Exec)
 }
 
 /// The warden's life once the agent started: wait for it, then end the same way.
