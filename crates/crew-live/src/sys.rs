@@ -374,6 +374,13 @@ pub(crate) fn ioctl_interface(
     unsafe { libc::ioctl(fd, request, interface as *mut libc::ifreq) }
 }
 
+/// `ioctl(fd, TIOCNOTTY)`: this process (not a session's leader) gives up its controlling
+/// terminal, which `fd` is open on; its session and the terminal's other processes keep it.
+pub(crate) fn give_up_terminal(fd: c_int) -> c_int {
+    // SAFETY: the request takes no argument and touches no memory of the caller's.
+    unsafe { libc::ioctl(fd, libc::TIOCNOTTY) }
+}
+
 /// `sendmsg(2)`.
 ///
 /// # Safety

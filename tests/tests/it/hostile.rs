@@ -2217,3 +2217,56 @@ true"#
     assert!(attempts.contains("the user's"), "{attempts}");
     assert_eq!(left, None, "{attempts}");
 }
+
+/// An agent started from the user's terminal had it as its controlling terminal: through
+/// `/dev/tty` it could push keystrokes into it (`TIOCSTI`, which the user's shell reads once
+/// crew is done) or read from it. No agent has a controlling terminal: `/dev/tty` does not
+/// open for it, confined or not, and nothing it tries reaches the terminal crew runs in.
+#[test]
+fn an_agent_has_no_controlling_terminal_to_type_into() {
+    use crate::common::tmux::{Tmux, crew_script_with};
+    let env = TestEnv::new();
+    // Its marker is built at run time: the screen never shows it unless it was typed.
+    let inject = r#"python3 -c '
+import fcntl, os, termios
+try:
+    fd = os.open("/dev/tty", os.O_RDONLY)
+except OSError as error:
+    print("no terminal:", error.strerror)
+    raise SystemExit
+try:
+    for key in "pla" + "nted\n":
+        fcntl.ioctl(fd, termios.TIOCSTI, key.encode())
+    print("ESCAPED typed into the terminal")
+except OSError as error:
+    print("opened the terminal, refused:", error.strerror)
+' > tried.txt 2>&1"#;
+    for repo in [env.repo("project"), unconfined_repo(&env)] {
+        let script = crew_script_with(
+            &env,
+            &repo,
+            &[
+                "run".into(),
+                "--quiet".into(),
+                "--agent".into(),
+                "shell".into(),
+                inject.into(),
+            ],
+            "inject.sh",
+            &[],
+        );
+        let Some(terminal) = Tmux::start(&env, "an_agent_has_no_controlling_terminal", &script)
+        else {
+            return;
+        };
+        let screen = terminal.screen_when("crew to end", |screen| screen.contains("EXITED-"));
+        let tried = std::fs::read_to_string(repo.join("tried.txt")).unwrap_or_default();
+        assert!(screen.contains("EXITED-0"), "{screen}\n{tried}");
+        assert_eq!(
+            tried.trim(),
+            "no terminal: No such device or address",
+            "{screen}"
+        );
+        assert!(!screen.contains("planted"), "{screen}\n{tried}");
+    }
+}

@@ -280,6 +280,18 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         sys::kill(0, libc::SIGKILL);
         sys::exit(137);
     }
+    // No controlling terminal for the agent (nor for the warden, which needs none): the
+    // terminal crew was started in stays the user's, confined or not. An agent holding it
+    // could push keystrokes into it (`TIOCSTI`, which the user's shell reads once crew is
+    // done) or read from it through `/dev/tty`; without one, `/dev/tty` does not open.
+    let terminal = sys::open(
+        c"/dev/tty",
+        libc::O_RDONLY | libc::O_NOCTTY | libc::O_CLOEXEC,
+    );
+    if terminal >= 0 {
+        sys::give_up_terminal(terminal);
+        sys::close(terminal);
+    }
     // Says whether the agent's exec failed, and why: closed by a successful one.
     let mut exec_pipe = [0 as libc::c_int; 2];
     if sys::pipe2(&mut exec_pipe, libc::O_CLOEXEC) != 0 {
