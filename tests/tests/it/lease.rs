@@ -244,9 +244,20 @@ fn a_resumed_task_keeps_its_ports_and_a_bad_lease_setting_is_refused() {
     wait_until(30, "the agent to start", || {
         std::fs::read_to_string(repo.join("ports.txt")).ok()
     });
-    // The live agent's listing shows its lease.
-    let listed = env.crew(&repo, ["agents", "list", "--json"]);
-    let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    // The live agent's listing, once its host listed it: the agent may write before its
+    // host heard that it started.
+    let listed = || {
+        wait_until(30, "the agent to be listed", || {
+            let listed = env.crew(&repo, ["agents", "list", "--json"]);
+            let agents: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+            agents
+                .as_array()
+                .is_some_and(|agents| !agents.is_empty())
+                .then_some(agents)
+        })
+    };
+    // It shows the agent's lease.
+    let agents = listed();
     let shown = std::fs::read_to_string(repo.join("ports.txt")).unwrap();
     assert_eq!(
         format!("port {}\n", agents[0]["lease"]["port"]),
@@ -267,6 +278,7 @@ fn a_resumed_task_keeps_its_ports_and_a_bad_lease_setting_is_refused() {
     let lines: Vec<&str> = ports.lines().collect();
     assert_eq!(lines[0], lines[1], "{ports}");
     assert_eq!(lines[0], format!("port {}", before["port"]), "{before}");
+    listed();
     let stop = env.crew(&repo, ["agents", "stop", "kept:shell"]);
     assert!(stop.status.success(), "{}", render_output(&stop));
     let _ = again.wait();
