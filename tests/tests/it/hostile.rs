@@ -1747,8 +1747,9 @@ fn the_users_sockets_beside_an_agents_temp_dir_in_the_runtime_directory_are_hidd
 
 /// The kernel's keyrings are confined by no namespace and not by Landlock: an agent inherits
 /// its host's session keyring, and what the user's login put there (a Kerberos ticket, a file
-/// system's key) is its to read. A confined agent is refused the keyrings; with the sandbox
-/// off, the same agent reads the secret (the attack works here).
+/// system's key) is its to read. A confined agent is refused the keyrings, and does not find
+/// the key's name in `/proc/keys` either; with the sandbox off, the same agent reads the
+/// secret and its name (the attack works here).
 #[test]
 fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
     use std::os::unix::process::CommandExt;
@@ -1763,7 +1764,7 @@ fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
             "--agent",
             "shell",
             &format!(
-                "{} keyring {description} > seen.txt",
+                "{} keyring {description} > seen.txt; grep {description} /proc/keys >> seen.txt; true",
                 crew_tests::helper_bin("fake-agent")
             ),
         ]);
@@ -1805,6 +1806,8 @@ fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
         seen.contains("refused keyring: Operation not permitted") && !seen.contains(&secret),
         "{seen}"
     );
+    // Nor the key's name, from the kernel's listing of the keys it may view.
+    assert!(!seen.contains(&description), "{seen}");
 
     let unconfined = env.repo("unconfined");
     write(
@@ -1813,7 +1816,10 @@ fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
     );
     env.allow_settings(&unconfined);
     let seen = read(&unconfined);
-    assert_eq!(seen.trim(), format!("ESCAPED keyring {secret}"));
+    assert!(
+        seen.starts_with(&format!("ESCAPED keyring {secret}\n")) && seen.contains(&description),
+        "{seen}"
+    );
 }
 
 /// Landlock refuses an agent every write outside its places, but not a file's metadata: a

@@ -76,6 +76,9 @@ pub const DEVICE_FILES: &[&str] = &[
     SHARED_MEMORY,
 ];
 
+/// The kernel's listing of the keys a process may view, covered for a confined agent.
+const KEYS_LISTING: &str = "/proc/keys";
+
 /// Where POSIX shared memory lives: an agent with a namespace gets its own there.
 pub const SHARED_MEMORY: &str = "/dev/shm";
 
@@ -337,6 +340,16 @@ pub(crate) fn prepare(
         namespace
             .hidden
             .push(Hidden::Directory(leases.dir().to_owned()));
+    }
+    // The kernel's list of the keys the agent may view (`/proc/keys`): their descriptions,
+    // which name what the user's login keeps in its keyrings; the keys themselves are closed
+    // to it (see `close_keyrings`).
+    if let Some(namespace) = &mut namespace
+        && std::fs::symlink_metadata(KEYS_LISTING).is_ok_and(|metadata| metadata.is_file())
+    {
+        namespace
+            .hidden
+            .push(Hidden::File(Utf8PathBuf::from(KEYS_LISTING)));
     }
     // crew's lock files: a file that is there (not a link) is covered by /dev/null.
     if let Some(namespace) = &mut namespace {
