@@ -2186,7 +2186,7 @@ fn a_confined_agent_has_shared_memory_of_its_own_and_never_the_user_s() {
     let own = format!("crew-test-own-{}", std::process::id());
     // What the agent read of the user's segment, what it says of its own, and what is left
     // of the user's after it appended to it and removed it.
-    let attack = |repo: &Utf8Path| -> (String, Option<String>) {
+    let attack = |repo: &Utf8Path, agent: &str| -> (String, Option<String>) {
         write(&segment, "the user's\n");
         let script = format!(
             r#"cat {segment} > attack.txt 2>/dev/null
@@ -2195,7 +2195,7 @@ rm -f {segment} 2>/dev/null
 echo mine > /dev/shm/{own} && [ "$(cat /dev/shm/{own})" = mine ] && echo "OWN shared memory" >> attack.txt
 true"#
         );
-        let run = env.crew(repo, ["run", "--agent", "shell", &script]);
+        let run = env.crew(repo, ["run", "--agent", agent, &script]);
         assert!(run.status.success(), "{}", render_output(&run));
         let left = std::fs::read_to_string(&segment).ok();
         let _ = std::fs::remove_file(&segment);
@@ -2206,7 +2206,7 @@ true"#
     };
 
     let repo = env.repo("project");
-    let (attempts, left) = attack(&repo);
+    let (attempts, left) = attack(&repo, "shell");
     let own_left = std::path::Path::new("/dev/shm").join(&own).exists();
     assert!(!attempts.contains("the user's"), "{attempts}");
     assert_eq!(left.as_deref(), Some("the user's\n"), "{attempts}");
@@ -2218,7 +2218,19 @@ true"#
 
     // With the sandbox off, the same agent reads the user's, and removes it.
     let off = unconfined_repo(&env);
-    let (attempts, left) = attack(&off);
+    let (attempts, left) = attack(&off, "shell");
+    let _ = std::fs::remove_file(std::path::Path::new("/dev/shm").join(&own));
+    assert!(attempts.contains("the user's"), "{attempts}");
+    assert_eq!(left, None, "{attempts}");
+
+    // A definition that grants the user's `/dev/shm` by name, allowed, shares it.
+    let shared = env.repo("shared");
+    write(
+        &shared.join(".crew/agents/shared.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nwrite = [\"/dev/shm\"]\n",
+    );
+    env.allow_settings(&shared);
+    let (attempts, left) = attack(&shared, "shared");
     let _ = std::fs::remove_file(std::path::Path::new("/dev/shm").join(&own));
     assert!(attempts.contains("the user's"), "{attempts}");
     assert_eq!(left, None, "{attempts}");

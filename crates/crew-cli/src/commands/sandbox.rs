@@ -269,7 +269,12 @@ fn render(ctx: &Context, report: &Report) -> String {
             };
             out.push_str(&format!("    {}{note}\n", path.path));
         }
-        let own_shared_memory = crew_live::sandbox::namespaces_work();
+        // Its own, unless its definition grants the user's by name.
+        let own_shared_memory = crew_live::sandbox::namespaces_work()
+            && !agent
+                .write
+                .iter()
+                .any(|path| path.path == crew_live::sandbox::SHARED_MEMORY);
         let devices: Vec<String> = crew_live::sandbox::DEVICE_FILES
             .iter()
             .map(|device| match *device {

@@ -269,8 +269,10 @@ pub(crate) fn prepare(
         .and_then(|ruleset| ruleset.create())
         .map_err(build_error)?;
     // Where the agent gets a namespace, it gets shared memory of its own there (see
-    // `Namespace::shared_memory`), and the user's is not granted.
+    // `Namespace::shared_memory`), and the user's is not granted; unless its definition
+    // grants the user's by name (to share it with a program outside, a display server's).
     let own_shared_memory = namespaces_work()
+        && !write.iter().any(|path| path == SHARED_MEMORY)
         && devices()
             .iter()
             .any(|(path, beneath)| *path == SHARED_MEMORY && beneath.is_dir);
