@@ -2134,7 +2134,10 @@ fn a_confined_agent_reaches_no_system_v_ipc_object_outside_its_sandbox() {
             .args([flag, id])
             .output();
     };
-    let attack = |repo: &Utf8Path, queue: &str, memory: &str| -> String {
+    // What the agent says it did to a queue and a segment made for it, and whether each is
+    // still there after (then removed).
+    let attack = |repo: &Utf8Path| -> (String, bool, bool) {
+        let (queue, memory) = (make("-Q"), make("-M4096"));
         let script = format!(
             r#"ipcs -q -m | grep -E '^0x' | sed 's/^/SEEN /' > attack.txt
 ipcrm -q {queue} 2>/dev/null && echo 'ESCAPED removed the queue' >> attack.txt
@@ -2143,16 +2146,16 @@ own=$(ipcmk -Q) && echo "OWN $own" >> attack.txt && ipcrm -q "${{own##* }}"
 true"#
         );
         let run = env.crew(repo, ["run", "--agent", "shell", &script]);
+        let kept = (listed("msg", &queue), listed("shm", &memory));
+        remove("-q", &queue);
+        remove("-m", &memory);
         assert!(run.status.success(), "{}", render_output(&run));
-        std::fs::read_to_string(repo.join("attack.txt")).unwrap()
+        let attempts = std::fs::read_to_string(repo.join("attack.txt")).unwrap();
+        (attempts, kept.0, kept.1)
     };
 
     let repo = env.repo("project");
-    let (queue, memory) = (make("-Q"), make("-M4096"));
-    let attempts = attack(&repo, &queue, &memory);
-    let (queue_kept, memory_kept) = (listed("msg", &queue), listed("shm", &memory));
-    remove("-q", &queue);
-    remove("-m", &memory);
+    let (attempts, queue_kept, memory_kept) = attack(&repo);
     assert!(
         !attempts.contains("ESCAPED") && !attempts.contains("SEEN"),
         "{attempts}"
@@ -2162,11 +2165,7 @@ true"#
 
     // With the sandbox off, the same agent removes both.
     let off = unconfined_repo(&env);
-    let (queue, memory) = (make("-Q"), make("-M4096"));
-    let attempts = attack(&off, &queue, &memory);
-    let (queue_kept, memory_kept) = (listed("msg", &queue), listed("shm", &memory));
-    remove("-q", &queue);
-    remove("-m", &memory);
+    let (attempts, queue_kept, memory_kept) = attack(&off);
     assert!(
         attempts.contains("ESCAPED removed the queue")
             && attempts.contains("ESCAPED removed the shared memory"),
