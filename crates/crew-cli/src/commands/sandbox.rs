@@ -269,12 +269,8 @@ fn render(ctx: &Context, report: &Report) -> String {
             };
             out.push_str(&format!("    {}{note}\n", path.path));
         }
-        // Its own, unless its definition grants the user's by name.
-        let own_shared_memory = crew_live::sandbox::namespaces_work()
-            && !agent
-                .write
-                .iter()
-                .any(|path| path.path == crew_live::sandbox::SHARED_MEMORY);
+        let granted: Vec<Utf8PathBuf> = agent.write.iter().map(|path| path.path.clone()).collect();
+        let own_shared_memory = crew_live::sandbox::gets_own_shared_memory(&granted);
         let devices: Vec<String> = crew_live::sandbox::DEVICE_FILES
             .iter()
             .map(|device| match *device {

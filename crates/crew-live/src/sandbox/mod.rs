@@ -271,11 +271,7 @@ pub(crate) fn prepare(
     // Where the agent gets a namespace, it gets shared memory of its own there (see
     // `Namespace::shared_memory`), and the user's is not granted; unless its definition
     // grants the user's by name (to share it with a program outside, a display server's).
-    let own_shared_memory = namespaces_work()
-        && !write.iter().any(|path| path == SHARED_MEMORY)
-        && devices()
-            .iter()
-            .any(|(path, beneath)| *path == SHARED_MEMORY && beneath.is_dir);
+    let own_shared_memory = gets_own_shared_memory(&write);
     let devices = devices()
         .iter()
         .filter(|(path, _)| !(own_shared_memory && *path == SHARED_MEMORY))
@@ -488,6 +484,17 @@ fn open_beneath(path: &Utf8Path) -> Option<Beneath> {
             is_dir: kind == FileType::Directory,
         }),
     }
+}
+
+/// Whether an agent that may write `write` gets a `/dev/shm` of its own (see
+/// `Namespace::shared_memory`): where it has a namespace and the user's `/dev/shm` is a
+/// directory, unless `write` grants the user's by name.
+pub fn gets_own_shared_memory(write: &[Utf8PathBuf]) -> bool {
+    namespaces_work()
+        && !write.iter().any(|path| path == SHARED_MEMORY)
+        && devices()
+            .iter()
+            .any(|(path, beneath)| *path == SHARED_MEMORY && beneath.is_dir)
 }
 
 /// The device files every agent may write, each with its path, opened once per process.
