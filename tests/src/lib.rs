@@ -69,7 +69,11 @@ impl TestEnv {
         std::fs::create_dir_all(&bin).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let copy = bin.join(binary.file_name().unwrap());
-        std::fs::copy(binary, &copy).unwrap();
+        // Copied by `cp`, not by this process: while this process held the copy open for
+        // writing, a child another test forks would inherit that descriptor until its exec,
+        // and running the copy would fail with "Text file busy" (it did, twice, in CI).
+        let copied = Command::new("cp").arg(binary).arg(&copy).status().unwrap();
+        assert!(copied.success(), "cp {binary} {copy}");
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
         copy
     }
