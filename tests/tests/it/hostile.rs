@@ -1991,13 +1991,33 @@ fn an_agent_cannot_hold_crew_s_locks() {
 /// A confined agent keeps no capability, nor gains one by its exec: run by root, it would hold
 /// every capability of its own namespace, and where the kernel gives it none (namespaces
 /// refused) every capability of root's — loading a kernel module from its workspace, setting
-/// the clock — which Landlock does not refuse. With the sandbox off, root's agent has them
-/// (what the test reads is there to read).
+/// the clock — which Landlock does not refuse. Nor does a program that carries capabilities
+/// of its own (`setcap`, as root) give them to it. With the sandbox off, root's agent has
+/// them (what the test reads is there to read).
 #[test]
 fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let show = "grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status";
+    let mut show = "grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status".to_owned();
+    // A grep that carries a capability of its own, where one can be given (as root).
+    let carrying = env.root().join("bin/grep-carrying");
+    std::fs::create_dir_all(carrying.parent().unwrap()).unwrap();
+    let given = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cp \"$(command -v grep)\" {carrying} && setcap cap_dac_read_search+ep {carrying}"
+        ))
+        .output()
+        .unwrap();
+    let lines = if given.status.success() {
+        show.push_str(&format!(
+            "; {carrying} -E '^Cap(Prm|Eff)' /proc/self/status"
+        ));
+        6
+    } else {
+        4
+    };
+    let show = show.as_str();
     // The sets the agent printed, and those of them that hold a capability.
     let sets = |dir: &Utf8Path, run: std::process::Output| -> (usize, Vec<String>) {
         assert!(run.status.success(), "{}", render_output(&run));
@@ -2012,7 +2032,7 @@ fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own()
     };
 
     let confined = env.crew(&repo, ["run", "--agent", "shell", show]);
-    assert_eq!(sets(&repo, confined), (4, Vec::new()));
+    assert_eq!(sets(&repo, confined), (lines, Vec::new()));
 
     let without = crate::common::runs::crew_without_namespaces(&env, &repo)
         .args(["run", "--agent", "shell", show])
@@ -2021,13 +2041,13 @@ fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own()
     if crate::common::runs::namespace_refused_to_the_test(&without) {
         return;
     }
-    assert_eq!(sets(&repo, without), (4, Vec::new()));
+    assert_eq!(sets(&repo, without), (lines, Vec::new()));
 
     if rustix::process::geteuid().is_root() {
         let off = unconfined_repo(&env);
         let run = env.crew(&off, ["run", "--agent", "shell", show]);
         let (shown, held) = sets(&off, run);
-        assert!(shown == 4 && held.len() >= 3, "{held:?}");
+        assert!(shown == lines && held.len() >= 3, "{held:?}");
     }
 }
 
