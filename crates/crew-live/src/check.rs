@@ -143,7 +143,7 @@ async fn run(
     .map_err(|error| format!("could not start sh: {error}"))?;
     warded
         .current_dir(&spec.dir)
-        .stdio(std::process::Stdio::null(), output, errors);
+        .stdio(crate::spawn::AgentIo::Null, output, errors);
     let crate::spawn::Spawned {
         mut child,
         proxy: _proxy,

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use crate::spawn::AgentInput;
 use base64::Engine as _;
 use camino::Utf8PathBuf;
 use crew_core::model::TaskStatus;
@@ -28,7 +29,6 @@ use crew_core::provider::{ReceivedWork, WorkspaceProvider};
 use crew_core::shim::{FromShim, PACK_CHUNK, SHIM_PROTOCOL, ToShim};
 use crew_core::{AgentDef, AgentId};
 use tokio::io::AsyncWriteExt;
-use tokio::process::ChildStdin;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -86,7 +86,7 @@ pub(crate) fn start(
     agent_id: AgentId,
     prompt: String,
     dir: Utf8PathBuf,
-    stdin: ChildStdin,
+    stdin: AgentInput,
     lines: mpsc::UnboundedReceiver<String>,
     sink: OutputSink,
 ) -> PlacedLink {
@@ -113,7 +113,7 @@ struct Driver {
     agent_id: AgentId,
     dir: Utf8PathBuf,
     /// The transport's input; `None` once closed (the shim then ends).
-    stdin: Option<ChildStdin>,
+    stdin: Option<AgentInput>,
     sink: OutputSink,
     /// The work's pack as it arrives.
     pack: Option<(Utf8PathBuf, std::fs::File)>,

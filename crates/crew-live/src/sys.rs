@@ -110,6 +110,37 @@ pub(crate) fn close_range(first: u32, last: u32) {
     unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
 }
 
+/// `dup3(2)`-like: `fd` copied onto `target` (closing what `target` was), close-on-exec off.
+pub(crate) fn dup_onto(fd: c_int, target: c_int) -> c_int {
+    // SAFETY: no memory precondition; only for a process that owns both numbers.
+    unsafe { libc::dup2(fd, target) }
+}
+
+/// A copy of `fd` at the lowest free number from `lowest` up, close-on-exec.
+pub(crate) fn dup_from(fd: c_int, lowest: c_int) -> c_int {
+    // SAFETY: no memory precondition; the copy is a new descriptor of the caller's.
+    unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, lowest) }
+}
+
+/// Makes this process the leader of a process group of its own.
+pub(crate) fn lead_own_group() -> c_int {
+    // SAFETY: no memory precondition.
+    unsafe { libc::setpgid(0, 0) }
+}
+
+/// A fork whose child is this process's parent's child, not its own (`CLONE_PARENT`): 0 in
+/// the child, the child's pid in the parent, -1 with `errno` set.
+///
+/// Only for a process with one thread, whose child runs nothing but system calls.
+pub(crate) fn fork_sibling() -> pid_t {
+    let flags = libc::CLONE_PARENT as libc::c_ulong;
+    // SAFETY: `clone` without a new stack or any pointer argument is a fork; the parent's
+    // exit signal is inherited with CLONE_PARENT. The caller has one thread, so the child's
+    // copy of the C library's state is consistent.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    pid as pid_t
+}
+
 /// `prctl(2)` with one integer argument.
 pub(crate) fn prctl(option: c_int, argument: c_ulong) -> c_int {
     // SAFETY: the options used take an integer, not a pointer.
@@ -363,6 +394,7 @@ impl Zeroable for libc::sockaddr_un {}
 impl Zeroable for libc::sockaddr_in {}
 impl Zeroable for libc::ifreq {}
 impl Zeroable for libc::msghdr {}
+impl Zeroable for libc::cmsghdr {}
 
 /// `ioctl(2)` with an interface request (`SIOCGIFFLAGS`, `SIOCSIFFLAGS`).
 pub(crate) fn ioctl_interface(

@@ -23,6 +23,11 @@
 //!     serves <megabytes> MB on 127.0.0.1, starts <agents> sandboxed agents at once that each
 //!     download it with curl (through crew's proxy, or with the network open), and prints
 //!     `{"seconds", "hwm_kib"}`: the slowest download's own time and this process's peak RSS
+//! live-helper server-killed <workspace>
+//!     starts a sandboxed agent (`sh -c 'exit 3'`) and waits for its end, kills its own warden
+//!     servers (its children named `crew-wardens`), starts another the same way and prints
+//!     `{"killed", "first", "second"}`: how many servers it killed, and each agent's exit code
+//!     (or the start's error)
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -45,6 +50,7 @@ fn main() {
         "download" => download(&args[1..]),
         "umask-socket" => umask_socket(&args[1]),
         "dropped-cancel" => dropped_cancel(&args[1]),
+        "server-killed" => server_killed(&args[1]),
         other => panic!("unknown command {other}"),
     }
 }
@@ -60,30 +66,15 @@ fn host(args: &[String]) {
         let mut definition = AgentDef::builtin_shell();
         definition.command = vec![args[3].clone(), "fork-sleepers".into()];
         for index in 0..count {
-            host.start(AgentSpec {
-                agent_id: AgentId::new(
+            host.start(confined_spec(
+                &workspace,
+                AgentId::new(
                     run_id.clone(),
                     TaskId::parse(&format!("agent-{index}")).unwrap(),
                 ),
-                workspace: workspace.clone(),
-                dir: workspace.as_path().to_owned(),
-                definition: definition.clone(),
-                prompt: String::new(),
-                timeout: None,
-                stop_grace: Duration::from_secs(10),
-                output_log: workspace.as_path().join(format!("agent-{index}.log")),
-                output_log_limit: 64 << 20,
-                socket: None,
-                sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
-                workspace_env: Vec::new(),
-                git_config: Vec::new(),
-                session_id: None,
-                session_cost: None,
-                placed: None,
-                follow_ups: Vec::new(),
-                network_log: None,
-                parent: None,
-            })
+                &definition,
+                workspace.as_path().join(format!("agent-{index}.log")),
+            ))
             .await
             .unwrap();
         }
@@ -100,6 +91,87 @@ fn host(args: &[String]) {
         println!("started");
         std::io::stdout().flush().unwrap();
         tokio::time::sleep(Duration::from_secs(600)).await;
+    });
+}
+
+/// A spec of an agent of `definition` in `workspace`, confined to it, logging to `log`.
+fn confined_spec(
+    workspace: &WorkspaceId,
+    agent_id: AgentId,
+    definition: &AgentDef,
+    log: camino::Utf8PathBuf,
+) -> AgentSpec {
+    AgentSpec {
+        agent_id,
+        workspace: workspace.clone(),
+        dir: workspace.as_path().to_owned(),
+        definition: definition.clone(),
+        prompt: String::new(),
+        timeout: None,
+        stop_grace: Duration::from_secs(10),
+        output_log: log,
+        output_log_limit: 64 << 20,
+        socket: None,
+        sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
+        workspace_env: Vec::new(),
+        git_config: Vec::new(),
+        session_id: None,
+        session_cost: None,
+        placed: None,
+        follow_ups: Vec::new(),
+        network_log: None,
+        parent: None,
+    }
+}
+
+fn server_killed(workspace: &str) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let workspace = WorkspaceId::from_path(std::path::Path::new(workspace)).unwrap();
+        let host = AgentHost::new().unwrap();
+        let run_id = RunId::generate();
+        let mut definition = AgentDef::builtin_shell();
+        definition.command = vec!["sh".into(), "-c".into(), "exit 3".into()];
+        let run = |name: &str| {
+            let spec = confined_spec(
+                &workspace,
+                AgentId::new(run_id.clone(), TaskId::parse(name).unwrap()),
+                &definition,
+                workspace.as_path().join(format!("{name}.log")),
+            );
+            let host = &host;
+            async move {
+                match host.start(spec).await {
+                    Ok(handle) => serde_json::json!(handle.wait_exited().await.exit.unwrap().code),
+                    Err(error) => serde_json::json!(error.to_string()),
+                }
+            }
+        };
+        let first = run("first").await;
+        let own = std::process::id().to_string();
+        let mut killed = 0;
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            if stat.contains("(crew-wardens)") && ppid == Some(own.as_str()) {
+                let pid: i32 = entry.file_name().to_str().unwrap().parse().unwrap();
+                rustix::process::kill_process(
+                    rustix::process::Pid::from_raw(pid).unwrap(),
+                    rustix::process::Signal::KILL,
+                )
+                .unwrap();
+                killed += 1;
+            }
+        }
+        let second = run("second").await;
+        println!(
+            "{}",
+            serde_json::json!({ "killed": killed, "first": first, "second": second })
+        );
     });
 }
 
@@ -129,25 +201,14 @@ fn many(args: &[String]) {
         definition.command = vec!["sleep".into(), "600".into()];
         for index in 0..count {
             host.start(AgentSpec {
-                agent_id: AgentId::new(run_id.clone(), TaskId::parse(&format!("a{index}")).unwrap()),
-                workspace: workspace.clone(),
-                dir: workspace.as_path().to_owned(),
-                definition: definition.clone(),
-                prompt: String::new(),
-                timeout: None,
                 stop_grace: grace,
-                output_log: camino::Utf8PathBuf::from_path_buf(logs.path().join(format!("a{index}.log"))).unwrap(),
-                output_log_limit: 64 << 20,
-                socket: None,
-                sandbox: crew_live::SandboxPlan::confined_to(workspace.as_path()),
-                workspace_env: Vec::new(),
-                git_config: Vec::new(),
-                session_id: None,
-                session_cost: None,
-                placed: None,
-                follow_ups: Vec::new(),
-                network_log: None,
-                parent: None,
+                ..confined_spec(
+                    &workspace,
+                    AgentId::new(run_id.clone(), TaskId::parse(&format!("a{index}")).unwrap()),
+                    &definition,
+                    camino::Utf8PathBuf::from_path_buf(logs.path().join(format!("a{index}.log")))
+                        .unwrap(),
+                )
             })
             .await
             .unwrap();

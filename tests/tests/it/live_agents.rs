@@ -638,6 +638,32 @@ fn children_in_state(parent: u32, state: char) -> Vec<u32> {
         .collect()
 }
 
+/// Every warden is forked by a small server the host started (`spawn/warden/server.rs`); one
+/// killed (an unconfined agent may, it runs as the user) costs the next start nothing but a
+/// new server.
+#[test]
+fn a_warden_server_killed_is_started_again() {
+    let env = TestEnv::new();
+    let workspace = env.dir("project");
+    let result = live_helper_json(&env, &["server-killed", workspace.as_str()]);
+    assert!(result["killed"].as_u64() >= Some(1), "{result}");
+    assert_eq!(result["first"], 3, "{result}");
+    assert_eq!(result["second"], 3, "{result}");
+}
+
+/// Children of `parent` named `name` (their `comm`), alive (not zombies).
+fn children_named(parent: u32, name: &str) -> Vec<u32> {
+    let running = ['R', 'S', 'D', 'T', 't'];
+    running
+        .iter()
+        .flat_map(|state| children_in_state(parent, *state))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == name)
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along() {
     let env = TestEnv::new();
@@ -664,6 +690,9 @@ async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along()
         (daemons >= 5).then_some(())
     });
     assert!(marked_processes(&marker).len() >= 20);
+    // Its warden server, which forked the five wardens, goes with it too.
+    let servers = children_named(host.id(), "crew-wardens");
+    assert!(!servers.is_empty(), "no warden server");
 
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&host),
@@ -685,6 +714,20 @@ async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    crew_tests::wait_until(5, "the warden server to die with its host", || {
+        let alive: Vec<&u32> = servers
+            .iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    stat.contains("(crew-wardens)")
+                        && !stat
+                            .rsplit_once(')')
+                            .is_some_and(|(_, rest)| rest.starts_with(" Z"))
+                })
+            })
+            .collect();
+        alive.is_empty().then_some(())
+    });
 }
 
 #[tokio::test(flavor = "multi_thread")]

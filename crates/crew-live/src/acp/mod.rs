@@ -26,6 +26,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::spawn::AgentInput;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, CreateTerminalRequest,
@@ -40,7 +41,6 @@ use agent_client_protocol::{Client, Lines, on_receive_notification, on_receive_r
 use camino::Utf8PathBuf;
 use crew_core::model::Usage;
 use tokio::io::AsyncWriteExt;
-use tokio::process::ChildStdin;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -96,7 +96,7 @@ pub(crate) struct AcpLink {
 /// where what it says is shown and the supervisor told.
 pub(crate) fn start(
     start: AcpStart,
-    stdin: ChildStdin,
+    stdin: AgentInput,
     lines: mpsc::UnboundedReceiver<String>,
     sink: OutputSink,
 ) -> AcpLink {
@@ -216,7 +216,7 @@ impl Shared {
 
 async fn drive(
     mut start: AcpStart,
-    stdin: ChildStdin,
+    stdin: AgentInput,
     lines: mpsc::UnboundedReceiver<String>,
     mut inputs: mpsc::UnboundedReceiver<AcpInput>,
     sink: OutputSink,

@@ -25,7 +25,7 @@ use super::files::refused;
 use crate::agent::{AgentSpec, Launcher, confinement, private_temp_dir};
 use crate::env::agent_env;
 use crate::procscan;
-use crate::spawn::WardedCommand;
+use crate::spawn::{AgentIo, WardedCommand};
 
 /// The most output a terminal keeps, whatever the agent asks for.
 const MAX_OUTPUT_BYTES: usize = 4 << 20;
@@ -208,11 +208,9 @@ impl Terminals {
             }),
         )
         .map_err(|error| failed(error.to_string()))?;
-        warded.current_dir(&cwd).stdio(
-            std::process::Stdio::null(),
-            std::process::Stdio::piped(),
-            std::process::Stdio::piped(),
-        );
+        warded
+            .current_dir(&cwd)
+            .stdio(AgentIo::Null, AgentIo::Piped, AgentIo::Piped);
         let crate::spawn::Spawned {
             mut child, proxy, ..
         } = self

@@ -241,12 +241,12 @@ pub(super) async fn launch(
     })?;
     warded.current_dir(&spec.dir).stdio(
         if steerable {
-            std::process::Stdio::piped()
+            AgentIo::Piped
         } else {
-            std::process::Stdio::null()
+            AgentIo::Null
         },
-        std::process::Stdio::piped(),
-        std::process::Stdio::piped(),
+        AgentIo::Piped,
+        AgentIo::Piped,
     );
 
     let mut log = open_log(spec)?;

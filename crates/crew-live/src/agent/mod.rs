@@ -23,10 +23,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::spawn::{AgentInput, Warden};
 use camino::{Utf8Path, Utf8PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -48,7 +48,7 @@ use crate::procscan;
 use crate::protocol::ProtocolEvent;
 use crate::refusals::Refusals;
 use crate::sandbox::{self, SandboxPlan};
-use crate::spawn::{LeftoverCount, Spawner, WardedCommand};
+use crate::spawn::{AgentIo, LeftoverCount, Spawner, WardedCommand};
 use crate::toolchains::{self, ToolchainCaches};
 
 mod launch;
@@ -347,9 +347,9 @@ pub(crate) trait OwnConnections: std::fmt::Debug + Send + Sync {
 
 /// A process of the agent, running.
 struct Running {
-    child: Child,
+    child: Warden,
     pid: u32,
-    stdin: Option<ChildStdin>,
+    stdin: Option<AgentInput>,
     readers: Vec<JoinHandle<()>>,
     /// What the agent's protocol says: sessions, ends of turns (see `OutputSink::supervisor`).
     protocol: mpsc::UnboundedReceiver<ProtocolEvent>,

@@ -14,14 +14,20 @@
 //! - The warden ignores TERM and INT: a graceful stop (TERM to the group) reaches the agent, and
 //!   the warden simply reports how the agent ended.
 //!
-//! The warden is the host's own executable started again (`/proc/self/exe`, with
-//! `posix_spawn`), not a fork of the host: a fork would share the host's memory copy-on-write
+//! The warden is not a fork of the host: a fork would share the host's memory copy-on-write
 //! for as long as the agent lives, and the host, which keeps writing its memory, would pay a
-//! page fault and a copy for each page it touched after every start. Started again, the warden
-//! is caught before `main` by a function this crate places in the executable's initializers
-//! (`WARDEN_ENTRY`, in `warden.rs`): any program that embeds crew-live can start agents, and none of them
-//! runs its `main` as a warden. Until it execs the agent, the warden runs with nothing of
-//! Rust's runtime set up: it makes raw `libc` calls, allocates nothing and never returns.
+//! page fault and a copy for each page it touched after every start. Nor is it the host's
+//! executable started again for each agent (as it was): the kernel's exec, the loader and the
+//! C library's start cost about half a millisecond of CPU at every start, and the exit of a
+//! process that mapped the whole executable as much again. Each spawner thread starts, once, a
+//! **warden server** (`warden/server.rs`): the host's own executable again
+//! (`/proc/self/exe`), caught before `main` by a function this crate places in the
+//! executable's initializers (`WARDEN_ENTRY`, in `warden/mod.rs`), so that any program that
+//! embeds crew-live can start agents and none of them runs its `main` as a server or a
+//! warden. The server forks each warden with `CLONE_PARENT`: the warden is the host's child,
+//! its parent the spawner thread, as if the host had started it. Until it execs the agent,
+//! the warden runs with nothing of Rust's runtime set up: it makes raw `libc` calls, allocates
+//! nothing through the C library and never returns.
 //!
 //! The warden's parent-death signal fires when the *thread* that started it dies, so every
 //! start happens on a dedicated spawner thread that lives as long as the
@@ -30,19 +36,25 @@
 //! (see [`Spawner`]), the others from one that did not.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::{CStr, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::mpsc;
 
-use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+mod process;
 mod warden;
 
+pub use process::{AgentInput, AgentOutput, Warden};
 pub(crate) use warden::decimal;
+use warden::server::{
+    ARGUMENTS_FD, Descriptors, MAX_PASSED, REPORT_FD, SERVER_ARG, SERVER_NAME, rights_len,
+};
 use warden::{WARDEN_ARG, WARDEN_ENTRY};
 
 /// How many processes the agent left behind, which its warden writes on its report pipe when
@@ -94,15 +106,42 @@ fn read_u32(pipe: &OwnedFd, blocking: bool) -> Option<u32> {
     }
 }
 
+/// Where one of an agent's standard streams goes.
+#[derive(Debug)]
+pub enum AgentIo {
+    /// `/dev/null`.
+    Null,
+    /// A pipe whose other end the host gets ([`Warden`]'s `stdin`, `stdout`, `stderr`).
+    Piped,
+    /// This file or descriptor.
+    Fd(OwnedFd),
+}
+
+impl From<std::fs::File> for AgentIo {
+    fn from(file: std::fs::File) -> Self {
+        AgentIo::Fd(file.into())
+    }
+}
+
+/// The number a warden's first passed descriptor takes (its report pipe), after its stdio and
+/// its arguments' file; the others follow in their order.
+const FIRST_PASSED_FD: libc::c_int = REPORT_FD;
+
 /// An agent's command, to be started under a warden by a [`Spawner`]: the agent's program,
 /// arguments and whole environment, given to [`WardedCommand::new`], then its directory and
 /// stdio.
 #[derive(Debug)]
 pub struct WardedCommand {
-    command: Command,
-    /// The descriptors the warden inherits, open until it started: the write end of its report
+    /// The warden's arguments, its name first: the numbers of its descriptors in them are the
+    /// ones it gets (from [`FIRST_PASSED_FD`] on, in the order of `passed`).
+    args: Vec<OsString>,
+    /// The agent's working directory; the host's when not given.
+    dir: Option<PathBuf>,
+    /// The agent's stdin, stdout and stderr.
+    stdio: [AgentIo; 3],
+    /// The descriptors the warden gets, open until it started: the write end of its report
     /// pipe, the agent's environment, and its ruleset, namespace plan, user namespace and
-    /// channel, if any. Their numbers are in its arguments.
+    /// channel, if any.
     passed: Vec<OwnedFd>,
     /// The read end of the report pipe: first whether the agent started (0, or the error of
     /// its exec), then how many processes it left behind.
@@ -122,7 +161,7 @@ pub struct WardedCommand {
 #[derive(Debug)]
 pub struct Spawned {
     /// The warden's process.
-    pub child: Child,
+    pub child: Warden,
     /// What the warden will say of the agent's leftovers.
     pub leftovers: LeftoverCount,
     /// With `network = "proxy"`, the agent's proxy, serving until dropped: keep it as long as
@@ -169,14 +208,7 @@ impl WardedCommand {
                 "an agent marker cannot hold a NUL byte",
             ));
         }
-        let mut ends = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 fills the two descriptors, owned right below.
-        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both ends were just opened and are owned by nothing else.
-        let (report, report_writer) =
-            unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        let (report, report_writer) = pipe()?;
         let environment = environment_file(env)?;
         let proxied = namespace.is_some_and(|namespace| namespace.proxy);
         if proxied && proxy.is_none() {
@@ -188,22 +220,7 @@ impl WardedCommand {
         let proxy = proxy.filter(|_| proxied);
         let own_connection = namespace.is_some_and(|namespace| namespace.control.is_some());
         let (host_end, channel) = if proxied || own_connection {
-            let mut ends = [0 as libc::c_int; 2];
-            // SAFETY: socketpair fills the two descriptors, owned right below.
-            if unsafe {
-                libc::socketpair(
-                    libc::AF_UNIX,
-                    libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                    0,
-                    ends.as_mut_ptr(),
-                )
-            } != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: both ends were just opened and are owned by nothing else.
-            let (host, agent) =
-                unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+            let (host, agent) = socket_pair(libc::SOCK_DGRAM)?;
             (Some(host), Some(agent))
         } else {
             (None, None)
@@ -219,42 +236,44 @@ impl WardedCommand {
             Some(namespace) => Some(memory_file(c"crew-namespace", &namespace.encode()?)?),
             None => None,
         };
-        let mut command = Command::new("/proc/self/exe");
-        command
-            .arg0(crate::procscan::WARDEN_NAME)
-            .arg(OsStr::from_bytes(WARDEN_ARG.to_bytes()))
-            .arg(std::process::id().to_string())
-            .arg(
-                ruleset
-                    .as_ref()
-                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
-            )
-            .arg(report_writer.as_raw_fd().to_string())
-            .arg(environment.as_raw_fd().to_string())
-            .arg(
-                namespace
-                    .as_ref()
-                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
-            )
-            .arg(
-                user.as_ref()
-                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
-            )
-            .arg(
-                channel
-                    .as_ref()
-                    .map_or_else(|| "-".to_owned(), |fd| fd.as_raw_fd().to_string()),
-            )
-            .arg(marker)
-            .arg(
-                crate::open_files::users_limit()
-                    .map_or_else(|| "-".to_owned(), |limit| limit.to_string()),
-            )
-            .arg(program)
-            .args(args)
-            .env_clear()
-            .process_group(0)
-            .kill_on_drop(false);
+        // Each passed descriptor's number in the warden, in the order of `passed`.
+        let mut next = FIRST_PASSED_FD;
+        let mut number = |present: bool| -> OsString {
+            if !present {
+                return "-".into();
+            }
+            next += 1;
+            (next - 1).to_string().into()
+        };
+        let report_number = number(true);
+        let environment_number = number(true);
+        let ruleset_number = number(ruleset.is_some());
+        let namespace_number = number(namespace.is_some());
+        let user_number = number(user.is_some());
+        let channel_number = number(channel.is_some());
+        let mut warden_args: Vec<OsString> = vec![
+            crate::procscan::WARDEN_NAME.into(),
+            OsStr::from_bytes(WARDEN_ARG.to_bytes()).to_owned(),
+            std::process::id().to_string().into(),
+            ruleset_number,
+            report_number,
+            environment_number,
+            namespace_number,
+            user_number,
+            channel_number,
+            marker.into(),
+            crate::open_files::users_limit()
+                .map_or_else(|| "-".to_owned(), |limit| limit.to_string())
+                .into(),
+            program.as_ref().to_owned(),
+        ];
+        warden_args.extend(args.into_iter().map(|arg| arg.as_ref().to_owned()));
+        if warden_args.iter().any(|arg| arg.as_bytes().contains(&0)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an agent's program or argument cannot hold a NUL byte",
+            ));
+        }
         let confined = ruleset.is_some();
         let mut passed = vec![report_writer, environment];
         passed.extend(ruleset);
@@ -262,7 +281,9 @@ impl WardedCommand {
         passed.extend(user);
         passed.extend(channel);
         Ok(WardedCommand {
-            command,
+            args: warden_args,
+            dir: None,
+            stdio: [AgentIo::Null, AgentIo::Null, AgentIo::Null],
             passed,
             report,
             channel: host_end,
@@ -274,26 +295,28 @@ impl WardedCommand {
 
     /// The agent's working directory.
     pub fn current_dir(&mut self, dir: impl AsRef<std::path::Path>) -> &mut Self {
-        self.command.current_dir(dir);
+        self.dir = Some(dir.as_ref().to_owned());
         self
     }
 
-    /// The agent's stdin, stdout and stderr.
+    /// The agent's stdin, stdout and stderr (`/dev/null` each unless given).
     pub fn stdio(
         &mut self,
-        stdin: impl Into<std::process::Stdio>,
-        stdout: impl Into<std::process::Stdio>,
-        stderr: impl Into<std::process::Stdio>,
+        stdin: impl Into<AgentIo>,
+        stdout: impl Into<AgentIo>,
+        stderr: impl Into<AgentIo>,
     ) -> &mut Self {
-        self.command.stdin(stdin).stdout(stdout).stderr(stderr);
+        self.stdio = [stdin.into(), stdout.into(), stderr.into()];
         self
     }
 
     /// Starts the warden and waits until it started the agent: the agent's own error when it
     /// could not be executed. Runs on the spawner thread, the warden's parent.
-    fn start(self) -> io::Result<Spawned> {
+    fn start(self, server: &mut Option<Server>) -> io::Result<Spawned> {
         let WardedCommand {
-            mut command,
+            args,
+            dir,
+            stdio,
             passed,
             report,
             channel,
@@ -301,20 +324,40 @@ impl WardedCommand {
             own_connection,
             confined: _,
         } = self;
-        for fd in &passed {
-            // Kept by no other warden: a warden (of any host, from either spawner thread)
-            // closes whatever it did not ask for before it starts its agent. A program
-            // another thread starts meanwhile (git, a setup command) inherits them until it
-            // exits: a ruleset, a pipe, and an environment made of the host's own.
-            // SAFETY: clears the close-on-exec flag of a descriptor `passed` owns.
-            if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+        // The warden's ends of its stdio, and the host's of the pipes.
+        let [stdin, stdout, stderr] = stdio;
+        let (stdin, input) = stdio_ends(stdin, true)?;
+        let (stdout, output) = stdio_ends(stdout, false)?;
+        let (stderr, errors) = stdio_ends(stderr, false)?;
+        let mut arguments = dir
+            .map(|dir| dir.into_os_string().into_vec())
+            .unwrap_or_default();
+        arguments.push(0);
+        for arg in &args {
+            arguments.extend_from_slice(arg.as_bytes());
+            arguments.push(0);
         }
-        let child = command.spawn();
-        // The host's copies: the report pipe ends when the warden's copy does.
-        drop(passed);
-        let child = child?;
+        let arguments = memory_file(c"crew-warden-args", &arguments)?;
+        let mut sent = vec![stdin, stdout, stderr, arguments];
+        sent.extend(passed);
+        request_warden(server, &sent)?;
+        // The host's copies: the report pipe ends when the warden's (and the server's) do.
+        drop(sent);
+        // First the warden's pid, from the warden itself (or the server's error).
+        let pid = match read_u32(&report, true).map(|word| word as i32) {
+            Some(pid) if pid > 0 => pid,
+            Some(error) => return Err(io::Error::from_raw_os_error(-error)),
+            None => {
+                return Err(io::Error::other(
+                    "the warden server ended before it started the agent's warden",
+                ));
+            }
+        };
+        let child = Warden::new(pid, input, output, errors).inspect_err(|_| {
+            // Not to be left running unwatched: it leads its group, with its agent.
+            // SAFETY: no memory argument; `pid` is this process's child, not reaped.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        })?;
         match read_u32(&report, true) {
             Some(0) => {
                 // Sent before the agent's exec, which the report follows: the proxy's socket,
@@ -352,7 +395,7 @@ impl WardedCommand {
                     own_connection,
                 })
             }
-            // The warden exits at once; tokio reaps it.
+            // The warden exits at once.
             Some(error) => Err(match warden::ConfineStep::split(error) {
                 (None, errno) => io::Error::from_raw_os_error(errno),
                 (Some(step), errno) => io::Error::other(format!(
@@ -365,6 +408,163 @@ impl WardedCommand {
             )),
         }
     }
+}
+
+/// The warden's end of one of its agent's streams, and the host's end when it is a pipe
+/// (`stdin`: the host writes).
+fn stdio_ends(io: AgentIo, stdin: bool) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
+    match io {
+        AgentIo::Fd(fd) => Ok((fd, None)),
+        AgentIo::Null => Ok((
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")?
+                .into(),
+            None,
+        )),
+        AgentIo::Piped => {
+            let (read, write) = pipe()?;
+            Ok(if stdin {
+                (read, Some(write))
+            } else {
+                (write, Some(read))
+            })
+        }
+    }
+}
+
+/// A connected pair of unix sockets of `kind`, close-on-exec.
+fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut ends = [0 as libc::c_int; 2];
+    let kind = kind | libc::SOCK_CLOEXEC;
+    // SAFETY: socketpair fills the two descriptors, owned right below.
+    if unsafe { libc::socketpair(libc::AF_UNIX, kind, 0, ends.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both ends were just opened and are owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) })
+}
+
+/// A pipe, close-on-exec: its read end, then its write end.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut ends = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills the two descriptors, owned right below.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both ends were just opened and are owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) })
+}
+
+/// A spawner thread's warden server (see `warden/server.rs`): the process, and the host's
+/// end of its socket.
+struct Server {
+    socket: OwnedFd,
+    process: std::process::Child,
+}
+
+impl Server {
+    /// Starts a server from the calling thread, the parent of every warden it will fork.
+    fn start() -> io::Result<Server> {
+        let (socket, theirs) = socket_pair(libc::SOCK_SEQPACKET)?;
+        // Inherited by the server, which closes everything else it was given; a program
+        // another thread starts meanwhile holds it only until it exits (the host's copy is
+        // closed once the server started).
+        // SAFETY: clears the close-on-exec flag of a descriptor `theirs` owns.
+        if unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let process = std::process::Command::new("/proc/self/exe")
+            .arg0(SERVER_NAME)
+            .arg(OsStr::from_bytes(SERVER_ARG.to_bytes()))
+            .arg(std::process::id().to_string())
+            .arg(theirs.as_raw_fd().to_string())
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            // Not in the host's group: a Ctrl-C at the user's terminal is the host's to answer.
+            .process_group(0)
+            .spawn();
+        drop(theirs);
+        Ok(Server {
+            socket,
+            process: process?,
+        })
+    }
+
+    /// Asks the server for a warden holding `fds` (stdio, arguments, then the passed ones,
+    /// each at its number). `false` when the server is gone: nothing was sent.
+    fn fork(&self, fds: &[OwnedFd]) -> bool {
+        let mut targets: Vec<u8> = (0..fds.len())
+            .map(|index| {
+                if index <= ARGUMENTS_FD as usize {
+                    index as u8
+                } else {
+                    (FIRST_PASSED_FD as usize + index - ARGUMENTS_FD as usize - 1) as u8
+                }
+            })
+            .collect();
+        let mut control = Descriptors {
+            header: libc::cmsghdr {
+                cmsg_len: rights_len(fds.len()) as _,
+                cmsg_level: libc::SOL_SOCKET,
+                cmsg_type: libc::SCM_RIGHTS,
+            },
+            fds: [-1; MAX_PASSED],
+        };
+        for (slot, fd) in control.fds.iter_mut().zip(fds) {
+            *slot = fd.as_raw_fd();
+        }
+        let mut data = libc::iovec {
+            iov_base: targets.as_mut_ptr().cast(),
+            iov_len: targets.len(),
+        };
+        // SAFETY: all-zero is a valid message header, filled right below.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_iov = &mut data;
+        message.msg_iovlen = 1;
+        message.msg_control = (&mut control as *mut Descriptors).cast();
+        message.msg_controllen = rights_len(fds.len()) as _;
+        loop {
+            // SAFETY: the message's buffers are this frame's, alive and sized as it says.
+            let sent =
+                unsafe { libc::sendmsg(self.socket.as_raw_fd(), &message, libc::MSG_NOSIGNAL) };
+            if sent < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return sent == targets.len() as isize;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // It ends when its socket does; reaped here, not left a zombie.
+        // SAFETY: shuts down the socket this server owns; closed when dropped.
+        unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = self.process.wait();
+    }
+}
+
+/// Sends `fds` to this thread's server (started, or started again when it is gone) for a
+/// warden to hold.
+fn request_warden(server: &mut Option<Server>, fds: &[OwnedFd]) -> io::Result<()> {
+    if fds.len() > MAX_PASSED {
+        return Err(io::Error::other("too many descriptors for a warden"));
+    }
+    for _ in 0..2 {
+        let current = match server {
+            Some(current) => current,
+            None => server.insert(Server::start()?),
+        };
+        if current.fork(fds) {
+            return Ok(());
+        }
+        // Gone before it got them (killed, say): once more with a new one.
+        *server = None;
+    }
+    Err(io::Error::other("the warden server could not be reached"))
 }
 
 /// A memory file holding `env` as `NAME=value` entries, each ended by a NUL: the agent's
@@ -451,9 +651,11 @@ impl Spawner {
                     } else {
                         Ok(())
                     };
+                    // Started at the first agent's start, from this thread.
+                    let mut server = None;
                     while let Ok(job) = queue.recv() {
                         let started = match &closed {
-                            Ok(()) => job.command.start(),
+                            Ok(()) => job.command.start(&mut server),
                             Err(error) => Err(io::Error::other(format!(
                                 "the kernel refused the seccomp filter that closes its keyrings to a confined agent ({error}): run the agent with `[sandbox] mode = \"off\"`, or crew on a kernel with seccomp filters"
                             ))),
@@ -519,7 +721,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let Err(error) = command.start() else {
+        let Err(error) = command.start(&mut None) else {
             panic!("the agent started");
         };
         let said = error.to_string();

@@ -50,7 +50,7 @@ impl Supervisor {
 
     pub(super) async fn steer(
         &self,
-        stdin: Option<&mut ChildStdin>,
+        stdin: Option<&mut AgentInput>,
         message: &str,
     ) -> Result<(), AgentOpError> {
         let agent_id = self.spec.agent_id.clone();

@@ -1,5 +1,6 @@
-//! The warden: what a start of the executable becomes before `main` when its first argument
-//! is [`WARDEN_ARG`] (see the module above for why it exists). From its entry to the agent's
+//! The warden: what a process forked by the warden server (`server.rs`) becomes, with its
+//! arguments as the server's memory file gives them, or a start of the executable before
+//! `main` when its first argument is [`WARDEN_ARG`] (see the module above for why it exists). From its entry to the agent's
 //! exec, or to its own end, it runs with nothing of Rust's runtime set up: raw `libc` calls,
 //! no allocation, never a return into `main`.
 //!
@@ -27,6 +28,8 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crate::sys;
+
+pub(super) mod server;
 
 /// The signal the kernel sends the warden when the host's spawner thread dies.
 const WARDEN_SIGNAL: libc::c_int = libc::SIGUSR2;
@@ -126,7 +129,7 @@ extern "C" fn warden_entry(
     _envp: *const *const libc::c_char,
 ) {
     let count = usize::try_from(argc).unwrap_or(0);
-    if argv.is_null() || count <= WARDEN_ARGS {
+    if argv.is_null() || count < 2 {
         return;
     }
     // SAFETY: glibc passes `main`'s argv: `argc` (more than 1) pointers, then a null one.
@@ -137,7 +140,12 @@ extern "C" fn warden_entry(
         return;
     }
     // SAFETY: one of glibc's NUL-terminated arguments, alive as long as the process.
-    if unsafe { CStr::from_ptr(first) } != WARDEN_ARG {
+    let first = unsafe { CStr::from_ptr(first) };
+    if first == server::SERVER_ARG && count == server::SERVER_ARGS {
+        // SAFETY: the server's own argv, before `main`, with its SERVER_ARGS arguments.
+        unsafe { server::become_server(argv) }
+    }
+    if first != WARDEN_ARG || count <= WARDEN_ARGS {
         return;
     }
     // SAFETY: the warden's own argv, before `main`, with more than WARDEN_ARGS arguments.
