@@ -293,7 +293,7 @@ impl WardedCommand {
         })
     }
 
-    /// The agent's working directory.
+    /// The agent's working directory (a path holding a NUL byte fails the start).
     pub fn current_dir(&mut self, dir: impl AsRef<std::path::Path>) -> &mut Self {
         self.dir = Some(dir.as_ref().to_owned());
         self
@@ -332,6 +332,12 @@ impl WardedCommand {
         let mut arguments = dir
             .map(|dir| dir.into_os_string().into_vec())
             .unwrap_or_default();
+        if arguments.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an agent's directory cannot hold a NUL byte",
+            ));
+        }
         arguments.push(0);
         for arg in &args {
             arguments.extend_from_slice(arg.as_bytes());
