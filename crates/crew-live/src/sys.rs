@@ -110,7 +110,7 @@ pub(crate) fn close_range(first: u32, last: u32) {
     unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
 }
 
-/// `dup3(2)`-like: `fd` copied onto `target` (closing what `target` was), close-on-exec off.
+/// `dup2(2)`: `fd` copied onto `target` (closing what `target` was), close-on-exec off.
 pub(crate) fn dup_onto(fd: c_int, target: c_int) -> c_int {
     // SAFETY: no memory precondition; only for a process that owns both numbers.
     unsafe { libc::dup2(fd, target) }

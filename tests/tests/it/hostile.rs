@@ -97,6 +97,11 @@ try objects sh -c 'touch "$CREW_PROJECT_ROOT/.git/objects/planted"'
 try rename-workspace mv "$PWD" "$PWD.moved"
 try grandchild sh -c 'sh -c "echo pwned > \"\$HOME/grandchild.txt\""'
 try signal-warden kill -0 "$warden"
+for p in /proc/[0-9]*; do
+  if [ "$(cat "$p/comm" 2>/dev/null)" = crew-wardens ]; then
+    echo "WARDEN SERVER SEEN"; try signal-server kill -0 "${{p#/proc/}}"
+  fi
+done
 (setsid env -i sh -c 'cd /; exec sleep 6131' </dev/null >/dev/null 2>&1 &)
 echo done
 "##
@@ -137,6 +142,8 @@ fn a_hostile_agent_in_a_worktree_is_confined_and_its_work_kept() {
     let log = output_log(&repo, &run, "hostile");
     assert!(!log.contains("ESCAPED"), "an escape worked:\n{log}");
     assert!(log.contains("TMPDIR OK") && log.contains("done"), "{log}");
+    // Its host's warden server was there to try, and it could not signal it.
+    assert!(log.contains("WARDEN SERVER SEEN"), "{log}");
     assert_eq!(
         canaries.fingerprint(),
         before,

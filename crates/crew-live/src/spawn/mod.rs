@@ -482,7 +482,7 @@ impl Server {
             return Err(io::Error::last_os_error());
         }
         let process = std::process::Command::new("/proc/self/exe")
-            .arg0(SERVER_NAME)
+            .arg0(OsStr::from_bytes(SERVER_NAME.to_bytes()))
             .arg(OsStr::from_bytes(SERVER_ARG.to_bytes()))
             .arg(std::process::id().to_string())
             .arg(theirs.as_raw_fd().to_string())

@@ -66,14 +66,9 @@ impl Warden {
         if let Some(status) = self.reap()? {
             return Ok(status);
         }
-        loop {
-            let mut ready = self.pidfd.readable().await?;
-            if let Some(status) = reap(ready.get_inner())? {
-                self.status = Some(status);
-                return Ok(status);
-            }
-            ready.clear_ready();
-        }
+        let status = exited(&self.pidfd).await?;
+        self.status = Some(status);
+        Ok(status)
     }
 
     /// Reaps it if it exited: its status, or `None` while it runs.
@@ -82,6 +77,17 @@ impl Warden {
             self.status = reap(self.pidfd.get_ref())?;
         }
         Ok(self.status)
+    }
+}
+
+/// Waits for the child of `pidfd` to exit, and reaps it.
+async fn exited(pidfd: &AsyncFd<OwnedFd>) -> io::Result<ExitStatus> {
+    loop {
+        let mut ready = pidfd.readable().await?;
+        if let Some(status) = reap(ready.get_inner())? {
+            return Ok(status);
+        }
+        ready.clear_ready();
     }
 }
 
@@ -121,25 +127,12 @@ impl Drop for Warden {
         // left to the host's exit, as a zombie, like any child nobody waits for).
         if matches!(self.reap(), Ok(None))
             && let Ok(handle) = tokio::runtime::Handle::try_current()
+            && let Ok(pidfd) = self.pidfd.get_ref().try_clone()
         {
-            let pid = self.pid;
-            let Ok(pidfd) = self.pidfd.get_ref().try_clone() else {
-                return;
-            };
             handle.spawn(async move {
-                let Ok(mut warden) = (|| {
-                    Ok::<_, io::Error>(Warden {
-                        pid,
-                        pidfd: watched(pidfd)?,
-                        status: None,
-                        stdin: None,
-                        stdout: None,
-                        stderr: None,
-                    })
-                })() else {
-                    return;
-                };
-                let _ = warden.wait().await;
+                if let Ok(pidfd) = watched(pidfd) {
+                    let _ = exited(&pidfd).await;
+                }
             });
         }
     }

@@ -32,7 +32,7 @@ pub(super) const SERVER_ARGS: usize = 4;
 
 /// The server's name (its `argv[0]` and its thread's name): not the warden's, so that a
 /// connection is never traced to it.
-pub(in crate::spawn) const SERVER_NAME: &str = "crew-wardens";
+pub(in crate::spawn) const SERVER_NAME: &CStr = c"crew-wardens";
 
 /// Where a warden finds the memory file of its directory and arguments: its directory, then
 /// each argument (`argv[0]` first), each ended by a NUL.
@@ -98,7 +98,7 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
     if sys::getppid() != host_pid {
         sys::exit(0);
     }
-    sys::set_name(c"crew-wardens");
+    sys::set_name(SERVER_NAME);
     loop {
         let mut targets = [0u8; MAX_PASSED];
         let mut control = Descriptors {
@@ -205,13 +205,8 @@ fn become_forked_warden(fds: &[libc::c_int], targets: &[u8]) -> ! {
     let directory = unsafe { super::argument(entries, 0) };
     if !directory.is_empty() && sys::change_dir(directory) != 0 {
         // As an exec's would have been: the start fails with the error, reported as the
-        // agent's (the report pipe is the warden's fifth argument).
-        let error = sys::errno();
-        // SAFETY: more than WARDEN_ARGS arguments in `argv`.
-        let report = unsafe { super::argument(argv, 4) };
-        if let Some(report) = super::parse_number(report) {
-            super::report_u32(report, error as u32);
-        }
+        // agent's.
+        super::report_u32(REPORT_FD, sys::errno() as u32);
         super::fail(c"cannot enter the agent's directory")
     }
     // SAFETY: the warden's argv: more than WARDEN_ARGS NUL-terminated arguments, then a null
