@@ -161,7 +161,7 @@ pub fn prepare_worktree(
         })
     });
     if result.is_err() {
-        rollback(&repo, &common, &names, &made);
+        rollback(&repo, &common, &names, request, &made);
     }
     result
 }
@@ -417,15 +417,20 @@ fn checked_out_elsewhere(
 /// Removes what a failed creation made, newest first. Best effort: each step is tried even
 /// when an earlier one fails, and failures are ignored — the creation already failed with an
 /// error of its own, nothing here holds an agent's work, and what is left is crew's to sweep
-/// (`crew worktrees prune`).
-fn rollback(repo: &Repository, common: &Utf8Path, names: &TaskNames, made: &Made) {
+/// (`crew worktrees prune`). The checkout itself goes to the trash under the lock and is
+/// deleted once it is released: other tasks' worktrees do not wait on its files.
+fn rollback(
+    repo: &Repository,
+    common: &Utf8Path,
+    names: &TaskNames,
+    request: &CreateWorktree<'_>,
+    made: &Made,
+) {
     let Ok(_lock) = repo_lock(common) else {
         return;
     };
-    if made.worktree_dir
-        && let Some(parent) = names.root.parent()
-    {
-        let _ = crew_core::paths::remove_contained(&names.root, &[parent]);
+    if made.worktree_dir {
+        crate::trash::discard(request.repo_root, request.settings, &names.root);
     }
     if made.admin_entry {
         let _ = admin::remove_entry(common, &names.admin);

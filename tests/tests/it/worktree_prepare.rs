@@ -313,6 +313,12 @@ fn failure_after_creation_leaves_nothing_behind() {
             .exists(),
         "no directory left"
     );
+    // The checkout went through the trash (deleted once the lock was released): gone too.
+    let trash = fixture.repo.join(".worktrees/.trash");
+    assert!(
+        !trash.exists() || std::fs::read_dir(&trash).unwrap().count() == 0,
+        "nothing left in the trash"
+    );
     let admin = fixture.repo.join(".git/worktrees");
     assert!(
         !admin.exists() || std::fs::read_dir(&admin).unwrap().count() == 0,
