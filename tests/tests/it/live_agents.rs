@@ -693,6 +693,31 @@ async fn host_killed_with_five_agents_takes_them_and_their_grandchildren_along()
     // Its warden server, which forked the five wardens, goes with it too.
     let servers = children_named(host.id(), "crew-wardens");
     assert!(!servers.is_empty(), "no warden server");
+    // In `ps`, each warden names the agent it stands for (it is a fork of the server, whose
+    // arguments it writes its title over), the server its host.
+    let mut titles: Vec<String> = children_named(host.id(), "crew-warden")
+        .into_iter()
+        .map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+            String::from_utf8_lossy(&cmdline)
+                .trim_end_matches('\0')
+                .to_owned()
+        })
+        .collect();
+    titles.sort();
+    let expected: Vec<String> = (0..5)
+        .map(|index| format!("crew-warden {run_id}:agent-{index} {FAKE_AGENT}"))
+        .collect();
+    assert_eq!(titles, expected);
+    for server in &servers {
+        let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap();
+        let words: Vec<&[u8]> = cmdline
+            .split(|&byte| byte == 0)
+            .filter(|word| !word.is_empty())
+            .collect();
+        assert_eq!(words.len(), 4, "{}", String::from_utf8_lossy(&cmdline));
+        assert_eq!(words[0], b"crew-wardens");
+    }
 
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&host),

@@ -53,7 +53,8 @@ mod warden;
 pub use process::{AgentInput, AgentOutput, Warden};
 pub(crate) use warden::decimal;
 use warden::server::{
-    ARGUMENTS_FD, Descriptors, MAX_PASSED, REPORT_FD, SERVER_ARG, SERVER_NAME, rights_len,
+    ARGUMENTS_FD, Descriptors, MAX_PASSED, REPORT_FD, SERVER_ARG, SERVER_NAME, TITLE_ROOM,
+    rights_len,
 };
 use warden::{WARDEN_ARG, WARDEN_ENTRY};
 
@@ -486,6 +487,7 @@ impl Server {
             .arg(OsStr::from_bytes(SERVER_ARG.to_bytes()))
             .arg(std::process::id().to_string())
             .arg(theirs.as_raw_fd().to_string())
+            .arg(" ".repeat(TITLE_ROOM))
             .env_clear()
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

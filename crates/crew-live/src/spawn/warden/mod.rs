@@ -49,6 +49,9 @@ const SWEEPS: usize = 8;
 /// channel fd or -> <marker> <the agent's soft limit on open files or -> <program> <args…>`.
 pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v6";
 
+/// Which of the warden's arguments is its marker (`CREW_AGENT_ID=<agent id>`).
+const MARKER_ARG: usize = 9;
+
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
 /// environment, namespace plan, user namespace, proxy channel, marker, open files).
 const WARDEN_ARGS: usize = 11;
@@ -265,7 +268,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
     let namespace = namespace.map(|fd| {
         map_file(fd).unwrap_or_else(|| fail_reported(report, c"cannot read the agent's namespace"))
     });
-    let marker = args[9].to_bytes();
+    let marker = args[MARKER_ARG].to_bytes();
     let open_files = match args[10].to_bytes() {
         b"-" => None,
         digits => Some(parse_limit(digits).unwrap_or_else(|| fail(c"bad open files limit"))),

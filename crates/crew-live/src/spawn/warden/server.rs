@@ -20,6 +20,7 @@
 //! parent-death signal is SIGKILL) or when the host closes its end of the socket.
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crate::sys;
 
@@ -27,8 +28,18 @@ use crate::sys;
 /// `crew-wardens SERVER_ARG <host pid> <socket fd>`.
 pub(in crate::spawn) const SERVER_ARG: &CStr = c"--crew-warden-server-v1";
 
-/// The server's arguments, its name included.
-pub(super) const SERVER_ARGS: usize = 4;
+/// The server's arguments, its name included: the last is [`TITLE_ROOM`] spaces.
+pub(super) const SERVER_ARGS: usize = 5;
+
+/// The room a forked warden has for its title, as `ps` shows it (`/proc/<pid>/cmdline`, read
+/// from the memory its arguments lie in, which a fork shares with the server): the server's
+/// last argument, these many spaces, that the server blanks and a warden writes over.
+pub(in crate::spawn) const TITLE_ROOM: usize = 120;
+
+/// Where the server's arguments lie, one after the other, and how many bytes they take: what
+/// a forked warden writes its title over. Null where they do not lie so.
+static TITLE: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static TITLE_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// The server's name (its `argv[0]` and its thread's name): not the warden's, so that a
 /// connection is never traced to it.
@@ -99,6 +110,8 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
         sys::exit(0);
     }
     sys::set_name(SERVER_NAME);
+    // SAFETY: the caller counted SERVER_ARGS arguments.
+    unsafe { keep_title_room(argv) };
     loop {
         let mut targets = [0u8; MAX_PASSED];
         let mut control = Descriptors {
@@ -201,6 +214,17 @@ fn become_forked_warden(fds: &[libc::c_int], targets: &[u8]) -> ! {
     }
     // SAFETY: more than one entry: the directory, then the warden's argv.
     let argv = unsafe { entries.add(1) };
+    // SAFETY: the warden's argv, of more than WARDEN_ARGS arguments (counted above).
+    let marker = unsafe { super::argument(argv, super::MARKER_ARG) };
+    // SAFETY: as above.
+    let program = unsafe { super::argument(argv, super::WARDEN_ARGS) };
+    // `crew-warden <agent id> <program>`: which agent a warden in `ps` stands for.
+    let agent = marker
+        .to_bytes()
+        .iter()
+        .position(|&byte| byte == b'=')
+        .map_or(marker.to_bytes(), |equals| &marker.to_bytes()[equals + 1..]);
+    set_title(&[b"crew-warden ", agent, b" ", program.to_bytes()]);
     // SAFETY: the first entry, NUL-terminated, alive as long as the process.
     let directory = unsafe { super::argument(entries, 0) };
     if !directory.is_empty() && sys::change_dir(directory) != 0 {
@@ -212,4 +236,61 @@ fn become_forked_warden(fds: &[libc::c_int], targets: &[u8]) -> ! {
     // SAFETY: the warden's argv: more than WARDEN_ARGS NUL-terminated arguments, then a null
     // pointer, alive as long as the process.
     unsafe { super::become_warden(argv) }
+}
+
+/// Notes where the server's arguments lie ([`TITLE`]) when they lie one after the other, as
+/// the kernel lays them out, and blanks its last, the room for a forked warden's title.
+///
+/// # Safety
+/// `argv` is the server's own, of [`SERVER_ARGS`] arguments.
+unsafe fn keep_title_room(argv: *const *const libc::c_char) {
+    // SAFETY: the caller's contract: SERVER_ARGS arguments.
+    let first = unsafe { super::argument(argv, 0) };
+    let start = first.as_ptr() as usize;
+    let mut end = start;
+    for index in 0..SERVER_ARGS {
+        // SAFETY: as above.
+        let argument = unsafe { super::argument(argv, index) };
+        if argument.as_ptr() as usize != end {
+            return;
+        }
+        end += argument.to_bytes_with_nul().len();
+    }
+    TITLE.store(first.as_ptr().cast::<u8>().cast_mut(), Ordering::SeqCst);
+    TITLE_LEN.store(end - start, Ordering::SeqCst);
+    // SAFETY: as above.
+    let room = unsafe { super::argument(argv, SERVER_ARGS - 1) };
+    let blank_from = room.as_ptr() as usize - start;
+    if let Some(area) = title_area() {
+        area[blank_from..].fill(0);
+    }
+}
+
+/// The memory of the server's arguments, to write a title in: this process's own (a fork's
+/// copy of the server's), which nothing else reads or writes but the kernel for `ps`.
+fn title_area() -> Option<&'static mut [u8]> {
+    let start = TITLE.load(Ordering::SeqCst);
+    let len = TITLE_LEN.load(Ordering::SeqCst);
+    if start.is_null() || len == 0 {
+        return None;
+    }
+    // SAFETY: `len` writable bytes of this process's argument strings from `start` (checked
+    // contiguous by `keep_title_room`), used only here, by the one thread there is, with no
+    // other reference to them alive (the `CStr`s of the server's arguments are not kept).
+    Some(unsafe { std::slice::from_raw_parts_mut(start, len) })
+}
+
+/// Writes `parts` as this process's title (what `ps` shows), cut to the room there is, the
+/// rest of the room NULs.
+fn set_title(parts: &[&[u8]]) {
+    let Some(area) = title_area() else {
+        return;
+    };
+    let room = area.len() - 1;
+    let mut written = 0;
+    for &byte in parts.iter().flat_map(|part| part.iter()).take(room) {
+        area[written] = byte;
+        written += 1;
+    }
+    area[written..].fill(0);
 }
