@@ -24,10 +24,10 @@
 //!     download it with curl (through crew's proxy, or with the network open), and prints
 //!     `{"seconds", "hwm_kib"}`: the slowest download's own time and this process's peak RSS
 //! live-helper server-killed <workspace>
-//!     starts a sandboxed agent (`sh -c 'exit 3'`) and waits for its end, kills its own warden
-//!     servers (its children named `crew-wardens`), starts another the same way and prints
-//!     `{"killed", "first", "second"}`: how many servers it killed, and each agent's exit code
-//!     (or the start's error)
+//!     starts a sandboxed agent (`sh -c 'exit 3'`) and waits for its end, then twenty times
+//!     kills its own warden servers (its children named `crew-wardens`) and starts another the
+//!     same way; prints `{"killed", "first", "after"}`: how many servers it killed, and each
+//!     agent's exit code (or the start's error)
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -149,28 +149,33 @@ fn server_killed(workspace: &str) {
         };
         let first = run("first").await;
         let own = std::process::id().to_string();
+        // Killed and asked again at once, twenty times: a request can reach a server the
+        // kernel has not yet finished killing.
         let mut killed = 0;
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
-            if stat.contains("(crew-wardens)") && ppid == Some(own.as_str()) {
-                let pid: i32 = entry.file_name().to_str().unwrap().parse().unwrap();
-                rustix::process::kill_process(
-                    rustix::process::Pid::from_raw(pid).unwrap(),
-                    rustix::process::Signal::KILL,
-                )
-                .unwrap();
-                killed += 1;
+        let mut after = Vec::new();
+        for round in 0..20 {
+            for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                    continue;
+                };
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+                if stat.contains("(crew-wardens)") && ppid == Some(own.as_str()) {
+                    let pid: i32 = entry.file_name().to_str().unwrap().parse().unwrap();
+                    rustix::process::kill_process(
+                        rustix::process::Pid::from_raw(pid).unwrap(),
+                        rustix::process::Signal::KILL,
+                    )
+                    .unwrap();
+                    killed += 1;
+                }
             }
+            after.push(run(&format!("after-{round}")).await);
         }
-        let second = run("second").await;
         println!(
             "{}",
-            serde_json::json!({ "killed": killed, "first": first, "second": second })
+            serde_json::json!({ "killed": killed, "first": first, "after": after })
         );
     });
 }

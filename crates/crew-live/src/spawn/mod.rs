@@ -38,7 +38,7 @@
 
 use std::ffi::{CStr, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -345,21 +345,49 @@ impl WardedCommand {
             arguments.push(0);
         }
         let arguments = memory_file(c"crew-warden-args", &arguments)?;
-        let mut sent = vec![stdin, stdout, stderr, arguments];
-        sent.extend(passed);
-        request_warden(server, &sent)?;
-        // The host's copies: the report pipe ends when the warden's (and the server's) do.
-        drop(sent);
+        let kept = [stdin, stdout, stderr, arguments];
+        // The report's writer comes first of the passed ones.
+        let mut passed = passed.into_iter();
+        let mut report_writer = passed.next();
+        let passed: Vec<OwnedFd> = passed.collect();
+        let mut report = report;
+        let mut attempt = 0;
         // First the warden's pid, from the warden itself (or the server's error).
-        let pid = match read_u32(&report, true).map(|word| word as i32) {
-            Some(pid) if pid > 0 => pid,
-            Some(error) => return Err(io::Error::from_raw_os_error(-error)),
-            None => {
-                return Err(io::Error::other(
-                    "the warden server ended before it started the agent's warden",
-                ));
+        let pid = loop {
+            attempt += 1;
+            let writer = match report_writer.take() {
+                Some(writer) => writer,
+                None => {
+                    let (reader, writer) = pipe()?;
+                    report = reader;
+                    writer
+                }
+            };
+            let sent: Vec<BorrowedFd> = kept
+                .iter()
+                .chain([&writer])
+                .chain(&passed)
+                .map(AsFd::as_fd)
+                .collect();
+            request_warden(server, &sent)?;
+            // The host's copy: the report pipe ends when the warden's (and the server's) do.
+            drop(writer);
+            match read_u32(&report, true).map(|word| word as i32) {
+                Some(pid) if pid > 0 => break pid,
+                Some(error) => return Err(io::Error::from_raw_os_error(-error)),
+                // Taken by a server that was killed before it forked (the socket takes a
+                // request before its reader is gone): nothing was started, so once more with
+                // a new one and a new report pipe.
+                None if attempt == 1 => *server = None,
+                None => {
+                    return Err(io::Error::other(
+                        "the warden server ended before it started the agent's warden",
+                    ));
+                }
             }
         };
+        // The host's copies of the warden's descriptors.
+        drop((kept, passed));
         let child = Warden::new(pid, input, output, errors).inspect_err(|_| {
             // Not to be left running unwatched: it leads its group, with its agent.
             // SAFETY: no memory argument; `pid` is this process's child, not reaped.
@@ -503,7 +531,7 @@ impl Server {
 
     /// Asks the server for a warden holding `fds` (stdio, arguments, then the passed ones,
     /// each at its number). `false` when the server is gone: nothing was sent.
-    fn fork(&self, fds: &[OwnedFd]) -> bool {
+    fn fork(&self, fds: &[BorrowedFd]) -> bool {
         let mut targets: Vec<u8> = (0..fds.len())
             .map(|index| {
                 if index <= ARGUMENTS_FD as usize {
@@ -557,7 +585,7 @@ impl Drop for Server {
 
 /// Sends `fds` to this thread's server (started, or started again when it is gone) for a
 /// warden to hold.
-fn request_warden(server: &mut Option<Server>, fds: &[OwnedFd]) -> io::Result<()> {
+fn request_warden(server: &mut Option<Server>, fds: &[BorrowedFd]) -> io::Result<()> {
     if fds.len() > MAX_PASSED {
         return Err(io::Error::other("too many descriptors for a warden"));
     }
