@@ -6,11 +6,12 @@
 //! live-helper many <dir> <count> <grace-seconds>
 //!     hosts <count> `sleep 600` agents, measures its own idle CPU share over 5 s and its RSS,
 //!     stops them all and prints `{"idle_cpu_share", "rss_kib", "stop_seconds"}`
-//! live-helper start <dir> <count> <on|off|single|none|proxy>
+//! live-helper start <dir> <count> <on|off|single|none|proxy> [gap ms]
 //!     starts <count> `sleep 600` agents one after another, sandboxed or not (`none`, `proxy`:
 //!     sandboxed with that network), prints
-//!     `{"start_seconds"}` (from the first start to the last agent's process running), then
-//!     stops them all
+//!     `{"start_seconds"}` (from the first start to the last agent's process running; with a
+//!     gap, each start that long after the last and only the starts timed), then stops them
+//!     all
 //! live-helper umask-socket <dir>
 //!     sets the process umask to 000, serves a control socket for <dir> and prints
 //!     `{"socket", "socket_mode", "dir_mode"}` (the umask is process-wide: a test thread must
@@ -419,8 +420,18 @@ fn start(args: &[String]) {
         let run_id = RunId::generate();
         let mut definition = AgentDef::builtin_shell();
         definition.command = vec!["sleep".into(), "600".into()];
+        // With a gap (milliseconds, a fourth argument), each start comes that long after the
+        // last, and only the starts are timed.
+        let gap = args
+            .get(3)
+            .map(|gap| Duration::from_millis(gap.parse().unwrap()));
+        let mut in_starts = Duration::ZERO;
         let started = std::time::Instant::now();
         for index in 0..count {
+            if let Some(gap) = gap {
+                tokio::time::sleep(gap).await;
+            }
+            let this_start = std::time::Instant::now();
             let handle = host
                 .start(AgentSpec {
                     agent_id: AgentId::new(
@@ -476,6 +487,7 @@ fn start(args: &[String]) {
                 })
                 .await
                 .unwrap();
+            in_starts += this_start.elapsed();
             let expected = if mode == crew_core::config::SandboxMode::Enforce {
                 crew_core::SandboxState::Enforced
             } else {
@@ -486,7 +498,10 @@ fn start(args: &[String]) {
                 Some(expected)
             );
         }
-        let start_seconds = started.elapsed().as_secs_f64();
+        let start_seconds = match gap {
+            Some(_) => in_starts.as_secs_f64(),
+            None => started.elapsed().as_secs_f64(),
+        };
         host.stop_all().await;
         println!("{}", serde_json::json!({ "start_seconds": start_seconds }));
     });
