@@ -141,33 +141,6 @@ pub(crate) fn fork_sibling() -> pid_t {
     pid as pid_t
 }
 
-/// A fork whose child is this process's own (`SIGCHLD` at its end): 0 in the child, the
-/// child's pid in the parent, -1 with `errno` set.
-///
-/// Only for a process with one thread, whose child runs nothing but system calls.
-pub(crate) fn fork_child() -> pid_t {
-    let flags = libc::SIGCHLD as libc::c_ulong;
-    // SAFETY: `clone` without a new stack or any pointer argument is a fork. The caller has
-    // one thread, so the child's copy of the C library's state is consistent.
-    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
-    pid as pid_t
-}
-
-/// `poll(2)` on `fds`, waiting at most `timeout` milliseconds (-1: for ever).
-pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
-    // SAFETY: the kernel reads and writes only the `fds.len()` entries of the slice.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) }
-}
-
-/// The type of the namespace `fd` refers to (`CLONE_NEWNS`, `CLONE_NEWIPC`…), or -1 when it
-/// refers to none (or is not open).
-pub(crate) fn namespace_type(fd: c_int) -> c_int {
-    // `NS_GET_NSTYPE`: `_IO(0xb7, 0x3)`.
-    const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
-    // SAFETY: the request takes no argument and touches no memory of the caller's.
-    unsafe { libc::ioctl(fd, NS_GET_NSTYPE) }
-}
-
 /// `prctl(2)` with one integer argument.
 pub(crate) fn prctl(option: c_int, argument: c_ulong) -> c_int {
     // SAFETY: the options used take an integer, not a pointer.

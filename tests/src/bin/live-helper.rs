@@ -29,13 +29,6 @@
 //!     kills its own warden servers (its children named `crew-wardens`) and starts another the
 //!     same way; prints `{"killed", "first", "after"}`: how many servers it killed, and each
 //!     agent's exit code (or the start's error)
-//! live-helper mounted-meanwhile <workspace>
-//!     (in a mount namespace of its own, as root) starts a sandboxed agent, waits a moment (the
-//!     next agent's namespace is made ahead meanwhile), mounts a tmpfs holding `seen` at
-//!     <workspace>/mounted, then a moment later starts a second and another moment later a third agent, all alive
-//!     at once; prints `{"first", "second", "third"}`: what each said: its mount and IPC
-//!     namespaces, a line each, then `seen` when it saw the mounted file, then `fds` and the
-//!     descriptors its process holds
 //! live-helper raw <socket> <line>
 //!     sends one raw line to a control socket and prints the answer line (or the error)
 
@@ -59,7 +52,6 @@ fn main() {
         "umask-socket" => umask_socket(&args[1]),
         "dropped-cancel" => dropped_cancel(&args[1]),
         "server-killed" => server_killed(&args[1]),
-        "mounted-meanwhile" => mounted_meanwhile(&args[1]),
         other => panic!("unknown command {other}"),
     }
 }
@@ -131,73 +123,6 @@ fn confined_spec(
         network_log: None,
         parent: None,
     }
-}
-
-fn mounted_meanwhile(workspace: &str) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let workspace = WorkspaceId::from_path(std::path::Path::new(workspace)).unwrap();
-        let dir = workspace.as_path().to_owned();
-        let host = AgentHost::new().unwrap();
-        let run_id = RunId::generate();
-        // Each agent says which mount and IPC namespaces it is in and whether it sees the
-        // mount, then stays (all three alive at once: a namespace's number is reused once it
-        // is gone).
-        let start = |name: &'static str| {
-            let mut definition = AgentDef::builtin_shell();
-            let script = format!(
-                "readlink /proc/self/ns/mnt /proc/self/ns/ipc > {name}.ns; [ -f mounted/seen ] && echo seen >> {name}.ns; touch {name}.done; exec sleep 60"
-            );
-            definition.command = vec!["sh".into(), "-c".into(), script];
-            let spec = confined_spec(
-                &workspace,
-                AgentId::new(run_id.clone(), TaskId::parse(name).unwrap()),
-                &definition,
-                dir.join(format!("{name}.log")),
-            );
-            let host = &host;
-            let dir = &dir;
-            async move {
-                let handle = host.start(spec).await.unwrap();
-                while !dir.join(format!("{name}.done")).exists() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                // And the descriptors the agent's process holds (its warden's child).
-                let warden = handle.status().pid.unwrap();
-                let children =
-                    std::fs::read_to_string(format!("/proc/{warden}/task/{warden}/children"))
-                        .unwrap();
-                let agent = children.split_whitespace().next().unwrap();
-                let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{agent}/fd"))
-                    .unwrap()
-                    .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect();
-                fds.sort();
-                let said = std::fs::read_to_string(dir.join(format!("{name}.ns"))).unwrap();
-                format!("{said}fds {}\n", fds.join(" "))
-            }
-        };
-        let first = start("first").await;
-        // Time for the server to make the next agent's namespace.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let mounted = dir.join("mounted");
-        std::fs::create_dir_all(&mounted).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "crew-test", mounted.as_str()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        std::fs::write(mounted.join("seen"), "").unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let second = start("second").await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let third = start("third").await;
-        host.stop_all().await;
-        println!(
-            "{}",
-            serde_json::json!({ "first": first, "second": second, "third": third })
-        );
-    });
 }
 
 fn server_killed(workspace: &str) {

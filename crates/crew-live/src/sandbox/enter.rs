@@ -124,7 +124,7 @@ pub fn private_terminals_work() -> bool {
         let probe = || {
             // SAFETY: in the child the probe forked: system calls only, on a plan made
             // before the fork.
-            unsafe { enter_namespace(&plan, None, None, None) }.is_ok()
+            unsafe { enter_namespace(&plan, None, None) }.is_ok()
         };
         // SAFETY: the probe only makes the namespace's system calls.
         unsafe { child_succeeds(probe) }
@@ -140,76 +140,6 @@ fn zero_or_error(answer: libc::c_int) -> std::io::Result<()> {
     }
 }
 
-/// The flags of a namespace plan (see [`Namespace::encode`]) that a namespace made ahead of
-/// an agent's start lays (see [`lay_ready_namespace`]): a plan may take one only when these of
-/// its flags are the ones it was made with.
-pub(crate) const READY_FLAGS: u8 = PLAN_READ_ONLY_ELSEWHERE | PLAN_TERMINALS | PLAN_SHARED_MEMORY;
-
-/// The flags of the namespaces the confined agents' warden server makes ahead of their
-/// starts (see [`Ready`]): every agent's mounts read-only but its places, its own terminals
-/// where this machine gives them, its own shared memory where the user has some to cover.
-/// `None` where agents have no shared user namespace to make them in.
-pub(crate) fn ready_namespace_flags() -> Option<u8> {
-    shared_user_namespace()?;
-    let mut flags = PLAN_READ_ONLY_ELSEWHERE;
-    if private_terminals_work() {
-        flags |= PLAN_TERMINALS;
-    }
-    if super::gets_own_shared_memory(&[]) {
-        flags |= PLAN_SHARED_MEMORY;
-    }
-    Some(flags)
-}
-
-/// A mount and an IPC namespace made ahead of an agent's start (by the warden server, see
-/// `spawn/warden/server.rs`), in the user namespace its host made for its agents: what every
-/// agent of a plan with the same [`READY_FLAGS`] lays first, laid already.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ready {
-    /// The mount namespace's descriptor.
-    pub(crate) mount: libc::c_int,
-    /// The IPC namespace's descriptor.
-    pub(crate) ipc: libc::c_int,
-}
-
-/// The flags `plan` (see [`Namespace::encode`]) would take a ready namespace with (see
-/// [`Ready`]), or 0 when it takes none: one whose mounts are not all read-only but its places,
-/// or with a private view (an overlay's upper layer must lie on a writable mount when it is
-/// laid, and in a ready namespace none is).
-pub(crate) fn plan_ready_flags(plan: &[u8]) -> u8 {
-    let Some(&flags) = plan.first() else {
-        return 0;
-    };
-    let views = plan_paths(plan).is_none_or(|paths| {
-        entries(paths).any(|entry| matches!(entry, Ok((b'o' | b'O', _)) | Err(_)))
-    });
-    if flags & PLAN_READ_ONLY_ELSEWHERE == 0 || views {
-        return 0;
-    }
-    flags & READY_FLAGS
-}
-
-/// Lays, in the calling process's own new mount namespace, what every agent of a plan with
-/// `flags` (of [`READY_FLAGS`]) lays before its own places: mounts that no longer propagate,
-/// every mount read-only, a private instance of the terminal devices, shared memory of its
-/// own. The warden server's child does, for the next agent (see [`Ready`]).
-///
-/// # Safety
-/// Only async-signal-safe system calls, no allocation: for a forked child.
-pub(crate) unsafe fn lay_ready_namespace(flags: u8) -> std::io::Result<()> {
-    stop_propagation()?;
-    if flags & PLAN_READ_ONLY_ELSEWHERE != 0 {
-        zero_or_error(sys::make_read_only(c"/"))?;
-    }
-    if flags & PLAN_TERMINALS != 0 {
-        mount_terminals()?;
-    }
-    if flags & PLAN_SHARED_MEMORY != 0 {
-        mount_shared_memory()?;
-    }
-    Ok(())
-}
-
 /// Enters the namespace `plan` encodes (see [`Namespace::encode`]) for the calling process and
 /// everything it starts: the user namespace `user` (see [`shared_user_namespace`]), or one of
 /// its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts
@@ -219,38 +149,36 @@ pub(crate) unsafe fn lay_ready_namespace(flags: u8) -> std::io::Result<()> {
 /// and marked read-only. Landlock, applied next, forbids changing mounts: the agent cannot
 /// undo this.
 ///
-/// With `ready` (see [`Ready`]), which the host sends only for a plan of the flags it was made
-/// with, it joins that mount and IPC namespace instead of making them, and lays only what is
-/// its own: its places, covers and read-only paths, the ruleset's grants, its network.
-///
 /// # Safety
 /// Runs between fork and exec: only async-signal-safe system calls, no allocation.
 pub(crate) unsafe fn enter_namespace(
     plan: &[u8],
     ruleset: Option<libc::c_int>,
     user: Option<libc::c_int>,
-    ready: Option<Ready>,
 ) -> std::io::Result<()> {
     let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
-    let Some((&flags, _)) = plan.split_first() else {
+    let Some((&flags, rest)) = plan.split_first() else {
         return Err(invalid());
     };
-    let paths = plan_paths(plan).ok_or_else(invalid)?;
-    let access = plan_access(plan);
+    let (access, paths) = if flags & PLAN_ACCESS != 0 {
+        if rest.len() < 16 {
+            return Err(invalid());
+        }
+        let mut dir = [0u8; 8];
+        let mut file = [0u8; 8];
+        dir.copy_from_slice(&rest[..8]);
+        file.copy_from_slice(&rest[8..16]);
+        (
+            Some((u64::from_le_bytes(dir), u64::from_le_bytes(file))),
+            &rest[16..],
+        )
+    } else {
+        (None, rest)
+    };
     let network = if flags & (PLAN_NO_NETWORK | PLAN_PROXY) != 0 {
         libc::CLONE_NEWNET
     } else {
         0
-    };
-    // Where it works: gone back to once its places are bound, so that it works through the
-    // bind, not the mount beneath it that is made read-only (joining a mount namespace takes
-    // a process to its root).
-    let read_only_elsewhere = flags & PLAN_READ_ONLY_ELSEWHERE != 0;
-    let mut cwd = [0u8; 4096];
-    let cwd = if read_only_elsewhere {
-        sys::current_dir(&mut cwd).and_then(|length| CStr::from_bytes_with_nul(&cwd[..length]).ok())
-    } else {
-        None
     };
     // The user namespace its host made for its agents, joined; where that is refused, one of
     // its own. Either way, mount, IPC and network namespaces of its own in it: System V shared
@@ -258,25 +186,12 @@ pub(crate) unsafe fn enter_namespace(
     // not a path, so Landlock does not see them, and in the machine's IPC namespace an agent
     // could read, fill or remove those of every program of its user (as root, of everyone).
     let own = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | network;
-    let joined = user.is_some_and(|user| sys::setns(user, libc::CLONE_NEWUSER) == 0);
-    // A ready namespace (made in that user namespace) only for a plan it fits, from a
-    // directory it can go back to.
-    let ready = ready.filter(|_| joined && plan_ready_flags(plan) != 0 && cwd.is_some());
-    match ready {
-        // Its mounts and IPC, then a network of its own.
-        Some(ready) => {
-            zero_or_error(sys::setns(ready.mount, libc::CLONE_NEWNS))?;
-            zero_or_error(sys::setns(ready.ipc, libc::CLONE_NEWIPC))?;
-            if network != 0 {
-                zero_or_error(sys::unshare(network))?;
-            }
-        }
-        None if joined => zero_or_error(sys::unshare(own))?,
-        None => {
-            let (uid, gid) = (sys::getuid(), sys::getgid());
-            zero_or_error(sys::unshare(libc::CLONE_NEWUSER | own))?;
-            map_own_ids(uid, gid)?;
-        }
+    if user.is_some_and(|user| sys::setns(user, libc::CLONE_NEWUSER) == 0) {
+        zero_or_error(sys::unshare(own))?;
+    } else {
+        let (uid, gid) = (sys::getuid(), sys::getgid());
+        zero_or_error(sys::unshare(libc::CLONE_NEWUSER | own))?;
+        map_own_ids(uid, gid)?;
     }
     // A network of its own has its own loopback, down until raised: programs that talk to
     // themselves over 127.0.0.1 (a test suite's server) go on working, and reach nothing
@@ -284,33 +199,106 @@ pub(crate) unsafe fn enter_namespace(
     if network != 0 {
         loopback_up()?;
     }
-    if ready.is_some() {
-        // Every mount is read-only there already: its places, each bound onto itself (the
-        // bind is read-only as what it was bound from), made writable.
+    zero_or_error(sys::mount(
+        None,
+        c"/",
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    ))?;
+    let read_only_elsewhere = flags & PLAN_READ_ONLY_ELSEWHERE != 0;
+    // Where it works: gone back to once its places are bound, so that it works through the
+    // bind, not the mount beneath it that is made read-only.
+    let mut cwd = [0u8; 4096];
+    let cwd = if read_only_elsewhere {
+        sys::current_dir(&mut cwd).and_then(|length| CStr::from_bytes_with_nul(&cwd[..length]).ok())
+    } else {
+        None
+    };
+    // Its places, each bound onto itself: a mount of their own, made writable again below.
+    if read_only_elsewhere {
         for entry in entries(paths) {
             let (kind, path) = entry?;
             if kind == b'w' {
                 bind_onto_itself(path)?;
-                make_place_writable(path)?;
             }
         }
-    } else {
-        lay_namespace(flags, paths, access.is_some())?;
     }
-    if let Some(cwd) = cwd {
-        zero_or_error(sys::change_dir(cwd))?;
+    // Each private view: an overlay on its own lower layer; the agent reads the directory as
+    // it is, and what it changes goes to the upper layer (which the overlay holds a mount of
+    // its own of, untouched by what follows).
+    let mut overlay_target: Option<&CStr> = None;
+    for entry in entries(paths) {
+        match entry? {
+            (b'o', target) => overlay_target = Some(target),
+            (b'O', options) => {
+                let target = overlay_target.take().ok_or_else(invalid)?;
+                zero_or_error(sys::mount(
+                    Some(c"crew-private"),
+                    target,
+                    Some(c"overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(options),
+                ))?;
+            }
+            _ => {}
+        }
     }
-    // The terminals and shared memory of its own, granted where they are this instance's:
-    // beneath `/dev/pts`, and its `ptmx` itself (reached through `/dev/ptmx`, a walk up from
-    // it never passes the instance's root). Landlock ignores the mount points a walk up
-    // crosses, so a grant of the user's `/dev/pts` would not reach these, nor these the
-    // user's.
-    if let (Some((dir_access, file_access)), Some(ruleset)) = (access, ruleset) {
-        if flags & PLAN_TERMINALS != 0 {
+    // Every mount read-only, then its places and views writable again: what it may not write,
+    // it may not `chmod`, `touch` or give attributes either.
+    if read_only_elsewhere {
+        zero_or_error(sys::make_read_only(c"/"))?;
+        for entry in entries(paths) {
+            let (kind, path) = entry?;
+            match kind {
+                b'o' => zero_or_error(sys::make_writable(path))?,
+                // A place on a mount the machine made read-only stays read-only (the kernel
+                // keeps that flag of a mount a namespace inherited): it was never writable.
+                b'w' if sys::make_writable(path) != 0 && sys::errno() != libc::EPERM => {
+                    return Err(std::io::Error::from_raw_os_error(sys::errno()));
+                }
+                _ => {}
+            }
+        }
+        if let Some(cwd) = cwd {
+            zero_or_error(sys::change_dir(cwd))?;
+        }
+    }
+    if let Some((dir_access, file_access)) = access.filter(|_| flags & PLAN_TERMINALS != 0) {
+        zero_or_error(sys::mount(
+            Some(c"devpts"),
+            c"/dev/pts",
+            Some(c"devpts"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some(c"newinstance,ptmxmode=0666,mode=0620"),
+        ))?;
+        zero_or_error(sys::mount(
+            Some(c"/dev/pts/ptmx"),
+            c"/dev/ptmx",
+            None,
+            libc::MS_BIND,
+            None,
+        ))?;
+        // Granted here, where they are this instance's: beneath `/dev/pts`, and its `ptmx`
+        // itself (reached through `/dev/ptmx`, a walk up from it never passes the
+        // instance's root). Landlock ignores the mount points a walk up crosses, so a
+        // grant of the user's `/dev/pts` would not reach these, nor these the user's.
+        if let Some(ruleset) = ruleset {
             grant(ruleset, c"/dev/pts", dir_access)?;
             grant(ruleset, c"/dev/pts/ptmx", file_access)?;
         }
-        if flags & PLAN_SHARED_MEMORY != 0 {
+    }
+    // Shared memory of its own, over the user's (after the mounts were made read-only, so
+    // writable), granted the same way.
+    if let Some((dir_access, _)) = access.filter(|_| flags & PLAN_SHARED_MEMORY != 0) {
+        zero_or_error(sys::mount(
+            Some(c"crew-shm"),
+            c"/dev/shm",
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(c"mode=1777"),
+        ))?;
+        if let Some(ruleset) = ruleset {
             grant(ruleset, c"/dev/shm", dir_access)?;
         }
     }
@@ -357,142 +345,6 @@ pub(crate) unsafe fn enter_namespace(
     Ok(())
 }
 
-/// What an agent's process without a ready namespace lays in its new mount namespace, before
-/// its covers: mounts that no longer propagate, its places bound onto themselves, its private
-/// views, every mount read-only but its places and views (with `PLAN_READ_ONLY_ELSEWHERE`),
-/// then its terminals and shared memory when asked (`with_access`: the plan holds their
-/// grants).
-fn lay_namespace(flags: u8, paths: &[u8], with_access: bool) -> std::io::Result<()> {
-    let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
-    stop_propagation()?;
-    let read_only_elsewhere = flags & PLAN_READ_ONLY_ELSEWHERE != 0;
-    // Its places, each bound onto itself: a mount of their own, made writable again below.
-    if read_only_elsewhere {
-        for entry in entries(paths) {
-            let (kind, path) = entry?;
-            if kind == b'w' {
-                bind_onto_itself(path)?;
-            }
-        }
-    }
-    // Each private view: an overlay on its own lower layer; the agent reads the directory as
-    // it is, and what it changes goes to the upper layer (which the overlay holds a mount of
-    // its own of, untouched by what follows).
-    let mut overlay_target: Option<&CStr> = None;
-    for entry in entries(paths) {
-        match entry? {
-            (b'o', target) => overlay_target = Some(target),
-            (b'O', options) => {
-                let target = overlay_target.take().ok_or_else(invalid)?;
-                zero_or_error(sys::mount(
-                    Some(c"crew-private"),
-                    target,
-                    Some(c"overlay"),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(options),
-                ))?;
-            }
-            _ => {}
-        }
-    }
-    // Every mount read-only, then its places and views writable again: what it may not write,
-    // it may not `chmod`, `touch` or give attributes either.
-    if read_only_elsewhere {
-        zero_or_error(sys::make_read_only(c"/"))?;
-        for entry in entries(paths) {
-            let (kind, path) = entry?;
-            match kind {
-                b'o' => zero_or_error(sys::make_writable(path))?,
-                b'w' => make_place_writable(path)?,
-                _ => {}
-            }
-        }
-    }
-    if with_access && flags & PLAN_TERMINALS != 0 {
-        mount_terminals()?;
-    }
-    // After the mounts were made read-only, so writable.
-    if with_access && flags & PLAN_SHARED_MEMORY != 0 {
-        mount_shared_memory()?;
-    }
-    Ok(())
-}
-
-/// Makes every mount of the calling process's (new) mount namespace private: nothing mounted
-/// there reaches the namespace it was copied from, nor the other way. Async-signal-safe.
-fn stop_propagation() -> std::io::Result<()> {
-    zero_or_error(sys::mount(
-        None,
-        c"/",
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    ))
-}
-
-/// Makes the mount of a place bound onto itself writable: one on a mount the machine made
-/// read-only stays read-only (the kernel keeps that flag of a mount a namespace inherited):
-/// it was never writable. Async-signal-safe.
-fn make_place_writable(path: &CStr) -> std::io::Result<()> {
-    if sys::make_writable(path) != 0 && sys::errno() != libc::EPERM {
-        return Err(std::io::Error::from_raw_os_error(sys::errno()));
-    }
-    Ok(())
-}
-
-/// Mounts a private instance of the terminal devices over `/dev/pts`, and its `ptmx` over
-/// `/dev/ptmx`. Async-signal-safe.
-fn mount_terminals() -> std::io::Result<()> {
-    zero_or_error(sys::mount(
-        Some(c"devpts"),
-        c"/dev/pts",
-        Some(c"devpts"),
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some(c"newinstance,ptmxmode=0666,mode=0620"),
-    ))?;
-    zero_or_error(sys::mount(
-        Some(c"/dev/pts/ptmx"),
-        c"/dev/ptmx",
-        None,
-        libc::MS_BIND,
-        None,
-    ))
-}
-
-/// Mounts shared memory of its own over the user's `/dev/shm`. Async-signal-safe.
-fn mount_shared_memory() -> std::io::Result<()> {
-    zero_or_error(sys::mount(
-        Some(c"crew-shm"),
-        c"/dev/shm",
-        Some(c"tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(c"mode=1777"),
-    ))
-}
-
-/// The access rights a plan's grants of its own terminals and shared memory give (to
-/// directories, then to files), when it holds them ([`PLAN_ACCESS`]). Async-signal-safe.
-fn plan_access(plan: &[u8]) -> Option<(u64, u64)> {
-    let (&flags, rest) = plan.split_first()?;
-    if flags & PLAN_ACCESS == 0 {
-        return None;
-    }
-    let dir = rest.get(..8)?.try_into().ok()?;
-    let file = rest.get(8..16)?.try_into().ok()?;
-    Some((u64::from_le_bytes(dir), u64::from_le_bytes(file)))
-}
-
-/// The paths of a plan (see [`entries`]), after its flags and grants: `None` when it is cut
-/// short. Async-signal-safe.
-fn plan_paths(plan: &[u8]) -> Option<&[u8]> {
-    let (&flags, rest) = plan.split_first()?;
-    if flags & PLAN_ACCESS != 0 {
-        rest.get(16..)
-    } else {
-        Some(rest)
-    }
-}
-
 /// Binds `path` (and the mounts beneath it) onto itself: a mount of its own, whose flags can
 /// then be set apart from the one it lies on. Async-signal-safe.
 fn bind_onto_itself(path: &CStr) -> std::io::Result<()> {
@@ -520,7 +372,13 @@ fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
 ///
 /// Async-signal-safe: it only reads the plan.
 pub(crate) fn plan_control_name(plan: &[u8]) -> Option<&[u8]> {
-    entries(plan_paths(plan)?).find_map(|entry| match entry {
+    let (&flags, rest) = plan.split_first()?;
+    let paths = if flags & PLAN_ACCESS != 0 {
+        rest.get(16..)?
+    } else {
+        rest
+    };
+    entries(paths).find_map(|entry| match entry {
         Ok((b'c', name)) => Some(name.to_bytes()),
         _ => None,
     })

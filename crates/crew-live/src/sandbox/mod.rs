@@ -50,9 +50,8 @@ pub(crate) use keyrings::close_keyrings;
 
 use enter::child_succeeds;
 pub(crate) use enter::{
-    Ready, enter_namespace, lay_ready_namespace, listen_for_host, listen_for_own_connections,
-    plan_control_name, plan_ready_flags, plan_wants_proxy, ready_namespace_flags,
-    receive_descriptor, restrict_self, shared_user_namespace,
+    enter_namespace, listen_for_host, listen_for_own_connections, plan_control_name,
+    plan_wants_proxy, receive_descriptor, restrict_self, shared_user_namespace,
 };
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{Hidden, Namespace, user_sockets};
@@ -644,9 +643,8 @@ mod tests {
         // SAFETY: the child makes only the namespace's system calls, on a plan made before
         // the fork.
         #[allow(unsafe_code)]
-        let entered = unsafe {
-            enter::child_succeeds(|| enter::enter_namespace(&plan, None, None, None).is_ok())
-        };
+        let entered =
+            unsafe { enter::child_succeeds(|| enter::enter_namespace(&plan, None, None).is_ok()) };
         assert!(entered);
     }
 }

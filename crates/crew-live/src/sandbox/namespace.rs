@@ -163,7 +163,7 @@ pub(super) fn overlays_work(view: &PrivateView) -> bool {
         };
         // SAFETY: the probe only makes the namespace's system calls, on a plan made before
         // the fork.
-        unsafe { child_succeeds(|| enter_namespace(&plan, None, None, None).is_ok()) }
+        unsafe { child_succeeds(|| enter_namespace(&plan, None, None).is_ok()) }
     })
 }
 

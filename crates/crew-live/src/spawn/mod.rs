@@ -156,9 +156,6 @@ pub struct WardedCommand {
     own_connection: bool,
     /// It has a ruleset: it starts from the confined agents' spawner thread.
     confined: bool,
-    /// The flags its namespace plan would take a namespace made ahead for (see
-    /// [`crate::sandbox::Ready`]): 0 for none.
-    ready: u8,
 }
 
 /// An agent its warden started.
@@ -236,17 +233,9 @@ impl WardedCommand {
             Some(shared) => Some(shared.try_clone_to_owned()?),
             None => None,
         };
-        let (namespace, ready) = match namespace {
-            Some(namespace) => {
-                let plan = namespace.encode()?;
-                // Made ahead in the shared user namespace: for an agent that joins it.
-                let ready = match user {
-                    Some(_) => crate::sandbox::plan_ready_flags(&plan),
-                    None => 0,
-                };
-                (Some(memory_file(c"crew-namespace", &plan)?), ready)
-            }
-            None => (None, 0),
+        let namespace = match namespace {
+            Some(namespace) => Some(memory_file(c"crew-namespace", &namespace.encode()?)?),
+            None => None,
         };
         // Each passed descriptor's number in the warden, in the order of `passed`.
         let mut next = FIRST_PASSED_FD;
@@ -302,7 +291,6 @@ impl WardedCommand {
             proxy,
             own_connection,
             confined,
-            ready,
         })
     }
 
@@ -335,8 +323,7 @@ impl WardedCommand {
             channel,
             proxy,
             own_connection,
-            confined,
-            ready,
+            confined: _,
         } = self;
         // The warden's ends of its stdio, and the host's of the pipes.
         let [stdin, stdout, stderr] = stdio;
@@ -382,7 +369,7 @@ impl WardedCommand {
                 .chain(&passed)
                 .map(AsFd::as_fd)
                 .collect();
-            request_warden(server, &sent, confined, ready)?;
+            request_warden(server, &sent)?;
             // The host's copy: the report pipe ends when the warden's (and the server's) do.
             drop(writer);
             match read_u32(&report, true).map(|word| word as i32) {
@@ -513,38 +500,21 @@ struct Server {
 }
 
 impl Server {
-    /// Starts a server from the calling thread, the parent of every warden it will fork. A
-    /// `confined` agents' server makes namespaces ahead of their starts where it can (see
-    /// [`crate::sandbox::Ready`]).
-    fn start(confined: bool) -> io::Result<Server> {
+    /// Starts a server from the calling thread, the parent of every warden it will fork.
+    fn start() -> io::Result<Server> {
         let (socket, theirs) = socket_pair(libc::SOCK_SEQPACKET)?;
-        let ahead = match confined {
-            true => {
-                crate::sandbox::ready_namespace_flags().zip(crate::sandbox::shared_user_namespace())
-            }
-            false => None,
-        };
-        let user = match ahead {
-            Some((_, user)) => Some(user.try_clone_to_owned()?),
-            None => None,
-        };
         // Inherited by the server, which closes everything else it was given; a program
-        // another thread starts meanwhile holds them only until it exits (the host's copies
-        // are closed once the server started).
-        for fd in std::iter::once(&theirs).chain(&user) {
-            // SAFETY: clears the close-on-exec flag of a descriptor this function owns.
-            if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+        // another thread starts meanwhile holds it only until it exits (the host's copy is
+        // closed once the server started).
+        // SAFETY: clears the close-on-exec flag of a descriptor `theirs` owns.
+        if unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+            return Err(io::Error::last_os_error());
         }
-        let optional = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
         let process = std::process::Command::new("/proc/self/exe")
             .arg0(OsStr::from_bytes(SERVER_NAME.to_bytes()))
             .arg(OsStr::from_bytes(SERVER_ARG.to_bytes()))
             .arg(std::process::id().to_string())
             .arg(theirs.as_raw_fd().to_string())
-            .arg(optional(user.as_ref().map(|fd| fd.as_raw_fd().to_string())))
-            .arg(optional(ahead.map(|(flags, _)| flags.to_string())))
             .arg(" ".repeat(TITLE_ROOM))
             .env_clear()
             .stdin(std::process::Stdio::null())
@@ -552,7 +522,7 @@ impl Server {
             // Not in the host's group: a Ctrl-C at the user's terminal is the host's to answer.
             .process_group(0)
             .spawn();
-        drop((theirs, user));
+        drop(theirs);
         Ok(Server {
             socket,
             process: process?,
@@ -560,9 +530,8 @@ impl Server {
     }
 
     /// Asks the server for a warden holding `fds` (stdio, arguments, then the passed ones,
-    /// each at its number), and a namespace made ahead for a plan of `ready` flags (0: none).
-    /// `false` when the server is gone: nothing was sent.
-    fn fork(&self, fds: &[BorrowedFd], ready: u8) -> bool {
+    /// each at its number). `false` when the server is gone: nothing was sent.
+    fn fork(&self, fds: &[BorrowedFd]) -> bool {
         let mut targets: Vec<u8> = (0..fds.len())
             .map(|index| {
                 if index <= ARGUMENTS_FD as usize {
@@ -572,7 +541,6 @@ impl Server {
                 }
             })
             .collect();
-        targets.push(ready);
         let mut control = Descriptors {
             header: libc::cmsghdr {
                 cmsg_len: rights_len(fds.len()) as _,
@@ -617,21 +585,16 @@ impl Drop for Server {
 
 /// Sends `fds` to this thread's server (started, or started again when it is gone) for a
 /// warden to hold.
-fn request_warden(
-    server: &mut Option<Server>,
-    fds: &[BorrowedFd],
-    confined: bool,
-    ready: u8,
-) -> io::Result<()> {
+fn request_warden(server: &mut Option<Server>, fds: &[BorrowedFd]) -> io::Result<()> {
     if fds.len() > MAX_PASSED {
         return Err(io::Error::other("too many descriptors for a warden"));
     }
     for _ in 0..2 {
         let current = match server {
             Some(current) => current,
-            None => server.insert(Server::start(confined)?),
+            None => server.insert(Server::start()?),
         };
-        if current.fork(fds, ready) {
+        if current.fork(fds) {
             return Ok(());
         }
         // Gone before it got them (killed, say): once more with a new one.

@@ -206,7 +206,7 @@ fn fail(what: &CStr) -> ! {
 
 /// Closes every descriptor from 3 up but the ones in `keep`: only for a process about to
 /// exec or never to return.
-fn close_all_but<const N: usize>(mut keep: [libc::c_int; N]) {
+fn close_all_but(mut keep: [libc::c_int; 6]) {
     keep.sort_unstable();
     let mut from: libc::c_int = 3;
     for kept in keep {
@@ -261,17 +261,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         namespace.unwrap_or(report),
         user.unwrap_or(report),
         channel.unwrap_or(report),
-        server::READY_MOUNT_FD,
-        server::READY_IPC_FD,
     ]);
-    // The namespaces the server made ahead of the agent's start, when it gave them: for the
-    // agent's process to join (see `crate::sandbox::Ready`).
-    let ready = (sys::namespace_type(server::READY_MOUNT_FD) == libc::CLONE_NEWNS
-        && sys::namespace_type(server::READY_IPC_FD) == libc::CLONE_NEWIPC)
-        .then_some(crate::sandbox::Ready {
-            mount: server::READY_MOUNT_FD,
-            ipc: server::READY_IPC_FD,
-        });
     let Some(agent_env) = map_environment(environment) else {
         fail_reported(report, c"cannot read the agent's environment")
     };
@@ -329,7 +319,6 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             ruleset,
             namespace,
             user,
-            ready,
             channel,
             open_files,
         };
@@ -337,9 +326,6 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         unsafe { start_agent(argv, agent_env, confinement, report, exec_pipe[1]) }
     }
     sys::close(exec_pipe[1]);
-    for fd in [server::READY_MOUNT_FD, server::READY_IPC_FD] {
-        sys::close(fd);
-    }
     if let Some(user) = user {
         sys::close(user);
     }
@@ -433,8 +419,6 @@ struct Confinement<'a> {
     namespace: Option<&'a [u8]>,
     /// The user namespace its host made for its agents, to join.
     user: Option<libc::c_int>,
-    /// The mount and IPC namespaces made ahead of its start, to join.
-    ready: Option<crate::sandbox::Ready>,
     /// Where the proxy's listening socket goes, when the plan asks for one.
     channel: Option<libc::c_int>,
     /// The soft limit on open files the agent gets back, its host's raised (see
@@ -458,7 +442,6 @@ unsafe fn start_agent(
         ruleset,
         namespace,
         user,
-        ready,
         channel,
         open_files,
     } = confinement;
@@ -477,7 +460,7 @@ unsafe fn start_agent(
     // Mounts first: the ruleset forbids changing them.
     if let Some(plan) = namespace {
         // SAFETY: between fork and exec, in the agent's own process, as it requires.
-        if unsafe { crate::sandbox::enter_namespace(plan, ruleset, user, ready) }.is_err() {
+        if unsafe { crate::sandbox::enter_namespace(plan, ruleset, user) }.is_err() {
             failed(ConfineStep::Namespace)
         }
         // In its own network namespace now: the proxy's port, for the host to accept on.
@@ -514,9 +497,6 @@ unsafe fn start_agent(
     }
     if let Some(user) = user {
         sys::close(user);
-    }
-    for fd in [server::READY_MOUNT_FD, server::READY_IPC_FD] {
-        sys::close(fd);
     }
     // The user's own limit: lowering a soft limit is never refused.
     if let Some(limit) = open_files

@@ -15,9 +15,6 @@
 //! directory and becomes the warden, as an exec of the executable would have. The server
 //! answers nothing on its socket: a fork that failed is said on the report pipe instead.
 //!
-//! The confined agents' server also makes the next agent's mount and IPC namespaces ahead of
-//! its start (see [`Ahead`]) and gives them to the warden whose request asks for them.
-//!
 //! The server has one thread and runs before `main`, with raw system calls, as the warden
 //! does: its forks copy nothing of Rust's runtime. It dies with the spawner thread (its
 //! parent-death signal is SIGKILL) or when the host closes its end of the socket.
@@ -28,12 +25,11 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use crate::sys;
 
 /// The first argument that makes a start of the executable a warden server:
-/// `crew-wardens SERVER_ARG <host pid> <socket fd> <user namespace fd or -> <ready flags or ->
-/// <title room>`.
-pub(in crate::spawn) const SERVER_ARG: &CStr = c"--crew-warden-server-v2";
+/// `crew-wardens SERVER_ARG <host pid> <socket fd>`.
+pub(in crate::spawn) const SERVER_ARG: &CStr = c"--crew-warden-server-v1";
 
 /// The server's arguments, its name included: the last is [`TITLE_ROOM`] spaces.
-pub(super) const SERVER_ARGS: usize = 7;
+pub(super) const SERVER_ARGS: usize = 5;
 
 /// The room a forked warden has for its title, as `ps` shows it (`/proc/<pid>/cmdline`, read
 /// from the memory its arguments lie in, which a fork shares with the server): the server's
@@ -62,16 +58,9 @@ pub(in crate::spawn) const REPORT_FD: libc::c_int = ARGUMENTS_FD + 1;
 /// environment, ruleset, namespace plan, user namespace and channel.
 pub(in crate::spawn) const MAX_PASSED: usize = 10;
 
-/// Where a warden finds the mount namespace made ahead of its agent's start, when the server
-/// gave it one (see [`crate::sandbox::Ready`]): above every number it is given.
-pub(super) const READY_MOUNT_FD: libc::c_int = MAX_PASSED as libc::c_int;
-
-/// Where a warden finds the IPC namespace made with it.
-pub(super) const READY_IPC_FD: libc::c_int = READY_MOUNT_FD + 1;
-
 /// The lowest number a forked warden moves what it received to before putting each where it
 /// belongs: above every number it is given.
-const ABOVE_PASSED: libc::c_int = READY_IPC_FD + 1;
+const ABOVE_PASSED: libc::c_int = MAX_PASSED as libc::c_int + 1;
 
 /// The control message of up to [`MAX_PASSED`] descriptors (`SCM_RIGHTS`), laid out as
 /// `CMSG_DATA` finds them on Linux: right after the header, which is a multiple of its
@@ -104,20 +93,14 @@ const _: () = assert!(
 /// [`SERVER_ARGS`] arguments.
 pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
     // SAFETY: the caller counted SERVER_ARGS arguments.
-    let [host, socket, user, flags] =
-        [2, 3, 4, 5].map(|index| unsafe { super::argument(argv, index) });
+    let host = unsafe { super::argument(argv, 2) };
+    // SAFETY: as above.
+    let socket = unsafe { super::argument(argv, 3) };
     let (Some(host_pid), Some(socket)) = (super::parse_number(host), super::parse_number(socket))
     else {
         super::fail(c"bad warden server arguments")
     };
-    let user = super::optional_fd(user, c"bad warden server arguments");
-    let flags = match flags.to_bytes() {
-        b"-" => None,
-        _ => super::parse_number(flags)
-            .and_then(|flags| u8::try_from(flags).ok())
-            .or_else(|| super::fail(c"bad warden server arguments")),
-    };
-    super::close_all_but([socket, user.unwrap_or(socket)]);
+    super::close_all_but([socket; 6]);
     sys::unblock_all_signals();
     if sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
         super::fail(c"cannot ask for a signal at the host's death");
@@ -129,54 +112,15 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
     sys::set_name(SERVER_NAME);
     // SAFETY: the caller counted SERVER_ARGS arguments.
     unsafe { keep_title_room(argv) };
-    let mut ahead = user
-        .zip(flags)
-        .and_then(|(user, flags)| Ahead::new(user, flags));
     loop {
-        // A request, a namespace made ahead, or a change of the mounts it was made from.
-        if let Some(ahead) = &mut ahead {
-            ahead.start_making();
-        }
-        let pollfd = |fd: libc::c_int, events: libc::c_short| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        let mut polled = [
-            pollfd(socket, libc::POLLIN),
-            pollfd(ahead.as_ref().map_or(-1, Ahead::answer), libc::POLLIN),
-            pollfd(
-                ahead.as_ref().map_or(-1, |ahead| ahead.mounts),
-                libc::POLLPRI,
-            ),
-        ];
-        if sys::poll(&mut polled, -1) < 0 {
-            if sys::errno() == libc::EINTR {
-                continue;
-            }
-            sys::exit(0);
-        }
-        if let Some(ahead) = &mut ahead {
-            if polled[2].revents & (libc::POLLPRI | libc::POLLERR) != 0 {
-                ahead.discard();
-            }
-            if polled[1].revents != 0 {
-                ahead.collect();
-            }
-        }
-        if polled[0].revents == 0 {
-            continue;
-        }
-        // The descriptors' numbers, then the flags of the plan the warden's agent would take
-        // a ready namespace for (0: none).
-        let mut targets = [0u8; MAX_PASSED + 1];
+        let mut targets = [0u8; MAX_PASSED];
         let mut control = Descriptors {
             header: sys::zeroed(),
             fds: [-1; MAX_PASSED],
         };
         let mut data = libc::iovec {
             iov_base: targets.as_mut_ptr().cast(),
-            iov_len: targets.len(),
+            iov_len: MAX_PASSED,
         };
         let mut message: libc::msghdr = sys::zeroed();
         message.msg_iov = &mut data;
@@ -192,8 +136,7 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
         if received <= 0 {
             sys::exit(0);
         }
-        let count = usize::try_from(received - 1).unwrap_or(0);
-        let wants = targets[count];
+        let count = usize::try_from(received).unwrap_or(0);
         let header = &control.header;
         let complete = message.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) == 0
             && message.msg_controllen >= rights_len(count)
@@ -201,10 +144,6 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
             && header.cmsg_type == libc::SCM_RIGHTS
             && header.cmsg_len == rights_len(count);
         let fds = &control.fds[..count.min(MAX_PASSED)];
-        let ready = match &mut ahead {
-            Some(ahead) if complete => ahead.take(wants),
-            _ => None,
-        };
         let pid = if complete {
             sys::fork_sibling()
         } else {
@@ -213,7 +152,7 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
         };
         if pid == 0 {
             sys::close(socket);
-            become_forked_warden(fds, &targets[..count], ready)
+            become_forked_warden(fds, &targets[..count])
         }
         if pid < 0 {
             let error = -sys::errno();
@@ -225,11 +164,7 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
             }
         }
         // The warden's now; the host sees its report pipe end when the warden's copy does.
-        // A ready namespace given is the warden's alone, made use of or not.
-        for &fd in fds
-            .iter()
-            .chain(ready.as_ref().map_or(&[][..], |ready| &ready.fds[..]))
-        {
+        for &fd in fds {
             if fd >= 0 {
                 sys::close(fd);
             }
@@ -237,220 +172,24 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
     }
 }
 
-/// The namespaces the server makes ahead of the next confined agent's start (see
-/// [`crate::sandbox::Ready`]), one at a time, each given to one warden only: a child of the
-/// server joins the host's user namespace for its agents, makes a mount and an IPC namespace
-/// there, lays what every agent of the server's plan flags lays, says so and waits until the
-/// server opened them. Made while the server waits for requests, so a start never waits on
-/// one: a start with none ready lays its namespace itself, as it always did.
-///
-/// A ready namespace is a copy of the mounts when it was made: one that changes the server's
-/// mounts (the user mounting a disk, say) discards it, seen by polling `/proc/self/mountinfo`,
-/// and the next is made from the mounts as they are then.
-struct Ahead {
-    /// The host's user namespace for its agents.
-    user: libc::c_int,
-    /// The flags of the plans its namespaces are made for (see
-    /// [`crate::sandbox::READY_FLAGS`]).
-    flags: u8,
-    /// `/proc/self/mountinfo`: polled as changed when the server's mounts change.
-    mounts: libc::c_int,
-    /// The namespace made and not yet given.
-    ready: Option<ReadyFds>,
-    /// The child making one.
-    making: Option<Making>,
-    /// A child could not make one: none is made again.
-    given_up: bool,
-}
-
-/// A ready namespace's descriptors: its mount namespace's, then its IPC namespace's.
-struct ReadyFds {
-    fds: [libc::c_int; 2],
-}
-
-/// A child making a namespace.
-struct Making {
-    pid: libc::pid_t,
-    /// Where it says it made it (0) or why not (an error number).
-    answer: libc::c_int,
-    /// Its end closed, the child ends.
-    release: libc::c_int,
-    /// The mounts changed meanwhile: what it makes is discarded.
-    stale: bool,
-}
-
-impl Ahead {
-    /// For plans of `flags`, in the user namespace `user`; `None` when the server's mounts
-    /// cannot be watched.
-    fn new(user: libc::c_int, flags: u8) -> Option<Ahead> {
-        let mounts = sys::open(c"/proc/self/mountinfo", libc::O_RDONLY | libc::O_CLOEXEC);
-        (mounts >= 0).then_some(Ahead {
-            user,
-            flags,
-            mounts,
-            ready: None,
-            making: None,
-            given_up: false,
-        })
-    }
-
-    /// The descriptor the child answers on, -1 when none is being made.
-    fn answer(&self) -> libc::c_int {
-        self.making.as_ref().map_or(-1, |making| making.answer)
-    }
-
-    /// Starts a child making a namespace when none is ready or being made.
-    fn start_making(&mut self) {
-        if self.given_up || self.ready.is_some() || self.making.is_some() {
-            return;
-        }
-        let (mut answer, mut held) = ([0; 2], [0; 2]);
-        if sys::pipe2(&mut answer, libc::O_CLOEXEC) != 0 {
-            self.given_up = true;
-            return;
-        }
-        if sys::pipe2(&mut held, libc::O_CLOEXEC) != 0 {
-            sys::close(answer[0]);
-            sys::close(answer[1]);
-            self.given_up = true;
-            return;
-        }
-        let pid = sys::fork_child();
-        if pid == 0 {
-            // Nothing of the server's but what it makes the namespace with: a request never
-            // reaches a server that is gone because this child holds its socket.
-            super::close_all_but([answer[1], held[0], self.user]);
-            let made = sys::setns(self.user, libc::CLONE_NEWUSER) == 0
-                && sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) == 0
-                // SAFETY: a forked child of a process of one thread, making system calls.
-                && unsafe { crate::sandbox::lay_ready_namespace(self.flags) }.is_ok();
-            let code: libc::c_int = if made { 0 } else { sys::errno().max(1) };
-            sys::write(answer[1], &code.to_ne_bytes());
-            let mut byte = [0u8; 1];
-            while sys::read(held[0], &mut byte) < 0 && sys::errno() == libc::EINTR {}
-            sys::exit(0);
-        }
-        sys::close(answer[1]);
-        sys::close(held[0]);
-        if pid < 0 {
-            sys::close(answer[0]);
-            sys::close(held[1]);
-            self.given_up = true;
-            return;
-        }
-        self.making = Some(Making {
-            pid,
-            answer: answer[0],
-            release: held[1],
-            stale: false,
-        });
-    }
-
-    /// Takes the namespace the child answered for (unless the mounts changed meanwhile), lets
-    /// the child go and reaps it.
-    fn collect(&mut self) {
-        let Some(making) = self.making.take() else {
-            return;
-        };
-        let mut code = [0u8; 4];
-        let read = loop {
-            let read = sys::read(making.answer, &mut code);
-            if read < 0 && sys::errno() == libc::EINTR {
-                continue;
-            }
-            break read;
-        };
-        if read == 4 && libc::c_int::from_ne_bytes(code) == 0 {
-            if !making.stale {
-                let mount = open_namespace(making.pid, b"mnt");
-                let ipc = open_namespace(making.pid, b"ipc");
-                if mount >= 0 && ipc >= 0 {
-                    self.ready = Some(ReadyFds { fds: [mount, ipc] });
-                } else {
-                    for fd in [mount, ipc] {
-                        if fd >= 0 {
-                            sys::close(fd);
-                        }
-                    }
-                    self.given_up = true;
-                }
-            }
-        } else {
-            self.given_up = true;
-        }
-        sys::close(making.answer);
-        sys::close(making.release);
-        let mut status = 0;
-        while sys::waitpid(making.pid, &mut status, 0) < 0 && sys::errno() == libc::EINTR {}
-    }
-
-    /// The mounts changed: what is ready, or being made, is a copy of what they were.
-    fn discard(&mut self) {
-        if let Some(ready) = self.ready.take() {
-            for fd in ready.fds {
-                sys::close(fd);
-            }
-        }
-        if let Some(making) = &mut self.making {
-            making.stale = true;
-        }
-    }
-
-    /// The ready namespace, for a warden whose agent's plan has `wants` (0: none) of the
-    /// ready flags: only the very ones it was made with.
-    fn take(&mut self, wants: u8) -> Option<ReadyFds> {
-        if wants == 0 || wants != self.flags {
-            return None;
-        }
-        self.ready.take()
-    }
-}
-
-/// Opens `/proc/<pid>/ns/<kind>`: -1 when it cannot.
-fn open_namespace(pid: libc::pid_t, kind: &[u8]) -> libc::c_int {
-    let mut digits = [0u8; 10];
-    let digits = super::decimal(pid as u32, &mut digits);
-    let mut path = [0u8; 32];
-    let mut length = 0;
-    for part in [b"/proc/".as_slice(), digits, b"/ns/", kind] {
-        path[length..length + part.len()].copy_from_slice(part);
-        length += part.len();
-    }
-    match CStr::from_bytes_with_nul(&path[..=length]) {
-        Ok(path) => sys::open(path, libc::O_RDONLY | libc::O_CLOEXEC),
-        Err(_) => -1,
-    }
-}
-
 /// A warden just forked by the server: its descriptors where the host asked, a process group
 /// of its own, its directory; then the warden itself, with the arguments of its memory file.
-fn become_forked_warden(fds: &[libc::c_int], targets: &[u8], ready: Option<ReadyFds>) -> ! {
+fn become_forked_warden(fds: &[libc::c_int], targets: &[u8]) -> ! {
     // Out of the way of every number given first, then each onto its own (which clears its
-    // close-on-exec flag, as the warden's descriptors had when the host started it), a ready
-    // namespace's onto theirs.
-    let ready = ready.as_ref().map_or(&[][..], |ready| &ready.fds[..]);
-    let mut moved = [-1; MAX_PASSED + 2];
-    for (slot, &fd) in moved.iter_mut().zip(fds.iter().chain(ready)) {
+    // close-on-exec flag, as the warden's descriptors had when the host started it).
+    let mut moved = [-1; MAX_PASSED];
+    for (slot, &fd) in moved.iter_mut().zip(fds) {
         *slot = sys::dup_from(fd, ABOVE_PASSED);
         if *slot < 0 {
             super::fail(c"cannot take the descriptors of a warden");
         }
     }
-    let ready_targets = [READY_MOUNT_FD, READY_IPC_FD];
-    let targets = targets
-        .iter()
-        .map(|&target| libc::c_int::from(target))
-        .chain(ready_targets.into_iter().take(ready.len()));
-    for (&fd, target) in moved.iter().zip(targets) {
-        if sys::dup_onto(fd, target) < 0 {
+    for (&fd, &target) in moved.iter().zip(targets) {
+        if sys::dup_onto(fd, libc::c_int::from(target)) < 0 {
             super::fail(c"cannot take the descriptors of a warden");
         }
     }
-    if ready.is_empty() {
-        sys::close_range(READY_MOUNT_FD as u32, u32::MAX);
-    } else {
-        sys::close_range(ABOVE_PASSED as u32, u32::MAX);
-    }
+    sys::close_range(ABOVE_PASSED as u32, u32::MAX);
     // The host learns the warden's pid from the warden itself (see REPORT_FD).
     sys::write(REPORT_FD, &sys::getpid().to_ne_bytes());
     if sys::lead_own_group() != 0 {
