@@ -376,8 +376,9 @@ impl WardedCommand {
                 Some(pid) if pid > 0 => break pid,
                 Some(error) => return Err(io::Error::from_raw_os_error(-error)),
                 // Taken by a server that was killed before it forked (the socket takes a
-                // request before its reader is gone): nothing was started, so once more with
-                // a new one and a new report pipe.
+                // request before its reader is gone): no warden said its pid, so none runs
+                // (one killed between its fork and its first word is dead, left unreaped
+                // until the host ends); once more with a new server and a new report pipe.
                 None if attempt == 1 => *server = None,
                 None => {
                     return Err(io::Error::other(
