@@ -804,6 +804,10 @@ fn a_single_task_takes_a_spare_view_of_git_only_when_it_holds_nothing() {
         !left[0].join("start.json").exists(),
         "where that task started goes"
     );
+    assert!(
+        left[0].join("start.spare").is_file(),
+        "its file is kept for the next record"
+    );
 
     // Something left in the spare's layer: a branch of the user's, moved.
     let main = env.git(&repo, ["rev-parse", "main"]).trim().to_owned();
@@ -859,6 +863,14 @@ fn a_single_task_takes_a_spare_view_of_git_only_when_it_holds_nothing() {
         spare_views()
     );
     std::fs::remove_file(spares.join("planted")).unwrap();
+
+    // A spare's former record says the checkout was elsewhere: the next task's is its own.
+    let spare = spare_views();
+    assert_eq!(spare.len(), 1, "{spare:?}");
+    write(
+        &spare[0].join("start.spare"),
+        r#"{"head":"ref: refs/heads/elsewhere","index":null}"#,
+    );
 
     // A task that commits: what it gives reaches the repository, and its view is not kept.
     let script = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com

@@ -442,21 +442,37 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
             std::fs::write(&path, serde_json::to_vec_pretty(&forged).unwrap()).unwrap();
             real_root
         } else {
-            // The task's latest record in the journal, appended again naming the victim: the
-            // next command folds it in as the record.
-            let lines = std::fs::read_to_string(&journal).unwrap();
-            let mut forged: serde_json::Value = lines
+            // The task's latest record in the journal (or, where the host folded it into the
+            // manifest, the manifest's, as a line of the manifest's generation), appended
+            // again naming the victim: the next command folds it in as the record.
+            let lines = std::fs::read_to_string(&journal).unwrap_or_default();
+            let latest = lines
                 .lines()
                 .rev()
                 .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-                .find(|line| line["task"]["workspace"].is_object())
-                .expect("the task's workspace is in the journal");
+                .find(|line| line["task"]["workspace"].is_object());
+            let mut forged = latest.unwrap_or_else(|| {
+                let manifest: serde_json::Value = serde_json::from_str(
+                    &std::fs::read_to_string(
+                        repo.join(format!(".crew/state/runs/{run}/manifest.json")),
+                    )
+                    .unwrap(),
+                )
+                .unwrap();
+                serde_json::json!({
+                    "journal": manifest["journal"],
+                    "at": manifest["updated_at"],
+                    "task": manifest["tasks"][0],
+                })
+            });
+            assert!(forged["task"]["workspace"].is_object(), "{mode}: {forged}");
             let workspace = &mut forged["task"]["workspace"];
             let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
             workspace["root"] = victim.as_str().into();
             workspace["dir"] = victim.as_str().into();
             let mut appended = std::fs::OpenOptions::new()
                 .append(true)
+                .create(true)
                 .open(&journal)
                 .unwrap();
             use std::io::Write as _;

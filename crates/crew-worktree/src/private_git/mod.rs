@@ -36,7 +36,8 @@
 //! read-only mounts (where there are namespaces) are what holds there.
 
 use std::collections::HashSet;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt as _, PermissionsExt};
 
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::fsutil::{read_nofollow, write_atomic};
@@ -53,6 +54,10 @@ use layer::{Layer, View, layer_entries};
 
 /// Beneath the task's state directory: the view's layer, scratch and start record.
 const DIR: &str = "git";
+
+/// A spare view's former start record, beside where the next one goes: no record of where any
+/// task started (see [`recycle_view`]).
+const SPARE_START: &str = "start.spare";
 
 /// A `single` task's private view of the common git directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,8 +210,19 @@ impl PrivateGit {
         };
         let json = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
         // Not synced: lost in a crash, the next arm records where the checkout stands then,
-        // which the agent's view never changed.
-        std::fs::write(self.start_file(), json)
+        // which the agent's view never changed. Written over a spare view's former record
+        // where it has one, then named: no new file (see `recycle_view`).
+        let spare = self.dir.join(SPARE_START);
+        let rewritten = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&spare)
+            .and_then(|mut file| file.write_all(&json));
+        match rewritten {
+            Ok(()) => std::fs::rename(&spare, self.start_file()),
+            Err(_) => std::fs::write(self.start_file(), json),
+        }
     }
 
     /// Moves a spare view from `spares` into place, if there is one: an empty layer and the
@@ -323,7 +339,9 @@ pub fn spares_dir(state_dir: &Utf8Path) -> Utf8PathBuf {
 /// removes it. Making a view's directories and removing them again is most of what a
 /// one-line `single` task costs the file system: on ext4 without a journal each new inode is
 /// looked for past every one freed in the last minutes, and each freed block discarded at
-/// once. Where the task started is no longer the view's to say: that record goes first.
+/// once. Where the task started is no longer the view's to say: that record goes first,
+/// renamed to [`SPARE_START`], which the next arm writes over and names again (a file made and
+/// removed at every task was one more inode looked for).
 pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
     let dir = task_dir.join(DIR);
     let kept = spares
@@ -332,7 +350,7 @@ pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
     let start = dir.join("start.json");
     let recycled = kept < SPARE_VIEWS
         && untouched(&dir)
-        && std::fs::remove_file(&start).map_or_else(
+        && std::fs::rename(&start, dir.join(SPARE_START)).map_or_else(
             |error| error.kind() == std::io::ErrorKind::NotFound,
             |()| true,
         )

@@ -101,10 +101,21 @@ impl RunContext {
         let record = WorkspaceRecord::of(&allocated);
         let warnings = allocated.warnings.clone();
         let task_id = task.id.clone();
+        // The lease taken for it is recorded with it, in one write: until then the lease is
+        // held by this process alone, and a crash lets go of both.
+        let lease = self
+            .leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&task_id)
+            .map(|lease| lease.record.clone());
         self.save_task(
             &format!("task {task_id}'s workspace"),
             &task_id,
             move |task| {
+                if lease.is_some() {
+                    task.lease = lease;
+                }
                 task.workspace = Some(record);
                 for warning in warnings {
                     if !task.warnings.contains(&warning) {
@@ -347,7 +358,8 @@ impl RunContext {
         }
     }
 
-    /// Takes `task`'s lease (its record's ports again on a resume, where free) and records it.
+    /// Takes `task`'s lease (its record's ports again on a resume, where free); the task's record
+    /// gets it with its workspace ([`RunContext::allocate`]).
     pub(super) async fn lease(&self, task: &TaskRecord) -> Result<(), String> {
         let settings = self.runner.config.lease.clone();
         let (run, id, earlier) = (
@@ -362,17 +374,10 @@ impl RunContext {
         })
         .await
         .map_err(|reason| format!("its lease: {reason}"))?;
-        let record = lease.record.clone();
         self.leases
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(task.id.clone(), lease);
-        let task_id = task.id.clone();
-        self.save_task(&format!("task {task_id}'s lease"), &task_id, move |task| {
-            task.lease = Some(record);
-            Ok(())
-        })
-        .await;
         Ok(())
     }
 
