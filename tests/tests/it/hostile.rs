@@ -445,6 +445,14 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
             // The task's latest record in the journal (or, where the host folded it into the
             // manifest, the manifest's, as a line of the manifest's generation), appended
             // again naming the victim: the next command folds it in as the record.
+            // Named with the manifest's generation: a line of an older one is skipped.
+            let recorded: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(
+                    repo.join(format!(".crew/state/runs/{run}/manifest.json")),
+                )
+                .unwrap(),
+            )
+            .unwrap();
             let lines = std::fs::read_to_string(&journal).unwrap_or_default();
             let latest = lines
                 .lines()
@@ -452,19 +460,12 @@ fn runs_clean_never_acts_on_a_workspace_an_edited_manifest_names() {
                 .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
                 .find(|line| line["task"]["workspace"].is_object());
             let mut forged = latest.unwrap_or_else(|| {
-                let manifest: serde_json::Value = serde_json::from_str(
-                    &std::fs::read_to_string(
-                        repo.join(format!(".crew/state/runs/{run}/manifest.json")),
-                    )
-                    .unwrap(),
-                )
-                .unwrap();
                 serde_json::json!({
-                    "journal": manifest["journal"],
-                    "at": manifest["updated_at"],
-                    "task": manifest["tasks"][0],
+                    "at": recorded["updated_at"],
+                    "task": recorded["tasks"][0],
                 })
             });
+            forged["journal"] = recorded["journal"].clone();
             assert!(forged["task"]["workspace"].is_object(), "{mode}: {forged}");
             let workspace = &mut forged["task"]["workspace"];
             let real_root = Utf8PathBuf::from(workspace["root"].as_str().unwrap());
