@@ -232,9 +232,12 @@ impl Bench {
         std::fs::create_dir_all(self.git_worktrees()).unwrap();
     }
 
-    /// Where the reference `git worktree add` puts its worktrees: beside crew's, under the
-    /// repository's `.worktrees`, so that both meet the same file-system placement (ext4 puts
-    /// a new directory's files near its parent; a sibling of the repository lands elsewhere).
+    /// Where the reference `git worktree add` puts its worktrees: under the repository's
+    /// `.worktrees`, beside crew's, so that both start from the same parent (ext4 puts a new
+    /// directory's files near its parent; a sibling of the repository lands elsewhere). crew
+    /// marks `.worktrees` as the top of a hierarchy, so that each of its runs is placed apart:
+    /// that is crew's own doing, and git's worktrees go where git puts them (this directory,
+    /// made again after every deletion, is placed by the file system's default).
     fn git_worktrees(&self) -> Utf8PathBuf {
         self.repo.join(".worktrees").join("git-reference")
     }

@@ -67,6 +67,40 @@ fn worktree_is_a_real_git_worktree_on_its_branch() {
     );
 }
 
+/// Each run's worktrees are placed apart from the others' (the file system's "top of a
+/// hierarchy" hint on `.worktrees/`), so that a checkout does not land among the inodes of
+/// worktrees just deleted; the flag is not inherited by what is made inside.
+#[test]
+fn worktrees_directory_asks_the_file_system_to_place_runs_apart() {
+    use rustix::fs::{IFlags, Mode, OFlags};
+    let flags = |path: &Utf8Path| {
+        let handle = rustix::fs::open(
+            path.as_std_path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        rustix::fs::ioctl_getflags(&handle)
+    };
+    let fixture = Fixture::new();
+    if let Err(error) = flags(&fixture.repo) {
+        eprintln!(
+            "skipped: the file system under {} has no file flags ({error})",
+            fixture.repo
+        );
+        return;
+    }
+    let workspace = fixture.allocate("api");
+    let worktrees = fixture.repo.join(".worktrees");
+    assert!(
+        flags(&worktrees).unwrap().contains(IFlags::TOPDIR),
+        "{worktrees} is not marked as the top of a hierarchy"
+    );
+    for inside in [workspace.root.parent().unwrap(), workspace.root.as_path()] {
+        assert!(!flags(inside).unwrap().contains(IFlags::TOPDIR), "{inside}");
+    }
+}
+
 #[test]
 fn leader_is_byte_identical_after_a_worktree_task() {
     let fixture = Fixture::new();
