@@ -212,6 +212,18 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Whether the directory `dir` carries the file system's "top of a hierarchy" flag (`chattr
+/// +T`); an error where the file system has no file flags.
+pub fn places_apart(dir: &camino::Utf8Path) -> std::io::Result<bool> {
+    use rustix::fs::{IFlags, Mode, OFlags};
+    let handle = rustix::fs::open(
+        dir.as_std_path(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(rustix::fs::ioctl_getflags(&handle)?.contains(IFlags::TOPDIR))
+}
+
 /// A hash of every file under `dir` (paths, contents and link targets), to prove nothing
 /// changed. Symlinks are recorded as links, never followed.
 pub fn tree_fingerprint(dir: &Path) -> Vec<(String, String)> {

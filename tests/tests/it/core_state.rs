@@ -10,7 +10,7 @@ use crew_core::host::HostIdentity;
 use crew_core::model::{HostRecord, RunManifest, RunStatus, TaskRecord, TaskStatus, Timestamp};
 use crew_core::store::StateError;
 use crew_core::{RunId, StateStore, TaskId, Workspace};
-use crew_tests::{TestEnv, tree_fingerprint, write};
+use crew_tests::{TestEnv, places_apart, tree_fingerprint, write};
 
 const HAMMER: &str = env!("CARGO_BIN_EXE_state-hammer");
 
@@ -1057,4 +1057,25 @@ fn the_journal_is_folded_in_before_it_outgrows_the_manifest() {
         other.read_run(&run).unwrap().task(&a).unwrap().warnings,
         ["change 59"]
     );
+}
+
+/// Each run's records are placed apart from the others' (the file system's "top of a
+/// hierarchy" hint on `runs/`), so that a run's new files do not land among the inodes of runs
+/// just removed; the flag is not inherited by a run's own directory.
+#[test]
+fn runs_directory_asks_the_file_system_to_place_runs_apart() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    if let Err(error) = places_apart(&root) {
+        eprintln!("skipped: the file system under {root} has no file flags ({error})");
+        return;
+    }
+    let (workspace, store) = store_at(&root);
+    let run = new_run(&store, &workspace, &["a"]);
+    assert!(
+        places_apart(&store.runs_dir()).unwrap(),
+        "{} is not marked as the top of a hierarchy",
+        store.runs_dir()
+    );
+    assert!(!places_apart(&store.run_dir(&run.run_id)).unwrap());
 }

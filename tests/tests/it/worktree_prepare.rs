@@ -9,7 +9,7 @@ use crew_core::config::{IsolationFallback, ProjectConfig, WorkspaceMode};
 use crew_core::provider::{
     AllocateErrorKind, RunRequest, TaskWorkspace, UpstreamWork, WorkspaceKind, WorkspaceProvider,
 };
-use crew_tests::{TestEnv, tree_fingerprint, write};
+use crew_tests::{TestEnv, places_apart, tree_fingerprint, write};
 use crew_worktree::CrewWorkspaces;
 
 use crate::common::worktrees::Fixture;
@@ -72,18 +72,8 @@ fn worktree_is_a_real_git_worktree_on_its_branch() {
 /// worktrees just deleted; the flag is not inherited by what is made inside.
 #[test]
 fn worktrees_directory_asks_the_file_system_to_place_runs_apart() {
-    use rustix::fs::{IFlags, Mode, OFlags};
-    let flags = |path: &Utf8Path| {
-        let handle = rustix::fs::open(
-            path.as_std_path(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap();
-        rustix::fs::ioctl_getflags(&handle)
-    };
     let fixture = Fixture::new();
-    if let Err(error) = flags(&fixture.repo) {
+    if let Err(error) = places_apart(&fixture.repo) {
         eprintln!(
             "skipped: the file system under {} has no file flags ({error})",
             fixture.repo
@@ -93,11 +83,11 @@ fn worktrees_directory_asks_the_file_system_to_place_runs_apart() {
     let workspace = fixture.allocate("api");
     let worktrees = fixture.repo.join(".worktrees");
     assert!(
-        flags(&worktrees).unwrap().contains(IFlags::TOPDIR),
+        places_apart(&worktrees).unwrap(),
         "{worktrees} is not marked as the top of a hierarchy"
     );
     for inside in [workspace.root.parent().unwrap(), workspace.root.as_path()] {
-        assert!(!flags(inside).unwrap().contains(IFlags::TOPDIR), "{inside}");
+        assert!(!places_apart(inside).unwrap(), "{inside}");
     }
 }
 

@@ -336,6 +336,9 @@ impl StateStore {
         for dir in [&crew_dir, &self.state_dir, &self.runs_dir()] {
             ensure_real_dir(dir).map_err(StateError::Layout)?;
         }
+        // Each run's records go where the file system has room, not among those of the runs
+        // deleted last (see `spread_apart`).
+        crate::fsutil::spread_apart(&self.runs_dir());
         open_rw_nofollow(&self.state_dir.join(LOCK_FILE)).map_err(StateError::Layout)?;
         if let Some(repo_root) = &self.repo_root
             && let Some(pattern) = anchored_dir_pattern(repo_root, &self.state_dir)
