@@ -1229,7 +1229,9 @@ fn network(bench: &Bench) {
     };
     let mut proxied = Samples::default();
     let mut direct = Samples::default();
-    for round in 0..bench.rounds.max(7) {
+    // A download takes about 60 ms and one alone varies by half: fifteen pairs, so that the
+    // median of their ratios is the proxy's cost and not a few slow rounds'.
+    for round in 0..bench.rounds.max(15) {
         let took =
             |mode| Duration::from_secs_f64(download(mode, "1", "100")["seconds"].as_f64().unwrap());
         if round % 2 == 0 {

@@ -52,8 +52,8 @@ pub const PROXY_VARS: &[(&str, &str)] = &[
 const MAX_HEAD: usize = 64 * 1024;
 
 /// The most connections one agent's proxy serves at once; more wait in its listening queue
-/// until one ends. Each costs the host two descriptors, six while bytes flow (two pipes), and
-/// its pipes' room: an agent cannot take the host's descriptors from its other tasks.
+/// until one ends. Each costs the host two descriptors and, while bytes flow, a buffer per
+/// direction: an agent cannot take the host's descriptors or memory from its other tasks.
 /// Package managers open a few dozen at most (npm 15 an origin).
 const MAX_CONNECTIONS: usize = 128;
 
