@@ -46,6 +46,7 @@ impl AgentHost {
     /// A host whose agents draw from `env` instead.
     pub fn with_env(env: BaseEnv) -> std::io::Result<Self> {
         crate::open_files::raise();
+        crate::temp_dirs::sweep_once();
         let spawner = Spawner::start(tokio::runtime::Handle::current())?;
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         Ok(AgentHost {

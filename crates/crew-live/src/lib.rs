@@ -206,6 +206,7 @@ pub mod sandbox;
 pub mod shim;
 pub mod spawn;
 mod sys;
+mod temp_dirs;
 pub mod toolchains;
 pub mod verbs;
 pub mod watch;

@@ -179,12 +179,37 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
         .as_str()
         .unwrap()
         .to_owned();
+    // The slow agent's private temp dir, which its host removes when it is done with it.
+    let agent_temp_dirs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(env.tmp())
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("crew-tmp-slow-")
+            })
+            .map(|entry| entry.path())
+            .collect()
+    };
+    let temp_dirs = agent_temp_dirs();
+    assert_eq!(temp_dirs.len(), 1, "{temp_dirs:?}");
     signal(&child, rustix::process::Signal::KILL);
     child.wait().unwrap();
     assert!(
         std::path::Path::new(&socket).exists(),
         "a killed host leaves its socket"
     );
+    assert!(
+        temp_dirs[0].exists(),
+        "a killed host leaves its agent's temp dir"
+    );
+    // Left two minutes ago, as far as the next host can tell.
+    std::fs::File::open(&temp_dirs[0])
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(120))
+        .unwrap();
 
     let list = env.crew(&repo, ["runs", "list"]);
     assert!(
@@ -226,6 +251,11 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
 
     let resumed = env.crew(&repo, ["runs", "resume", &run]);
     assert!(resumed.status.success(), "{}", render_output(&resumed));
+    // The next host swept what the dead one left; the resumed agent's own dir went with its end.
+    wait_until(20, "the dead host's temp dir to be swept", || {
+        (!temp_dirs[0].exists()).then_some(())
+    });
+    assert_eq!(agent_temp_dirs(), Vec::<std::path::PathBuf>::new());
     let manifest = manifest(&env, &repo, &run);
     assert_eq!(manifest["status"], "completed");
     assert_eq!(

@@ -46,7 +46,7 @@ struct Terminal {
     output: Arc<Mutex<Output>>,
     exit: watch::Receiver<Option<TerminalExitStatus>>,
     /// Its private temp dir, removed with it.
-    _temp_dir: tempfile::TempDir,
+    _temp_dir: crate::temp_dirs::AgentTempDir,
 }
 
 impl Terminal {

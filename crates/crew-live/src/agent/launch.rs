@@ -4,6 +4,7 @@
 
 use super::supervisor::supervise_from;
 use super::*;
+use crate::temp_dirs::AgentTempDir;
 
 /// Launches the agent's first process and starts its supervisor. A program that cannot be
 /// started is an error for this agent only.
@@ -474,19 +475,16 @@ pub(super) fn project_caches(spec: &AgentSpec, launcher: &Launcher) -> Option<To
 }
 
 /// A temp dir of the agent's own (mode 0700) in the host's temp directory: its `TMPDIR`, and
-/// the one place outside its workspace the sandbox lets every agent write.
-pub(crate) fn private_temp_dir(spec: &AgentSpec) -> Result<tempfile::TempDir, SpawnAgentError> {
-    tempfile::Builder::new()
-        .prefix(&format!(
-            "crew-agent-{}-",
-            crew_core::safe_segment(spec.agent_id.task_id().as_str())
-        ))
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .tempdir()
-        .map_err(|source| SpawnAgentError::TempDir {
-            agent_id: spec.agent_id.clone(),
-            source,
-        })
+/// the one place outside its workspace the sandbox lets every agent write (see `temp_dirs`).
+pub(crate) fn private_temp_dir(spec: &AgentSpec) -> Result<AgentTempDir, SpawnAgentError> {
+    AgentTempDir::new(
+        &std::env::temp_dir(),
+        &crew_core::safe_segment(spec.agent_id.task_id().as_str()),
+    )
+    .map_err(|source| SpawnAgentError::TempDir {
+        agent_id: spec.agent_id.clone(),
+        source,
+    })
 }
 
 pub(super) fn open_log(spec: &AgentSpec) -> Result<LogWriter, SpawnAgentError> {

@@ -366,7 +366,7 @@ struct Running {
     /// Its own connection to its host, served as long as this process lives.
     _own_connection: Option<Box<dyn std::any::Any + Send>>,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
-    _temp_dir: tempfile::TempDir,
+    _temp_dir: crate::temp_dirs::AgentTempDir,
     /// A placed task's transport ended before the task started there: once its output is
     /// read to the end, what it said last goes into the reason.
     lost_before_start: bool,
