@@ -1085,6 +1085,7 @@ fn crew_binary() -> Utf8PathBuf {
                 .into_iter()
                 .find(|path| path.exists())
                 .expect("build the crew binary first: cargo build --release -p crew-cli");
+            refuse_if_stale(&built);
             let installed = Utf8PathBuf::from_path_buf(std::env::temp_dir())
                 .unwrap()
                 .join(format!("crew-bench-installed-{}", std::process::id()));
@@ -1094,6 +1095,36 @@ fn crew_binary() -> Utf8PathBuf {
             crew
         })
         .clone()
+}
+
+/// Stops the benchmark when the crew binary it found is older than a source it is built from:
+/// `cargo bench` rebuilds the benchmark, not `crew`, and the lines that run `crew` would
+/// measure the old one without a word.
+fn refuse_if_stale(built: &Utf8Path) {
+    let modified = |path: &std::path::Path| path.metadata().and_then(|meta| meta.modified()).ok();
+    let binary = modified(built.as_std_path()).unwrap();
+    let crates = Utf8Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("crates");
+    let mut dirs = vec![crates.into_std_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|ext| ext == "rs" || ext == "toml")
+                && modified(&path).is_some_and(|source| source > binary)
+            {
+                panic!(
+                    "{built} is older than {}: rebuild it first (cargo build --release -p crew-cli)",
+                    path.display()
+                );
+            }
+        }
+    }
 }
 
 /// Where [`crew_binary`] installed crew.
