@@ -53,7 +53,8 @@ const MAX_HEAD: usize = 64 * 1024;
 
 /// The most connections one agent's proxy serves at once; more wait in its listening queue
 /// until one ends. Each costs the host two descriptors and, while bytes flow, a buffer per
-/// direction: an agent cannot take the host's descriptors or memory from its other tasks.
+/// direction (a few of them large, see `relay::BULK_READERS`): an agent cannot take the host's
+/// descriptors or memory from its other tasks.
 /// Package managers open a few dozen at most (npm 15 an origin).
 const MAX_CONNECTIONS: usize = 128;
 
@@ -171,11 +172,12 @@ impl Drop for Proxy {
 async fn serve(listener: TcpListener, rules: Arc<Rules>, counts: Arc<Counts>) {
     // Dropped with this task (aborted with its proxy): every connection ends with it.
     let mut connections = JoinSet::new();
+    let bulk = relay::BulkReads::new();
     loop {
         tokio::select! {
             accepted = listener.accept(), if connections.len() < MAX_CONNECTIONS => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(connection(stream, rules.clone(), counts.clone()));
+                    connections.spawn(connection(stream, rules.clone(), counts.clone(), bulk.clone()));
                 }
                 // Out of descriptors and the like: the agent's next try may succeed.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -193,7 +195,12 @@ struct Request {
     head: Option<Vec<u8>>,
 }
 
-async fn connection(mut client: TcpStream, rules: Arc<Rules>, counts: Arc<Counts>) {
+async fn connection(
+    mut client: TcpStream,
+    rules: Arc<Rules>,
+    counts: Arc<Counts>,
+    bulk: relay::BulkReads,
+) {
     let mut buffer = Vec::with_capacity(4096);
     let read = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client, &mut buffer)).await;
     let Ok(Ok(head_len)) = read else {
@@ -276,7 +283,7 @@ async fn connection(mut client: TcpStream, rules: Arc<Rules>, counts: Arc<Counts
         return;
     }
     drop(buffer);
-    let _ = relay::relay(&client, &upstream).await;
+    let _ = relay::relay(&client, &upstream, &bulk).await;
 }
 
 /// Reads until the end of a request head; its length.

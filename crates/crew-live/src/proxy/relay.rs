@@ -9,14 +9,20 @@
 //! bytes with `splice(2)` through a 256 KiB pipe (which never copies them, but hands the
 //! agent's socket the sender's pages one by one: BENCHMARKS.md).
 //!
+//! An agent's proxy lets at most [`BULK_READERS`] directions read in bulk at once: a hostile
+//! agent's 128 connections, each streaming both ways, cost the host 4 MiB of small buffers and
+//! 2 MiB of large ones, not 64 MiB.
+//!
 //! A direction holds its buffer only while bytes flow: it gives it back after [`IDLE`] without
 //! any, so a kept-alive connection between requests (a package manager holds dozens) costs the
 //! host its two sockets and nothing more.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// What a direction reads at a time until it has moved [`BULK_AFTER`]: a TLS record.
 const FIRST_READ: usize = 16 << 10;
@@ -27,6 +33,29 @@ const BULK_AFTER: usize = 1 << 20;
 /// What a bulk transfer reads at a time (BENCHMARKS.md, "The proxy's relay, copied again").
 const BULK_READ: usize = 256 << 10;
 
+/// How many directions of one agent's connections may read [`BULK_READ`] at a time at once; the
+/// others go on reading [`FIRST_READ`] until one of them gives its large buffer back.
+pub(super) const BULK_READERS: usize = 8;
+
+/// The large buffers one agent's proxy may hold at once: a permit each.
+#[derive(Clone)]
+pub(super) struct BulkReads(Arc<Semaphore>);
+
+impl BulkReads {
+    pub(super) fn new() -> BulkReads {
+        BulkReads::with(BULK_READERS)
+    }
+
+    fn with(readers: usize) -> BulkReads {
+        BulkReads(Arc::new(Semaphore::new(readers)))
+    }
+
+    /// A permit, if a large buffer is free.
+    fn take(&self) -> Option<OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().ok()
+    }
+}
+
 /// How long a direction waits for bytes with its buffer still held: past that, it gives the
 /// buffer back until its next bytes come.
 const IDLE: Duration = Duration::from_millis(100);
@@ -34,36 +63,39 @@ const IDLE: Duration = Duration::from_millis(100);
 /// Relays `client` and `upstream` both ways until both have ended: each direction's end (the
 /// sender's half-close) is passed on as a half-close of the other socket, as `tokio::io::
 /// copy_bidirectional` does. The first error ends the relay; the caller drops both sockets.
-pub(super) async fn relay(client: &TcpStream, upstream: &TcpStream) -> io::Result<()> {
-    let upload = one_way(client, upstream);
-    let download = one_way(upstream, client);
+pub(super) async fn relay(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    bulk: &BulkReads,
+) -> io::Result<()> {
+    let upload = one_way(client, upstream, bulk);
+    let download = one_way(upstream, client, bulk);
     tokio::try_join!(upload, download)?;
     Ok(())
 }
 
 /// Moves what `from` receives to `to` until `from` ends, then half-closes `to`.
-async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<()> {
+async fn one_way(from: &TcpStream, to: &TcpStream, bulk: &BulkReads) -> io::Result<()> {
     let mut buffer: Option<Buffer> = None;
     let mut moved_so_far = 0usize;
     loop {
         let Some(held) = &mut buffer else {
             // Waited for without one: it is taken when there are bytes to move.
             from.readable().await?;
-            buffer = Some(Buffer::new(if moved_so_far >= BULK_AFTER {
-                BULK_READ
-            } else {
-                FIRST_READ
-            }));
+            buffer = Some(Buffer::new(None));
             continue;
         };
-        if moved_so_far >= BULK_AFTER && held.0.capacity() < BULK_READ {
-            *held = Buffer::new(BULK_READ);
+        if moved_so_far >= BULK_AFTER
+            && held.permit.is_none()
+            && let Some(permit) = bulk.take()
+        {
+            *held = Buffer::new(Some(permit));
         }
-        held.0.clear();
-        match from.try_read_buf(&mut held.0) {
+        held.bytes.clear();
+        match from.try_read_buf(&mut held.bytes) {
             Ok(0) => break,
             Ok(read) => {
-                write_all(to, &held.0[..read]).await?;
+                write_all(to, &held.bytes[..read]).await?;
                 moved_so_far += read;
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
@@ -101,15 +133,36 @@ async fn write_all(to: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
 }
 
 /// A direction's buffer: read into its spare room, so only what was read is ever touched.
-struct Buffer(Vec<u8>);
+struct Buffer {
+    bytes: Vec<u8>,
+    /// A large one's permit, given back with it.
+    permit: Option<OwnedSemaphorePermit>,
+}
 
 impl Buffer {
-    fn new(room: usize) -> Buffer {
+    /// [`BULK_READ`] of room with a permit, [`FIRST_READ`] without.
+    fn new(permit: Option<OwnedSemaphorePermit>) -> Buffer {
+        let room = if permit.is_some() {
+            BULK_READ
+        } else {
+            FIRST_READ
+        };
         #[cfg(test)]
         tests::LIVE_BUFFERS.with(|live| live.set(live.get() + 1));
         #[cfg(test)]
         tests::LARGEST_BUFFER.with(|largest| largest.set(largest.get().max(room)));
-        Buffer(Vec::with_capacity(room))
+        #[cfg(test)]
+        if permit.is_some() {
+            let live = tests::LIVE_BULK.with(|live| {
+                live.set(live.get() + 1);
+                live.get()
+            });
+            tests::MOST_BULK.with(|most| most.set(most.get().max(live)));
+        }
+        Buffer {
+            bytes: Vec::with_capacity(room),
+            permit,
+        }
     }
 }
 
@@ -117,6 +170,9 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         tests::LIVE_BUFFERS.with(|live| live.set(live.get() - 1));
+        if self.permit.is_some() {
+            tests::LIVE_BULK.with(|live| live.set(live.get() - 1));
+        }
     }
 }
 
@@ -132,11 +188,14 @@ mod tests {
         pub(super) static LIVE_BUFFERS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
         /// The most room a buffer of this thread's relays was given.
         pub(super) static LARGEST_BUFFER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        /// The large buffers this thread's relays hold, and the most they held at once.
+        pub(super) static LIVE_BULK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        pub(super) static MOST_BULK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
     #[tokio::test]
     async fn an_idle_connection_gives_its_buffers_back_and_takes_them_again_for_its_next_bytes() {
-        let (mut agent, mut server, relaying) = relayed().await;
+        let (mut agent, mut server, relaying) = relayed(&BulkReads::new()).await;
         let mut answer = vec![0u8; 5];
         for round in 0..2 {
             agent.write_all(b"ask").await.unwrap();
@@ -198,7 +257,9 @@ mod tests {
     }
 
     /// The agent's and the server's ends of two connections the relay joins, and the relay.
-    async fn relayed() -> (
+    async fn relayed(
+        bulk: &BulkReads,
+    ) -> (
         TcpStream,
         TcpStream,
         tokio::task::JoinHandle<io::Result<()>>,
@@ -209,13 +270,14 @@ mod tests {
         let (client, _) = listener.accept().await.unwrap();
         let upstream = TcpStream::connect(address).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let relaying = tokio::spawn(async move { relay(&client, &upstream).await });
+        let bulk = bulk.clone();
+        let relaying = tokio::spawn(async move { relay(&client, &upstream, &bulk).await });
         (agent, server, relaying)
     }
 
     #[tokio::test]
     async fn both_directions_arrive_whole_and_in_order_and_each_end_is_passed_on() {
-        let (agent, server, relaying) = relayed().await;
+        let (agent, server, relaying) = relayed(&BulkReads::new()).await;
         // Many times a bulk read, both ways at once.
         let (download, upload) = (pattern(9 << 20, 1), pattern(3 << 20, 2));
         let both = async {
@@ -234,7 +296,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_side_ending_early_leaves_the_other_direction_flowing() {
-        let (agent, mut server, relaying) = relayed().await;
+        let (agent, mut server, relaying) = relayed(&BulkReads::new()).await;
         // The agent sends its request and ends its side at once; the server reads the end,
         // then answers.
         let agent_side = tokio::spawn(exchange(agent, b"request".to_vec()));
@@ -249,5 +311,36 @@ mod tests {
         let received = within_a_minute(agent_side).await.unwrap();
         assert!(received == answer, "the answer arrived changed");
         within_a_minute(relaying).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_agent_s_connections_hold_no_more_large_buffers_than_it_is_allowed() {
+        // One large buffer for the agent; two downloads at once, each past its first megabyte.
+        let bulk = BulkReads::with(1);
+        let (first_agent, first_server, first) = relayed(&bulk).await;
+        let (second_agent, second_server, second) = relayed(&bulk).await;
+        let (one, two) = (pattern(9 << 20, 4), pattern(9 << 20, 5));
+        let all = async {
+            tokio::join!(
+                exchange(first_agent, Vec::new()),
+                exchange(first_server, one.clone()),
+                exchange(second_agent, Vec::new()),
+                exchange(second_server, two.clone()),
+            )
+        };
+        let (at_first, _, at_second, _) = within_a_minute(all).await;
+        within_a_minute(first).await.unwrap().unwrap();
+        within_a_minute(second).await.unwrap().unwrap();
+        assert!(
+            at_first == one && at_second == two,
+            "a download arrived changed"
+        );
+        assert_eq!(LARGEST_BUFFER.get(), BULK_READ, "neither read in bulk");
+        assert_eq!(
+            MOST_BULK.get(),
+            1,
+            "more large buffers than allowed at once"
+        );
+        assert_eq!(LIVE_BULK.get(), 0);
     }
 }
