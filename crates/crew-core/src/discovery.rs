@@ -210,8 +210,14 @@ fn leader_location(dir: &Utf8Path) -> Result<Option<Utf8PathBuf>, DiscoverWorksp
     }
 }
 
-/// For a work tree whose `.git` is a file (`gitdir: …/.git/worktrees/<name>`), the work tree of
-/// the repository it belongs to. `None` for main work trees, submodules and anything unreadable.
+/// For a work tree whose `.git` is a file, the work tree of the repository it belongs to. `None`
+/// for main work trees, submodules and anything unreadable.
+///
+/// git's own linked worktrees say `gitdir: <repo>/.git/worktrees/<name>`, whose `commondir`
+/// leads to `<repo>/.git`. While a crew task runs, its worktree's `.git` leads instead to the
+/// agent's git directory beneath that admin entry, `<repo>/.git/worktrees/<name>/agent`, whose
+/// `commondir` is a store of the agent's own (ARCHITECTURE.md, "Agents are untrusted"): the
+/// repository is then the one whose `.git/worktrees/` holds the git directory.
 fn leader_of_linked_worktree(worktree_root: &Utf8Path) -> Option<Utf8PathBuf> {
     let dot_git = worktree_root.join(".git");
     let metadata = std::fs::symlink_metadata(&dot_git).ok()?;
@@ -220,13 +226,19 @@ fn leader_of_linked_worktree(worktree_root: &Utf8Path) -> Option<Utf8PathBuf> {
     }
     let contents = std::fs::read_to_string(&dot_git).ok()?;
     let gitdir = contents.lines().next()?.strip_prefix("gitdir:")?.trim();
-    let gitdir = worktree_root.join(gitdir);
+    let gitdir = canonical_utf8(worktree_root.join(gitdir).as_std_path()).ok()?;
     let commondir = std::fs::read_to_string(gitdir.join("commondir")).ok()?;
     let common = canonical_utf8(gitdir.join(commondir.trim()).as_std_path()).ok()?;
-    if common.file_name() != Some(".git") {
-        return None;
+    if common.file_name() == Some(".git") {
+        return common.parent().map(Utf8Path::to_owned);
     }
-    common.parent().map(Utf8Path::to_owned)
+    let admin_entries = gitdir
+        .ancestors()
+        .find(|dir| dir.file_name() == Some("worktrees"))?;
+    let common = admin_entries.parent()?;
+    (common.file_name() == Some(".git"))
+        .then(|| common.parent().map(Utf8Path::to_owned))
+        .flatten()
 }
 
 #[cfg(test)]

@@ -163,6 +163,11 @@ fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
     };
     let env = TestEnv::new();
     let repo = env.repo("nested");
+    // `.crew/` committed, as `crew init` asks: the lead's worktree checks it out, and its
+    // `crew mcp` still acts on the leader.
+    crew_tests::write(&repo.join(".crew/config.toml"), "");
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "crew config"]);
     let lead = format!("node {script} nested {} .", crew_tests::crew_bin());
     crate::common::runs::shell_worktree_run(&env, &repo, &[&format!("lead={lead}")]);
     let runs = crate::common::runs::run_ids(&env, &repo);
