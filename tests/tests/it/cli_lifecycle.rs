@@ -533,11 +533,24 @@ fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
         .stderr(Stdio::piped());
     command.uid(NOBODY);
     command.gid(NOBODY);
-    let crew = command.spawn().unwrap();
-    let run = wait_until(30, "the agent to run", || {
-        let run = run_ids(&env, &repo).into_iter().next()?;
-        (manifest(&env, &repo, &run)["tasks"][0]["status"] == "running").then_some(run)
-    });
+    let mut crew = command.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let run = loop {
+        let running = run_ids(&env, &repo).into_iter().next().filter(|run| {
+            crate::common::runs::try_manifest(&env, &repo, run)
+                .is_some_and(|record| record["tasks"][0]["status"] == "running")
+        });
+        if let Some(run) = running {
+            break run;
+        }
+        // A crew that ended, or never got its agent going: what it said is the failure.
+        if crew.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+            let _ = crew.kill();
+            let output = crew.wait_with_output().unwrap();
+            panic!("the agent never ran: {}", render_output(&output));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     // The run's directory turns read-only under the running agent.
     let run_dir = repo.join(format!(".crew/state/runs/{run}"));
     let mode = |mode| std::fs::Permissions::from_mode(mode);

@@ -843,10 +843,11 @@ fn a_single_task_takes_a_spare_view_of_git_only_when_it_holds_nothing() {
     }
 
     // An agent that changes its `.git` itself (the overlay's root: the layer's own directory)
-    // and nothing in it: its view is not kept for another task.
+    // and nothing in it: its view is not kept for another task. The mode is one no umask gives
+    // (`.git` is 0700 under `umask 077`, 0755 under 022), so the chmod is a change under both.
     let before = spare_views();
     assert_eq!(before.len(), 1);
-    let chmod = env.crew(&repo, ["run", "--agent", "shell", "chmod 700 .git"]);
+    let chmod = env.crew(&repo, ["run", "--agent", "shell", "chmod 751 .git"]);
     assert!(chmod.status.success(), "{}", render_output(&chmod));
     assert!(spare_views().is_empty(), "that view went");
 
