@@ -9,7 +9,8 @@
 //! - `then hit the limit` (`… for <n> seconds`): the turn ends in Claude Code's usage-limit
 //!   error (`Claude AI usage limit reached|<unix seconds>`, as its issue tracker shows it; the
 //!   reset two hours on, or `n` seconds), and the program exits 1; `then hit a limit that
-//!   says no reset`: the same error without the bar and the time.
+//!   says no reset`: the same error without the bar and the time;
+//! - `then stay`: after its result it neither reads nor exits (as a program that lingers).
 //!
 //! It reads user messages until its input ends, then exits 0.
 
@@ -90,6 +91,11 @@ fn main() {
         first = false;
         if fail {
             std::process::exit(1);
+        }
+        if text.contains("then stay") {
+            loop {
+                std::thread::park();
+            }
         }
     }
 }

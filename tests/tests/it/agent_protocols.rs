@@ -149,6 +149,31 @@ fn sessions_usage_and_cost_are_recorded_and_a_follow_up_resumes_that_session() {
 }
 
 #[test]
+fn a_stream_json_agent_that_stays_after_its_result_is_ended_and_its_task_succeeds() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    // Left to itself it would run until this timeout, and fail by it.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\ntask_timeout = \"40s\"\n",
+    );
+    let output = run_claude(&env, &repo, &["write stays.txt then stay"]);
+    let shown = render_output(&output);
+    assert!(output.status.success(), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "claude");
+    assert_eq!(record["status"], "succeeded", "{record:#}");
+    assert_eq!(record["exit"]["ended_after_session"], true, "{record:#}");
+    assert!(record["exit"]["stopped_by"].is_null(), "{record:#}");
+    assert_eq!(record["exit"]["timed_out"], false, "{record:#}");
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-claude:stays.txt")]),
+        "written by the stand-in\n"
+    );
+}
+
+#[test]
 fn a_usage_limit_fails_the_task_with_the_limit_named_and_when_it_lifts() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);

@@ -63,8 +63,8 @@ const STEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the output pipes may stay open after the agent exited before crew counts the
 /// holders as leaked processes.
 const PIPE_GRACE: Duration = Duration::from_millis(300);
-/// How long an `acp` agent whose session is over may take to exit before crew ends it (TERM,
-/// then KILL as late again).
+/// How long an agent whose session is over (an `acp` agent's, a `claude-stream-json` agent's
+/// after its result) may take to exit before crew ends it (TERM, then KILL as late again).
 const SESSION_OVER_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything needed to run one agent.
@@ -370,8 +370,8 @@ struct Running {
     /// A placed task's transport ended before the task started there: once its output is
     /// read to the end, what it said last goes into the reason.
     lost_before_start: bool,
-    /// An `acp` agent's session is over (its last turn ended, nothing more to say): the
-    /// connection is ended, and the agent should exit.
+    /// The agent's session is over (an `acp` agent's last turn ended with nothing more to
+    /// say; a `claude-stream-json` agent gave its result): it should exit.
     session_over: bool,
 }
 

@@ -391,7 +391,10 @@ impl Supervisor {
                         status.idle = false;
                     });
                 } else if self.spec.definition.protocol == Protocol::ClaudeStreamJson {
+                    // Its result was its last word: its input ends, and one that stays anyway
+                    // is ended as an ACP agent whose session is over is.
                     drop(running.stdin.take());
+                    running.session_over = true;
                 } else {
                     // Its turn is over and it reads on: it waits for the user.
                     self.status.send_modify(|status| status.idle = true);
