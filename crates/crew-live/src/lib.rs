@@ -60,7 +60,13 @@
 //!
 //! - **Depending on it.** The crates are not published: depend on them by path or by git
 //!   (`crew-live = { git = "<crew's repository>" }`, and `crew-core`, `crew-worktree` the same
-//!   way), at one commit for all three.
+//!   way), at one commit for all three. crew's `Cargo.lock` holds the versions its tests ran
+//!   with; a program depending on it resolves its own lock, within the ranges crew's manifests
+//!   give (copy crew's lock entries to build exactly what was tested).
+//! - **Runtime.** Every async verb and [`Host`] need a tokio runtime with I/O and time enabled
+//!   (`#[tokio::main]`, or `Builder::new_multi_thread().enable_all()`): the multi-thread
+//!   runtime is what crew itself and its tests use. Git and file work run through
+//!   `spawn_blocking`, so no verb blocks the runtime's threads.
 //! - **`crew_dir`.** Agents call `crew ask` and `crew submit`; [`HostOptions::crew_dir`] is
 //!   the directory of the `crew` binary they should find first on their `PATH`. `None`: they
 //!   find the user's, or none — and then only asking and submitting fail, nothing else.

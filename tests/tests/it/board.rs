@@ -84,14 +84,14 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     let repo = env.repo("project");
     let script = crew_script(&env, &repo, &["watch".to_owned()]);
     let test = "the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_others";
-    let Some(tmux) = Tmux::start_sized(&env, test, &script, (100, 30)) else {
+    let Some(tmux) = Tmux::start_sized(&env, test, &script, (104, 30)) else {
         return;
     };
     // Started before any run: it says so, and shows runs as they start.
     let empty = tmux.screen_when("the empty board", |screen| screen.contains("no runs yet"));
     insta::assert_snapshot!(shown(&env, &empty), @r"
     waiting: 0  working: 0  agents: 0  crew watch project
-        AGENT DEF   STATE   BRANCH +/-         AGE  LAST OUTPUT
+        AGENT DEF   STATE    BRANCH +/-         AGE  LAST OUTPUT
         no runs yet: start one with `crew run` (they show here as they start)
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
     ");
@@ -123,13 +123,13 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
     // hostile agent's escapes are text on its line: the board was not cleared or moved.
     insta::assert_snapshot!(shown(&env, &board), @r"
     waiting: 1  working: 4  agents: 6  crew watch project
-        AGENT         DEF   STATE   BRANCH             +/-         AGE  PORTS       LAST OUTPUT
-    › ? board:asker   shell waiting crew/board-asker               [DURATION]   [PORTS]     question recorded; …
-      ★ board:hello   shell done*   crew/board-hello   +1 -0       [DURATION]               wrote hello
-      ▶ board:first   shell working crew/board-first               [DURATION]   [PORTS]     tick
-      ▶ board:second  shell working crew/board-second              [DURATION]   [PORTS]     tock
-      ▶ board:hostile shell working crew/board-hostile             [DURATION]   [PORTS]     �[2J�[H�]0;pwned�ho…
-      ▶ board:steered shell working crew/board-steered             [DURATION]   [PORTS]
+        AGENT         DEF   STATE    BRANCH             +/-         AGE  PORTS       LAST OUTPUT
+    › ? board:asker   shell waiting  crew/board-asker               [DURATION]   [PORTS]     question recorded; end…
+      ★ board:hello   shell done*    crew/board-hello   +1 -0       [DURATION]               wrote hello
+      ▶ board:first   shell working  crew/board-first               [DURATION]   [PORTS]     tick
+      ▶ board:second  shell working  crew/board-second              [DURATION]   [PORTS]     tock
+      ▶ board:hostile shell working  crew/board-hostile             [DURATION]   [PORTS]     �[2J�[H�]0;pwned�hosti…
+      ▶ board:steered shell working  crew/board-steered             [DURATION]   [PORTS]
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
     ");
     assert!(!tmux.title().contains("pwned"), "{}", tmux.title());
@@ -152,7 +152,7 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
         .filter(|line| !line.trim().is_empty())
         .collect();
     insta::assert_snapshot!(pane.join("\n"), @r"
-    ── board:asker asks ────────────────────────────────────────────────────────────────────────────────
+    ── board:asker asks ────────────────────────────────────────────────────────────────────────────────────
     which color?
     a: answer   esc: close
     ?: keys  n: next needing you  enter: output  d: diff  a: answer  q: quit
@@ -231,7 +231,7 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
         .filter(|line| !line.trim().is_empty())
         .collect();
     insta::assert_snapshot!(pane.join("\n"), @r"
-    ── work of board:hello against its base ────────────────────────────────────────────────────────────
+    ── work of board:hello against its base ────────────────────────────────────────────────────────────────
     diff --git a/hello.txt b/hello.txt
     new file mode 100644
     index 0000000..ce01362
@@ -263,7 +263,7 @@ fn the_board_shows_who_needs_you_and_answers_stops_and_quits_without_touching_ot
         .filter(|line| !line.trim().is_empty())
         .collect();
     insta::assert_snapshot!(pane.join("\n"), @r"
-    ── keys ────────────────────────────────────────────────────────────────────────────────────────────
+    ── keys ────────────────────────────────────────────────────────────────────────────────────────────────
       j / k   move down / up
       n       jump to the next agent that needs you
       enter   its output (following)
@@ -340,11 +340,11 @@ fn the_board_draws_in_ascii_without_colour_on_a_narrow_terminal() {
     // no terminal): its failure first, then its finished work, as news (`done*`).
     insta::assert_snapshot!(shown(&env, &board), @r#"
     waiting: 0  working: 0  agents: 4  crew watch pr
-        AGENT       STATE   LAST OUTPUT
-    > X plain:bad   failed  oops
-      * plain:good  done*   fine
-      * plain:lead  done*   accepted ["kid"]
-      * ` plain:kid done*   from the kid
+        AGENT       STATE    LAST OUTPUT
+    > X plain:bad   failed   oops
+      * plain:good  done*    fine
+      * plain:lead  done*    accepted ["kid"]
+      * ` plain:kid done*    from the kid
     ?: keys  n: next  q: quit
     "#);
     assert!(board.is_ascii(), "{board}");

@@ -224,6 +224,21 @@ fn demo_needs_no_git_identity_and_no_config() {
         let diff = env.git(&dir, ["diff", "main", branch]);
         assert!(diff.contains(change), "{diff}");
     }
+    // What it says to try next works as said.
+    assert!(
+        text.contains("`crew diff sign`") && text.contains("`crew land sign`"),
+        "{text}"
+    );
+    let diff = env.crew(&dir, ["diff", "sign"]);
+    assert!(diff.status.success(), "{}", render_output(&diff));
+    assert!(String::from_utf8_lossy(&diff.stdout).contains("+-- signed by the sign agent"));
+    let land = env.crew(&dir, ["land", "sign"]);
+    assert!(land.status.success(), "{}", render_output(&land));
+    assert!(
+        env.git(&dir, ["show", "main:greeting.txt"])
+            .contains("-- signed by the sign agent"),
+        "landed on main"
+    );
 }
 
 #[test]

@@ -140,6 +140,18 @@ async fn two_project_folders_in_one_process_each_see_and_control_only_their_own(
         Ok(serde_json::json!([])),
         "the right host lists nothing for the left folder"
     );
+    // Cancelling the right folder's run from the left one: no run of the left's, said so.
+    let right_run = right_agent.agent_id.run_id().clone();
+    let refused = projects[0].cancel_run(&right_run, true).await;
+    assert!(
+        matches!(
+            refused,
+            Err(crew_live::CancelRunError::State(
+                crew_core::store::StateError::UnknownRun { .. }
+            ))
+        ),
+        "{refused:?}"
+    );
 
     for (run, project) in runs.into_iter().zip(&projects) {
         run.canceller()

@@ -430,3 +430,49 @@ fn a_task_crew_panics_in_fails_alone_and_the_host_goes_on() {
     let files = env.git(&repo, ["ls-tree", "-r", "--name-only", &branch]);
     assert!(files.contains("kept.txt"), "{files}");
 }
+
+#[test]
+fn a_run_whose_tasks_use_different_modes_is_listed_and_shown_as_mixed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/teams/both.toml"),
+        "[[tasks]]\nid = \"here\"\nagent = \"shell\"\nprompt = \"true\"\n\n[[tasks]]\nid = \"apart\"\nagent = \"shell\"\nprompt = \"true\"\nworkspace_mode = \"temp\"\n",
+    );
+    let run = crate::common::runs::finished_run(&env, &repo, &["run", "both"]);
+    let listed = env.crew(&repo, ["runs", "list"]);
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let row = listed.lines().find(|line| line.starts_with(&run)).unwrap();
+    assert!(row.contains("mixed (single, temp)"), "{listed}");
+    let shown = env.crew(&repo, ["runs", "show", &run]);
+    let shown = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.contains("mixed (single, temp) mode"), "{shown}");
+}
+
+#[test]
+fn a_run_whose_check_failed_says_so_where_runs_are_listed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--check",
+            "exit 3",
+            "echo work > work.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let listed = env.crew(&repo, ["runs", "list"]);
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let row = listed.lines().find(|line| line.starts_with(&run)).unwrap();
+    assert!(row.contains("1 check(s) failed"), "{listed}");
+    let json = env.crew(&repo, ["runs", "list", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(rows[0]["checks_failed"], 1, "{rows:#}");
+}

@@ -168,6 +168,9 @@ struct Columns {
     ports: Option<usize>,
 }
 
+/// The widest state label (`checking`, `chk-fail`).
+const STATE_WIDTH: usize = 8;
+
 impl Columns {
     fn fitting(width: usize, rows: &[Row]) -> Self {
         let id = rows
@@ -194,7 +197,7 @@ impl Columns {
             .max()
             .map(|widest| widest.max(5));
         // Symbol, pointer, id, state: the least a row says.
-        let base = 4 + id + 1 + 8;
+        let base = 4 + id + 1 + STATE_WIDTH + 1;
         let with_branch = base + agent + 1 + 12 + 5 + branch + 1 + 20;
         Columns {
             id,
@@ -221,7 +224,7 @@ fn draw_table(
     if let Some(agent) = columns.agent {
         heading.push_str(&format!("{:<agent$} ", "DEF"));
     }
-    heading.push_str(&format!("{:<8}", "STATE"));
+    heading.push_str(&format!("{:<STATE_WIDTH$} ", "STATE"));
     if let Some(branch) = columns.branch {
         heading.push_str(&format!("{:<branch$} ", "BRANCH"));
     }
@@ -279,7 +282,11 @@ fn draw_table(
                 truncate(&row.agent, agent)
             )));
         }
-        spans.push(Span::styled(format!("{:<8}", row.state.label()), style));
+        spans.push(Span::styled(
+            format!("{:<STATE_WIDTH$}", row.state.label()),
+            style,
+        ));
+        spans.push(Span::raw(" "));
         if let Some(branch) = columns.branch {
             let name = row.branch.as_deref().unwrap_or("");
             spans.push(Span::raw(format!("{:<branch$} ", truncate(name, branch))));

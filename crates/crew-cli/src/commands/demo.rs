@@ -150,6 +150,9 @@ pub async fn cmd_demo(args: DemoArgs, ui: Ui) -> Result<Outcome, CliError> {
     };
     out!("the leader's greeting.txt is {untouched}; each agent's work waits on its own branch.");
     out!("look around: cd {dir} && git branch && git log --all --oneline");
+    out!(
+        "try next, there: `crew diff sign` shows one task's work, `crew land sign` puts it on main"
+    );
     out!("the demo repository is kept; remove it with: rm -rf {dir}");
     Ok(outcome(&manifest))
 }

@@ -248,6 +248,27 @@ pub fn family_order<T, K: PartialEq>(
 }
 
 impl RunManifest {
+    /// The workspace mode as a person reads it: the tasks' one mode, or `mixed` with each
+    /// mode they use (`mixed (single, worktree)`) when they differ. [`Self::workspace_mode`]
+    /// stays the default of the tasks that name none.
+    pub fn mode_label(&self) -> String {
+        let mut modes: Vec<WorkspaceMode> = Vec::new();
+        for task in &self.tasks {
+            if !modes.contains(&task.workspace_mode) {
+                modes.push(task.workspace_mode);
+            }
+        }
+        match modes.as_slice() {
+            [] => self.workspace_mode.to_string(),
+            [one] => one.to_string(),
+            several => {
+                let mut names: Vec<String> = several.iter().map(ToString::to_string).collect();
+                names.sort();
+                format!("mixed ({})", names.join(", "))
+            }
+        }
+    }
+
     /// The tasks with each one's sub-tasks right after it, and how deep each is (0: submitted
     /// by nobody).
     pub fn family_order(&self) -> Vec<(&TaskRecord, usize)> {

@@ -462,10 +462,12 @@ impl CheckRecord {
         }
     }
 
-    /// `passed`, `failed (exit 1)`, `timed out`, `not run`.
+    /// `passed`, `failed (exit 1)`, `timed out`, `stopped`, `not run`.
     pub fn verdict(&self) -> String {
         match (self.passed, self.timed_out) {
             (Some(true), _) => "passed".to_owned(),
+            // Stopped by a person or a cancel: its signal is crew's, not a failed test's.
+            (Some(false), _) if self.stopped => "stopped".to_owned(),
             (Some(false), true) => "timed out".to_owned(),
             (Some(false), false) => match (self.code, self.signal, &self.error) {
                 (Some(code), _, _) => format!("failed (exit {code})"),
@@ -627,5 +629,20 @@ impl TaskRecord {
             attempt_of: None,
             check: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckRecord;
+
+    #[test]
+    fn a_stopped_check_says_stopped_not_failed() {
+        let mut check = CheckRecord::pending("cargo test".to_owned());
+        check.passed = Some(false);
+        check.signal = Some(15);
+        assert_eq!(check.verdict(), "failed (signal 15)");
+        check.stopped = true;
+        assert_eq!(check.verdict(), "stopped");
     }
 }

@@ -146,10 +146,18 @@ impl StateStore {
         let crew_dir = self.workspace.as_path().join(CREW_DIR);
         let run_dir = self.run_dir(run_id);
         for dir in [&crew_dir, &self.state_dir, &self.runs_dir(), &run_dir] {
-            real_dir_exists(dir).map_err(|source| StateError::Read {
+            let exists = real_dir_exists(dir).map_err(|source| StateError::Read {
                 path: dir.clone(),
                 source,
             })?;
+            if !exists {
+                // No such run here (another project folder's id, a pruned run): a run that
+                // matches none, not a file that failed to read.
+                return Err(StateError::UnknownRun {
+                    prefix: run_id.to_string(),
+                    workspace: self.workspace.clone(),
+                });
+            }
         }
         let path = self.manifest_path(run_id);
         let read = || {

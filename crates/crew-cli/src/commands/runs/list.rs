@@ -39,6 +39,9 @@ pub struct RunRow {
     pub finished_at: Option<Timestamp>,
     /// How many tasks are in each status.
     pub tasks: BTreeMap<String, usize>,
+    /// How many tasks' checks ran and failed (a task whose check failed may have succeeded).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub checks_failed: usize,
     /// When the first of its tasks a usage limit paused goes on (`null` when none is paused,
     /// or when none of their limits said when they lift).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,10 +79,17 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                     run_id: listing.run_id,
                     status: Some(manifest.status),
                     team: manifest.team.clone(),
-                    workspace_mode: Some(manifest.workspace_mode.to_string()),
+                    workspace_mode: Some(manifest.mode_label()),
                     created_at: Some(manifest.created_at),
                     finished_at: manifest.finished_at,
                     tasks,
+                    checks_failed: manifest
+                        .tasks
+                        .iter()
+                        .filter(|task| {
+                            task.check.as_ref().and_then(|check| check.passed) == Some(false)
+                        })
+                        .count(),
                     continues_at: manifest
                         .tasks
                         .iter()
@@ -114,6 +124,7 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                 created_at: None,
                 finished_at: None,
                 tasks: BTreeMap::new(),
+                checks_failed: 0,
                 continues_at: None,
                 host_pid: None,
                 host_alive: false,
@@ -146,6 +157,10 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
                     .map(|(status, count)| format!("{count} {status}"))
                     .collect::<Vec<_>>()
                     .join(", ");
+                let counts = match row.checks_failed {
+                    0 => counts,
+                    failed => format!("{counts}; {failed} check(s) failed"),
+                };
                 match (row.continues_at, row.tasks.contains_key("paused")) {
                     (Some(at), _) => format!("{counts} (goes on at {})", table_time(at)),
                     (None, true) => format!("{counts} (goes on when resumed)"),
@@ -169,6 +184,10 @@ pub async fn cmd_runs_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome,
         );
     }
     Ok(Outcome::Success)
+}
+
+fn is_zero(count: &usize) -> bool {
+    *count == 0
 }
 
 /// A time as the table shows it: `2026-12-01 10:30:00` (UTC, to the second).

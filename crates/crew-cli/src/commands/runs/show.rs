@@ -29,7 +29,7 @@ pub async fn cmd_runs_show(args: ShowArgs, ui: crate::ui::Ui) -> Result<Outcome,
     say!(
         "run {}  team {team}  {} mode  created {}",
         manifest.run_id,
-        manifest.workspace_mode,
+        manifest.mode_label(),
         manifest.created_at
     );
     if manifest.schema_version > crew_core::model::MANIFEST_SCHEMA_VERSION {
