@@ -81,6 +81,12 @@ pub enum TakeError {
         /// The id of its content.
         actual: Oid,
     },
+    /// An object of the agent's branch is not what git writes for its type.
+    #[error("object {id} of the agent's branch is malformed")]
+    Malformed {
+        /// The object.
+        id: Oid,
+    },
     /// git could not read or write.
     #[error(transparent)]
     Git(#[from] git2::Error),
@@ -380,9 +386,11 @@ impl AgentGit {
     }
 }
 
-/// Copies into `leader` every object reachable from `roots` that it lacks, from `theirs`: each
-/// written by its content, so that one whose content is not its id is refused. With `required`,
-/// an object in neither store is an error; without, it is skipped.
+/// Copies into `leader` every object reachable from `roots` that it lacks, from `theirs`, all
+/// or nothing: each is read and checked first (its content must hash to its id, and with
+/// `required`, an object in neither store is an error; without, it is skipped), and only when
+/// every one passed are they written. The repository never holds part of an agent's history:
+/// an object it has is whole, which is what lets the walk stop at one.
 pub(crate) fn copy_missing(
     leader: &Repository,
     theirs: &git2::Odb<'_>,
@@ -391,6 +399,7 @@ pub(crate) fn copy_missing(
     seen: &mut HashSet<Oid>,
 ) -> Result<(), TakeError> {
     let ours = leader.odb()?;
+    let mut checked = Vec::new();
     while let Some(id) = todo.pop() {
         if !seen.insert(id) || ours.exists(id) {
             continue;
@@ -400,31 +409,71 @@ pub(crate) fn copy_missing(
             Err(_) if !required => continue,
             Err(_) => return Err(TakeError::Missing { id }),
         };
-        let kind = object.kind();
-        let actual = ours.write(kind, object.data())?;
+        let actual = Oid::hash_object(object.kind(), object.data())?;
         if actual != id {
             return Err(TakeError::Corrupt { id, actual });
         }
-        drop(object);
-        match kind {
-            ObjectType::Commit => {
-                let commit = leader.find_commit(id)?;
-                todo.push(commit.tree_id());
-                todo.extend(commit.parent_ids());
-            }
-            ObjectType::Tree => {
-                let tree = leader.find_tree(id)?;
-                todo.extend(
-                    tree.iter()
-                        .filter(|entry| entry.kind() != Some(ObjectType::Commit))
-                        .map(|entry| entry.id()),
-                );
-            }
-            ObjectType::Tag => todo.push(leader.find_tag(id)?.target_id()),
-            _ => {}
-        }
+        todo.extend(links(id, object.kind(), object.data())?);
+        checked.push(id);
+    }
+    for id in checked {
+        let object = theirs.read(id)?;
+        ours.write(object.kind(), object.data())?;
     }
     Ok(())
+}
+
+/// The objects a commit (its tree and parents), a tree (its entries but submodules' commits)
+/// or a tag (its target) names, read from its content as git writes it.
+fn links(id: Oid, kind: ObjectType, data: &[u8]) -> Result<Vec<Oid>, TakeError> {
+    let malformed = || TakeError::Malformed { id };
+    let hex = |text: &[u8]| {
+        std::str::from_utf8(text)
+            .ok()
+            .and_then(|text| Oid::from_str(text).ok())
+            .ok_or_else(malformed)
+    };
+    let mut named = Vec::new();
+    match kind {
+        ObjectType::Commit | ObjectType::Tag => {
+            for line in data.split(|byte| *byte == b'\n') {
+                if line.is_empty() {
+                    break;
+                }
+                let field = match kind {
+                    ObjectType::Commit => line
+                        .strip_prefix(b"tree ")
+                        .or_else(|| line.strip_prefix(b"parent ")),
+                    _ => line.strip_prefix(b"object "),
+                };
+                if let Some(field) = field {
+                    named.push(hex(field)?);
+                }
+            }
+        }
+        ObjectType::Tree => {
+            let mut rest = data;
+            while !rest.is_empty() {
+                let space = rest
+                    .iter()
+                    .position(|byte| *byte == b' ')
+                    .ok_or_else(malformed)?;
+                let mode = &rest[..space];
+                let nul = rest
+                    .iter()
+                    .position(|byte| *byte == 0)
+                    .ok_or_else(malformed)?;
+                let entry = rest.get(nul + 1..nul + 21).ok_or_else(malformed)?;
+                // A submodule's commit is in its own repository, not this one.
+                if mode != b"160000" {
+                    named.push(Oid::from_bytes(entry).map_err(|_| malformed())?);
+                }
+                rest = &rest[nul + 21..];
+            }
+        }
+        _ => {}
+    }
+    Ok(named)
 }
 
 /// The task branches whose agents are at work or have not been taken yet: their commits are in

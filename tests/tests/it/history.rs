@@ -892,3 +892,66 @@ echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's""#;
     );
     env.git(&repo, ["fsck", "--full", "--no-progress"]);
 }
+
+/// An agent's commit whose objects exist nowhere (`git mktree --missing`, `commit-tree`): no
+/// path that takes an agent's work into the repository — its teardown, `crew runs clean` after
+/// its host was killed, done twice — writes any part of it or moves a branch onto it.
+#[test]
+fn an_agent_s_commit_whose_objects_exist_nowhere_never_reaches_the_repository() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let ghost = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+tree=$(printf '100644 blob 0123456789012345678901234567890123456789\tghost.txt\n' | git mktree --missing)
+commit=$(git commit-tree "$tree" -p HEAD -m ghost)
+git update-ref HEAD "$commit" && echo "$commit" > ghost.id"#;
+    let objects = |env: &TestEnv| -> String {
+        env.git(&repo, ["cat-file", "--batch-all-objects", "--batch-check"])
+    };
+    let before = objects(&env);
+
+    // Worktree mode, its host killed, then `crew runs clean`, twice.
+    let script = format!("{ghost}\nsleep 600");
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            &script,
+        ],
+    );
+    let run = wait_until(30, "the agent's ghost commit", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        repo.join(format!(".worktrees/{run}/shell/ghost.id"))
+            .exists()
+            .then_some(run)
+    });
+    let branch = format!("crew/{run}-shell");
+    let base = env.git(&repo, ["rev-parse", &branch]);
+    host.kill().unwrap();
+    host.wait().unwrap();
+    for _ in 0..2 {
+        let clean = env.crew(&repo, ["runs", "clean", &run]);
+        assert!(
+            !render_output(&clean).contains("removed run"),
+            "{}",
+            render_output(&clean)
+        );
+        assert_eq!(env.git(&repo, ["rev-parse", &branch]), base, "not moved");
+        assert_eq!(objects(&env), before, "no part of it written");
+    }
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+
+    // Single mode, its teardown.
+    let single = env.crew(&repo, ["run", "--agent", "shell", ghost]);
+    let _ = render_output(&single);
+    assert_eq!(objects(&env), before, "no part of it written");
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+    assert!(
+        env.git(&repo, ["log", "--all", "--format=%s"])
+            .lines()
+            .all(|subject| subject != "ghost")
+    );
+}
