@@ -727,7 +727,9 @@ fn warm_builds(bench: &Bench) {
         crew,
         reference: git,
         reference_name: "git worktree add, cold target/".into(),
-        target: Some(0.2),
+        // A recycled worktree keeps its task's path (DESIGN §9, decided 2026-12-06): rustc's
+        // incremental caches, keyed by the working directory, rebuild the workspace's crates.
+        target: Some(0.3),
         paired: false,
     }
     .print();
@@ -1238,15 +1240,24 @@ fn sandboxed_starts(bench: &Bench) {
         crew: confined,
         reference: unconfined,
         reference_name: "unsandboxed".into(),
-        target: Some(1.05),
+        // The isolation each agent gets (DESIGN §9, decided 2026-12-06).
+        target: Some(1.2),
         paired: true,
     }
     .print();
-    print_per_agent("sandbox added at each start", per_agent);
+    print_per_agent(
+        "sandbox added at each start",
+        per_agent,
+        Duration::from_micros(500),
+    );
     // Single mode's read-only places (a mount each) and its private view of the git directory
     // (an overlay), against the ruleset alone.
     let (_, _, per_agent) = paired_starts(&start, "single", "on", AGENTS);
-    print_per_agent("single mode's mounts and git view at each start", per_agent);
+    print_per_agent(
+        "single mode's mounts and git view at each start",
+        per_agent,
+        Duration::from_millis(1),
+    );
 }
 
 /// What `network = "proxy"` costs: a 100 MB download from a server on this machine through
@@ -1288,9 +1299,17 @@ fn network(bench: &Bench) {
         Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
     };
     let (_, _, per_agent) = paired_starts(&start, "none", "on", AGENTS);
-    print_per_agent("network \"none\" added at each start", per_agent);
+    print_per_agent(
+        "network \"none\" added at each start",
+        per_agent,
+        Duration::from_millis(1),
+    );
     let (_, _, per_agent) = paired_starts(&start, "proxy", "on", AGENTS);
-    print_per_agent("network \"proxy\" added at each start", per_agent);
+    print_per_agent(
+        "network \"proxy\" added at each start",
+        per_agent,
+        Duration::from_millis(1),
+    );
     let peak = |mode| download(mode, "50", "20")["hwm_kib"].as_u64().unwrap();
     let (proxied, open) = (peak("proxy"), peak("direct"));
     println!(
@@ -1333,11 +1352,12 @@ fn paired_starts(
 }
 
 /// A line saying what something costs each agent start, against its 1 ms target.
-fn print_per_agent(name: &str, per_agent: Duration) {
+fn print_per_agent(name: &str, per_agent: Duration, limit: Duration) {
     println!(
-        "{name:<44} {} per agent (≤ 1ms: {})",
+        "{name:<44} {} per agent (≤ {}: {})",
         seconds(per_agent),
-        if per_agent <= Duration::from_millis(1) {
+        seconds(limit),
+        if per_agent <= limit {
             "met"
         } else {
             "MISSED"
