@@ -1357,11 +1357,7 @@ fn print_per_agent(name: &str, per_agent: Duration, limit: Duration) {
         "{name:<44} {} per agent (≤ {}: {})",
         seconds(per_agent),
         seconds(limit),
-        if per_agent <= limit {
-            "met"
-        } else {
-            "MISSED"
-        }
+        if per_agent <= limit { "met" } else { "MISSED" }
     );
 }
 

@@ -346,25 +346,95 @@ pub fn remove_contained(path: &Utf8Path, roots: &[&Utf8Path]) -> Result<Removed,
         path: path.to_owned(),
         source,
     };
-    let metadata = match std::fs::symlink_metadata(&real_path) {
-        Ok(metadata) => metadata,
+    // From here on by handle, never by the path again: its directory is reached once more with
+    // no link anywhere on the way (a level swapped for a link since it was resolved is refused,
+    // never followed out of the roots), and the entry is removed beneath that handle.
+    let parent = match open_dir_without_links(&real_parent) {
+        Ok(parent) => parent,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Removed::Absent),
         Err(source) => return Err(removal_error(source)),
     };
-    let file_type = metadata.file_type();
-    if file_type.is_dir() {
-        // std's remove_dir_all never follows symlinks it meets inside the tree and is
-        // protected against a directory being swapped for a link while it runs.
-        std::fs::remove_dir_all(&real_path).map_err(removal_error)?;
-        Ok(Removed::Directory)
-    } else {
-        std::fs::remove_file(&real_path).map_err(removal_error)?;
-        Ok(if file_type.is_symlink() {
-            Removed::Symlink
-        } else {
-            Removed::File
-        })
+    let name = std::ffi::CString::new(name)
+        .map_err(|error| removal_error(io::Error::new(io::ErrorKind::InvalidInput, error)))?;
+    remove_beneath(&parent, &name).map_err(removal_error)
+}
+
+/// Opens the directory `path` for the `*at` calls (`O_PATH`), refusing a link at any level of
+/// it (`RESOLVE_NO_SYMLINKS`; level by level with `O_NOFOLLOW` where the kernel lacks
+/// `openat2`).
+fn open_dir_without_links(path: &Path) -> io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{CWD, Mode, OFlags, ResolveFlags};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match rustix::fs::openat2(
+        CWD,
+        path,
+        flags,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    ) {
+        Err(rustix::io::Errno::NOSYS) => {}
+        opened => return opened.map_err(io::Error::from),
     }
+    let mut dir = rustix::fs::open("/", flags, Mode::empty())?;
+    for part in path.components() {
+        if let Component::Normal(name) = part {
+            dir = rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty())?;
+        }
+    }
+    Ok(dir)
+}
+
+/// Removes the entry `name` of the directory `dir`: a link or file by `unlinkat`, a directory
+/// with everything in it, each level opened beneath the one above without following a link
+/// (one swapped for a link meanwhile is removed as a link).
+fn remove_beneath(dir: &rustix::fd::OwnedFd, name: &std::ffi::CStr) -> io::Result<Removed> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return Ok(Removed::Absent),
+        Err(errno) => return Err(errno.into()),
+    };
+    let kind = FileType::from_raw_mode(stat.st_mode);
+    if kind == FileType::Directory {
+        let opened = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        match opened {
+            Ok(child) => {
+                remove_children(child)?;
+                rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+                return Ok(Removed::Directory);
+            }
+            // Swapped for a link (or a file) since: that is what goes.
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {}
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+    Ok(if kind == FileType::Symlink {
+        Removed::Symlink
+    } else {
+        Removed::File
+    })
+}
+
+/// Removes everything in the open directory `dir`.
+fn remove_children(dir: rustix::fd::OwnedFd) -> io::Result<()> {
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    for name in names {
+        remove_beneath(&dir, &name)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -396,6 +466,72 @@ mod tests {
             resolve_contained_path(root, Utf8Path::new("/work/project/x")).unwrap(),
             "/work/project/x"
         );
+    }
+
+    /// A racing process flips the directory holding what crew removes between the real one
+    /// and a link to a decoy laid out the same way, as fast as it can, for hundreds of
+    /// removals: whatever moment a flip lands on, nothing of the decoy goes.
+    #[test]
+    fn a_directory_flipped_to_a_link_mid_removal_never_leads_out_of_the_roots() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let temp = tempfile::tempdir().unwrap();
+        let base = Utf8PathBuf::from_path_buf(temp.path().canonicalize().unwrap()).unwrap();
+        let (root, decoy) = (base.join("root"), base.join("decoy"));
+        let (flipped, aside) = (root.join("ws"), root.join("ws.aside"));
+        const ENTRIES: usize = 800;
+        for entry in 0..ENTRIES {
+            for dir in [&flipped, &decoy] {
+                std::fs::create_dir_all(dir.join(format!("e{entry}/inner"))).unwrap();
+                std::fs::write(dir.join(format!("e{entry}/inner/file")), "x").unwrap();
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flipper = {
+            let (flipped, aside, decoy, stop) =
+                (flipped.clone(), aside.clone(), decoy.clone(), stop.clone());
+            std::thread::spawn(move || {
+                // Each state held a moment, a little longer each round (1 to 64 µs), so that
+                // some flip lands between any two steps of a removal.
+                let hold = |round: u32| {
+                    let until = std::time::Instant::now()
+                        + std::time::Duration::from_micros(1 << (round % 7));
+                    while std::time::Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                };
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::rename(&flipped, &aside).unwrap();
+                    std::os::unix::fs::symlink(&decoy, &flipped).unwrap();
+                    hold(round);
+                    std::fs::remove_file(&flipped).unwrap();
+                    std::fs::rename(&aside, &flipped).unwrap();
+                    hold(round / 7);
+                    round += 1;
+                }
+            })
+        };
+        let mut removed = 0;
+        for entry in 0..ENTRIES {
+            if let Ok(Removed::Directory) =
+                remove_contained(&flipped.join(format!("e{entry}")), &[&root])
+            {
+                removed += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        flipper.join().unwrap();
+        let left = (0..ENTRIES)
+            .filter(|entry| decoy.join(format!("e{entry}/inner/file")).exists())
+            .count();
+        assert_eq!(left, ENTRIES, "the decoy lost {} entries", ENTRIES - left);
+        // And crew's own did go, whenever the directory was the real one.
+        let kept = (0..ENTRIES)
+            .filter(|entry| flipped.join(format!("e{entry}")).exists())
+            .count();
+        assert!(removed > 0, "none removed");
+        assert_eq!(kept, ENTRIES - removed, "each one said removed is gone");
     }
 
     #[test]
