@@ -879,3 +879,35 @@ fn cleaning_a_run_whose_host_died_mid_preparation_removes_its_unfinished_worktre
     assert_eq!(env.task_worktrees(&repo), Vec::<String>::new());
     assert!(run_ids(&env, &repo).is_empty());
 }
+
+#[test]
+fn resuming_one_agent_of_an_ended_run_runs_no_other_task_again() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let run = env.crew(
+        &repo,
+        crate::common::runs::shell_worktree_args(&[
+            "deploy=echo deployed; exit 1",
+            "fix=echo fixing; if [ -n \"$CREW_MESSAGE\" ]; then exit 0; fi; exit 1",
+        ]),
+    );
+    assert!(!run.status.success(), "{}", render_output(&run));
+    let run = run_ids(&env, &repo).remove(0);
+    let resume = env.crew(&repo, ["agents", "resume", "fix", "fixed"]);
+    let shown = render_output(&resume);
+    let recorded = manifest(&env, &repo, &run);
+    let task = |id| crate::common::runs::task(&recorded, id).clone();
+    assert_eq!(task("fix")["status"], "succeeded", "{shown}");
+    assert_eq!(task("deploy")["status"], "failed", "{recorded:#}");
+    let log = |id: &str| {
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/tasks/{id}/output.log")))
+            .unwrap()
+    };
+    assert_eq!(
+        log("deploy").matches("deployed").count(),
+        1,
+        "{}",
+        log("deploy")
+    );
+    assert!(log("fix").contains("started again"), "{}", log("fix"));
+}

@@ -297,16 +297,44 @@ impl Runner {
                 // The events keep who cancelled it before.
                 manifest.cancelled_by = None;
                 manifest.host = Some(host);
-                let again: Vec<TaskId> = manifest
-                    .tasks
-                    .iter()
-                    .filter(|task| {
-                        task.status.is_finished()
-                            && (task.status != TaskStatus::Succeeded
-                                || follow_up.as_ref() == Some(&task.id))
-                    })
-                    .map(|task| task.id.clone())
-                    .collect();
+                let again: Vec<TaskId> = match &follow_up {
+                    // One agent taken up again: that task, and the tasks skipped for want of
+                    // it; no other task of the run runs again (one that failed on its own
+                    // stays failed: its agent may have done what must not be done twice).
+                    Some(task_id) => {
+                        let mut again = vec![task_id.clone()];
+                        let mut at = 0;
+                        while let Some(upstream) = again.get(at).cloned() {
+                            at += 1;
+                            again.extend(
+                                manifest
+                                    .tasks
+                                    .iter()
+                                    .filter(|task| {
+                                        task.status == TaskStatus::Skipped
+                                            && task.depends_on.contains(&upstream)
+                                            && !again.contains(&task.id)
+                                    })
+                                    .map(|task| task.id.clone())
+                                    .collect::<Vec<_>>(),
+                            );
+                        }
+                        again.retain(|id| {
+                            manifest
+                                .task(id)
+                                .is_some_and(|task| task.status.is_finished())
+                        });
+                        again
+                    }
+                    None => manifest
+                        .tasks
+                        .iter()
+                        .filter(|task| {
+                            task.status.is_finished() && task.status != TaskStatus::Succeeded
+                        })
+                        .map(|task| task.id.clone())
+                        .collect(),
+                };
                 for task_id in &again {
                     let task = manifest.set_task_status(task_id, TaskStatus::Pending)?;
                     // An agent that finished its work before its host died keeps its exit:
