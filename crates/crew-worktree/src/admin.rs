@@ -114,6 +114,9 @@ fn read_text(path: &Utf8Path) -> Option<String> {
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// What an admin entry's `commondir` says: the common directory, two levels up.
+pub const COMMONDIR: &str = "../..\n";
+
 /// Writes the admin entry `name` for a worktree at `worktree_root` on `branch`, locked with
 /// [`INITIALIZING`], and the worktree's `.git` file. The worktree directory must exist and be
 /// empty; the admin entry must not exist.
@@ -132,7 +135,7 @@ pub fn write_entry(
     })?;
     // `locked` first: from here on, `git worktree prune` leaves the entry alone.
     write_atomic(&dir.join("locked"), INITIALIZING.as_bytes())?;
-    write_atomic(&dir.join("commondir"), b"../..\n")?;
+    write_atomic(&dir.join("commondir"), COMMONDIR.as_bytes())?;
     write_atomic(&dir.join("HEAD"), format!("ref: {branch_ref}\n").as_bytes())?;
     write_atomic(
         &dir.join("gitdir"),

@@ -214,14 +214,17 @@ impl AgentGit {
     }
 
     /// Puts back every pointer crew wrote that the agent changed: the worktree's `.git`, the
-    /// agent directory's `gitdir` and `commondir`, the store's alternate and its links to the
-    /// repository's files. Each change is a finding; what crew reads next goes where crew
-    /// decided, not where the agent pointed it.
+    /// admin entry's and the agent directory's `gitdir` and `commondir` (an unconfined agent
+    /// can reach the admin entry's), the store's alternate and its links to the repository's
+    /// files. Each change is a finding; what crew reads next goes where crew decided, not where
+    /// the agent pointed it.
     pub fn repair(&self) -> Result<Vec<SecurityFinding>, String> {
         let dir = self.dir();
         let store = self.store();
         let mut findings = Vec::new();
         let files = [
+            (self.admin.join("commondir"), admin::COMMONDIR.to_owned()),
+            (self.admin.join("gitdir"), format!("{}/.git\n", self.root)),
             (self.root.join(".git"), self.dot_git(&dir)),
             (dir.join("gitdir"), format!("{}/.git\n", self.root)),
             (dir.join("commondir"), format!("{store}\n")),

@@ -39,6 +39,9 @@ pub struct CrewWorkspaces {
     temp_root: Utf8PathBuf,
     /// The tripwire of each repository with tasks in this process, keyed by its root.
     tripwires: Arc<Mutex<HashMap<Utf8PathBuf, Tripwire>>>,
+    /// Tasks whose agents cannot write the shared git directory (confined by the kernel, in a
+    /// workspace of their own): the tripwire neither watches for them nor blames them.
+    beyond_reach: Arc<Mutex<HashSet<(RunId, TaskId)>>>,
 }
 
 impl CrewWorkspaces {
@@ -53,6 +56,7 @@ impl CrewWorkspaces {
             fallback: config.isolation.fallback,
             temp_root,
             tripwires: Arc::default(),
+            beyond_reach: Arc::default(),
         }
     }
 
@@ -70,6 +74,12 @@ impl CrewWorkspaces {
     /// Where temp workspaces are made (and the only place their removal may touch).
     pub fn temp_root(&self) -> &Utf8Path {
         &self.temp_root
+    }
+
+    fn beyond_reach(&self) -> std::sync::MutexGuard<'_, HashSet<(RunId, TaskId)>> {
+        self.beyond_reach
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn tripwires(&self) -> std::sync::MutexGuard<'_, HashMap<Utf8PathBuf, Tripwire>> {
@@ -285,7 +295,7 @@ impl WorkspaceProvider for CrewWorkspaces {
         {
             workspace.git_config = git_identity(&repo);
         }
-        self.arm_tripwire(request);
+        self.arm_tripwire(request, workspace.kind);
         Ok(workspace)
     }
 

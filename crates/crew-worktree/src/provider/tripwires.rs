@@ -10,10 +10,19 @@ impl CrewWorkspaces {
     /// otherwise (it must predate every agent that could have changed them) — or, for a run
     /// taken up again after its host died, the copy saved beside it then. The copy is saved
     /// beside the run while its tasks are active.
-    pub(super) fn arm_tripwire(&self, request: &WorkspaceRequest) {
+    pub(super) fn arm_tripwire(&self, request: &WorkspaceRequest, kind: WorkspaceKind) {
         let Some(repo_root) = request.repo_root.as_deref() else {
             return;
         };
+        // An agent the kernel confines to a workspace of its own cannot write the shared git
+        // directory: what changes there meanwhile is the user's (a `git config`, a hook, what
+        // `git gc` writes), never put back or reported on its account. A `single` task works
+        // in the project itself, its git directory included.
+        if !request.unconfined && kind != WorkspaceKind::Single {
+            self.beyond_reach()
+                .insert((request.run_id.clone(), request.task_id.clone()));
+            return;
+        }
         let saved = tripwire_file(&request.workspace, repo_root, &request.run_id);
         let mut tripwires = self.tripwires();
         let tripwire = match tripwires.entry(repo_root.to_owned()) {
@@ -67,6 +76,15 @@ impl CrewWorkspaces {
         };
         let saved = tripwire_file(&request.workspace, repo_root, &request.run_id);
         let key = (request.run_id.clone(), request.task_id.clone());
+        {
+            let mut beyond_reach = self.beyond_reach();
+            if beyond_reach.contains(&key) {
+                if !request.keep {
+                    beyond_reach.remove(&key);
+                }
+                return Vec::new();
+            }
+        }
         let mut tripwires = self.tripwires();
         let armed = tripwires
             .get(repo_root)
