@@ -364,6 +364,19 @@ impl AgentGit {
         Ok(Some(tip))
     }
 
+    /// Points the worktree back at its admin entry when its work could not be taken: the user's
+    /// git there reads the repository's own files again, never the agent's (a
+    /// `config.worktree` with a `core.fsmonitor` would run on their `git status`). The agent's
+    /// directory stays where it is, unread, with what could not be taken; the admin entry keeps
+    /// its own index.
+    pub fn point_back(&self) -> Result<(), String> {
+        write_atomic(
+            &self.root.join(".git"),
+            self.dot_git(&self.admin).as_bytes(),
+        )
+        .map_err(|error| error.to_string())
+    }
+
     /// Gives the worktree back its ordinary `.git` once its work is taken: the admin entry gets
     /// the agent's index (every object it names is the repository's now), and the agent's
     /// directory goes.

@@ -955,3 +955,55 @@ git update-ref HEAD "$commit" && echo "$commit" > ghost.id"#;
             .all(|subject| subject != "ghost")
     );
 }
+
+/// A worktree kept because its work could not be taken (here, a commit whose objects exist
+/// nowhere) is safe to step into: it uses the repository's own git again, so the
+/// `core.fsmonitor` the agent set in its `config.worktree` never runs on the user's `git
+/// status`, and the summary names where the agent's git directory was kept.
+#[test]
+fn a_kept_worktree_uses_the_repository_s_git_and_never_the_agent_s_config() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    env.git(&repo, ["config", "extensions.worktreeConfig", "true"]);
+    let marker = env.root().join("fsmonitor-ran");
+    let script = format!(
+        r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+git config --worktree core.fsmonitor "touch {marker}; false"
+echo work > work.txt
+tree=$(printf '100644 blob 0123456789012345678901234567890123456789\tghost.txt\n' | git mktree --missing)
+git update-ref HEAD "$(git commit-tree "$tree" -p HEAD -m ghost)""#
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            &script,
+        ],
+    );
+    let shown = render_output(&output);
+    let run = run_ids(&env, &repo).remove(0);
+    let kept = repo.join(format!(".worktrees/{run}/shell"));
+    assert!(kept.join("work.txt").is_file(), "kept: {shown}");
+    let dot_git = std::fs::read_to_string(kept.join(".git")).unwrap();
+    assert!(!dot_git.trim_end().ends_with("/agent"), "{dot_git}");
+    assert!(
+        shown.contains("the agent's git directory is kept at"),
+        "{shown}"
+    );
+    let _ = std::fs::remove_file(&marker);
+    let status = env.git_output(&kept, ["status", "--porcelain"]);
+    assert!(status.status.success(), "{}", render_output(&status));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("work.txt"),
+        "{}",
+        render_output(&status)
+    );
+    assert!(
+        !marker.exists(),
+        "the agent's fsmonitor ran on the user's git status"
+    );
+}

@@ -406,6 +406,7 @@ impl WorkspaceProvider for CrewWorkspaces {
                                 &self.settings,
                                 &request.run_id,
                                 &request.task_id,
+                                &mut report,
                             );
                             report.preserved = Some(kept);
                             report.preserved_reason = Some(with_cause(&error));

@@ -527,18 +527,30 @@ pub fn release_preserved(
     settings: &WorktreeSettings,
     run_id: &RunId,
     task_id: &TaskId,
+    report: &mut TeardownReport,
 ) -> Utf8PathBuf {
     let names = TaskNames::new(repo_root, settings, run_id, task_id);
     if let Ok(repo) = Repository::open(repo_root) {
         let common = leader::common_dir(&repo);
         // The user works in it from here: with the repository's own git, the agent's commits
-        // and staged files taken into it. One that cannot be taken keeps the agent's.
+        // and staged files taken into it. What cannot be taken stays in the agent's directory,
+        // which the worktree no longer reads.
         let agent_git = AgentGit::of(&common, &names);
-        if agent_git
-            .take_with_index(&repo, &names.branch_ref())
-            .is_ok()
-        {
-            let _ = agent_git.disarm();
+        match agent_git.take_with_index(&repo, &names.branch_ref()) {
+            Ok(_) => {
+                let _ = agent_git.disarm();
+            }
+            Err(error) if agent_git.exists() => match agent_git.point_back() {
+                Ok(()) => report.warnings.push(format!(
+                    "the agent's git directory is kept at {} with what could not be taken ({error}); the worktree uses the repository's own git again",
+                    agent_git.dir()
+                )),
+                Err(problem) => report.warnings.push(format!(
+                    "the worktree still uses the agent's git directory {} ({problem}): do not run git there",
+                    agent_git.dir()
+                )),
+            },
+            Err(_) => {}
         }
         // Still locked, the worktree is as usable, and only needs `--force` to be removed by
         // hand: not worth failing the release for.

@@ -161,6 +161,12 @@ impl RunContext {
                         }
                         Err((message, partial)) => {
                             record.warnings.push(format!("teardown: {message}"));
+                            record.warnings.extend(
+                                partial
+                                    .warnings
+                                    .iter()
+                                    .map(|warning| format!("teardown: {warning}")),
+                            );
                             record.teardown = Some(*partial);
                         }
                     }
