@@ -100,7 +100,7 @@ fn spelled_duration(text: &str) -> Option<Duration> {
     read_any.then(|| Duration::from_secs(total))
 }
 
-/// The instant the (lowercase) words at the start of `text` name as a clock time: `8:40 pm`,
+/// The end of the minute the (lowercase) words at the start of `text` name as a clock time: `8:40 pm`,
 /// `2am`, `20:40`, after a date or not (`dec 3rd, 2026 8:40 pm`), and in a zone given in
 /// parentheses after it (`2am (europe/berlin)`) or else in `local`. Without a date it is the
 /// next such time from `now`. `None` when the words name no clock time.
@@ -159,11 +159,17 @@ fn clock_time(text: &str, now: jiff::Timestamp, local: &TimeZone) -> Option<Time
         Some(_) => return None,
     };
     let time = civil::Time::new(hour, minute, 0, 0).ok()?;
+    // A clock time names its minute, not its second (Codex says `10:54 PM` of a limit that
+    // lifts at 22:54:21): the limit has lifted by the minute's end.
     let on = |date: civil::Date| {
         date.to_datetime(time)
             .to_zoned(zone.clone())
             .ok()
-            .map(|at| at.timestamp())
+            .and_then(|at| {
+                at.timestamp()
+                    .checked_add(jiff::SignedDuration::from_secs(60))
+                    .ok()
+            })
     };
     let at = match date {
         Some(date) => on(date)?,
@@ -217,7 +223,7 @@ mod tests {
                 &plus_two
             )
             .as_deref(),
-            Some("2026-12-02T18:40:00Z")
+            Some("2026-12-02T18:41:00Z")
         );
         // A time already past today is tomorrow's.
         assert_eq!(
@@ -227,7 +233,7 @@ mod tests {
                 &plus_two
             )
             .as_deref(),
-            Some("2026-12-03T06:40:00Z")
+            Some("2026-12-03T06:41:00Z")
         );
         // Codex, another day.
         assert_eq!(
@@ -237,7 +243,7 @@ mod tests {
                 &plus_two
             )
             .as_deref(),
-            Some("2026-12-03T18:40:00Z")
+            Some("2026-12-03T18:41:00Z")
         );
         // Claude Code, a named zone (UTC needs no database).
         assert_eq!(
@@ -247,7 +253,7 @@ mod tests {
                 &plus_two
             )
             .as_deref(),
-            Some("2026-12-03T02:00:00Z")
+            Some("2026-12-03T02:01:00Z")
         );
         assert_eq!(
             reset(
@@ -256,7 +262,7 @@ mod tests {
                 &plus_two
             )
             .as_deref(),
-            Some("2026-12-02T14:30:00Z")
+            Some("2026-12-02T14:31:00Z")
         );
         // A zone of the database, where this machine has one (lowered words, any case).
         if TimeZone::get("Europe/Berlin").is_ok() {
@@ -267,9 +273,19 @@ mod tests {
                     &plus_two
                 )
                 .as_deref(),
-                Some("2026-12-03T01:00:00Z")
+                Some("2026-12-03T01:01:00Z")
             );
         }
+        // Within the minute it names: that minute's end, today.
+        assert_eq!(
+            reset(
+                "You've hit your usage limit. Try again at 10:54 PM.",
+                "2026-12-02T20:54:10Z",
+                &plus_two
+            )
+            .as_deref(),
+            Some("2026-12-02T20:55:00Z")
+        );
         // Words that name no time, or a zone no one knows, give no reset; the limit stays.
         for text in [
             "You've hit your usage limit. Try again later.",

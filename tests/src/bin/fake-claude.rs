@@ -10,7 +10,9 @@
 //!   error (`Claude AI usage limit reached|<unix seconds>`, as its issue tracker shows it; the
 //!   reset two hours on, or `n` seconds), and the program exits 1; `then hit a limit that
 //!   says no reset`: the same error without the bar and the time;
-//! - `then stay`: after its result it neither reads nor exits (as a program that lingers).
+//! - `then stay`: after its result it neither reads nor exits (as a program that lingers);
+//! - `at every start`: with `then hit the limit`, every later start of the program in that
+//!   directory hits the limit again at once (a limit that outlasts the reset it said).
 //!
 //! It reads user messages until its input ends, then exits 0.
 
@@ -33,7 +35,12 @@ fn main() {
     let mut input = std::io::stdin().lock().lines();
     let mut first = true;
     while let Some(Ok(line)) = input.next() {
-        let text = user_text(&line);
+        let mut text = user_text(&line);
+        if text.contains("at every start") {
+            std::fs::write(".limited-at-every-start", &text).unwrap();
+        } else if let Ok(first) = std::fs::read_to_string(".limited-at-every-start") {
+            text = first;
+        }
         if text.contains("emit garbage") {
             say("this line is not stream-json");
         }

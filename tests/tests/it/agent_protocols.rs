@@ -205,6 +205,48 @@ fn a_usage_limit_fails_the_task_with_the_limit_named_and_when_it_lifts() {
 }
 
 #[test]
+fn a_limit_met_again_after_its_reset_waits_crew_s_backoff_not_the_reset_it_said() {
+    let env = TestEnv::new();
+    let repo = project_with_claude(&env);
+    let mut host = spawn_claude(
+        &env,
+        &repo,
+        &[
+            "--on-limit",
+            "pause",
+            "then hit the limit for 1 seconds at every start",
+        ],
+    );
+    let run = wait_until(30, "the task paused a second time", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        let events =
+            std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/events.jsonl")))
+                .ok()?;
+        let pauses = events
+            .lines()
+            .filter(|line| line.contains(r#""status":"paused""#))
+            .count();
+        (pauses >= 2).then_some(run)
+    });
+    let recorded = manifest(&env, &repo, &run);
+    let record = task(&recorded, "claude");
+    let retry: crew_core::model::Timestamp =
+        serde_json::from_value(record["limit"]["retry_at"].clone())
+            .unwrap_or_else(|error| panic!("{error}: {record:#}"));
+    let wait = retry
+        .0
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    assert!(
+        wait > std::time::Duration::from_secs(45),
+        "the second try waits crew's backoff (a minute), not the second the limit said: {wait:?}"
+    );
+    let cancel = env.crew(&repo, ["runs", "cancel", &run]);
+    assert!(cancel.status.success(), "{}", render_output(&cancel));
+    host.wait().unwrap();
+}
+
+#[test]
 fn a_task_that_pauses_on_a_limit_goes_on_in_its_session_when_the_limit_lifts() {
     let env = TestEnv::new();
     let repo = project_with_claude(&env);

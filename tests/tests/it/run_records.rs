@@ -221,7 +221,8 @@ fn what_setup_made_is_never_the_agents_work_unless_the_agent_changes_it() {
     assert_eq!(files_of("idle"), Vec::<String>::new(), "{finished:#}");
     assert!(
         task(&finished, "idle")["teardown"]["branch"].is_null(),
-        "no work, no branch"
+        "no work, no branch: {:#}",
+        task(&finished, "idle")
     );
     assert_eq!(files_of("edits"), ["generated.txt"]);
     assert_eq!(files_of("writes"), ["work.txt"]);

@@ -26,6 +26,8 @@ impl RunContext {
         let mut asking = false;
         // How often crew has tried again after a limit that said nothing of when it lifts.
         let mut limit_tries = 0;
+        // How often its agent hit a limit in this run.
+        let mut limits_hit = 0u32;
         let ending = loop {
             match phase {
                 Phase::Running => {
@@ -55,14 +57,26 @@ impl RunContext {
                                 && exit.stopped_by.is_none()
                                 && self.cancel_level() == CancelLevel::None
                             {
-                                let retry = limit
+                                let mut retry = limit
                                     .resets_at
                                     .is_none()
                                     .then(|| next_try(&mut limit_tries));
+                                // A limit hit again after it was said to lift waits at least
+                                // crew's backoff: the reset may have been the program's own
+                                // short retry (Claude Code retries a 429 without `retry-after`
+                                // half a second later), and a restart every few seconds only
+                                // meets the limit again.
+                                if let Some(resets_at) = limit.resets_at
+                                    && limits_hit > 0
+                                {
+                                    let floor = next_try(&mut limit_tries);
+                                    retry = (floor > resets_at).then_some(floor);
+                                }
+                                limits_hit += 1;
                                 self.pause(&task_id, exit, &limit, retry, &handle, task.usage)
                                     .await;
                                 phase = Phase::Paused {
-                                    resets_at: limit.resets_at.or(retry),
+                                    resets_at: retry.or(limit.resets_at),
                                 };
                                 continue;
                             }
