@@ -535,6 +535,9 @@ fn codex_patches_a_file_and_runs_a_command_in_a_worktree_and_its_thread_is_kept(
     );
     let (run_id, task) = project.only_task_of("codex");
     through_the_proxy(&task, &model);
+    // The shipped definition turns off what Codex would fetch besides its model (its
+    // plugins' repository on GitHub, its analytics): no request refused, no warning each run.
+    assert_eq!(task["requests"]["refused"], 0, "{task:#}");
     let branch = format!("crew/{run_id}-codex");
     let env = &project.env;
     assert_eq!(
