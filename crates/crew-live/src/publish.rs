@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crew_core::WorkspaceId;
+use crew_core::discovery::CREW_DIR;
 use crew_core::model::{HostRecord, Timestamp};
 
 use crate::events::AgentEvent;
@@ -287,11 +288,21 @@ async fn write(
         // The state directory may not have existed when the host started (the first run of a
         // project makes it): make the listing's directory now, and write again.
         if let Some(dir) = path.parent() {
-            if dir.parent().is_some_and(|state| !state.exists()) {
+            let state = dir.parent();
+            if state.is_some_and(|state| !state.exists()) {
                 // No state directory yet: no run has started here, so there is nothing to list.
                 return Ok(());
             }
-            crew_core::fsutil::ensure_real_dir(dir).map_err(|error| error.to_string())?;
+            // Made through handles from the project folder down (`.crew/state/live`): a
+            // `.crew` or `.crew/state` that is a link is refused, never made beneath.
+            let root = state.and_then(Utf8Path::parent).and_then(Utf8Path::parent);
+            match (root, state.and_then(Utf8Path::file_name), dir.file_name()) {
+                (Some(root), Some(state), Some(live)) => {
+                    crew_core::fsutil::ensure_dirs_beneath(root, &[CREW_DIR, state, live])
+                        .map_err(|error| error.to_string())?;
+                }
+                _ => return Err(format!("{dir} is not beneath a project folder")),
+            }
         }
         crew_core::fsutil::write_replace(&path, &json).map_err(|error| error.to_string())
     })

@@ -1079,3 +1079,21 @@ fn runs_directory_asks_the_file_system_to_place_runs_apart() {
     );
     assert!(!places_apart(&store.run_dir(&run.run_id)).unwrap());
 }
+
+#[test]
+fn a_state_directory_planted_as_a_link_gets_nothing_made_in_its_target() {
+    let env = TestEnv::new();
+    let root = env.repo("project");
+    let canary = env.dir("canary");
+    std::fs::create_dir_all(root.join(".crew")).unwrap();
+    std::os::unix::fs::symlink(&canary, root.join(".crew/state")).unwrap();
+    let run = env.crew(&root, ["run", "--agent", "shell", "true"]);
+    let shown = crew_tests::render_output(&run);
+    assert!(!run.status.success(), "{shown}");
+    assert!(shown.contains("it is a symlink"), "{shown}");
+    assert_eq!(
+        std::fs::read_dir(&canary).unwrap().count(),
+        0,
+        "nothing made through the link: {shown}"
+    );
+}
