@@ -1007,3 +1007,32 @@ git update-ref HEAD "$(git commit-tree "$tree" -p HEAD -m ghost)""#
         "the agent's fsmonitor ran on the user's git status"
     );
 }
+
+/// `.crew/state/views` planted as a link to a directory laid out as spare views are: no task
+/// takes a view from it, and none is put there.
+#[test]
+fn a_spare_views_directory_planted_as_a_link_is_never_followed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let first = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(first.status.success(), "{}", render_output(&first));
+    let views = repo.join(".crew/state/views");
+    std::fs::remove_dir_all(&views).unwrap();
+    let decoy = env.root().join("decoy");
+    for name in ["planted/upper", "planted/work"] {
+        std::fs::create_dir_all(decoy.join(name)).unwrap();
+    }
+    write(&decoy.join("planted/start.spare"), "{}");
+    std::os::unix::fs::symlink(&decoy, &views).unwrap();
+    let before = crew_tests::tree_fingerprint(decoy.as_std_path());
+    for _ in 0..2 {
+        let next = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+        assert!(next.status.success(), "{}", render_output(&next));
+    }
+    assert!(views.is_symlink(), "the link is left as it is");
+    assert_eq!(
+        crew_tests::tree_fingerprint(decoy.as_std_path()),
+        before,
+        "nothing taken from or put in the link's target"
+    );
+}

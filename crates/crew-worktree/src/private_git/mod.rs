@@ -229,7 +229,10 @@ impl PrivateGit {
     /// overlay's scratch directory, which the kernel empties at every mount. Another task's
     /// arm may take the same spare first; a spare that holds anything is not a view to take.
     fn take_spare(&self, spares: &Utf8Path) -> bool {
-        let Ok(entries) = spares.read_dir_utf8() else {
+        let Some(spares) = open_spares(spares, false) else {
+            return false;
+        };
+        let Ok(entries) = rustix::fs::Dir::read_from(&spares) else {
             return false;
         };
         let Some(task_dir) = self.dir.parent() else {
@@ -240,8 +243,19 @@ impl PrivateGit {
         }
         for entry in entries.flatten() {
             // A directory, never a link (taken, its `upper/` would be wherever it led).
-            let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
-            if !is_dir || std::fs::rename(entry.path(), &self.dir).is_err() {
+            let name = entry.file_name().to_owned();
+            if name.as_bytes() == b"." || name.as_bytes() == b".." {
+                continue;
+            }
+            let is_dir = rustix::fs::statat(&spares, &*name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|stat| {
+                    rustix::fs::FileType::from_raw_mode(stat.st_mode)
+                        == rustix::fs::FileType::Directory
+                });
+            if !is_dir
+                || rustix::fs::renameat(&spares, &*name, rustix::fs::CWD, self.dir.as_std_path())
+                    .is_err()
+            {
                 continue;
             }
             let work = self.dir.join("work");
@@ -344,9 +358,12 @@ pub fn spares_dir(state_dir: &Utf8Path) -> Utf8PathBuf {
 /// removed at every task was one more inode looked for).
 pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
     let dir = task_dir.join(DIR);
-    let kept = spares
-        .read_dir_utf8()
-        .map_or(0, |entries| entries.flatten().count());
+    let Some(spares) = open_spares(spares, true) else {
+        remove_view(task_dir);
+        return;
+    };
+    let kept = rustix::fs::Dir::read_from(&spares)
+        .map_or(0, |entries| entries.flatten().count().saturating_sub(2));
     let start = dir.join("start.json");
     let recycled = kept < SPARE_VIEWS
         && untouched(&dir)
@@ -360,17 +377,32 @@ pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
                 .parent()
                 .and_then(Utf8Path::parent)
                 .and_then(Utf8Path::file_name);
-            let name = spares.join(format!(
+            let name = format!(
                 "{}-{}",
                 run.unwrap_or("run"),
                 task_dir.file_name().unwrap_or("task")
-            ));
-            std::fs::rename(&dir, &name).is_ok()
-                || (std::fs::create_dir_all(spares).is_ok() && std::fs::rename(&dir, &name).is_ok())
+            );
+            rustix::fs::renameat(rustix::fs::CWD, dir.as_std_path(), &spares, name.as_str()).is_ok()
         };
     if !recycled {
         remove_view(task_dir);
     }
+}
+
+/// The spare views' directory, opened without following a link (one planted in its place is
+/// never read, moved into or taken from), and made first when `create`.
+fn open_spares(spares: &Utf8Path, create: bool) -> Option<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    if create {
+        // Made here where missing; a link in its place makes this fail, and the open below.
+        let _ = rustix::fs::mkdir(spares.as_std_path(), Mode::from_raw_mode(0o700));
+    }
+    rustix::fs::open(
+        spares.as_std_path(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
 }
 
 /// Whether the view in `dir` (`<task>/git`) is as crew made it: its layer holds nothing, and
