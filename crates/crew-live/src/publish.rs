@@ -19,7 +19,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crew_core::WorkspaceId;
-use crew_core::discovery::CREW_DIR;
 use crew_core::model::{HostRecord, Timestamp};
 
 use crate::events::AgentEvent;
@@ -293,12 +292,14 @@ async fn write(
                 // No state directory yet: no run has started here, so there is nothing to list.
                 return Ok(());
             }
-            // Made through handles from the project folder down (`.crew/state/live`): a
-            // `.crew` or `.crew/state` that is a link is refused, never made beneath.
-            let root = state.and_then(Utf8Path::parent).and_then(Utf8Path::parent);
-            match (root, state.and_then(Utf8Path::file_name), dir.file_name()) {
-                (Some(root), Some(state), Some(live)) => {
-                    crew_core::fsutil::ensure_dirs_beneath(root, &[CREW_DIR, state, live])
+            // Made through handles from two levels above the state directory down (the project
+            // folder, for `.crew/state/live`): a level that is a link is refused, never made
+            // beneath.
+            let crew = state.and_then(Utf8Path::parent);
+            let levels = [crew, state, Some(dir)].map(|level| level.and_then(Utf8Path::file_name));
+            match (crew.and_then(Utf8Path::parent), levels) {
+                (Some(base), [Some(crew), Some(state), Some(live)]) => {
+                    crew_core::fsutil::ensure_dirs_beneath(base, &[crew, state, live])
                         .map_err(|error| error.to_string())?;
                 }
                 _ => return Err(format!("{dir} is not beneath a project folder")),
