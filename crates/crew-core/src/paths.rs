@@ -232,6 +232,38 @@ impl DirIdentity {
         })
     }
 
+    /// The identity of the directory at `path` reached with no link at any level of it: one
+    /// on the way (a level swapped for a link) is an error, never followed. For crew's own
+    /// paths, built from a canonical root, which hold no link unless one was planted.
+    pub fn of_unlinked(path: &Utf8Path) -> io::Result<Self> {
+        let dir = open_dir_without_links(path.as_std_path())?;
+        let stat = rustix::fs::fstat(&dir)?;
+        Ok(DirIdentity {
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+        })
+    }
+
+    /// Whether `path` still names this very directory, reached with no link on the way (see
+    /// [`DirIdentity::of_unlinked`]). Why not, when it does not.
+    pub fn check_unlinked(&self, path: &Utf8Path) -> Result<(), String> {
+        match DirIdentity::of_unlinked(path) {
+            Ok(found) if found == *self => Ok(()),
+            Ok(_) => Err(format!(
+                "{path} is no longer the directory crew created there (it was replaced)"
+            )),
+            Err(error) if error.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                Err(format!(
+                    "{path} is reached through a link, not the directory crew created there"
+                ))
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Err(format!("{path} is gone")),
+            Err(error) => Err(format!(
+                "{path} is no longer the directory crew created there: {error}"
+            )),
+        }
+    }
+
     /// Whether `path` still names this very directory (not a link to it, not another one).
     /// Why not, when it does not.
     pub fn check(&self, path: &Utf8Path) -> Result<(), String> {
@@ -362,7 +394,7 @@ pub fn remove_contained(path: &Utf8Path, roots: &[&Utf8Path]) -> Result<Removed,
 /// Opens the directory `path` for the `*at` calls (`O_PATH`), refusing a link at any level of
 /// it (`RESOLVE_NO_SYMLINKS`; level by level with `O_NOFOLLOW` where the kernel lacks
 /// `openat2`).
-fn open_dir_without_links(path: &Path) -> io::Result<rustix::fd::OwnedFd> {
+pub fn open_dir_without_links(path: &Path) -> io::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{CWD, Mode, OFlags, ResolveFlags};
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     match rustix::fs::openat2(

@@ -42,6 +42,14 @@ pub enum SpawnAgentError {
         /// The directory.
         dir: Utf8PathBuf,
     },
+    /// Its workspace is no longer the directory crew made for it.
+    #[error("agent {agent_id} was not started: {reason}")]
+    NotItsWorkspace {
+        /// The agent.
+        agent_id: AgentId,
+        /// What its workspace's path names instead.
+        reason: String,
+    },
     /// The agent's output log could not be opened.
     #[error("failed to open the output log {path}")]
     OutputLog {

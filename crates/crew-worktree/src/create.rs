@@ -166,9 +166,10 @@ pub fn prepare_worktree(
     result
 }
 
-/// The identity teardown checks a workspace against: a real directory, never a link.
+/// The identity teardown and the agent's start check a workspace against: a real directory,
+/// reached with no link at any level (one swapped for a link while it was made fails it).
 pub(crate) fn identity_of(root: &Utf8Path) -> Result<DirIdentity, PrepareWorktreeError> {
-    DirIdentity::of(root).map_err(|source| PrepareWorktreeError::Identity {
+    DirIdentity::of_unlinked(root).map_err(|source| PrepareWorktreeError::Identity {
         path: root.to_owned(),
         source,
     })

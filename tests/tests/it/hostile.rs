@@ -2441,3 +2441,88 @@ fn with_the_sandbox_off_an_admin_entry_pointed_elsewhere_is_put_back_and_reporte
         assert_eq!(commondir, "../..\n", "{:?}", admin.path());
     }
 }
+
+/// A racing process watches where a task's workspace is made (`.crew/state/ws/`, or
+/// `.worktrees/` without a pool) and, the moment it appears, moves its run's directory away and
+/// puts a link to a directory of the user's (laid out the same way, a file in it) in its place:
+/// the agent never runs there, confined or not.
+#[test]
+fn a_workspace_swapped_for_a_link_as_it_is_made_never_runs_the_agent_elsewhere() {
+    for (mode, parent, sandbox) in [
+        ("dedicated", ".crew/state/ws", "on"),
+        ("dedicated", ".crew/state/ws", "off"),
+        ("worktree", ".worktrees", "on"),
+    ] {
+        let env = TestEnv::new();
+        let repo = env.repo("project");
+        let mut config = "[worktree]\npool_size = 0\n".to_owned();
+        if sandbox == "off" {
+            config.push_str("[sandbox]\nmode = \"off\"\n");
+        }
+        write(&repo.join(".crew/config.toml"), &config);
+        env.allow_settings(&repo);
+        let victim = env.root().join("victim");
+        let ws = repo.join(parent);
+        std::fs::create_dir_all(&ws).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let racer = {
+            let (ws, victim, stop, aside) = (
+                ws.clone().into_std_path_buf(),
+                victim.clone().into_std_path_buf(),
+                stop.clone(),
+                env.root().join("aside").into_std_path_buf(),
+            );
+            std::thread::spawn(move || {
+                let mut swapped = 0;
+                std::fs::create_dir_all(&aside).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for run in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
+                        let run_dir = run.path();
+                        if run_dir.is_symlink() || !run_dir.join("swap").is_dir() {
+                            continue;
+                        }
+                        let name = run.file_name();
+                        std::fs::create_dir_all(victim.join(&name).join("swap")).unwrap();
+                        std::fs::write(victim.join(&name).join("swap/canary.txt"), "mine\n")
+                            .unwrap();
+                        if std::fs::rename(&run_dir, aside.join(&name)).is_ok() {
+                            std::os::unix::fs::symlink(victim.join(&name), &run_dir).unwrap();
+                            swapped += 1;
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                swapped
+            })
+        };
+        for _ in 0..3 {
+            let output = env.crew(
+                &repo,
+                [
+                    "run",
+                    "--agent",
+                    "shell",
+                    "--workspace-mode",
+                    mode,
+                    "--task",
+                    "swap=rm -f canary.txt; echo ran > ran.txt",
+                ],
+            );
+            let _ = render_output(&output);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swapped = racer.join().unwrap();
+        assert!(
+            swapped > 0,
+            "{mode} {sandbox}: the racer never had its chance"
+        );
+        for run in std::fs::read_dir(&victim).unwrap().flatten() {
+            let task = run.path().join("swap");
+            assert!(
+                task.join("canary.txt").exists() && !task.join("ran.txt").exists(),
+                "{mode} {sandbox}: the agent ran in {}",
+                task.display()
+            );
+        }
+    }
+}

@@ -151,6 +151,16 @@ pub(super) async fn launch(
             dir: spec.dir.clone(),
         });
     }
+    // The workspace crew made, and no other: a level of its path swapped for a link while it
+    // was made (or since) would start the agent, confined or not, wherever the link leads.
+    if let (Some(identity), Some(root)) = (spec.sandbox.workspace, spec.sandbox.write.first())
+        && let Err(reason) = identity.check_unlinked(root)
+    {
+        return Err(SpawnAgentError::NotItsWorkspace {
+            agent_id: spec.agent_id.clone(),
+            reason,
+        });
+    }
     let mut crew_vars = vec![
         (env_vars::CREW_RUN_ID, run_id.to_owned()),
         (env_vars::CREW_TASK_ID, task_id.to_owned()),

@@ -36,6 +36,7 @@ use std::sync::OnceLock;
 use camino::{Utf8Path, Utf8PathBuf};
 use crew_core::config::{HostList, NetworkMode, SandboxMode};
 use crew_core::model::{SandboxRecord, SandboxState};
+use crew_core::paths::DirIdentity;
 use crew_core::provider::PrivateView;
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
@@ -111,6 +112,10 @@ pub struct SandboxPlan {
     /// namespace, since holding a lock needs no right to write and an agent holding one would
     /// stall its host and every other task.
     pub locks: Vec<Utf8PathBuf>,
+    /// Which directory `write[0]`, the workspace, is (recorded when crew made it): the rule
+    /// granting it is written for that directory, reached with no link on the way, or the
+    /// start is refused. `None`: whatever is there (a project folder of the user's).
+    pub workspace: Option<DirIdentity>,
 }
 
 impl SandboxPlan {
@@ -125,6 +130,7 @@ impl SandboxPlan {
             hosts: Vec::new(),
             allow_open_network: false,
             locks: Vec::new(),
+            workspace: None,
         }
     }
 }
@@ -242,6 +248,10 @@ pub(crate) fn prepare(
     let mut write: Vec<Utf8PathBuf> = Vec::new();
     let mut missing = Vec::new();
     let mut opened = Vec::new();
+    if let (Some(identity), Some(workspace)) = (plan.workspace, plan.write.first()) {
+        opened.push(open_workspace(workspace, identity)?);
+        write.push(workspace.clone());
+    }
     for path in plan
         .write
         .iter()
@@ -466,6 +476,28 @@ impl Beneath {
     }
 }
 
+/// Opens the workspace crew made at `path` for its rule: reached with no link on the way, and
+/// the very directory `identity` names; anything else (a level swapped for a link as it was
+/// made, another directory put in its place) refuses the start.
+fn open_workspace(path: &Utf8Path, identity: DirIdentity) -> Result<Beneath, BuildSandboxError> {
+    let refused = |why: String| BuildSandboxError {
+        message: format!("{why}: the task's workspace is not granted"),
+    };
+    let fd = crew_core::paths::open_dir_without_links(path.as_std_path()).map_err(|error| {
+        refused(match identity.check_unlinked(path) {
+            Err(why) => why,
+            Ok(()) => format!("{path}: {error}"),
+        })
+    })?;
+    let stat = rustix::fs::fstat(&fd).map_err(|errno| refused(format!("{path}: {errno}")))?;
+    if (stat.st_dev, stat.st_ino) != (identity.dev, identity.ino) {
+        return Err(refused(format!(
+            "{path} is no longer the directory crew created there (it was replaced)"
+        )));
+    }
+    Ok(Beneath { fd, is_dir: true })
+}
+
 /// Opens `path` for a rule; `None` when it is missing or a link (a rule would follow a link the
 /// agent could have planted).
 fn open_beneath(path: &Utf8Path) -> Option<Beneath> {
@@ -591,6 +623,7 @@ mod tests {
             hosts: Vec::new(),
             allow_open_network: false,
             locks: Vec::new(),
+            workspace: None,
         };
         let prepared = prepare(&plan, &[], None).unwrap();
         assert!(prepared.ruleset.is_none());

@@ -173,6 +173,7 @@ impl RunContext {
                     .collect(),
                 allow_open_network: task.allow_open_network,
                 locks: self.runner.agent_locks(),
+                workspace: workspace.identity,
             },
             git_config: workspace.git_config.clone(),
             workspace_env: workspace_env(workspace)
