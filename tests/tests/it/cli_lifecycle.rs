@@ -911,3 +911,32 @@ fn resuming_one_agent_of_an_ended_run_runs_no_other_task_again() {
     );
     assert!(log("fix").contains("started again"), "{}", log("fix"));
 }
+
+#[test]
+fn an_agent_resumed_right_after_its_stop_ended_its_run_goes_on() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut args = crate::common::runs::shell_worktree_args(&[
+        "sc=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > said.txt; exit 0; fi; echo ready; while true; do sleep 0.1; done",
+    ]);
+    args.insert(1, "--quiet".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut host = start_run(&env, &repo, &args, 1);
+    let run = run_ids(&env, &repo).remove(0);
+    let stop = env.crew(&repo, ["agents", "stop", "sc"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    // At once: its run is still ending (its only agent was stopped).
+    let resume = env.crew(&repo, ["agents", "resume", "sc", "go on"]);
+    assert!(resume.status.success(), "{}", render_output(&resume));
+    host.wait().unwrap();
+    let recorded = manifest(&env, &repo, &run);
+    assert_eq!(
+        crate::common::runs::task(&recorded, "sc")["status"],
+        "succeeded",
+        "{recorded:#}"
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-sc:said.txt")]),
+        "go on\n"
+    );
+}

@@ -1,6 +1,11 @@
 //! `crew agents resume`
 
-use crew_live::ResumeOutcome;
+use std::time::Duration;
+
+use crew_core::TaskId;
+use crew_core::model::RunManifest;
+use crew_live::control::ErrorCode;
+use crew_live::{ControlAgentError, ResumeOutcome};
 
 use crate::context::Context;
 use crate::ui::Ui;
@@ -27,7 +32,21 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
         }
         return Err(super::not_live(&ctx, &args.agent));
     }
-    let resumed = ctx.project().resume(&args.agent, args.message).await?;
+    let resumed = match ctx
+        .project()
+        .resume(&args.agent, args.message.clone())
+        .await
+    {
+        Err(ControlAgentError::Refused(refusal)) if refusal.code == ErrorCode::AlreadyRunning => {
+            // Stopped a moment ago as the last agent of its run, which is ending now: once its
+            // host is gone, this command hosts the run again for it.
+            if let Some((manifest, task_id)) = ended_run_of(&ctx, &args.agent).await? {
+                return super::host_again(&ctx, manifest, task_id, args.message).await;
+            }
+            return Err(ControlAgentError::Refused(refusal).into());
+        }
+        resumed => resumed?,
+    };
     if !ui.quiet {
         match resumed.outcome {
             ResumeOutcome::Requeued => out!(
@@ -38,4 +57,34 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
         }
     }
     Ok(Outcome::Success)
+}
+
+/// The run of the task `spec` names once it has ended, when the task itself has finished (it
+/// was stopped) while its run still ends; `None` when the task is not finished, or its run does
+/// not end within its grace and a little more.
+async fn ended_run_of(
+    ctx: &Context,
+    spec: &str,
+) -> Result<Option<(RunManifest, TaskId)>, CliError> {
+    let patience = ctx.config().run.stop_grace.0 + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        ctx.reconcile()?;
+        let Some((manifest, task_id)) = super::find_task(ctx, spec)? else {
+            return Ok(None);
+        };
+        let finished = manifest
+            .task(&task_id)
+            .is_some_and(|task| task.status.is_finished());
+        if !finished {
+            return Ok(None);
+        }
+        if manifest.status.is_finished() {
+            return Ok(Some((manifest, task_id)));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
