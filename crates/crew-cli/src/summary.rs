@@ -470,7 +470,7 @@ fn indent_tail(tail: &str) -> String {
 }
 
 /// A size for people: `812 B`, `4.2 KB`, `1.3 MB`, `2.0 GB`.
-fn bytes(size: u64) -> String {
+pub fn bytes(size: u64) -> String {
     const UNITS: [(f64, &str); 3] = [(1e9, "GB"), (1e6, "MB"), (1e3, "KB")];
     let size_f = size as f64;
     UNITS

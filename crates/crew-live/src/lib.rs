@@ -231,7 +231,8 @@ pub use runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
 pub use sandbox::SandboxPlan;
 pub use verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
-    FollowedUp, LandOptions, LandWorkError, LandedWork, NotPicked, Refusal, ResumeOutcome, Resumed,
-    RunFollower, RunWaiter, Steered, Stopped, Submitted, TaskCleaned, WaitOver, WaitStep,
+    FollowedUp, IgnoredFiles, LandOptions, LandWorkError, LandedWork, NotPicked, Refusal,
+    ResumeOutcome, Resumed, RunFollower, RunWaiter, Steered, Stopped, Submitted, TaskCleaned,
+    WaitOver, WaitStep,
 };
 pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};

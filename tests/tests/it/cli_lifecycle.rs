@@ -940,3 +940,34 @@ fn an_agent_resumed_right_after_its_stop_ended_its_run_goes_on() {
         "go on\n"
     );
 }
+
+#[test]
+fn a_clean_after_a_killed_host_names_the_ignored_files_that_go_with_the_run() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(&repo.join(".gitignore"), "out.log\nbuild/\n");
+    env.git(&repo, ["add", ".gitignore"]);
+    env.git(&repo, ["commit", "-q", "-m", "ignores"]);
+    let args = crate::common::runs::shell_worktree_args(&[
+        "t=echo changed >> README.md; echo log > out.log; mkdir build; echo o > build/x.o; echo ready; sleep 600",
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut host = start_run(&env, &repo, &args, 1);
+    let run = run_ids(&env, &repo).remove(0);
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let clean = env.crew(&repo, ["runs", "clean", &run]);
+    let shown = render_output(&clean);
+    assert!(clean.status.success(), "{shown}");
+    assert!(
+        shown.contains("2 ignored file(s) the agent wrote")
+            && shown.contains("build/")
+            && shown.contains("out.log"),
+        "{shown}"
+    );
+    assert!(
+        env.git(&repo, ["show", &format!("crew/{run}-t:README.md")])
+            .contains("changed"),
+        "the tracked work is on its branch"
+    );
+}

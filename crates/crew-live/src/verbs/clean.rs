@@ -24,6 +24,17 @@ pub struct CleanOptions {
     pub force: bool,
 }
 
+/// The files git ignores that an agent left in its workspace, as its teardown counted them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IgnoredFiles {
+    /// How many.
+    pub files: u64,
+    /// Their size in bytes.
+    pub bytes: u64,
+    /// The first few, by path in the workspace (a directory once, with a trailing `/`).
+    pub named: Vec<String>,
+}
+
 /// What cleaning did to one task's workspace.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskCleaned {
@@ -46,6 +57,9 @@ pub enum TaskCleaned {
         /// What the agent changed that it must not have (said even though the run's record,
         /// where it would be kept, goes).
         security: Vec<SecurityFinding>,
+        /// The files git ignores that the agent wrote (build output, logs): how many, how
+        /// large, and the first few by name. They go with the run's state.
+        ignored: IgnoredFiles,
     },
     /// Its worktree, left unfinished by a preparation its host's death cut short (nothing of
     /// an agent's in it: see `crew_worktree::unfinished`), removed; in a dry run, it would be.
@@ -188,6 +202,11 @@ impl Project {
                 Ok(Ok(report)) => TaskCleaned::TornDown {
                     task,
                     kind,
+                    ignored: IgnoredFiles {
+                        files: report.ignored_files,
+                        bytes: report.ignored_bytes,
+                        named: report.ignored_paths,
+                    },
                     branch: report.branch,
                     security: report.security,
                 },

@@ -36,7 +36,7 @@ impl From<crate::control::ErrorBody> for Refusal {
 }
 
 pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
-pub use clean::{CleanOptions, CleanRunError, Cleaned, TaskCleaned};
+pub use clean::{CleanOptions, CleanRunError, Cleaned, IgnoredFiles, TaskCleaned};
 pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
 pub use land::{LandOptions, LandWorkError, LandedWork, NotPicked, picked_attempt};
 pub use run::{CancelRunError, Cancelled, RunFollower, RunWaiter, WaitOver, WaitStep};

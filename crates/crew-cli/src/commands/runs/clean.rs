@@ -51,6 +51,7 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                 kind,
                 branch,
                 security,
+                ignored,
             } => {
                 // Said even when quiet: the run's state, where the record would be, goes.
                 for finding in security {
@@ -78,6 +79,19 @@ pub async fn cmd_runs_clean(args: CleanArgs, ui: crate::ui::Ui) -> Result<Outcom
                         }
                         (None, _) => say!("{task}: workspace removed"),
                     }
+                }
+                // Said even when quiet: they go with the run's state.
+                if ignored.files > 0 {
+                    let mut names = ignored.named.join(", ");
+                    if ignored.named.len() == crew_core::provider::TeardownReport::NAMED {
+                        names.push_str(", …");
+                    }
+                    say!(
+                        "{task}: {} ignored file(s) the agent wrote ({}), removed with the run: {}",
+                        ignored.files,
+                        crate::summary::bytes(ignored.bytes),
+                        crate::ui::sanitize(&names)
+                    );
                 }
             }
             TaskCleaned::Unfinished { task } if args.dry_run => {
