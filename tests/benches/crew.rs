@@ -1450,7 +1450,7 @@ fn radar(bench: &Bench) {
     for _ in 0..bench.rounds * 2 {
         let started = Instant::now();
         let overlaps =
-            crew_worktree::radar::overlaps(&bench.repo, &branches, Some(&target)).unwrap();
+            crew_worktree::radar::overlaps(&bench.repo, &branches, &[], Some(&target)).unwrap();
         crew_samples.push(started.elapsed());
         found = overlaps.len();
         let started = Instant::now();

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use camino::Utf8Path;
+use camino::{Utf8Path, Utf8PathBuf};
 use git2::{BranchType, Oid, Repository};
 use serde::Serialize;
 
@@ -20,16 +20,34 @@ pub struct Overlap {
 }
 
 /// The overlaps among `branches` (`(name, branch)`) pairwise, and between each of them and
-/// `target` (a branch name) when given. Branches that cannot be read are skipped.
+/// `target` (a branch name) when given. Branches that cannot be read are skipped. A branch
+/// listed in `working` (`(branch, worktree)`: a task still at work) is read as its worktree
+/// stands, what its agent has not committed yet included (see [`working_commit`]).
 pub fn overlaps(
     repo_root: &Utf8Path,
     branches: &[(String, String)],
+    working: &[(String, Utf8PathBuf)],
     target: Option<&str>,
 ) -> Result<Vec<Overlap>, git2::Error> {
     crate::leader::fast_reads();
     let repo = Repository::open(repo_root)?;
     let live = with_live_tips(&repo)?;
-    let tip = |branch: &str| live_or_branch_tip(&repo, &live, branch);
+    // What the working states are written as: objects in memory only, never in the
+    // repository.
+    let odb = repo.odb()?;
+    if !working.is_empty() {
+        odb.add_new_mempack_backend(1_000)?;
+    }
+    let tip = |branch: &str| {
+        let tip = live_or_branch_tip(&repo, &live, branch)?;
+        Some(
+            working
+                .iter()
+                .find(|(name, _)| name == branch)
+                .and_then(|(_, worktree)| working_commit(&repo, worktree, tip))
+                .unwrap_or(tip),
+        )
+    };
     let mut sides: Vec<(String, Oid)> = branches
         .iter()
         .filter_map(|(name, branch)| Some((name.clone(), tip(branch)?)))
@@ -325,6 +343,71 @@ fn with_live_tips(repo: &Repository) -> Result<HashMap<String, Oid>, git2::Error
         }
     }
     Ok(tips)
+}
+
+/// A commit (in memory: `repo`'s object store must write to a mempack) of the worktree at
+/// `worktree` as it stands, on top of `tip`: each file git would commit — changed, new or
+/// deleted, ignored ones left out — as it is on disk. `None` when nothing is uncommitted or the
+/// worktree cannot be read. A new link is left out: crew's own (`node_modules`) are links the
+/// agent did not write.
+fn working_commit(repo: &Repository, worktree: &Utf8Path, tip: Oid) -> Option<Oid> {
+    let work = Repository::open(worktree).ok()?;
+    let mut options = git2::StatusOptions::new();
+    options
+        .include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false)
+        .exclude_submodules(true);
+    let statuses = work.statuses(Some(&mut options)).ok()?;
+    let mut update = git2::build::TreeUpdateBuilder::new();
+    let mut any = false;
+    for entry in statuses.iter() {
+        let Ok(path) = entry.path() else {
+            continue;
+        };
+        let file = worktree.join(path);
+        match std::fs::symlink_metadata(&file) {
+            Ok(metadata) if metadata.is_file() => {
+                let Ok(content) = std::fs::read(&file) else {
+                    continue;
+                };
+                let executable =
+                    std::os::unix::fs::PermissionsExt::mode(&metadata.permissions()) & 0o111 != 0;
+                let mode = if executable {
+                    git2::FileMode::BlobExecutable
+                } else {
+                    git2::FileMode::Blob
+                };
+                update.upsert(path, repo.blob(&content).ok()?, mode);
+            }
+            Ok(metadata) if metadata.is_symlink() && !entry.status().is_wt_new() => {
+                let target = std::fs::read_link(&file).ok()?;
+                let blob = repo.blob(target.as_os_str().as_encoded_bytes()).ok()?;
+                update.upsert(path, blob, git2::FileMode::Link);
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                update.remove(path);
+            }
+            _ => continue,
+        }
+        any = true;
+    }
+    if !any {
+        return None;
+    }
+    let base = repo.find_commit(tip).ok()?;
+    let tree = update.create_updated(repo, &base.tree().ok()?).ok()?;
+    let tree = repo.find_tree(tree).ok()?;
+    let signature = git2::Signature::new("crew", "crew@localhost", &git2::Time::new(0, 0)).ok()?;
+    repo.commit(
+        None,
+        &signature,
+        &signature,
+        "as the worktree stands",
+        &tree,
+        &[&base],
+    )
+    .ok()
 }
 
 fn live_or_branch_tip(repo: &Repository, live: &HashMap<String, Oid>, branch: &str) -> Option<Oid> {

@@ -838,3 +838,30 @@ fn more_agents_at_once_than_the_user_s_open_files_allow_all_start_with_the_user_
         assert_eq!(said.trim(), LIMIT.to_string(), "shell-{index}'s limit");
     }
 }
+
+#[test]
+fn the_radar_names_two_running_tasks_that_wrote_the_same_file_before_either_committed() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let mut args = crate::common::runs::shell_worktree_args(&[
+        "red=echo red > src/lib.txt; echo ready; sleep 600",
+        "blue=echo blue > src/lib.txt; echo ready; sleep 600",
+        "docs=echo docs > docs.txt; echo ready; sleep 600",
+    ]);
+    args.push("--detach".to_owned());
+    let started = env.crew(&repo, &args);
+    assert!(started.status.success(), "{}", render_output(&started));
+    crate::common::runs::wait_for_agents_saying(&env, &repo, "ready", 3);
+    let run = run_ids(&env, &repo).remove(0);
+    let listed = env.crew(&repo, ["conflicts", &run]);
+    let shown = render_output(&listed);
+    assert!(shown.contains("red ↔ blue: src/lib.txt"), "{shown}");
+    assert!(!shown.contains("docs"), "{shown}");
+    // Read, not written: nothing of it reached the repository or the worktrees' git.
+    assert!(
+        env.git(&repo, ["fsck", "--no-progress", "--unreachable"])
+            .is_empty()
+    );
+    let cancel = env.crew(&repo, ["runs", "cancel", &run]);
+    assert!(cancel.status.success(), "{}", render_output(&cancel));
+}

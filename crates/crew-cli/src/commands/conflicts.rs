@@ -32,7 +32,7 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
             .ok_or_else(|| CliError::user("this workspace has no runs yet"))?,
     };
     let manifest = ctx.read_run(&run_id)?;
-    let branches = manifest.task_branches();
+    let (branches, _) = radar_sides(&manifest);
     let target = manifest.base_branch.as_deref();
     let overlaps = run_overlaps(repo_root, &manifest)?;
     if args.json {
@@ -66,31 +66,48 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
     Ok(Outcome::Success)
 }
 
-/// The overlaps among a run's task branches (a running task's too, with what its agent committed
-/// so far) and with the branch it started from, without those between attempts of one task:
+/// The task branches of a run the radar reads, `(task, branch)`, and of those, the branches of
+/// tasks still at work with their worktrees: read as each stands, what its agent committed so
+/// far (in the agent's own git directory) and what it has not committed yet.
+fn radar_sides(
+    manifest: &crew_core::RunManifest,
+) -> (Vec<(String, String)>, Vec<(String, camino::Utf8PathBuf)>) {
+    let mut branches = manifest.task_branches();
+    let mut working = Vec::new();
+    for task in &manifest.tasks {
+        if task.teardown.is_none()
+            && let Some(workspace) = task.workspace.as_ref()
+            && let Some(branch) = workspace.branch.clone()
+        {
+            if workspace.kind == crew_core::provider::WorkspaceKind::Worktree {
+                working.push((branch.clone(), workspace.root.clone()));
+            }
+            if !branches.iter().any(|(id, _)| id == task.id.as_str()) {
+                branches.push((task.id.to_string(), branch));
+            }
+        }
+    }
+    (branches, working)
+}
+
+/// The overlaps among a run's task branches (a running task's as its worktree stands, see
+/// [`radar_sides`]) and with the branch it started from, without those between attempts of one task:
 /// alternatives, of which only one lands.
 pub fn run_overlaps(
     repo_root: &camino::Utf8Path,
     manifest: &crew_core::RunManifest,
 ) -> Result<Vec<crew_worktree::radar::Overlap>, CliError> {
-    let mut branches = manifest.task_branches();
-    // A task still at work: its branch, where the radar reads what its agent committed so far
-    // (from the agent's own git directory).
-    for task in &manifest.tasks {
-        if task.teardown.is_none()
-            && let Some(branch) = task.workspace.as_ref().and_then(|ws| ws.branch.clone())
-            && !branches.iter().any(|(id, _)| id == task.id.as_str())
-        {
-            branches.push((task.id.to_string(), branch));
-        }
-    }
+    let (branches, working) = radar_sides(manifest);
     if branches.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(
-        crew_worktree::radar::overlaps(repo_root, &branches, manifest.base_branch.as_deref())?
-            .into_iter()
-            .filter(|overlap| !manifest.rivals(&overlap.left, &overlap.right))
-            .collect(),
-    )
+    Ok(crew_worktree::radar::overlaps(
+        repo_root,
+        &branches,
+        &working,
+        manifest.base_branch.as_deref(),
+    )?
+    .into_iter()
+    .filter(|overlap| !manifest.rivals(&overlap.left, &overlap.right))
+    .collect())
 }
