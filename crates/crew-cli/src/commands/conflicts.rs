@@ -66,12 +66,13 @@ pub async fn cmd_conflicts(args: ConflictsArgs, ui: Ui) -> Result<Outcome, CliEr
     Ok(Outcome::Success)
 }
 
+/// A running task's branch and its worktree.
+type Working = (String, camino::Utf8PathBuf);
+
 /// The task branches of a run the radar reads, `(task, branch)`, and of those, the branches of
 /// tasks still at work with their worktrees: read as each stands, what its agent committed so
 /// far (in the agent's own git directory) and what it has not committed yet.
-fn radar_sides(
-    manifest: &crew_core::RunManifest,
-) -> (Vec<(String, String)>, Vec<(String, camino::Utf8PathBuf)>) {
+fn radar_sides(manifest: &crew_core::RunManifest) -> (Vec<(String, String)>, Vec<Working>) {
     let mut branches = manifest.task_branches();
     let mut working = Vec::new();
     for task in &manifest.tasks {
