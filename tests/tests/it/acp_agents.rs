@@ -562,3 +562,24 @@ fn an_agent_built_with_the_official_typescript_sdk_is_driven_with_no_crew_code_i
         "ts-agent.txt"
     ));
 }
+
+#[test]
+fn an_acp_task_whose_timeout_ends_it_while_it_asks_fails_by_its_timeout() {
+    let env = TestEnv::new();
+    let repo = project_with_acp(&env, "");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\ntask_timeout = \"2s\"\n",
+    );
+    let mut host = spawn_acp(&env, &repo, &["--task", "deploy=ask deploy"]);
+    let run = wait_until(30, "the task to fail by its timeout", || {
+        let run = run_ids(&env, &repo).into_iter().next()?;
+        let recorded = manifest(&env, &repo, &run);
+        (task(&recorded, "deploy")["status"] == "failed").then_some(run)
+    });
+    assert!(!host.wait().unwrap().success());
+    let recorded = manifest(&env, &repo, &run);
+    let deploy = task(&recorded, "deploy");
+    assert_eq!(deploy["exit"]["timed_out"], true, "{deploy:#}");
+    assert!(deploy["question"].is_null(), "{deploy:#}");
+}

@@ -38,7 +38,10 @@ impl RunContext {
                     tokio::select! {
                         status = handle.wait_exited() => {
                             exited_attempt = status.attempt;
-                            if let Some(question) = status.question.clone() {
+                            // A question asked of an agent its timeout ended is not waited on:
+                            // the task failed by its timeout.
+                            let timed_out = status.exit.as_ref().is_some_and(|exit| exit.timed_out);
+                            if let Some(question) = status.question.clone().filter(|_| !timed_out) {
                                 self.record_waiting(&task_id, &question, &handle, task.usage).await;
                                 phase = Phase::Waiting;
                                 continue;
@@ -390,6 +393,10 @@ impl RunContext {
             record.requests = crew_core::model::NetworkCounts::sum(
                 record.requests.into_iter().chain(exit.network),
             );
+            // A question its agent asked alive went with it when its timeout ended it.
+            if exit.timed_out {
+                record.question = None;
+            }
             record.exit = Some(exit);
             record.pid = None;
             record.follow_ups = follow_ups;
