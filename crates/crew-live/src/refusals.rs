@@ -32,10 +32,22 @@ impl Refusals {
 
     /// Reads one line of the agent's output (or one message of its protocol).
     pub fn scan(&mut self, line: &str) {
-        if self.found.len() >= MOST || !says_refused(line) {
+        if self.found.len() >= MOST {
             return;
         }
-        for path in absolute_paths(line) {
+        let Some(at) = refused_at(line) else {
+            return;
+        };
+        // The refused path follows the words (`Permission denied: '/opt/x'`), or is the last
+        // one before them: a shell's error starts with its script's path (`/opt/run.sh: line
+        // 3: /etc/x: Permission denied`), which is not what was refused.
+        let after = absolute_paths(&line[at..]);
+        let named = if after.is_empty() {
+            absolute_paths(&line[..at]).pop().into_iter().collect()
+        } else {
+            after
+        };
+        for path in named {
             let outside = !self
                 .grants
                 .iter()
@@ -63,8 +75,8 @@ pub fn note(paths: &[String], agent: &str) -> String {
     )
 }
 
-/// Whether `line` says a write (or an open) was not permitted.
-fn says_refused(line: &str) -> bool {
+/// Where `line` first says a write (or an open) was not permitted, if it does.
+fn refused_at(line: &str) -> Option<usize> {
     let lower = line.to_ascii_lowercase();
     [
         "permission denied",
@@ -75,14 +87,33 @@ fn says_refused(line: &str) -> bool {
         "eperm",
     ]
     .iter()
-    .any(|words| lower.contains(words))
+    .filter_map(|words| lower.find(words))
+    .min()
 }
 
 /// The absolute paths `line` names: words that start with `/` once quotes, brackets and JSON
 /// escapes around them are taken away, without trailing punctuation.
 fn absolute_paths(line: &str) -> Vec<String> {
+    // GNU's tools quote with ‘ ’ (or « », “ ”) in a UTF-8 locale.
     line.split(|c: char| {
-        c.is_whitespace() || matches!(c, '\'' | '"' | '`' | '(' | ')' | '[' | ']' | '=' | '\\')
+        c.is_whitespace()
+            || matches!(
+                c,
+                '\'' | '"'
+                    | '`'
+                    | '('
+                    | ')'
+                    | '['
+                    | ']'
+                    | '='
+                    | '\\'
+                    | '‘'
+                    | '’'
+                    | '“'
+                    | '”'
+                    | '«'
+                    | '»'
+            )
     })
     .filter(|word| word.starts_with('/') && word.len() > 1)
     .map(|word| word.trim_end_matches([':', ',', ';', '.', '}']).to_owned())
@@ -111,13 +142,21 @@ mod tests {
                 r#"{"type":"user","message":{"content":[{"type":"tool_result","content":"EACCES: permission denied, open '/etc/hosts.new'","is_error":true}]}}"#,
                 "touch: cannot touch '/usr/lib/x': Read-only file system",
                 "PermissionError: [Errno 13] Permission denied: '/opt/tool/cache'",
+                "mkdir: cannot create directory ‘/var/cache/gnu’: Permission denied",
+                "/opt/tools/build.sh: line 3: /etc/profile.d/x.sh: Permission denied",
             ]),
             [
                 "/root/.rustup",
                 "/etc/hosts.new",
                 "/usr/lib/x",
-                "/opt/tool/cache"
+                "/opt/tool/cache",
+                "/var/cache/gnu",
             ]
+        );
+        // The script's path is not the refused write; the one after it is.
+        assert_eq!(
+            scanned(&["/opt/tools/build.sh: line 3: /etc/profile.d/x.sh: Permission denied"]),
+            ["/etc/profile.d/x.sh"]
         );
     }
 
