@@ -188,7 +188,9 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             ));
         }
         // Held while it may go on (a finished task's ports went back).
-        if let Some(lease) = task.held_lease().filter(|_| reader == SummaryFor::Review)
+        if let Some(lease) = manifest
+            .held_lease(task)
+            .filter(|_| reader == SummaryFor::Review)
             && let Some(ports) = lease.port_range()
         {
             next.push(format!(

@@ -484,7 +484,7 @@ impl Board {
                     started_at: task.started_at.map(|at| at.0),
                     last_line,
                     depth,
-                    ports: task.held_lease().and_then(|lease| lease.port_range()),
+                    ports: run.held_lease(task).and_then(|lease| lease.port_range()),
                 };
                 if filter.is_empty() || row_matches(&row, filter) {
                     rows.push(row);
@@ -821,6 +821,24 @@ mod tests {
         );
         assert!(line("serving").contains("20000–20003"), "{screen:#?}");
         assert!(!line("done").contains("2000"), "{screen:#?}");
+    }
+
+    #[test]
+    fn a_stopped_task_shows_its_lease_while_its_run_goes_on_and_not_after() {
+        let (mut board, _) = board(&[("held", TaskStatus::Stopped)]);
+        board.runs[0].tasks[0].lease = Some(crew_core::model::LeaseRecord {
+            port: Some(20_000),
+            ports: 4,
+            name: "crew_held".to_owned(),
+            names: Vec::new(),
+        });
+        assert!(board.rows()[0].ports.is_some());
+        board.runs[0].status = crew_core::model::RunStatus::Cancelled;
+        assert_eq!(
+            board.rows()[0].ports,
+            None,
+            "the ended run's host gave it back"
+        );
     }
 
     #[test]

@@ -248,6 +248,14 @@ pub fn family_order<T, K: PartialEq>(
 }
 
 impl RunManifest {
+    /// The lease `task` holds: a task that may go on holds its own while its run goes on; once
+    /// the run has ended, its host gave every lease back.
+    pub fn held_lease<'a>(&self, task: &'a TaskRecord) -> Option<&'a LeaseRecord> {
+        (!self.status.is_finished())
+            .then(|| task.held_lease())
+            .flatten()
+    }
+
     /// The workspace mode as a person reads it: the tasks' one mode, or `mixed` with each
     /// mode they use (`mixed (single, worktree)`) when they differ. [`Self::workspace_mode`]
     /// stays the default of the tasks that name none.
