@@ -151,11 +151,14 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 indent_tail(&check.output_tail)
             ));
         }
-        if let (Some(branch), Some(base)) = (
+        // Only a branch its teardown saved the work on: an untorn worktree's may hold nothing
+        // yet (its agent's work is in its files until `crew runs resume` or `clean` saves it).
+        if let (Some(branch), Some(base), Some(_)) = (
             &branch,
             task.workspace
                 .as_ref()
                 .and_then(|workspace| workspace.base_commit.as_deref()),
+            report,
         ) {
             next.push(format!(
                 "git diff {}..{branch}   # {}",

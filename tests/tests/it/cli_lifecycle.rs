@@ -235,13 +235,17 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
     [exit status: 0]
     ");
     // The interrupted task's branch and worktree are shown where the user reviews the run.
-    let shown = env.crew(&repo, ["runs", "show", &run]);
-    let slow_row = String::from_utf8(shown.stdout)
-        .unwrap()
+    let shown = String::from_utf8(env.crew(&repo, ["runs", "show", &run]).stdout).unwrap();
+    let slow_row = shown
         .lines()
         .find(|line| line.starts_with("slow "))
         .map(str::to_owned)
         .unwrap_or_default();
+    // Its branch holds nothing yet (the work is in its worktree's files): no merge is hinted.
+    assert!(
+        !shown.contains(&format!("git merge crew/{run}-slow")),
+        "{shown}"
+    );
     assert!(
         slow_row.contains(&format!("crew/{run}-slow"))
             && slow_row.contains(&format!("in its worktree at .worktrees/{run}/slow")),
