@@ -893,6 +893,13 @@ echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's""#;
     env.git(&repo, ["fsck", "--full", "--no-progress"]);
 }
 
+/// What an agent runs to move its branch onto a commit whose blob exists nowhere (`git mktree
+/// --missing`, `commit-tree`), writing the commit's id to `ghost.id`.
+const GHOST_COMMIT: &str = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+tree=$(printf '100644 blob 0123456789012345678901234567890123456789\tghost.txt\n' | git mktree --missing)
+commit=$(git commit-tree "$tree" -p HEAD -m ghost)
+git update-ref HEAD "$commit" && echo "$commit" > ghost.id"#;
+
 /// An agent's commit whose objects exist nowhere (`git mktree --missing`, `commit-tree`): no
 /// path that takes an agent's work into the repository — its teardown, `crew runs clean` after
 /// its host was killed, done twice — writes any part of it or moves a branch onto it.
@@ -900,10 +907,7 @@ echo agent > agent.txt && git add agent.txt && git commit -q -m "the agent's""#;
 fn an_agent_s_commit_whose_objects_exist_nowhere_never_reaches_the_repository() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let ghost = r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
-tree=$(printf '100644 blob 0123456789012345678901234567890123456789\tghost.txt\n' | git mktree --missing)
-commit=$(git commit-tree "$tree" -p HEAD -m ghost)
-git update-ref HEAD "$commit" && echo "$commit" > ghost.id"#;
+    let ghost = GHOST_COMMIT;
     let objects = |env: &TestEnv| -> String {
         env.git(&repo, ["cat-file", "--batch-all-objects", "--batch-check"])
     };
@@ -967,11 +971,7 @@ fn a_kept_worktree_uses_the_repository_s_git_and_never_the_agent_s_config() {
     env.git(&repo, ["config", "extensions.worktreeConfig", "true"]);
     let marker = env.root().join("fsmonitor-ran");
     let script = format!(
-        r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
-git config --worktree core.fsmonitor "touch {marker}; false"
-echo work > work.txt
-tree=$(printf '100644 blob 0123456789012345678901234567890123456789\tghost.txt\n' | git mktree --missing)
-git update-ref HEAD "$(git commit-tree "$tree" -p HEAD -m ghost)""#
+        "git config --worktree core.fsmonitor \"touch {marker}; false\"\necho work > work.txt\n{GHOST_COMMIT}"
     );
     let output = env.crew(
         &repo,

@@ -552,3 +552,29 @@ fn a_checked_in_definition_reaches_no_further_than_it_last_ran_until_allowed() {
         "{shown}"
     );
 }
+
+#[test]
+fn a_task_given_no_network_that_fails_says_so_in_its_reason() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/agents/offline.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nnetwork = \"none\"\n",
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "offline",
+            "echo could not connect; exit 3",
+        ],
+    );
+    let shown = render_output(&output);
+    assert!(!output.status.success(), "{shown}");
+    assert!(
+        shown.contains("its network is `none`: it reached no host")
+            && shown.contains(".crew/agents/offline.toml"),
+        "{shown}"
+    );
+}

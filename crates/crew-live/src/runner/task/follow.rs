@@ -280,6 +280,19 @@ impl RunContext {
                         crate::refusals::note(&agent.refused_writes, &task.agent)
                     ));
                 }
+                // An agent given no network fails as one that could not reach its model's API
+                // (Claude Code retries for minutes, then says only that it could not connect):
+                // the reason says what it was given.
+                let no_network = agent.sandbox.as_ref().is_some_and(|sandbox| {
+                    sandbox.state == crew_core::model::SandboxState::Enforced
+                        && sandbox.network == crew_core::config::NetworkMode::None
+                });
+                if let (TaskStatus::Failed, Some(why), true) = (status, &mut reason, no_network) {
+                    why.push_str(&format!(
+                        "; its network is `none`: it reached no host, its model's API included (give its definition `network = \"proxy\"` with the API's host in `allow_hosts`, in .crew/agents/{}.toml)",
+                        task.agent
+                    ));
+                }
                 if let Some(branch) = agent.landed {
                     self.landed
                         .lock()
