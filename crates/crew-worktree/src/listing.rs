@@ -247,10 +247,16 @@ pub fn list(
     let prefix = format!("{}-", admin_prefix(settings));
 
     let mut found: BTreeMap<Utf8PathBuf, CrewWorktree> = BTreeMap::new();
-    let entries: Vec<AdminEntry> = admin::read_entries(&common)
+    let (entries, users): (Vec<AdminEntry>, Vec<AdminEntry>) = admin::read_entries(&common)
         .into_iter()
-        .filter(|entry| entry.name.starts_with(&prefix))
+        .partition(|entry| entry.name.starts_with(&prefix));
+    // The user's own worktrees (registered by another name), wherever they are: never crew's,
+    // nor is anything inside one.
+    let users: Vec<Utf8PathBuf> = users
+        .into_iter()
+        .filter_map(|entry| entry.worktree)
         .collect();
+    let inside_the_users = |path: &Utf8Path| users.iter().any(|own| path.starts_with(own));
     for entry in &entries {
         let Some(path) = entry.worktree.clone() else {
             continue;
@@ -303,10 +309,17 @@ pub fn list(
         let Ok(run_id) = RunId::parse(&run_id) else {
             continue;
         };
+        // A run's directory holds task worktrees; one that is a checkout itself is not crew's.
+        if inside_the_users(&run_dir) || std::fs::symlink_metadata(run_dir.join(".git")).is_ok() {
+            continue;
+        }
         for (path, task_id) in subdirs(&run_dir) {
             let Ok(task_id) = TaskId::parse(&task_id) else {
                 continue;
             };
+            if inside_the_users(&path) {
+                continue;
+            }
             found.entry(path.clone()).or_insert(CrewWorktree {
                 path,
                 run_id: run_id.clone(),

@@ -1195,3 +1195,36 @@ fn retention_prunes_by_itself_after_a_run_and_keeps_work_that_is_on_no_branch() 
     let workspace = repo.join(format!(".crew/state/ws/{kept}/shell/mine.txt"));
     assert!(workspace.exists(), "{workspace}");
 }
+
+#[test]
+fn the_user_s_own_worktrees_under_the_worktrees_directory_are_not_listed_as_crew_s() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // The user keeps worktrees of their own there too: one at `.worktrees/feature/x` (whose
+    // names read as a run and a task), one at `.worktrees/mine` (its subdirectories too).
+    env.git(
+        &repo,
+        [
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "feature-x",
+            ".worktrees/feature/x",
+        ],
+    );
+    env.git(
+        &repo,
+        ["worktree", "add", "-q", "-b", "mine", ".worktrees/mine"],
+    );
+    std::fs::create_dir_all(repo.join(".worktrees/mine/docs")).unwrap();
+    let listing = env.crew(&repo, ["worktrees", "list", "--json"]);
+    assert!(listing.status.success(), "{}", render_output(&listing));
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    assert_eq!(listing["worktrees"], serde_json::json!([]), "{listing:#}");
+    // And pruning leaves them be.
+    let prune = env.crew(&repo, ["worktrees", "prune"]);
+    assert!(prune.status.success(), "{}", render_output(&prune));
+    assert!(repo.join(".worktrees/feature/x/README.md").is_file());
+    assert!(repo.join(".worktrees/mine/docs").is_dir());
+}
