@@ -620,6 +620,17 @@ fn a_bare_task_name_means_the_same_agent_to_stop_and_to_resume() {
     // a task was stopped (1), not that it was interrupted (130).
     assert_eq!(host.wait().unwrap().code(), Some(1));
     assert_eq!(manifest(&env, &repo, &second)["status"], "cancelled");
+    // Whoever follows the run learns last that the run no longer keeps it for a resume.
+    let events =
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{second}/events.jsonl")))
+            .unwrap();
+    let last = events
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["event"] == "task_status" && event["task"] == "sc")
+        .last()
+        .unwrap();
+    assert_eq!(last["reason"], "stopped by request", "{events}");
     let resume = env.crew(&repo, ["agents", "resume", "sc", "go on"]);
     assert!(resume.status.success(), "{}", render_output(&resume));
     let recorded = manifest(&env, &repo, &second);

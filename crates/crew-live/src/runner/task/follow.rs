@@ -223,11 +223,21 @@ impl RunContext {
             }
             Ending::Stopped => {
                 self.teardown(&task_id, &workspace, false).await;
-                self.save_task(&format!("task {task_id}'s reason"), &task_id, |record| {
-                    record.reason = Some(STOPPED_BY_REQUEST.to_owned());
-                    Ok(())
-                })
-                .await;
+                // Its run ended while it was held: its workspace is no longer kept for a
+                // resume in this run, and whoever follows the run is told so.
+                let record = self
+                    .save_task(&format!("task {task_id}'s reason"), &task_id, |record| {
+                        record.reason = Some(STOPPED_BY_REQUEST.to_owned());
+                        Ok(record.clone())
+                    })
+                    .await;
+                self.runner.announce(
+                    &self.run_id,
+                    &task_id,
+                    TaskStatus::Stopped,
+                    Some(STOPPED_BY_REQUEST.to_owned()),
+                    record,
+                );
                 TaskStatus::Stopped
             }
             Ending::Exited(exit) => {
