@@ -626,9 +626,9 @@ fn a_bare_task_name_means_the_same_agent_to_stop_and_to_resume() {
             .unwrap();
     let last = events
         .lines()
+        .rev()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|event| event["event"] == "task_status" && event["task"] == "sc")
-        .last()
+        .find(|event| event["event"] == "task_status" && event["task"] == "sc")
         .unwrap();
     assert_eq!(last["reason"], "stopped by request", "{events}");
     let resume = env.crew(&repo, ["agents", "resume", "sc", "go on"]);
