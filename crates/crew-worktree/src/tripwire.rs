@@ -118,11 +118,12 @@ impl Baseline {
         }
     }
 
-    /// The recorded refs an unconfined agent may have destroyed: each one deleted since, or
-    /// moved to where it no longer contains what it named (a branch moved forward loses
-    /// nothing). Reported, not put back — the user may have moved it meanwhile — with where it
-    /// was, so that nothing is lost; the record then follows, so that it is said once. `own`
-    /// are the refs tasks of the repository may move (their branches).
+    /// The recorded refs an unconfined agent may have changed: each one deleted since, moved to
+    /// where it no longer contains what it named, or moved forward (onto commits of the
+    /// agent's, which the user's next merge would take in unseen). Reported, not put back — the
+    /// user may have moved it meanwhile — with where it was, so that nothing is lost; the record
+    /// then follows, so that it is said once. `own` are the refs tasks of the repository may
+    /// move (their branches) and the checkout's branch, where the user's own commits go.
     pub fn check_refs(&mut self, repo: &git2::Repository, own: &[String]) -> Vec<SecurityFinding> {
         let Some(recorded) = &mut self.refs else {
             return Vec::new();
@@ -143,9 +144,10 @@ impl Baseline {
                             repo.graph_descendant_of(id, was).unwrap_or(false)
                         });
                     if forward {
-                        continue;
+                        format!("moved forward (from {was} to {id})")
+                    } else {
+                        format!("moved (from {was}, which it no longer holds)")
                     }
-                    format!("moved (from {was}, which it no longer holds)")
                 }
                 None => format!("deleted (it was at {was})"),
             };

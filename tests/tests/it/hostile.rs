@@ -676,12 +676,14 @@ fn with_the_sandbox_off_a_deleted_or_rewound_ref_is_reported_with_where_it_was()
     env.git(&repo, ["add", "more.txt"]);
     env.git(&repo, ["commit", "-q", "-m", "more"]);
     env.git(&repo, ["branch", "users-own"]);
+    env.git(&repo, ["branch", "users-older", "HEAD~1"]);
     let users_tip = env.git(&repo, ["rev-parse", "users-own"]).trim().to_owned();
     let attack = format!(
         r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
 git update-ref -d refs/heads/{early_branch}
 git update-ref refs/heads/users-own users-own~1
 echo work > work.txt && git add work.txt && git commit -q -m "its own"
+git update-ref refs/heads/users-older HEAD
 echo done"#
     );
     let output = env.crew(&repo, ["run", "--agent", "shell", &attack]);
@@ -707,6 +709,15 @@ echo done"#
     assert!(
         moved["change"].as_str().unwrap().contains(&users_tip),
         "{moved}"
+    );
+    // A branch of the user's moved forward onto the agent's commit: said too.
+    let forward = about("refs/heads/users-older").expect("the fast-forward is said");
+    assert!(
+        forward["change"]
+            .as_str()
+            .unwrap()
+            .contains("moved forward"),
+        "{forward}"
     );
     assert!(about("refs/heads/main").is_none(), "{findings:?}");
     assert!(shown.contains("SECURITY"), "{shown}");
@@ -2445,12 +2456,13 @@ fn with_the_sandbox_off_an_admin_entry_pointed_elsewhere_is_put_back_and_reporte
 /// A racing process watches where a task's workspace is made (`.crew/state/ws/`, or
 /// `.worktrees/` without a pool) and, the moment it appears, moves its run's directory away and
 /// puts a link to a directory of the user's (laid out the same way, a file in it) in its place:
-/// the agent never runs there, confined or not.
+/// the confined agent never works there. (An unconfined agent is refused too when the swap comes
+/// before its start's check; one after it can still lead its working directory there, but such
+/// an agent can write the user's files anyway: ARCHITECTURE.md, "Workspaces".)
 #[test]
 fn a_workspace_swapped_for_a_link_as_it_is_made_never_runs_the_agent_elsewhere() {
     for (mode, parent, sandbox) in [
         ("dedicated", ".crew/state/ws", "on"),
-        ("dedicated", ".crew/state/ws", "off"),
         ("worktree", ".worktrees", "on"),
     ] {
         let env = TestEnv::new();
