@@ -37,9 +37,15 @@ pub async fn cmd_agents_resume(args: ResumeArgs, ui: Ui) -> Result<Outcome, CliE
         .resume(&args.agent, args.message.clone())
         .await
     {
-        Err(ControlAgentError::Refused(refusal)) if refusal.code == ErrorCode::AlreadyRunning => {
-            // Stopped a moment ago as the last agent of its run, which is ending now: once its
-            // host is gone, this command hosts the run again for it.
+        Err(ControlAgentError::Refused(refusal))
+            if matches!(
+                refusal.code,
+                ErrorCode::AlreadyRunning | ErrorCode::UnknownRun
+            ) =>
+        {
+            // Stopped a moment ago as the last agent of its run, which is ending (or has just
+            // ended) in its host: once the host is done with it, this command hosts the run
+            // again for it.
             if let Some((manifest, task_id)) = ended_run_of(&ctx, &args.agent).await? {
                 return super::host_again(&ctx, manifest, task_id, args.message).await;
             }
