@@ -1036,3 +1036,44 @@ fn a_spare_views_directory_planted_as_a_link_is_never_followed() {
         "nothing taken from or put in the link's target"
     );
 }
+
+/// An agent committed, its host was killed, and the user deleted its worktree: the commit is
+/// not lost with the worktree's entry when the run is taken up again; it is on the task's
+/// branch.
+#[test]
+fn an_agent_s_commit_survives_its_killed_host_and_its_deleted_worktree() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let go = env.root().join("go");
+    let script = format!(
+        r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
+if [ -e committed.txt ]; then echo again; exit 0; fi
+echo first > committed.txt && git add committed.txt && git commit -q -m "the agent's" && echo ready
+while [ ! -e {go} ]; do sleep 0.05; done"#
+    );
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            &script,
+        ],
+    );
+    crate::common::runs::wait_for_agents_saying(&env, &repo, "ready", 1);
+    let run = run_ids(&env, &repo).remove(0);
+    host.kill().unwrap();
+    host.wait().unwrap();
+    std::fs::remove_dir_all(repo.join(format!(".worktrees/{run}/shell"))).unwrap();
+    write(&go, "");
+    let resumed = env.crew(&repo, ["runs", "resume", &run]);
+    let shown = render_output(&resumed);
+    let log = env.git(&repo, ["log", "--format=%s", &format!("crew/{run}-shell")]);
+    assert!(
+        log.lines().any(|subject| subject == "the agent's"),
+        "{shown}\n{log}"
+    );
+    env.git(&repo, ["fsck", "--full", "--no-progress"]);
+}
