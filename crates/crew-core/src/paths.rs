@@ -216,26 +216,10 @@ pub struct DirIdentity {
 }
 
 impl DirIdentity {
-    /// The identity of the real directory at `path`; a symlink or a file is an error.
-    pub fn of(path: &Utf8Path) -> io::Result<Self> {
-        use std::os::unix::fs::MetadataExt;
-        let metadata = std::fs::symlink_metadata(path)?;
-        if !metadata.file_type().is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotADirectory,
-                format!("{path} is not a real directory"),
-            ));
-        }
-        Ok(DirIdentity {
-            dev: metadata.dev(),
-            ino: metadata.ino(),
-        })
-    }
-
     /// The identity of the directory at `path` reached with no link at any level of it: one
     /// on the way (a level swapped for a link) is an error, never followed. For crew's own
     /// paths, built from a canonical root, which hold no link unless one was planted.
-    pub fn of_unlinked(path: &Utf8Path) -> io::Result<Self> {
+    pub fn of(path: &Utf8Path) -> io::Result<Self> {
         let dir = open_dir_without_links(path.as_std_path())?;
         let stat = rustix::fs::fstat(&dir)?;
         Ok(DirIdentity {
@@ -245,9 +229,9 @@ impl DirIdentity {
     }
 
     /// Whether `path` still names this very directory, reached with no link on the way (see
-    /// [`DirIdentity::of_unlinked`]). Why not, when it does not.
-    pub fn check_unlinked(&self, path: &Utf8Path) -> Result<(), String> {
-        match DirIdentity::of_unlinked(path) {
+    /// [`DirIdentity::of`]). Why not, when it does not.
+    pub fn check(&self, path: &Utf8Path) -> Result<(), String> {
+        match DirIdentity::of(path) {
             Ok(found) if found == *self => Ok(()),
             Ok(_) => Err(format!(
                 "{path} is no longer the directory crew created there (it was replaced)"
@@ -257,21 +241,6 @@ impl DirIdentity {
                     "{path} is reached through a link, not the directory crew created there"
                 ))
             }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Err(format!("{path} is gone")),
-            Err(error) => Err(format!(
-                "{path} is no longer the directory crew created there: {error}"
-            )),
-        }
-    }
-
-    /// Whether `path` still names this very directory (not a link to it, not another one).
-    /// Why not, when it does not.
-    pub fn check(&self, path: &Utf8Path) -> Result<(), String> {
-        match DirIdentity::of(path) {
-            Ok(found) if found == *self => Ok(()),
-            Ok(_) => Err(format!(
-                "{path} is no longer the directory crew created there (it was replaced)"
-            )),
             Err(error) if error.kind() == io::ErrorKind::NotFound => Err(format!("{path} is gone")),
             Err(error) => Err(format!(
                 "{path} is no longer the directory crew created there: {error}"

@@ -169,7 +169,7 @@ pub fn prepare_worktree(
 /// The identity teardown and the agent's start check a workspace against: a real directory,
 /// reached with no link at any level (one swapped for a link while it was made fails it).
 pub(crate) fn identity_of(root: &Utf8Path) -> Result<DirIdentity, PrepareWorktreeError> {
-    DirIdentity::of_unlinked(root).map_err(|source| PrepareWorktreeError::Identity {
+    DirIdentity::of(root).map_err(|source| PrepareWorktreeError::Identity {
         path: root.to_owned(),
         source,
     })

@@ -154,7 +154,7 @@ pub(super) async fn launch(
     // The workspace crew made, and no other: a level of its path swapped for a link while it
     // was made (or since) would start the agent, confined or not, wherever the link leads.
     if let (Some(identity), Some(root)) = (spec.sandbox.workspace, spec.sandbox.write.first())
-        && let Err(reason) = identity.check_unlinked(root)
+        && let Err(reason) = identity.check(root)
     {
         return Err(SpawnAgentError::NotItsWorkspace {
             agent_id: spec.agent_id.clone(),

@@ -484,7 +484,7 @@ fn open_workspace(path: &Utf8Path, identity: DirIdentity) -> Result<Beneath, Bui
         message: format!("{why}: the task's workspace is not granted"),
     };
     let fd = crew_core::paths::open_dir_without_links(path.as_std_path()).map_err(|error| {
-        refused(match identity.check_unlinked(path) {
+        refused(match identity.check(path) {
             Err(why) => why,
             Ok(()) => format!("{path}: {error}"),
         })

@@ -393,16 +393,23 @@ pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
 /// never read, moved into or taken from), and made first when `create`.
 fn open_spares(spares: &Utf8Path, create: bool) -> Option<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
-    if create {
-        // Made here where missing; a link in its place makes this fail, and the open below.
-        let _ = rustix::fs::mkdir(spares.as_std_path(), Mode::from_raw_mode(0o700));
+    let open = || {
+        rustix::fs::open(
+            spares.as_std_path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    match open() {
+        // Made where missing (a link in its place is not missing: the open refuses it).
+        Err(rustix::io::Errno::NOENT) if create => {
+            match rustix::fs::mkdir(spares.as_std_path(), Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => open().ok(),
+                Err(_) => None,
+            }
+        }
+        opened => opened.ok(),
     }
-    rustix::fs::open(
-        spares.as_std_path(),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()
 }
 
 /// Whether the view in `dir` (`<task>/git`) is as crew made it: its layer holds nothing, and
