@@ -2444,12 +2444,16 @@ fn with_the_sandbox_off_an_admin_entry_pointed_elsewhere_is_put_back_and_reporte
         env.git(&repo, ["show", &format!("crew/{run}-shell:work.txt")]),
         "changed\n"
     );
+    // No entry leads elsewhere (one the pool is making or removing meanwhile may lack its
+    // file).
     for admin in std::fs::read_dir(repo.join(".git/worktrees"))
-        .unwrap()
+        .into_iter()
+        .flatten()
         .flatten()
     {
-        let commondir = std::fs::read_to_string(admin.path().join("commondir")).unwrap();
-        assert_eq!(commondir, "../..\n", "{:?}", admin.path());
+        if let Ok(commondir) = std::fs::read_to_string(admin.path().join("commondir")) {
+            assert_eq!(commondir, "../..\n", "{:?}", admin.path());
+        }
     }
 }
 
