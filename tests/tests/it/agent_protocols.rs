@@ -217,29 +217,47 @@ fn a_limit_met_again_after_its_reset_waits_crew_s_backoff_not_the_reset_it_said(
             "then hit the limit for 1 seconds at every start",
         ],
     );
-    let run = wait_until(30, "the task paused a second time", || {
-        let run = run_ids(&env, &repo).into_iter().next()?;
-        let events =
-            std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/events.jsonl")))
-                .ok()?;
-        let pauses = events
+    let events = |run: &str| {
+        std::fs::read_to_string(repo.join(format!(".crew/state/runs/{run}/events.jsonl")))
+            .unwrap_or_default()
+    };
+    let paused = |run: &str| -> Vec<serde_json::Value> {
+        events(run)
             .lines()
-            .filter(|line| line.contains(r#""status":"paused""#))
-            .count();
-        (pauses >= 2).then_some(run)
-    });
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|event| event["status"] == "paused")
+            .collect()
+    };
+    // A busy machine may take a while to start the agent twice: what was seen is shown if
+    // the second pause never comes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let (run, second) = loop {
+        if let Some(run) = run_ids(&env, &repo).into_iter().next()
+            && let Some(second) = paused(&run).get(1).cloned()
+        {
+            break (run, second);
+        }
+        if std::time::Instant::now() > deadline {
+            let run = run_ids(&env, &repo).into_iter().next().unwrap_or_default();
+            panic!(
+                "the task did not pause a second time; its events:\n{}",
+                events(&run)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let recorded = manifest(&env, &repo, &run);
     let record = task(&recorded, "claude");
     let retry: crew_core::model::Timestamp =
         serde_json::from_value(record["limit"]["retry_at"].clone())
             .unwrap_or_else(|error| panic!("{error}: {record:#}"));
-    let wait = retry
-        .0
-        .duration_since(std::time::SystemTime::now())
-        .unwrap_or_default();
+    let paused_at: crew_core::model::Timestamp =
+        serde_json::from_value(second["at"].clone()).unwrap();
+    // Measured from the pause, not from this reading, which a busy machine may delay.
+    let wait = retry.0.duration_since(paused_at.0).unwrap_or_default();
     assert!(
         wait > std::time::Duration::from_secs(45),
-        "the second try waits crew's backoff (a minute), not the second the limit said: {wait:?}"
+        "the second try waits crew's backoff (a minute), not the second the limit said: {wait:?}: {record:#}"
     );
     let cancel = env.crew(&repo, ["runs", "cancel", &run]);
     assert!(cancel.status.success(), "{}", render_output(&cancel));
