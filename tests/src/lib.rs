@@ -69,6 +69,11 @@ impl TestEnv {
         std::fs::create_dir_all(&bin).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let copy = bin.join(binary.file_name().unwrap());
+        // Made once: a later copy over it would fail while a process crew left (the pool's
+        // refill) still runs it.
+        if copy.is_file() {
+            return copy;
+        }
         // Copied by `cp`, not by this process: while this process held the copy open for
         // writing, a child another test forks would inherit that descriptor until its exec,
         // and running the copy would fail with "Text file busy" (it did, twice, in CI).

@@ -25,6 +25,10 @@ struct Listing {
 /// returns its exit code, or `None` when the full command line must run instead.
 pub fn answer(args: impl IntoIterator<Item = OsString>) -> Option<u8> {
     let listing = parse(args)?;
+    // Inside an agent the command refuses, and says so (see `list::cmd_agents_list`).
+    if std::env::var_os(crew_core::env_vars::CREW_AGENT_ID).is_some() {
+        return None;
+    }
     let ui = Ui::new(listing.color.unwrap_or_default(), listing.quiet);
     crate::init_tracing(0, listing.quiet);
     let ctx = Context::discover(ui).ok()?;

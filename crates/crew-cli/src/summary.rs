@@ -178,9 +178,10 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
             if report.ignored_paths.len() == TeardownReport::NAMED {
                 names.push_str(", …");
             }
-            let place = match &report.ignored_kept_in {
-                Some(kept) => format!("kept in {}", relative(ctx, kept)),
-                None => "removed with the worktree".to_owned(),
+            let place = match (&report.ignored_kept_in, &report.preserved) {
+                (Some(kept), _) => format!("kept in {}", relative(ctx, kept)),
+                (None, Some(worktree)) => format!("still in {}", relative(ctx, worktree)),
+                (None, None) => "removed with the worktree".to_owned(),
             };
             next.push(format!(
                 "# {}: {} ignored file(s) the agent wrote ({}), {place}: {}",
@@ -295,6 +296,24 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
                 task.id,
                 relative(ctx, kept),
             ));
+        } else if let Some(report) = report
+            && let Some(kept) = &report.preserved
+            && let Some(branch) = &report.branch
+        {
+            // Its work was taken onto its branch before something else kept the worktree.
+            let reason = report.preserved_reason.as_deref().unwrap_or("unknown");
+            next.push(format!(
+                "# {}: its work is on its branch {branch}; its worktree was kept at {}: {}",
+                task.id,
+                relative(ctx, kept),
+                sanitize_lines(reason, "  #   ")
+            ));
+            if manifest.status.is_finished() && task.status != TaskStatus::Waiting {
+                next.push(format!(
+                    "crew runs clean {}   # once that is fixed: removes the run and its kept worktree",
+                    manifest.run_id
+                ));
+            }
         } else if let Some(report) = report
             && let Some(kept) = &report.preserved
         {

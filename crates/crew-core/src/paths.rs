@@ -357,7 +357,106 @@ pub fn remove_contained(path: &Utf8Path, roots: &[&Utf8Path]) -> Result<Removed,
     };
     let name = std::ffi::CString::new(name)
         .map_err(|error| removal_error(io::Error::new(io::ErrorKind::InvalidInput, error)))?;
-    remove_beneath(&parent, &name).map_err(removal_error)
+    match remove_beneath(&parent, &name) {
+        // Its directory read-only (an agent's `chmod 555`): its owner may write there again.
+        Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+            if give_owner_access(&parent).map_err(removal_error)? {
+                remove_beneath(&parent, &name).map_err(removal_error)
+            } else {
+                Err(removal_error(error))
+            }
+        }
+        removed => removed.map_err(removal_error),
+    }
+}
+
+/// Gives the owner of the directory open at `dir` (any handle, `O_PATH` too) back reading,
+/// writing and entering it, where that was taken away (an agent's `chmod 555`, a Go module
+/// cache's read-only directories): crew's workspaces must stay savable and removable by the
+/// user who owns them. Through `/proc/self/fd`, which names the very directory open, never a
+/// link. `false` when the owner had them; an error when they cannot be given back (a
+/// directory of another user's).
+pub fn give_owner_access(dir: &impl rustix::fd::AsFd) -> io::Result<bool> {
+    use rustix::fd::AsRawFd;
+    let mode = rustix::fs::fstat(dir)?.st_mode;
+    if mode & 0o700 == 0o700 {
+        return Ok(false);
+    }
+    let handle = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
+    rustix::fs::chmod(
+        handle.as_str(),
+        rustix::fs::Mode::from_raw_mode((mode & 0o7777) | 0o700),
+    )?;
+    Ok(true)
+}
+
+/// [`give_owner_access`] for `root` and every directory beneath it, never following a link:
+/// how many needed it. For the rare workspace an operation found read-only; a whole walk.
+pub fn give_owner_access_below(root: &Path) -> io::Result<usize> {
+    let dir = open_dir_without_links(root)?;
+    let mut given = usize::from(give_owner_access(&dir)?);
+    let mut pending = vec![reopen_readable(&dir)?];
+    while let Some(dir) = pending.pop() {
+        for entry in rustix::fs::Dir::read_from(&dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if entry.file_type() != rustix::fs::FileType::Directory
+                || name.to_bytes() == b"."
+                || name.to_bytes() == b".."
+            {
+                continue;
+            }
+            let child = rustix::fs::openat(
+                &dir,
+                name,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            given += usize::from(give_owner_access(&child)?);
+            pending.push(reopen_readable(&child)?);
+        }
+    }
+    Ok(given)
+}
+
+/// [`give_owner_access`] for `root` and each directory from it down to `relative` (itself
+/// included when it is one), never following a link: what moving `relative` out of `root`
+/// needs (its directory writable, and itself, as renaming a directory rewrites its `..`).
+pub fn give_owner_access_along(root: &Path, relative: &Path) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let mut dir = open_dir_without_links(root)?;
+    give_owner_access(&dir)?;
+    for part in relative.components() {
+        let Component::Normal(name) = part else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a plain relative path", relative.display()),
+            ));
+        };
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(&dir, name, flags, Mode::empty()) {
+            Ok(next) => dir = next,
+            // A file (or a link) at the end: its directory was the last to need it.
+            Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => return Ok(()),
+            Err(errno) => return Err(errno.into()),
+        }
+        give_owner_access(&dir)?;
+    }
+    Ok(())
+}
+
+/// The directory open at `dir` (an `O_PATH` handle), opened again for reading its entries.
+fn reopen_readable(dir: &rustix::fd::OwnedFd) -> io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Opens the directory `path` for the `*at` calls (`O_PATH`), refusing a link at any level of
@@ -397,6 +496,20 @@ fn remove_beneath(dir: &rustix::fd::OwnedFd, name: &std::ffi::CStr) -> io::Resul
     };
     let kind = FileType::from_raw_mode(stat.st_mode);
     if kind == FileType::Directory {
+        if stat.st_mode & 0o700 != 0o700 {
+            // Read-only or closed to its owner: given back to empty it. (A link put in its
+            // place meanwhile is refused by `NOFOLLOW`, never changed.)
+            let handle = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            );
+            if let Ok(handle) = handle {
+                // One it cannot be given back fails below, where it is read or emptied.
+                let _ = give_owner_access(&handle);
+            }
+        }
         let opened = rustix::fs::openat(
             dir,
             name,

@@ -303,7 +303,7 @@ impl PrepareWorktreeError {
     pub fn into_allocate_error(self) -> AllocateWorkspaceError {
         AllocateWorkspaceError {
             kind: self.kind(),
-            message: self.to_string(),
+            message: crate::provider::with_cause(&self),
             hint: self.hint(),
             error: Some(Box::new(self)),
         }
@@ -358,6 +358,9 @@ pub enum TeardownWorktreeError {
         path: Utf8PathBuf,
         /// Where ignored files were to be kept.
         keep: Utf8PathBuf,
+        /// Why it could not be moved there.
+        #[source]
+        source: std::io::Error,
     },
     /// The workspace path no longer names the directory crew made.
     #[error(

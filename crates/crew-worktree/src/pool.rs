@@ -179,7 +179,26 @@ pub fn take(
 /// One pass over the worktree finds what differs from HEAD (in the index or in the files),
 /// what is untracked and what is ignored; only those paths are checked out, so a worktree that
 /// left the pool as it entered it costs one status, not a status and a checkout of every file.
+///
+/// A switch that fails where the last task left directories read-only (`chmod 555`) is tried
+/// once more after their owner has them back.
 pub fn switch(
+    root: &Utf8Path,
+    commit: Oid,
+    settings: &WorktreeSettings,
+) -> Result<(), git2::Error> {
+    match switch_once(root, commit, settings) {
+        Err(_)
+            if crew_core::paths::give_owner_access_below(root.as_std_path())
+                .is_ok_and(|given| given > 0) =>
+        {
+            switch_once(root, commit, settings)
+        }
+        switched => switched,
+    }
+}
+
+fn switch_once(
     root: &Utf8Path,
     commit: Oid,
     settings: &WorktreeSettings,

@@ -986,3 +986,94 @@ fn a_clean_after_a_killed_host_names_the_ignored_files_that_go_with_the_run() {
         "the tracked work is on its branch"
     );
 }
+
+/// Runs `crew <args>` in `repo` as `nobody`, for whom file permissions hold.
+fn crew_as_nobody(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> std::process::Output {
+    let mut command = env.crew_command_for_others(repo);
+    command
+        .args(args)
+        .uid(crew_tests::NOBODY)
+        .gid(crew_tests::NOBODY);
+    command.output().unwrap()
+}
+
+#[test]
+fn an_agent_s_read_only_directories_are_saved_removed_and_never_reach_the_next_task() {
+    // File permissions do not hold root back: crew runs as `nobody` here.
+    if !crew_tests::can_drop_to_nobody() {
+        return;
+    }
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    write(&repo.join(".gitignore"), "build/\n");
+    // One worktree in the pool: the next task takes the one the first left.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[worktree]\npool_size = 1\n",
+    );
+    env.git(&repo, ["add", ".gitignore", ".crew/config.toml"]);
+    env.git(&repo, ["commit", "-q", "-m", "ignore build"]);
+    env.hand_to_nobody();
+    // The agent leaves its work, its build output and its worktree's own directory read-only.
+    let script = "mkdir -p ro/sub build/out; echo kept > ro/sub/work.txt; echo top > top.txt; \
+                  echo built > build/out/bin; chmod 555 ro/sub ro build/out build .";
+    let first = crew_as_nobody(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--workspace-mode",
+            "worktree",
+            "--agent",
+            "shell",
+            script,
+        ],
+    );
+    let shown = render_output(&first);
+    assert!(first.status.success(), "{shown}");
+    let run = run_ids(&env, &repo).remove(0);
+    assert!(!shown.contains("NOT ON ITS BRANCH"), "{shown}");
+    let record = manifest(&env, &repo, &run);
+    let teardown = &record["tasks"][0]["teardown"];
+    assert!(teardown["preserved"].is_null(), "{record:#}");
+    assert!(!repo.join(format!(".worktrees/{run}")).exists(), "{shown}");
+    let branch = format!("crew/{run}-shell");
+    let show = |spec: &str| {
+        let output = std::process::Command::new("git")
+            .args(["show", spec])
+            .current_dir(&repo)
+            .uid(crew_tests::NOBODY)
+            .gid(crew_tests::NOBODY)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("HOME", env.home())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert_eq!(show(&format!("{branch}:ro/sub/work.txt")), "kept\n");
+    assert_eq!(show(&format!("{branch}:top.txt")), "top\n");
+
+    // The next tasks take the recycled worktrees, which hold nothing of the first.
+    for round in 0..2 {
+        let next = crew_as_nobody(
+            &env,
+            &repo,
+            &[
+                "run",
+                "--workspace-mode",
+                "worktree",
+                "--agent",
+                "shell",
+                "ls -A > seen.txt",
+            ],
+        );
+        let shown = render_output(&next);
+        assert!(next.status.success(), "round {round}: {shown}");
+        let run = run_ids(&env, &repo).remove(0);
+        let seen = show(&format!("crew/{run}-shell:seen.txt"));
+        assert_eq!(
+            seen, ".crew\n.git\n.gitignore\nREADME.md\nseen.txt\nsrc\n",
+            "round {round}: {shown}"
+        );
+    }
+}

@@ -470,6 +470,35 @@ fn agents_find_the_crew_that_hosts_them_even_off_the_users_path() {
 }
 
 #[test]
+fn an_agent_is_told_that_listing_agents_is_the_users() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "crew agents list; echo \"exit $?\"",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let log = std::fs::read_to_string(
+        repo.join(format!(".crew/state/runs/{run}/tasks/shell/output.log")),
+    )
+    .unwrap();
+    assert!(
+        log.contains(&format!(
+            "`crew agents list` runs inside agent {run}:shell: listing agents takes the user's own `crew`"
+        )),
+        "{log}"
+    );
+    assert!(log.contains("exit 2"), "{log}");
+    assert!(!log.contains("AGENT "), "{log}");
+}
+
+#[test]
 fn the_first_run_of_a_fresh_project_publishes_its_listing() {
     let env = TestEnv::new();
     let repo = env.repo("project");

@@ -131,6 +131,16 @@ pub fn private_terminals_work() -> bool {
     })
 }
 
+/// [`zero_or_error`] for a cover: `false` where the path is not there (`ENOENT`), which is
+/// not an error. Async-signal-safe.
+fn gone_or_error(answer: libc::c_int) -> std::io::Result<bool> {
+    match zero_or_error(answer) {
+        Ok(()) => Ok(true),
+        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// `Ok` when a system call answered 0, else the error it left in `errno`.
 fn zero_or_error(answer: libc::c_int) -> std::io::Result<()> {
     if answer == 0 {
@@ -309,28 +319,35 @@ pub(crate) unsafe fn enter_namespace(
     for entry in entries(paths) {
         match entry? {
             // Covered: by a small empty directory of its own, or by /dev/null.
+            // A path gone since the plan was made (another host's socket directory, removed
+            // as that host ended) has nothing left to cover: the agent starts all the same,
+            // as it would had the path never been there.
             (b'd', path) => {
                 let bound = first_cover.is_some_and(|first| {
                     sys::mount(Some(first), path, None, libc::MS_BIND, None) == 0
                 });
                 if !bound {
-                    zero_or_error(sys::mount(
+                    let covered = gone_or_error(sys::mount(
                         Some(c"crew-hidden"),
                         path,
                         Some(c"tmpfs"),
                         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                         Some(c"size=16k,mode=0700"),
                     ))?;
-                    first_cover.get_or_insert(path);
+                    if covered {
+                        first_cover.get_or_insert(path);
+                    }
                 }
             }
-            (b'f', path) => zero_or_error(sys::mount(
-                Some(c"/dev/null"),
-                path,
-                None,
-                libc::MS_BIND,
-                None,
-            ))?,
+            (b'f', path) => {
+                gone_or_error(sys::mount(
+                    Some(c"/dev/null"),
+                    path,
+                    None,
+                    libc::MS_BIND,
+                    None,
+                ))?;
+            }
             // Read-only beneath a place it may write (or a view).
             (b'r', path) => {
                 bind_onto_itself(path)?;

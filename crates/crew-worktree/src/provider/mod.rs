@@ -485,7 +485,7 @@ fn repository_common_dir(repo_root: &Utf8Path) -> Option<Utf8PathBuf> {
 
 /// An error with what caused it, as one line: git's own message for a git error (`index is
 /// locked` says more than "failed to stage").
-fn with_cause(error: &TeardownWorktreeError) -> String {
+pub(crate) fn with_cause(error: &dyn std::error::Error) -> String {
     let Some(source) = std::error::Error::source(error) else {
         return error.to_string();
     };

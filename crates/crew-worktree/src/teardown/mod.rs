@@ -90,6 +90,12 @@ pub fn teardown_worktree(
     let mut work_branch = Some(names.branch.clone());
     if std::fs::symlink_metadata(root).is_ok() {
         check_identity(request.workspace)?;
+        // The worktree is crew's: one its agent made read-only (`chmod 555 .`) is writable
+        // again for its `.git` and for moving what the agent left. (Where that fails, the
+        // step that needs it names the failure.)
+        if let Ok(dir) = crew_core::paths::open_dir_without_links(root.as_std_path()) {
+            let _ = crew_core::paths::give_owner_access(&dir);
+        }
         if agent_git.exists() {
             // crew's pointers first: what crew reads next goes where crew decided. (Whatever
             // fails from here, the worktree handed to the user has its commits taken.)
@@ -121,6 +127,10 @@ pub fn teardown_worktree(
         // The agent's commits and crew's own of what it left uncommitted. (Verified: its index
         // now stages nothing but the tip's tree.)
         take(&agent_git)?;
+        // From here the work is on its branch, whatever keeps the worktree in place.
+        if let Some(branch) = &work_branch {
+            describe_branch(&leader_repo, request, branch, report);
+        }
         report.setup_paths = untouched
             .iter()
             .take(TeardownReport::NAMED)
@@ -349,14 +359,22 @@ fn set_aside_ignored(
     for path in &ignored {
         let relative = path.trim_end_matches('/');
         let target = keep.join(relative);
-        let moved = target
-            .parent()
-            .is_some_and(|parent| std::fs::create_dir_all(parent).is_ok())
-            && std::fs::rename(root.join(relative), &target).is_ok();
-        if !moved {
+        // An agent's read-only directory on the way (or the one moved) is its owner's to
+        // move again.
+        let moved = crew_core::paths::give_owner_access_along(
+            root.as_std_path(),
+            Utf8Path::new(relative).as_std_path(),
+        )
+        .and_then(|()| match target.parent() {
+            Some(parent) => std::fs::create_dir_all(parent),
+            None => Ok(()),
+        })
+        .and_then(|()| std::fs::rename(root.join(relative), &target));
+        if let Err(source) = moved {
             return Err(TeardownWorktreeError::KeepIgnored {
                 path: root.join(relative),
                 keep: keep.clone(),
+                source,
             });
         }
     }
@@ -416,20 +434,46 @@ fn settle_branches(
         _ => None,
     };
     let Some(kept) = kept else {
+        // Nothing beyond the base: what the teardown noted of the branch went with it.
+        report.branch = None;
+        report.tip = None;
+        report.diffstat = None;
+        report.merge_hint = None;
         return;
     };
-    let Some(tip) = tip_of(&kept) else {
+    let Some(tip) = describe_branch(repo, request, &kept, report) else {
         return;
     };
-    report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
     if let Some(base) = base {
         report
             .security
             .extend(settings_changed(repo, request.repo_root, base, tip));
     }
-    report.merge_hint = Some(format!("git merge {kept}"));
+}
+
+/// Records in `report` that the task's work is on `branch`: its tip, its changes since the
+/// base and how to merge it. The tip, `None` when the branch is not there.
+fn describe_branch(
+    repo: &Repository,
+    request: &TeardownWorktree<'_>,
+    branch: &str,
+    report: &mut TeardownReport,
+) -> Option<Oid> {
+    let tip = repo
+        .find_branch(branch, BranchType::Local)
+        .ok()?
+        .get()
+        .target()?;
+    let base = request
+        .workspace
+        .base_commit
+        .as_deref()
+        .and_then(|base| Oid::from_str(base).ok());
+    report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
+    report.merge_hint = Some(format!("git merge {branch}"));
     report.tip = Some(tip.to_string());
-    report.branch = Some(kept);
+    report.branch = Some(branch.to_owned());
+    Some(tip)
 }
 
 /// Whether the task's commits add a symbolic link, or turn a path into one, since its base (a

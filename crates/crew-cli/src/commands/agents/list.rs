@@ -68,6 +68,16 @@ pub struct AgentRow {
 }
 
 pub async fn cmd_agents_list(args: ListArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
+    // The hosts refuse an agent's listing; their published listings say the same. (What the
+    // agent's sandbox lets it read is what holds a hostile one back.)
+    if let Ok(agent) = std::env::var(crew_core::env_vars::CREW_AGENT_ID) {
+        return Err(CliError::user(format!(
+            "`crew agents list` runs inside agent {agent}: listing agents takes the user's own `crew`"
+        ))
+        .with_hint(
+            "a lead agent reads the tasks it started through `crew mcp` (its `status` and `wait` tools)",
+        ));
+    }
     let ctx = Context::discover(ui)?;
     let (rows, unanswered) = rows(&ctx, args.all_runs, args.json).await?;
     print(&ctx, &rows, args.json)?;
