@@ -40,7 +40,15 @@ impl Detached {
 /// Hands the created run `run_id` to a background host (`crew host RUN`, in a session of its
 /// own, its output in the run's `host.log`) and returns that host's pid once it has taken
 /// the run.
-pub async fn host_detached(ctx: &Context, run_id: &RunId, from: Detached) -> Result<u32, CliError> {
+///
+/// With `resume`, the run has ended and the background host takes it up again for that task
+/// (as `crew agents resume` does in the foreground).
+pub async fn host_detached(
+    ctx: &Context,
+    run_id: &RunId,
+    from: Detached,
+    resume: Option<&TaskId>,
+) -> Result<u32, CliError> {
     let log_path = ctx.store().run_dir(run_id).join("host.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -52,8 +60,11 @@ pub async fn host_detached(ctx: &Context, run_id: &RunId, from: Detached) -> Res
         Detached::Mcp => "mcp",
     };
     let mut command = std::process::Command::new(exe);
+    command.args(["host", run_id.as_str(), "--from", from, "--color", "never"]);
+    if let Some(task) = resume {
+        command.args(["--resume", task.as_str()]);
+    }
     command
-        .args(["host", run_id.as_str(), "--from", from, "--color", "never"])
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

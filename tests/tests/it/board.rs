@@ -412,3 +412,53 @@ fn finished_work_nobody_looked_at_shows_as_news_until_someone_does() {
     });
     assert!(!row(&board, "quiet:shell").contains("done*"), "{board}");
 }
+
+#[test]
+fn r_resumes_a_stopped_agent_whose_run_has_ended() {
+    let test = "r_resumes_a_stopped_agent_whose_run_has_ended";
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    // Its first start waits to be stopped; a resume in its workspace finds its marker and ends.
+    let mut host = env.spawn_crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            "--name",
+            "held",
+            "if [ -e started ]; then echo second start; exit 0; fi; touch started; echo ready; while true; do sleep 0.1; done",
+        ],
+    );
+    crate::common::runs::wait_for_agents_saying(&env, &repo, "ready", 1);
+    let stop = env.crew(&repo, ["agents", "stop", "held:shell"]);
+    assert!(stop.status.success(), "{}", render_output(&stop));
+    // Its only agent stopped: the run ends, and no host is left to resume it.
+    host.wait().unwrap();
+    let script = crew_script(&env, &repo, &["watch".to_owned()]);
+    let Some(tmux) = Tmux::start(&env, test, &script) else {
+        return;
+    };
+    tmux.screen_when("the stopped agent", |screen| {
+        row(screen, "held:shell").contains("stopped")
+    });
+    tmux.keys(&["r"]);
+    let said = tmux.screen_when("the resume", |screen| {
+        screen.contains("resumed held:shell: its run is hosted in the background")
+            || screen.contains("held:shell: ")
+    });
+    assert!(
+        said.contains("resumed held:shell: its run is hosted in the background"),
+        "{said}"
+    );
+    wait_until(30, "the resumed task to succeed", || {
+        crate::common::runs::try_manifest(&env, &repo, "held")
+            .filter(|run| run["tasks"][0]["status"] == "succeeded")
+    });
+    let log =
+        std::fs::read_to_string(repo.join(".crew/state/runs/held/tasks/shell/output.log")).unwrap();
+    assert!(log.contains("second start"), "{log}");
+    tmux.keys(&["q"]);
+}

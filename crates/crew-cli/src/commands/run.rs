@@ -348,7 +348,7 @@ async fn detach(ctx: &Context, spec: &RunSpec) -> Result<Outcome, CliError> {
     let manifest = host.create_for_handover(spec).await?;
     drop(host);
     let run_id = manifest.run_id.clone();
-    let pid = crate::foreground::host_detached(ctx, &run_id, Detached::Run).await?;
+    let pid = crate::foreground::host_detached(ctx, &run_id, Detached::Run, None).await?;
     out!("{run_id}");
     if !ctx.ui.quiet && ctx.ui.terminal {
         out!(
@@ -365,6 +365,9 @@ pub struct HostArgs {
     /// Who handed the run over: `run` (`crew run --detach`) or `mcp` (`crew mcp`).
     #[arg(long, default_value = "run")]
     pub from: Detached,
+    /// The run has ended: take it up again for this task (the board's `r`).
+    #[arg(long)]
+    pub resume: Option<crew_core::TaskId>,
 }
 
 pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
@@ -373,9 +376,17 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
     let _ = rustix::process::setsid();
     let ctx = Context::discover(ui)?;
     let host = start_host(&ctx, args.from.label()).await?;
-    host.take_over(&args.run).await?;
-    let manifest =
-        crate::foreground::run_here(&ctx, &host, &args.run, HashMap::new(), true).await?;
+    let resumes = match args.resume {
+        Some(task) => {
+            host.prepare_follow_up(&args.run, &task).await?;
+            HashMap::from([(task, None)])
+        }
+        None => {
+            host.take_over(&args.run).await?;
+            HashMap::new()
+        }
+    };
+    let manifest = crate::foreground::run_here(&ctx, &host, &args.run, resumes, true).await?;
     print_result(&ctx, &manifest, false)?;
     Ok(outcome(&manifest))
 }

@@ -100,7 +100,7 @@ pub async fn cmd_watch(args: WatchArgs, ui: Ui) -> Result<Outcome, CliError> {
                             hear(&mut board, &project, more);
                         }
                         for glance in board.glances() {
-                            tokio::spawn(perform(project.clone(), glance, results_tx.clone()));
+                            tokio::spawn(perform(ctx.clone(), glance, results_tx.clone()));
                         }
                     }
                     None => {
@@ -120,7 +120,7 @@ pub async fn cmd_watch(args: WatchArgs, ui: Ui) -> Result<Outcome, CliError> {
                         match action {
                             Some(Action::Quit) => break,
                             Some(action) => {
-                                tokio::spawn(perform(project.clone(), action, results_tx.clone()));
+                                tokio::spawn(perform(ctx.clone(), action, results_tx.clone()));
                             }
                             None => {}
                         }
@@ -306,7 +306,8 @@ fn record_seen(project: &Project, seen: Vec<crew_core::AgentId>) {
     }
 }
 
-async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) {
+async fn perform(ctx: Context, action: Action, results: mpsc::Sender<Done>) {
+    let project = ctx.project();
     let done = match action {
         Action::Answer(agent_id, message) => said(
             &agent_id,
@@ -328,11 +329,12 @@ async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) 
             "stopped",
             project.stop(&agent_id.to_string()).await,
         ),
-        Action::Resume(agent_id) => said(
-            &agent_id,
-            "resumed",
-            project.resume(&agent_id.to_string(), None).await,
-        ),
+        Action::Resume(agent_id) => match project.resume(&agent_id.to_string(), None).await {
+            // Its run has ended (a stopped agent was its last): a background host takes the
+            // run up again for it, as `crew agents resume` does in the foreground.
+            Err(ControlAgentError::NotLive { .. }) => resume_in_background(&ctx, &agent_id).await,
+            resumed => said(&agent_id, "resumed", resumed),
+        },
         Action::Diff(agent_id, task) => {
             let repo_root = project.workspace().repo_root().map(ToOwned::to_owned);
             let text = tokio::task::spawn_blocking(move || diff(repo_root.as_deref(), &task))
@@ -356,6 +358,30 @@ async fn perform(project: Project, action: Action, results: mpsc::Sender<Done>) 
     };
     // The board quit meanwhile: nobody to tell.
     let _ = results.send(done).await;
+}
+
+/// Resumes `agent_id`, whose run no host holds, in a background host of its run; the
+/// board's status line says how that went.
+async fn resume_in_background(ctx: &Context, agent_id: &AgentId) -> Done {
+    let spec = agent_id.to_string();
+    let started = async {
+        ctx.reconcile()?;
+        let Some((manifest, task_id)) = crate::commands::agents::find_task(ctx, &spec)? else {
+            return Err(crate::commands::agents::not_live(ctx, &spec));
+        };
+        crate::commands::agents::refuse_hosting_again(&manifest, &task_id, None)?;
+        crate::foreground::host_detached(
+            ctx,
+            &manifest.run_id,
+            crate::foreground::Detached::Run,
+            Some(&task_id),
+        )
+        .await
+    };
+    Done::Status(match started.await {
+        Ok(pid) => format!("resumed {agent_id}: its run is hosted in the background (pid {pid})"),
+        Err(error) => format!("{agent_id}: {}", error.error),
+    })
 }
 
 /// The board's status line after a verb on `agent_id`: what was done, or why not.

@@ -72,14 +72,14 @@ pub fn not_live(ctx: &Context, spec: &str) -> CliError {
 
 /// Hosts the run of a task that has no live host, here, going on with `answer` for it when it
 /// waits for one. Used by `follow-up` and `resume` when the run's host is gone.
-pub async fn host_again(
-    ctx: &Context,
-    manifest: RunManifest,
-    task_id: TaskId,
-    answer: Option<String>,
-) -> Result<Outcome, CliError> {
+/// Why the task `task_id` of `manifest`, whose run has no host, cannot go on with `answer`.
+pub fn refuse_hosting_again(
+    manifest: &RunManifest,
+    task_id: &TaskId,
+    answer: Option<&str>,
+) -> Result<(), CliError> {
     let task = manifest
-        .task(&task_id)
+        .task(task_id)
         .expect("the task was found in this manifest");
     // A follow-up of a task that succeeded goes on in its session; a resume without a
     // message has nothing for it to do, and an agent without a session nothing to go on with.
@@ -87,10 +87,20 @@ pub async fn host_again(
     if task.status == TaskStatus::Succeeded && !(answer.is_some() && has_session) {
         return Err(CliError::user(crew_live::runner::succeeded_refusal(
             &manifest.run_id,
-            &task_id,
+            task_id,
             has_session,
         )));
     }
+    Ok(())
+}
+
+pub async fn host_again(
+    ctx: &Context,
+    manifest: RunManifest,
+    task_id: TaskId,
+    answer: Option<String>,
+) -> Result<Outcome, CliError> {
+    refuse_hosting_again(&manifest, &task_id, answer.as_deref())?;
     let host = start_host(ctx, "crew agents").await?;
     host.prepare_follow_up(&manifest.run_id, &task_id).await?;
     // Said once the run is really taken up, never before a refusal.

@@ -151,7 +151,7 @@ impl CrewMcp {
             .map_err(|error| invalid(error.to_string()))?;
         // Hosted by a background host of its own, not by this process: the SDKs close a
         // server's input, then TERM it, then KILL it, and the run goes on through all three.
-        crate::foreground::host_detached(&self.ctx, &manifest.run_id, Detached::Mcp)
+        crate::foreground::host_detached(&self.ctx, &manifest.run_id, Detached::Mcp, None)
             .await
             .map_err(|error| ErrorData::internal_error(error.render(), None))?;
         if args.wait {
