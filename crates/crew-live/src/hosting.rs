@@ -330,9 +330,11 @@ impl Host {
                 },
             );
         let task = tokio::spawn(async move {
+            let heartbeat = tokio::spawn(mark_alive(runner.store().clone(), id.clone()));
             let result = runner
                 .execute(&id, Some(socket), cancel_rx, commands_rx, resumes)
                 .await;
+            heartbeat.abort();
             routes.remove(&id);
             forget_run(runner.host(), &id);
             going
@@ -437,5 +439,23 @@ fn forget_run(host: &AgentHost, run_id: &RunId) {
         if handle.agent_id().run_id() == run_id {
             host.registry().remove(handle.agent_id());
         }
+    }
+}
+
+/// How often a host says that a run it hosts is alive.
+const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Marks `run_id` alive in `store` every [`ALIVE_EVERY`] until aborted: if this host dies
+/// unrecorded (SIGKILL, a lost machine), its tasks end when it was last seen alive, not when an
+/// agent last printed. A mark that cannot be made costs only that precision.
+async fn mark_alive(store: std::sync::Arc<crew_core::store::StateStore>, run_id: RunId) {
+    let mut every = tokio::time::interval(ALIVE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the run's start wrote its record just now.
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let (store, run_id) = (store.clone(), run_id.clone());
+        let _ = tokio::task::spawn_blocking(move || store.mark_alive(&run_id)).await;
     }
 }

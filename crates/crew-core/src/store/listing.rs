@@ -8,6 +8,42 @@ impl StateStore {
         self.state_dir.join(RUNNING_DIR)
     }
 
+    /// Says that `run_id`'s host is alive now: its running marker's time is set to now (the
+    /// marker is never made or followed here). A host that dies unrecorded was last seen then
+    /// (see `reconcile`); its host calls this every few seconds while the run goes on.
+    pub fn mark_alive(&self, run_id: &RunId) -> Result<(), StateError> {
+        let marker = self.running_dir().join(run_id.as_str());
+        let now = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: 0,
+                tv_nsec: rustix::fs::UTIME_NOW,
+            },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: 0,
+                tv_nsec: rustix::fs::UTIME_NOW,
+            },
+        };
+        match rustix::fs::utimensat(
+            rustix::fs::CWD,
+            marker.as_std_path(),
+            &now,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(errno) => Err(io_write(&marker, errno.into())),
+        }
+    }
+
+    /// When `run_id`'s host last said it was alive ([`Self::mark_alive`]), if its marker is
+    /// there.
+    pub(super) fn marked_alive_at(&self, run_id: &RunId) -> Option<Timestamp> {
+        let marker = self.running_dir().join(run_id.as_str());
+        std::fs::symlink_metadata(marker)
+            .and_then(|metadata| metadata.modified())
+            .ok()
+            .map(Timestamp)
+    }
+
     /// Removes `run_id`'s running marker, if it has one. The caller holds the lock.
     pub(super) fn remove_marker(&self, run_id: &RunId) -> Result<(), StateError> {
         let marker = self.running_dir().join(run_id.as_str());

@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// When a task whose host died was last seen going on: the later of its run's last write
-/// (`last_written`) and its agent's last output, never before the task started nor after now
+/// When a task whose host died was last seen going on: the later of its run's last write or
+/// its host's last sign of life (`last_written`) and its agent's last output, never before the task started nor after now
 /// (an agent can set its log's time to anything). Its host died after that, when nobody
 /// recorded.
 fn last_seen(task: &TaskRecord, last_written: Timestamp, log: &Utf8Path) -> Timestamp {
@@ -72,7 +72,11 @@ impl StateStore {
                     .collect();
                 // The host died at a moment nobody recorded, maybe long before now: each task
                 // and the run end when they were last seen, not when the death was noticed.
-                let last_written = manifest.updated_at;
+                // Its host's last sign of life, too: it marks the run alive every few
+                // seconds, so an agent that printed nothing for an hour still ran that hour.
+                let last_written = self
+                    .marked_alive_at(&run_id)
+                    .map_or(manifest.updated_at, |alive| alive.max(manifest.updated_at));
                 let mut run_seen = last_written;
                 for task_id in &active {
                     let log = self.output_log_path(&run_id, task_id);
