@@ -105,8 +105,26 @@ fn init_tracing(verbose: u8, quiet: bool) {
         .ok()
         .and_then(|filter| tracing_subscriber::EnvFilter::try_new(filter).ok())
     {
-        Some(filter) => builder.with_env_filter(filter).try_init(),
-        None => builder.with_max_level(level).try_init(),
+        Some(filter) => builder
+            .with_env_filter(filter)
+            .try_init()
+            .map_err(|error| error.to_string()),
+        None => {
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+            // The ACP library warns of each error it answers; an editor's ordinary refusal (an
+            // unknown session, a folder with no project) is in the answer, and is no warning
+            // of crew's on the editor's log.
+            let quieter = tracing_subscriber::filter::Targets::new()
+                .with_default(level)
+                .with_target("agent_client_protocol", tracing::Level::ERROR);
+            builder
+                .with_max_level(level)
+                .finish()
+                .with(quieter)
+                .try_init()
+                .map_err(|error| error.to_string())
+        }
     };
 }
 

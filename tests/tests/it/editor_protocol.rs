@@ -332,9 +332,15 @@ fn malformed_messages_get_json_rpc_errors_and_the_server_goes_on() {
         .args(["serve", "--stdio"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stderr = crew.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut said).unwrap();
+        said
+    });
     let mut stdin = crew.stdin.take().unwrap();
     let mut lines = std::io::BufReader::new(crew.stdout.take().unwrap()).lines();
     let mut exchange = |line: &str| -> serde_json::Value {
@@ -366,4 +372,7 @@ fn malformed_messages_get_json_rpc_errors_and_the_server_goes_on() {
         crew.wait().unwrap().success(),
         "the server ends cleanly when its input does"
     );
+    // The errors were the answers: the editor's log holds no warning of them.
+    let said = said.join().unwrap();
+    assert!(said.is_empty(), "{said}");
 }
