@@ -86,6 +86,104 @@ pub struct Baseline {
     /// to start (a confined one cannot write them): see [`Baseline::check_refs`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     refs: Option<BTreeMap<String, String>>,
+    /// The object store as it was then, recorded with the refs: see
+    /// [`Baseline::check_objects`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    objects: Option<ObjectsRecord>,
+}
+
+/// What an unconfined agent could rewrite of the object store: the loose objects whose file
+/// changed since `since` are checked against their names, and each pack file that was there is
+/// known by its identity (git never writes a pack over one of the same name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ObjectsRecord {
+    /// When it was recorded (or last checked), as seconds and nanoseconds since the epoch.
+    since: (i64, i64),
+    /// Each pack file (`pack-<hash>.pack`) by its inode, size and change time.
+    packs: BTreeMap<String, (u64, u64, i64, i64)>,
+}
+
+impl ObjectsRecord {
+    fn now(common: &Utf8Path) -> Self {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        ObjectsRecord {
+            since: (
+                i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
+                i64::from(now.subsec_nanos()),
+            ),
+            packs: packs_of(common),
+        }
+    }
+}
+
+/// The pack files of the object store of `common`, by identity.
+fn packs_of(common: &Utf8Path) -> BTreeMap<String, (u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = common.join("objects/pack").read_dir_utf8() else {
+        return BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_name().ends_with(".pack"))
+        .filter_map(|entry| {
+            let metadata = entry.path().symlink_metadata().ok()?;
+            Some((
+                entry.file_name().to_owned(),
+                (
+                    metadata.ino(),
+                    metadata.size(),
+                    metadata.ctime(),
+                    metadata.ctime_nsec(),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// Which of the loose object files `candidates` do not hold the object their name says: each
+/// read by itself (an object store of those files alone, so that a pack holding the same object
+/// cannot answer for it), inflated and hashed by libgit2, which refuses an object whose content
+/// is not its name. A file that cannot be read as an object is one of them.
+fn forged_loose_objects(
+    candidates: Vec<(Utf8PathBuf, git2::Oid)>,
+) -> Vec<(Utf8PathBuf, git2::Oid)> {
+    if candidates.is_empty() {
+        return candidates;
+    }
+    let Ok(dir) = tempfile::tempdir() else {
+        // Nowhere to look at them alone: none is said to be forged.
+        return Vec::new();
+    };
+    let Some(objects) = dir.path().to_str() else {
+        return Vec::new();
+    };
+    let mut forged = Vec::new();
+    let mut copied = Vec::new();
+    for (path, oid) in candidates {
+        let hex = oid.to_string();
+        let fan = dir.path().join(&hex[..2]);
+        let copy =
+            std::fs::create_dir_all(&fan).and_then(|()| std::fs::copy(&path, fan.join(&hex[2..])));
+        match copy {
+            Ok(_) => copied.push((path, oid)),
+            Err(_) => forged.push((path, oid)),
+        }
+    }
+    let Ok(odb) = git2::Odb::new().and_then(|odb| odb.add_disk_alternate(objects).map(|()| odb))
+    else {
+        return Vec::new();
+    };
+    for (path, oid) in copied {
+        let holds = odb.read(oid).is_ok_and(|object| {
+            git2::Oid::hash_object(object.kind(), object.data()).is_ok_and(|hashed| hashed == oid)
+        });
+        if !holds {
+            forged.push((path, oid));
+        }
+    }
+    forged
 }
 
 impl Baseline {
@@ -96,7 +194,82 @@ impl Baseline {
             return false;
         }
         self.refs = Some(direct_refs(repo));
+        self.objects = Some(ObjectsRecord::now(&self.common));
         true
+    }
+
+    /// What an unconfined agent may have rewritten of the object store since it was recorded:
+    /// each loose object whose file changed since and no longer holds what its name says (the
+    /// user's git would read the agent's content for it) is moved to `evidence` and reported,
+    /// so that git refuses the missing object rather than hand out the forged one; each pack
+    /// file written over in place is reported. The record then moves to now, so that each is
+    /// said once.
+    pub fn check_objects(&mut self, evidence: &Utf8Path) -> Vec<SecurityFinding> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(record) = &mut self.objects else {
+            return Vec::new();
+        };
+        let checked = ObjectsRecord::now(&self.common);
+        let objects = self.common.join("objects");
+        let mut findings = Vec::new();
+        let mut candidates = Vec::new();
+        let fans = objects.read_dir_utf8().into_iter().flatten().flatten();
+        for fan in fans.filter(|fan| {
+            fan.file_name().len() == 2 && fan.file_name().bytes().all(|b| b.is_ascii_hexdigit())
+        }) {
+            for entry in fan.path().read_dir_utf8().into_iter().flatten().flatten() {
+                let Ok(metadata) = entry.path().symlink_metadata() else {
+                    continue;
+                };
+                // Status changed since (a second's slack for coarse clocks): written, rewritten
+                // or freshened meanwhile. What was there before and untouched is as it was.
+                if (metadata.ctime() + 1, metadata.ctime_nsec()) < record.since {
+                    continue;
+                }
+                if let Ok(oid) =
+                    git2::Oid::from_str(&format!("{}{}", fan.file_name(), entry.file_name()))
+                {
+                    candidates.push((entry.path().to_owned(), oid));
+                }
+            }
+        }
+        for (path, oid) in forged_loose_objects(candidates) {
+            let saved = keep_evidence(&path, evidence);
+            let moved_aside = saved.is_some() && std::fs::remove_file(&path).is_ok();
+            findings.push(SecurityFinding {
+                path,
+                change: format!(
+                    "rewritten: it no longer holds the object {oid} its name says, so git would read the agent's content for it{}",
+                    if moved_aside {
+                        "; moved aside (`git fsck` names what is missing; a file of your checkout that still holds it goes back with `git hash-object -w <file>`)"
+                    } else {
+                        ""
+                    }
+                ),
+                restored: false,
+                saved,
+                on_branch: false,
+            });
+        }
+        for (name, was) in &record.packs {
+            let path = objects.join("pack").join(name);
+            if let Some(now) = checked.packs.get(name)
+                && now != was
+            {
+                let index = path.with_extension("idx");
+                findings.push(SecurityFinding {
+                    path,
+                    change: format!(
+                        "written over in place (git never does): `git verify-pack -v {index}` checks it"
+                    ),
+                    restored: false,
+                    saved: None,
+                    on_branch: false,
+                });
+            }
+        }
+        *record = checked;
+        findings
     }
 
     /// Whether the refs are recorded.
@@ -169,6 +342,7 @@ impl Baseline {
             entries: BTreeMap::new(),
             common: common.to_owned(),
             refs: None,
+            objects: None,
         };
         for path in baseline.watched_now(&[]) {
             baseline.add_file(&path);

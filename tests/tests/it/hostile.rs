@@ -720,6 +720,13 @@ echo done"#
         "{forward}"
     );
     assert!(about("refs/heads/main").is_none(), "{findings:?}");
+    // The objects it and crew wrote hold what their names say: nothing to say of them.
+    assert!(
+        !findings
+            .iter()
+            .any(|finding| finding["path"].as_str().unwrap().contains("/objects/")),
+        "{findings:#?}"
+    );
     assert!(shown.contains("SECURITY"), "{shown}");
     // With what was said, the user puts it back.
     env.git(
@@ -734,6 +741,85 @@ echo done"#
         env.git(&repo, ["show", &format!("{early_branch}:early.txt")]),
         "early\n"
     );
+}
+
+/// With the sandbox off an agent can write the object store itself: a loose object of the
+/// user's history rewritten to hold the agent's content (git reads loose objects without
+/// checking them against their names) is reported and moved aside, so that the user's git
+/// refuses the missing object rather than hand out the forged one.
+#[test]
+fn with_the_sandbox_off_a_rewritten_object_of_the_users_history_is_reported_and_moved_aside() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nmode = \"off\"\n",
+    );
+    env.allow_settings(&repo);
+    let readme = env
+        .git(&repo, ["rev-parse", "HEAD:README.md"])
+        .trim()
+        .to_owned();
+    let (fan, rest) = readme.split_at(2);
+    let attack = format!(
+        r#"forged=$(printf 'forged by the agent\n' | git hash-object -w --stdin)
+store=$(git rev-parse --git-path objects)
+target="$CREW_PROJECT_ROOT/.git/objects/{fan}/{rest}"
+chmod u+w "$target" && cp "$store/$(echo $forged | cut -c1-2)/$(echo $forged | cut -c3-)" "$target" && echo FORGED"#
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--workspace-mode",
+            "worktree",
+            &attack,
+        ],
+    );
+    let shown = render_output(&output);
+    let run = run_ids(&env, &repo)[0].clone();
+    assert!(
+        output_log(&repo, &run, "shell").contains("FORGED"),
+        "{shown}"
+    );
+    let manifest = manifest(&env, &repo, &run);
+    let record = task(&manifest, "shell");
+    assert_eq!(record["sandbox"]["state"], "off");
+    let findings = record["teardown"]["security"].as_array().unwrap().clone();
+    let forged = findings
+        .iter()
+        .find(|finding| {
+            finding["path"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("objects/{fan}/{rest}"))
+        })
+        .unwrap_or_else(|| panic!("the rewritten object is said: {findings:#?}"));
+    assert!(
+        forged["change"].as_str().unwrap().contains("moved aside"),
+        "{forged}"
+    );
+    assert!(shown.contains("SECURITY"), "{shown}");
+    // The user's git no longer reads the agent's content for it, and what was said puts the
+    // object back from the checkout.
+    let read = std::process::Command::new("git")
+        .args(["cat-file", "-p", &readme])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&read.stdout).contains("forged"),
+        "{}",
+        String::from_utf8_lossy(&read.stdout)
+    );
+    env.git(&repo, ["hash-object", "-w", "README.md"]);
+    assert_eq!(
+        env.git(&repo, ["show", "HEAD:README.md"]),
+        "# test repository\n"
+    );
+    env.git(&repo, ["fsck", "--strict"]);
 }
 
 #[test]

@@ -124,6 +124,7 @@ impl CrewWorkspaces {
                 .map(|mut baseline| {
                     let mut findings = baseline.restore(&own, &evidence);
                     findings.extend(self.check_refs(&mut baseline, repo_root, [&key]));
+                    findings.extend(baseline.check_objects(&evidence));
                     findings
                 })
                 .unwrap_or_default();
@@ -131,6 +132,7 @@ impl CrewWorkspaces {
         let mut findings = tripwire.baseline.restore(&own, &evidence);
         let active: Vec<(RunId, TaskId)> = tripwire.active.iter().cloned().collect();
         findings.extend(self.check_refs(&mut tripwire.baseline, repo_root, active.iter()));
+        findings.extend(tripwire.baseline.check_objects(&evidence));
         if !request.keep {
             tripwire.active.remove(&key);
             if !tripwire
