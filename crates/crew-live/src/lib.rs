@@ -144,6 +144,7 @@
 //!         prompt: "echo hello; read answer; echo got $answer".into(),
 //!         timeout: Some(Duration::from_secs(60)),
 //!         stop_grace: Duration::from_secs(10),
+//!         unreachable_timeout: None,
 //!         output_log: "/tmp/hello.log".into(),
 //!         output_log_limit: 64 << 20,
 //!         socket: None,

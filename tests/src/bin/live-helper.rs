@@ -110,6 +110,7 @@ fn confined_spec(
         prompt: String::new(),
         timeout: None,
         stop_grace: Duration::from_secs(10),
+        unreachable_timeout: None,
         output_log: log,
         output_log_limit: 64 << 20,
         socket: None,
@@ -369,6 +370,7 @@ fn start(args: &[String]) {
                     prompt: String::new(),
                     timeout: None,
                     stop_grace: Duration::from_secs(2),
+                    unreachable_timeout: None,
                     output_log: camino::Utf8PathBuf::from_path_buf(
                         logs.path().join(format!("a{index}.log")),
                     )
@@ -492,6 +494,7 @@ fn download(args: &[String]) {
                     prompt: String::new(),
                     timeout: None,
                     stop_grace: Duration::from_secs(2),
+                    unreachable_timeout: None,
                     output_log: camino::Utf8PathBuf::from_path_buf(
                         logs.path().join(format!("a{index}.log")),
                     )

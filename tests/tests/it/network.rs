@@ -578,3 +578,66 @@ fn a_task_given_no_network_that_fails_says_so_in_its_reason() {
         "{shown}"
     );
 }
+
+/// An agent whose model's host cannot be resolved retries for as long as it is let (Gemini CLI
+/// for many minutes): once every request through its proxy has failed for
+/// `[run] unreachable_timeout`, crew ends it, and its task fails saying what its proxy met.
+#[test]
+fn an_agent_that_can_reach_nothing_it_may_reach_is_ended_with_what_its_proxy_met() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    define(
+        &repo,
+        "offline",
+        "network = \"proxy\"\nallow_hosts = [\"no-such-host.invalid\"]\n",
+    );
+    write(
+        &repo.join(".crew/config.toml"),
+        "[run]\nunreachable_timeout = \"3s\"\ntask_timeout = \"60s\"\n",
+    );
+    env.allow_settings(&repo);
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "offline",
+            "while true; do curl -s -m 2 http://no-such-host.invalid/ >/dev/null; sleep 0.2; done",
+        ],
+    );
+    let shown = render_output(&run);
+    assert_eq!(run.status.code(), Some(1), "{shown}");
+    let run_id = run_ids(&env, &repo).remove(0);
+    let record = manifest(&env, &repo, &run_id);
+    let task = &record["tasks"][0];
+    assert_eq!(task["status"], "failed", "{task:#}");
+    let reason = task["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("crew ended the agent: for ")
+            && reason.contains("every request it made through crew's proxy failed")
+            && reason.contains("no-such-host.invalid cannot be resolved"),
+        "{reason}"
+    );
+    assert_eq!(task["exit"]["timed_out"], false, "{task:#}");
+    assert!(task["exit"]["stopped_by"].is_null(), "{task:#}");
+
+    // One that gives up by itself first fails with what its proxy met in its reason.
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "offline",
+            "for i in 1 2; do curl -s -m 2 http://no-such-host.invalid/ >/dev/null; done; exit 7",
+        ],
+    );
+    assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
+    let record = manifest(&env, &repo, &run_ids(&env, &repo).remove(0));
+    let reason = record["tasks"][0]["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.starts_with("the agent exited with code 7")
+            && reason.contains("its last 2 request(s) through crew's proxy failed")
+            && reason.contains("no-such-host.invalid cannot be resolved"),
+        "{reason}"
+    );
+}

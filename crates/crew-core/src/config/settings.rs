@@ -354,6 +354,10 @@ pub struct RunSettings {
     pub stop_grace: HumanDuration,
     /// Default timeout of every task; none when absent.
     pub task_timeout: Option<HumanDuration>,
+    /// How long every request an agent makes through crew's proxy may fail upstream (its
+    /// model's host cannot be resolved or reached) with none getting through, before crew ends
+    /// it and fails its task saying so; `0s`: never.
+    pub unreachable_timeout: HumanDuration,
     /// Stop the other tasks as soon as one fails.
     pub fail_fast: bool,
     /// How large an agent's `output.log` may grow; past it the log starts over and keeps the
@@ -386,6 +390,7 @@ impl Default for RunSettings {
             max_parallel: Parallelism(NonZeroUsize::new(4).expect("4 is not zero")),
             stop_grace: HumanDuration(Duration::from_secs(10)),
             task_timeout: None,
+            unreachable_timeout: HumanDuration(Duration::from_secs(120)),
             fail_fast: false,
             max_output_log: ByteSize(64 * 1024 * 1024),
             base_moved: BaseMoved::Warn,

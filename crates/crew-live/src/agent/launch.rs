@@ -44,6 +44,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
         checking: false,
         landed: None,
         lost: None,
+        unreachable: None,
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))
 }
@@ -80,6 +81,7 @@ pub(crate) fn start_idle(
         checking: false,
         landed: None,
         lost: None,
+        unreachable: None,
     };
     supervise_from(
         spec,

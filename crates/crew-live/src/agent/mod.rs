@@ -84,6 +84,9 @@ pub struct AgentSpec {
     pub timeout: Option<Duration>,
     /// Time between TERM and KILL.
     pub stop_grace: Duration,
+    /// End the agent when every request through its proxy has failed upstream for this long
+    /// and none got through (`[run] unreachable_timeout`); `None`: never.
+    pub unreachable_timeout: Option<Duration>,
     /// `output.log`; its directory is created when missing.
     pub output_log: Utf8PathBuf,
     /// How large `output.log` may grow before it starts over (the part before is kept as
@@ -185,6 +188,18 @@ pub struct AgentStatus {
     pub landed: Option<(String, String)>,
     /// A placed task's connection was lost before its work came back: where the work is.
     pub lost: Option<String>,
+    /// Every request of its last process through crew's proxy was failing upstream when it
+    /// ended: why, and whether crew ended it for that.
+    pub unreachable: Option<Unreachable>,
+}
+
+/// Why an agent's requests through crew's proxy were all failing when it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unreachable {
+    /// What the task's reason says of it.
+    pub said: String,
+    /// crew ended the agent for it (`[run] unreachable_timeout`).
+    pub ended_by_crew: bool,
 }
 
 /// What a live agent is doing, as far as crew can tell: what listings show to say who needs

@@ -106,6 +106,22 @@ pub struct Counts {
     allowed: AtomicU64,
     refused: AtomicU64,
     refusals: std::sync::Mutex<Vec<String>>,
+    /// Since the last request that got through: requests the lists allowed that failed
+    /// upstream (a name that cannot be resolved, a host that cannot be reached).
+    unreachable: std::sync::Mutex<Option<Unreachable>>,
+}
+
+/// Requests the lists allowed that have all failed upstream, and none got through, for a while.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreachable {
+    /// Since the first of them.
+    pub since: std::time::Instant,
+    /// When the last of them failed.
+    pub last_at: std::time::Instant,
+    /// How many.
+    pub failures: u64,
+    /// Why the last one failed (`… cannot be resolved: …`).
+    pub last: String,
 }
 
 /// How many distinct refusals a proxy keeps for its task's warning (every one is an event).
@@ -136,6 +152,41 @@ impl Counts {
     /// Requests refused.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether every request let through since the last that got through has failed
+    /// upstream: since when, how many, and why the last did.
+    pub fn unreachable(&self) -> Option<Unreachable> {
+        self.unreachable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Notes how a request the lists allowed went upstream: through (`None`), or failed for
+    /// `reason`.
+    fn upstream(&self, failed: Option<&str>) {
+        let mut unreachable = self
+            .unreachable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = std::time::Instant::now();
+        match (failed, unreachable.as_mut()) {
+            (None, _) => *unreachable = None,
+            (Some(reason), Some(down)) => {
+                down.failures += 1;
+                down.last_at = now;
+                reason.clone_into(&mut down.last);
+            }
+            (Some(reason), None) => {
+                *unreachable = Some(Unreachable {
+                    since: now,
+                    last_at: now,
+                    failures: 1,
+                    last: reason.to_owned(),
+                });
+            }
+        }
     }
 }
 
@@ -218,6 +269,7 @@ async fn connection(
     let report = |allowed: bool, reason: Option<String>| {
         if allowed {
             counts.allowed.fetch_add(1, Ordering::Relaxed);
+            counts.upstream(reason.as_deref());
         } else {
             counts.refused.fetch_add(1, Ordering::Relaxed);
         }

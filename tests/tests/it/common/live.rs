@@ -44,6 +44,7 @@ impl LiveFixture {
             prompt: "the prompt".into(),
             timeout: None,
             stop_grace: Duration::from_millis(500),
+            unreachable_timeout: None,
             output_log: self.env.root().join("logs").join(format!("{task}.log")),
             output_log_limit: 64 << 20,
             socket: None,

@@ -9,6 +9,14 @@ mod between;
 
 use between::refused_check;
 
+/// How often an agent's proxy is asked whether all its requests fail upstream.
+const NETWORK_CHECK: Duration = Duration::from_secs(1);
+/// The fewest failed requests that make an agent's network unreachable.
+const MIN_UNREACHABLE_FAILURES: u64 = 3;
+/// How recent the last failed request must be: an agent whose requests failed a while ago and
+/// that has asked for nothing since works on without the network, and is left to.
+const STILL_TRYING: Duration = Duration::from_secs(60);
+
 pub(super) struct Supervisor {
     spec: AgentSpec,
     launcher: Launcher,
@@ -428,6 +436,14 @@ impl Supervisor {
         // When an agent whose session is over and that has not exited is ended by crew.
         let mut linger_until: Option<Instant> = None;
         let mut ended_after_session = false;
+        // Whether its requests through its proxy have all failed upstream for too long.
+        let unreachable_timeout = self
+            .spec
+            .unreachable_timeout
+            .filter(|_| running.proxy.is_some());
+        let mut network_checks = tokio::time::interval(NETWORK_CHECK);
+        network_checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ended_unreachable = false;
 
         let status = loop {
             tokio::select! {
@@ -535,6 +551,27 @@ impl Supervisor {
                     timed_out = true;
                     stopping = self.terminate(pid, grace);
                 }
+                _ = network_checks.tick(), if unreachable_timeout.is_some() && stopping == Stopping::No => {
+                    let down = running.proxy.as_ref().and_then(|proxy| proxy.counts().unreachable());
+                    if let (Some(down), Some(timeout)) = (down, unreachable_timeout)
+                        && down.since.elapsed() >= timeout
+                        && down.failures >= MIN_UNREACHABLE_FAILURES
+                        && down.last_at.elapsed() <= STILL_TRYING
+                    {
+                        let said = format!(
+                            "crew ended the agent: for {} every request it made through crew's proxy failed ({} of them) and none got through; the last: {} (`[run] unreachable_timeout`; `crew agents resume {}` once it can be reached)",
+                            crew_core::config::HumanDuration(Duration::from_secs(down.since.elapsed().as_secs())),
+                            down.failures,
+                            down.last,
+                            self.spec.agent_id,
+                        );
+                        self.status.send_modify(|status| {
+                            status.unreachable = Some(super::Unreachable { said, ended_by_crew: true });
+                        });
+                        ended_unreachable = true;
+                        stopping = self.terminate(pid, grace);
+                    }
+                }
                 _ = tokio::time::sleep_until(linger_until.unwrap_or(far_future)), if linger_until.is_some() && stopping == Stopping::No => {
                     // Its session is over and it does not exit (claude-code-acp ignores the
                     // end of its input): crew ends it, which is no failure of its task.
@@ -578,6 +615,10 @@ impl Supervisor {
             // crew's own end of a finished session: not a stop anyone asked for.
             exit.stopped_by = None;
             exit.ended_after_session = true;
+        }
+        if ended_unreachable && stop_waiters.is_empty() && !timed_out {
+            // crew's own end of an agent that could reach nothing: its task fails, saying so.
+            exit.stopped_by = None;
         }
         exit.leaked_processes = running.leftovers.get().saturating_add(
             self.clean_up_leftovers(pid, &mut running.readers, stopping == Stopping::Killed)
@@ -627,11 +668,26 @@ impl Supervisor {
             .as_ref()
             .map(|proxy| proxy.counts().refusals())
             .unwrap_or_default();
+        // Failing upstream as it ended by itself: what its proxy met is part of why.
+        let down = proxy
+            .as_ref()
+            .and_then(|proxy| proxy.counts().unreachable())
+            .filter(|_| !ended_unreachable)
+            .map(|down| super::Unreachable {
+                said: format!(
+                    "its last {} request(s) through crew's proxy failed and none got through since: {}",
+                    down.failures, down.last
+                ),
+                ended_by_crew: false,
+            });
         drop(proxy);
         self.status.send_modify(|status| {
             status.asks_alive = false;
             status.refused_writes = refused.unwrap_or_default();
             status.refused_hosts = refused_hosts;
+            if down.is_some() {
+                status.unreachable = down;
+            }
         });
         Ended {
             exit,

@@ -250,6 +250,20 @@ impl RunContext {
                     status = TaskStatus::Interrupted;
                     reason = Some(lost.clone());
                 }
+                // Its requests through crew's proxy were all failing: that is why, or part of
+                // it (a name its model's API goes by that cannot be resolved).
+                match (&agent.unreachable, cancelled) {
+                    (Some(down), false) if down.ended_by_crew => {
+                        status = TaskStatus::Failed;
+                        reason = Some(down.said.clone());
+                    }
+                    (Some(down), _) if status == TaskStatus::Failed => {
+                        if let Some(why) = &mut reason {
+                            why.push_str(&format!("; {}", down.said));
+                        }
+                    }
+                    _ => {}
+                }
                 // A limit is named as one: what it is, and when it lifts. A last turn that
                 // ended on one leaves the work undone, whatever the exit says.
                 match (status, agent.limit, &mut reason) {

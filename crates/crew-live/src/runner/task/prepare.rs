@@ -144,6 +144,8 @@ impl RunContext {
             prompt: task.prompt.clone(),
             timeout: task.timeout.map(|timeout| timeout.0),
             stop_grace: self.runner.config.run.stop_grace.0,
+            unreachable_timeout: Some(self.runner.config.run.unreachable_timeout.0)
+                .filter(|timeout| !timeout.is_zero()),
             output_log: store.output_log_path(&self.run_id, &task.id),
             output_log_limit: self.runner.config.run.max_output_log.0,
             socket: self.socket.clone(),
