@@ -185,6 +185,7 @@ impl Bench {
             task_id: TaskId::parse(task).unwrap(),
             agent_alive: false,
             keep: false,
+            placed_for: None,
         }
     }
 
@@ -658,6 +659,7 @@ fn warm_builds(bench: &Bench) {
         task_id: TaskId::parse(task).unwrap(),
         agent_alive: false,
         keep: false,
+        placed_for: None,
     };
     // A task's change: a function more in one of the libraries (it and the application are
     // checked again).
@@ -1657,6 +1659,7 @@ fn hundred_tasks(bench: &Bench) {
                         task_id,
                         agent_alive: false,
                         keep: false,
+                        placed_for: None,
                     };
                     provider.teardown(&allocated, &teardown).unwrap();
                 }

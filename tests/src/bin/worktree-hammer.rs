@@ -46,6 +46,7 @@ fn unreadable(provider: &CrewWorkspaces, workspace: &Workspace, run_id: RunId) {
         task_id: TaskId::parse("locked-out").unwrap(),
         agent_alive: false,
         keep: false,
+        placed_for: None,
     };
     match provider.teardown(&allocated, &teardown) {
         Ok(_) => println!("removed"),

@@ -70,6 +70,12 @@ fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its
         env.git(&repo, ["show", &format!("{branch}:api.txt")]),
         "the api\n"
     );
+    // crew's commit of what it left uncommitted names this run, not the shim's own.
+    let message = env.git(&repo, ["log", "-1", "--format=%s", &branch]);
+    assert_eq!(
+        message.trim(),
+        format!("crew: save the work of task shell (run {run})")
+    );
     assert!(!repo.join("owned.txt").exists());
     // It never had a worktree here; its clone is the shim's.
     assert!(!repo.join(".worktrees").join(&run).exists());

@@ -141,6 +141,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         placement: args.placement.clone(),
         network: args.network,
         allow_open_network: args.allow_open_network,
+        placed_for: None,
     };
     if args.detach {
         return detach(&ctx, &spec).await;

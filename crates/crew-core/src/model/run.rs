@@ -70,6 +70,10 @@ pub struct RunManifest {
     /// it in at the next whole write (`StateStore`). Absent once the run ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal: Option<u64>,
+    /// The run of the crew host this run works for, when it is a placement's (`crew shim`):
+    /// the commits crew makes of its tasks' work name that run, not this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed_for: Option<RunId>,
 }
 
 /// Who asked for a run to be cancelled, from where, and why.
@@ -322,6 +326,7 @@ impl RunManifest {
             cancelled_by: None,
             tasks,
             journal: None,
+            placed_for: None,
         }
     }
 

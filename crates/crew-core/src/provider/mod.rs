@@ -286,6 +286,9 @@ pub struct TeardownRequest {
     pub agent_alive: bool,
     /// Keep the workspace in place (the agent waits for an answer and will be resumed in it).
     pub keep: bool,
+    /// The run a placement's run works for (its manifest's `placed_for`): the commits crew
+    /// makes of the work name it.
+    pub placed_for: Option<RunId>,
 }
 
 /// Lines added and removed between the base and the task branch.

@@ -147,6 +147,7 @@ impl Runner {
             .unwrap_or(self.config.run.fail_fast);
         let team_name = team.name.clone();
         let name = spec.name.clone();
+        let placed_for = spec.placed_for.clone();
         let manifest = blocking(move || {
             let build = |run_id| {
                 let mut manifest =
@@ -158,6 +159,7 @@ impl Runner {
                 manifest.base_branch = plan.base_branch.clone();
                 manifest.max_parallel = max_parallel;
                 manifest.fail_fast = fail_fast;
+                manifest.placed_for = placed_for.clone();
                 if !plan.warnings.is_empty() {
                     manifest.reason = Some(plan.warnings.join("; "));
                 }

@@ -83,6 +83,9 @@ pub struct RunSpec {
     /// it asks for (no unprivileged user namespaces, or no Landlock), the agent runs with the
     /// network open, said on the task, instead of being refused.
     pub allow_open_network: bool,
+    /// The run of the host a placement's run works for (`crew shim`): see
+    /// [`crew_core::model::RunManifest::placed_for`].
+    pub placed_for: Option<RunId>,
 }
 
 impl RunSpec {
@@ -101,6 +104,7 @@ impl RunSpec {
             placement: None,
             network: None,
             allow_open_network: false,
+            placed_for: None,
         }
     }
 }

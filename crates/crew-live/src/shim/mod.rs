@@ -346,6 +346,7 @@ async fn start(
     let spec = RunSpec {
         mode: Some(WorkspaceMode::Worktree),
         base: Some(start_at),
+        placed_for: Some(run.clone()),
         ..RunSpec::of(team)
     };
     let manifest = host

@@ -46,6 +46,7 @@ pub(super) async fn earlier_work(
                         task_id: task.clone(),
                         agent_alive: false,
                         keep: false,
+                        placed_for: manifest.placed_for.clone(),
                     };
                     let saved = provider
                         .teardown(&recorded.to_task_workspace(), &request)

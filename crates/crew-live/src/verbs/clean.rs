@@ -193,6 +193,7 @@ impl Project {
                 task_id: task.clone(),
                 agent_alive: false,
                 keep: false,
+                placed_for: manifest.placed_for.clone(),
             };
             let provider = self.provider().clone();
             let kind = workspace.kind;

@@ -387,6 +387,7 @@ impl WorkspaceProvider for CrewWorkspaces {
                         settings: &self.settings,
                         repo_root,
                         run_id: &request.run_id,
+                        placed_for: request.placed_for.as_ref(),
                         task_id: &request.task_id,
                         keep_ignored_in: self
                             .settings

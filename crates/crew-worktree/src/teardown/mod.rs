@@ -49,6 +49,8 @@ pub struct TeardownWorktree<'a> {
     pub repo_root: &'a Utf8Path,
     /// The run.
     pub run_id: &'a RunId,
+    /// The run its commits name, when not `run_id` (a placement's run, for its host's).
+    pub placed_for: Option<&'a RunId>,
     /// The task.
     pub task_id: &'a TaskId,
     /// Where the agent's ignored files go (`None`: they go with the worktree).

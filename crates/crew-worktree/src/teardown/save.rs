@@ -189,7 +189,8 @@ pub(super) fn save_work(
         let signature = crew_signature().map_err(commit_error)?;
         let message = format!(
             "crew: save the work of task {} (run {})\n\nCommitted by crew when the task ended, from the changes the agent left uncommitted.\n",
-            request.task_id, request.run_id
+            request.task_id,
+            request.placed_for.unwrap_or(request.run_id)
         );
         let commit_id = repo
             .commit(

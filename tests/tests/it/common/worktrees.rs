@@ -70,6 +70,7 @@ impl Fixture {
             task_id: TaskId::parse(task).unwrap(),
             agent_alive: false,
             keep: false,
+            placed_for: None,
         }
     }
 

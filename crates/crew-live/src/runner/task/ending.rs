@@ -79,6 +79,7 @@ impl RunContext {
             task_id: task_id.clone(),
             agent_alive: false,
             keep,
+            placed_for: self.placed_for.clone(),
         };
         let allocated = workspace.clone();
         let mut result = blocking(move || {

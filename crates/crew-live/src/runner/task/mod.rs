@@ -46,6 +46,8 @@ use crate::sandbox::SandboxPlan;
 pub(super) struct RunContext {
     runner: Runner,
     run_id: RunId,
+    /// The host's run this run works for, when it is a placement's.
+    placed_for: Option<RunId>,
     socket: Option<Utf8PathBuf>,
     base: Option<String>,
     invocation_dir: Utf8PathBuf,
@@ -150,6 +152,7 @@ impl RunContext {
         RunContext {
             runner,
             run_id: manifest.run_id.clone(),
+            placed_for: manifest.placed_for.clone(),
             socket,
             base: manifest.base.clone(),
             invocation_dir: manifest.invocation_dir.clone(),
