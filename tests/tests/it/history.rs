@@ -333,7 +333,7 @@ echo work > work.txt
 git add work.txt && git -c user.name=agent -c user.email=agent@example.com commit -q -m "agent's work" && echo COMMITTED
 # Its own view of the git directory: blanked there, the user's stays whole.
 echo > .git/packed-refs && echo BLANKED
-crew agents list > /dev/null && echo LISTED
+crew runs list > /dev/null && echo LISTED
 echo done
 "##;
     let output = env.crew(&repo, ["run", "--agent", "shell", attack]);
