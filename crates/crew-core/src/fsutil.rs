@@ -61,21 +61,29 @@ pub enum FileError {
 /// `base` down, each level is opened without following a link (`openat` with `O_NOFOLLOW`) and
 /// made (mode 0700) when missing, so a level swapped for a link at any moment is refused
 /// rather than followed out of `base`. `name` itself must not exist (it is made with mode 0777
-/// under the umask, as `create_dir` does): an existing one is `AlreadyExists`. Returns its path.
+/// under the umask, as `create_dir` does): an existing one is `AlreadyExists`. Returns its path,
+/// and the directory itself held open (see [`crate::paths::HeldDir`]) for filling it.
 pub fn create_dir_beneath(
     base: &Utf8Path,
     parents: &[&str],
     name: &str,
-) -> Result<Utf8PathBuf, FileError> {
+) -> Result<(Utf8PathBuf, crate::paths::HeldDir), FileError> {
+    use rustix::fs::{Mode, OFlags};
     let (dir, mut path) = open_dirs_beneath(base, parents)?;
     path.push(name);
-    rustix::fs::mkdirat(&dir, name, rustix::fs::Mode::from_raw_mode(0o777)).map_err(|errno| {
-        FileError::CreateDir {
-            path: path.clone(),
-            source: errno.into(),
-        }
-    })?;
-    Ok(path)
+    let failed = |errno: rustix::io::Errno| FileError::CreateDir {
+        path: path.clone(),
+        source: errno.into(),
+    };
+    rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o777)).map_err(failed)?;
+    let made = rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(failed)?;
+    Ok((path, crate::paths::HeldDir::from_fd(made)))
 }
 
 /// Renames `from` to `to`, both beneath `base`, through directory handles: each one's parent
@@ -607,9 +615,17 @@ mod tests {
         std::fs::create_dir(&outside).unwrap();
         let base = root.join("repo");
         std::fs::create_dir(&base).unwrap();
-        let made = create_dir_beneath(&base, &[".worktrees", "run"], "task").unwrap();
+        let (made, held) = create_dir_beneath(&base, &[".worktrees", "run"], "task").unwrap();
         assert_eq!(made, base.join(".worktrees/run/task"));
         assert!(made.is_dir());
+        // Held: what is written through it lands there even once its path names elsewhere.
+        std::fs::rename(base.join(".worktrees/run"), root.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, base.join(".worktrees/run")).unwrap();
+        std::fs::write(held.path().join("file"), "x").unwrap();
+        assert!(root.join("moved/task/file").is_file());
+        assert!(!outside.join("task").exists());
+        std::fs::remove_file(base.join(".worktrees/run")).unwrap();
+        std::fs::rename(root.join("moved"), base.join(".worktrees/run")).unwrap();
         assert!(matches!(
             create_dir_beneath(&base, &[".worktrees", "run"], "task"),
             Err(FileError::CreateDir { .. })

@@ -390,10 +390,16 @@ pub fn give_owner_access(dir: &impl rustix::fd::AsFd) -> io::Result<bool> {
     Ok(true)
 }
 
-/// [`give_owner_access`] for `root` and every directory beneath it, never following a link:
-/// how many needed it. For the rare workspace an operation found read-only; a whole walk.
-pub fn give_owner_access_below(root: &Path) -> io::Result<usize> {
-    let dir = open_dir_without_links(root)?;
+/// [`give_owner_access`] for the directory open at `root` and every directory beneath it,
+/// never following a link below it: how many needed it. For the rare workspace an operation
+/// found read-only; a whole walk.
+pub fn give_owner_access_below(root: &impl rustix::fd::AsFd) -> io::Result<usize> {
+    let dir = rustix::fs::openat(
+        root,
+        ".",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
     let mut given = usize::from(give_owner_access(&dir)?);
     let mut pending = vec![reopen_readable(&dir)?];
     while let Some(dir) = pending.pop() {
@@ -457,6 +463,35 @@ fn reopen_readable(dir: &rustix::fd::OwnedFd) -> io::Result<rustix::fd::OwnedFd>
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
+}
+
+/// A directory crew holds open while it fills it: what it writes there goes through
+/// [`HeldDir::path`], which names this very directory whatever is done meanwhile to the path
+/// it was opened by (a level of it renamed away and a link to elsewhere put in its place).
+#[derive(Debug)]
+pub struct HeldDir {
+    fd: rustix::fd::OwnedFd,
+}
+
+impl HeldDir {
+    /// Holds the directory `path`, reached with no link at any level.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        Ok(HeldDir {
+            fd: open_dir_without_links(path)?,
+        })
+    }
+
+    /// Holds the directory open at `fd` (an `O_PATH` handle will do).
+    pub fn from_fd(fd: rustix::fd::OwnedFd) -> Self {
+        HeldDir { fd }
+    }
+
+    /// `/proc/self/fd/<n>`: a path to the directory held, for what takes a path (git, a
+    /// child's working directory, which is entered before its `exec` closes the handle).
+    pub fn path(&self) -> Utf8PathBuf {
+        use rustix::fd::AsRawFd;
+        Utf8PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
 }
 
 /// Opens the directory `path` for the `*at` calls (`O_PATH`), refusing a link at any level of

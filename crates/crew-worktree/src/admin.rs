@@ -120,10 +120,13 @@ pub const COMMONDIR: &str = "../..\n";
 /// Writes the admin entry `name` for a worktree at `worktree_root` on `branch`, locked with
 /// [`INITIALIZING`], and the worktree's `.git` file. The worktree directory must exist and be
 /// empty; the admin entry must not exist.
+///
+/// `worktree_root` is `(where it is, the path to write its `.git` through)`: the second the
+/// held directory's handle (see `crew_core::paths::HeldDir`).
 pub fn write_entry(
     common: &Utf8Path,
     name: &str,
-    worktree_root: &Utf8Path,
+    (worktree_root, through): (&Utf8Path, &Utf8Path),
     branch_ref: &str,
 ) -> Result<Utf8PathBuf, FileError> {
     let root = admin_root(common);
@@ -141,10 +144,7 @@ pub fn write_entry(
         &dir.join("gitdir"),
         format!("{worktree_root}/.git\n").as_bytes(),
     )?;
-    write_atomic(
-        &worktree_root.join(".git"),
-        format!("gitdir: {dir}\n").as_bytes(),
-    )?;
+    write_atomic(&through.join(".git"), format!("gitdir: {dir}\n").as_bytes())?;
     Ok(dir)
 }
 

@@ -62,6 +62,9 @@ pub struct AgentGit {
     admin: Utf8PathBuf,
     /// The worktree.
     root: Utf8PathBuf,
+    /// Where its `.git` is written: the worktree's held directory while it is made (see
+    /// `crew_core::paths::HeldDir`), else `root`.
+    through: Option<Utf8PathBuf>,
 }
 
 /// The agent's work could not be taken into the repository.
@@ -99,7 +102,19 @@ impl AgentGit {
             common: common.to_owned(),
             admin: admin::admin_root(common).join(&names.admin),
             root: names.root.clone(),
+            through: None,
         }
+    }
+
+    /// The same, writing the worktree's `.git` through `through` (its held directory).
+    pub fn writing_through(mut self, through: &Utf8Path) -> Self {
+        self.through = Some(through.to_owned());
+        self
+    }
+
+    /// The worktree's `.git`, as crew writes it.
+    fn dot_git_file(&self) -> Utf8PathBuf {
+        self.through.as_ref().unwrap_or(&self.root).join(".git")
     }
 
     /// `<admin>/agent`: what the sandbox grants the agent in the repository.
@@ -140,11 +155,8 @@ impl AgentGit {
             .map_err(|error| format!("could not make {building}: {error}"))?;
         std::fs::rename(&building, self.dir())
             .map_err(|error| format!("could not make {}: {error}", self.dir()))?;
-        write_atomic(
-            &self.root.join(".git"),
-            self.dot_git(&self.dir()).as_bytes(),
-        )
-        .map_err(|error| error.to_string())?;
+        write_atomic(&self.dot_git_file(), self.dot_git(&self.dir()).as_bytes())
+            .map_err(|error| error.to_string())?;
         Ok(Vec::new())
     }
 
@@ -225,7 +237,7 @@ impl AgentGit {
         let files = [
             (self.admin.join("commondir"), admin::COMMONDIR.to_owned()),
             (self.admin.join("gitdir"), format!("{}/.git\n", self.root)),
-            (self.root.join(".git"), self.dot_git(&dir)),
+            (self.dot_git_file(), self.dot_git(&dir)),
             (dir.join("gitdir"), format!("{}/.git\n", self.root)),
             (dir.join("commondir"), format!("{store}\n")),
             (
@@ -370,11 +382,8 @@ impl AgentGit {
     /// directory stays where it is, unread, with what could not be taken; the admin entry keeps
     /// its own index.
     pub fn point_back(&self) -> Result<(), String> {
-        write_atomic(
-            &self.root.join(".git"),
-            self.dot_git(&self.admin).as_bytes(),
-        )
-        .map_err(|error| error.to_string())
+        write_atomic(&self.dot_git_file(), self.dot_git(&self.admin).as_bytes())
+            .map_err(|error| error.to_string())
     }
 
     /// Gives the worktree back its ordinary `.git` once its work is taken: the admin entry gets
@@ -391,11 +400,8 @@ impl AgentGit {
             std::fs::rename(&index, self.admin.join("index"))
                 .map_err(|error| format!("could not move {index}: {error}"))?;
         }
-        write_atomic(
-            &self.root.join(".git"),
-            self.dot_git(&self.admin).as_bytes(),
-        )
-        .map_err(|error| error.to_string())?;
+        write_atomic(&self.dot_git_file(), self.dot_git(&self.admin).as_bytes())
+            .map_err(|error| error.to_string())?;
         remove_contained(&self.dir(), &[&self.admin])
             .map(drop)
             .map_err(|error| error.to_string())
@@ -506,6 +512,7 @@ pub fn live_tips(common: &Utf8Path) -> std::collections::HashMap<String, (Oid, U
             common: common.to_owned(),
             admin: entry.path().to_owned(),
             root: Utf8PathBuf::new(),
+            through: None,
         };
         if !agent_git.exists() {
             continue;

@@ -137,8 +137,15 @@ pub fn prepare_worktree(
     let created = create_locked(&repo, &common, &names, request, &mut made);
     drop(lock);
     let result = created.and_then(|(base_commit, tip)| {
+        let held = made.held.as_ref().ok_or_else(|| PrepareWorktreeError::CreateDir {
+            path: names.root.clone(),
+            source: crew_core::fsutil::FileError::CreateDir {
+                path: names.root.clone(),
+                source: std::io::Error::other("the worktree's directory was not held"),
+            },
+        })?;
         let (dir, mut warnings) =
-            finish_outside_lock(&common, &names, request, tip, made.recycled)?;
+            finish_outside_lock(&common, &names, request, tip, made.recycled, held)?;
         if unfinished {
             warnings.push(format!(
                 "workspace:worktree — a preparation killed before it finished had left this worktree half made; it was made again from {}",
@@ -196,6 +203,9 @@ struct Made {
     run_dir: Option<Utf8PathBuf>,
     worktree_dir: bool,
     admin_entry: bool,
+    /// The worktree's directory, held open: what fills it goes through this, never through its
+    /// path, which a racing process could point elsewhere meanwhile.
+    held: Option<crew_core::paths::HeldDir>,
 }
 
 fn create_locked(
@@ -268,6 +278,18 @@ fn create_locked(
         made.recycled = true;
         made.worktree_dir = true;
         made.admin_entry = true;
+        // Held from here: what fills it never goes through its path again.
+        made.held = Some(
+            crew_core::paths::HeldDir::open(names.root.as_std_path()).map_err(|source| {
+                PrepareWorktreeError::CreateDir {
+                    path: names.root.clone(),
+                    source: crew_core::fsutil::FileError::CreateDir {
+                        path: names.root.clone(),
+                        source,
+                    },
+                }
+            })?,
+        );
         return Ok((base, tip));
     }
     // Through handles from the repository root down: `.worktrees/<run>` swapped for a link as
@@ -279,19 +301,28 @@ fn create_locked(
         .map(|component| component.as_str())
         .collect();
     parents.push(request.run_id.as_str());
-    crew_core::fsutil::create_dir_beneath(request.repo_root, &parents, request.task_id.as_str())
-        .map_err(|source| PrepareWorktreeError::CreateDir {
-            path: names.root.clone(),
-            source,
-        })?;
+    let (_, held) = crew_core::fsutil::create_dir_beneath(
+        request.repo_root,
+        &parents,
+        request.task_id.as_str(),
+    )
+    .map_err(|source| PrepareWorktreeError::CreateDir {
+        path: names.root.clone(),
+        source,
+    })?;
     made.worktree_dir = true;
     made.admin_entry = true;
-    admin::write_entry(common, &names.admin, &names.root, &names.branch_ref()).map_err(
-        |source| PrepareWorktreeError::Register {
-            path: names.root.clone(),
-            source,
-        },
-    )?;
+    admin::write_entry(
+        common,
+        &names.admin,
+        (&names.root, &held.path()),
+        &names.branch_ref(),
+    )
+    .map_err(|source| PrepareWorktreeError::Register {
+        path: names.root.clone(),
+        source,
+    })?;
+    made.held = Some(held);
     Ok((base, tip))
 }
 
@@ -301,26 +332,31 @@ fn finish_outside_lock(
     request: &CreateWorktree<'_>,
     tip: Oid,
     recycled: bool,
+    held: &crew_core::paths::HeldDir,
 ) -> Result<(Utf8PathBuf, Vec<String>), PrepareWorktreeError> {
+    // Every write below goes through the directory held since it was made (or taken from the
+    // pool), never through `names.root` again.
+    let through = held.path();
     let filled = if recycled {
         let _turn = crate::passes::turn();
-        pool::switch(&names.root, tip, request.settings)
+        pool::switch(&through, tip, request.settings)
     } else {
-        checkout::populate(&names.root, common, tip, request.progress)
+        checkout::populate(&through, common, tip, request.progress)
     };
     filled.map_err(|source| PrepareWorktreeError::Checkout {
         path: names.root.clone(),
         branch: names.branch.clone(),
         source,
     })?;
-    envsetup::link_paths(request.settings, request.repo_root, &names.root)?;
-    let warnings = envsetup::copy_paths(request.settings, request.repo_root, &names.root)?;
-    let dir = task_dir(&names.root, request.invocation_dir)?;
-    envsetup::run_setup(request.settings, &names.root, request.env)?;
+    envsetup::link_paths(request.settings, request.repo_root, &through)?;
+    let warnings = envsetup::copy_paths(request.settings, request.repo_root, &through)?;
+    task_dir(&through, request.invocation_dir)?;
+    let dir = task_dir_path(&names.root, request.invocation_dir);
+    envsetup::run_setup(request.settings, &through, request.env)?;
     let mut warnings = warnings;
     if let Some(file) = &request.baseline_file {
-        let links = crate::teardown::crew_links(request.settings, request.repo_root, &names.root);
-        let recorded = SetupBaseline::take(&names.root, &links)
+        let links = crate::teardown::crew_links(request.settings, request.repo_root, &through);
+        let recorded = SetupBaseline::take(&through, &links)
             .map_err(|error| error.message().to_owned())
             .and_then(|baseline| baseline.save(file).map_err(|error| error.to_string()));
         if let Err(problem) = recorded {
@@ -333,6 +369,7 @@ fn finish_outside_lock(
     // worktree's git is the agent's own.
     let leader = leader::open(Some(request.repo_root), request.repo_root)?;
     AgentGit::of(common, names)
+        .writing_through(&through)
         .arm(&leader)
         .map_err(|problem| PrepareWorktreeError::AgentGit {
             path: names.root.clone(),
@@ -361,13 +398,18 @@ fn lock_in_use(
     })
 }
 
+/// `<worktree>/<invocation dir>`: where the agent starts.
+fn task_dir_path(root: &Utf8Path, invocation_dir: &Utf8Path) -> Utf8PathBuf {
+    crew_core::paths::resolve_contained_path(root, invocation_dir)
+        .unwrap_or_else(|_| root.to_owned())
+}
+
 /// `<worktree>/<invocation dir>`, created when the leader's directory is not tracked.
 fn task_dir(
     root: &Utf8Path,
     invocation_dir: &Utf8Path,
 ) -> Result<Utf8PathBuf, PrepareWorktreeError> {
-    let dir = crew_core::paths::resolve_contained_path(root, invocation_dir)
-        .unwrap_or_else(|_| root.to_owned());
+    let dir = task_dir_path(root, invocation_dir);
     std::fs::create_dir_all(&dir).map_err(|source| PrepareWorktreeError::CreateDir {
         path: dir.clone(),
         source: crew_core::fsutil::FileError::CreateDir {

@@ -20,6 +20,8 @@ pub fn link_paths(
     worktree_root: &Utf8Path,
 ) -> Result<Vec<Utf8PathBuf>, PrepareWorktreeError> {
     let mut made = Vec::new();
+    // Where the worktree really is (the path given may be a held directory's handle).
+    let real_root = worktree_root.canonicalize_utf8().ok();
     for relative in &settings.link {
         let source = leader_root.join(relative);
         let target = worktree_root.join(relative);
@@ -29,9 +31,11 @@ pub fn link_paths(
         // The parent must be a real directory of the worktree, never a link leading out.
         let parent_ok = target.parent().is_some_and(|parent| {
             std::fs::create_dir_all(parent).is_ok()
-                && parent
-                    .canonicalize_utf8()
-                    .is_ok_and(|real| real.starts_with(worktree_root))
+                && parent.canonicalize_utf8().is_ok_and(|real| {
+                    real_root
+                        .as_ref()
+                        .is_some_and(|root| real.starts_with(root))
+                })
         });
         if !parent_ok {
             continue;

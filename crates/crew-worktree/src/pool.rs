@@ -188,8 +188,10 @@ pub fn switch(
     settings: &WorktreeSettings,
 ) -> Result<(), git2::Error> {
     match switch_once(root, commit, settings) {
+        // `root` as the caller holds it: the worktree's held directory (`/proc/self/fd/<n>`).
         Err(_)
-            if crew_core::paths::give_owner_access_below(root.as_std_path())
+            if std::fs::File::open(root)
+                .and_then(|dir| crew_core::paths::give_owner_access_below(&dir))
                 .is_ok_and(|given| given > 0) =>
         {
             switch_once(root, commit, settings)
@@ -484,7 +486,7 @@ pub fn refill(
             let path = dir.join(&id);
             std::fs::create_dir(&path)
                 .map_err(|error| git2::Error::from_str(&format!("{path}: {error}")))?;
-            let registered = admin::write_entry(common, &name, &path, "HEAD")
+            let registered = admin::write_entry(common, &name, (&path, &path), "HEAD")
                 .and_then(|_| admin::set_head(common, &name, &commit.to_string()))
                 .and_then(|()| admin::set_lock(common, &name, Some(&filling_reason())));
             if let Err(error) = registered {

@@ -2625,6 +2625,14 @@ fn a_workspace_swapped_for_a_link_as_it_is_made_never_runs_the_agent_elsewhere()
                 "{mode} {sandbox}: the agent ran in {}",
                 task.display()
             );
+            // Nor did crew write the task's checkout there.
+            let mut left: Vec<String> = std::fs::read_dir(&task)
+                .unwrap()
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect();
+            left.sort();
+            assert_eq!(left, ["canary.txt"], "{mode} {sandbox}: {}", task.display());
         }
     }
 }
