@@ -1247,20 +1247,36 @@ fn sandboxed_starts(bench: &Bench) {
         paired: true,
     }
     .print();
+    // The one absolute figure DESIGN §9 fixes beside the ratio.
     print_per_agent(
         "sandbox added at each start",
         per_agent,
-        Duration::from_micros(500),
+        Some(Duration::from_micros(500)),
     );
     // Single mode's read-only places (a mount each) and its private view of the git directory
     // (an overlay), against the ruleset alone.
-    let (_, _, per_agent) = paired_starts(&start, "single", "on", AGENTS);
+    let (single, confined, per_agent) = paired_starts(&start, "single", "on", AGENTS);
+    Comparison {
+        name: "200 agent starts, single mode's mounts".into(),
+        crew: single,
+        reference: confined,
+        reference_name: "sandboxed".into(),
+        target: Some(START_EXTRAS),
+        paired: true,
+    }
+    .print();
     print_per_agent(
         "single mode's mounts and git view at each start",
         per_agent,
-        Duration::from_millis(1),
+        None,
     );
 }
+
+/// What a start with more of the kernel's isolation may cost against a sandboxed start measured
+/// in the same run (single mode's mounts, an agent's own network namespace): a ratio, which a
+/// slower host's kernel changes on both sides, where an absolute time (the 1 ms a start of
+/// earlier runs) it misses by as much as the host is slower.
+const START_EXTRAS: f64 = 1.50;
 
 /// What `network = "proxy"` costs: a 100 MB download from a server on this machine through
 /// crew's proxy against the same download with the network open, paired rounds taking turns;
@@ -1300,18 +1316,23 @@ fn network(bench: &Bench) {
         let figures = live_helper(&["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox]);
         Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
     };
-    let (_, _, per_agent) = paired_starts(&start, "none", "on", AGENTS);
-    print_per_agent(
-        "network \"none\" added at each start",
-        per_agent,
-        Duration::from_millis(1),
-    );
-    let (_, _, per_agent) = paired_starts(&start, "proxy", "on", AGENTS);
-    print_per_agent(
-        "network \"proxy\" added at each start",
-        per_agent,
-        Duration::from_millis(1),
-    );
+    for mode in ["none", "proxy"] {
+        let (isolated, confined, per_agent) = paired_starts(&start, mode, "on", AGENTS);
+        Comparison {
+            name: format!("200 agent starts, network \"{mode}\""),
+            crew: isolated,
+            reference: confined,
+            reference_name: "sandboxed, open".into(),
+            target: Some(START_EXTRAS),
+            paired: true,
+        }
+        .print();
+        print_per_agent(
+            &format!("network \"{mode}\" added at each start"),
+            per_agent,
+            None,
+        );
+    }
     let peak = |mode| download(mode, "50", "20")["hwm_kib"].as_u64().unwrap();
     let (proxied, open) = (peak("proxy"), peak("direct"));
     println!(
@@ -1353,14 +1374,17 @@ fn paired_starts(
     (ours, theirs, per_agent)
 }
 
-/// A line saying what something costs each agent start, against its 1 ms target.
-fn print_per_agent(name: &str, per_agent: Duration, limit: Duration) {
-    println!(
-        "{name:<44} {} per agent (≤ {}: {})",
-        seconds(per_agent),
-        seconds(limit),
-        if per_agent <= limit { "met" } else { "MISSED" }
-    );
+/// A line saying what something costs each agent start, against its target where it has one.
+fn print_per_agent(name: &str, per_agent: Duration, limit: Option<Duration>) {
+    match limit {
+        Some(limit) => println!(
+            "{name:<44} {} per agent (≤ {}: {})",
+            seconds(per_agent),
+            seconds(limit),
+            if per_agent <= limit { "met" } else { "MISSED" }
+        ),
+        None => println!("{name:<44} {} per agent", seconds(per_agent)),
+    }
 }
 
 /// 200 sleeping agents in one host process: its CPU while they sleep, its memory, and the time
@@ -1703,14 +1727,15 @@ fn hundred_tasks(bench: &Bench) {
         if own_mb <= 64 { "met" } else { "MISSED" },
         run.peak_pack_kb / 1024,
     );
+    let times = own.median().as_secs_f64() / agents.median().as_secs_f64();
     println!(
-        "{:<44} {} [{} … {}] per task beyond the agents' own {} (≤ 5ms: {}); a run in {}",
+        "{:<44} {} [{} … {}] per task, {times:.2}× an agent's own {} (≤ {OWN_CPU_TIMES:.0}×: {}); a run in {}",
         "100 tasks, 8 at once: crew's own CPU",
         seconds(own.median()),
         seconds(own.min()),
         seconds(own.max()),
         seconds(agents.median()),
-        if own.median() <= Duration::from_millis(5) {
+        if times <= OWN_CPU_TIMES {
             "met"
         } else {
             "MISSED"
@@ -1718,6 +1743,12 @@ fn hundred_tasks(bench: &Bench) {
         seconds(single.median()),
     );
 }
+
+/// What crew's own CPU for a task may be, against an agent's own (`sh -c true`, started by the
+/// benchmark beside each round): what crew does to start, follow and end one agent, in units of
+/// what the kernel and the dynamic loader cost the agent itself, which a slower host raises on
+/// both sides (5 ms a task, the absolute target of earlier runs, is about 6× on this machine).
+const OWN_CPU_TIMES: f64 = 6.0;
 
 /// `crew run --fan-out tasks` of the shell agent's `true` in `mode`, `parallel` at once,
 /// measured.
@@ -1780,6 +1811,7 @@ fn thousand_tasks(bench: &Bench) {
     let run = |tasks: usize| fan_out_true(&crew, &project, "single", tasks, 16);
     let rounds = bench.rounds.min(3);
     let mut own = [Samples::default(), Samples::default()];
+    let mut alone = Samples::default();
     let mut elapsed = [Samples::default(), Samples::default()];
     let mut memory_mb = 0;
     for _ in 0..rounds {
@@ -1787,6 +1819,7 @@ fn thousand_tasks(bench: &Bench) {
             let agents = agents_alone_cpu(tasks);
             let measured = run(tasks);
             own[side].push(measured.cpu.saturating_sub(agents) / tasks as u32);
+            alone.push(agents / tasks as u32);
             elapsed[side].push(measured.elapsed);
             memory_mb = memory_mb.max(measured.peak_anonymous_kb / 1024);
         }
@@ -1833,14 +1866,16 @@ fn thousand_tasks(bench: &Bench) {
     }
 
     let flat = own[1].median().as_secs_f64() / own[0].median().as_secs_f64();
+    let times = own[1].median().as_secs_f64() / alone.median().as_secs_f64();
     println!(
-        "{:<44} {:<28} {:<28} {:>6.2}×  ≤ 1.20× {}; ≤ 5ms a task: {}",
+        "{:<44} {:<28} {:<28} {:>6.2}×  ≤ 1.20× {}; {times:.2}× an agent's own {} (≤ {OWN_CPU_TIMES:.0}×: {})",
         "crew's own CPU a task, 1,000 against 100",
         own[1].show(),
         own[0].show(),
         flat,
         if flat <= 1.2 { "met" } else { "MISSED" },
-        if own[1].median() <= Duration::from_millis(5) {
+        seconds(alone.median()),
+        if times <= OWN_CPU_TIMES {
             "met"
         } else {
             "MISSED"
