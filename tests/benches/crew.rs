@@ -1747,7 +1747,7 @@ fn hundred_tasks(bench: &Bench) {
 /// What crew's own CPU for a task may be, against an agent's own (`sh -c true`, started by the
 /// benchmark beside each round): what crew does to start, follow and end one agent, in units of
 /// what the kernel and the dynamic loader cost the agent itself, which a slower host raises on
-/// both sides (5 ms a task, the absolute target of earlier runs, is about 6× on this machine).
+/// both sides (BENCHMARKS.md has where the figure came from).
 const OWN_CPU_TIMES: f64 = 6.0;
 
 /// `crew run --fan-out tasks` of the shell agent's `true` in `mode`, `parallel` at once,

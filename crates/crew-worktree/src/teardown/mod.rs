@@ -129,9 +129,10 @@ pub fn teardown_worktree(
         // The agent's commits and crew's own of what it left uncommitted. (Verified: its index
         // now stages nothing but the tip's tree.)
         take(&agent_git)?;
-        // From here the work is on its branch, whatever keeps the worktree in place.
+        // From here the work is on its branch, whatever keeps the worktree in place. (What it
+        // changes is counted once, when the branch is settled.)
         if let Some(branch) = &work_branch {
-            describe_branch(&leader_repo, request, branch, report);
+            describe_branch(&leader_repo, request, branch, report, false);
         }
         report.setup_paths = untouched
             .iter()
@@ -443,7 +444,7 @@ fn settle_branches(
         report.merge_hint = None;
         return;
     };
-    let Some(tip) = describe_branch(repo, request, &kept, report) else {
+    let Some(tip) = describe_branch(repo, request, &kept, report, true) else {
         return;
     };
     if let Some(base) = base {
@@ -453,13 +454,14 @@ fn settle_branches(
     }
 }
 
-/// Records in `report` that the task's work is on `branch`: its tip, its changes since the
-/// base and how to merge it. The tip, `None` when the branch is not there.
+/// Records in `report` that the task's work is on `branch`: its tip, how to merge it and, when
+/// `counted`, its changes since the base. The tip, `None` when the branch is not there.
 fn describe_branch(
     repo: &Repository,
     request: &TeardownWorktree<'_>,
     branch: &str,
     report: &mut TeardownReport,
+    counted: bool,
 ) -> Option<Oid> {
     let tip = repo
         .find_branch(branch, BranchType::Local)
@@ -471,7 +473,9 @@ fn describe_branch(
         .base_commit
         .as_deref()
         .and_then(|base| Oid::from_str(base).ok());
-    report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
+    if counted {
+        report.diffstat = base.and_then(|base| diffstat(repo, base, tip));
+    }
     report.merge_hint = Some(format!("git merge {branch}"));
     report.tip = Some(tip.to_string());
     report.branch = Some(branch.to_owned());
