@@ -166,8 +166,11 @@ fn an_agent_cannot_lock_the_ports_other_tasks_lease() {
     );
     assert!(started.status.success(), "{}", render_output(&started));
     let hostile_run = String::from_utf8(started.stdout).unwrap().trim().to_owned();
+    // Read once written: the file exists, empty, between its `open` and its `write`.
     let tried = wait_until(30, "the agent to try the lease file", || {
-        std::fs::read_to_string(repo.join("tried.txt")).ok()
+        std::fs::read_to_string(repo.join("tried.txt"))
+            .ok()
+            .filter(|tried| !tried.is_empty())
     });
     // Another task of the user's, while the hostile agent lives: it gets its port.
     let run = env.crew(
