@@ -164,8 +164,21 @@ fn forged_loose_objects(
     for (path, oid) in candidates {
         let hex = oid.to_string();
         let fan = dir.path().join(&hex[..2]);
-        let copy =
-            std::fs::create_dir_all(&fan).and_then(|()| std::fs::copy(&path, fan.join(&hex[2..])));
+        // Opened with no link followed and without waiting: a link or a FIFO in its place
+        // (never git's) holds no object, and whatever a link names is not read.
+        let copy = std::fs::create_dir_all(&fan).and_then(|()| {
+            let object = rustix::fs::open(
+                path.as_std_path(),
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::NONBLOCK
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            let mut object = std::fs::File::from(object);
+            let mut copied = std::fs::File::create(fan.join(&hex[2..]))?;
+            std::io::copy(&mut object, &mut copied)
+        });
         match copy {
             Ok(_) => copied.push((path, oid)),
             Err(_) => forged.push((path, oid)),
@@ -235,7 +248,9 @@ impl Baseline {
         }
         for (path, oid) in forged_loose_objects(candidates) {
             let saved = keep_evidence(&path, evidence);
-            let moved_aside = saved.is_some() && std::fs::remove_file(&path).is_ok();
+            // What is not a file (a FIFO, on which the user's `git fsck` would wait) goes too.
+            let regular = std::fs::symlink_metadata(&path).is_ok_and(|metadata| metadata.is_file());
+            let moved_aside = (saved.is_some() || !regular) && std::fs::remove_file(&path).is_ok();
             findings.push(SecurityFinding {
                 path,
                 change: format!(

@@ -765,7 +765,13 @@ fn with_the_sandbox_off_a_rewritten_object_of_the_users_history_is_reported_and_
         r#"forged=$(printf 'forged by the agent\n' | git hash-object -w --stdin)
 store=$(git rev-parse --git-path objects)
 target="$CREW_PROJECT_ROOT/.git/objects/{fan}/{rest}"
-chmod u+w "$target" && cp "$store/$(echo $forged | cut -c1-2)/$(echo $forged | cut -c3-)" "$target" && echo FORGED"#
+chmod u+w "$target" && cp "$store/$(echo $forged | cut -c1-2)/$(echo $forged | cut -c3-)" "$target" && echo FORGED
+# A FIFO named as an object (crew must not wait on it) and a link to a file of the user's.
+mkdir -p "$CREW_PROJECT_ROOT/.git/objects/ee"
+mkfifo "$CREW_PROJECT_ROOT/.git/objects/ee/{fifo}"
+ln -s "$HOME/.secret" "$CREW_PROJECT_ROOT/.git/objects/ee/{link}""#,
+        fifo = "1".repeat(38),
+        link = "2".repeat(38),
     );
     let output = env.crew(
         &repo,
@@ -801,6 +807,16 @@ chmod u+w "$target" && cp "$store/$(echo $forged | cut -c1-2)/$(echo $forged | c
         forged["change"].as_str().unwrap().contains("moved aside"),
         "{forged}"
     );
+    // Neither the FIFO nor the link is taken for an object; each is said.
+    for name in ["1", "2"] {
+        let planted = format!("objects/ee/{}", name.repeat(38));
+        assert!(
+            findings
+                .iter()
+                .any(|finding| finding["path"].as_str().unwrap().ends_with(&planted)),
+            "{planted}: {findings:#?}"
+        );
+    }
     assert!(shown.contains("SECURITY"), "{shown}");
     // The user's git no longer reads the agent's content for it, and what was said puts the
     // object back from the checkout.
