@@ -228,26 +228,33 @@ fn a_limit_met_again_after_its_reset_waits_crew_s_backoff_not_the_reset_it_said(
             .filter(|event| event["status"] == "paused")
             .collect()
     };
-    // A busy machine may take a while to start the agent twice: what was seen is shown if
-    // the second pause never comes.
+    // A busy machine may take a while to start the agent twice, and the run's record is
+    // written apart from its events: both are waited for, and what was seen is shown if the
+    // second pause never comes.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    let (run, second) = loop {
+    let (run, second, record) = loop {
         if let Some(run) = run_ids(&env, &repo).into_iter().next()
             && let Some(second) = paused(&run).get(1).cloned()
         {
-            break (run, second);
+            let record = task(&manifest(&env, &repo, &run), "claude").clone();
+            if !record["limit"]["retry_at"].is_null() {
+                break (run, second, record);
+            }
         }
         if std::time::Instant::now() > deadline {
             let run = run_ids(&env, &repo).into_iter().next().unwrap_or_default();
             panic!(
-                "the task did not pause a second time; its events:\n{}",
-                events(&run)
+                "the task did not pause a second time with a time to try again; its events:\n{}\nits record: {:#}",
+                events(&run),
+                if run.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    task(&manifest(&env, &repo, &run), "claude").clone()
+                }
             );
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
-    let recorded = manifest(&env, &repo, &run);
-    let record = task(&recorded, "claude");
     let retry: crew_core::model::Timestamp =
         serde_json::from_value(record["limit"]["retry_at"].clone())
             .unwrap_or_else(|error| panic!("{error}: {record:#}"));
