@@ -483,10 +483,17 @@ pub fn refill(
             crew_core::fsutil::spread_apart(&dir);
             let id = uuid_like();
             let name = format!("{}{id}", pool_prefix(settings));
-            let path = dir.join(&id);
-            std::fs::create_dir(&path)
-                .map_err(|error| git2::Error::from_str(&format!("{path}: {error}")))?;
-            let registered = admin::write_entry(common, &name, (&path, &path), "HEAD")
+            // Made and filled through handles from the repository root down: a level swapped
+            // for a link meanwhile is refused, never followed out of the repository.
+            let mut parents: Vec<&str> = settings
+                .dir
+                .components()
+                .map(|component| component.as_str())
+                .collect();
+            parents.push(POOL_DIR);
+            let (path, held) = crew_core::fsutil::create_dir_beneath(repo_root, &parents, &id)
+                .map_err(file_error)?;
+            let registered = admin::write_entry(common, &name, (&path, &held.path()), "HEAD")
                 .and_then(|_| admin::set_head(common, &name, &commit.to_string()))
                 .and_then(|()| admin::set_lock(common, &name, Some(&filling_reason())));
             if let Err(error) = registered {
@@ -496,13 +503,17 @@ pub fn refill(
                 let _ = admin::remove_entry(common, &name);
                 return Err(file_error(error));
             }
-            Pooled {
-                admin: name,
-                path,
-                pooled_at: SystemTime::now(),
-            }
+            (
+                Pooled {
+                    admin: name,
+                    path,
+                    pooled_at: SystemTime::now(),
+                },
+                held,
+            )
         };
-        let filled = crate::checkout::populate(&filling.path, common, commit, None);
+        let (filling, held) = filling;
+        let filled = crate::checkout::populate(&held.path(), common, commit, None);
         let _lock = crate::create::repo_lock(common).map_err(lock_error)?;
         match filled
             .map_err(|error| error.message().to_owned())

@@ -578,3 +578,63 @@ fn a_worktree_where_the_task_made_a_link_is_not_pooled_so_nothing_is_written_thr
     );
     assert_eq!(tree_fingerprint(outside.as_std_path()), before);
 }
+
+/// A racing process swaps the pool's directory for a link to a directory of the user's the
+/// moment a refill makes a spare worktree there: the checkout is never written through the
+/// link (the refill fills the directory it made, by handle).
+#[test]
+fn a_pool_swapped_for_a_link_as_a_refill_fills_it_is_never_written_through() {
+    let env = crew_tests::TestEnv::new();
+    let repo = crate::common::runs::repo_with_config(&env, "[worktree]\npool_size = 2\n");
+    // Enough files that a checkout gives the racer its chance.
+    for index in 0..400 {
+        write(&repo.join(format!("src/{index}.txt")), "a file\n");
+    }
+    env.git(&repo, ["add", "src"]);
+    env.git(&repo, ["commit", "-q", "-m", "files"]);
+    let pool = repo.join(".worktrees/.pool").into_std_path_buf();
+    std::fs::create_dir_all(&pool).unwrap();
+    let victim = env.root().join("victim").into_std_path_buf();
+    let aside = env.root().join("aside").into_std_path_buf();
+    std::fs::create_dir_all(&victim).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (pool, victim, aside, stop) =
+            (pool.clone(), victim.clone(), aside.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let spare = std::fs::read_dir(&pool)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .find(|entry| entry.path().is_dir());
+                if let Some(spare) = spare {
+                    std::fs::create_dir_all(victim.join(spare.file_name())).unwrap();
+                    std::fs::rename(&pool, &aside).unwrap();
+                    std::os::unix::fs::symlink(&victim, &pool).unwrap();
+                    return Some(spare.file_name());
+                }
+                std::thread::yield_now();
+            }
+            None
+        })
+    };
+    let output = env.crew(&repo, ["worktrees", "refill"]);
+    let shown = crew_tests::render_output(&output);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let spare = racer
+        .join()
+        .unwrap()
+        .unwrap_or_else(|| panic!("the racer never had its chance: {shown}"));
+    let written: Vec<String> = std::fs::read_dir(victim.join(&spare))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        written.is_empty(),
+        "the refill wrote {written:?} through the link: {shown}"
+    );
+    // The spare it made was filled where it was made.
+    assert!(aside.join(&spare).join("src/0.txt").exists(), "{shown}");
+}

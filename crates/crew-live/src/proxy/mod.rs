@@ -108,12 +108,12 @@ pub struct Counts {
     refusals: std::sync::Mutex<Vec<String>>,
     /// Since the last request that got through: requests the lists allowed that failed
     /// upstream (a name that cannot be resolved, a host that cannot be reached).
-    unreachable: std::sync::Mutex<Option<Unreachable>>,
+    unreachable: std::sync::Mutex<Option<FailingUpstream>>,
 }
 
 /// Requests the lists allowed that have all failed upstream, and none got through, for a while.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unreachable {
+pub struct FailingUpstream {
     /// Since the first of them.
     pub since: std::time::Instant,
     /// When the last of them failed.
@@ -156,7 +156,7 @@ impl Counts {
 
     /// Whether every request let through since the last that got through has failed
     /// upstream: since when, how many, and why the last did.
-    pub fn unreachable(&self) -> Option<Unreachable> {
+    pub fn unreachable(&self) -> Option<FailingUpstream> {
         self.unreachable
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -179,7 +179,7 @@ impl Counts {
                 reason.clone_into(&mut down.last);
             }
             (Some(reason), None) => {
-                *unreachable = Some(Unreachable {
+                *unreachable = Some(FailingUpstream {
                     since: now,
                     last_at: now,
                     failures: 1,
