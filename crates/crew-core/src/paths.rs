@@ -231,20 +231,80 @@ impl DirIdentity {
     /// Whether `path` still names this very directory, reached with no link on the way (see
     /// [`DirIdentity::of`]). Why not, when it does not.
     pub fn check(&self, path: &Utf8Path) -> Result<(), String> {
-        match DirIdentity::of(path) {
-            Ok(found) if found == *self => Ok(()),
-            Ok(_) => Err(format!(
-                "{path} is no longer the directory crew created there (it was replaced)"
-            )),
-            Err(error) if error.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
-                Err(format!(
-                    "{path} is reached through a link, not the directory crew created there"
-                ))
+        self.open_checked(path, path).map(drop)
+    }
+
+    /// The directory `within` (`root` itself or a directory beneath it) held open (`O_PATH`),
+    /// when `root` still names this very directory, reached with no link on the way: `root` is
+    /// opened and checked, and `within` opened beneath that handle with no link followed
+    /// (`RESOLVE_BENEATH`), so a swap of any level after the check leads nowhere else. Why
+    /// not, when it does not.
+    pub fn open_checked(
+        &self,
+        root: &Utf8Path,
+        within: &Utf8Path,
+    ) -> Result<rustix::fd::OwnedFd, String> {
+        let opened = open_dir_without_links(root.as_std_path()).and_then(|dir| {
+            let stat = rustix::fs::fstat(&dir)?;
+            Ok((
+                dir,
+                DirIdentity {
+                    dev: stat.st_dev,
+                    ino: stat.st_ino,
+                },
+            ))
+        });
+        let dir = match opened {
+            Ok((dir, found)) if found == *self => dir,
+            Ok(_) => {
+                return Err(format!(
+                    "{root} is no longer the directory crew created there (it was replaced)"
+                ));
             }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Err(format!("{path} is gone")),
-            Err(error) => Err(format!(
-                "{path} is no longer the directory crew created there: {error}"
-            )),
+            Err(error) => return Err(Self::unreachable(root, &error)),
+        };
+        let Ok(relative) = within.strip_prefix(root) else {
+            return Err(format!("{within} is not inside {root}"));
+        };
+        if relative.as_str().is_empty() {
+            return Ok(dir);
+        }
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let failed = |errno: rustix::io::Errno| Self::unreachable(within, &errno.into());
+        match rustix::fs::openat2(
+            &dir,
+            relative.as_std_path(),
+            flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Err(rustix::io::Errno::NOSYS) => {}
+            opened => return opened.map_err(failed),
+        }
+        // No `openat2`: level by level, none a link, none leading up.
+        let mut dir = dir;
+        for part in relative.components() {
+            let camino::Utf8Component::Normal(name) = part else {
+                return Err(format!("{within} is not inside {root}"));
+            };
+            dir = rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty())
+                .map_err(failed)?;
+        }
+        Ok(dir)
+    }
+
+    /// Why the directory at `path` could not be reached as crew made it.
+    fn unreachable(path: &Utf8Path, error: &io::Error) -> String {
+        match error {
+            error if error.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                format!("{path} is reached through a link, not the directory crew created there")
+            }
+            error if error.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
+                format!("{path} leads out of the directory crew created")
+            }
+            error if error.kind() == io::ErrorKind::NotFound => format!("{path} is gone"),
+            error => format!("{path} is no longer the directory crew created there: {error}"),
         }
     }
 }

@@ -353,6 +353,12 @@ pub(crate) fn current_dir(buffer: &mut [u8]) -> Option<usize> {
         .filter(|length| *length > 1 && buffer.first() == Some(&b'/'))
 }
 
+/// `fchdir(2)`: into the directory `fd` holds (an `O_PATH` handle will do).
+pub(crate) fn change_dir_to(fd: c_int) -> c_int {
+    // SAFETY: no memory argument.
+    unsafe { libc::fchdir(fd) }
+}
+
 /// `chdir(2)`.
 pub(crate) fn change_dir(path: &CStr) -> c_int {
     // SAFETY: `path` is NUL-terminated and alive for the call.

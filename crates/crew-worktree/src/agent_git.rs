@@ -245,17 +245,24 @@ impl AgentGit {
                 self.alternates_text(),
             ),
         ];
+        let through = self.through.as_ref().unwrap_or(&self.root);
         for (path, expected) in files {
             let found = read_nofollow(&path).ok();
             if found.as_deref() == Some(expected.as_bytes()) {
                 continue;
             }
             if let Some(parent) = path.parent() {
+                // Where it fails, the write below says why.
                 let _ = std::fs::create_dir_all(parent);
             }
-            clear(&path, &self.admin, &self.root)?;
+            clear(&path, &self.admin, through)?;
             write_atomic(&path, expected.as_bytes()).map_err(|error| error.to_string())?;
-            findings.push(restored(path, found.is_some()));
+            // Named by the worktree's path, not the handle it was written through.
+            let shown = match path.strip_prefix(through) {
+                Ok(inside) if self.through.is_some() => self.root.join(inside),
+                _ => path,
+            };
+            findings.push(restored(shown, found.is_some()));
         }
         let info = store.join("info");
         if !std::fs::symlink_metadata(&info).is_ok_and(|metadata| metadata.is_dir()) {

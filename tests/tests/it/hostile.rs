@@ -2559,96 +2559,120 @@ fn with_the_sandbox_off_an_admin_entry_pointed_elsewhere_is_put_back_and_reporte
     }
 }
 
+/// An unconfined agent (sandbox off) whose workspace's run directory is swapped for a link
+/// after crew checked it and before its warden entered it (the racer waits for the task's
+/// `output.log`, which crew opens between the two): the warden enters the directory crew
+/// checked, held open since, never the link's target.
+#[test]
+fn an_unconfined_agent_s_workspace_swapped_after_its_check_is_never_entered() {
+    for (mode, parent) in [("worktree", ".worktrees"), ("dedicated", ".crew/state/ws")] {
+        race_a_swapped_workspace(mode, parent, "[sandbox]\nmode = \"off\"\n", |runs, run| {
+            runs.join(run).join("tasks/swap/output.log").exists()
+        });
+    }
+}
+
 /// A racing process watches where a task's workspace is made (`.crew/state/ws/`, or
 /// `.worktrees/` without a pool) and, the moment it appears, moves its run's directory away and
 /// puts a link to a directory of the user's (laid out the same way, a file in it) in its place:
-/// the confined agent never works there. (An unconfined agent is refused too when the swap comes
-/// before its start's check; one after it can still lead its working directory there, but such
-/// an agent can write the user's files anyway: ARCHITECTURE.md, "Workspaces".)
+/// the confined agent never works there (an unconfined one: the test above), nor does crew
+/// write the task's checkout there.
 #[test]
 fn a_workspace_swapped_for_a_link_as_it_is_made_never_runs_the_agent_elsewhere() {
-    for (mode, parent, sandbox) in [
-        ("dedicated", ".crew/state/ws", "on"),
-        ("worktree", ".worktrees", "on"),
-    ] {
-        let env = TestEnv::new();
-        let repo = env.repo("project");
-        let mut config = "[worktree]\npool_size = 0\n".to_owned();
-        if sandbox == "off" {
-            config.push_str("[sandbox]\nmode = \"off\"\n");
-        }
-        write(&repo.join(".crew/config.toml"), &config);
-        env.allow_settings(&repo);
-        let victim = env.root().join("victim");
-        let ws = repo.join(parent);
-        std::fs::create_dir_all(&ws).unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let racer = {
-            let (ws, victim, stop, aside) = (
-                ws.clone().into_std_path_buf(),
-                victim.clone().into_std_path_buf(),
-                stop.clone(),
-                env.root().join("aside").into_std_path_buf(),
-            );
-            std::thread::spawn(move || {
-                let mut swapped = 0;
-                std::fs::create_dir_all(&aside).unwrap();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    for run in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
-                        let run_dir = run.path();
-                        if run_dir.is_symlink() || !run_dir.join("swap").is_dir() {
-                            continue;
-                        }
-                        let name = run.file_name();
-                        std::fs::create_dir_all(victim.join(&name).join("swap")).unwrap();
-                        std::fs::write(victim.join(&name).join("swap/canary.txt"), "mine\n")
-                            .unwrap();
-                        if std::fs::rename(&run_dir, aside.join(&name)).is_ok() {
-                            std::os::unix::fs::symlink(victim.join(&name), &run_dir).unwrap();
-                            swapped += 1;
-                        }
-                    }
-                    std::thread::yield_now();
-                }
-                swapped
-            })
-        };
-        for _ in 0..3 {
-            let output = env.crew(
-                &repo,
-                [
-                    "run",
-                    "--agent",
-                    "shell",
-                    "--workspace-mode",
-                    mode,
-                    "--task",
-                    "swap=rm -f canary.txt; echo ran > ran.txt",
-                ],
-            );
-            let _ = render_output(&output);
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let swapped = racer.join().unwrap();
-        assert!(
-            swapped > 0,
-            "{mode} {sandbox}: the racer never had its chance"
+    for (mode, parent) in [("dedicated", ".crew/state/ws"), ("worktree", ".worktrees")] {
+        race_a_swapped_workspace(mode, parent, "", |_, _| true);
+    }
+}
+
+/// Runs a task `swap` three times in `mode` (its run directories made in `parent`) while a
+/// racer swaps each run directory holding `swap/` for a link to a directory of the user's,
+/// once `ready(<.crew/state/runs>, <run>)` says so; then checks that the agent never ran
+/// there and crew wrote nothing there.
+fn race_a_swapped_workspace(
+    mode: &str,
+    parent: &str,
+    config: &str,
+    ready: fn(&std::path::Path, &std::ffi::OsStr) -> bool,
+) {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!("[worktree]\npool_size = 0\n{config}"),
+    );
+    env.allow_settings(&repo);
+    let victim = env.root().join("victim");
+    let ws = repo.join(parent);
+    std::fs::create_dir_all(&ws).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (ws, runs, victim, stop, aside) = (
+            ws.clone().into_std_path_buf(),
+            repo.join(".crew/state/runs").into_std_path_buf(),
+            victim.clone().into_std_path_buf(),
+            stop.clone(),
+            env.root().join("aside").into_std_path_buf(),
         );
-        for run in std::fs::read_dir(&victim).unwrap().flatten() {
-            let task = run.path().join("swap");
-            assert!(
-                task.join("canary.txt").exists() && !task.join("ran.txt").exists(),
-                "{mode} {sandbox}: the agent ran in {}",
-                task.display()
-            );
-            // Nor did crew write the task's checkout there.
-            let mut left: Vec<String> = std::fs::read_dir(&task)
-                .unwrap()
-                .flatten()
-                .map(|entry| entry.file_name().to_string_lossy().into_owned())
-                .collect();
-            left.sort();
-            assert_eq!(left, ["canary.txt"], "{mode} {sandbox}: {}", task.display());
-        }
+        std::thread::spawn(move || {
+            let mut swapped = 0;
+            std::fs::create_dir_all(&aside).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for run in std::fs::read_dir(&ws).into_iter().flatten().flatten() {
+                    let run_dir = run.path();
+                    let name = run.file_name();
+                    if run_dir.is_symlink()
+                        || !run_dir.join("swap").is_dir()
+                        || !ready(&runs, &name)
+                    {
+                        continue;
+                    }
+                    std::fs::create_dir_all(victim.join(&name).join("swap")).unwrap();
+                    std::fs::write(victim.join(&name).join("swap/canary.txt"), "mine\n").unwrap();
+                    if std::fs::rename(&run_dir, aside.join(&name)).is_ok() {
+                        std::os::unix::fs::symlink(victim.join(&name), &run_dir).unwrap();
+                        swapped += 1;
+                    }
+                }
+                std::thread::yield_now();
+            }
+            swapped
+        })
+    };
+    for _ in 0..3 {
+        let output = env.crew(
+            &repo,
+            [
+                "run",
+                "--agent",
+                "shell",
+                "--workspace-mode",
+                mode,
+                "--task",
+                "swap=rm -f canary.txt; echo ran > ran.txt",
+            ],
+        );
+        let _ = render_output(&output);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swapped = racer.join().unwrap();
+    assert!(
+        swapped > 0,
+        "{mode} {config}: the racer never had its chance"
+    );
+    for run in std::fs::read_dir(&victim).unwrap().flatten() {
+        let task = run.path().join("swap");
+        // Neither the agent nor crew wrote there: the canary alone.
+        let mut left: Vec<String> = std::fs::read_dir(&task)
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["canary.txt"],
+            "{mode} {config}: the agent or crew wrote in {}",
+            task.display()
+        );
     }
 }

@@ -155,13 +155,24 @@ pub(super) async fn launch(
     }
     // The workspace crew made, and no other: a level of its path swapped for a link while it
     // was made (or since) would start the agent, confined or not, wherever the link leads.
-    if let (Some(identity), Some(root)) = (spec.sandbox.workspace, spec.sandbox.write.first())
-        && let Err(reason) = identity.check(root)
-    {
-        return Err(SpawnAgentError::NotItsWorkspace {
-            agent_id: spec.agent_id.clone(),
-            reason,
-        });
+    // Its directory is held from this check on and entered by that handle, so a swap after
+    // it leads the agent nowhere else either.
+    let mut held_dir = None;
+    if let (Some(identity), Some(root)) = (spec.sandbox.workspace, spec.sandbox.write.first()) {
+        let within = if spec.dir.starts_with(root) {
+            &spec.dir
+        } else {
+            root
+        };
+        match identity.open_checked(root, within) {
+            Ok(handle) => held_dir = Some(handle).filter(|_| *within == spec.dir),
+            Err(reason) => {
+                return Err(SpawnAgentError::NotItsWorkspace {
+                    agent_id: spec.agent_id.clone(),
+                    reason,
+                });
+            }
+        }
     }
     let mut crew_vars = vec![
         (env_vars::CREW_RUN_ID, run_id.to_owned()),
@@ -252,7 +263,11 @@ pub(super) async fn launch(
         program: program.clone(),
         source,
     })?;
-    warded.current_dir(&spec.dir).stdio(
+    match held_dir {
+        Some(handle) => warded.current_dir_handle(handle),
+        None => warded.current_dir(&spec.dir),
+    };
+    warded.stdio(
         if steerable {
             AgentIo::Piped
         } else {

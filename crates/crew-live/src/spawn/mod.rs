@@ -39,7 +39,7 @@
 use std::ffi::{CStr, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -137,7 +137,7 @@ pub struct WardedCommand {
     /// ones it gets (from [`FIRST_PASSED_FD`] on, in the order of `passed`).
     args: Vec<OsString>,
     /// The agent's working directory; the host's when not given.
-    dir: Option<PathBuf>,
+    dir: Option<WorkingDir>,
     /// The agent's stdin, stdout and stderr.
     stdio: [AgentIo; 3],
     /// The descriptors the warden gets, open until it started: the write end of its report
@@ -156,6 +156,13 @@ pub struct WardedCommand {
     own_connection: bool,
     /// It has a ruleset: it starts from the confined agents' spawner thread.
     confined: bool,
+}
+
+/// Where an agent works: a path, opened when it starts, or a directory already held open.
+#[derive(Debug)]
+enum WorkingDir {
+    Path(PathBuf),
+    Handle(OwnedFd),
 }
 
 /// An agent its warden started.
@@ -294,9 +301,17 @@ impl WardedCommand {
         })
     }
 
-    /// The agent's working directory (a path holding a NUL byte fails the start).
+    /// The agent's working directory, by path: opened (following links, as `chdir` would)
+    /// when the agent starts, and entered by that handle.
     pub fn current_dir(&mut self, dir: impl AsRef<std::path::Path>) -> &mut Self {
-        self.dir = Some(dir.as_ref().to_owned());
+        self.dir = Some(WorkingDir::Path(dir.as_ref().to_owned()));
+        self
+    }
+
+    /// The agent's working directory, held open (an `O_PATH` handle will do): the warden
+    /// enters that very directory, whatever its path names by then.
+    pub fn current_dir_handle(&mut self, dir: OwnedFd) -> &mut Self {
+        self.dir = Some(WorkingDir::Handle(dir));
         self
     }
 
@@ -330,14 +345,24 @@ impl WardedCommand {
         let (stdin, input) = stdio_ends(stdin, true)?;
         let (stdout, output) = stdio_ends(stdout, false)?;
         let (stderr, errors) = stdio_ends(stderr, false)?;
-        let mut arguments = dir
-            .map(|dir| dir.into_os_string().into_vec())
-            .unwrap_or_default();
-        if arguments.contains(&0) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "an agent's directory cannot hold a NUL byte",
-            ));
+        // Its directory goes as a handle, the last passed descriptor, whose number comes first
+        // in the arguments' file: the warden enters it with `fchdir`, never by a path.
+        let mut passed = passed;
+        let mut arguments = Vec::new();
+        if let Some(dir) = dir {
+            let handle = match dir {
+                WorkingDir::Handle(handle) => handle,
+                WorkingDir::Path(path) => rustix::fs::open(
+                    &path,
+                    rustix::fs::OFlags::PATH
+                        | rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )?,
+            };
+            let number = FIRST_PASSED_FD as usize + passed.len();
+            arguments.extend_from_slice(number.to_string().as_bytes());
+            passed.push(handle);
         }
         arguments.push(0);
         for arg in &args {

@@ -91,7 +91,9 @@ pub fn teardown_worktree(
     };
     let mut work_branch = Some(names.branch.clone());
     if std::fs::symlink_metadata(root).is_ok() {
-        check_identity(request.workspace)?;
+        let held = hold_checked(request.workspace)?;
+        // Its `.git` is written through the directory checked, never its path again.
+        let agent_git = AgentGit::of(&common, &names).writing_through(&held.path());
         // The worktree is crew's: one its agent made read-only (`chmod 555 .`) is writable
         // again for its `.git` and for moving what the agent left. (Where that fails, the
         // step that needs it names the failure.)
@@ -235,14 +237,23 @@ pub fn teardown_worktree(
 /// The workspace must still be the very directory crew created (never a link, never another
 /// directory put in its place): otherwise nothing is committed into, cleaned or removed.
 pub(crate) fn check_identity(workspace: &TaskWorkspace) -> Result<(), TeardownWorktreeError> {
-    let checked = match &workspace.identity {
-        Some(identity) => identity.check(&workspace.root),
+    hold_checked(workspace).map(drop)
+}
+
+/// The workspace's directory held open, when it is still the one crew made (see
+/// [`check_identity`]): what crew writes into it goes through the handle from here.
+fn hold_checked(
+    workspace: &TaskWorkspace,
+) -> Result<crew_core::paths::HeldDir, TeardownWorktreeError> {
+    let held = match &workspace.identity {
+        Some(identity) => identity
+            .open_checked(&workspace.root, &workspace.root)
+            .map(crew_core::paths::HeldDir::from_fd),
         // Recorded before identities were: at least a real directory, not a link.
-        None => crew_core::paths::DirIdentity::of(&workspace.root)
-            .map(drop)
+        None => crew_core::paths::HeldDir::open(workspace.root.as_std_path())
             .map_err(|error| format!("{}: {error}", workspace.root)),
     };
-    checked.map_err(|problem| TeardownWorktreeError::Replaced {
+    held.map_err(|problem| TeardownWorktreeError::Replaced {
         path: workspace.root.clone(),
         problem,
     })
@@ -585,11 +596,26 @@ pub fn release_preserved(
         // The user works in it from here: with the repository's own git, the agent's commits
         // and staged files taken into it. What cannot be taken stays in the agent's directory,
         // which the worktree no longer reads.
-        let agent_git = AgentGit::of(&common, &names);
+        // Its `.git` is written through the worktree's directory reached with no link, never
+        // through one put in its place (then there is nothing of crew's to point back).
+        let held = crew_core::paths::HeldDir::open(names.root.as_std_path()).ok();
+        let agent_git = match &held {
+            Some(held) => AgentGit::of(&common, &names).writing_through(&held.path()),
+            None => AgentGit::of(&common, &names),
+        };
         match agent_git.take_with_index(&repo, &names.branch_ref()) {
-            Ok(_) => {
+            // Its work taken: its `.git` goes back to the admin entry, where the worktree is
+            // still crew's; a failure leaves the pointer to the agent's directory, which holds
+            // nothing not taken.
+            Ok(_) if held.is_some() => {
                 let _ = agent_git.disarm();
             }
+            Ok(_) => {}
+            Err(error) if agent_git.exists() && held.is_none() => report.warnings.push(format!(
+                "the agent's git directory is kept at {} with what could not be taken ({error}); {} is not the worktree crew made (a link or gone), so nothing was written there",
+                agent_git.dir(),
+                names.root
+            )),
             Err(error) if agent_git.exists() => match agent_git.point_back() {
                 Ok(()) => report.warnings.push(format!(
                     "the agent's git directory is kept at {} with what could not be taken ({error}); the worktree uses the repository's own git again",

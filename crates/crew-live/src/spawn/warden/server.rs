@@ -7,8 +7,8 @@
 //! (`/proc/self/exe`), caught before `main` when its first argument is [`SERVER_ARG`], with an
 //! empty environment and one end of a `SOCK_SEQPACKET` socket pair. For each warden the host
 //! sends one message: the descriptors the warden is to hold, with the number each takes (its
-//! stdio, then [`ARGUMENTS_FD`], a memory file holding its directory and arguments, then the
-//! ones the arguments name). The server forks with `CLONE_PARENT`, so the warden is the
+//! stdio, then [`ARGUMENTS_FD`], a memory file holding its directory's descriptor and its
+//! arguments, then the ones the arguments name). The server forks with `CLONE_PARENT`, so the warden is the
 //! host's child exactly as a warden the host started itself (its parent the spawner thread,
 //! whose death signals it; the host reaps it). The child puts its descriptors where they
 //! belong, says its pid on its report pipe, leads a process group of its own, goes to its
@@ -45,8 +45,9 @@ static TITLE_LEN: AtomicUsize = AtomicUsize::new(0);
 /// connection is never traced to it.
 pub(in crate::spawn) const SERVER_NAME: &CStr = c"crew-wardens";
 
-/// Where a warden finds the memory file of its directory and arguments: its directory, then
-/// each argument (`argv[0]` first), each ended by a NUL.
+/// Where a warden finds the memory file of its directory and arguments: the number of its
+/// directory's handle (empty: the host's directory), then each argument (`argv[0]` first),
+/// each ended by a NUL.
 pub(in crate::spawn) const ARGUMENTS_FD: libc::c_int = 3;
 
 /// Where a warden finds its report pipe (its first passed descriptor). The first word on it is
@@ -55,8 +56,8 @@ pub(in crate::spawn) const ARGUMENTS_FD: libc::c_int = 3;
 pub(in crate::spawn) const REPORT_FD: libc::c_int = ARGUMENTS_FD + 1;
 
 /// The most descriptors one warden is given: its stdio, its arguments, its report pipe,
-/// environment, ruleset, namespace plan, user namespace and channel.
-pub(in crate::spawn) const MAX_PASSED: usize = 10;
+/// environment, ruleset, namespace plan, user namespace, channel and directory.
+pub(in crate::spawn) const MAX_PASSED: usize = 11;
 
 /// The lowest number a forked warden moves what it received to before putting each where it
 /// belongs: above every number it is given.
@@ -227,11 +228,20 @@ fn become_forked_warden(fds: &[libc::c_int], targets: &[u8]) -> ! {
     set_title(&[b"crew-warden ", agent, b" ", program.to_bytes()]);
     // SAFETY: the first entry, NUL-terminated, alive as long as the process.
     let directory = unsafe { super::argument(entries, 0) };
-    if !directory.is_empty() && sys::change_dir(directory) != 0 {
-        // As an exec's would have been: the start fails with the error, reported as the
-        // agent's.
-        super::report_u32(REPORT_FD, sys::errno() as u32);
-        super::fail(c"cannot enter the agent's directory")
+    // The number of the directory's handle: entered by it, then closed (the agent never
+    // holds it).
+    if !directory.is_empty() {
+        let handle = super::parse_number(directory).unwrap_or(-1);
+        if handle < 0 {
+            sys::set_errno(libc::EBADF);
+        }
+        if handle < 0 || sys::change_dir_to(handle) != 0 {
+            // As an exec's would have been: the start fails with the error, reported as the
+            // agent's.
+            super::report_u32(REPORT_FD, sys::errno() as u32);
+            super::fail(c"cannot enter the agent's directory")
+        }
+        sys::close(handle);
     }
     // SAFETY: the warden's argv: more than WARDEN_ARGS NUL-terminated arguments, then a null
     // pointer, alive as long as the process.
