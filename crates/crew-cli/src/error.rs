@@ -389,7 +389,7 @@ impl From<AgentSelfError> for CliError {
     }
 }
 
-/// The exit codes of `crew`, as documented in the README.
+/// The exit codes of `crew`, as documented in docs/commands.md.
 pub mod exit_code {
     /// Everything asked for was done.
     pub const SUCCESS: u8 = 0;

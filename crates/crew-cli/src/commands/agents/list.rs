@@ -18,7 +18,7 @@ pub struct ListArgs {
     /// Also show the tasks of finished and interrupted runs.
     #[arg(long)]
     pub all_runs: bool,
-    /// Print JSON (an array of agents; see the README for the schema).
+    /// Print JSON (an array of agents; see docs/commands.md for the schema).
     #[arg(long)]
     pub json: bool,
 }

@@ -16,7 +16,7 @@ use crate::{CliError, Outcome};
 /// The newest 20 unless told otherwise: only the runs shown are read.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// Print JSON (an array of runs; see the README for the schema).
+    /// Print JSON (an array of runs; see docs/commands.md for the schema).
     #[arg(long)]
     pub json: bool,
     /// Show the N newest runs.
