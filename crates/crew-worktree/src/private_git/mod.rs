@@ -211,14 +211,19 @@ impl PrivateGit {
         let json = serde_json::to_vec(&start).map_err(std::io::Error::other)?;
         // Not synced: lost in a crash, the next arm records where the checkout stands then,
         // which the agent's view never changed. Written over a spare view's former record
-        // where it has one, then named: no new file (see `recycle_view`).
+        // where it has one, then named: no new file (see `recycle_view`). Over it, not
+        // truncated first: a record of about the same size keeps its block, where a truncate
+        // frees it and the write takes one again (a discard each time, on a disk mounted so;
+        // under load the slowest open of a start).
         let spare = self.dir.join(SPARE_START);
         let rewritten = std::fs::OpenOptions::new()
             .write(true)
-            .truncate(true)
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&spare)
-            .and_then(|mut file| file.write_all(&json));
+            .and_then(|mut file| {
+                file.write_all(&json)?;
+                file.set_len(json.len() as u64)
+            });
         match rewritten {
             Ok(()) => std::fs::rename(&spare, self.start_file()),
             Err(_) => std::fs::write(self.start_file(), json),
