@@ -247,7 +247,7 @@ fn symbol(status: TaskStatus) -> &'static str {
 }
 
 /// How a finished task ended, in a few words: its branch and lines, or why.
-fn ended(change: &crew_live::runner::TaskProgress) -> String {
+fn ended(change: &crew_live::project::runner::TaskProgress) -> String {
     let report = change.task.as_ref().and_then(|task| task.teardown.as_ref());
     let mut how = match report.and_then(|report| report.branch.as_ref()) {
         Some(branch) => {

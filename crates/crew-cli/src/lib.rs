@@ -2,6 +2,9 @@
 //! renders their results as human tables or `--json`. Logic a library user would need lives
 //! in the library crates, not here.
 
+// The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
+#![forbid(unsafe_code)]
+
 /// `println!` for commands that host agents: a reader that stops reading (`crew run | head`)
 /// stops what they print, never their agents (SIGPIPE stays ignored for them, and a failed
 /// write is no reason to abandon a run). `out!(no_newline: …)` is `print!`.

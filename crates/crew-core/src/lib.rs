@@ -8,6 +8,8 @@
 //! It must not depend on tokio, git2 or any terminal code, and it never prints: it returns
 //! data and typed errors.
 
+// The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod config;

@@ -17,6 +17,9 @@
 //!   succeeded is deleted (and its Secret with it), a failed one is kept for `kubectl` to
 //!   look at (`ttlSecondsAfterFinished` clears it after a day).
 
+// The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 
@@ -28,7 +31,29 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crew_cli::{CliError, Outcome};
+/// How the transport ended, when nothing went wrong on its side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The shim exited 0: the Job is deleted.
+    Success,
+    /// The shim failed or did not end: the Job is kept for its logs.
+    TaskFailed,
+}
+
+/// What kept the transport from running the task's pod.
+#[derive(Debug, thiserror::Error)]
+#[error("kubernetes: {0}")]
+pub struct KubeTransportError(String);
+
+impl Outcome {
+    /// The exit code the placed task's supervisor reads: 0, or 1 for a failed task.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Success => 0,
+            Outcome::TaskFailed => 1,
+        }
+    }
+}
 
 /// The transport of a kubernetes placement (started by crew for a placed task).
 #[derive(Debug, Clone, clap::Args)]
@@ -197,12 +222,14 @@ fn label_value(value: &str) -> String {
         .to_owned()
 }
 
-pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliError> {
+/// Runs the task's pod and relays the shim protocol over its attach stream (see the crate's
+/// documentation).
+pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, KubeTransportError> {
     use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
     let failed = |what: &str| {
         let what = what.to_owned();
-        move |error: kube::Error| CliError::user(format!("kubernetes: {what}: {error}"))
+        move |error: kube::Error| KubeTransportError(format!("{what}: {error}"))
     };
     let client = kube::Client::try_default().await.map_err(failed(
         "no cluster to reach (KUBECONFIG, ~/.kube/config or in-cluster)",
@@ -211,7 +238,7 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliE
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let (secret, job) = task_objects(&args, &crew_live::env::passed_values(&args.pass_env));
+    let (secret, job) = task_objects(&args, &crew_live::agent::env::passed_values(&args.pass_env));
     let name = object_name(&args.run, &args.task);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
@@ -263,16 +290,16 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, CliE
             match phase.as_str() {
                 "Running" => break pod,
                 "Failed" | "Succeeded" => {
-                    return Err(CliError::user(format!(
-                        "kubernetes: the pod of job {namespace}/{name} ended before crew could reach it ({phase}); `kubectl logs job/{name} -n {namespace}` says why"
+                    return Err(KubeTransportError(format!(
+                        "the pod of job {namespace}/{name} ended before crew could reach it ({phase}); `kubectl logs job/{name} -n {namespace}` says why"
                     )));
                 }
                 _ => {}
             }
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(CliError::user(format!(
-                "kubernetes: the pod of job {namespace}/{name} did not start within 10 minutes; `kubectl describe job/{name} -n {namespace}` says why"
+            return Err(KubeTransportError(format!(
+                "the pod of job {namespace}/{name} did not start within 10 minutes; `kubectl describe job/{name} -n {namespace}` says why"
             )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;

@@ -3,6 +3,10 @@
 //! loading it), in a crate of its own (so that a build of `crew` does not compile it either).
 //! crew starts it for a placed task from beside itself; see the crate's library.
 
+// The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
+#![forbid(unsafe_code)]
+
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -17,12 +21,23 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let ended = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => return crew_cli::exit(Err(crew_cli::CliError::internal(error))),
-    };
-    crew_cli::exit(runtime.block_on(crew_kube::cmd_kube_transport(args.transport)))
+        .map_err(|error| (error.to_string(), 1))
+        .and_then(|runtime| {
+            runtime
+                .block_on(crew_kube::cmd_kube_transport(args.transport))
+                // What kept the task's pod from running is a mistake of its placement's
+                // settings or cluster: crew's usage code, as `crew` gives it.
+                .map_err(|error| (error.to_string(), 2))
+        });
+    match ended {
+        Ok(outcome) => ExitCode::from(outcome.exit_code()),
+        Err((message, code)) => {
+            // Standard error closed: the exit code still says it.
+            let _ = writeln!(std::io::stderr(), "error: {message}");
+            ExitCode::from(code)
+        }
+    }
 }

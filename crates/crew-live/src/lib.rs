@@ -2,7 +2,7 @@
 //!
 //! A program embedding crew (an editor, a bot) holds one [`Project`] per project folder and
 //! hosts runs in itself with a [`Host`]; it acts on agents and runs through the typed verbs of
-//! `Project` ([`verbs`]), which reach the agents of every process hosting runs of that folder,
+//! `Project` ([`project::verbs`]), which reach the agents of every process hosting runs of that folder,
 //! and only that folder's. The `crew` commands, `crew watch`, `crew serve` (editors, over the
 //! Agent Client Protocol) and `crew mcp` (lead agents) are clients of the same door.
 //!
@@ -97,7 +97,7 @@
 //! ## Supervisor lifecycle
 //!
 //! [`AgentHost::start`] launches the agent's command (a template filled argument by argument,
-//! never through a shell) in its workspace with an allow-listed environment ([`env`](mod@env)). The
+//! never through a shell) in its workspace with an allow-listed environment ([`env`](mod@agent::env)). The
 //! process starts under a warden ([`spawn`]): a process group of its own that dies with the
 //! host even when the host is SIGKILLed, along with any daemon that left the group but carries
 //! the agent's marker, and that kills whatever the agent leaves behind when it exits. Right
@@ -106,7 +106,7 @@
 //! owns it:
 //!
 //! - stdout and stderr are drained continuously into `output.log`; only the last lines, each
-//!   capped, stay in memory ([`output`]);
+//!   capped, stay in memory ([`agent::output`]);
 //! - `steer` writes to stdin now (`stdin-lines` or `stdin-json`; an `acp` agent gets it as its
 //!   next prompt through its protocol, crew being its client), `follow-up` queues a message
 //!   for the end of the turn (or resumes an exited agent with it), `resume` restarts a stopped
@@ -174,6 +174,8 @@
 //! # }
 //! ```
 
+// The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 // Agents are confined with Landlock, tied to their host with the parent-death signal and
@@ -183,57 +185,38 @@ compile_error!(
     "crew runs on Linux only: it relies on /proc, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER and Landlock"
 );
 
-mod acp;
+// Three rooms, each a folder, arrows one way (ARCHITECTURE.md, "Rooms"): `agent` knows one
+// agent process and nothing above it; `control` who may do what to which agent; `project`
+// the front door users and hosts drive.
 pub mod agent;
-mod check;
-// The wire protocol between crew's own processes, public for crew's tests of it (a hostile
+// The wire protocol between crew's own processes is public for crew's tests of it (a hostile
 // client speaks it raw); programs act through `Project`'s verbs instead.
 #[doc(hidden)]
 pub mod control;
-pub mod env;
-pub mod error;
-pub mod events;
-pub mod host;
-pub mod hosting;
-pub mod hosts;
-pub mod lease;
-pub mod limits;
-mod open_files;
-pub mod output;
-pub mod placed;
-pub mod procscan;
 pub mod project;
-pub mod protocol;
-pub mod proxy;
-pub mod publish;
-pub mod refusals;
-pub mod registry;
-pub mod runner;
-pub mod sandbox;
-pub mod shim;
-pub mod spawn;
-mod sys;
-mod temp_dirs;
-pub mod toolchains;
-pub mod verbs;
-pub mod watch;
 
+// The sandbox is a crate of its own, the only one with `unsafe` code.
+#[doc(inline)]
+pub use crew_sandbox::{lease, process, procscan, proxy, sandbox, spawn};
+
+pub use agent::error::{AgentOpError, SpawnAgentError};
+pub use agent::events::{AgentEvent, OutputStream};
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
+pub use control::host::AgentHost;
+pub use control::registry::{AgentHandle, AgentSnapshot, Registry};
 pub use control::{ControlClient, ControlError, ControlServer, ErrorCode, SubmittedTask};
-pub use error::{AgentOpError, SpawnAgentError};
-pub use events::{AgentEvent, OutputStream};
-pub use host::AgentHost;
-pub use hosting::{Canceller, Host, HostError, HostEvent, HostEvents, HostOptions, RunningRun};
-pub use project::{
-    ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project, resolve_spec,
+pub use project::hosting::{
+    Canceller, Host, HostError, HostEvent, HostEvents, HostOptions, RunningRun,
 };
-pub use registry::{AgentHandle, AgentSnapshot, Registry};
-pub use runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
-pub use sandbox::SandboxPlan;
-pub use verbs::{
+pub use project::runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
+pub use project::verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
     FollowedUp, IgnoredFiles, LandOptions, LandWorkError, LandedWork, NotPicked, Refusal,
     ResumeOutcome, Resumed, RunFollower, RunWaiter, Steered, Stopped, Submitted, TaskCleaned,
     WaitOver, WaitStep,
 };
-pub use watch::{ProjectWatch, WatchError, WatchEvent, Watched};
+pub use project::watch::{ProjectWatch, WatchError, WatchEvent, Watched};
+pub use project::{
+    ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project, resolve_spec,
+};
+pub use sandbox::SandboxPlan;

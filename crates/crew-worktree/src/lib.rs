@@ -25,6 +25,8 @@
 //!
 //! It must not spawn agents or print.
 
+// The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;

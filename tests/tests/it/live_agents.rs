@@ -250,7 +250,7 @@ async fn a_missing_command_fails_that_agent_only() {
 #[tokio::test(flavor = "multi_thread")]
 async fn agents_see_only_their_allow_listed_environment() {
     let fixture = LiveFixture::new();
-    let host = AgentHost::with_env(crew_live::env::BaseEnv::from_vars(
+    let host = AgentHost::with_env(crew_live::agent::env::BaseEnv::from_vars(
         [
             ("PATH", std::env::var("PATH").unwrap().as_str()),
             ("HOME", "/home/someone"),
@@ -564,7 +564,7 @@ async fn gigabyte_without_newline_keeps_memory_bounded_and_never_blocks_the_agen
     std::fs::remove_file(&rotated).unwrap();
     let lines = handle.snapshot().last_lines;
     assert_eq!(lines.len(), 1);
-    assert!(lines[0].len() <= crew_live::output::MAX_LINE_BYTES + 3);
+    assert!(lines[0].len() <= crew_live::agent::output::MAX_LINE_BYTES + 3);
     assert!(lines[0].ends_with('…'));
 }
 
@@ -887,7 +887,7 @@ async fn a_published_listing_carries_each_agents_newest_line_only() {
     }
     wait_for_line(&mut events, agent.agent_id(), "got: three").await;
     let path = fixture.env.root().join("live/host.json");
-    let _publisher = crew_live::publish::Publisher::start(
+    let _publisher = crew_live::control::publish::Publisher::start(
         fixture.host.clone(),
         None,
         fixture.workspace.clone(),
@@ -895,7 +895,9 @@ async fn a_published_listing_carries_each_agents_newest_line_only() {
     );
     let published = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            if let Some(agents) = crew_live::publish::read_listing(&path, std::process::id()) {
+            if let Some(agents) =
+                crew_live::control::publish::read_listing(&path, std::process::id())
+            {
                 return agents;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

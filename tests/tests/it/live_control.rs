@@ -538,10 +538,10 @@ async fn a_client_turned_away_learns_the_host_is_busy() {
 async fn a_watch_streams_only_its_own_workspaces_agents() {
     let (fixture, handle, _events, server) = one_agent_serving().await;
     let other = WorkspaceId::from_canonical(fixture.env.dir("other").to_string().into());
-    let mut ours = crew_live::watch::subscribe(server.path(), &fixture.workspace)
+    let mut ours = crew_live::project::watch::subscribe(server.path(), &fixture.workspace)
         .await
         .unwrap();
-    let mut theirs = crew_live::watch::subscribe(server.path(), &other)
+    let mut theirs = crew_live::project::watch::subscribe(server.path(), &other)
         .await
         .unwrap();
     assert_eq!(ours.take_agents().unwrap().len(), 1);

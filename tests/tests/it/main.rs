@@ -25,6 +25,7 @@ mod core_state;
 mod editor_protocol;
 mod history;
 mod hostile;
+mod house;
 mod lead_agents;
 mod lease;
 mod library;

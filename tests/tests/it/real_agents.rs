@@ -389,7 +389,7 @@ fn claude_code_rate_limited_with_a_reset_retries_by_itself_and_crew_shows_it() {
         std::fs::read_to_string(project.repo.join("notes.txt")).unwrap(),
         "after the limit\n"
     );
-    let shown = crew_live::protocol::shown_log(project.output_log().lines()).join("\n");
+    let shown = crew_live::agent::protocol::shown_log(project.output_log().lines()).join("\n");
     assert!(
         shown.contains("[the model's API failed (HTTP 429"),
         "the waits showed: {shown}"
@@ -487,7 +487,7 @@ fn claude_code_refused_by_the_api_fails_its_task_with_the_api_s_words() {
     assert!(!reason.contains("success"), "{task:#}");
     // Its retries showed while they went on: the task was not silent.
     let log = project.output_log();
-    let shown = crew_live::protocol::shown_log(log.lines()).join("\n");
+    let shown = crew_live::agent::protocol::shown_log(log.lines()).join("\n");
     assert!(
         shown.contains("[the model's API failed (HTTP 401 authentication_failed): retry 1 of 2"),
         "{shown}"

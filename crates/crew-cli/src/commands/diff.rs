@@ -35,7 +35,7 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
         // A task with attempts: its picked one.
         None => match ctx.project().find_attempted(&args.target)? {
             Some((manifest, task)) => {
-                let result = crew_live::verbs::picked_attempt(&manifest, &task)
+                let result = crew_live::project::verbs::picked_attempt(&manifest, &task)
                     .map_err(|error| crate::error::not_picked(error, "show its work again"))?;
                 Some((manifest, result))
             }

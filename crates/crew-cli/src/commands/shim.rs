@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use camino::Utf8PathBuf;
 use crew_core::CancelCause;
-use crew_live::shim::ShimOptions;
+use crew_live::project::shim::ShimOptions;
 use crew_worktree::CrewWorkspaces;
 use crew_worktree::incoming::GitClones;
 
@@ -47,7 +47,8 @@ pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
             .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf)),
     };
     let succeeded =
-        crew_live::shim::serve(options, tokio::io::stdin(), tokio::io::stdout(), causes).await;
+        crew_live::project::shim::serve(options, tokio::io::stdin(), tokio::io::stdout(), causes)
+            .await;
     signals.abort();
     Ok(if succeeded {
         Outcome::Success

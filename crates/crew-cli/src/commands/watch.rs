@@ -347,7 +347,9 @@ async fn perform(ctx: Context, action: Action, results: mpsc::Sender<Done>) {
                 .store()
                 .output_log_path(agent_id.run_id(), agent_id.task_id());
             let lines = tokio::task::spawn_blocking(move || match glance {
-                Glance::LastLine => crew_live::output::last_line_of(&path).into_iter().collect(),
+                Glance::LastLine => crew_live::agent::output::last_line_of(&path)
+                    .into_iter()
+                    .collect(),
                 Glance::Pane => read_tail(&path),
             })
             .await
@@ -432,7 +434,7 @@ fn read_tail(path: &camino::Utf8Path) -> Vec<String> {
     let text = String::from_utf8_lossy(&bytes);
     // The first line was cut by where the read began.
     let whole = text.lines().skip(usize::from(start > 0));
-    crew_live::protocol::shown_log(whole)
+    crew_live::agent::protocol::shown_log(whole)
 }
 
 #[cfg(test)]
@@ -461,7 +463,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            crew_live::output::last_line_of(&path).as_deref(),
+            crew_live::agent::output::last_line_of(&path).as_deref(),
             Some("a plain line")
         );
     }

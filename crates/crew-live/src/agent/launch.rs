@@ -1,10 +1,10 @@
 //! Starting an agent: its confinement planned, its temp dir and log made, its process
-//! started under a warden (`crate::spawn`), and its supervisor handed the running process —
+//! started under a warden (`crew_sandbox::spawn`), and its supervisor handed the running process —
 //! or an idle one, for an agent that waits on an answer from before its host.
 
 use super::supervisor::supervise_from;
 use super::*;
-use crate::temp_dirs::AgentTempDir;
+use crew_sandbox::temp_dirs::AgentTempDir;
 
 /// Launches the agent's first process and starts its supervisor. A program that cannot be
 /// started is an error for this agent only.
@@ -229,7 +229,7 @@ pub(super) async fn launch(
     }
     if sandbox.proxy.is_some() {
         crew_vars.extend(
-            crate::proxy::PROXY_VARS
+            crew_sandbox::proxy::PROXY_VARS
                 .iter()
                 .map(|(name, value)| (*name, (*value).to_owned())),
         );
@@ -253,7 +253,7 @@ pub(super) async fn launch(
         &procscan::agent_marker(&spec.agent_id),
         sandbox.ruleset,
         sandbox.namespace.as_ref(),
-        sandbox.proxy.map(|lists| crate::proxy::Rules {
+        sandbox.proxy.map(|lists| crew_sandbox::proxy::Rules {
             lists,
             log: spec.network_log.clone(),
         }),
@@ -289,7 +289,7 @@ pub(super) async fn launch(
             .as_bytes(),
         );
     }
-    let crate::spawn::Spawned {
+    let crew_sandbox::spawn::Spawned {
         mut child,
         leftovers,
         proxy,
@@ -336,7 +336,7 @@ pub(super) async fn launch(
     // An ACP agent's input belongs to its client connection, which sends the first prompt:
     // the task's, or the message it is resumed with, in the session it had.
     let acp = match stdin.take() {
-        Some(input) if acp => Some(crate::acp::start(
+        Some(input) if acp => Some(crate::agent::acp::start(
             AcpStart {
                 workspace: spec.dir.clone(),
                 first: resume_message
@@ -346,7 +346,7 @@ pub(super) async fn launch(
                 resume: resume_message.and(session_id).map(str::to_owned),
                 prompt: spec.prompt.clone(),
                 resume_cost: session_cost,
-                terminals: crate::acp::Terminals::new(launcher.clone(), spec.clone()),
+                terminals: crate::agent::acp::Terminals::new(launcher.clone(), spec.clone()),
             },
             input,
             driver_lines.take().expect("one driver reads the lines"),
@@ -364,7 +364,7 @@ pub(super) async fn launch(
     // A placed task's transport speaks the shim protocol with its driver, which sends the
     // task's prompt (or, started again, the message) to the placement.
     let placed = match (stdin.take(), spec.placed.clone(), driver_lines.take()) {
-        (Some(input), Some(placed), Some(lines)) if shim => Some(crate::placed::start(
+        (Some(input), Some(placed), Some(lines)) if shim => Some(crate::agent::placed::start(
             placed,
             spec.agent_id.clone(),
             resume_message

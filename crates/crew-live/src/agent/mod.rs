@@ -23,8 +23,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::spawn::{AgentInput, Warden};
 use camino::{Utf8Path, Utf8PathBuf};
+use crew_sandbox::spawn::{AgentInput, Warden};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -38,21 +38,35 @@ use crew_core::model::{
 };
 use crew_core::{AgentId, TaskId, WorkspaceId};
 
-use crate::acp::{AcpInput, AcpLink, AcpStart};
-use crate::env::{BaseEnv, agent_env};
-use crate::error::{AgentOpError, SpawnAgentError};
-use crate::events::{AgentEvent, OutputStream, answer, emit};
-use crate::output::{LogWriter, OutputSink, OutputTail, drain};
-use crate::placed::PlacedInput;
-use crate::procscan;
-use crate::protocol::ProtocolEvent;
-use crate::refusals::Refusals;
-use crate::sandbox::{self, SandboxPlan};
-use crate::spawn::{AgentIo, LeftoverCount, Spawner, WardedCommand};
-use crate::toolchains::{self, ToolchainCaches};
+use crate::agent::acp::{AcpInput, AcpLink, AcpStart};
+use crate::agent::env::{BaseEnv, agent_env};
+use crate::agent::error::{AgentOpError, SpawnAgentError};
+use crate::agent::events::{AgentEvent, OutputStream, answer, emit};
+use crate::agent::output::{LogWriter, OutputSink, OutputTail, drain};
+use crate::agent::placed::PlacedInput;
+use crate::agent::protocol::ProtocolEvent;
+use crate::agent::refusals::Refusals;
+use crate::agent::toolchains::ToolchainCaches;
+use crew_sandbox::procscan;
+use crew_sandbox::sandbox::{self, SandboxPlan};
+use crew_sandbox::spawn::{AgentIo, LeftoverCount, Spawner, WardedCommand};
 
 mod launch;
 mod supervisor;
+
+// What the agent room holds besides one agent's supervisor and start: its environment, its
+// events and output, the protocols programs speak, limits, placed agents, checks.
+pub(crate) mod acp;
+pub(crate) mod check;
+pub mod env;
+pub mod error;
+pub mod events;
+pub mod limits;
+pub mod output;
+pub mod placed;
+pub mod protocol;
+pub mod refusals;
+pub mod toolchains;
 
 pub(crate) use launch::{confinement, private_temp_dir, start, start_idle};
 
@@ -113,12 +127,12 @@ pub struct AgentSpec {
     /// resumed task's share is what comes on top.
     pub session_cost: Option<f64>,
     /// The task runs on a placement: `definition` is its transport, and this what runs there.
-    pub placed: Option<crate::placed::Placed>,
+    pub placed: Option<crate::agent::placed::Placed>,
     /// Follow-ups sent to it that an earlier host had not delivered yet (recorded on its task
     /// when it was stopped): they wait for it as ones queued here do.
     pub follow_ups: Vec<String>,
     /// Where its proxy reports each request (`network = "proxy"`): the run's events.
-    pub network_log: Option<crate::proxy::NetworkLog>,
+    pub network_log: Option<crew_sandbox::proxy::NetworkLog>,
 }
 
 /// Whether the agent's process is alive.
@@ -348,7 +362,7 @@ pub(crate) struct Launcher {
     pub own_connections: Arc<std::sync::OnceLock<Arc<dyn OwnConnections>>>,
 }
 
-/// Serves an agent's own connection to its host (see [`crate::sandbox::Namespace::control`]):
+/// Serves an agent's own connection to its host (see [`crew_sandbox::sandbox::Namespace::control`]):
 /// what the host's control server does, for the agents it starts.
 pub(crate) trait OwnConnections: std::fmt::Debug + Send + Sync {
     /// Serves every connection on `listener` as the agent whose warden is `warden`, until the
@@ -370,18 +384,18 @@ struct Running {
     protocol: mpsc::UnboundedReceiver<ProtocolEvent>,
     /// The client connection of an `acp` agent, which holds its stdin.
     acp: Option<AcpLink>,
-    placed: Option<crate::placed::PlacedLink>,
+    placed: Option<crate::agent::placed::PlacedLink>,
     sandbox: SandboxRecord,
     /// The writes the sandbox refused, as the agent said them (a confined agent's).
     refusals: Option<Arc<Mutex<Refusals>>>,
     /// How many processes the warden killed after the agent exited.
     leftovers: LeftoverCount,
     /// Its proxy (`network = "proxy"`), serving as long as this process lives.
-    proxy: Option<crate::proxy::Proxy>,
+    proxy: Option<crew_sandbox::proxy::Proxy>,
     /// Its own connection to its host, served as long as this process lives.
     _own_connection: Option<Box<dyn std::any::Any + Send>>,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
-    _temp_dir: crate::temp_dirs::AgentTempDir,
+    _temp_dir: crew_sandbox::temp_dirs::AgentTempDir,
     /// A placed task's transport ended before the task started there: once its output is
     /// read to the end, what it said last goes into the reason.
     lost_before_start: bool,

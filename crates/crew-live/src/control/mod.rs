@@ -3,7 +3,7 @@
 //! agents.
 //!
 //! This is crew's own wire protocol, not an API: a program acts on agents and runs through
-//! the typed verbs of [`crate::Project`] ([`crate::verbs`]) and [`crate::AgentSelf`], which
+//! the typed verbs of [`crate::Project`] ([`crate::project::verbs`]) and [`crate::AgentSelf`], which
 //! speak it. It is public (and hidden from the docs) for crew's tests, whose hostile clients
 //! speak it raw.
 //!
@@ -35,17 +35,46 @@ use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId, WorkspaceId};
 use dashmap::DashMap;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::AgentOpError;
-use crate::host::AgentHost;
-use crate::procscan;
-use crate::watch::{TaskFeed, serve_watch};
+use crate::agent::error::AgentOpError;
+use crate::control::host::AgentHost;
+use crate::control::watch::{TaskFeed, serve_watch};
+use crew_sandbox::procscan;
 
 mod client;
 mod server;
 mod socket;
 mod wire;
 
+// Who holds agents and who may act on them: a host's agents, the live hosts of a folder and
+// the listings they publish.
+pub mod host;
+pub mod hosts;
+pub mod publish;
+pub mod registry;
+pub mod watch;
+
 pub use client::*;
 pub use server::*;
 pub use socket::*;
 pub use wire::*;
+
+// An agent's refusal as the control protocol codes it: the code is the protocol's, so it is
+// given here, above the agent room that defines the error.
+impl crate::agent::error::AgentOpError {
+    /// A stable code for `--json` output and the control protocol.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::ForeignWorkspace { .. } => ErrorCode::ForeignWorkspace,
+            Self::Ambiguous { .. } => ErrorCode::Ambiguous,
+            Self::SteerUnsupported { .. } => ErrorCode::SteerUnsupported,
+            Self::NotRunning { .. } => ErrorCode::NotRunning,
+            Self::AlreadyRunning { .. } => ErrorCode::AlreadyRunning,
+            Self::Closed { .. } => ErrorCode::Closed,
+            Self::Input { .. } => ErrorCode::Input,
+            Self::Restart { .. } => ErrorCode::Restart,
+            Self::Gone { .. } => ErrorCode::Gone,
+            Self::Checking { .. } => ErrorCode::Checking,
+        }
+    }
+}

@@ -42,7 +42,7 @@ pub enum Op {
     /// The workspace's live agents.
     List,
     /// Streams what happens to the workspace's agents and tasks until the caller hangs up
-    /// (see [`crate::watch`]). Only the user may watch.
+    /// (see [`crate::project::watch`]). Only the user may watch.
     Watch,
     /// Delivers a message to a running agent now.
     Steer {

@@ -200,7 +200,7 @@ pub fn rows_of(
                 started_at: task.started_at,
                 question: task.question.clone(),
                 exit: task.exit.clone(),
-                last_line: crew_live::output::last_line_of(
+                last_line: crew_live::agent::output::last_line_of(
                     &ctx.store().output_log_path(run_id, &task.id),
                 ),
                 sandbox: task.sandbox.as_ref().map(|sandbox| sandbox.state),

@@ -31,7 +31,7 @@ pub async fn cmd_agents_logs(args: LogsArgs, ui: Ui) -> Result<Outcome, CliError
         .with_hint("`crew agents list --all-runs` shows the agents of this workspace"));
     };
     let path = ctx.store().output_log_path(&manifest.run_id, &task_id);
-    let rotated = crew_live::output::LogWriter::rotated_path(&path);
+    let rotated = crew_live::agent::output::LogWriter::rotated_path(&path);
     // The part before the log's last rotation first, when it was kept.
     print_from(&rotated, 0, ui.terminal, true)?;
     let mut offset = 0u64;

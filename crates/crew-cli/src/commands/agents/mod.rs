@@ -85,11 +85,9 @@ pub fn refuse_hosting_again(
     // message has nothing for it to do, and an agent without a session nothing to go on with.
     let has_session = task.session_id.is_some();
     if task.status == TaskStatus::Succeeded && !(answer.is_some() && has_session) {
-        return Err(CliError::user(crew_live::runner::succeeded_refusal(
-            &manifest.run_id,
-            task_id,
-            has_session,
-        )));
+        return Err(CliError::user(
+            crew_live::project::runner::succeeded_refusal(&manifest.run_id, task_id, has_session),
+        ));
     }
     Ok(())
 }

@@ -43,7 +43,7 @@ pub async fn cmd_worktrees_refill(
     // Out of the terminal's session, and last in line for the CPU and the disk: a run that
     // starts meanwhile comes first.
     let _ = rustix::process::setsid();
-    lowest_priority();
+    crew_live::process::lowest_priority();
     let ctx = Context::discover(ui)?;
     let Some(repo_root) = ctx.workspace().repo_root().map(ToOwned::to_owned) else {
         return Ok(Outcome::Success);
@@ -70,23 +70,4 @@ pub async fn cmd_worktrees_refill(
     });
     crew_worktree::pool::refill_at_head(&repo_root, &ctx.config().worktree, run_started)?;
     Ok(Outcome::Success)
-}
-
-/// `nice 19` and the idle I/O class, for this process and what it starts.
-fn lowest_priority() {
-    let _ = rustix::process::nice(19);
-    // ioprio_set(IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << 13): no wrapper in rustix.
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
-    // SAFETY: a plain system call with integer arguments; it changes only this process's I/O
-    // priority.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::syscall(
-            libc::SYS_ioprio_set,
-            IOPRIO_WHO_PROCESS,
-            0 as libc::c_long,
-            IOPRIO_CLASS_IDLE << 13,
-        );
-    }
 }

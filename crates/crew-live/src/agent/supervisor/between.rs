@@ -155,7 +155,8 @@ impl Supervisor {
         let (stop, stop_requests) = watch::channel(0u32);
         let launcher = self.launcher.clone();
         let spec = self.spec.clone();
-        let check = crate::check::run_check(&launcher, &spec, command, log, timeout, stop_requests);
+        let check =
+            crate::agent::check::run_check(&launcher, &spec, command, log, timeout, stop_requests);
         tokio::pin!(check);
         let mut stop_waiters = Vec::new();
         let mut host_gone = false;

@@ -1,0 +1,526 @@
+//! Following a started agent to its end: questions (`waiting`), stops by a person
+//! (`stopped`, held for a resume), usage limits (`paused` until they lift), restarts, and
+//! the run's cancel — what `follow_through` waits on, and how each ends the task.
+
+use super::*;
+
+impl RunContext {
+    /// Waits for the agent through questions, stops and restarts, then tears down and records
+    /// the outcome.
+    pub(super) async fn follow_through(
+        &self,
+        task: TaskRecord,
+        workspace: TaskWorkspace,
+        handle: AgentHandle,
+        from: Phase,
+        waiting_since: u32,
+    ) -> TaskStatus {
+        let task_id = task.id.clone();
+        let mut cancel = self.cancel.subscribe();
+        let mut release = self.release.subscribe();
+        let mut stop_requests = 0;
+        let mut phase = from;
+        // The attempt that last exited (asked, or was stopped): any later attempt goes on.
+        let mut exited_attempt = waiting_since;
+        // The running agent waits on a question of its own (an `acp` permission request).
+        let mut asking = false;
+        // How often crew has tried again after a limit that said nothing of when it lifts.
+        let mut limit_tries = 0;
+        // How often its agent hit a limit in this run.
+        let mut limits_hit = 0u32;
+        let ending = loop {
+            match phase {
+                Phase::Running => {
+                    // Checked on every turn, not only on a change: a cancel may have come
+                    // before this task was listening.
+                    let level = *cancel.borrow_and_update();
+                    stop_as_cancelled(&handle, level, &mut stop_requests).await;
+                    tokio::select! {
+                        status = handle.wait_exited() => {
+                            exited_attempt = status.attempt;
+                            // A question asked of an agent its timeout ended is not waited on:
+                            // the task failed by its timeout.
+                            let timed_out = status.exit.as_ref().is_some_and(|exit| exit.timed_out);
+                            if let Some(question) = status.question.clone().filter(|_| !timed_out) {
+                                self.record_waiting(&task_id, &question, &handle, task.usage).await;
+                                phase = Phase::Waiting;
+                                continue;
+                            }
+                            let exit = status.exit.unwrap_or(ExitRecord {
+                                code: None,
+                                signal: None,
+                                stopped_by: None,
+                                leaked_processes: 0,
+                                timed_out: false,
+                                ended_after_session: false,
+                                network: None,
+                            });
+                            if let Some(limit) = status.limit.clone()
+                                && task.on_limit == OnLimit::Pause
+                                && exit.stopped_by.is_none()
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                let mut retry = limit
+                                    .resets_at
+                                    .is_none()
+                                    .then(|| next_try(&mut limit_tries));
+                                // A limit hit again after it was said to lift waits at least
+                                // crew's backoff: the reset may have been the program's own
+                                // short retry (Claude Code retries a 429 without `retry-after`
+                                // half a second later), and a restart every few seconds only
+                                // meets the limit again.
+                                if let Some(resets_at) = limit.resets_at
+                                    && limits_hit > 0
+                                {
+                                    let floor = next_try(&mut limit_tries);
+                                    retry = (floor > resets_at).then_some(floor);
+                                }
+                                limits_hit += 1;
+                                self.pause(&task_id, exit, &limit, retry, &handle, task.usage)
+                                    .await;
+                                phase = Phase::Paused {
+                                    resets_at: retry.or(limit.resets_at),
+                                };
+                                continue;
+                            }
+                            if exit.stopped_by.is_some()
+                                && !exit.timed_out
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                self.hold(&task_id, exit, &handle, task.usage).await;
+                                phase = Phase::Held;
+                                continue;
+                            }
+                            if handle.close().await {
+                                break Ending::Exited(exit);
+                            }
+                        }
+                        status = handle.wait_asking(asking) => match status {
+                            Some(status) => {
+                                asking = status.asks_alive;
+                                match status.question {
+                                    Some(question) if asking => {
+                                        self.record_waiting(&task_id, &question, &handle, task.usage).await;
+                                    }
+                                    // Answered, and it goes on.
+                                    None => self.record_answered(&task_id).await,
+                                    // It exits with its question: the exit records it.
+                                    Some(_) => {}
+                                }
+                            }
+                            None => {
+                                handle.wait_exited().await;
+                            }
+                        },
+                        changed = cancel.changed() => {
+                            if changed.is_err() {
+                                // The run is over for this task's purposes; its exit decides
+                                // on the next turn.
+                                handle.wait_exited().await;
+                            }
+                        }
+                    }
+                }
+                Phase::Paused { resets_at } => {
+                    if self.cancel_level() > CancelLevel::None {
+                        break Ending::StillPaused;
+                    }
+                    // No reset to wait for (it could not start again when its limit lifted,
+                    // or a new host took the task over): crew tries again by its backoff.
+                    let Some(resets_at) = resets_at else {
+                        let retry = next_try(&mut limit_tries);
+                        let reason = format!(
+                            "paused: {}; crew tries again at {retry}, or it goes on with `crew agents resume {}:{task_id}`",
+                            task.limit.as_ref().map_or_else(
+                                || "it hit a usage limit".to_owned(),
+                                |limit| format!("it hit {limit}")
+                            ),
+                            self.run_id
+                        );
+                        self.record_paused(&task_id, reason, Some(retry)).await;
+                        phase = Phase::Paused {
+                            resets_at: Some(retry),
+                        };
+                        continue;
+                    };
+                    // The limit's reset time, on this machine's clock; one that is past is now.
+                    let wait = resets_at
+                        .0
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or_default();
+                    let wake = tokio::time::Instant::now() + wait + LIMIT_SLACK;
+                    tokio::select! {
+                        restarted = handle.wait_restarted(exited_attempt) => {
+                            if restarted.is_none() {
+                                break Ending::StillPaused;
+                            }
+                            self.tell_scheduler(&task_id, Hold::Going);
+                            self.record_started(&task_id, &handle).await;
+                            phase = Phase::Running;
+                        }
+                        () = tokio::time::sleep_until(wake) => {
+                            // The limit lifted: its session goes on (the restart is seen above),
+                            // or, when it cannot start, crew tries again by its backoff. Either
+                            // way the reset time is spent: it never wakes the task twice.
+                            phase = match handle.resume(None).await {
+                                // Started: its restart is seen next; should that never come,
+                                // crew tries again later.
+                                Ok(_) => Phase::Paused {
+                                    resets_at: Some(next_try(&mut limit_tries)),
+                                },
+                                Err(error) => {
+                                    self.record_warning(
+                                        &task_id,
+                                        format!("could not start the agent again when its limit lifted: {error}"),
+                                    )
+                                    .await;
+                                    Phase::Paused { resets_at: None }
+                                }
+                            };
+                        }
+                        _ = cancel.changed() => {}
+                    }
+                }
+                Phase::Waiting | Phase::Held => {
+                    let held = matches!(phase, Phase::Held);
+                    if self.cancel_level() > CancelLevel::None {
+                        if !held {
+                            break Ending::StillWaiting;
+                        }
+                        if handle.close().await {
+                            break Ending::Stopped;
+                        }
+                    } else if held && *release.borrow_and_update() && handle.close().await {
+                        break Ending::Stopped;
+                    }
+                    // A follow-up (to a question) or a resume (after a stop) starts the agent
+                    // again.
+                    tokio::select! {
+                        restarted = handle.wait_restarted(exited_attempt) => {
+                            if restarted.is_none() {
+                                break if held { Ending::Stopped } else { Ending::StillWaiting };
+                            }
+                            if held {
+                                self.tell_scheduler(&task_id, Hold::Going);
+                            }
+                            self.record_started(&task_id, &handle).await;
+                            phase = Phase::Running;
+                        }
+                        _ = release.changed(), if held => {}
+                        _ = cancel.changed() => {}
+                    }
+                }
+            }
+        };
+        match ending {
+            Ending::StillWaiting => {
+                self.teardown(&task_id, &workspace, true).await;
+                TaskStatus::Waiting
+            }
+            Ending::StillPaused => {
+                self.teardown(&task_id, &workspace, true).await;
+                TaskStatus::Paused
+            }
+            Ending::Stopped => {
+                self.teardown(&task_id, &workspace, false).await;
+                // Its run ended while it was held: its workspace is no longer kept for a
+                // resume in this run, and whoever follows the run is told so.
+                let record = self
+                    .save_task(&format!("task {task_id}'s reason"), &task_id, |record| {
+                        record.reason = Some(STOPPED_BY_REQUEST.to_owned());
+                        Ok(record.clone())
+                    })
+                    .await;
+                self.runner.announce(
+                    &self.run_id,
+                    &task_id,
+                    TaskStatus::Stopped,
+                    Some(STOPPED_BY_REQUEST.to_owned()),
+                    record,
+                );
+                TaskStatus::Stopped
+            }
+            Ending::Exited(exit) => {
+                let cancelled = self.cancel_level() > CancelLevel::None;
+                let (mut status, mut reason) =
+                    outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
+                let agent = handle.status();
+                // A placed task whose connection was lost: its work is there, for a resume.
+                if let (Some(lost), false) = (&agent.lost, cancelled) {
+                    status = TaskStatus::Interrupted;
+                    reason = Some(lost.clone());
+                }
+                // Its requests through crew's proxy were all failing: that is why, or part of
+                // it (a name its model's API goes by that cannot be resolved).
+                match (&agent.unreachable, cancelled) {
+                    (Some(down), false) if down.ended_by_crew => {
+                        status = TaskStatus::Failed;
+                        reason = Some(down.said.clone());
+                    }
+                    (Some(down), _) if status == TaskStatus::Failed => {
+                        if let Some(why) = &mut reason {
+                            why.push_str(&format!("; {}", down.said));
+                        }
+                    }
+                    _ => {}
+                }
+                // A limit is named as one: what it is, and when it lifts. A last turn that
+                // ended on one leaves the work undone, whatever the exit says.
+                match (status, agent.limit, &mut reason) {
+                    (TaskStatus::Succeeded, Some(limit), _) => {
+                        status = TaskStatus::Failed;
+                        reason = Some(format!("the agent stopped when it hit {limit}"));
+                    }
+                    // Its protocol said its last turn (or the session itself) failed: an exit
+                    // code of 0 does not make that a success.
+                    (TaskStatus::Succeeded, None, _) if agent.turn_error.is_some() => {
+                        status = TaskStatus::Failed;
+                        let how = if exit.ended_after_session {
+                            "crew ended the agent once its session was over"
+                        } else {
+                            "the agent exited 0"
+                        };
+                        reason = Some(format!(
+                            "{how}, but its protocol said it failed: {}",
+                            agent.turn_error.as_deref().unwrap_or_default()
+                        ));
+                    }
+                    (TaskStatus::Failed, Some(limit), Some(why)) => {
+                        why.push_str(&format!(" after it hit {limit}"));
+                    }
+                    (TaskStatus::Failed, None, Some(why)) => {
+                        if let Some(turn_error) = agent.turn_error {
+                            why.push_str(&format!(" (its last turn: {turn_error})"));
+                        }
+                    }
+                    _ => {}
+                }
+                // A toolchain that failed inside the sandbox says what to add.
+                if let (TaskStatus::Failed, Some(why), false) =
+                    (status, &mut reason, agent.refused_writes.is_empty())
+                {
+                    why.push_str(&format!(
+                        "; {}",
+                        crate::agent::refusals::note(&agent.refused_writes, &task.agent)
+                    ));
+                }
+                // An agent given no network fails as one that could not reach its model's API
+                // (Claude Code retries for minutes, then says only that it could not connect):
+                // the reason says what it was given.
+                let no_network = agent.sandbox.as_ref().is_some_and(|sandbox| {
+                    sandbox.state == crew_core::model::SandboxState::Enforced
+                        && sandbox.network == crew_core::config::NetworkMode::None
+                });
+                if let (TaskStatus::Failed, Some(why), true) = (status, &mut reason, no_network) {
+                    why.push_str(&format!(
+                        "; its network is `none`: it reached no host, its model's API included (give its definition `network = \"proxy\"` with the API's host in `allow_hosts`, in .crew/agents/{}.toml)",
+                        task.agent
+                    ));
+                }
+                if let Some(branch) = agent.landed {
+                    self.landed
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .insert(task_id.clone(), branch);
+                }
+                self.record_exit(&task_id, exit, &handle, task.usage).await;
+                if status == TaskStatus::Succeeded
+                    && let Some(check) = &task.check
+                {
+                    self.check(&task, &check.command, &handle).await;
+                }
+                self.finish(&task_id, &workspace, status, reason).await;
+                status
+            }
+        }
+    }
+
+    /// A person stopped the task's agent while the run goes on: the task is `stopped`, and
+    /// holds its workspace so that `crew agents resume` starts the agent again in it.
+    pub(super) async fn hold(
+        &self,
+        task_id: &TaskId,
+        exit: ExitRecord,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
+        self.record_exit(task_id, exit, handle, prior).await;
+        let reason = format!(
+            "{STOPPED_BY_REQUEST}; its workspace is kept while the run goes on (`crew agents resume {}:{task_id}` starts it again)",
+            self.run_id
+        );
+        self.record_status(task_id, TaskStatus::Stopped, Some(reason))
+            .await;
+        self.tell_scheduler(task_id, Hold::Stopped);
+    }
+
+    /// The agent hit a usage limit and the task pauses on it (`on_limit = "pause"`): its
+    /// workspace is kept, its slot freed, and the run waits for it.
+    pub(super) async fn pause(
+        &self,
+        task_id: &TaskId,
+        exit: ExitRecord,
+        limit: &UsageLimit,
+        retry: Option<Timestamp>,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
+        self.record_exit(task_id, exit, handle, prior).await;
+        let resume = format!("crew agents resume {}:{task_id}", self.run_id);
+        let reason = match retry {
+            Some(at) => format!(
+                "paused: it hit {limit}; crew tries again at {at}, or it goes on with `{resume}`"
+            ),
+            None => format!("paused: it hit {limit}; it goes on then, or with `{resume}`"),
+        };
+        self.record_paused(task_id, reason, retry).await;
+        self.tell_scheduler(task_id, Hold::Paused);
+    }
+
+    /// Records the task `paused` for `reason`, and when crew tries it again by its backoff
+    /// (`limit.retry_at`) where the limit said nothing of when it lifts.
+    pub(super) async fn record_paused(
+        &self,
+        task_id: &TaskId,
+        reason: String,
+        retry: Option<Timestamp>,
+    ) {
+        let (run_id, why) = (self.run_id.clone(), reason.clone());
+        let record = self
+            .save_task(&format!("task {task_id} paused"), task_id, move |record| {
+                record.set_status(&run_id, TaskStatus::Paused, Timestamp::now())?;
+                record.reason = Some(why);
+                if let Some(limit) = &mut record.limit {
+                    limit.retry_at = retry;
+                }
+                Ok(record.clone())
+            })
+            .await;
+        self.runner.announce(
+            &self.run_id,
+            task_id,
+            TaskStatus::Paused,
+            Some(reason),
+            record,
+        );
+    }
+
+    /// Tells the scheduler what became of the task's agent: stopped by a person, paused by a
+    /// limit, or going again.
+    pub(super) fn tell_scheduler(&self, task_id: &TaskId, hold: Hold) {
+        // Sending fails only once the scheduler has gone, when the run is over: nobody is
+        // left to tell.
+        let _ = self.holds.send((task_id.clone(), hold));
+    }
+
+    /// Records how the agent's process ended, with what its protocol reported.
+    pub(super) async fn record_exit(
+        &self,
+        task_id: &TaskId,
+        exit: ExitRecord,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
+        let task = task_id.clone();
+        let report = AgentReport::of(handle, prior);
+        let usage = report.usage;
+        // Follow-ups it has not had yet (sent before a stop) outlive this host on the record.
+        let follow_ups = handle.status().follow_up_queue;
+        self.save_task(&format!("task {task_id}'s exit"), &task, move |record| {
+            record.requests = crew_core::model::NetworkCounts::sum(
+                record.requests.into_iter().chain(exit.network),
+            );
+            // A question its agent asked alive went with it when its timeout ended it.
+            if exit.timed_out {
+                record.question = None;
+            }
+            record.exit = Some(exit);
+            record.pid = None;
+            record.follow_ups = follow_ups;
+            report.apply(record);
+            Ok(())
+        })
+        .await;
+        if let Some(usage) = usage {
+            self.runner.record_event(
+                &self.run_id,
+                RunEvent::new(Some(task_id.clone()), EventKind::Usage { usage }),
+            );
+        }
+    }
+
+    pub(super) async fn record_waiting(
+        &self,
+        task_id: &TaskId,
+        question: &str,
+        handle: &AgentHandle,
+        prior: Option<Usage>,
+    ) {
+        let (run_id, asked) = (self.run_id.clone(), question.to_owned());
+        let report = AgentReport::of(handle, prior);
+        let record = self
+            .save_task(
+                &format!("task {task_id}'s question"),
+                task_id,
+                move |record| {
+                    if record.status != TaskStatus::Waiting {
+                        record.set_status(&run_id, TaskStatus::Waiting, Timestamp::now())?;
+                    }
+                    record.question = Some(asked);
+                    report.apply(record);
+                    Ok(record.clone())
+                },
+            )
+            .await;
+        self.runner.announce(
+            &self.run_id,
+            task_id,
+            TaskStatus::Waiting,
+            Some(question.to_owned()),
+            record,
+        );
+    }
+}
+
+/// How a task's agent ended, before the task's status is decided.
+pub(super) enum Ending {
+    Exited(ExitRecord),
+    /// The agent asked a question and the run stopped before an answer came: the workspace is
+    /// kept for it.
+    StillWaiting,
+    /// A person stopped the agent, and the run ended without a resume: the task stays
+    /// `stopped`.
+    Stopped,
+    /// A usage limit paused the task and the run stopped before it lifted: the workspace is
+    /// kept, and the task stays `paused` for `crew runs resume`.
+    StillPaused,
+}
+
+/// How long after a limit's reset time a paused agent starts again: clocks differ a little.
+pub(super) const LIMIT_SLACK: Duration = Duration::from_secs(1);
+
+/// When crew next tries again a task whose limit said nothing of when it lifts, by the
+/// backoff of its `tries` so far (counted here).
+pub(super) fn next_try(tries: &mut u32) -> Timestamp {
+    let wait = crate::agent::limits::retry_backoff(*tries);
+    *tries += 1;
+    Timestamp(std::time::SystemTime::now() + wait)
+}
+
+/// Sends the agent (or its check) as many stops as the run's cancel `level` asks, beyond the
+/// `sent` ones: Graceful one (TERM, grace, KILL), Kill a second at once. Each goes from a task
+/// of its own, as a stop is answered only once the agent has ended.
+pub(super) async fn stop_as_cancelled(handle: &AgentHandle, level: CancelLevel, sent: &mut u32) {
+    let wanted = match level {
+        CancelLevel::None => 0,
+        CancelLevel::Graceful => 1,
+        CancelLevel::Kill => 2,
+    };
+    while *sent < wanted {
+        *sent += 1;
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.stop().await });
+        // The second comes after the first, as a second stop.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
