@@ -229,16 +229,23 @@ fn a_limit_met_again_after_its_reset_waits_crew_s_backoff_not_the_reset_it_said(
             .collect()
     };
     // A busy machine may take a while to start the agent twice, and the run's record is
-    // written apart from its events: both are waited for, and what was seen is shown if the
-    // second pause never comes.
+    // written after its event: until it is, the record still holds the first pause's time to
+    // try again, which is before the second pause. Both are waited for, and what was seen is
+    // shown if the second pause never reaches the record.
+    let timestamp = |value: &serde_json::Value| {
+        serde_json::from_value::<crew_core::model::Timestamp>(value.clone()).ok()
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    let (run, second, record) = loop {
+    let (run, paused_at, retry, record) = loop {
         if let Some(run) = run_ids(&env, &repo).into_iter().next()
             && let Some(second) = paused(&run).get(1).cloned()
+            && let Some(paused_at) = timestamp(&second["at"])
         {
             let record = task(&manifest(&env, &repo, &run), "claude").clone();
-            if !record["limit"]["retry_at"].is_null() {
-                break (run, second, record);
+            if let Some(retry) = timestamp(&record["limit"]["retry_at"])
+                && retry.0 >= paused_at.0
+            {
+                break (run, paused_at, retry, record);
             }
         }
         if std::time::Instant::now() > deadline {
@@ -255,11 +262,6 @@ fn a_limit_met_again_after_its_reset_waits_crew_s_backoff_not_the_reset_it_said(
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
-    let retry: crew_core::model::Timestamp =
-        serde_json::from_value(record["limit"]["retry_at"].clone())
-            .unwrap_or_else(|error| panic!("{error}: {record:#}"));
-    let paused_at: crew_core::model::Timestamp =
-        serde_json::from_value(second["at"].clone()).unwrap();
     // Measured from the pause, not from this reading, which a busy machine may delay.
     let wait = retry.0.duration_since(paused_at.0).unwrap_or_default();
     assert!(
