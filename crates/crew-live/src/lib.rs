@@ -208,7 +208,7 @@ pub use control::{ControlClient, ControlError, ControlServer, ErrorCode, Submitt
 pub use project::hosting::{
     Canceller, Host, HostError, HostEvent, HostEvents, HostOptions, RunningRun,
 };
-pub use project::runner::{CancelLevel, PlanError, RunError, RunSpec, Runner};
+pub use project::runner::{AlreadySucceeded, CancelLevel, PlanError, RunError, RunSpec, Runner};
 pub use project::verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
     FollowedUp, IgnoredFiles, LandOptions, LandWorkError, LandedWork, NotPicked, Refusal,

@@ -1,7 +1,9 @@
 //! The house keeps its shape (ARCHITECTURE.md, "Crates" and "Rooms"): crew-live is three rooms
-//! whose imports point one way; `unsafe` code lives in crew-sandbox alone; crew-kube does not
+//! whose imports point one way, with no circle between its files; `unsafe` code lives in crew-sandbox alone; crew-kube does not
 //! build on crew-cli. Read from the sources, as a
 //! reviewer would, so that a change that breaks the shape fails here.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use camino::{Utf8Path, Utf8PathBuf};
 
@@ -39,63 +41,153 @@ fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     })
 }
 
-/// The module a file of crew-live is part of, as a unit of the import graph: `room` for a
-/// room's own `mod.rs`, `room::module` for a module of a room (a file, or a folder whose files
-/// are one unit).
-fn unit_of(file: &Utf8Path) -> Option<String> {
-    let parts: Vec<&str> = file.components().map(|part| part.as_str()).collect();
-    match parts.as_slice() {
-        [room, "mod.rs"] => Some((*room).to_owned()),
-        [room, module] => Some(format!("{room}::{}", module.trim_end_matches(".rs"))),
-        [room, module, ..] => Some(format!("{room}::{module}")),
-        _ => None,
+/// The module path of a file of a crate's `src` (`agent/supervisor/mod.rs`: `agent::supervisor`).
+fn module_of(file: &Utf8Path) -> Vec<String> {
+    let mut parts: Vec<String> = file
+        .components()
+        .map(|part| part.as_str().to_owned())
+        .collect();
+    let last = parts.pop().unwrap();
+    let stem = last.trim_end_matches(".rs");
+    if !["mod", "lib", "main"].contains(&stem) {
+        parts.push(stem.to_owned());
+    }
+    parts
+}
+
+/// The code of a file as one string, comments and its `#[cfg(test)] mod tests` left out.
+fn code_of(text: &str) -> String {
+    let code: Vec<&str> = text
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect();
+    let code = code.join("\n");
+    match code.find("#[cfg(test)]\nmod tests") {
+        Some(at) => code[..at].to_owned(),
+        None => code,
     }
 }
 
-/// The units a line names: `crate::room::module` (that module), `crate::room::Item` (the
-/// room's own module), and `super::` from a room's direct file (its room).
-fn named_units(file: &Utf8Path, line: &str) -> Vec<String> {
-    let mut named = Vec::new();
-    let mut rest = line;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        let path: Vec<&str> = rest
-            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-            .next()
-            .unwrap_or("")
-            .split("::")
-            .collect();
-        if let [room, next, ..] = path.as_slice()
-            && ROOMS.contains(room)
-        {
-            let is_module = next.chars().next().is_some_and(char::is_lowercase)
-                && crate_module_exists(room, next);
-            named.push(match is_module {
-                true => format!("{room}::{next}"),
-                false => (*room).to_owned(),
-            });
-        } else if let [room] = path.as_slice()
-            && ROOMS.contains(room)
-        {
-            named.push((*room).to_owned());
+/// A `use` tree (`a::{b, c::{d, e}}`, whitespace removed) as the paths it names.
+fn expand_use(tree: &str) -> Vec<String> {
+    let Some(open) = tree.find('{') else {
+        return vec![tree.to_owned()];
+    };
+    let (prefix, inner) = (&tree[..open], &tree[open + 1..tree.len() - 1]);
+    let (mut paths, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (at, c) in inner.char_indices().chain([(inner.len(), ',')]) {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                if at > start {
+                    for path in expand_use(&inner[start..at]) {
+                        paths.push(format!("{prefix}{path}"));
+                    }
+                }
+                start = at + 1;
+            }
+            _ => {}
         }
     }
-    let depth = file.components().count();
-    if depth == 2 && file.file_name() != Some("mod.rs") && line.contains("super::") {
-        named.push(file.components().next().unwrap().as_str().to_owned());
+    paths
+}
+
+/// The paths a file's code names: its `use` trees expanded, and every path in its code that
+/// starts at `crate`, `super`, `self` or a module the file declares.
+fn named_paths(module: &[String], code: &str, modules: &BTreeSet<Vec<String>>) -> Vec<String> {
+    let mut paths = Vec::new();
+    for statement in code.split(';') {
+        let statement: String = statement.split_whitespace().collect::<Vec<_>>().join(" ");
+        let tree = statement
+            .rsplit_once("use ")
+            .filter(|(before, _)| {
+                before.is_empty() || before.ends_with("pub ") || before.ends_with(") ")
+            })
+            .map(|(_, tree)| tree.replace(' ', ""));
+        if let Some(tree) = tree {
+            paths.extend(expand_use(&tree));
+        }
     }
-    named
+    let is_path_char = |c: char| c.is_alphanumeric() || c == '_' || c == ':';
+    for word in code.split(|c: char| !is_path_char(c)) {
+        let Some((first, _)) = word.split_once("::") else {
+            continue;
+        };
+        let mut child = module.to_vec();
+        child.push(first.to_owned());
+        if ["crate", "super", "self"].contains(&first) || modules.contains(&child) {
+            paths.push(word.to_owned());
+        }
+    }
+    paths
 }
 
-fn crate_module_exists(room: &str, module: &str) -> bool {
-    let src = root().join("crates/crew-live/src").join(room);
-    src.join(format!("{module}.rs")).exists() || src.join(module).join("mod.rs").exists()
+/// The module a path from `module` names: the deepest module of the crate it goes through.
+fn resolve(module: &[String], path: &str, modules: &BTreeSet<Vec<String>>) -> Vec<String> {
+    let mut segments = path
+        .split("::")
+        .filter(|segment| !segment.is_empty())
+        .peekable();
+    let mut at: Vec<String> = match segments.peek() {
+        Some(&"crate") => {
+            segments.next();
+            Vec::new()
+        }
+        Some(&"super" | &"self") => module.to_vec(),
+        _ => module.to_vec(),
+    };
+    while let Some(&segment) = segments.peek() {
+        match segment {
+            "super" => drop(at.pop()),
+            "self" => {}
+            _ => break,
+        }
+        segments.next();
+    }
+    for segment in segments {
+        let mut next = at.clone();
+        next.push(segment.to_owned());
+        if !modules.contains(&next) {
+            break;
+        }
+        at = next;
+    }
+    at
 }
 
-/// The rank of a unit's room.
-fn rank(unit: &str) -> usize {
-    let room = unit.split("::").next().unwrap();
-    ROOMS.iter().position(|name| *name == room).unwrap()
+/// crew-live's import graph, file by file: each file's module, and the modules it uses with
+/// the first path that names each.
+fn crew_live_imports() -> BTreeMap<Vec<String>, BTreeMap<Vec<String>, String>> {
+    let src = root().join("crates/crew-live/src");
+    let files = sources(&src);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(file, _)| module_of(file)).collect();
+    let mut graph = BTreeMap::new();
+    for (file, text) in &files {
+        let module = module_of(file);
+        let mut edges = BTreeMap::new();
+        for path in named_paths(&module, &code_of(text), &modules) {
+            let target = resolve(&module, &path, &modules);
+            if target != module {
+                edges.entry(target).or_insert(path);
+            }
+        }
+        graph.insert(module, edges);
+    }
+    graph
+}
+
+fn shown(module: &[String]) -> String {
+    match module.is_empty() {
+        true => "lib.rs".to_owned(),
+        false => module.join("::"),
+    }
+}
+
+/// The rank of a module's room, if it is in one.
+fn rank(module: &[String]) -> Option<usize> {
+    let room = module.first()?;
+    ROOMS.iter().position(|name| name == room)
 }
 
 #[test]
@@ -114,15 +206,17 @@ fn crew_live_declares_its_three_rooms_and_nothing_else() {
 
 #[test]
 fn no_module_of_crew_live_uses_a_room_above_its_own() {
-    let src = root().join("crates/crew-live/src");
     let mut upward = Vec::new();
-    for (file, text) in sources(&src) {
-        let Some(unit) = unit_of(&file) else { continue };
-        for (number, line) in code_lines(&text) {
-            for named in named_units(&file, line) {
-                if rank(&named) > rank(&unit) {
-                    upward.push(format!("{file}:{number}: {unit} uses {named}: {line}"));
-                }
+    for (module, edges) in crew_live_imports() {
+        for (target, path) in edges {
+            if let (Some(own), Some(named)) = (rank(&module), rank(&target))
+                && named > own
+            {
+                upward.push(format!(
+                    "{} uses {}: {path}",
+                    shown(&module),
+                    shown(&target)
+                ));
             }
         }
     }
@@ -130,6 +224,42 @@ fn no_module_of_crew_live_uses_a_room_above_its_own() {
         upward.is_empty(),
         "a lower room uses a higher one (move the type it needs down, or invert the call):\n{}",
         upward.join("\n")
+    );
+}
+
+#[test]
+fn no_circle_of_imports_between_crew_live_s_files() {
+    let graph = crew_live_imports();
+    // A file is in a circle when a file it uses leads back to it.
+    let mut circles = Vec::new();
+    for (module, edges) in &graph {
+        for (target, path) in edges {
+            let mut seen = BTreeSet::from([target.clone()]);
+            let mut pending = vec![(target.clone(), vec![shown(target)])];
+            while let Some((at, trail)) = pending.pop() {
+                if at == *module {
+                    circles.push(format!(
+                        "{} ({path}) -> {}",
+                        shown(module),
+                        trail.join(" -> ")
+                    ));
+                    break;
+                }
+                for next in graph.get(&at).into_iter().flat_map(BTreeMap::keys) {
+                    if seen.insert(next.clone()) {
+                        let mut trail = trail.clone();
+                        trail.push(shown(next));
+                        pending.push((next.clone(), trail));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files of crew-live that use one another in a circle (a room's mod.rs declares and \
+         re-exports; its files name the file that defines what they use):\n{}",
+        circles.join("\n")
     );
 }
 

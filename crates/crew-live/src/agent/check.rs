@@ -9,14 +9,14 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::time::{Duration, Instant};
 
 use camino::{Utf8Path, Utf8PathBuf};
-
 use crew_core::env_vars;
 use crew_core::model::CheckRecord;
-
-use crate::agent::env::agent_env;
-use crate::agent::{AgentSpec, Launcher, confinement, private_temp_dir};
 use crew_sandbox::procscan;
 use crew_sandbox::spawn::WardedCommand;
+
+use crate::agent::confine::{confinement, private_temp_dir};
+use crate::agent::env::agent_env;
+use crate::agent::spec::{AgentSpec, Launcher};
 
 /// How much of the end of a check's output its record keeps.
 const TAIL_BYTES: u64 = 2048;

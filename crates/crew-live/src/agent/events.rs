@@ -1,11 +1,10 @@
 //! What a host can subscribe to: status changes and output lines of its agents.
 
-use serde::Serialize;
-
 use crew_core::AgentId;
 use crew_core::model::ExitRecord;
+use serde::Serialize;
 
-use crate::agent::AgentStatus;
+use crate::agent::status::AgentStatus;
 
 /// Which pipe a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

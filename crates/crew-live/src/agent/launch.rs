@@ -1,95 +1,60 @@
 //! Starting an agent: its confinement planned, its temp dir and log made, its process
-//! started under a warden (`crew_sandbox::spawn`), and its supervisor handed the running process —
-//! or an idle one, for an agent that waits on an answer from before its host.
+//! started under a warden (`crew_sandbox::spawn`).
 
-use super::supervisor::supervise_from;
-use super::*;
-use crew_sandbox::temp_dirs::AgentTempDir;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// Launches the agent's first process and starts its supervisor. A program that cannot be
-/// started is an error for this agent only.
-pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started, SpawnAgentError> {
-    let tail = Arc::new(Mutex::new(OutputTail::default()));
-    let running = launch(
-        &spec,
-        &launcher,
-        &tail,
-        None,
-        spec.session_id.as_deref(),
-        None,
-    )
-    .await?;
-    // The first `Started` event is sent by the host once the agent is registered, so that a
-    // subscriber reacting to it finds the agent.
-    let status = AgentStatus {
-        state: AgentState::Running,
-        pid: Some(running.pid),
-        attempt: 1,
-        started_at: Timestamp::now(),
-        exit: None,
-        question: None,
-        queued_follow_ups: 0,
-        follow_up_queue: Vec::new(),
-        closed: false,
-        sandbox: Some(running.sandbox.clone()),
-        session_id: None,
-        usage: None,
-        turn_error: None,
-        limit: None,
-        refused_writes: Vec::new(),
-        refused_hosts: Vec::new(),
-        protocol_warning: None,
-        idle: false,
-        asks_alive: false,
-        checking: false,
-        landed: None,
-        lost: None,
-        unreachable: None,
-    };
-    Ok(supervise_from(spec, launcher, tail, status, Some(running)))
-}
+use camino::Utf8PathBuf;
+use crew_core::config::{Protocol, SteerMode, fill_template};
+use crew_core::env_vars;
+use crew_core::model::{SandboxRecord, SandboxState, Timestamp};
+use crew_sandbox::procscan;
+use crew_sandbox::spawn::{AgentInput, AgentIo, LeftoverCount, WardedCommand, Warden};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
-/// Starts a supervisor for an agent whose process is not running, such as one that asked a
-/// question before its host went away: it waits, exited, until a follow-up or a resume starts
-/// it again in its workspace.
-pub(crate) fn start_idle(
-    spec: AgentSpec,
-    launcher: Launcher,
-    question: Option<String>,
-    attempt: u32,
-) -> Started {
-    let status = AgentStatus {
-        state: AgentState::Exited,
-        pid: None,
-        attempt,
-        started_at: Timestamp::now(),
-        exit: None,
-        question,
-        queued_follow_ups: 0,
-        follow_up_queue: Vec::new(),
-        closed: false,
-        sandbox: None,
-        session_id: None,
-        usage: None,
-        turn_error: None,
-        limit: None,
-        refused_writes: Vec::new(),
-        refused_hosts: Vec::new(),
-        protocol_warning: None,
-        idle: false,
-        asks_alive: false,
-        checking: false,
-        landed: None,
-        lost: None,
-        unreachable: None,
-    };
-    supervise_from(
-        spec,
-        launcher,
-        Arc::new(Mutex::new(OutputTail::default())),
-        status,
-        None,
-    )
+use crate::agent::acp::{AcpLink, AcpStart};
+use crate::agent::confine::{confinement, private_temp_dir};
+use crate::agent::env::agent_env;
+use crate::agent::error::SpawnAgentError;
+use crate::agent::events::OutputStream;
+use crate::agent::output::{LogWriter, OutputSink, OutputTail, drain};
+use crate::agent::protocol::ProtocolEvent;
+use crate::agent::refusals::Refusals;
+use crate::agent::spec::{AgentSpec, Launcher};
+
+/// How long a steering message may wait for the agent to read its stdin.
+pub(super) const STEER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A process of the agent, running.
+pub(super) struct Running {
+    pub(super) child: Warden,
+    pub(super) pid: u32,
+    pub(super) stdin: Option<AgentInput>,
+    pub(super) readers: Vec<JoinHandle<()>>,
+    /// What the agent's protocol says: sessions, ends of turns (see `OutputSink::supervisor`).
+    pub(super) protocol: mpsc::UnboundedReceiver<ProtocolEvent>,
+    /// The client connection of an `acp` agent, which holds its stdin.
+    pub(super) acp: Option<AcpLink>,
+    pub(super) placed: Option<crate::agent::placed::PlacedLink>,
+    pub(super) sandbox: SandboxRecord,
+    /// The writes the sandbox refused, as the agent said them (a confined agent's).
+    pub(super) refusals: Option<Arc<Mutex<Refusals>>>,
+    /// How many processes the warden killed after the agent exited.
+    pub(super) leftovers: LeftoverCount,
+    /// Its proxy (`network = "proxy"`), serving as long as this process lives.
+    pub(super) proxy: Option<crew_sandbox::proxy::Proxy>,
+    /// Its own connection to its host, served as long as this process lives.
+    pub(super) _own_connection: Option<Box<dyn std::any::Any + Send>>,
+    /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
+    pub(super) _temp_dir: crew_sandbox::temp_dirs::AgentTempDir,
+    /// A placed task's transport ended before the task started there: once its output is
+    /// read to the end, what it said last goes into the reason.
+    pub(super) lost_before_start: bool,
+    /// The agent's session is over (an `acp` agent's last turn ended with nothing more to
+    /// say; a `claude-stream-json` agent gave its result): it should exit.
+    pub(super) session_over: bool,
 }
 
 /// Builds and spawns one process of the agent: the `command` template, or the `resume`
@@ -425,92 +390,6 @@ pub(super) async fn launch(
         _temp_dir: temp_dir,
         lost_before_start: false,
         session_over: false,
-    })
-}
-
-/// The ruleset of one start of the agent (or of its check): the plan, narrowed by its
-/// definition's mode, plus its definition's paths, its private temp dir and, confined, its
-/// project's toolchain caches (returned with it, for its environment).
-pub(crate) fn confinement(
-    spec: &AgentSpec,
-    launcher: &Launcher,
-    temp_path: Utf8PathBuf,
-    own_connection: bool,
-) -> Result<(sandbox::Prepared, Option<ToolchainCaches>), sandbox::BuildSandboxError> {
-    let home = launcher
-        .env
-        .get("HOME")
-        .and_then(|home| home.to_str())
-        .map(Utf8Path::new);
-    // A state directory the definition declares (`~/.claude/`) is made when missing, before
-    // the sandbox: a first run in a fresh home keeps its state. One that cannot be made stays
-    // missing, and the record says so.
-    let mut unmade = Vec::new();
-    for dir in spec.definition.sandbox.declared_dirs(home) {
-        if std::fs::symlink_metadata(&dir).is_err()
-            && let Err(error) = std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-        {
-            unmade.push(format!("{dir} ({error})"));
-        }
-    }
-    let mut extra_writes = spec.definition.sandbox.write_paths(home);
-    extra_writes.push(temp_path);
-    let mut plan = spec.sandbox.clone();
-    plan.mode = plan.mode.and(spec.definition.sandbox.mode);
-    plan.network = plan.network.and(spec.definition.sandbox.network);
-    if let Some(hosts) = &spec.definition.sandbox.allow_hosts {
-        plan.hosts.push(crew_core::config::HostList {
-            file: format!(".crew/agents/{}.toml", spec.definition.name),
-            hosts: hosts.clone(),
-        });
-    }
-    // Confined, its toolchains build with the project's caches, which it may write.
-    let caches = (plan.mode == crew_core::config::SandboxMode::Enforce)
-        .then(|| project_caches(spec, launcher))
-        .flatten();
-    if let Some(caches) = &caches {
-        extra_writes.push(caches.dir.clone());
-    }
-    let own_socket = spec.socket.as_deref().filter(|_| own_connection);
-    let mut prepared = sandbox::prepare(&plan, &extra_writes, own_socket)?;
-    if prepared.record.state == SandboxState::Enforced {
-        prepared.record.unmade = unmade;
-    }
-    let caches = caches.filter(|_| prepared.record.state == SandboxState::Enforced);
-    Ok((prepared, caches))
-}
-
-/// The toolchain caches of the agent's project, made for this start (see `toolchains`).
-pub(super) fn project_caches(spec: &AgentSpec, launcher: &Launcher) -> Option<ToolchainCaches> {
-    let var = |name: &str| {
-        launcher
-            .env
-            .get(name)
-            .and_then(|value| value.to_str())
-            .map(str::to_owned)
-    };
-    let dir = toolchains::cache_dir(spec.workspace.as_path(), var)?;
-    let home = Utf8PathBuf::from(var("HOME").filter(|home| home.starts_with('/'))?);
-    let user_cargo = var("CARGO_HOME")
-        .filter(|path| path.starts_with('/'))
-        .map(Utf8PathBuf::from)
-        .unwrap_or_else(|| home.join(".cargo"));
-    toolchains::prepare(&dir, &home, &user_cargo)
-}
-
-/// A temp dir of the agent's own (mode 0700) in the host's temp directory: its `TMPDIR`, and
-/// the one place outside its workspace the sandbox lets every agent write (see `temp_dirs`).
-pub(crate) fn private_temp_dir(spec: &AgentSpec) -> Result<AgentTempDir, SpawnAgentError> {
-    AgentTempDir::new(
-        &std::env::temp_dir(),
-        &crew_core::safe_segment(spec.agent_id.task_id().as_str()),
-    )
-    .map_err(|source| SpawnAgentError::TempDir {
-        agent_id: spec.agent_id.clone(),
-        source,
     })
 }
 

@@ -1,6 +1,15 @@
 //! The caller's side: a connection to a host, an agent's own connection when it has one.
 
-use super::*;
+use std::io;
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::WorkspaceId;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::control::socket::{ControlError, own_connection};
+use crate::control::wire::{Op, Request, Response};
 
 /// A connection to a host's control socket.
 #[derive(Debug)]
@@ -12,13 +21,6 @@ pub struct ControlClient {
 
 /// How long a client waits for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The own connection of the agent this process runs in (`CREW_SOCKET=@name`), if it has one.
-pub(super) fn own_connection() -> Option<String> {
-    std::env::var(crew_core::env_vars::CREW_SOCKET)
-        .ok()
-        .filter(|socket| socket.starts_with('@'))
-}
 
 /// Connects to the abstract unix socket `name` (a connection to an abstract socket does not
 /// wait: there is a listener or there is not).

@@ -13,7 +13,7 @@ pub fn reconcile_workspace(store: &StateStore) -> Result<Vec<RunId>, StateError>
         // The socket its host never removed: only one a host would have made is touched.
         if let Ok(glance) = store.glance_run(run_id)
             && let Some(socket) = glance.host.and_then(|host| host.socket)
-            && crate::control::is_plausible_socket(&socket)
+            && crate::control::socket::is_plausible_socket(&socket)
             && std::os::unix::net::UnixStream::connect(&socket).is_err()
             && let Err(error) = std::fs::remove_file(&socket)
         {
@@ -40,7 +40,7 @@ pub fn live_hosts_of(store: &StateStore, runs: &[RunId]) -> Vec<(RunId, HostReco
         .filter_map(|run| {
             let host = run.host?;
             let socket = host.socket.as_deref()?;
-            (host.identity.is_alive() && crate::control::is_plausible_socket(socket))
+            (host.identity.is_alive() && crate::control::socket::is_plausible_socket(socket))
                 .then_some((run.run_id, host))
         })
         .collect()

@@ -18,28 +18,6 @@
 //!   at once. Malformed input gets a structured error, never a panic, and the server goes on.
 //! - A client that finds no listener (a stale socket of a dead host) learns it at once.
 
-use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::sync::Arc;
-use std::time::Duration;
-
-use camino::{Utf8Path, Utf8PathBuf};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
-
-use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId, WorkspaceId};
-use dashmap::DashMap;
-use tokio::sync::{mpsc, oneshot};
-
-use crate::agent::error::AgentOpError;
-use crate::control::host::AgentHost;
-use crate::control::watch::{TaskFeed, serve_watch};
-use crew_sandbox::procscan;
-
 mod client;
 mod server;
 mod socket;

@@ -13,13 +13,12 @@
 use std::time::Duration;
 
 use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::WorkspaceId;
+use crew_core::model::{HostRecord, Timestamp};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-
-use crew_core::WorkspaceId;
-use crew_core::model::{HostRecord, Timestamp};
 
 use crate::agent::events::AgentEvent;
 use crate::control::host::AgentHost;
@@ -100,7 +99,7 @@ impl PublishedAgents {
         (self.schema_version == SCHEMA_VERSION
             && host.identity.pid == self.pid
             && listing_path(state_dir, socket) == path
-            && crate::control::is_plausible_socket(socket)
+            && crate::control::socket::is_plausible_socket(socket)
             && host.identity.is_alive())
         .then_some(host)
     }

@@ -2,7 +2,30 @@
 //! through its own connection, or a foreign caller), the caps on connections, and each
 //! request handled.
 
-use super::*;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::{AgentId, CancelCause, CancelRecord, RunId, WorkspaceId};
+use crew_sandbox::procscan;
+use dashmap::DashMap;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::agent::error::AgentOpError;
+use crate::control::host::AgentHost;
+use crate::control::socket::{ControlError, ensure_private_dir, socket_dir, workspace_hash};
+use crate::control::watch::{TaskFeed, serve_watch};
+use crate::control::wire::{
+    ErrorBody, ErrorCode, IDLE_TIMEOUT, MAX_AGENT_CONNECTIONS, MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_PEER, MAX_REQUEST_BYTES, Op, REQUEST_DEADLINE, Request, Response,
+    RunCommand, RunRoutes,
+};
 
 /// A host's control socket, served until dropped.
 #[derive(Debug)]

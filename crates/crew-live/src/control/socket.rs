@@ -1,7 +1,12 @@
 //! Where control sockets live: a private directory of the user's, checked before use, and
 //! names that fit a socket address.
 
-use super::*;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::WorkspaceId;
 
 /// The longest socket path the kernel accepts, minus its terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
@@ -181,4 +186,11 @@ pub fn workspace_hash(workspace: &WorkspaceId) -> String {
         "{:016x}",
         crew_core::ids::stable_hash(workspace.as_path().as_str())
     )
+}
+
+/// The own connection of the agent this process runs in (`CREW_SOCKET=@name`), if it has one.
+pub(super) fn own_connection() -> Option<String> {
+    std::env::var(crew_core::env_vars::CREW_SOCKET)
+        .ok()
+        .filter(|socket| socket.starts_with('@'))
 }

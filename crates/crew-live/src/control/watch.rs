@@ -5,19 +5,18 @@
 
 use std::collections::HashMap;
 
+use crew_core::model::{TaskRecord, TaskStatus};
+use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
-use crew_core::model::{TaskRecord, TaskStatus};
-use crew_core::{AgentId, RunId, TaskId, WorkspaceId};
-
 use crate::agent::events::AgentEvent;
 use crate::control::host::AgentHost;
 use crate::control::registry::AgentSnapshot;
-use crate::control::{PROTOCOL_VERSION, Response};
+use crate::control::wire::{PROTOCOL_VERSION, Response};
 
 /// A task changed status: what a host shows while a run goes on.
 #[derive(Debug, Clone, PartialEq)]

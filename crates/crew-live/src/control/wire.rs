@@ -1,7 +1,15 @@
 //! The messages of the protocol, both ways: requests (`Op`), answers (`Response`, with an
 //! `ErrorBody` and its `ErrorCode`), and the commands the server hands a run.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use camino::Utf8PathBuf;
+use crew_core::{AgentId, CancelRecord, RunId, TaskId, WorkspaceId};
+use dashmap::DashMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
 
 /// The largest request line a server reads; longer ones are answered with an error.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -14,6 +22,8 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_AGENT_CONNECTIONS: usize = 32;
 /// How many connections one agent (all its processes together) may hold at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// How long a client waits for a live host's answer (a stop waits for the grace period).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a whole request may take to arrive, from its first byte to its newline: a client
 /// trickling bytes cannot hold a connection longer.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);

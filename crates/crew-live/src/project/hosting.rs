@@ -17,11 +17,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use camino::Utf8PathBuf;
-use tokio::sync::{broadcast, mpsc, watch};
-use tokio::task::JoinHandle;
-
 use crew_core::model::{HostRecord, RunManifest};
 use crew_core::{AgentId, CancelCause, CancelRecord, RunId, TaskId};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinHandle;
 
 use crate::agent::FollowUpOutcome;
 use crate::agent::env::BaseEnv;
@@ -30,7 +29,7 @@ use crate::agent::events::AgentEvent;
 use crate::control::host::AgentHost;
 use crate::control::publish::{Publisher, listing_path};
 use crate::control::{ControlError, ControlServer};
-use crate::project::Project;
+use crate::project::open::Project;
 use crate::project::runner::{CancelLevel, RunError, RunSpec, Runner, TaskActivity, TaskProgress};
 
 /// The label of a detached run's host (`crew run --detach`): a session of its own, with no

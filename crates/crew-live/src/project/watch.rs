@@ -23,14 +23,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::model::{HostRecord, RunManifest};
+use crew_core::store::StateError;
+use crew_core::{RunId, StateStore, WorkspaceId};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-
-use crew_core::model::{HostRecord, RunManifest};
-use crew_core::store::StateError;
-use crew_core::{RunId, StateStore, WorkspaceId};
 
 use crate::control::registry::AgentSnapshot;
 pub use crate::control::watch::WatchEvent;
@@ -432,7 +431,7 @@ pub async fn subscribe(
 ) -> Result<WatchStream, ControlError> {
     let mut client = ControlClient::connect(socket).await?;
     let response = client
-        .call(workspace, Op::Watch, crate::project::REQUEST_TIMEOUT)
+        .call(workspace, Op::Watch, crate::control::REQUEST_TIMEOUT)
         .await?;
     let agents = response
         .answer

@@ -10,8 +10,8 @@ pub mod stop;
 use std::collections::HashMap;
 
 use crew_core::TaskId;
-use crew_core::model::{HostRecord, RunManifest, TaskStatus};
-use crew_live::AgentSnapshot;
+use crew_core::model::{HostRecord, RunManifest};
+use crew_live::{AgentSnapshot, AlreadySucceeded};
 
 use crate::context::Context;
 use crate::foreground::start_host;
@@ -83,13 +83,8 @@ pub fn refuse_hosting_again(
         .expect("the task was found in this manifest");
     // A follow-up of a task that succeeded goes on in its session; a resume without a
     // message has nothing for it to do, and an agent without a session nothing to go on with.
-    let has_session = task.session_id.is_some();
-    if task.status == TaskStatus::Succeeded && !(answer.is_some() && has_session) {
-        return Err(CliError::user(
-            crew_live::project::runner::succeeded_refusal(&manifest.run_id, task_id, has_session),
-        ));
-    }
-    Ok(())
+    AlreadySucceeded::check(&manifest.run_id, task_id, task, answer.is_some())
+        .map_err(|refusal| CliError::user(refusal.to_string()))
 }
 
 pub async fn host_again(

@@ -16,16 +16,16 @@ use agent_client_protocol::v1::schema::{
     TerminalExitStatus, TerminalId, TerminalOutputResponse, WaitForTerminalExitResponse,
 };
 use camino::Utf8PathBuf;
+use crew_core::env_vars;
+use crew_sandbox::procscan;
+use crew_sandbox::spawn::{AgentIo, WardedCommand};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::sync::watch;
 
-use crew_core::env_vars;
-
 use super::files::refused;
+use crate::agent::confine::{confinement, private_temp_dir};
 use crate::agent::env::agent_env;
-use crate::agent::{AgentSpec, Launcher, confinement, private_temp_dir};
-use crew_sandbox::procscan;
-use crew_sandbox::spawn::{AgentIo, WardedCommand};
+use crate::agent::spec::{AgentSpec, Launcher};
 
 /// The most output a terminal keeps, whatever the agent asks for.
 const MAX_OUTPUT_BYTES: usize = 4 << 20;

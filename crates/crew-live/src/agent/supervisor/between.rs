@@ -2,7 +2,22 @@
 //! protocol's next prompt), the wait of an exited agent for a follow-up, a resume or its
 //! close, the task's check run confined like the agent, and the leftovers of an exit killed.
 
-use super::*;
+use std::time::Duration;
+
+use camino::Utf8Path;
+use crew_core::config::SteerMode;
+use crew_core::model::CheckRecord;
+use crew_sandbox::procscan;
+use crew_sandbox::spawn::AgentInput;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{Control, Next, PIPE_GRACE, Supervisor, join_all, refused_check};
+use crate::agent::error::AgentOpError;
+use crate::agent::events::answer;
+use crate::agent::launch::{STEER_TIMEOUT, user_message_line};
+use crate::agent::status::StopOutcome;
 
 impl Supervisor {
     /// After the agent exited (and its warden killed what it left beneath it): kills what is
@@ -206,14 +221,5 @@ impl Supervisor {
         self.status.send_modify(|status| status.checking = false);
         self.publish_status();
         (record, host_gone)
-    }
-}
-
-/// A check that was not run, and why: it did not pass.
-pub(super) fn refused_check(command: String, why: &str) -> CheckRecord {
-    CheckRecord {
-        passed: Some(false),
-        error: Some(why.to_owned()),
-        ..CheckRecord::pending(command)
     }
 }

@@ -2,13 +2,37 @@
 //! its exit, control messages, the stop ladder and the timeout (the lifecycle in the module
 //! above); its restarts, steers, follow-ups and checks.
 
-use super::launch::{launch, user_message_line};
-use super::*;
+use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use camino::Utf8PathBuf;
+use crew_core::config::Protocol;
+use crew_core::model::{CheckRecord, ExitRecord, StopSignal, Timestamp};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::launch::launch;
+use crate::agent::acp::AcpInput;
+use crate::agent::error::AgentOpError;
+use crate::agent::events::{AgentEvent, answer, emit};
+use crate::agent::launch::Running;
+use crate::agent::output::OutputTail;
+use crate::agent::placed::PlacedInput;
+use crate::agent::protocol::ProtocolEvent;
+use crate::agent::spec::{AgentSpec, DEFAULT_RESUME_MESSAGE, Launcher};
+use crate::agent::status::{AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
 
 mod between;
 
-use between::refused_check;
-
+/// How long the output pipes may stay open after the agent exited before crew counts the
+/// holders as leaked processes.
+const PIPE_GRACE: Duration = Duration::from_millis(300);
+/// How long an agent whose session is over (an `acp` agent's, a `claude-stream-json` agent's
+/// after its result) may take to exit before crew ends it (TERM, then KILL as late again).
+const SESSION_OVER_GRACE: Duration = Duration::from_secs(5);
 /// How often an agent's proxy is asked whether all its requests fail upstream.
 const NETWORK_CHECK: Duration = Duration::from_secs(1);
 /// The fewest failed requests that make an agent's network unreachable.
@@ -566,7 +590,7 @@ impl Supervisor {
                             self.spec.agent_id,
                         );
                         self.status.send_modify(|status| {
-                            status.unreachable = Some(super::Unreachable { said, ended_by_crew: true });
+                            status.unreachable = Some(crate::agent::status::Unreachable { said, ended_by_crew: true });
                         });
                         ended_unreachable = true;
                         stopping = self.terminate(pid, grace);
@@ -673,7 +697,7 @@ impl Supervisor {
             .as_ref()
             .and_then(|proxy| proxy.counts().unreachable())
             .filter(|_| !ended_unreachable)
-            .map(|down| super::Unreachable {
+            .map(|down| crate::agent::status::Unreachable {
                 said: format!(
                     "its last {} request(s) through crew's proxy failed and none got through since: {}",
                     down.failures, down.last
@@ -772,5 +796,54 @@ pub(super) fn supervise_from(
         control: control_tx,
         status: status_rx,
         tail,
+    }
+}
+
+/// What a host asks of an agent's supervisor.
+pub(crate) enum Control {
+    Steer {
+        message: String,
+        reply: oneshot::Sender<Result<(), AgentOpError>>,
+    },
+    FollowUp {
+        message: String,
+        reply: oneshot::Sender<Result<FollowUpOutcome, AgentOpError>>,
+    },
+    Stop {
+        reply: oneshot::Sender<StopOutcome>,
+    },
+    Resume {
+        message: Option<String>,
+        reply: oneshot::Sender<Result<u32, AgentOpError>>,
+    },
+    Ask {
+        question: String,
+        reply: oneshot::Sender<Result<(), AgentOpError>>,
+    },
+    Close {
+        reply: oneshot::Sender<bool>,
+    },
+    /// Runs the task's check in the exited agent's workspace, confined like the agent.
+    Check {
+        command: String,
+        log: Utf8PathBuf,
+        timeout: Duration,
+        reply: oneshot::Sender<CheckRecord>,
+    },
+}
+
+/// The handle parts a new supervisor hands to the registry.
+pub(crate) struct Started {
+    pub control: mpsc::Sender<Control>,
+    pub status: watch::Receiver<AgentStatus>,
+    pub tail: Arc<Mutex<OutputTail>>,
+}
+
+/// A check that was not run, and why: it did not pass.
+fn refused_check(command: String, why: &str) -> CheckRecord {
+    CheckRecord {
+        passed: Some(false),
+        error: Some(why.to_owned()),
+        ..CheckRecord::pending(command)
     }
 }

@@ -3,7 +3,6 @@
 //! task of a live run queued again.
 
 use camino::Utf8PathBuf;
-
 use crew_core::config::{AllowList, ConfigDir, WorkspaceMode};
 use crew_core::model::{
     CheckRecord, EventKind, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus,
@@ -11,6 +10,7 @@ use crew_core::model::{
 use crew_core::provider::RunRequest;
 use crew_core::{CancelRecord, RunId, TaskId};
 
+use super::succeeded::AlreadySucceeded;
 use super::{PlanError, RunError, RunSpec, Runner, blocking};
 use crate::control::{ErrorBody, ErrorCode};
 
@@ -481,12 +481,10 @@ impl Runner {
                         message: format!("run {run} has no task {task}"),
                     }));
                 };
-                if record.status == TaskStatus::Succeeded
-                    && !(more_work && record.session_id.is_some())
-                {
+                if let Err(refusal) = AlreadySucceeded::check(&run, &task, record, more_work) {
                     return Ok(Err(ErrorBody {
                         code: ErrorCode::Succeeded,
-                        message: succeeded_refusal(&run, &task, record.session_id.is_some()),
+                        message: refusal.to_string(),
                     }));
                 }
                 if !record.status.is_finished() {
@@ -508,20 +506,5 @@ impl Runner {
         })??;
         self.announce(run_id, task_id, TaskStatus::Pending, None, Some(requeued));
         Ok(())
-    }
-}
-
-/// Why a task that succeeded does not run again: without a message it has nothing to do (a
-/// follow-up gives it more, in its session), and without a session there is no conversation
-/// to go on with.
-pub fn succeeded_refusal(run: &RunId, task: &TaskId, has_session: bool) -> String {
-    if has_session {
-        format!(
-            "task {task} of run {run} already succeeded; for more work, send it a follow-up (`crew agents follow-up {run}:{task} \"…\"`): it goes on in its session, on its branch"
-        )
-    } else {
-        format!(
-            "task {task} of run {run} already succeeded, and its agent keeps no session to go on with; for more work, start a new run (its branch is where the work is)"
-        )
     }
 }

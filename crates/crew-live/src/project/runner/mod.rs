@@ -39,10 +39,12 @@ use crate::control::{ErrorBody, ErrorCode};
 
 mod execute;
 mod lifecycle;
-pub use lifecycle::succeeded_refusal;
 mod schedule;
 mod submit;
+mod succeeded;
 mod task;
+
+pub use succeeded::AlreadySucceeded;
 
 /// How far a cancellation goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -14,84 +14,28 @@
 //! (crew-worktree's), so that this crate names no git. [`work`] holds the work going both ways.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
-use camino::{Utf8Path, Utf8PathBuf};
-use crew_core::config::{ProjectConfig, TaskDef, TeamDef};
+use crew_core::config::{TaskDef, TeamDef};
 use crew_core::model::TaskStatus;
-use crew_core::provider::WorkspaceProvider;
-use crew_core::shim::{CloneStore, FromShim, PACK_CHUNK, SHIM_PROTOCOL, ToShim, WorkClaim};
+use crew_core::shim::{FromShim, SHIM_PROTOCOL, ToShim};
 use crew_core::{AgentDef, CancelCause, CancelRecord, RunId, TaskId, Team, WorkspaceMode};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::agent::events::AgentEvent;
-use crate::project::Project;
 use crate::project::hosting::{Canceller, Host, HostEvent, HostOptions};
+use crate::project::open::Project;
 use crate::project::runner::RunSpec;
 
+mod session;
 mod work;
 
+use session::{Ended, Held, Out, Session, Tasks, refuse, unknown};
+pub use session::{ProviderFor, ShimOptions};
 use work::{PackBuffer, earlier_work, release, send_work};
-
-/// Makes the workspace provider of a clone from its configuration.
-pub type ProviderFor = Arc<dyn Fn(&ProjectConfig) -> Arc<dyn WorkspaceProvider> + Send + Sync>;
-
-/// What a shim serves with.
-#[derive(Clone)]
-pub struct ShimOptions {
-    /// Where it keeps its clones, one directory per project (canonical).
-    pub root: Utf8PathBuf,
-    /// The git side of the clones.
-    pub clones: Arc<dyn CloneStore>,
-    /// The workspaces of a clone's tasks, from its configuration.
-    pub provider: ProviderFor,
-    /// The directory of the `crew` program agents call (`crew ask`), first on their `PATH`.
-    pub crew_dir: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for ShimOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShimOptions")
-            .field("root", &self.root)
-            .finish_non_exhaustive()
-    }
-}
-
-type Out = mpsc::UnboundedSender<FromShim>;
-
-/// A task the shim runs or holds the work of.
-#[derive(Debug)]
-struct Held {
-    run: RunId,
-    canceller: Option<Canceller>,
-    /// The branch and tip the work is kept at in the clone, once sent.
-    kept: Option<(String, String)>,
-    /// The branch (and tip) of an earlier start's work this one went on from: it goes too
-    /// when the work is released.
-    prior: Option<(String, String)>,
-}
-
-type Tasks = Arc<Mutex<HashMap<TaskId, Held>>>;
-
-/// The project a `hello` named: its clone, and the host running its tasks (made at the first
-/// `start`).
-struct Session {
-    clone: Utf8PathBuf,
-    options: ShimOptions,
-    /// A task of this shim ended without success, or its work could not be sent.
-    failed: Arc<AtomicBool>,
-    host: Option<Arc<Host>>,
-    project: Option<Project>,
-    /// Told when the forwarder has sent everything of a task up to its end.
-    ended: Ended,
-}
-
-type Ended = Arc<Mutex<HashMap<(RunId, TaskId), Arc<tokio::sync::Notify>>>>;
 
 /// Serves the shim protocol on `input` and `output` until `input` ends and every task it
 /// ran has ended; each cause `cancel` receives (a TERM, a Ctrl-C) cancels the runs still going
@@ -566,24 +510,6 @@ async fn control(session: &Session, out: &Out, tasks: &Tasks, task: TaskId, what
     if let Err(error) = done {
         refuse(out, Some(task), "control", error.to_string());
     }
-}
-
-/// A request about a task this shim does not hold.
-fn unknown(out: &Out, task: &TaskId) {
-    refuse(
-        out,
-        Some(task.clone()),
-        "unknown_task",
-        format!("no task {task} here"),
-    );
-}
-
-fn refuse(out: &Out, task: Option<TaskId>, code: &str, message: String) {
-    let _ = out.send(FromShim::Error {
-        task,
-        code: code.to_owned(),
-        message,
-    });
 }
 
 /// The directory of a project's clone under the shim's root: readable, and distinct for

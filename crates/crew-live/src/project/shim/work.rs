@@ -2,7 +2,15 @@
 //! task left there, the work sent back as a pack and its claim, the history received in
 //! chunks, and the clone's copy released once the host holds it.
 
-use super::*;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::shim::{CloneStore, FromShim, PACK_CHUNK, WorkClaim};
+use crew_core::{RunId, TaskId};
+
+use super::session::{Out, Session, Tasks, refuse, unknown};
+use crate::project::hosting::Host;
 
 /// The work an earlier start of `task` of the host's run `run` left in the clone (the host
 /// lost its connection before it came back): the branch of the newest such run of this

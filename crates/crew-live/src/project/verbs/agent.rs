@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{FollowUpOutcome, StopOutcome};
 use crate::control::{ControlError, Op};
-use crate::project::{ControlAgentError, Project};
+use crate::project::open::{ControlAgentError, Project};
 
 /// A steer delivered to the running agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,7 @@ use crew_core::provider::{SecurityFinding, TaskWorkspace, TeardownRequest, Works
 use crew_core::store::StateError;
 use crew_core::{RunId, TaskId};
 
-use crate::project::Project;
+use crate::project::open::Project;
 
 /// How to clean a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -10,7 +10,6 @@ use std::time::Duration;
 use crew_core::env_vars::{CREW_AGENT_ID, CREW_PROJECT_ROOT, CREW_SOCKET};
 use crew_core::{AgentId, WorkspaceId};
 use serde::{Deserialize, Serialize};
-
 use serde_json::Value;
 
 use crate::control::{ControlClient, ControlError, Op, SubmittedTask};
@@ -50,7 +49,7 @@ pub enum AgentSelfError {
     Host(#[from] ControlError),
     /// Its host refused (see the code: `forbidden`, `not_hosted`, …).
     #[error(transparent)]
-    Refused(#[from] crate::project::verbs::Refusal),
+    Refused(#[from] crate::project::verbs::refusal::Refusal),
 }
 
 /// Tasks a run took from an agent.

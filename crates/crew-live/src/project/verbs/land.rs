@@ -8,7 +8,7 @@ use crew_core::provider::land::{LandError, LandMode, Landing};
 use crew_core::store::StateError;
 use crew_core::{RunId, TaskId};
 
-use crate::project::{FindAgentError, Project};
+use crate::project::open::{FindAgentError, Project};
 
 /// How to land.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -16,27 +16,11 @@ pub mod from_agent;
 pub mod land;
 pub mod run;
 
-/// What a host refused, and why: its code, for programs, and its message, for people.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct Refusal {
-    /// The code (`forbidden`, `foreign_workspace`, `steer_unsupported`, …).
-    pub code: crate::control::ErrorCode,
-    /// The host's message.
-    pub message: String,
-}
-
-impl From<crate::control::ErrorBody> for Refusal {
-    fn from(error: crate::control::ErrorBody) -> Self {
-        Refusal {
-            code: error.code,
-            message: error.message,
-        }
-    }
-}
+pub(crate) mod refusal;
 
 pub use agent::{FollowedUp, ResumeOutcome, Resumed, Steered, Stopped};
 pub use clean::{CleanOptions, CleanRunError, Cleaned, IgnoredFiles, TaskCleaned};
 pub use from_agent::{AgentSelf, AgentSelfError, Submitted};
 pub use land::{LandOptions, LandWorkError, LandedWork, NotPicked, picked_attempt};
+pub use refusal::Refusal;
 pub use run::{CancelRunError, Cancelled, RunFollower, RunWaiter, WaitOver, WaitStep};

@@ -7,7 +7,7 @@ use crew_core::store::StateError;
 use crew_core::{CancelCause, CancelRecord, RunId, TaskId};
 
 use crate::control::{ControlError, Op};
-use crate::project::Project;
+use crate::project::open::Project;
 
 /// What cancelling a run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub enum CancelRunError {
     Host(#[from] ControlError),
     /// Its host refused.
     #[error(transparent)]
-    Refused(#[from] crate::project::verbs::Refusal),
+    Refused(#[from] crate::project::verbs::refusal::Refusal),
 }
 
 impl Project {

@@ -2,8 +2,18 @@
 //! outcome), the conflict radar against the other tasks' work, and its final status
 //! ([`outcome`]).
 
-use super::follow::stop_as_cancelled;
-use super::*;
+use std::time::Duration;
+
+use crew_core::TaskId;
+use crew_core::model::{
+    CheckRecord, EventKind, ExitRecord, RunEvent, TaskOverlap, TaskRecord, TaskStatus, Timestamp,
+    Usage, UsageLimit,
+};
+use crew_core::provider::{Progress, TaskWorkspace, TeardownRequest};
+
+use super::{RunContext, STOPPED_BY_REQUEST};
+use crate::control::registry::AgentHandle;
+use crate::project::runner::{CancelLevel, blocking};
 
 impl RunContext {
     /// Runs the task's check command in its workspace, confined like its agent (by the agent's
@@ -398,5 +408,23 @@ pub(super) fn outcome(
             TaskStatus::Failed,
             Some("the agent ended without a status".to_owned()),
         ),
+    }
+}
+
+/// Sends the agent (or its check) as many stops as the run's cancel `level` asks, beyond the
+/// `sent` ones: Graceful one (TERM, grace, KILL), Kill a second at once. Each goes from a task
+/// of its own, as a stop is answered only once the agent has ended.
+pub(super) async fn stop_as_cancelled(handle: &AgentHandle, level: CancelLevel, sent: &mut u32) {
+    let wanted = match level {
+        CancelLevel::None => 0,
+        CancelLevel::Graceful => 1,
+        CancelLevel::Kill => 2,
+    };
+    while *sent < wanted {
+        *sent += 1;
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.stop().await });
+        // The second comes after the first, as a second stop.
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

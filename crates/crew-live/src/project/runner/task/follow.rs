@@ -2,7 +2,20 @@
 //! (`stopped`, held for a resume), usage limits (`paused` until they lift), restarts, and
 //! the run's cancel — what `follow_through` waits on, and how each ends the task.
 
-use super::*;
+use std::time::Duration;
+
+use crew_core::TaskId;
+use crew_core::config::OnLimit;
+use crew_core::model::{
+    EventKind, ExitRecord, RunEvent, TaskRecord, TaskStatus, Timestamp, Usage, UsageLimit,
+};
+use crew_core::provider::TaskWorkspace;
+
+use super::ending::{AgentReport, outcome, stop_as_cancelled};
+use super::{Phase, RunContext, STOPPED_BY_REQUEST};
+use crate::control::registry::AgentHandle;
+use crate::project::runner::CancelLevel;
+use crate::project::runner::schedule::Hold;
 
 impl RunContext {
     /// Waits for the agent through questions, stops and restarts, then tears down and records
@@ -505,22 +518,4 @@ pub(super) fn next_try(tries: &mut u32) -> Timestamp {
     let wait = crate::agent::limits::retry_backoff(*tries);
     *tries += 1;
     Timestamp(std::time::SystemTime::now() + wait)
-}
-
-/// Sends the agent (or its check) as many stops as the run's cancel `level` asks, beyond the
-/// `sent` ones: Graceful one (TERM, grace, KILL), Kill a second at once. Each goes from a task
-/// of its own, as a stop is answered only once the agent has ended.
-pub(super) async fn stop_as_cancelled(handle: &AgentHandle, level: CancelLevel, sent: &mut u32) {
-    let wanted = match level {
-        CancelLevel::None => 0,
-        CancelLevel::Graceful => 1,
-        CancelLevel::Kill => 2,
-    };
-    while *sent < wanted {
-        *sent += 1;
-        let handle = handle.clone();
-        tokio::spawn(async move { handle.stop().await });
-        // The second comes after the first, as a second stop.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

@@ -13,33 +13,24 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use camino::Utf8PathBuf;
-use tokio::sync::{mpsc, watch};
-
-use crew_core::config::{AgentDef, ConfigDir, LoadConfigError, OnLimit};
+use crew_core::config::{AgentDef, ConfigDir, LoadConfigError};
 use crew_core::model::{
-    CheckRecord, EventKind, ExitRecord, RunEvent, RunManifest, TaskOverlap, TaskRecord, TaskStatus,
-    Timestamp, TransitionError, Usage, UsageLimit, WorkspaceRecord,
+    RunManifest, TaskRecord, TaskStatus, Timestamp, TransitionError, UsageLimit,
 };
-use crew_core::provider::{
-    AllocateWorkspaceError, Progress, ProgressSink, TaskWorkspace, TeardownRequest, UpstreamWork,
-    WorkspaceKind, WorkspaceRequest,
-};
-use crew_core::{AgentId, RunId, TaskId};
+use crew_core::provider::{AllocateWorkspaceError, TaskWorkspace};
+use crew_core::{RunId, TaskId};
+use tokio::sync::{mpsc, watch};
 
 mod ending;
 mod follow;
 mod prepare;
 
-use ending::{AgentReport, outcome};
-
 use super::schedule::Hold;
-use super::{CancelLevel, RunError, Runner, TaskActivity, blocking};
+use super::{CancelLevel, RunError, Runner, blocking};
 use crate::agent::AgentSpec;
 use crate::control::registry::AgentHandle;
-use crew_sandbox::sandbox::SandboxPlan;
 
 /// What every task of one run shares.
 #[derive(Debug)]

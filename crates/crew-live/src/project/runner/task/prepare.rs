@@ -2,7 +2,17 @@
 //! provider, with what its upstream tasks left it), its lease, and the agent's start spec —
 //! here, or placed on another machine.
 
-use super::*;
+use crew_core::config::{AgentDef, ConfigDir};
+use crew_core::model::{EventKind, RunEvent, TaskRecord, TaskStatus, WorkspaceRecord};
+use crew_core::provider::{
+    ProgressSink, TaskWorkspace, UpstreamWork, WorkspaceKind, WorkspaceRequest,
+};
+use crew_core::{AgentId, TaskId};
+use crew_sandbox::sandbox::SandboxPlan;
+
+use super::{PrepareError, RunContext};
+use crate::agent::AgentSpec;
+use crate::project::runner::{RunError, TaskActivity, blocking};
 
 impl RunContext {
     /// The definition of agent `name` as the run started with it. One the run did not have
