@@ -338,6 +338,121 @@ pub(crate) fn make_read_only(path: &CStr) -> c_int {
     )
 }
 
+/// A new, empty tmpfs of 4 KiB, mounted nowhere (`fsopen`, `fsconfig`, `fsmount`): a
+/// descriptor of its root, or -1 with `errno` set (a kernel before 5.2, or one that refuses).
+pub(crate) fn detached_tmpfs() -> c_int {
+    // SAFETY: the name is NUL-terminated; no other memory argument.
+    let context =
+        unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) } as c_int;
+    if context < 0 {
+        return -1;
+    }
+    // SAFETY: the key and value are NUL-terminated strings alive for the call.
+    let sized = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            context,
+            FSCONFIG_SET_STRING,
+            c"size".as_ptr(),
+            c"4k".as_ptr(),
+            0,
+        )
+    };
+    // SAFETY: no memory argument (key and value null, as `FSCONFIG_CMD_CREATE` takes them).
+    let made = sized == 0
+        && unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                context,
+                FSCONFIG_CMD_CREATE,
+                std::ptr::null::<libc::c_char>(),
+                std::ptr::null::<libc::c_void>(),
+                0,
+            )
+        } == 0;
+    let root = if made {
+        // SAFETY: no memory argument.
+        let root = unsafe {
+            libc::syscall(
+                libc::SYS_fsmount,
+                context,
+                FSMOUNT_CLOEXEC,
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            )
+        };
+        root as c_int
+    } else {
+        -1
+    };
+    let saved = errno();
+    close(context);
+    set_errno(saved);
+    root
+}
+
+/// Makes the empty file `name` in the directory `dir` (`openat(2)` with `O_CREAT | O_EXCL`,
+/// closed at once).
+pub(crate) fn make_empty_file(dir: c_int, name: &CStr) -> c_int {
+    // SAFETY: `name` is NUL-terminated.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_RDONLY | libc::O_CLOEXEC,
+            0o444 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return -1;
+    }
+    close(fd);
+    0
+}
+
+/// Binds `name` of the directory `dir` (a file of a detached mount will do) onto `target`:
+/// `open_tree(2)` with `OPEN_TREE_CLONE`, then `move_mount(2)`.
+pub(crate) fn bind_beneath(dir: c_int, name: &CStr, target: &CStr) -> c_int {
+    // SAFETY: `name` is NUL-terminated.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            dir,
+            name.as_ptr(),
+            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+        )
+    } as c_int;
+    if tree < 0 {
+        return -1;
+    }
+    // SAFETY: both paths are NUL-terminated strings alive for the call.
+    let moved = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    } as c_int;
+    let saved = errno();
+    close(tree);
+    set_errno(saved);
+    moved
+}
+
+// The new mount API's constants (linux/mount.h), which the libc crate gives only in part.
+const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
+const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
+const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
+const MOUNT_ATTR_NOEXEC: libc::c_uint = 0x8;
+const OPEN_TREE_CLONE: libc::c_uint = 0x1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
 /// Marks the mount at `path` (only that one) writable again.
 pub(crate) fn make_writable(path: &CStr) -> c_int {
     set_mount_attributes(path, 0, 0, MOUNT_ATTR_RDONLY)

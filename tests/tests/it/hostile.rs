@@ -2125,6 +2125,44 @@ fn an_agent_cannot_hold_crew_s_locks() {
     }
 }
 
+/// What covers crew's lock files in an agent's namespace is the agent's own: a lock one agent
+/// holds on it keeps no other agent from taking its own (with `/dev/null` over them, one inode
+/// for the whole machine, the first agent's lock refused every other's, and a lock of a
+/// hostile agent would hold every other agent's `crew` command up).
+#[test]
+fn an_agent_s_lock_on_its_cover_of_crew_s_lock_holds_up_no_other_agent() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let lock = repo.join(".crew/state/lock");
+    let fake = crew_tests::helper_bin("fake-agent");
+    let warmup = env.crew(&repo, ["run", "--agent", "shell", "true"]);
+    assert!(warmup.status.success(), "{}", render_output(&warmup));
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        runs.push(
+            env.crew_command(&repo)
+                .args([
+                    "run",
+                    "--quiet",
+                    "--workspace-mode",
+                    "worktree",
+                    "--agent",
+                    "shell",
+                    &format!("{fake} hold-lock {lock} 30"),
+                ])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    crate::common::runs::wait_for_agents_saying(&env, &repo, "held", 2);
+    for mut run in runs {
+        let _ = run.kill();
+        let _ = run.wait();
+    }
+}
+
 /// A confined agent keeps no capability, nor gains one by its exec: run by root, it would hold
 /// every capability of its own namespace, and where the kernel gives it none (namespaces
 /// refused) every capability of root's — loading a kernel module from its workspace, setting

@@ -316,6 +316,7 @@ pub unsafe fn enter_namespace(
     // too, bound onto them (a bind costs a third of a new file system's making, and as much
     // less at the end; nothing can write it: no grant of the agent's lies within a cover).
     let mut first_cover: Option<&CStr> = None;
+    let mut file_covers = FileCovers::default();
     for entry in entries(paths) {
         match entry? {
             // Covered: by a small empty directory of its own, or by /dev/null.
@@ -340,13 +341,7 @@ pub unsafe fn enter_namespace(
                 }
             }
             (b'f', path) => {
-                gone_or_error(sys::mount(
-                    Some(c"/dev/null"),
-                    path,
-                    None,
-                    libc::MS_BIND,
-                    None,
-                ))?;
+                gone_or_error(file_covers.cover(path))?;
             }
             // Read-only beneath a place it may write (or a view).
             (b'r', path) => {
@@ -360,6 +355,42 @@ pub unsafe fn enter_namespace(
         }
     }
     Ok(())
+}
+
+/// The empty files that cover files (crew's lock files, sockets) in the agent's namespace:
+/// each one of its own, on a small tmpfs of the agent's mounted nowhere, so that a lock an
+/// agent takes on one conflicts with nothing else (a lock on `/dev/null`, one inode for the
+/// whole machine, held by one agent, refused every other agent's). Where the kernel cannot
+/// make them (before 6.15 a file of a detached mount cannot be bound), `/dev/null`.
+#[derive(Default)]
+struct FileCovers {
+    /// The tmpfs's root: `None` until the first cover, -1 where it could not be made.
+    root: Option<libc::c_int>,
+    made: u8,
+}
+
+impl FileCovers {
+    /// Covers the file `path`, read-only; 0, or -1 with `errno` set (`ENOENT`: it is gone).
+    /// Async-signal-safe.
+    fn cover(&mut self, path: &CStr) -> libc::c_int {
+        let root = *self.root.get_or_insert_with(sys::detached_tmpfs);
+        if root >= 0 && self.made < 100 {
+            // c00 … c99, in a buffer of the stack: nothing allocated after the fork.
+            let name = [b'c', b'0' + self.made / 10, b'0' + self.made % 10, 0];
+            if let Ok(name) = CStr::from_bytes_with_nul(&name)
+                && sys::make_empty_file(root, name) == 0
+            {
+                self.made += 1;
+                if sys::bind_beneath(root, name, path) == 0 {
+                    return sys::make_read_only(path);
+                }
+                if sys::errno() == libc::ENOENT {
+                    return -1;
+                }
+            }
+        }
+        sys::mount(Some(c"/dev/null"), path, None, libc::MS_BIND, None)
+    }
 }
 
 /// Binds `path` (and the mounts beneath it) onto itself: a mount of its own, whose flags can

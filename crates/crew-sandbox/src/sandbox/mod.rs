@@ -360,7 +360,7 @@ pub fn prepare(
             .hidden
             .push(Hidden::File(Utf8PathBuf::from(KEYS_LISTING)));
     }
-    // crew's lock files: a file that is there (not a link) is covered by /dev/null.
+    // crew's lock files: a file that is there (not a link) is covered by an empty file of the agent's own (`enter.rs`, `FileCovers`).
     if let Some(namespace) = &mut namespace {
         let locks: Vec<Hidden> = plan
             .locks

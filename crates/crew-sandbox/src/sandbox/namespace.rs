@@ -172,7 +172,7 @@ pub(super) fn overlays_work(view: &PrivateView) -> bool {
 pub enum Hidden {
     /// A directory, covered by an empty one (a small tmpfs of the agent's own).
     Directory(Utf8PathBuf),
-    /// A file (a socket), covered by `/dev/null`.
+    /// A file (a socket), covered by an empty file of the agent's own.
     File(Utf8PathBuf),
 }
 
