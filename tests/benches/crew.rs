@@ -735,7 +735,7 @@ fn warm_builds(bench: &Bench) {
         crew,
         reference: git,
         reference_name: "git worktree add, cold target/".into(),
-        // A recycled worktree keeps its task's path (DESIGN §9, decided 2026-12-06): rustc's
+        // A recycled worktree keeps its task's path (BENCHMARKS.md, "What each line rests on"): rustc's
         // incremental caches, keyed by the working directory, rebuild the workspace's crates.
         target: Some(0.3),
         paired: false,
@@ -1248,12 +1248,12 @@ fn sandboxed_starts(bench: &Bench) {
         crew: confined,
         reference: unconfined,
         reference_name: "unsandboxed".into(),
-        // The isolation each agent gets (DESIGN §9, decided 2026-12-06).
+        // The isolation each agent gets (BENCHMARKS.md).
         target: Some(1.2),
         paired: true,
     }
     .print();
-    // The one absolute figure DESIGN §9 fixes beside the ratio.
+    // The one absolute figure crew holds itself to beside the ratios (BENCHMARKS.md).
     print_per_agent(
         "sandbox added at each start",
         per_agent,

@@ -1,6 +1,6 @@
 //! The shim protocol: what a crew host and `crew shim` on another machine (or in another
 //! directory) say to each other, one JSON object a line on the shim's stdin and stdout
-//! (docs/distributed.md, ARCHITECTURE.md "The shim").
+//! (docs/distributed.md, ARCHITECTURE.md "Placed tasks").
 //!
 //! ```text
 //! host                                   shim

@@ -1,5 +1,5 @@
 //! Work that comes back from a workspace on another machine, checked before it lands on the
-//! task's branch (ARCHITECTURE.md, "Work from elsewhere"; docs/distributed.md).
+//! task's branch (ARCHITECTURE.md, "Workspaces"; docs/distributed.md).
 //!
 //! The side that holds the work ([`pack_work`]) writes the commits from the run's base to the
 //! task's tip as a git pack and says what they are: a [`WorkClaim`] of base, tip and the tip's

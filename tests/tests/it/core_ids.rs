@@ -68,7 +68,7 @@ fn toml_string(value: &str) -> String {
     out
 }
 
-/// The rules of ARCHITECTURE.md, "Ids and names", written independently of the implementation.
+/// The rules of ARCHITECTURE.md, "State" (its ids), written independently of the implementation.
 fn task_id_is_valid(id: &str) -> bool {
     let chars: Vec<char> = id.chars().collect();
     !chars.is_empty()
