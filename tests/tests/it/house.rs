@@ -263,6 +263,32 @@ fn no_circle_of_imports_between_crew_live_s_files() {
     );
 }
 
+/// A split file lists what it uses, so a reader sees its room from its first lines: no
+/// `use super::*;` outside a test module, in any crate.
+#[test]
+fn every_file_lists_its_imports() {
+    let mut globbed = Vec::new();
+    for entry in root().join("crates").read_dir_utf8().unwrap() {
+        let entry = entry.unwrap();
+        if !entry.path().is_dir() {
+            continue;
+        }
+        for (file, text) in sources(&entry.path().join("src")) {
+            if code_of(&text)
+                .lines()
+                .any(|line| line.trim() == "use super::*;")
+            {
+                globbed.push(format!("{}/src/{file}", entry.file_name()));
+            }
+        }
+    }
+    assert!(
+        globbed.is_empty(),
+        "files that import their parent whole (name what they use):\n{}",
+        globbed.join("\n")
+    );
+}
+
 #[test]
 fn unsafe_code_lives_in_crew_sandbox_alone() {
     let crates = root().join("crates");

@@ -1,7 +1,9 @@
 //! What a key does to the board: moves the selection, opens a pane, starts a prompt (answer,
 //! follow-up, steer) or asks before a stop, and the action it hands the command to carry out.
 
-use super::*;
+use crew_core::AgentId;
+
+use super::{Action, Board, Glance, Key, Pane, Prompt, Row, RowState};
 
 impl Board {
     pub(super) fn move_selection(&mut self, rows: &[Row], by: isize) {

@@ -1,6 +1,11 @@
 //! The events of a run's log.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use crate::ids::TaskId;
+use crate::model::run::CancelRecord;
+use crate::model::status::{MANIFEST_SCHEMA_VERSION, RunStatus, TaskStatus, Timestamp};
+use crate::model::usage::Usage;
 
 /// One line of `events.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,18 +1,6 @@
 //! Runs and tasks: their records in the manifest, their statuses and the transitions between
 //! them. A transition not listed here is an error, never applied.
 
-use std::fmt;
-use std::time::SystemTime;
-
-use camino::Utf8PathBuf;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-use crate::config::{HumanDuration, OnLimit, WorkspaceMode};
-use crate::host::HostIdentity;
-use crate::ids::{AgentId, RunId, TaskId, WorkspaceId};
-use crate::paths::DirIdentity;
-use crate::provider::{TaskWorkspace, TeardownReport, WorkspaceKind};
-
 mod event;
 mod run;
 mod status;
@@ -28,6 +16,8 @@ pub use usage::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::WorkspaceMode;
+    use crate::ids::{RunId, TaskId, WorkspaceId};
 
     fn manifest() -> RunManifest {
         RunManifest::new(

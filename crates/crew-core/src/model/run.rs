@@ -1,6 +1,18 @@
 //! A run's manifest, its host, who cancelled it, and the glance at it a listing reads.
 
-use super::*;
+use std::fmt;
+
+use camino::Utf8PathBuf;
+use serde::{Deserialize, Serialize};
+
+use crate::config::WorkspaceMode;
+use crate::host::HostIdentity;
+use crate::ids::{RunId, TaskId, WorkspaceId};
+use crate::model::status::{
+    MANIFEST_SCHEMA_VERSION, RunStatus, TaskStatus, Timestamp, TransitionError,
+};
+use crate::model::task::{LeaseRecord, TaskRecord};
+use crate::model::usage::Usage;
 
 /// Where the host of a run can be reached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

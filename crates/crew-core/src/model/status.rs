@@ -1,6 +1,11 @@
 //! Statuses of runs and tasks, the transitions between them, and when things happened.
 
-use super::*;
+use std::fmt;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::ids::{AgentId, RunId, TaskId};
 
 /// The manifest format this crew writes. A newer manifest is read-only to this crew.
 pub const MANIFEST_SCHEMA_VERSION: u32 = 1;

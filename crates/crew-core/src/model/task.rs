@@ -1,7 +1,17 @@
 //! A task's record in its run's manifest, and the records it holds: its workspace, its
 //! sandbox, its lease, how its agent exited, its check, its overlaps, its attempts.
 
-use super::*;
+use std::fmt;
+
+use camino::Utf8PathBuf;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::config::{HumanDuration, OnLimit, WorkspaceMode};
+use crate::ids::{AgentId, RunId, TaskId};
+use crate::model::status::{TaskStatus, Timestamp, TransitionError};
+use crate::model::usage::{Usage, UsageLimit};
+use crate::paths::DirIdentity;
+use crate::provider::{TaskWorkspace, TeardownReport, WorkspaceKind};
 
 /// The signal a stop needed to end an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

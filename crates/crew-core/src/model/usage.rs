@@ -1,6 +1,10 @@
 //! Tokens and cost of an agent's turns, and the usage limits its API gave.
 
-use super::*;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::status::Timestamp;
 
 /// Tokens and cost of an agent's turns, as its protocol reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

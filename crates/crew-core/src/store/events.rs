@@ -1,7 +1,13 @@
 //! A run's event log (appended, one JSON line per event, and read from an offset) and the
 //! record of which of its tasks a person has seen.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::io::{self, Write};
+
+use super::{SEEN_FILE, StateError, StateStore};
+use crate::fsutil::{FileError, open_append_nofollow, open_nofollow, read_nofollow};
+use crate::ids::{RunId, TaskId};
+use crate::model::RunEvent;
 
 impl StateStore {
     /// Appends one event line to the run's `events.jsonl`. Each line is written with a single

@@ -22,11 +22,16 @@
 //!    a store that remembers the manifest as the files now hold it; any other writer writes
 //!    the manifest whole.
 
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt as _;
 
-use serde::Serialize;
+use camino::Utf8PathBuf;
+use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::{StateError, StateStore};
+use crate::fsutil::{FileError, open_append_nofollow, read_nofollow};
+use crate::ids::{RunId, TaskId};
+use crate::model::{RunManifest, TaskRecord, Timestamp};
 
 /// The run's task journal, relative to its directory.
 pub(super) const JOURNAL_FILE: &str = "changes.jsonl";

@@ -1,7 +1,15 @@
 //! Finding runs: the index of running ones, ids newest first (by creation time, without
 //! reading manifests), listings, and a run named by a prefix of its id.
 
-use super::*;
+use std::io;
+
+use camino::{Utf8Path, Utf8PathBuf};
+
+use super::{RUNNING_DIR, RunListing, StateError, StateStore, io_write};
+use crate::discovery::CREW_DIR;
+use crate::fsutil::{ensure_real_dir, open_rw_nofollow, real_dir_exists};
+use crate::ids::RunId;
+use crate::model::{RunGlance, RunStatus, Timestamp};
 
 impl StateStore {
     pub(super) fn running_dir(&self) -> Utf8PathBuf {

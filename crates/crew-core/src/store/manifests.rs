@@ -2,7 +2,25 @@
 //! glanced at; changes made under the run's lock, queued ones written together; what this
 //! store last wrote kept, so that reading it back costs nothing while the file is unchanged.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use camino::Utf8Path;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::{MANIFEST_FILE, StateError, StateStore, error_chain, lock_unpoisoned};
+use crate::discovery::CREW_DIR;
+use crate::fsutil::{
+    open_rw_nofollow, read_nofollow_steady, real_dir_exists, spare_name, write_atomic,
+    write_exchanging,
+};
+use crate::ids::{RunId, TaskId, WorkspaceId};
+use crate::model::{
+    MANIFEST_SCHEMA_VERSION, RunGlance, RunManifest, RunStatus, TaskRecord, Timestamp,
+    TransitionError,
+};
 
 impl StateStore {
     /// Reads a run's manifest. A newer schema is returned when it parses (it is read-only: any

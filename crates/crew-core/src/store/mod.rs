@@ -21,29 +21,19 @@
 //! without following links. A manifest that cannot be parsed is reported with its path and left
 //! exactly as it is; the other runs stay usable.
 
-use std::collections::{BTreeSet, HashMap};
-use std::io::{self, Write};
+use std::collections::HashMap;
+use std::io::{self};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use camino::{Utf8Path, Utf8PathBuf};
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
 
-use crate::config::RetentionSettings;
 use crate::discovery::CREW_DIR;
-use crate::fsutil::{
-    FileError, FileLock, LockError, ensure_real_dir, open_append_nofollow, open_nofollow,
-    open_rw_nofollow, read_nofollow, read_nofollow_steady, real_dir_exists, spare_name,
-    write_atomic, write_exchanging,
-};
+use crate::fsutil::{FileError, FileLock, LockError, ensure_real_dir, open_rw_nofollow};
 use crate::git_exclude::{anchored_dir_pattern, ensure_excluded};
 use crate::ids::{RunId, TaskId, WorkspaceId};
-use crate::model::{
-    EventKind, INTERRUPTED_REASON, MANIFEST_SCHEMA_VERSION, RunEvent, RunGlance, RunManifest,
-    RunStatus, TaskRecord, TaskStatus, Timestamp, TransitionError,
-};
-use crate::paths::{RemoveError, remove_contained};
+use crate::model::{RunManifest, TransitionError};
+use crate::paths::RemoveError;
 
 mod events;
 mod journal;

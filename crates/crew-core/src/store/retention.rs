@@ -1,7 +1,19 @@
 //! Runs whose host died marked interrupted, and finished runs pruned by the retention
 //! settings, or removed one by one.
 
-use super::*;
+use std::time::{Duration, SystemTime};
+
+use camino::Utf8Path;
+
+use super::{PruneReport, StateError, StateStore};
+use crate::config::RetentionSettings;
+use crate::fsutil::real_dir_exists;
+use crate::ids::{RunId, TaskId};
+use crate::model::{
+    EventKind, INTERRUPTED_REASON, MANIFEST_SCHEMA_VERSION, RunEvent, RunManifest, RunStatus,
+    TaskRecord, TaskStatus, Timestamp,
+};
+use crate::paths::remove_contained;
 
 /// When a task whose host died was last seen going on: the later of its run's last write or
 /// its host's last sign of life (`last_written`) and its agent's last output, never before the task started nor after now

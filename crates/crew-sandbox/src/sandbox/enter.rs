@@ -11,8 +11,13 @@
 )]
 
 use std::ffi::CStr;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::OnceLock;
 
-use super::*;
+use super::namespace::{
+    PLAN_ACCESS, PLAN_NO_NETWORK, PLAN_PROXY, PLAN_READ_ONLY_ELSEWHERE, PLAN_SHARED_MEMORY,
+    PLAN_TERMINALS,
+};
 use crate::sys;
 
 /// Whether this kernel lets an unprivileged process make the user, mount and IPC namespaces

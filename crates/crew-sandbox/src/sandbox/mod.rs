@@ -30,7 +30,7 @@
 //! teardown that acts only on the directory it created) still hold.
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::OnceLock;
 
 use camino::{Utf8Path, Utf8PathBuf};
@@ -49,17 +49,13 @@ mod namespace;
 
 pub use keyrings::close_keyrings;
 
-use enter::child_succeeds;
 pub use enter::{
     enter_namespace, listen_for_host, listen_for_own_connections, plan_control_name,
     plan_wants_proxy, receive_descriptor, restrict_self, shared_user_namespace,
 };
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{Hidden, Namespace, user_sockets};
-use namespace::{
-    PLAN_ACCESS, PLAN_NO_NETWORK, PLAN_PROXY, PLAN_READ_ONLY_ELSEWHERE, PLAN_SHARED_MEMORY,
-    PLAN_TERMINALS, overlay_options, overlays_work,
-};
+use namespace::{overlay_options, overlays_work};
 
 /// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`
 /// and `IoctlDev`). Older kernels get the subset they have.

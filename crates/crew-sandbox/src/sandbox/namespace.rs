@@ -3,7 +3,14 @@
 //! places, covered sockets, its own terminals, its own network), encoded for a process that
 //! may not allocate to read.
 
-use super::*;
+use std::sync::OnceLock;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::provider::PrivateView;
+use landlock::{ABI, Access, AccessFs};
+
+use super::enter::{child_succeeds, enter_namespace};
+use super::{FS_ABI, kernel_abi};
 
 /// A namespace plan's flag: private terminals.
 pub(super) const PLAN_TERMINALS: u8 = 1;

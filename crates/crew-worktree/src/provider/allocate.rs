@@ -2,7 +2,19 @@
 //! first, the run's leader too), a temp dir, a dedicated dir, or the project itself
 //! (`single`, with its private view of the git directory).
 
-use super::*;
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::provider::{
+    AllocateErrorKind, AllocateWorkspaceError, TaskWorkspace, TeardownRequest, WorkspaceKind,
+    WorkspaceRequest,
+};
+use crew_core::{RunId, StateStore, TaskId, safe_segment};
+use git2::Oid;
+
+use super::{CrewWorkspaces, git_identity};
+use crate::create::{CreateWorktree, identity_of, prepare_worktree};
+use crate::error::PrepareWorktreeError;
+use crate::leader;
+use crate::private_git::PrivateGit;
 
 impl CrewWorkspaces {
     /// Where a task's workspace of this kind must be, derived from its ids and crew's roots,

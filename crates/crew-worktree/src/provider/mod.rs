@@ -2,6 +2,7 @@
 //! "Workspaces"), with the fallback policy.
 
 use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::StateStore;
 use crew_core::config::{IsolationFallback, ProjectConfig, WorkspaceMode, WorktreeSettings};
 use crew_core::paths::{canonical_utf8, remove_contained};
 use crew_core::provider::{
@@ -9,21 +10,15 @@ use crew_core::provider::{
     TeardownError, TeardownReport, TeardownRequest, WorkspaceKind, WorkspaceProvider,
     WorkspaceRequest,
 };
-use crew_core::{StateStore, safe_segment};
-use git2::Oid;
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crew_core::provider::SecurityFinding;
 use crew_core::{RunId, TaskId};
 
-use crate::create::{CreateWorktree, identity_of, prepare_worktree};
 use crate::error::{PrepareWorktreeError, TeardownWorktreeError};
 use crate::leader;
 use crate::private_git::PrivateGit;
 use crate::teardown::{TeardownWorktree, release_preserved, teardown_worktree};
-use crate::tripwire::Baseline;
 
 mod allocate;
 mod tripwires;

@@ -2,7 +2,17 @@
 //! directory (config, hooks, info, alternates, submodules' configs) and of the repository's
 //! refs for unconfined agents; at teardown, what changed is put back and reported.
 
-use super::*;
+use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+
+use camino::{Utf8Path, Utf8PathBuf};
+use crew_core::provider::{
+    SecurityFinding, TaskWorkspace, TeardownRequest, WorkspaceKind, WorkspaceRequest,
+};
+use crew_core::{RunId, StateStore, TaskId};
+
+use super::{CrewWorkspaces, repository_common_dir};
+use crate::tripwire::Baseline;
 
 impl CrewWorkspaces {
     /// Starts watching the repository's git files for this task: a fresh copy of them when no

@@ -22,14 +22,14 @@ use crew_core::config::{LinkMode, WorktreeSettings};
 use crew_core::paths::remove_contained;
 use crew_core::provider::{DiffStat, TaskWorkspace, TeardownReport};
 use crew_core::{RunId, TaskId};
-use git2::{BranchType, IndexAddOption, Oid, Repository, Status, StatusOptions};
+use git2::{BranchType, Oid, Repository};
 
 use crate::admin;
 use crate::agent_git::AgentGit;
 use crate::baseline::SetupBaseline;
 use crate::create::repo_lock;
 use crate::error::TeardownWorktreeError;
-use crate::leader::{self, crew_signature};
+use crate::leader::{self};
 use crate::names::{TRASH_DIR, TaskNames, worktrees_dir};
 use crate::pool;
 

@@ -1,7 +1,14 @@
 //! Steps 2 and 3 of a teardown: the agent's uncommitted work collected with crew's own status
 //! options, committed onto its branch, and read back before anything is removed.
 
-use super::*;
+use camino::Utf8Path;
+use crew_core::provider::TeardownReport;
+use git2::{IndexAddOption, Oid, Repository, Status, StatusOptions};
+
+use super::{TeardownWorktree, is_link_path};
+use crate::error::TeardownWorktreeError;
+use crate::leader::crew_signature;
+use crate::names::TaskNames;
 
 /// crew's own view of what is not committed: untracked files are always included, ignored
 /// ones never, whatever the repository's settings.

@@ -22,10 +22,7 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{ProgressNotificationParam, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
-use rmcp::{
-    ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router,
-};
-use serde::{Deserialize, Serialize};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 
 use crate::context::Context;
 use crate::foreground::Detached;

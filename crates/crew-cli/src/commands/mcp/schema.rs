@@ -1,7 +1,9 @@
 //! What the tools take and give, as the lead agent sees them (each type's JSON schema is what
 //! `tools/list` shows): the arguments, checked as they arrive, and the reports.
 
-use super::*;
+use crew_core::model::{RunManifest, TaskStatus};
+use rmcp::schemars;
+use serde::{Deserialize, Serialize};
 
 /// One task of `run_tasks`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

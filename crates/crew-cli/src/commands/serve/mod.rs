@@ -14,20 +14,16 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, Implementation,
     InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
-    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
-    PermissionOption, PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
-    PromptRequest, PromptResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    SessionCapabilities, SessionId, SessionInfo, SessionListCapabilities, SessionNotification,
-    SessionUpdate, StopReason, TextContent, ToolCallUpdate, ToolCallUpdateFields,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest,
+    PromptResponse, SessionCapabilities, SessionId, SessionListCapabilities, SessionNotification,
+    SessionUpdate, TextContent,
 };
 use agent_client_protocol::{
     Agent, Client, Error, JsonRpcRequest, JsonRpcResponse, Responder, Stdio, V1,
     on_receive_notification, on_receive_request,
 };
-use crew_core::config::AdHocTeamError;
-use crew_core::model::{RunManifest, TaskStatus};
-use crew_core::{AgentId, CancelCause, CancelRecord, Team, Workspace};
-use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
+use crew_core::{CancelCause, CancelRecord, Workspace};
+use crew_live::{Canceller, Host};
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
@@ -38,7 +34,7 @@ mod sessions;
 mod turns;
 
 use sessions::{list_sessions, load_session, new_session};
-use turns::{plan_status, prompt, send_plan, summary_text};
+use turns::prompt;
 
 /// Serve the Agent Client Protocol on stdio, for editors.
 ///

@@ -1,7 +1,16 @@
 //! The editor's sessions: listed (one per run of the folder), loaded (a run's record and its
 //! events replayed, then followed while it goes on) and made new.
 
-use super::*;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    ListSessionsRequest, LoadSessionRequest, NewSessionRequest, PlanEntryStatus, SessionId,
+    SessionInfo,
+};
+use agent_client_protocol::{Client, Error};
+
+use super::turns::{plan_status, send_plan, summary_text};
+use super::{Session, Shared, folder, invalid, say};
+use crate::ui::Ui;
 
 /// A session id that names a run of the folder: `run:<runId>`.
 pub(super) const RUN_SESSION_PREFIX: &str = "run:";

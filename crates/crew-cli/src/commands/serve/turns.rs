@@ -1,7 +1,23 @@
 //! A prompt's turn: the team it asks for, the host that runs it in the session's folder, its
 //! plan and lines as the run goes, a question the editor answers, and the summary that ends it.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    ContentBlock, PermissionOption, PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority,
+    PlanEntryStatus, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, SessionId,
+    SessionNotification, SessionUpdate, StopReason, ToolCallUpdate, ToolCallUpdateFields,
+};
+use agent_client_protocol::{Client, Error};
+use crew_core::config::AdHocTeamError;
+use crew_core::model::{RunManifest, TaskStatus};
+use crew_core::{AgentId, Team};
+use crew_live::{AgentEvent, Canceller, Host, HostEvent, HostOptions, RunSpec};
+
+use super::{Shared, invalid, refused, say};
+use crate::context::Context;
 
 pub(super) fn plan_status(status: TaskStatus) -> PlanEntryStatus {
     match status {

@@ -2,7 +2,6 @@
 //! reported with its file, line, column and key.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 
 use camino::{Utf8Path, Utf8PathBuf};
 use serde::Deserialize;
@@ -14,21 +13,13 @@ use super::allow::{
     AllowList, NotAllowed, SettingsFile, loosening_in_agent, loosening_in_config, network_in_agent,
     network_in_config,
 };
-use super::attempts::MAX_ATTEMPTS;
-use super::checks::{
-    check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
-};
-use super::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
+use super::checks::check_name;
 use super::hosts::HostPattern;
-use super::locate::{find_key_offset, invalid_at, parse_toml, parse_toml_checked, several};
-use super::sandbox::{AgentSandbox, Confined, NetworkMode, SandboxMode};
-use super::settings::{
-    AgentDef, MAX_STOP_GRACE, OnLimit, PlacementKind, PlannedTask, ProjectConfig, Protocol,
-    SteerMode, TaskDef, Team, TeamDef, WorkspaceMode,
-};
-use super::template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders};
+use super::locate::parse_toml_checked;
+use super::sandbox::{NetworkMode, SandboxMode};
+use super::settings::{AgentDef, OnLimit, ProjectConfig, Protocol, SteerMode, WorkspaceMode};
 use super::values::{HumanDuration, Parallelism};
-use super::{AGENTS_DIR, BUILTIN_SHELL_AGENT, CONFIG_FILE, TEAMS_DIR};
+use super::{AGENTS_DIR, BUILTIN_SHELL_AGENT, CONFIG_FILE};
 
 mod parse;
 mod teams;

@@ -1,7 +1,24 @@
 //! A project's `config.toml` and an agent definition parsed and checked: each problem
 //! named with its file, its line and what to write instead.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use camino::Utf8Path;
+use toml::Spanned;
+
+use super::{AgentFile, LoadConfigError};
+use crate::config::checks::{
+    check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
+};
+use crate::config::locate::{find_key_offset, invalid_at, parse_toml, several};
+use crate::config::sandbox::{AgentSandbox, Confined};
+use crate::config::settings::{
+    AgentDef, MAX_STOP_GRACE, PlacementKind, ProjectConfig, Protocol, SteerMode,
+};
+use crate::config::template::{
+    COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders,
+};
 
 pub(in crate::config) fn validate_project_config(
     path: &Utf8Path,

@@ -1,7 +1,18 @@
 //! Teams: a team file loaded and checked (its tasks, their graph, attempts, checks,
 //! placements), and teams made on the spot (`crew run --agent`, a lead agent's plan).
 
-use super::*;
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use toml::Spanned;
+
+use super::{AdHocTeamError, ConfigDir, LoadConfigError, TeamFile, list_toml_stems, read_optional};
+use crate::config::TEAMS_DIR;
+use crate::config::attempts::MAX_ATTEMPTS;
+use crate::config::checks::check_name;
+use crate::config::graph::{TaskSpec, validate_plain_task_graph, validate_task_graph};
+use crate::config::locate::{invalid_at, parse_toml, several};
+use crate::config::settings::{PlannedTask, TaskDef, Team, TeamDef};
 
 impl ConfigDir {
     /// A team made on the spot: each `(id, prompt)` a task of agent `agent_name`, none
