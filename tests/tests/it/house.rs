@@ -55,6 +55,13 @@ fn module_of(file: &Utf8Path) -> Vec<String> {
     parts
 }
 
+/// A file that holds a module's tests (`tests.rs`, `<module>_tests.rs`): compiled for tests
+/// only, and no part of the house's imports.
+fn is_test_file(file: &Utf8Path) -> bool {
+    file.file_stem()
+        .is_some_and(|stem| stem == "tests" || stem.ends_with("_tests"))
+}
+
 /// The code of a file as one string, comments and its `#[cfg(test)] mod tests` left out.
 fn code_of(text: &str) -> String {
     let code: Vec<&str> = text
@@ -160,7 +167,10 @@ fn resolve(module: &[String], path: &str, modules: &BTreeSet<Vec<String>>) -> Ve
 /// the first path that names each.
 fn crew_live_imports() -> BTreeMap<Vec<String>, BTreeMap<Vec<String>, String>> {
     let src = root().join("crates/crew-live/src");
-    let files = sources(&src);
+    let files: Vec<_> = sources(&src)
+        .into_iter()
+        .filter(|(file, _)| !is_test_file(file))
+        .collect();
     let modules: BTreeSet<Vec<String>> = files.iter().map(|(file, _)| module_of(file)).collect();
     let mut graph = BTreeMap::new();
     for (file, text) in &files {
@@ -274,9 +284,10 @@ fn every_file_lists_its_imports() {
             continue;
         }
         for (file, text) in sources(&entry.path().join("src")) {
-            if code_of(&text)
-                .lines()
-                .any(|line| line.trim() == "use super::*;")
+            if !is_test_file(&file)
+                && code_of(&text)
+                    .lines()
+                    .any(|line| line.trim() == "use super::*;")
             {
                 globbed.push(format!("{}/src/{file}", entry.file_name()));
             }

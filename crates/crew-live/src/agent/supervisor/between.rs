@@ -13,7 +13,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Control, Next, PIPE_GRACE, Supervisor, join_all, refused_check};
+use super::handle::Control;
+use super::{Next, PIPE_GRACE, Supervisor, join_all, refused_check};
 use crate::agent::error::AgentOpError;
 use crate::agent::events::answer;
 use crate::agent::launch::{STEER_TIMEOUT, user_message_line};

@@ -7,9 +7,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use camino::Utf8PathBuf;
 use crew_core::config::Protocol;
-use crew_core::model::{CheckRecord, ExitRecord, StopSignal, Timestamp};
+use crew_core::model::{CheckRecord, ExitRecord, StopSignal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -21,11 +20,14 @@ use crate::agent::events::{AgentEvent, answer, emit};
 use crate::agent::launch::Running;
 use crate::agent::output::OutputTail;
 use crate::agent::placed::PlacedInput;
-use crate::agent::protocol::ProtocolEvent;
 use crate::agent::spec::{AgentSpec, DEFAULT_RESUME_MESSAGE, Launcher};
 use crate::agent::status::{AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
 
 mod between;
+mod handle;
+mod turn;
+
+pub(crate) use handle::{Control, Started};
 
 /// How long the output pipes may stay open after the agent exited before crew counts the
 /// holders as leaked processes.
@@ -296,143 +298,6 @@ impl Supervisor {
         if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
             // Fails only when the group is gone: nothing left to signal.
             let _ = rustix::process::kill_process_group(pid, signal);
-        }
-    }
-
-    /// What the agent's protocol said: a session is recorded, a turn's usage counted; at the
-    /// end of a turn the next follow-up goes in, and a stream-json agent with none left is
-    /// told its input is over, so that it ends.
-    async fn heard(&mut self, event: ProtocolEvent, running: &mut Running) {
-        match event {
-            ProtocolEvent::Session(session) => {
-                self.status
-                    .send_modify(|status| status.session_id = Some(session));
-                self.publish_status();
-            }
-            ProtocolEvent::NotProtocol(start) => {
-                let warning = format!(
-                    "the agent printed lines that are not {} messages (the first: `{start}`); they are shown as they are",
-                    protocol_name(self.spec.definition.protocol)
-                );
-                self.status
-                    .send_modify(|status| status.protocol_warning = Some(warning));
-            }
-            ProtocolEvent::Warning(warning) => {
-                self.status
-                    .send_modify(|status| status.protocol_warning = Some(warning));
-            }
-            ProtocolEvent::Asked(question) => {
-                self.status.send_modify(|status| {
-                    status.question = Some(question.clone());
-                    status.asks_alive = true;
-                });
-                emit(
-                    &self.launcher.events,
-                    AgentEvent::Question {
-                        agent_id: self.spec.agent_id.clone(),
-                        question,
-                    },
-                );
-                self.publish_status();
-            }
-            ProtocolEvent::Answered => {
-                if self.status.borrow().asks_alive {
-                    self.status.send_modify(|status| {
-                        status.question = None;
-                        status.asks_alive = false;
-                    });
-                    self.publish_status();
-                }
-            }
-            ProtocolEvent::Failed(reason) => {
-                self.status
-                    .send_modify(|status| status.turn_error = Some(reason));
-                self.publish_status();
-                // Nothing more can be asked of it (a refused `session/new`): an agent that
-                // stays (claude-code-acp does) is ended as one whose session is over.
-                running.session_over = true;
-            }
-            ProtocolEvent::Lost {
-                reason,
-                before_start,
-            } => {
-                running.lost_before_start = before_start;
-                self.status.send_modify(|status| status.lost = Some(reason));
-            }
-            ProtocolEvent::Landed { branch, tip } => {
-                self.status
-                    .send_modify(|status| status.landed = Some((branch, tip)));
-            }
-            ProtocolEvent::ToolsDone {
-                succeeded,
-                failed,
-                change_failed,
-            } => {
-                self.turn_tools.succeeded += succeeded;
-                self.turn_tools.failed.extend(failed);
-                self.turn_tools.change_failed |= change_failed;
-            }
-            ProtocolEvent::ApiRetry { status, wait } => {
-                if status == Some(429) {
-                    self.limit_wait = Some(wait);
-                }
-            }
-            ProtocolEvent::TurnEnded {
-                usage,
-                error,
-                mut limit,
-            } => {
-                let tools = std::mem::take(&mut self.turn_tools);
-                let error = error.or_else(|| tools.all_failed());
-                // A limit that says nothing of when it lifts lifts when the API last said.
-                if let (Some(limit), Some(wait)) = (&mut limit, self.limit_wait.take())
-                    && limit.resets_at.is_none()
-                {
-                    limit.resets_at = Some(Timestamp(std::time::SystemTime::now() + wait));
-                }
-                self.status.send_modify(|status| {
-                    if let Some(usage) = usage {
-                        status.usage = Some(status.usage.map_or(usage, |sum| sum.plus(usage)));
-                    }
-                    status.turn_error = error;
-                    status.limit = limit;
-                });
-                self.publish_status();
-                if let Some(acp) = &running.acp {
-                    // The next follow-up is the next prompt; with none, the session is over.
-                    let input = match self.follow_ups.pop_front() {
-                        Some(message) => AcpInput::Prompt(message),
-                        None => {
-                            running.session_over = true;
-                            AcpInput::End
-                        }
-                    };
-                    // The driver is gone only with the connection, when the agent is ending.
-                    let _ = acp.inputs.send(input);
-                    self.status
-                        .send_modify(|status| status.set_follow_ups(&self.follow_ups));
-                } else if let Some(message) = self.follow_ups.pop_front() {
-                    if let Err(error) = self.steer(running.stdin.as_mut(), &message).await {
-                        // The agent's input is closed (it is ending): the follow-up waits for
-                        // its next start, as one sent to an exited agent does.
-                        tracing::debug!(agent = %self.spec.agent_id, "follow-up kept for the next start: {error}");
-                        self.follow_ups.push_front(message);
-                    }
-                    self.status.send_modify(|status| {
-                        status.set_follow_ups(&self.follow_ups);
-                        status.idle = false;
-                    });
-                } else if self.spec.definition.protocol == Protocol::ClaudeStreamJson {
-                    // Its result was its last word: its input ends, and one that stays anyway
-                    // is ended as an ACP agent whose session is over is.
-                    drop(running.stdin.take());
-                    running.session_over = true;
-                } else {
-                    // Its turn is over and it reads on: it waits for the user.
-                    self.status.send_modify(|status| status.idle = true);
-                    self.publish_status();
-                }
-            }
         }
     }
 
@@ -797,46 +662,6 @@ pub(super) fn supervise_from(
         status: status_rx,
         tail,
     }
-}
-
-/// What a host asks of an agent's supervisor.
-pub(crate) enum Control {
-    Steer {
-        message: String,
-        reply: oneshot::Sender<Result<(), AgentOpError>>,
-    },
-    FollowUp {
-        message: String,
-        reply: oneshot::Sender<Result<FollowUpOutcome, AgentOpError>>,
-    },
-    Stop {
-        reply: oneshot::Sender<StopOutcome>,
-    },
-    Resume {
-        message: Option<String>,
-        reply: oneshot::Sender<Result<u32, AgentOpError>>,
-    },
-    Ask {
-        question: String,
-        reply: oneshot::Sender<Result<(), AgentOpError>>,
-    },
-    Close {
-        reply: oneshot::Sender<bool>,
-    },
-    /// Runs the task's check in the exited agent's workspace, confined like the agent.
-    Check {
-        command: String,
-        log: Utf8PathBuf,
-        timeout: Duration,
-        reply: oneshot::Sender<CheckRecord>,
-    },
-}
-
-/// The handle parts a new supervisor hands to the registry.
-pub(crate) struct Started {
-    pub control: mpsc::Sender<Control>,
-    pub status: watch::Receiver<AgentStatus>,
-    pub tail: Arc<Mutex<OutputTail>>,
 }
 
 /// A check that was not run, and why: it did not pass.

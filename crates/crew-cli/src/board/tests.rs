@@ -1,0 +1,227 @@
+//! Tests of `board/mod.rs`.
+
+use super::*;
+use crew_core::config::WorkspaceMode;
+use crew_core::{RunId, TaskId, WorkspaceId};
+
+/// A board with one run whose tasks are in `statuses`, heard as a watch would tell it.
+fn board(statuses: &[(&str, TaskStatus)]) -> (Board, RunId) {
+    let run_id = RunId::parse("board-test").unwrap();
+    let workspace = WorkspaceId::from_path(&std::env::temp_dir()).unwrap();
+    let tasks = statuses
+        .iter()
+        .map(|(id, _)| {
+            TaskRecord::new(
+                TaskId::parse(id).unwrap(),
+                "shell".into(),
+                "true".into(),
+                vec![],
+                WorkspaceMode::Single,
+            )
+        })
+        .collect();
+    let manifest = RunManifest::new(run_id.clone(), workspace, WorkspaceMode::Single, tasks);
+    let mut board = Board::default();
+    board.hear(Watched::Run(Box::new(manifest)));
+    for (id, status) in statuses {
+        board.hear(Watched::Event(WatchEvent::Task {
+            run_id: run_id.clone(),
+            task_id: TaskId::parse(id).unwrap(),
+            status: *status,
+            task: None,
+        }));
+    }
+    (board, run_id)
+}
+
+fn order(board: &Board) -> Vec<(String, RowState)> {
+    board
+        .rows()
+        .into_iter()
+        .map(|row| (row.agent_id.task_id().to_string(), row.state))
+        .collect()
+}
+
+#[test]
+fn who_needs_the_user_comes_first_and_rings_the_bell() {
+    let (mut board, _) = board(&[
+        ("working", TaskStatus::Running),
+        ("done", TaskStatus::Succeeded),
+        ("asks", TaskStatus::Waiting),
+        ("broke", TaskStatus::Failed),
+        ("later", TaskStatus::Pending),
+    ]);
+    assert_eq!(
+        order(&board),
+        [
+            ("asks".to_owned(), RowState::Waiting),
+            ("broke".to_owned(), RowState::FailedUnread),
+            ("done".to_owned(), RowState::DoneUnread),
+            ("working".to_owned(), RowState::Working),
+            ("later".to_owned(), RowState::Queued),
+        ]
+    );
+    assert!(board.bell, "a task that starts waiting or fails rings");
+    // `n` opens the waiting one's question first, then the failure; opening marks it read.
+    assert_eq!(board.key(Key::Char('n')), None);
+    assert_eq!(board.pane, Pane::Question);
+    let next = board.key(Key::Char('n'));
+    assert!(matches!(next, Some(Action::ReadTail(_, Glance::Pane))));
+    assert_eq!(board.pane, Pane::Output);
+    let states: Vec<RowState> = order(&board).into_iter().map(|(_, state)| state).collect();
+    assert!(states.contains(&RowState::Failed));
+}
+
+#[test]
+fn esc_and_quit_never_touch_an_agent_and_stop_asks_first() {
+    let (mut board, run_id) = board(&[("working", TaskStatus::Running)]);
+    let agent = AgentId::new(run_id, TaskId::parse("working").unwrap());
+    assert_eq!(board.key(Key::Esc), None);
+    assert_eq!(board.key(Key::Char('s')), None);
+    assert_eq!(board.prompt, Some(Prompt::ConfirmStop(agent.clone())));
+    // Anything but `y` leaves it running.
+    assert_eq!(board.key(Key::Esc), None);
+    assert_eq!(board.prompt, None);
+    assert_eq!(board.key(Key::Char('s')), None);
+    assert_eq!(board.key(Key::Char('y')), Some(Action::Stop(agent.clone())));
+    // A message typed for steering, then Esc: nothing is sent.
+    assert_eq!(board.key(Key::Char('i')), None);
+    for c in "left".chars() {
+        assert_eq!(board.key(Key::Char(c)), None);
+    }
+    assert_eq!(board.key(Key::Esc), None);
+    assert_eq!(board.key(Key::Char('q')), Some(Action::Quit));
+    assert_eq!(board.key(Key::Interrupt), Some(Action::Quit));
+}
+
+#[test]
+fn agent_output_is_kept_as_text_and_bounded() {
+    let (mut board, run_id) = board(&[("loud", TaskStatus::Running)]);
+    let agent = AgentId::new(run_id, TaskId::parse("loud").unwrap());
+    for index in 0..5000 {
+        board.hear(Watched::Event(WatchEvent::Output {
+            agent_id: agent.clone(),
+            line: format!("\x1b[2J\x1b]0;pwned\x07line {index} {}", "x".repeat(100)),
+        }));
+    }
+    let tail = board.tail(&agent).unwrap();
+    assert!(tail.len() <= TAIL_LINES);
+    assert!(tail.iter().map(String::len).sum::<usize>() <= TAIL_BYTES + 200);
+    assert!(
+        tail.iter()
+            .all(|line| !line.contains('\x1b') && !line.contains('\x07'))
+    );
+    assert!(tail.back().unwrap().contains("line 4999"));
+}
+
+#[test]
+fn a_filter_narrows_the_table_and_not_the_header_counts() {
+    let (mut board, _) = board(&[
+        ("asks", TaskStatus::Waiting),
+        ("working", TaskStatus::Running),
+        ("done", TaskStatus::Succeeded),
+    ]);
+    board.filter = "done".to_owned();
+    assert_eq!(board.rows().len(), 1);
+    let backend = ratatui::backend::TestBackend::new(80, 8);
+    let mut terminal = ratatui::Terminal::new(backend).unwrap();
+    let looks = view::Looks {
+        color: false,
+        unicode: false,
+    };
+    terminal
+        .draw(|frame| view::draw(frame, &board, "project", looks))
+        .unwrap();
+    let header: String = (0..80)
+        .map(|x| terminal.backend().buffer()[(x, 0)].symbol().to_owned())
+        .collect();
+    assert!(
+        header.starts_with("waiting: 1  working: 1  agents: 3"),
+        "{header}"
+    );
+}
+
+#[test]
+fn a_task_holding_its_lease_shows_its_ports_and_a_finished_one_does_not() {
+    let (mut board, _) = board(&[
+        ("serving", TaskStatus::Running),
+        ("done", TaskStatus::Succeeded),
+    ]);
+    for (task, port) in board.runs[0].tasks.iter_mut().zip([20_000, 20_004]) {
+        task.lease = Some(crew_core::model::LeaseRecord {
+            port: Some(port),
+            ports: 4,
+            name: format!("crew_{}", task.id),
+            names: Vec::new(),
+        });
+    }
+    let backend = ratatui::backend::TestBackend::new(140, 8);
+    let mut terminal = ratatui::Terminal::new(backend).unwrap();
+    let looks = view::Looks {
+        color: false,
+        unicode: true,
+    };
+    terminal
+        .draw(|frame| view::draw(frame, &board, "project", looks))
+        .unwrap();
+    let screen: Vec<String> = (0..8)
+        .map(|y| {
+            (0..140)
+                .map(|x| terminal.backend().buffer()[(x, y)].symbol().to_owned())
+                .collect()
+        })
+        .collect();
+    let line = |task: &str| {
+        screen
+            .iter()
+            .find(|line| line.contains(&format!(":{task} ")))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(
+        screen.iter().any(|line| line.contains("PORTS")),
+        "{screen:#?}"
+    );
+    assert!(line("serving").contains("20000–20003"), "{screen:#?}");
+    assert!(!line("done").contains("2000"), "{screen:#?}");
+}
+
+#[test]
+fn a_stopped_task_shows_its_lease_while_its_run_goes_on_and_not_after() {
+    let (mut board, _) = board(&[("held", TaskStatus::Stopped)]);
+    board.runs[0].tasks[0].lease = Some(crew_core::model::LeaseRecord {
+        port: Some(20_000),
+        ports: 4,
+        name: "crew_held".to_owned(),
+        names: Vec::new(),
+    });
+    assert!(board.rows()[0].ports.is_some());
+    board.runs[0].status = crew_core::model::RunStatus::Cancelled;
+    assert_eq!(
+        board.rows()[0].ports,
+        None,
+        "the ended run's host gave it back"
+    );
+}
+
+#[test]
+fn an_answer_leaves_the_question_for_the_agents_output() {
+    let (mut board, run_id) = board(&[("asks", TaskStatus::Waiting)]);
+    board.runs[0].tasks[0].question = Some("which color?".to_owned());
+    assert_eq!(board.key(Key::Char('n')), None);
+    assert_eq!(board.pane, Pane::Question);
+    assert_eq!(board.key(Key::Char('a')), None);
+    for c in "blue".chars() {
+        assert_eq!(board.key(Key::Char(c)), None);
+    }
+    let agent = AgentId::new(run_id, TaskId::parse("asks").unwrap());
+    assert_eq!(
+        board.key(Key::Enter),
+        Some(Action::Answer(agent, "blue".to_owned()))
+    );
+    assert_eq!(
+        board.pane,
+        Pane::Output,
+        "no 'no question' pane after the answer"
+    );
+}
