@@ -45,6 +45,18 @@ async function refused(client, name, args) {
     return String(error.message ?? error);
   }
 }
+// How a call was refused: a result with isError whose _meta says which kind crew made of it
+// (`arguments`, `refused`; a bare `result` when the SDK refused the arguments' shape itself),
+// or a protocol error's code.
+async function refusedAs(client, name, args) {
+  try {
+    const result = await client.callTool({ name, arguments: args });
+    if (!result.isError) return "done";
+    return result._meta?.["crew/kind"] ?? "result";
+  } catch (error) {
+    return `protocol error ${error.code}: ${error.message}`;
+  }
+}
 const task = (run, id) => run.tasks.find((t) => t.id === id);
 
 if (mode === "nested") {
@@ -205,6 +217,19 @@ const badId = await refused(a, "run_tasks", { tasks: [{ id: "a/b", prompt: "true
 check(badId && badId.includes("tasks"), `bad id: ${badId}`);
 const unknownField = await refused(a, "run_tasks", { tasks: [{ id: "y", prompt: "true", agent: "shell", workspace_mode: "single" }] });
 check(unknownField && unknownField.includes("workspace_mode"), `a lead agent choosing a mode: ${unknownField}`);
+// Each refusal is the error it is: what the caller can correct is the tool's result, which the
+// lead agent's model reads, saying whether the arguments or the request was at fault.
+for (const [what, name, args, expected] of [
+  ["a bad task id", "run_tasks", { tasks: [{ id: "a/b", prompt: "true", agent: "shell" }] }, "arguments"],
+  ["a missing prompt", "run_tasks", { tasks: [{ id: "x", agent: "shell" }] }, "result"],
+  ["an empty check", "run_tasks", { tasks: [{ id: "z", prompt: "true", agent: "shell" }], check: " " }, "arguments"],
+  ["an unknown run", "wait", { run: "zzzzzzzz", timeout_s: 1 }, "refused"],
+  ["an unknown task", "land", { run: started.run_id, tasks: ["nope"] }, "refused"],
+  ["a task that is not live", "steer", { run: started.run_id, task: "a", message: "hi" }, "refused"],
+]) {
+  const got = await refusedAs(a, name, args);
+  check(got === expected, `${what}: ${got}, not ${expected}`);
+}
 check((await call(a, "status", {})).runs.length === before, "nothing started");
 
 // Another folder's server sees none of it, and cannot act on it.
@@ -213,6 +238,8 @@ const elsewhere = await call(b, "status", {});
 check(elsewhere.runs.length === 0, `B sees A's runs: ${JSON.stringify(elsewhere)}`);
 const foreign = await refused(b, "stop", { run: long.run_id, task: "long" });
 check(foreign !== null, "B refused A's run");
+const foreignAs = await refusedAs(b, "stop", { run: long.run_id, task: "long" });
+check(foreignAs === "refused", `B's refusal: ${foreignAs}`);
 
 await a.close();
 await b.close();

@@ -338,7 +338,7 @@ fn build_team(args: &RunArgs, config_dir: &ConfigDir) -> Result<Team, CliError> 
         .ad_hoc_team(agent_name, tasks)
         .map_err(|error| match error {
             AdHocTeamError::Agent(error) => CliError::from(error),
-            AdHocTeamError::Tasks(message) => CliError::user(format!("--task: {message}")),
+            AdHocTeamError::Tasks(error) => CliError::user(format!("--task: {error}")),
         })
 }
 

@@ -2,7 +2,7 @@
 //! (`<id>.1` … `<id>.N`, each in its own worktree and branch), and the check command each
 //! result is held to.
 
-use crate::ids::TaskId;
+use crate::ids::{InvalidIdError, TaskId};
 use crate::model::AttemptOf;
 
 use super::settings::{TaskDef, TeamDef};
@@ -20,17 +20,62 @@ pub struct RunTask {
     pub attempt_of: Option<AttemptOf>,
 }
 
+/// Attempts asked for as a run cannot make them.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AttemptsError {
+    /// A count outside 1 ..= [`MAX_ATTEMPTS`].
+    #[error("attempts must be from 1 to {MAX_ATTEMPTS}, not {count}")]
+    Count {
+        /// The count asked for.
+        count: u32,
+    },
+    /// Attempts of a task another task depends on.
+    #[error(
+        "task `{dependent}` depends on `{task}`, which would run {count} attempts: crew cannot know which one it builds on; run `{task}` on its own, `crew pick` an attempt, then start `{dependent}` from its branch (`crew run --base`)"
+    )]
+    DependedOn {
+        /// The task run several times.
+        task: TaskId,
+        /// A task that depends on it.
+        dependent: TaskId,
+        /// How many attempts.
+        count: u32,
+    },
+    /// An attempt's id that is not a valid id.
+    #[error("attempt {number} of task `{task}`: {source}")]
+    InvalidId {
+        /// The task run several times.
+        task: TaskId,
+        /// The attempt's number.
+        number: u32,
+        /// Why its id is not valid.
+        source: InvalidIdError,
+    },
+    /// An attempt's id that another task of the team has.
+    #[error(
+        "attempt {number} of task `{task}` would be task `{id}`, but the team has a task `{taken}` already: rename one of them"
+    )]
+    Taken {
+        /// The task run several times.
+        task: TaskId,
+        /// The attempt's number.
+        number: u32,
+        /// The attempt's id.
+        id: TaskId,
+        /// The task that has it.
+        taken: TaskId,
+    },
+}
+
 /// The tasks a run of `team` records. A task with `attempts` above 1 (its own, or `all`, which
 /// overrides every task's) becomes `<id>.1` … `<id>.N`; the others stay as they are. Refused
 /// with a message naming the task: a count out of range, a task others depend on run more than
 /// once, an attempt's id that is not a valid id or is taken by another task.
-pub fn run_tasks(team: &TeamDef, all: Option<u32>) -> Result<Vec<RunTask>, String> {
+pub fn run_tasks(team: &TeamDef, all: Option<u32>) -> Result<Vec<RunTask>, AttemptsError> {
     if let Some(count) = all
         && !(1..=MAX_ATTEMPTS).contains(&count)
     {
-        return Err(format!(
-            "attempts must be from 1 to {MAX_ATTEMPTS}, not {count}"
-        ));
+        return Err(AttemptsError::Count { count });
     }
     let mut tasks = Vec::new();
     for task in &team.tasks {
@@ -55,23 +100,31 @@ pub fn run_tasks(team: &TeamDef, all: Option<u32>) -> Result<Vec<RunTask>, Strin
             .iter()
             .find(|other| other.depends_on.contains(&task.id))
         {
-            return Err(format!(
-                "task `{}` depends on `{}`, which would run {count} attempts: crew cannot know which one it builds on; run `{}` on its own, `crew pick` an attempt, then start `{}` from its branch (`crew run --base`)",
-                dependent.id, task.id, task.id, dependent.id
-            ));
+            return Err(AttemptsError::DependedOn {
+                task: task.id.clone(),
+                dependent: dependent.id.clone(),
+                count,
+            });
         }
         for number in 1..=count {
-            let id = TaskId::parse(&format!("{}.{number}", task.id))
-                .map_err(|error| format!("attempt {number} of task `{}`: {error}", task.id))?;
+            let id = TaskId::parse(&format!("{}.{number}", task.id)).map_err(|source| {
+                AttemptsError::InvalidId {
+                    task: task.id.clone(),
+                    number,
+                    source,
+                }
+            })?;
             if let Some(taken) = team
                 .tasks
                 .iter()
                 .find(|other| other.id.collision_key() == id.collision_key())
             {
-                return Err(format!(
-                    "attempt {number} of task `{}` would be task `{id}`, but the team has a task `{}` already: rename one of them",
-                    task.id, taken.id
-                ));
+                return Err(AttemptsError::Taken {
+                    task: task.id.clone(),
+                    number,
+                    id,
+                    taken: taken.id.clone(),
+                });
             }
             let mut attempt = def.clone();
             attempt.id = id;
@@ -147,18 +200,24 @@ mod tests {
         assert!(
             run_tasks(&def, Some(0))
                 .unwrap_err()
+                .to_string()
                 .contains("from 1 to 10")
         );
-        assert!(run_tasks(&def, Some(11)).unwrap_err().contains("not 11"));
+        assert!(
+            run_tasks(&def, Some(11))
+                .unwrap_err()
+                .to_string()
+                .contains("not 11")
+        );
     }
 
     #[test]
     fn a_task_others_build_on_and_a_taken_id_are_refused() {
         let def = team(vec![task("a", &[], Some(2)), task("b", &["a"], None)]);
-        let error = run_tasks(&def, None).unwrap_err();
+        let error = run_tasks(&def, None).unwrap_err().to_string();
         assert!(error.contains("task `b` depends on `a`"), "{error}");
         let def = team(vec![task("a", &[], Some(2)), task("A.2", &[], None)]);
-        let error = run_tasks(&def, None).unwrap_err();
+        let error = run_tasks(&def, None).unwrap_err().to_string();
         assert!(error.contains("task `A.2` already"), "{error}");
     }
 }

@@ -136,11 +136,30 @@ pub fn validate_task_graph(
         .collect())
 }
 
+/// What is wrong with a task graph that came from elsewhere than a file (submitted by an
+/// agent, given on the command line): every problem, each with the key it is at.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", self.messages().join("; "))]
+pub struct PlainGraphError {
+    /// The problems, in the order of the tasks.
+    pub problems: Vec<GraphError>,
+}
+
+impl PlainGraphError {
+    /// What each problem says, in order.
+    pub fn messages(&self) -> Vec<&str> {
+        self.problems
+            .iter()
+            .map(|problem| problem.message.as_str())
+            .collect()
+    }
+}
+
 /// [`validate_task_graph`] for tasks that come from elsewhere than a file (submitted by an
 /// agent, given on the command line): same rules, messages without a location.
 pub fn validate_plain_task_graph(
     tasks: &[(String, Vec<String>)],
-) -> Result<Vec<(TaskId, Vec<TaskId>)>, String> {
+) -> Result<Vec<(TaskId, Vec<TaskId>)>, PlainGraphError> {
     let specs: Vec<TaskSpec> = tasks
         .iter()
         .enumerate()
@@ -153,13 +172,7 @@ pub fn validate_plain_task_graph(
                 .collect(),
         })
         .collect();
-    validate_task_graph(&specs).map_err(|errors| {
-        errors
-            .into_iter()
-            .map(|error| error.message)
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
+    validate_task_graph(&specs).map_err(|problems| PlainGraphError { problems })
 }
 
 /// A cycle in the graph, as the list of nodes along it, when there is one.

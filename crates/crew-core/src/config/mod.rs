@@ -25,9 +25,11 @@ mod template;
 mod values;
 
 pub use allow::{ALLOW_COMMAND, AllowList, NetworkGrant, NotAllowed, SettingsFile};
-pub use attempts::{MAX_ATTEMPTS, RunTask, run_tasks};
+pub use attempts::{AttemptsError, MAX_ATTEMPTS, RunTask, run_tasks};
 pub use checks::{GIT_IDENTITY_VARIABLES, GIT_LOCATION_VARIABLES};
-pub use graph::{GraphError, TaskSpec, validate_plain_task_graph, validate_task_graph};
+pub use graph::{
+    GraphError, PlainGraphError, TaskSpec, validate_plain_task_graph, validate_task_graph,
+};
 pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
 pub use sandbox::{AgentSandbox, Confined, NetworkMode, SandboxMode, SandboxSettings};

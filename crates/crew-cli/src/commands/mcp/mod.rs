@@ -22,14 +22,17 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{ProgressNotificationParam, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 
 use crate::context::Context;
 use crate::foreground::Detached;
 use crate::ui::Ui;
 use crate::{CliError, Outcome};
 
+mod error;
 mod schema;
+
+use error::ToolError;
 
 use schema::*;
 
@@ -57,8 +60,8 @@ fn nested_caller() -> Option<AgentId> {
         .and_then(|id| AgentId::parse(&id).ok())
 }
 
-fn invalid(message: impl Into<String>) -> ErrorData {
-    ErrorData::invalid_params(message.into(), None)
+fn invalid(message: impl Into<String>) -> ToolError {
+    ToolError::arguments(message)
 }
 
 #[tool_router]
@@ -78,7 +81,7 @@ impl CrewMcp {
         &self,
         Parameters(args): Parameters<RunTasksArgs>,
         context: RequestContext<RoleServer>,
-    ) -> Result<Json<RunReport>, ErrorData> {
+    ) -> Result<Json<RunReport>, ToolError> {
         let config = self.ctx.config_dir();
         let team = match (&args.team, args.tasks.is_empty()) {
             (Some(team), true) => config
@@ -105,7 +108,7 @@ impl CrewMcp {
                         .planned_team("mcp", planned)
                         .map_err(|error| match error {
                             AdHocTeamError::Agent(error) => invalid(format!("tasks: {error}")),
-                            AdHocTeamError::Tasks(message) => invalid(format!("tasks: {message}")),
+                            AdHocTeamError::Tasks(error) => invalid(format!("tasks: {error}")),
                         })?;
                 // Sub-agents work in parallel: each in a worktree of its own where the folder
                 // is a git repository.
@@ -145,12 +148,12 @@ impl CrewMcp {
         let manifest = host
             .create(&spec)
             .await
-            .map_err(|error| invalid(error.to_string()))?;
+            .map_err(|error| ToolError::from(CliError::from(error)))?;
         // Hosted by a background host of its own, not by this process: the SDKs close a
         // server's input, then TERM it, then KILL it, and the run goes on through all three.
         crate::foreground::host_detached(&self.ctx, &manifest.run_id, Detached::Mcp, None)
             .await
-            .map_err(|error| ErrorData::internal_error(error.render(), None))?;
+            .map_err(ToolError::from)?;
         if args.wait {
             return self
                 .wait_for(&manifest.run_id, Duration::from_secs(3600), Some(&context))
@@ -165,7 +168,7 @@ impl CrewMcp {
     async fn status(
         &self,
         Parameters(args): Parameters<StatusArgs>,
-    ) -> Result<Json<StatusReport>, ErrorData> {
+    ) -> Result<Json<StatusReport>, ToolError> {
         let runs = match &args.run {
             Some(prefix) => vec![report(&self.read(prefix)?)],
             // The newest ten, reading no other run.
@@ -173,7 +176,7 @@ impl CrewMcp {
                 .ctx
                 .store()
                 .list_newest_runs(10)
-                .map_err(|error| invalid(error.to_string()))?
+                .map_err(|error| ToolError::from(CliError::from(error)))?
                 .0
                 .into_iter()
                 .filter_map(|listing| listing.manifest.ok())
@@ -190,7 +193,7 @@ impl CrewMcp {
         &self,
         Parameters(args): Parameters<WaitArgs>,
         context: RequestContext<RoleServer>,
-    ) -> Result<Json<RunReport>, ErrorData> {
+    ) -> Result<Json<RunReport>, ToolError> {
         let run_id = self.resolve(&args.run)?;
         let timeout = Duration::from_secs(args.timeout_s.unwrap_or(600));
         self.wait_for(&run_id, timeout, Some(&context)).await
@@ -200,7 +203,7 @@ impl CrewMcp {
     async fn answer(
         &self,
         Parameters(args): Parameters<MessageArgs>,
-    ) -> Result<Json<DoneReport>, ErrorData> {
+    ) -> Result<Json<DoneReport>, ToolError> {
         let message = args.message.clone();
         let done = self
             .control(&args.run, &args.task, Verb::FollowUp(message))
@@ -228,7 +231,7 @@ impl CrewMcp {
     async fn steer(
         &self,
         Parameters(args): Parameters<MessageArgs>,
-    ) -> Result<Json<DoneReport>, ErrorData> {
+    ) -> Result<Json<DoneReport>, ToolError> {
         let message = args.message.clone();
         self.control(&args.run, &args.task, Verb::Steer(message))
             .await
@@ -238,7 +241,7 @@ impl CrewMcp {
     async fn stop(
         &self,
         Parameters(args): Parameters<TaskRef>,
-    ) -> Result<Json<DoneReport>, ErrorData> {
+    ) -> Result<Json<DoneReport>, ToolError> {
         self.control(&args.run, &args.task, Verb::Stop).await
     }
 
@@ -248,7 +251,7 @@ impl CrewMcp {
     async fn land(
         &self,
         Parameters(args): Parameters<LandArgs>,
-    ) -> Result<Json<LandReport>, ErrorData> {
+    ) -> Result<Json<LandReport>, ToolError> {
         let manifest = self.read(&args.run)?;
         let targets: Vec<String> = match &args.tasks {
             None => vec![manifest.run_id.to_string()],
@@ -259,7 +262,7 @@ impl CrewMcp {
                         .ok()
                         .is_some_and(|id| manifest.task(&id).is_some());
                     if !known {
-                        return Err(invalid(format!(
+                        return Err(ToolError::refused(format!(
                             "tasks: run {} has no task {task:?}",
                             manifest.run_id
                         )));
@@ -316,19 +319,19 @@ impl CrewMcp {
     async fn diff(
         &self,
         Parameters(args): Parameters<TaskRef>,
-    ) -> Result<Json<DiffReport>, ErrorData> {
+    ) -> Result<Json<DiffReport>, ToolError> {
         let manifest = self.read(&args.run)?;
         let task = crew_core::TaskId::parse(&args.task)
             .ok()
             .and_then(|id| manifest.task(&id).cloned())
             .ok_or_else(|| {
-                invalid(format!(
+                ToolError::refused(format!(
                     "task: run {} has no task {:?}",
                     manifest.run_id, args.task
                 ))
             })?;
         let found = crate::commands::diff::task_patch(&self.ctx, &manifest, &task)
-            .map_err(|message| invalid(format!("task: {message}")))?;
+            .map_err(|message| ToolError::refused(format!("task: {message}")))?;
         let mut patch = found.patch;
         let truncated = patch.len() > MAX_PATCH_BYTES;
         if truncated {
@@ -350,7 +353,7 @@ impl CrewMcp {
 
 impl CrewMcp {
     /// The host of the runs this server starts, started with the first.
-    async fn host(&self) -> Result<Arc<Host>, ErrorData> {
+    async fn host(&self) -> Result<Arc<Host>, ToolError> {
         self.host
             .get_or_try_init(|| async {
                 let crew_dir = std::env::current_exe()
@@ -363,7 +366,7 @@ impl CrewMcp {
                 Host::start(self.ctx.project(), options)
                     .await
                     .map(Arc::new)
-                    .map_err(|error| ErrorData::internal_error(error.to_string(), None))
+                    .map_err(|error| ToolError::from(CliError::internal(error)))
             })
             .await
             .cloned()
@@ -376,7 +379,7 @@ impl CrewMcp {
         caller: AgentId,
         team: crew_core::Team,
         wait: Option<&RequestContext<RoleServer>>,
-    ) -> Result<Json<RunReport>, ErrorData> {
+    ) -> Result<Json<RunReport>, ToolError> {
         let tasks = team
             .def
             .tasks
@@ -390,12 +393,14 @@ impl CrewMcp {
             .collect();
         super::from_agent::connect("mcp")
             .await
-            .map_err(|error| invalid(error.render()))?
+            .map_err(ToolError::from)?
             .submit(tasks)
             .await
             .map_err(|error| match error {
-                crew_live::AgentSelfError::Refused(refusal) => invalid(format!("tasks: {refusal}")),
-                error => ErrorData::internal_error(error.to_string(), None),
+                crew_live::AgentSelfError::Refused(refusal) => {
+                    ToolError::refused(format!("tasks: {refusal}"))
+                }
+                error => ToolError::from(CliError::internal(error)),
             })?;
         let run_id = caller.run_id().clone();
         if let Some(context) = wait {
@@ -403,24 +408,17 @@ impl CrewMcp {
                 .wait_for(&run_id, Duration::from_secs(3600), Some(context))
                 .await;
         }
-        let manifest = self
-            .ctx
-            .read_run(&run_id)
-            .map_err(|error| invalid(error.render()))?;
+        let manifest = self.ctx.read_run(&run_id).map_err(ToolError::from)?;
         Ok(Json(report(&manifest)))
     }
 
-    fn resolve(&self, prefix: &str) -> Result<RunId, ErrorData> {
-        self.ctx
-            .resolve_run(prefix)
-            .map_err(|error| invalid(format!("run: {}", error.render().trim_end())))
+    fn resolve(&self, prefix: &str) -> Result<RunId, ToolError> {
+        self.ctx.resolve_run(prefix).map_err(ToolError::from)
     }
 
-    fn read(&self, prefix: &str) -> Result<RunManifest, ErrorData> {
+    fn read(&self, prefix: &str) -> Result<RunManifest, ToolError> {
         let run_id = self.resolve(prefix)?;
-        self.ctx
-            .read_run(&run_id)
-            .map_err(|error| invalid(format!("run: {}", error.render().trim_end())))
+        self.ctx.read_run(&run_id).map_err(ToolError::from)
     }
 
     /// Waits until the run ends or a task asks — within a lead agent's own run, until every
@@ -431,7 +429,7 @@ impl CrewMcp {
         run_id: &RunId,
         timeout: Duration,
         context: Option<&RequestContext<RoleServer>>,
-    ) -> Result<Json<RunReport>, ErrorData> {
+    ) -> Result<Json<RunReport>, ToolError> {
         let own = nested_caller().filter(|caller| caller.run_id() == run_id);
         let progress = context.and_then(|context| {
             let token = context.meta.get_progress_token()?;
@@ -443,7 +441,7 @@ impl CrewMcp {
             let step = waiting
                 .next()
                 .await
-                .map_err(|error| invalid(error.to_string()))?;
+                .map_err(|error| ToolError::from(CliError::from(error)))?;
             match step {
                 WaitStep::Progress { finished, of } => {
                     let Some((peer, token)) = &progress else {
@@ -465,11 +463,11 @@ impl CrewMcp {
         run: &str,
         task: &str,
         verb: Verb,
-    ) -> Result<Json<DoneReport>, ErrorData> {
+    ) -> Result<Json<DoneReport>, ToolError> {
         let run_id = self.resolve(run)?;
         let spec = format!("{run_id}:{task}");
         let project = self.ctx.project();
-        let refused = |error: crew_live::ControlAgentError| invalid(error.to_string());
+        let refused = |error: crew_live::ControlAgentError| ToolError::from(CliError::from(error));
         let (agent_id, result) = match verb {
             Verb::FollowUp(message) => {
                 let done = project.follow_up(&spec, message).await.map_err(refused)?;

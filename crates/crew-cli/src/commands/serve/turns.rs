@@ -207,7 +207,7 @@ pub(super) fn team_for(ctx: &Context, text: &str) -> Result<Team, String> {
         .ad_hoc_team(&agent, vec![(id, prompt)])
         .map_err(|error| match error {
             AdHocTeamError::Agent(error) => error.to_string(),
-            AdHocTeamError::Tasks(message) => message,
+            AdHocTeamError::Tasks(error) => error.to_string(),
         })?;
     // An editor's prompt works beside the user's open files, not in them: in a worktree of
     // its own where the folder is a git repository (as `crew mcp` does), its work on a branch.

@@ -104,9 +104,9 @@ pub enum AdHocTeamError {
     /// An agent of the team could not be loaded.
     #[error(transparent)]
     Agent(#[from] LoadConfigError),
-    /// The task ids break a rule; the message says which.
-    #[error("{0}")]
-    Tasks(String),
+    /// The tasks' ids or dependencies break a rule: each problem says which.
+    #[error(transparent)]
+    Tasks(#[from] crate::config::graph::PlainGraphError),
 }
 
 /// A configuration file that could not be used.

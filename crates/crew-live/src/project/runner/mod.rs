@@ -119,8 +119,8 @@ impl RunSpec {
 pub enum PlanError {
     /// Attempts asked for as they cannot be (a count out of range, attempts of a task others
     /// depend on).
-    #[error("{0}")]
-    Attempts(String),
+    #[error(transparent)]
+    Attempts(#[from] crew_core::config::AttemptsError),
     /// Attempts of a task in a mode without branches.
     #[error(
         "task `{task}` would run {of} attempts in {mode} mode: attempts need worktree mode, each in its own worktree and branch (`--workspace-mode worktree`)"

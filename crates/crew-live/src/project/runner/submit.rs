@@ -54,7 +54,8 @@ impl Runner {
                     .map(|task| (task.id.clone(), task.depends_on.clone())),
             )
             .collect();
-        let parsed = validate_plain_task_graph(&graph).map_err(refuse)?;
+        let parsed =
+            validate_plain_task_graph(&graph).map_err(|error| refuse(error.to_string()))?;
         let mut records = Vec::new();
         for (task, (id, depends_on)) in submitted
             .iter()
