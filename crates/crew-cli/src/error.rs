@@ -85,10 +85,12 @@ impl CliError {
         let mut text = format!("error: {}\n", self.error);
         let mut source = self.error.source();
         while let Some(cause) = source {
+            // Writing into a String cannot fail.
             let _ = writeln!(text, "caused by: {cause}");
             source = cause.source();
         }
         for hint in &self.hints {
+            // Writing into a String cannot fail.
             let _ = writeln!(text, "hint: {hint}");
         }
         text

@@ -148,6 +148,7 @@ pub async fn run_here(
     if let Some(printer) = printer {
         // Every line of the run out before the summary.
         let _ = finished.send(());
+        // A printer that panicked printed what it could; the summary follows all the same.
         let _ = printer.await;
     }
     after_run(ctx, result.as_ref().ok());
@@ -234,16 +235,19 @@ async fn print_progress(
             TaskStatus::Running => {
                 if let Some(task) = task {
                     if let Some(pid) = task.pid {
+                        // Writing into a String cannot fail (here and below).
                         let _ = write!(line, "  pid {pid}");
                     }
                     // A placed task's directory here is only where its work arrives.
                     if let Some(placement) = &task.placement {
+                        // Writing into a String cannot fail.
                         let _ = write!(
                             line,
                             "  {}",
                             ctx.ui.paint(&format!("on {placement}"), Style::Dim)
                         );
                     } else if let Some(workspace) = &task.workspace {
+                        // Writing into a String cannot fail.
                         let _ = write!(
                             line,
                             "  {}",
@@ -253,6 +257,7 @@ async fn print_progress(
                 }
             }
             TaskStatus::Waiting => {
+                // Writing into a String cannot fail.
                 let _ = write!(
                     line,
                     "  asks: {}  (answer with `crew agents follow-up {} \"…\"`)",
@@ -261,6 +266,7 @@ async fn print_progress(
                 );
             }
             TaskStatus::Paused => {
+                // Writing into a String cannot fail.
                 let _ = write!(
                     line,
                     "  {}",
@@ -270,19 +276,23 @@ async fn print_progress(
             status if status.is_finished() => {
                 if let Some(task) = task {
                     if let Some(elapsed) = between(task.started_at, task.finished_at) {
+                        // Writing into a String cannot fail.
                         let _ = write!(line, "  {}", duration(elapsed));
                     }
                     if let Some(report) = &task.teardown
                         && let Some(branch) = &report.branch
                     {
+                        // Writing into a String cannot fail.
                         let _ = write!(line, "  {branch}");
                         if let Some(stat) = report.diffstat {
+                            // Writing into a String cannot fail.
                             let _ = write!(line, " (+{} -{})", stat.insertions, stat.deletions);
                         }
                     }
                 }
                 if let Some(reason) = &change.reason {
                     let reason = sanitize_lines(reason, "      ");
+                    // Writing into a String cannot fail.
                     let _ = write!(line, "  {}", ctx.ui.paint(&reason, Style::Dim));
                 }
             }

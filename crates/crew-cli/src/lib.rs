@@ -11,10 +11,12 @@
 macro_rules! out {
     (no_newline: $($arg:tt)*) => {{
         use std::io::Write as _;
+        // A stdout its reader closed ends this command's printing, never its run.
         let _ = write!(std::io::stdout(), $($arg)*);
     }};
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        // A stdout its reader closed ends this command's printing, never its run.
         let _ = writeln!(std::io::stdout(), $($arg)*);
     }};
 }
@@ -40,10 +42,12 @@ macro_rules! say {
 macro_rules! err {
     (no_newline: $($arg:tt)*) => {{
         use std::io::Write as _;
+        // Nowhere left to say it: the exit code still tells.
         let _ = write!(std::io::stderr(), $($arg)*);
     }};
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        // Nowhere left to say it: the exit code still tells.
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
 }

@@ -431,6 +431,7 @@ pub fn summary(ctx: &Context, manifest: &RunManifest, reader: SummaryFor) -> Str
         .as_ref()
         .filter(|by| manifest.status == RunStatus::Cancelled || by.cause == CancelCause::FailFast)
     {
+        // Writing into a String cannot fail.
         let _ = writeln!(out, "cancelled {by}");
     }
     out.push_str(&table.render(ui));

@@ -224,6 +224,7 @@ pub fn spread_apart(dir: &Utf8Path) {
     if let Ok(flags) = rustix::fs::ioctl_getflags(&handle)
         && !flags.contains(IFlags::TOPDIR)
     {
+        // Only where new directories are placed; a file system without the flag works the same.
         let _ = rustix::fs::ioctl_setflags(&handle, flags | IFlags::TOPDIR);
     }
 }

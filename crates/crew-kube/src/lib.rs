@@ -323,13 +323,16 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, Kube
     let mut remote_out = attached.stdout().expect("attached with stdout");
     let input = tokio::spawn(async move {
         let mut stdin = tokio::io::stdin();
+        // Our input ended or the stream broke: either way the container's input is over.
         let _ = tokio::io::copy(&mut stdin, &mut remote_in).await;
         // Our input ended: so does the container's (stdinOnce), and the shim finishes.
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut remote_in).await;
     });
     let mut stdout = tokio::io::stdout();
+    // The stream ended or broke; the container's exit code below tells how it went.
     let _ = tokio::io::copy(&mut remote_out, &mut stdout).await;
     input.abort();
+    // The attach is over either way; its status is the container's, read below.
     let _ = attached.join().await;
 
     // How the shim ended, as its container says.
@@ -353,10 +356,12 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, Kube
     }
     match code {
         Some(0) => {
+            // A Job not deleted is deleted by its TTL a day later.
             let _ = jobs.delete(&name, &DeleteParams::background()).await;
             Ok(Outcome::Success)
         }
         other => {
+            // Nowhere left to say it: the exit code still tells.
             let _ = writeln!(
                 std::io::stderr(),
                 "kubernetes: job {namespace}/{name} is kept ({}); `kubectl logs job/{name} -n {namespace}`",

@@ -477,11 +477,13 @@ fn rollback(
         crate::trash::discard(request.repo_root, request.settings, &names.root);
     }
     if made.admin_entry {
+        // Rolling back a failed attempt: an entry left behind is swept by the next preparation.
         let _ = admin::remove_entry(common, &names.admin);
     }
     if made.branch
         && let Ok(mut branch) = repo.find_branch(&names.branch, BranchType::Local)
     {
+        // Rolling back: a branch left behind is taken up as it is by the next preparation.
         let _ = branch.delete();
     }
     if let Some(run_dir) = &made.run_dir {

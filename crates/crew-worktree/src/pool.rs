@@ -500,6 +500,7 @@ pub fn refill(
                 // A fresh checkout with nobody's work in it: what is left of it is swept by
                 // the next refill or `crew worktrees prune`, and the error returned says why.
                 let _ = remove_contained(&path, &[&dir]);
+                // As above: what is left is the next refill's or prune's to remove.
                 let _ = admin::remove_entry(common, &name);
                 return Err(file_error(error));
             }

@@ -300,6 +300,48 @@ fn every_file_lists_its_imports() {
     );
 }
 
+/// A result dropped says why: every `let _ =` in crew's code (tests aside) has a comment on
+/// its line or the line above.
+#[test]
+fn every_dropped_result_says_why() {
+    let mut silent = Vec::new();
+    for entry in root().join("crates").read_dir_utf8().unwrap() {
+        let entry = entry.unwrap();
+        if !entry.path().is_dir() {
+            continue;
+        }
+        for (file, text) in sources(&entry.path().join("src")) {
+            if is_test_file(&file) {
+                continue;
+            }
+            let text = match text.find("#[cfg(test)]\nmod tests") {
+                Some(at) => &text[..at],
+                None => &text[..],
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            for (index, line) in lines.iter().enumerate() {
+                let said = line.contains("//")
+                    || index
+                        .checked_sub(1)
+                        .is_some_and(|above| lines[above].trim_start().starts_with("//"));
+                if line.contains("let _ =") && !said {
+                    silent.push(format!(
+                        "{}/src/{file}:{}: {}",
+                        entry.file_name(),
+                        index + 1,
+                        line.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        silent.is_empty(),
+        "results dropped without a word (say why above, or handle them):\n{}",
+        silent.join("\n")
+    );
+}
+
 #[test]
 fn unsafe_code_lives_in_crew_sandbox_alone() {
     let crates = root().join("crates");

@@ -100,6 +100,7 @@ pub async fn cmd_diff(args: DiffArgs, ui: Ui) -> Result<Outcome, CliError> {
     }
     if args.json {
         let value = serde_json::json!({ "tasks": json });
+        // Writing into a String cannot fail.
         let _ = writeln!(out, "{value:#}");
     }
     Ok(Outcome::Success)

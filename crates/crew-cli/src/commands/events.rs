@@ -55,6 +55,7 @@ pub async fn cmd_events(args: EventsArgs, ui: Ui) -> Result<Outcome, CliError> {
                 return Ok(Outcome::Success);
             }
         }
+        // A reader gone stops the next write, which ends the command.
         let _ = stdout.flush();
     }
     Ok(Outcome::Success)

@@ -27,6 +27,7 @@ pub struct ShimArgs {
 }
 
 pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
+    // `--stdio` is the only transport: the flag says so, and asks nothing.
     let _ = args.stdio;
     std::fs::create_dir_all(&args.dir).map_err(|error| {
         CliError::user(format!(

@@ -218,6 +218,7 @@ fn leave() {
         terminal::LeaveAlternateScreen,
         cursor::Show
     );
+    // Putting the terminal back: nothing else to do if it refuses.
     let _ = terminal::disable_raw_mode();
 }
 
@@ -300,6 +301,7 @@ fn hear(board: &mut Board, project: &Project, heard: crew_live::Watched) {
 /// board shows them as news again: nothing worse.
 fn record_seen(project: &Project, seen: Vec<crew_core::AgentId>) {
     for agent in seen {
+        // A look not recorded shows the task as news again next time, nothing worse.
         let _ = project
             .store()
             .mark_seen(agent.run_id(), std::slice::from_ref(agent.task_id()));

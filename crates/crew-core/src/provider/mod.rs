@@ -409,6 +409,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     /// what all tasks share (the base commit). An error here fails the run with nothing
     /// started. The default accepts everything.
     fn prepare_run(&self, request: &RunRequest) -> Result<RunPlan, AllocateWorkspaceError> {
+        // Unused by the default.
         let _ = request;
         Ok(RunPlan::default())
     }
@@ -434,6 +435,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         others: &[(String, String)],
         target: Option<&str>,
     ) -> Vec<crate::model::TaskOverlap> {
+        // Unused by the default.
         let _ = (repo_root, branch, others, target);
         Vec::new()
     }
@@ -441,6 +443,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     /// What `branch` changes against the commit `base`, counted (for a branch that came back
     /// from a placement, which no teardown here counted). The default cannot tell.
     fn branch_diffstat(&self, repo_root: &Utf8Path, base: &str, branch: &str) -> Option<DiffStat> {
+        // Unused by the default.
         let _ = (repo_root, base, branch);
         None
     }
@@ -449,6 +452,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     /// an agent must not be able to hold them, and a lock needs no right to write. The
     /// sandbox covers them in the agent's namespace. The default locks nothing.
     fn lock_files(&self, repo_root: &Utf8Path) -> Vec<Utf8PathBuf> {
+        // Unused by the default.
         let _ = repo_root;
         Vec::new()
     }
@@ -456,6 +460,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     /// The host of `run_id` died: its workspaces may still say they are in use, and should
     /// now say what became of them. The default does nothing.
     fn run_interrupted(&self, repo_root: &Utf8Path, run_id: &RunId) {
+        // Unused by the default.
         let _ = (repo_root, run_id);
     }
 
@@ -469,6 +474,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         tasks: &[TaskId],
         dry_run: bool,
     ) -> Vec<TaskId> {
+        // Unused by the default.
         let _ = (repo_root, run_id, tasks, dry_run);
         Vec::new()
     }
@@ -481,6 +487,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         commit: &str,
         out: &mut dyn std::io::Write,
     ) -> Result<(), ProviderError> {
+        // Unused by the default.
         let _ = (repo_root, commit, out);
         Err("this workspace provider cannot send history to a placement".into())
     }
@@ -494,6 +501,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         tasks: &[Landing],
         mode: LandMode,
     ) -> Result<Landed, LandError> {
+        // Unused by the default.
         let _ = (repo_root, target, tasks, mode);
         Err(LandError::Failed(
             "this workspace provider cannot land work on a branch".into(),
@@ -503,6 +511,7 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
     /// Takes in work a placement sent back (a pack and its claim), checked before the task's
     /// branch moves to it (crew-worktree `incoming`). The default cannot.
     fn accept_work(&self, request: &ReceivedWork) -> Result<(), ProviderError> {
+        // Unused by the default.
         let _ = request;
         Err("this workspace provider cannot take in work from a placement".into())
     }

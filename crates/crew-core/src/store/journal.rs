@@ -153,12 +153,15 @@ impl StateStore {
             // Only a journal that is there: none is made here; a link or a FIFO planted in
             // its place is not followed or waited on.
             let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+            // Emptying it is tidiness: readers skip lines of another generation (see the module
+            // doc).
             let _ = std::fs::OpenOptions::new()
                 .write(true)
                 .truncate(true)
                 .custom_flags(flags.bits() as i32)
                 .open(&path);
         } else {
+            // As above: a journal left behind holds lines of a finished run, which readers skip.
             let _ = std::fs::remove_file(path);
         }
     }

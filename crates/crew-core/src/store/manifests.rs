@@ -314,6 +314,7 @@ impl StateStore {
                     applied: None,
                     tell: Box::new(move |failed: Option<&StateError>| {
                         let message = failed.map_or_else(String::new, error_chain);
+                        // The caller may have stopped waiting (its thread ended): no one to tell.
                         let _ = answer.send(Err(StateError::Together(message)));
                     }),
                 };
@@ -322,6 +323,7 @@ impl StateStore {
                 Ok(value) => Outcome {
                     applied: Some(touched),
                     tell: Box::new(move |failed: Option<&StateError>| {
+                        // The caller may have stopped waiting (its thread ended): no one to tell.
                         let _ = answer.send(match failed {
                             None => Ok(value),
                             Some(error) => Err(StateError::Together(error_chain(error))),
@@ -331,6 +333,7 @@ impl StateStore {
                 Err(refused) => Outcome {
                     applied: None,
                     tell: Box::new(move |_| {
+                        // The caller may have stopped waiting (its thread ended): no one to tell.
                         let _ = answer.send(Err(refused.into()));
                     }),
                 },

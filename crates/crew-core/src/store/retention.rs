@@ -127,6 +127,7 @@ impl StateStore {
                     },
                 ));
                 for event in &events {
+                    // Events are a log for people; the run's record, written above, is the truth.
                     let _ = self.append_event(&run_id, event);
                 }
                 interrupted.push(run_id);

@@ -77,11 +77,13 @@ impl AgentEvent {
 /// Sends `event` to whoever watches the host's agents. Nobody watching is no error: events are
 /// for those who follow along, and the run's state holds the record.
 pub(crate) fn emit(events: &tokio::sync::broadcast::Sender<AgentEvent>, event: AgentEvent) {
+    // No subscriber is no error: the run's state holds the record.
     let _ = events.send(event);
 }
 
 /// Answers a request made over a oneshot channel. The asker may have stopped waiting (it timed
 /// out, or hung up): the answer then has nobody to go to, which is no error of the answerer.
 pub(crate) fn answer<T>(reply: tokio::sync::oneshot::Sender<T>, value: T) {
+    // Nobody waiting for the answer is no error of the answerer.
     let _ = reply.send(value);
 }

@@ -119,14 +119,18 @@ pub fn prepare(dir: &Utf8Path, home: &Utf8Path, user_cargo: &Utf8Path) -> Option
             // What an agent put in place of a link is not kept: the user's settings are.
             match std::fs::symlink_metadata(&link) {
                 Ok(meta) if meta.is_dir() => {
+                    // Whatever is in the link's place is made again below; a failure leaves the
+                    // cache unlinked, which only costs a rebuild.
                     let _ = std::fs::remove_dir_all(&link);
                 }
                 Ok(_) => {
+                    // As above.
                     let _ = std::fs::remove_file(&link);
                 }
                 Err(_) => {}
             }
             if target.exists() {
+                // A cache not linked only costs the agent a rebuild.
                 let _ = std::os::unix::fs::symlink(&target, &link);
             }
         }

@@ -210,6 +210,8 @@ impl Drop for Publisher {
         // Left behind, the listing names a dead pid and is swept as stale; so does its spare.
         let _ = std::fs::remove_file(&self.path);
         if let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) {
+            // A spare left behind is written over by the next host of this socket name, or swept as
+            // stale.
             let _ = std::fs::remove_file(dir.join(crew_core::fsutil::spare_name(name)));
         }
     }

@@ -455,6 +455,8 @@ async fn mark_alive(store: std::sync::Arc<crew_core::store::StateStore>, run_id:
     loop {
         every.tick().await;
         let (store, run_id) = (store.clone(), run_id.clone());
+        // A mark not made (a full disk) only makes the host look older to a reconcile; the next
+        // tick tries again.
         let _ = tokio::task::spawn_blocking(move || store.mark_alive(&run_id)).await;
     }
 }

@@ -255,12 +255,14 @@ async fn connection(
     let mut buffer = Vec::with_capacity(4096);
     let read = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client, &mut buffer)).await;
     let Ok(Ok(head_len)) = read else {
+        // The agent's client may be gone: its request failed either way, and is reported.
         let _ = respond(&mut client, 400, "the proxy did not get a request head").await;
         return;
     };
     let request = match parse(&buffer[..head_len]) {
         Ok(request) => request,
         Err(reason) => {
+            // The agent's client may be gone: its request failed either way, and is reported.
             let _ = respond(&mut client, 400, &reason).await;
             return;
         }
@@ -296,6 +298,7 @@ async fn connection(
             }
             // Allowed but not found (no such name) is no refusal of the rules.
             report(status != 403, Some(reason.clone()));
+            // The agent's client may be gone: its request failed either way, and is reported.
             let _ = respond(&mut client, status, &reason).await;
             return;
         }
@@ -309,18 +312,22 @@ async fn connection(
                 request.host, request.port
             );
             report(true, Some(reason.clone()));
+            // The agent's client may be gone: its request failed either way, and is reported.
             let _ = respond(&mut client, 502, &reason).await;
             return;
         }
         Err(_) => {
             let reason = format!("{}:{} did not answer in time", request.host, request.port);
             report(true, Some(reason.clone()));
+            // The agent's client may be gone: its request failed either way, and is reported.
             let _ = respond(&mut client, 504, &reason).await;
             return;
         }
     };
     report(true, None);
+    // Only latency: the relay works without it (here and below).
     let _ = upstream.set_nodelay(true);
+    // Only latency: the relay works without it.
     let _ = client.set_nodelay(true);
     let sent = match &request.head {
         None => {
@@ -335,6 +342,7 @@ async fn connection(
         return;
     }
     drop(buffer);
+    // The connection ends either way; the request was counted when it was let through.
     let _ = relay::relay(&client, &upstream, &bulk).await;
 }
 

@@ -605,6 +605,7 @@ impl Drop for Server {
         // It ends when its socket does; reaped here, not left a zombie.
         // SAFETY: shuts down the socket this server owns; closed when dropped.
         unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
+        // The server dies with its socket; this only reaps it.
         let _ = self.process.wait();
     }
 }

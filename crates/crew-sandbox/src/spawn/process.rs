@@ -131,6 +131,7 @@ impl Drop for Warden {
         {
             handle.spawn(async move {
                 if let Ok(pidfd) = watched(pidfd) {
+                    // Only waits: an error means the process is gone as well.
                     let _ = exited(&pidfd).await;
                 }
             });

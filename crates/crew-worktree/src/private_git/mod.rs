@@ -485,6 +485,7 @@ impl Taking<'_> {
             return Ok(odb);
         }
         if std::fs::symlink_metadata(self.scratch).is_ok() {
+            // Scratch space of this teardown: what is left goes with the task's state.
             let _ = remove_contained(
                 self.scratch,
                 &[self.scratch.parent().unwrap_or(self.scratch)],
@@ -498,9 +499,12 @@ impl Taking<'_> {
             }
             let target = self.scratch.join(&relative);
             if let Some(parent) = target.parent() {
+                // A directory that cannot be made fails the link or copy below, which is reported.
                 let _ = std::fs::create_dir_all(parent);
             }
             if std::fs::hard_link(&source, &target).is_err() {
+                // A file neither linked nor copied is missing from the scratch store, and the check
+                // of the objects below names it.
                 let _ = std::fs::copy(&source, &target);
             }
         }
@@ -640,8 +644,12 @@ impl Taking<'_> {
             .filter(|entry| entry.mode != 0o160_000)
             .map(|entry| entry.id)
             .collect();
+        // Objects that cannot be copied leave the index pointing at objects the repository lacks:
+        // the index is then not taken, as the check before the write refuses it.
         let _ = copy_missing(repo, theirs, ids, false, &mut HashSet::new());
         if let Ok(bytes) = read_nofollow(index) {
+            // The agent's index kept beside the task is for the user to look at; without it nothing
+            // is lost from the repository.
             let _ = write_atomic(&path, &bytes);
         }
     }

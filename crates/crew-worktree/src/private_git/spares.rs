@@ -126,9 +126,11 @@ pub fn remove_view(task_dir: &Utf8Path) {
     let dir = task_dir.join(DIR);
     let inner = dir.join("work/work");
     if std::fs::symlink_metadata(&inner).is_ok_and(|metadata| metadata.is_dir()) {
+        // Only so that the removal below can enter it; a failure there is what counts.
         let _ = std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700));
     }
     if std::fs::symlink_metadata(&dir).is_ok() {
+        // A view not removed stays under the task's state and goes with the run.
         let _ = remove_contained(&dir, &[task_dir]);
     }
 }

@@ -209,10 +209,13 @@ impl WorkspaceProvider for CrewWorkspaces {
             && let Some(repo_root) = request.repo_root.as_deref()
             && git2::Repository::open(repo_root).is_ok()
         {
+            // Best effort: a repository that cannot take the exclude still runs; `crew init` says
+            // why.
             let _ = crew_core::git_exclude::ensure_excluded(
                 repo_root,
                 &crate::create::excluded_patterns(&self.settings),
             );
+            // Made again, with its error, by the first worktree that needs it.
             let _ = crate::create::ensure_worktrees_dir(repo_root, &self.settings);
         }
         if !request.modes.contains(&WorkspaceMode::Worktree) {

@@ -150,6 +150,8 @@ impl CrewWorkspaces {
                 .iter()
                 .any(|(run_id, _)| *run_id == request.run_id)
             {
+                // A copy left behind is read by no one once its run is gone; the next arm writes
+                // over it.
                 let _ = std::fs::remove_file(&saved);
             }
         }

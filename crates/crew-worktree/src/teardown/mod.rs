@@ -98,6 +98,7 @@ pub fn teardown_worktree(
         // again for its `.git` and for moving what the agent left. (Where that fails, the
         // step that needs it names the failure.)
         if let Ok(dir) = crew_core::paths::open_dir_without_links(root.as_std_path()) {
+            // Best effort, as said above: the step that needs the access names its failure.
             let _ = crew_core::paths::give_owner_access(&dir);
         }
         if agent_git.exists() {
@@ -608,6 +609,8 @@ pub fn release_preserved(
             // still crew's; a failure leaves the pointer to the agent's directory, which holds
             // nothing not taken.
             Ok(_) if held.is_some() => {
+                // The work is taken; a view not disarmed is disarmed by the worktree's removal or
+                // named by the next teardown.
                 let _ = agent_git.disarm();
             }
             Ok(_) => {}

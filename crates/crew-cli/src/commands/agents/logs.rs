@@ -115,6 +115,7 @@ fn print_from(
             break;
         }
     }
+    // A reader gone stops the next write, which ends the command.
     let _ = stdout.flush();
     Ok(offset)
 }

@@ -112,6 +112,7 @@ struct Sessions {
 type Shared = Arc<Mutex<Sessions>>;
 
 pub async fn cmd_serve(args: ServeArgs, ui: Ui) -> Result<Outcome, CliError> {
+    // `--stdio` is the only transport: the flag says so, and asks nothing.
     let _ = args.stdio;
     let sessions: Shared = Arc::default();
     let on_new = sessions.clone();

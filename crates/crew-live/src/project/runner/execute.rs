@@ -192,6 +192,7 @@ impl Runner {
         let agent_id = AgentId::new(run_id.clone(), task_id.clone());
         let registry = self.host().registry();
         if let Some(handle) = registry.remove(&agent_id) {
+            // Its outcome is the agent's exit, which the close below waits for.
             let _ = handle.stop().await;
             handle.close().await;
         }

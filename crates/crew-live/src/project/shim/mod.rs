@@ -98,6 +98,7 @@ pub async fn serve(
                 let clone = root.join(clone_name(&project));
                 match options.clones.open_clone(&clone) {
                     Ok(()) => {
+                        // The writer ends only with the connection: no one to tell.
                         let _ = out.send(FromShim::Hello {
                             v: SHIM_PROTOCOL,
                             clone: clone.to_string(),
@@ -268,6 +269,7 @@ async fn start(
     let needed = from.as_deref().unwrap_or(&base);
     let has = session.options.clones.has_commit(&session.clone, needed);
     if !has.map_err(|error| crate::agent::error::with_causes(&*error))? {
+        // The writer ends only with the connection: no one to tell.
         let _ = out.send(FromShim::NeedBase {
             commit: needed.to_owned(),
         });
@@ -345,6 +347,7 @@ async fn start(
         if record.status != TaskStatus::Succeeded {
             failed.store(true, Ordering::Relaxed);
         }
+        // The writer ends only with the connection: no one to tell.
         let _ = out.send(FromShim::Finished {
             task: task.clone(),
             status: record.status,
@@ -429,6 +432,7 @@ fn forward(out: &Out, event: HostEvent) -> Option<(RunId, TaskId)> {
                     .as_ref()
                     .and_then(|task| task.workspace.as_ref())
             {
+                // The writer ends only with the connection: no one to tell.
                 let _ = out.send(FromShim::Started {
                     task: change.task_id.clone(),
                     run: change.run_id.clone(),
@@ -440,6 +444,7 @@ fn forward(out: &Out, event: HostEvent) -> Option<(RunId, TaskId)> {
                 .status
                 .is_finished()
                 .then(|| (change.run_id.clone(), change.task_id.clone()));
+            // The writer ends only with the connection: no one to tell.
             let _ = out.send(FromShim::Status {
                 task: change.task_id,
                 status: change.status,
@@ -449,6 +454,7 @@ fn forward(out: &Out, event: HostEvent) -> Option<(RunId, TaskId)> {
         }
         HostEvent::Agent(agent) => {
             if let AgentEvent::Output { agent_id, line, .. } = *agent {
+                // The writer ends only with the connection: no one to tell.
                 let _ = out.send(FromShim::Output {
                     task: agent_id.task_id().clone(),
                     line,

@@ -82,6 +82,7 @@ pub(super) fn unknown(out: &Out, task: &TaskId) {
 }
 
 pub(super) fn refuse(out: &Out, task: Option<TaskId>, code: &str, message: String) {
+    // The writer ends only with the connection: no one to tell.
     let _ = out.send(FromShim::Error {
         task,
         code: code.to_owned(),

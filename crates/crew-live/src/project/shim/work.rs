@@ -93,6 +93,8 @@ pub(super) async fn send_work(
     kept: Option<&(String, String)>,
 ) -> Result<(), String> {
     let Some((branch, _)) = kept else {
+        // The writer ends only with the connection, and then there is no one to tell (here and
+        // below).
         let _ = out.send(FromShim::Work {
             task: task.clone(),
             claim: None,
@@ -117,10 +119,12 @@ pub(super) async fn send_work(
     .map_err(|error| error.to_string())??;
     let (bytes, claim) = packed;
     for chunk in bytes.chunks(PACK_CHUNK) {
+        // The writer ends only with the connection: no one to tell.
         let _ = out.send(FromShim::Pack {
             data: base64::engine::general_purpose::STANDARD.encode(chunk),
         });
     }
+    // The writer ends only with the connection: no one to tell.
     let _ = out.send(FromShim::Work {
         task: task.clone(),
         claim: Some(claim),
@@ -173,6 +177,7 @@ pub(super) fn release(session: &Session, out: &Out, tasks: &Tasks, task: TaskId)
             return;
         }
     }
+    // The writer ends only with the connection: no one to tell.
     let _ = out.send(FromShim::Released { task });
 }
 
