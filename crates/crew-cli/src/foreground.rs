@@ -16,7 +16,7 @@ use crate::context::Context;
 use crate::summary::relative;
 use crate::ui::{Style, between, duration, sanitize, sanitize_lines, truncate};
 
-pub use crew_live::project::hosting::{DETACHED_HOST_LABEL, MCP_HOST_LABEL};
+pub use crew_live::project::host::{DETACHED_HOST_LABEL, MCP_HOST_LABEL};
 
 /// Who handed a run to a background host (`crew host RUN --from …`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -202,10 +202,10 @@ pub use crew_sandbox::{lease, process, procscan, proxy, sandbox, spawn};
 pub use agent::error::{AgentOpError, SpawnAgentError};
 pub use agent::events::{AgentEvent, OutputStream};
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
-pub use control::host::AgentHost;
+pub use control::agents::AgentHost;
 pub use control::registry::{AgentHandle, AgentSnapshot, Registry};
 pub use control::{ControlClient, ControlError, ControlServer, ErrorCode, SubmittedTask};
-pub use project::hosting::{
+pub use project::host::{
     Canceller, Host, HostError, HostEvent, HostEvents, HostOptions, RunningRun,
 };
 pub use project::runner::{AlreadySucceeded, CancelLevel, PlanError, RunError, RunSpec, Runner};

@@ -25,8 +25,8 @@ mod wire;
 
 // Who holds agents and who may act on them: a host's agents, the live hosts of a folder and
 // the listings they publish.
-pub mod host;
-pub mod hosts;
+pub mod agents;
+pub mod live_hosts;
 pub mod publish;
 pub mod registry;
 pub mod watch;

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::agent::events::AgentEvent;
-use crate::control::host::AgentHost;
+use crate::control::agents::AgentHost;
 use crate::control::registry::AgentSnapshot;
 
 /// The directory of published listings, under a workspace's state directory.

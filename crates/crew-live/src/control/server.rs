@@ -18,7 +18,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::agent::error::AgentOpError;
-use crate::control::host::AgentHost;
+use crate::control::agents::AgentHost;
 use crate::control::socket::{ControlError, ensure_private_dir, socket_dir, workspace_hash};
 use crate::control::watch::{TaskFeed, serve_watch};
 use crate::control::wire::{

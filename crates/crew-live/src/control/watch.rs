@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::agent::events::AgentEvent;
-use crate::control::host::AgentHost;
+use crate::control::agents::AgentHost;
 use crate::control::registry::AgentSnapshot;
 use crate::control::wire::{PROTOCOL_VERSION, Response};
 

@@ -2,10 +2,10 @@
 //! there, and the live agents of its hosts — only this folder's, whichever process hosts them.
 //!
 //! A program holding several project folders (an editor) opens a [`Project`] for each; one
-//! never sees another's runs or agents. Hosting runs in this process is [`crate::project::hosting`].
+//! never sees another's runs or agents. Hosting runs in this process is [`crate::project::host`].
 
 // The front door's parts: hosting runs, the runner, the verbs, the shim, the watch feed.
-pub mod hosting;
+pub mod host;
 pub mod runner;
 pub mod shim;
 pub mod verbs;

@@ -210,7 +210,7 @@ impl Project {
     /// Marks runs whose host died as interrupted (and kills what is left of their agents);
     /// their workspaces are told so through the provider.
     pub fn reconcile(&self) -> Result<Vec<RunId>, StateError> {
-        let interrupted = crate::control::hosts::reconcile_workspace(&self.store)?;
+        let interrupted = crate::control::live_hosts::reconcile_workspace(&self.store)?;
         if let Some(repo_root) = self.workspace.repo_root() {
             for run_id in &interrupted {
                 self.provider.run_interrupted(repo_root, run_id);
@@ -258,7 +258,7 @@ impl Project {
 
     /// The live hosts of this project, one per socket.
     pub fn live_hosts(&self) -> Vec<(RunId, HostRecord)> {
-        let mut hosts = crate::control::hosts::live_hosts(&self.store);
+        let mut hosts = crate::control::live_hosts::live_hosts(&self.store);
         hosts.sort_by(|a, b| a.1.socket.cmp(&b.1.socket));
         hosts.dedup_by(|a, b| a.1.socket == b.1.socket);
         hosts
@@ -342,7 +342,7 @@ impl Project {
             .filter(|run_id| !live.agents.iter().any(|(agent, _)| &agent.run_id == run_id))
             .collect();
         let mut unpublished = Vec::new();
-        for (run_id, host) in crate::control::hosts::live_hosts_of(&self.store, &uncovered) {
+        for (run_id, host) in crate::control::live_hosts::live_hosts_of(&self.store, &uncovered) {
             // One host may serve several runs: its listing is read once.
             if sockets_read.contains(&host.socket) {
                 continue;

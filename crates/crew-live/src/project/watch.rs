@@ -324,7 +324,7 @@ impl Watcher {
 
     /// Watches every live host not watched yet, and sends the records of their runs.
     async fn find_hosts(&mut self, from_hosts: &mpsc::Sender<(Utf8PathBuf, FromHost)>) {
-        let hosts: Vec<(RunId, HostRecord)> = crate::control::hosts::live_hosts(&self.store);
+        let hosts: Vec<(RunId, HostRecord)> = crate::control::live_hosts::live_hosts(&self.store);
         for (run_id, host) in hosts {
             let Some(socket) = host.socket.clone() else {
                 continue;

@@ -258,7 +258,7 @@ impl Runner {
         let store = self.store.clone();
         blocking({
             let store = store.clone();
-            move || crate::control::hosts::reconcile_workspace(&store)
+            move || crate::control::live_hosts::reconcile_workspace(&store)
         })
         .await?;
         let agents: Vec<String> = self

@@ -34,7 +34,7 @@ use crew_core::provider::{AllocateWorkspaceError, Progress, WorkspaceProvider};
 use crew_core::store::StateError;
 use crew_core::{AgentDef, RunId, StateStore, TaskId, Team, Workspace};
 
-use crate::control::host::AgentHost;
+use crate::control::agents::AgentHost;
 use crate::control::{ErrorBody, ErrorCode};
 
 mod execute;

@@ -26,7 +26,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::agent::events::AgentEvent;
-use crate::project::hosting::{Canceller, Host, HostEvent, HostOptions};
+use crate::project::host::{Canceller, Host, HostEvent, HostOptions};
 use crate::project::open::Project;
 use crate::project::runner::RunSpec;
 

@@ -13,7 +13,7 @@ use crew_core::shim::{CloneStore, FromShim};
 use crew_core::{RunId, TaskId};
 use tokio::sync::mpsc;
 
-use crate::project::hosting::{Canceller, Host};
+use crate::project::host::{Canceller, Host};
 use crate::project::open::Project;
 
 /// Makes the workspace provider of a clone from its configuration.

@@ -10,7 +10,7 @@ use crew_core::shim::{CloneStore, FromShim, PACK_CHUNK, WorkClaim};
 use crew_core::{RunId, TaskId};
 
 use super::session::{Out, Session, Tasks, refuse, unknown};
-use crate::project::hosting::Host;
+use crate::project::host::Host;
 
 /// The work an earlier start of `task` of the host's run `run` left in the clone (the host
 /// lost its connection before it came back): the branch of the newest such run of this
@@ -32,7 +32,8 @@ pub(super) async fn earlier_work(
     let clones = session.options.clones.clone();
     let (team, task) = (format!("shim-{run}"), task.clone());
     tokio::task::spawn_blocking(move || {
-        crate::control::hosts::reconcile_workspace(&store).map_err(|error| error.to_string())?;
+        crate::control::live_hosts::reconcile_workspace(&store)
+            .map_err(|error| error.to_string())?;
         let listings = store.list_runs().map_err(|error| error.to_string())?;
         for listing in listings {
             let Ok(manifest) = listing.manifest else {

@@ -90,7 +90,7 @@ impl Project {
         let detached = host
             .label
             .as_deref()
-            .is_some_and(crate::project::hosting::is_detached);
+            .is_some_and(crate::project::host::is_detached);
         let same_session = crew_sandbox::procscan::same_session(own_session, host_session);
         if !force && !detached && same_session != Some(true) {
             return Err(CancelRunError::OtherSession {

@@ -26,7 +26,7 @@ use crate::agent::FollowUpOutcome;
 use crate::agent::env::BaseEnv;
 use crate::agent::error::AgentOpError;
 use crate::agent::events::AgentEvent;
-use crate::control::host::AgentHost;
+use crate::control::agents::AgentHost;
 use crate::control::publish::{Publisher, listing_path};
 use crate::control::{ControlError, ControlServer};
 use crate::project::open::Project;
