@@ -158,9 +158,37 @@ pub async fn run_here(
 /// What a run's end starts in the background, wherever it was hosted: a prune of history when
 /// due, and a refill of the worktree pool after a run that used worktrees.
 pub fn after_run(ctx: &Context, finished: Option<&RunManifest>) {
-    crate::commands::runs::prune::prune_in_background(ctx);
-    if let Some(manifest) = finished {
-        crate::commands::worktrees::refill::refill_in_background(ctx, manifest);
+    let due = ctx.project().after_run(finished);
+    if due.prune {
+        start_in_background(ctx, &["runs", "prune", "--if-due"]);
+    }
+    if due.refill {
+        start_in_background(ctx, &["worktrees", "refill"]);
+    }
+}
+
+/// Starts `crew <args> --quiet --color never` in the project, detached from this process's
+/// output; it is reaped when it ends. What a run's end starts (a prune, a refill of the pool)
+/// is a courtesy: one that cannot start now happens after a later run, or by hand.
+fn start_in_background(ctx: &Context, args: &[&str]) {
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let started = std::process::Command::new(exe)
+        .args(args)
+        .args(["--quiet", "--color", "never"])
+        .current_dir(ctx.workspace().root())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    match started {
+        // Reaped when it ends, so that a long-lived host (`crew mcp`, `crew serve`) keeps no
+        // zombie; a `crew run` that exits first leaves it to init.
+        Ok(mut child) => {
+            std::thread::spawn(move || child.wait());
+        }
+        Err(error) => tracing::debug!("could not start crew {args:?} in the background: {error}"),
     }
 }
 

@@ -217,6 +217,7 @@ pub use project::verbs::{
 };
 pub use project::watch::{ProjectWatch, WatchError, WatchEvent, Watched};
 pub use project::{
-    ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project, resolve_spec,
+    AfterRun, ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project,
+    resolve_spec,
 };
 pub use sandbox::SandboxPlan;

@@ -147,15 +147,7 @@ pub fn base_branch(repo: &Repository, spec: Option<&str>) -> Option<String> {
     }
 }
 
-/// How far `branch` moved on from `base`: the commits it gained, and whether `base` is no
-/// longer on it (the branch was rewritten).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BaseMovement {
-    /// Commits on `branch` that `base` does not have.
-    pub gained: usize,
-    /// Whether `base` is no longer on `branch`.
-    pub diverged: bool,
-}
+pub use crew_core::provider::BaseMovement;
 
 /// [`BaseMovement`] of `branch` since `base` in the repository at `repo_root`; `None` when
 /// either cannot be read (the branch was deleted, the repository is gone).

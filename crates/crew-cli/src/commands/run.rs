@@ -170,7 +170,7 @@ fn check_base_moved(ctx: &Context, manifest: &crew_core::RunManifest) -> Result<
     if ctx.config().run.base_moved != crew_core::config::BaseMoved::Fail {
         return Ok(());
     }
-    let Some((branch, moved)) = crate::summary::base_movement(ctx, manifest) else {
+    let Some((branch, moved)) = ctx.project().base_movement(manifest) else {
         return Ok(());
     };
     let how = if moved.diverged {

@@ -291,6 +291,16 @@ pub struct TeardownRequest {
     pub placed_for: Option<RunId>,
 }
 
+/// How far a branch moved on from a commit: the commits it gained, and whether the commit is
+/// no longer on it (the branch was rewritten).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseMovement {
+    /// Commits on the branch that the commit does not have.
+    pub gained: usize,
+    /// Whether the commit is no longer on the branch.
+    pub diverged: bool,
+}
+
 /// Lines added and removed between the base and the task branch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiffStat {
@@ -438,6 +448,27 @@ pub trait WorkspaceProvider: Send + Sync + fmt::Debug {
         // Unused by the default.
         let _ = (repo_root, branch, others, target);
         Vec::new()
+    }
+
+    /// How far `branch` moved on from the commit `base` (a run's base, once the run ended);
+    /// `None` when either cannot be read. The default cannot tell.
+    fn base_movement(
+        &self,
+        repo_root: &Utf8Path,
+        base: &str,
+        branch: &str,
+    ) -> Option<BaseMovement> {
+        // Unused by the default.
+        let _ = (repo_root, base, branch);
+        None
+    }
+
+    /// How many recycled workspaces the provider's pool lacks (what a refill after a run would
+    /// make). The default keeps none.
+    fn pool_missing(&self, repo_root: &Utf8Path) -> usize {
+        // Unused by the default.
+        let _ = repo_root;
+        0
     }
 
     /// What `branch` changes against the commit `base`, counted (for a branch that came back

@@ -11,8 +11,10 @@ pub mod shim;
 pub mod verbs;
 pub mod watch;
 
+mod after_run;
 mod open;
 
+pub use after_run::AfterRun;
 pub use open::{
     ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project, resolve_spec,
 };

@@ -130,6 +130,19 @@ impl WorkspaceProvider for CrewWorkspaces {
             .unwrap_or_default()
     }
 
+    fn base_movement(
+        &self,
+        repo_root: &Utf8Path,
+        base: &str,
+        branch: &str,
+    ) -> Option<crew_core::provider::BaseMovement> {
+        crate::leader::base_movement(repo_root, base, branch)
+    }
+
+    fn pool_missing(&self, repo_root: &Utf8Path) -> usize {
+        crate::pool::missing_at(repo_root, &self.settings)
+    }
+
     fn branch_diffstat(
         &self,
         repo_root: &Utf8Path,

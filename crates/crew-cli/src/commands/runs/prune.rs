@@ -23,41 +23,6 @@ pub struct PruneArgs {
     pub if_due: bool,
 }
 
-/// Starts `crew runs prune --if-due` in the background when `[retention]` may have something
-/// to prune (judged from the runs' names alone). The run's end never waits for it.
-pub fn prune_in_background(ctx: &Context) {
-    let retention = &ctx.config().retention;
-    if !retention.automatic || !ctx.store().prune_due(retention, SystemTime::now()) {
-        return;
-    }
-    start_in_background(ctx, &["runs", "prune", "--if-due"]);
-}
-
-/// Starts `crew <args> --quiet --color never` in the project, detached from this process's
-/// output; it is reaped when it ends. What a run's end starts (a prune, a refill of the pool)
-/// is a courtesy: one that cannot start now happens after a later run, or by hand.
-pub fn start_in_background(ctx: &Context, args: &[&str]) {
-    let Ok(exe) = std::env::current_exe() else {
-        return;
-    };
-    let started = std::process::Command::new(exe)
-        .args(args)
-        .args(["--quiet", "--color", "never"])
-        .current_dir(ctx.workspace().root())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    match started {
-        // Reaped when it ends, so that a long-lived host (`crew mcp`, `crew serve`) keeps no
-        // zombie; a `crew run` that exits first leaves it to init.
-        Ok(mut child) => {
-            std::thread::spawn(move || child.wait());
-        }
-        Err(error) => tracing::debug!("could not start crew {args:?} in the background: {error}"),
-    }
-}
-
 pub async fn cmd_runs_prune(args: PruneArgs, ui: crate::ui::Ui) -> Result<Outcome, CliError> {
     if args.if_due {
         // Out of the terminal's session: the run that started it has ended, and its user's

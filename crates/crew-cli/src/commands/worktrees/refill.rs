@@ -3,9 +3,6 @@
 
 use std::time::Duration;
 
-use crew_core::RunManifest;
-use crew_core::config::WorkspaceMode;
-
 use crate::context::Context;
 use crate::{CliError, Outcome};
 
@@ -15,26 +12,6 @@ pub struct RefillArgs {}
 
 /// How often a refill looks whether a run started, and gives way to it.
 const GIVE_WAY_POLL: Duration = Duration::from_millis(100);
-
-/// Starts `crew worktrees refill` in the background after a run that used worktrees, when the
-/// pool lacks some. The run's end never waits for it.
-pub fn refill_in_background(ctx: &Context, manifest: &RunManifest) {
-    let used_worktrees = manifest
-        .tasks
-        .iter()
-        .any(|task| task.workspace_mode == WorkspaceMode::Worktree);
-    let settings = &ctx.config().worktree;
-    let Some(repo_root) = ctx.workspace().repo_root() else {
-        return;
-    };
-    if !used_worktrees || settings.pool_size == 0 {
-        return;
-    }
-    if crew_worktree::pool::missing_at(repo_root, settings) == 0 {
-        return;
-    }
-    crate::commands::runs::prune::start_in_background(ctx, &["worktrees", "refill"]);
-}
 
 pub async fn cmd_worktrees_refill(
     _args: RefillArgs,
