@@ -342,6 +342,36 @@ fn every_dropped_result_says_why() {
     );
 }
 
+/// No file a reader must hold in their head whole is over 800 lines, tests included: a file
+/// that grows past it is split by what it holds (tests go to a sibling file).
+#[test]
+fn no_file_is_over_800_lines() {
+    let mut long = Vec::new();
+    let mut dirs = vec![root().join("tests")];
+    for entry in root().join("crates").read_dir_utf8().unwrap() {
+        dirs.push(entry.unwrap().into_path());
+    }
+    for dir in dirs {
+        for (file, text) in sources(&dir) {
+            if file
+                .components()
+                .any(|part| part.as_str() == "node_modules")
+            {
+                continue;
+            }
+            let lines = text.lines().count();
+            if lines > 800 {
+                long.push(format!("{}: {lines} lines", dir.join(&file)));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "files over 800 lines:\n{}",
+        long.join("\n")
+    );
+}
+
 #[test]
 fn unsafe_code_lives_in_crew_sandbox_alone() {
     let crates = root().join("crates");
