@@ -1,5 +1,6 @@
 //! `crew agents follow-up`
 
+use crew_live::ControlAgentError;
 use crew_live::FollowUpOutcome;
 
 use crate::context::Context;
@@ -29,7 +30,21 @@ pub async fn cmd_agents_follow_up(args: FollowUpArgs, ui: Ui) -> Result<Outcome,
         }
         return Err(super::not_live(&ctx, &args.agent));
     }
-    let done = ctx.project().follow_up(&args.agent, args.message).await?;
+    let done = match ctx
+        .project()
+        .follow_up(&args.agent, args.message.clone())
+        .await
+    {
+        // Let go by its host since it was listed (its run ending): hosted again here once that
+        // run has ended.
+        Err(error @ ControlAgentError::NotLive { .. }) => {
+            if let Some((manifest, task_id)) = super::ended_run_of(&ctx, &args.agent).await? {
+                return super::host_again(&ctx, manifest, task_id, Some(args.message)).await;
+            }
+            return Err(error.into());
+        }
+        done => done?,
+    };
     if !ui.quiet {
         let agent = done.agent_id;
         match done.follow_up {

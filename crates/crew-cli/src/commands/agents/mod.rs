@@ -8,6 +8,7 @@ pub mod steer;
 pub mod stop;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use crew_core::TaskId;
 use crew_core::model::{HostRecord, RunManifest};
@@ -108,4 +109,34 @@ pub async fn host_again(
         crate::foreground::run_here(ctx, &host, &manifest.run_id, resumes, !ctx.ui.quiet).await?;
     crate::commands::run::print_result(ctx, &finished, false)?;
     Ok(outcome(&finished))
+}
+
+/// The run of the task `spec` names once it has ended, when the task itself has finished (it
+/// was stopped) while its run still ends; `None` when the task is not finished, or its run does
+/// not end within its grace and a little more.
+pub async fn ended_run_of(
+    ctx: &Context,
+    spec: &str,
+) -> Result<Option<(RunManifest, TaskId)>, CliError> {
+    let patience = ctx.config().run.stop_grace.0 + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        ctx.reconcile()?;
+        let Some((manifest, task_id)) = find_task(ctx, spec)? else {
+            return Ok(None);
+        };
+        let finished = manifest
+            .task(&task_id)
+            .is_some_and(|task| task.status.is_finished());
+        if !finished {
+            return Ok(None);
+        }
+        if manifest.status.is_finished() {
+            return Ok(Some((manifest, task_id)));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
