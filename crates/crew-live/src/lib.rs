@@ -199,25 +199,38 @@ pub mod project;
 #[doc(inline)]
 pub use crew_sandbox::{lease, process, procscan, proxy, sandbox, spawn};
 
+// The door: what an embedder names, at the crate root, documented where it is re-exported.
+#[doc(inline)]
 pub use agent::error::{AgentOpError, SpawnAgentError};
+#[doc(inline)]
 pub use agent::events::{AgentEvent, OutputStream};
+#[doc(inline)]
 pub use agent::{Activity, AgentSpec, AgentState, AgentStatus, FollowUpOutcome, StopOutcome};
+#[doc(inline)]
 pub use control::agents::AgentHost;
+#[doc(inline)]
 pub use control::registry::{AgentHandle, AgentSnapshot, Registry};
+#[doc(inline)]
 pub use control::{ControlClient, ControlError, ControlServer, ErrorCode, SubmittedTask};
+#[doc(inline)]
 pub use project::host::{
     Canceller, Host, HostError, HostEvent, HostEvents, HostOptions, RunningRun,
 };
+#[doc(inline)]
 pub use project::runner::{AlreadySucceeded, CancelLevel, PlanError, RunError, RunSpec, Runner};
+#[doc(inline)]
 pub use project::verbs::{
     AgentSelf, AgentSelfError, CancelRunError, Cancelled, CleanOptions, CleanRunError, Cleaned,
     FollowedUp, IgnoredFiles, LandOptions, LandWorkError, LandedWork, NotPicked, Refusal,
     ResumeOutcome, Resumed, RunFollower, RunWaiter, Steered, Stopped, Submitted, TaskCleaned,
     WaitOver, WaitStep,
 };
+#[doc(inline)]
 pub use project::watch::{ProjectWatch, WatchError, WatchEvent, Watched};
+#[doc(inline)]
 pub use project::{
     AfterRun, ControlAgentError, FindAgentError, LiveAgents, OpenProjectError, Project,
     resolve_spec,
 };
+#[doc(inline)]
 pub use sandbox::SandboxPlan;

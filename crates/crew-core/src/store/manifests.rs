@@ -272,7 +272,7 @@ impl StateStore {
 
     /// [`StateStore::update_run_together`] for a change to one task's record alone: what a
     /// run's host records at each step of a task. It is appended to the run's journal
-    /// ([`super::journal`]), so its cost does not grow with the run; the manifest's
+    /// (`store/journal.rs`), so its cost does not grow with the run; the manifest's
     /// `updated_at` moves with it. A refused change leaves the record as it was.
     pub fn update_task_together<T: Send + 'static>(
         &self,

@@ -10,8 +10,9 @@
 //! When the run ends, the task's branch (the teardown committed whatever the agent left) is
 //! sent as a pack with its claim, and kept in the clone until the host says `release`. When
 //! the connection's input closes, every run still going is cancelled gracefully: its work
-//! stays on its branch in the clone. The git side of the clones is a [`CloneStore`]
-//! (crew-worktree's), so that this crate names no git. [`work`] holds the work going both ways.
+//! stays on its branch in the clone. The git side of the clones is a
+//! [`CloneStore`](crew_core::shim::CloneStore) (crew-worktree's), so that this crate names no
+//! git. `work.rs` holds the work going both ways, `session.rs` what a session holds.
 
 use std::collections::HashMap;
 use std::sync::Arc;
