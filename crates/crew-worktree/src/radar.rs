@@ -22,7 +22,7 @@ pub struct Overlap {
 /// The overlaps among `branches` (`(name, branch)`) pairwise, and between each of them and
 /// `target` (a branch name) when given. Branches that cannot be read are skipped. A branch
 /// listed in `working` (`(branch, worktree)`: a task still at work) is read as its worktree
-/// stands, what its agent has not committed yet included (see [`working_commit`]).
+/// stands, what its agent has not committed yet included (see `working_commit`).
 pub fn overlaps(
     repo_root: &Utf8Path,
     branches: &[(String, String)],

@@ -117,7 +117,7 @@ pub(super) unsafe fn child_succeeds(probe: impl FnOnce() -> bool) -> bool {
 }
 
 /// Whether an agent's process can mount a private instance of the terminal devices (see
-/// [`Namespace::terminals`]) here. Asked once, by a child that enters such a namespace.
+/// [`Namespace::terminals`](crate::sandbox::Namespace::terminals)) here. Asked once, by a child that enters such a namespace.
 pub fn private_terminals_work() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
@@ -155,7 +155,7 @@ fn zero_or_error(answer: libc::c_int) -> std::io::Result<()> {
     }
 }
 
-/// Enters the namespace `plan` encodes (see [`Namespace::encode`]) for the calling process and
+/// Enters the namespace `plan` encodes (see [`Namespace::encode`](crate::sandbox::Namespace::encode)) for the calling process and
 /// everything it starts: the user namespace `user` (see [`shared_user_namespace`]), or one of
 /// its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts
 /// no longer propagate, its private views laid, every mount read-only but its places and
@@ -410,7 +410,7 @@ fn bind_onto_itself(path: &CStr) -> std::io::Result<()> {
     ))
 }
 
-/// The entries of a namespace plan's paths (see [`Namespace::encode`]): a kind byte and a
+/// The entries of a namespace plan's paths (see [`Namespace::encode`](crate::sandbox::Namespace::encode)): a kind byte and a
 /// NUL-terminated path each. Async-signal-safe: it only reads the plan.
 fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
     paths.split_inclusive(|byte| *byte == 0).map(|entry| {
@@ -421,7 +421,7 @@ fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
     })
 }
 
-/// The name of the agent's own connection a namespace plan holds (see [`Namespace::control`]).
+/// The name of the agent's own connection a namespace plan holds (see [`Namespace::control`](crate::sandbox::Namespace::control)).
 ///
 /// Async-signal-safe: it only reads the plan.
 pub fn plan_control_name(plan: &[u8]) -> Option<&[u8]> {
@@ -481,7 +481,7 @@ fn listen_and_send<T>(
     result
 }
 
-/// Whether a namespace plan (see [`Namespace::encode`]) asks for the proxy's socket.
+/// Whether a namespace plan (see [`Namespace::encode`](crate::sandbox::Namespace::encode)) asks for the proxy's socket.
 pub fn plan_wants_proxy(plan: &[u8]) -> bool {
     plan.first().is_some_and(|flags| flags & PLAN_PROXY != 0)
 }
@@ -658,7 +658,7 @@ fn write_proc(path: &CStr, contents: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// Applies a ruleset built by [`prepare`] to the calling process: no new privileges (setuid
+/// Applies a ruleset built by [`prepare`](crate::sandbox::prepare) to the calling process: no new privileges (setuid
 /// programs cannot lift the sandbox), then the ruleset. (An agent's keyrings were closed
 /// before: see `crate::spawn::Spawner`.)
 ///

@@ -67,8 +67,8 @@ pub struct Namespace {
 
 impl Namespace {
     /// The plan as the agent's process reads it between fork and exec: a byte of flags
-    /// ([`PLAN_TERMINALS`], [`PLAN_NO_NETWORK`], [`PLAN_PROXY`],
-    /// [`PLAN_READ_ONLY_ELSEWHERE`], [`PLAN_SHARED_MEMORY`]); with terminals or shared memory
+    /// (`PLAN_TERMINALS`, `PLAN_NO_NETWORK`, `PLAN_PROXY`,
+    /// `PLAN_READ_ONLY_ELSEWHERE`, `PLAN_SHARED_MEMORY`); with terminals or shared memory
     /// (granted in the agent's process, once mounted), the write rights of a directory and of
     /// a file as the ruleset handles them, eight bytes each; then entries of a kind byte and a
     /// path (or an overlay's options) ended by a NUL: each writable place (`w`), each overlay

@@ -29,12 +29,12 @@ pub fn spares_dir(state_dir: &Utf8Path) -> Utf8PathBuf {
 }
 
 /// Keeps the view beneath `task_dir`, whose agent ended and wrote nothing in it, in `spares`
-/// for the next task's [`PrivateGit::arm`], where fewer than [`SPARE_VIEWS`] wait; else
+/// for the next task's [`PrivateGit::arm`](crate::private_git::PrivateGit::arm), where fewer than `SPARE_VIEWS` wait; else
 /// removes it. Making a view's directories and removing them again is most of what a
 /// one-line `single` task costs the file system: on ext4 without a journal each new inode is
 /// looked for past every one freed in the last minutes, and each freed block discarded at
 /// once. Where the task started is no longer the view's to say: that record goes first,
-/// renamed to [`SPARE_START`], which the next arm writes over and names again (a file made and
+/// renamed to `SPARE_START`, which the next arm writes over and names again (a file made and
 /// removed at every task was one more inode looked for).
 pub fn recycle_view(task_dir: &Utf8Path, spares: &Utf8Path) {
     let dir = task_dir.join(DIR);

@@ -14,7 +14,7 @@
 //! Anything uncertain (a nested repository, a detached HEAD, a commit that failed, files that
 //! cannot be read) keeps the worktree in place and says where and why.
 //!
-//! Steps 2 and 3 are [`save`]'s; this file holds the order of the steps, the checks before
+//! Steps 2 and 3 are `save.rs`'s; this file holds the order of the steps, the checks before
 //! them, and what happens to the directory and the branches after.
 
 use camino::{Utf8Path, Utf8PathBuf};
