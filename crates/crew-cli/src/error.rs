@@ -103,7 +103,7 @@ impl CliError {
 
 impl From<StateError> for CliError {
     fn from(error: StateError) -> Self {
-        let hint = match &error {
+        let hint = match error.root() {
             StateError::UnknownRun { .. } => {
                 Some("`crew runs list` shows the runs of this workspace")
             }
@@ -126,7 +126,7 @@ impl From<StateError> for CliError {
 /// schema, of another workspace). Nothing was changed: exit 2 from every command alike.
 fn state_error_is_users(error: &StateError) -> bool {
     matches!(
-        error,
+        error.root(),
         StateError::UnknownRun { .. }
             | StateError::AmbiguousRun { .. }
             | StateError::NameTaken { .. }

@@ -3,14 +3,14 @@
 //! store last wrote kept, so that reading it back costs nothing while the file is unchanged.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use camino::Utf8Path;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::{MANIFEST_FILE, StateError, StateStore, error_chain, lock_unpoisoned};
+use super::{MANIFEST_FILE, StateError, StateStore, lock_unpoisoned};
 use crate::discovery::CREW_DIR;
 use crate::fsutil::{
     open_rw_nofollow, read_nofollow_steady, real_dir_exists, spare_name, write_atomic,
@@ -312,21 +312,23 @@ impl StateStore {
             let Some((manifest, shared)) = target else {
                 return Outcome {
                     applied: None,
-                    tell: Box::new(move |failed: Option<&StateError>| {
-                        let message = failed.map_or_else(String::new, error_chain);
+                    tell: Box::new(move |failed: Option<&Arc<StateError>>| {
+                        let error = failed.map_or(StateError::Lost, |error| {
+                            StateError::Together(Arc::clone(error))
+                        });
                         // The caller may have stopped waiting (its thread ended): no one to tell.
-                        let _ = answer.send(Err(StateError::Together(message)));
+                        let _ = answer.send(Err(error));
                     }),
                 };
             };
             match change(manifest, shared) {
                 Ok(value) => Outcome {
                     applied: Some(touched),
-                    tell: Box::new(move |failed: Option<&StateError>| {
+                    tell: Box::new(move |failed: Option<&Arc<StateError>>| {
                         // The caller may have stopped waiting (its thread ended): no one to tell.
                         let _ = answer.send(match failed {
                             None => Ok(value),
-                            Some(error) => Err(StateError::Together(error_chain(error))),
+                            Some(error) => Err(StateError::Together(Arc::clone(error))),
                         });
                     }),
                 },
@@ -355,13 +357,11 @@ impl StateStore {
             // Every change was told; this caller learns the error itself, unless its own
             // change was refused first.
             return match outcome.try_recv() {
-                Ok(Err(StateError::Together(_))) | Err(_) => Err(error),
+                Ok(Err(StateError::Together(_) | StateError::Lost)) | Err(_) => Err(error),
                 Ok(result) => result,
             };
         }
-        outcome
-            .try_recv()
-            .unwrap_or_else(|_| Err(StateError::Together("the change was lost".to_owned())))
+        outcome.try_recv().unwrap_or(Err(StateError::Lost))
     }
 
     /// Applies `changes` to the run's manifest in one lock → read → modify → write, and tells
@@ -379,10 +379,11 @@ impl StateStore {
         let (_lock, (mut manifest, files)) = match ready {
             Ok(ready) => ready,
             Err(error) => {
+                let error = Arc::new(error);
                 for change in changes {
                     (change(None).tell)(Some(&error));
                 }
-                return Err(error);
+                return Err(StateError::Together(error));
             }
         };
         let shared = changes.len() > 1;
@@ -418,11 +419,11 @@ impl StateStore {
             // What the files hold is not known: the manifest is read again next time.
             Err(_) => self.forget_written(run_id),
         }
-        let result = result.map(|_| ());
+        let result = result.map(|_| ()).map_err(Arc::new);
         for outcome in outcomes {
             (outcome.tell)(result.as_ref().err());
         }
-        result
+        result.map_err(StateError::Together)
     }
 
     /// The manifest of `run_id` to change, taken out of what this store remembers or read;
@@ -506,7 +507,7 @@ pub(super) type QueuedChange = Box<dyn FnOnce(Option<(&mut RunManifest, bool)>) 
 
 /// Tells a caller of [`StateStore::update_run_together`] its outcome, given the write's error
 /// if it failed.
-pub(super) type Tell = Box<dyn FnOnce(Option<&StateError>) + Send>;
+pub(super) type Tell = Box<dyn FnOnce(Option<&Arc<StateError>>) + Send>;
 
 /// The changes queued by run, for [`StateStore::update_run_together`].
 #[derive(Default)]

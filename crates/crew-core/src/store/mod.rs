@@ -186,9 +186,23 @@ pub enum StateError {
     #[error(transparent)]
     Transition(#[from] TransitionError),
     /// A change written together with others (see [`StateStore::update_run_together`]), whose
-    /// write failed with the error this names.
-    #[error("the run's manifest was not written: {0}")]
-    Together(String),
+    /// write failed with this error: every change of the write is told the same one.
+    #[error(transparent)]
+    Together(std::sync::Arc<StateError>),
+    /// A change written together with others whose outcome never came back (the thread that
+    /// wrote it panicked).
+    #[error("the run's manifest was not written: the change was lost")]
+    Lost,
+}
+
+impl StateError {
+    /// The error itself, for one that reached its caller through a write of changes together.
+    pub fn root(&self) -> &StateError {
+        match self {
+            StateError::Together(error) => error.root(),
+            error => error,
+        }
+    }
 }
 
 /// The state of one workspace.
@@ -231,18 +245,6 @@ fn lock_unpoisoned<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `error` and each of its sources, joined by `: `.
-fn error_chain(error: &StateError) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl StateStore {
