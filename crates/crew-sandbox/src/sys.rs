@@ -338,6 +338,15 @@ pub(crate) fn make_read_only(path: &CStr) -> c_int {
     )
 }
 
+/// `Ok` when a system call answered 0, else the error it left in `errno`.
+pub(crate) fn zero_or_error(answer: c_int) -> std::io::Result<()> {
+    if answer == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(errno()))
+    }
+}
+
 /// A new, empty tmpfs of 4 KiB, mounted nowhere (`fsopen`, `fsconfig`, `fsmount`): a
 /// descriptor of its root, or -1 with `errno` set (a kernel before 5.2, or one that refuses).
 pub(crate) fn detached_tmpfs() -> c_int {

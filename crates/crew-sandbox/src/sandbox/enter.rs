@@ -11,14 +11,15 @@
 )]
 
 use std::ffi::CStr;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 use super::namespace::{
     PLAN_ACCESS, PLAN_NO_NETWORK, PLAN_PROXY, PLAN_READ_ONLY_ELSEWHERE, PLAN_SHARED_MEMORY,
     PLAN_TERMINALS,
 };
+use crate::sandbox::user_namespace::map_own_ids;
 use crate::sys;
+use crate::sys::zero_or_error;
 
 /// Whether this kernel lets an unprivileged process make the user, mount and IPC namespaces
 /// an agent's process makes (some distributions turn that off). Asked once, by a child that
@@ -33,66 +34,6 @@ pub fn namespaces_work() -> bool {
             })
         }
     })
-}
-
-/// The user namespace every confined agent of this process joins (see [`enter_namespace`]),
-/// made once: `None` where the kernel refuses, and each agent then makes one of its own.
-///
-/// Joining it costs an agent's process about 10 µs here, against about 65 µs to make one of
-/// its own and write its id maps (and as much again to tear it down when the agent ends).
-/// Shared, it gives agents nothing of one another's: each has mount and network namespaces
-/// of its own in it, which only a process with capabilities there may enter, and an agent
-/// drops all of its before its program starts; its Landlock domain keeps it from opening
-/// another's `/proc/<pid>/ns` besides. What else a user namespace holds, its users'
-/// keyrings, a confined agent cannot reach (see `close_keyrings`).
-pub fn shared_user_namespace() -> Option<std::os::fd::BorrowedFd<'static>> {
-    static SHARED: OnceLock<Option<OwnedFd>> = OnceLock::new();
-    SHARED
-        .get_or_init(|| make_user_namespace().ok())
-        .as_ref()
-        .map(|namespace| namespace.as_fd())
-}
-
-/// A user namespace mapping this process's uid and gid to themselves: made by a child, which
-/// enters it, says so, and waits there until this process opened it.
-fn make_user_namespace() -> std::io::Result<OwnedFd> {
-    // The child's answer (0 once in, or why not), and the pipe whose end lets it go.
-    let (answer, answering) = std::io::pipe()?;
-    let (held, holding) = std::io::pipe()?;
-    let (uid, gid) = (sys::getuid(), sys::getgid());
-    // SAFETY: the child makes only system calls on this frame's descriptors, and exits.
-    let child = unsafe { libc::fork() };
-    if child == 0 {
-        sys::close(answer.as_raw_fd());
-        sys::close(holding.as_raw_fd());
-        let entered =
-            zero_or_error(sys::unshare(libc::CLONE_NEWUSER)).and_then(|()| map_own_ids(uid, gid));
-        let code = entered
-            .err()
-            .map_or(0, |error| error.raw_os_error().unwrap_or(libc::EIO));
-        sys::write(answering.as_raw_fd(), &code.to_ne_bytes());
-        let mut byte = [0u8; 1];
-        while sys::read(held.as_raw_fd(), &mut byte) < 0 && sys::errno() == libc::EINTR {}
-        sys::exit(0);
-    }
-    if child < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    drop((answering, held));
-    let mut code = [0u8; 4];
-    let answered = std::io::Read::read_exact(&mut &answer, &mut code);
-    let opened = match answered.map(|()| libc::c_int::from_ne_bytes(code)) {
-        Ok(0) => std::fs::File::open(format!("/proc/{child}/ns/user")).map(OwnedFd::from),
-        Ok(error) => Err(std::io::Error::from_raw_os_error(error)),
-        Err(_) => Err(std::io::Error::other(
-            "the user namespace's maker ended unheard",
-        )),
-    };
-    // Let go: the namespace lives on as long as the descriptor does.
-    drop(holding);
-    let mut status = 0;
-    sys::waitpid(child, &mut status, 0);
-    opened
 }
 
 /// Whether `probe`, run in a child forked for it, says yes: what a kernel lets a process do to
@@ -146,17 +87,8 @@ fn gone_or_error(answer: libc::c_int) -> std::io::Result<bool> {
     }
 }
 
-/// `Ok` when a system call answered 0, else the error it left in `errno`.
-fn zero_or_error(answer: libc::c_int) -> std::io::Result<()> {
-    if answer == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::from_raw_os_error(sys::errno()))
-    }
-}
-
 /// Enters the namespace `plan` encodes (see [`Namespace::encode`](crate::sandbox::Namespace::encode)) for the calling process and
-/// everything it starts: the user namespace `user` (see [`shared_user_namespace`]), or one of
+/// everything it starts: the user namespace `user` (see [`shared_user_namespace`](crate::sandbox::shared_user_namespace)), or one of
 /// its own (mapping its own uid and gid, nothing else), a mount namespace in it whose mounts
 /// no longer propagate, its private views laid, every mount read-only but its places and
 /// views when asked (its working directory entered again through them), a private instance
@@ -412,180 +344,13 @@ fn bind_onto_itself(path: &CStr) -> std::io::Result<()> {
 
 /// The entries of a namespace plan's paths (see [`Namespace::encode`](crate::sandbox::Namespace::encode)): a kind byte and a
 /// NUL-terminated path each. Async-signal-safe: it only reads the plan.
-fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
+pub(super) fn entries(paths: &[u8]) -> impl Iterator<Item = std::io::Result<(u8, &CStr)>> {
     paths.split_inclusive(|byte| *byte == 0).map(|entry| {
         let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
         let (&kind, path) = entry.split_first().ok_or_else(invalid)?;
         let path = CStr::from_bytes_with_nul(path).map_err(|_| invalid())?;
         Ok((kind, path))
     })
-}
-
-/// The name of the agent's own connection a namespace plan holds (see [`Namespace::control`](crate::sandbox::Namespace::control)).
-///
-/// Async-signal-safe: it only reads the plan.
-pub fn plan_control_name(plan: &[u8]) -> Option<&[u8]> {
-    let (&flags, rest) = plan.split_first()?;
-    let paths = if flags & PLAN_ACCESS != 0 {
-        rest.get(16..)?
-    } else {
-        rest
-    };
-    entries(paths).find_map(|entry| match entry {
-        Ok((b'c', name)) => Some(name.to_bytes()),
-        _ => None,
-    })
-}
-
-/// Listens on the abstract unix socket `name` and sends the listening socket over `channel`
-/// to the host, then closes it here: called once the agent's process is confined, so that the
-/// socket is its Landlock domain's, which only that domain may connect to (ABI 6 scoping):
-/// the agent and what it starts, never another agent. The host serves it as that agent.
-///
-/// # Safety
-/// Async-signal-safe: a socket, bind, listen, one `sendmsg`, a close, all on this frame.
-pub unsafe fn listen_for_own_connections(channel: libc::c_int, name: &[u8]) -> std::io::Result<()> {
-    let mut address: libc::sockaddr_un = sys::zeroed();
-    if name.is_empty() || name.len() + 1 > address.sun_path.len() {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    // An abstract name: a leading NUL, then the name, no terminator.
-    for (at, byte) in name.iter().enumerate() {
-        address.sun_path[at + 1] = *byte as libc::c_char;
-    }
-    let length = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-    listen_and_send(channel, libc::AF_UNIX, &address, length, 64)
-}
-
-/// Makes a listening socket of `domain` at `address` (`length` bytes of it), sends it over
-/// `channel` to the host, and closes it here. Async-signal-safe.
-fn listen_and_send<T>(
-    channel: libc::c_int,
-    domain: libc::c_int,
-    address: &T,
-    length: usize,
-    backlog: libc::c_int,
-) -> std::io::Result<()> {
-    let fd = sys::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC);
-    if fd < 0 {
-        return Err(std::io::Error::from_raw_os_error(sys::errno()));
-    }
-    let listening = sys::bind(fd, address, length) == 0 && sys::listen(fd, backlog) == 0;
-    let result = if listening {
-        send_descriptor(channel, fd)
-    } else {
-        Err(std::io::Error::from_raw_os_error(sys::errno()))
-    };
-    sys::close(fd);
-    result
-}
-
-/// Whether a namespace plan (see [`Namespace::encode`](crate::sandbox::Namespace::encode)) asks for the proxy's socket.
-pub fn plan_wants_proxy(plan: &[u8]) -> bool {
-    plan.first().is_some_and(|flags| flags & PLAN_PROXY != 0)
-}
-
-/// Listens on the proxy's port of the calling process's (own) loopback and sends the
-/// listening socket over `channel` (a unix socket whose other end the host holds), then
-/// closes it here: only the host accepts on it, and the agent's programs cannot take the port.
-///
-/// # Safety
-/// Async-signal-safe: a socket, bind, listen, one `sendmsg` of a message on the stack, a close.
-pub unsafe fn listen_for_host(channel: libc::c_int) -> std::io::Result<()> {
-    let mut address: libc::sockaddr_in = sys::zeroed();
-    address.sin_family = libc::AF_INET as libc::sa_family_t;
-    address.sin_port = crate::proxy::PROXY_PORT.to_be();
-    address.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
-    let length = std::mem::size_of::<libc::sockaddr_in>();
-    listen_and_send(channel, libc::AF_INET, &address, length, 1024)
-}
-
-/// The control message of one descriptor (`SCM_RIGHTS`), laid out as `CMSG_DATA` finds it
-/// on Linux: right after the header, which is a multiple of its alignment.
-#[repr(C)]
-struct OneDescriptor {
-    header: libc::cmsghdr,
-    fd: libc::c_int,
-}
-
-// SAFETY: `CMSG_LEN` and `CMSG_SPACE` only compute sizes.
-const RIGHTS_LEN: libc::c_uint = unsafe { libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as _) };
-// SAFETY: as above.
-const RIGHTS_SPACE: libc::c_uint =
-    unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as _) };
-// The layout above is the one the kernel reads and writes.
-const _: () = assert!(std::mem::offset_of!(OneDescriptor, fd) == RIGHTS_LEN as usize - 4);
-const _: () = assert!(std::mem::size_of::<OneDescriptor>() <= RIGHTS_SPACE as usize);
-
-/// A message of the one data byte `data` and the control message `control`, both of the
-/// caller's frame, which must outlive it.
-fn rights_message(data: &mut libc::iovec, control: &mut OneDescriptor) -> libc::msghdr {
-    let mut message: libc::msghdr = sys::zeroed();
-    message.msg_iov = data;
-    message.msg_iovlen = 1;
-    message.msg_control = (control as *mut OneDescriptor).cast();
-    message.msg_controllen = RIGHTS_SPACE as _;
-    message
-}
-
-/// Sends `fd` over the unix socket `channel` (`SCM_RIGHTS`), with one byte of data.
-/// Async-signal-safe.
-fn send_descriptor(channel: libc::c_int, fd: libc::c_int) -> std::io::Result<()> {
-    let mut control = OneDescriptor {
-        header: libc::cmsghdr {
-            cmsg_len: RIGHTS_LEN as _,
-            cmsg_level: libc::SOL_SOCKET,
-            cmsg_type: libc::SCM_RIGHTS,
-        },
-        fd,
-    };
-    let mut byte = [1u8];
-    let mut data = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let message = rights_message(&mut data, &mut control);
-    // SAFETY: the message's data and control buffers are this frame's, alive and sized as
-    // the header says.
-    if unsafe { sys::sendmsg(channel, &message, libc::MSG_NOSIGNAL) } != 1 {
-        return Err(std::io::Error::from_raw_os_error(sys::errno()));
-    }
-    Ok(())
-}
-
-/// Receives the descriptor [`listen_for_host`] sent on `channel`, without waiting: `None`
-/// when nothing came.
-pub fn receive_descriptor(channel: &OwnedFd) -> Option<OwnedFd> {
-    let mut control = OneDescriptor {
-        header: libc::cmsghdr {
-            cmsg_len: 0,
-            cmsg_level: 0,
-            cmsg_type: 0,
-        },
-        fd: -1,
-    };
-    let mut byte = [0u8];
-    let mut data = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut message = rights_message(&mut data, &mut control);
-    let flags = libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC;
-    // SAFETY: the message's buffers are this frame's, writable and sized as the header says.
-    let received = unsafe { sys::recvmsg(channel.as_raw_fd(), &mut message, flags) };
-    let header = &control.header;
-    if received != 1
-        || message.msg_controllen < RIGHTS_LEN as usize
-        || header.cmsg_level != libc::SOL_SOCKET
-        || header.cmsg_type != libc::SCM_RIGHTS
-        || header.cmsg_len != RIGHTS_LEN as usize
-        || control.fd < 0
-    {
-        return None;
-    }
-    // SAFETY: the kernel just installed this descriptor in this process for us alone.
-    Some(unsafe { OwnedFd::from_raw_fd(control.fd) })
 }
 
 /// Raises the loopback interface of the calling process's network namespace.
@@ -617,43 +382,6 @@ fn grant(ruleset: libc::c_int, path: &CStr, access: u64) -> std::io::Result<()> 
         return Err(std::io::Error::from_raw_os_error(sys::errno()));
     }
     let result = zero_or_error(sys::landlock_add_path_rule(ruleset, fd, access));
-    sys::close(fd);
-    result
-}
-
-/// `<id> <id> 1`: a namespace's map of one id onto itself, in `line`.
-pub(super) fn id_map(line: &mut [u8; 32], id: u32) -> &[u8] {
-    let mut digits = [0u8; 10];
-    let digits = crate::spawn::decimal(id, &mut digits);
-    let mut length = 0;
-    for part in [digits, b" ", digits, b" 1"] {
-        line[length..length + part.len()].copy_from_slice(part);
-        length += part.len();
-    }
-    &line[..length]
-}
-
-/// Maps `uid` and `gid` to themselves in the user namespace this process just made, and
-/// nothing else: the only map its user may write. Async-signal-safe.
-fn map_own_ids(uid: libc::uid_t, gid: libc::gid_t) -> std::io::Result<()> {
-    let mut line = [0u8; 32];
-    write_proc(c"/proc/self/setgroups", b"deny")?;
-    write_proc(c"/proc/self/uid_map", id_map(&mut line, uid))?;
-    write_proc(c"/proc/self/gid_map", id_map(&mut line, gid))
-}
-
-/// Writes `contents` to a file of `/proc/self`. Async-signal-safe.
-fn write_proc(path: &CStr, contents: &[u8]) -> std::io::Result<()> {
-    let fd = sys::open(path, libc::O_WRONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return Err(std::io::Error::from_raw_os_error(sys::errno()));
-    }
-    let written = sys::write(fd, contents);
-    let result = if written == contents.len() as isize {
-        Ok(())
-    } else {
-        Err(std::io::Error::from_raw_os_error(sys::errno()))
-    };
     sys::close(fd);
     result
 }

@@ -43,19 +43,23 @@ use landlock::{
     RulesetCreatedAttr, Scope,
 };
 
+mod descriptors;
 mod enter;
 mod keyrings;
 mod namespace;
+mod user_namespace;
 
 pub use keyrings::close_keyrings;
 
-pub use enter::{
-    enter_namespace, listen_for_host, listen_for_own_connections, plan_control_name,
-    plan_wants_proxy, receive_descriptor, restrict_self, shared_user_namespace,
+pub use descriptors::{
+    listen_for_host, listen_for_own_connections, plan_control_name, plan_wants_proxy,
+    receive_descriptor,
 };
+pub use enter::{enter_namespace, restrict_self};
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{Hidden, Namespace, user_sockets};
 use namespace::{overlay_options, overlays_work};
+pub use user_namespace::shared_user_namespace;
 
 /// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`
 /// and `IoctlDev`). Older kernels get the subset they have.
@@ -592,7 +596,7 @@ pub fn probe() -> std::io::Result<Probe> {
 
 #[cfg(test)]
 mod tests {
-    use super::enter::id_map;
+    use super::user_namespace::id_map;
     use super::*;
 
     #[test]
