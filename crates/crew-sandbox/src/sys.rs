@@ -338,6 +338,42 @@ pub(crate) fn make_read_only(path: &CStr) -> c_int {
     )
 }
 
+/// The addresses of this machine's interfaces, every family crew reaches (`getifaddrs(3)`);
+/// none when they cannot be read. Not async-signal-safe (the C library allocates the list).
+pub(crate) fn own_addresses() -> Vec<std::net::IpAddr> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: the C library writes the head of a list it allocated into `list`.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    let mut entry = list;
+    while !entry.is_null() {
+        // SAFETY: `entry` is an element of the list, alive until `freeifaddrs` below.
+        let ifaddr = unsafe { &*entry };
+        let address = ifaddr.ifa_addr;
+        if !address.is_null() {
+            // SAFETY: a non-null `ifa_addr` points at a socket address of its family.
+            let family = c_int::from(unsafe { (*address).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: an `AF_INET` address is a `sockaddr_in`.
+                let v4 = unsafe { &*address.cast::<libc::sockaddr_in>() };
+                found.push(std::net::IpAddr::from(
+                    u32::from_be(v4.sin_addr.s_addr).to_be_bytes(),
+                ));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: an `AF_INET6` address is a `sockaddr_in6`.
+                let v6 = unsafe { &*address.cast::<libc::sockaddr_in6>() };
+                found.push(std::net::IpAddr::from(v6.sin6_addr.s6_addr));
+            }
+        }
+        entry = ifaddr.ifa_next;
+    }
+    // SAFETY: the list `getifaddrs` gave, freed once, nothing of it kept.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
 /// `Ok` when a system call answered 0, else the error it left in `errno`.
 pub(crate) fn zero_or_error(answer: c_int) -> std::io::Result<()> {
     if answer == 0 {

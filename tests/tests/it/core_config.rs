@@ -241,3 +241,22 @@ fn every_problem_of_a_file_is_reported_at_once() {
     $TEST_ENV/project/.crew/agents/a.toml:4:1: key `sandbox.mode`: unknown variant `loose`, expected `enforce` or `off`
     "#);
 }
+
+#[test]
+fn an_allow_hosts_entry_that_is_neither_a_host_nor_an_address_is_located() {
+    for (entry, said) in [
+        ("999.1.1.1", "not an IP address"),
+        ("1.2.3", "not an IP address"),
+        ("1.2.3.4.5", "not an IP address"),
+        ("-bad.com", "neither starts nor ends with `-`"),
+    ] {
+        let error = load_error(
+            "config.toml",
+            &format!("[sandbox]\nnetwork = \"proxy\"\nallow_hosts = [\"{entry}\"]\n"),
+        );
+        assert!(
+            error.contains("config.toml:3:") && error.contains(said),
+            "{entry}: {error}"
+        );
+    }
+}

@@ -641,3 +641,110 @@ fn an_agent_that_can_reach_nothing_it_may_reach_is_ended_with_what_its_proxy_met
         "{reason}"
     );
 }
+
+/// The machine's own address that is not loopback: the first of `hostname -I`, if any.
+fn own_address() -> Option<std::net::IpAddr> {
+    let shown = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&shown.stdout)
+        .split_whitespace()
+        .filter_map(|word| word.parse::<std::net::IpAddr>().ok())
+        .find(|address| address.is_ipv4() && !address.is_loopback())
+}
+
+/// A wildcard never reaches an address of the machine itself: a server of the user's bound to
+/// every interface is reached through `*` at none of them (this machine's address is not a
+/// private one, so only knowing it as the machine's own refuses it), and by an exact entry
+/// only.
+#[test]
+fn a_wildcard_never_reaches_the_machine_s_own_address() {
+    let Some(own) = own_address() else {
+        eprintln!("skipped: this machine has no address but loopback");
+        return;
+    };
+    let env = TestEnv::new();
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            counted.fetch_add(1, Ordering::SeqCst);
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nmine",
+            );
+        }
+    });
+    let repo = env.repo("project");
+    define(
+        &repo,
+        "wildcard",
+        "network = \"proxy\"\nallow_hosts = [\"*\"]\n",
+    );
+    define(
+        &repo,
+        "exact",
+        &format!("network = \"proxy\"\nallow_hosts = [\"{own}:{port}\"]\n"),
+    );
+    let fetch = format!(
+        "python3 -c \"import urllib.request as u\ntry: print('REACHED', u.urlopen('http://{own}:{port}/', timeout=10).read())\nexcept Exception as e: print('refused', e)\" > seen.txt 2>&1"
+    );
+    let fetched = |agent: &str| {
+        let run = env.crew(&repo, ["run", "--quiet", "--agent", agent, &fetch]);
+        assert!(run.status.success(), "{}", render_output(&run));
+        std::fs::read_to_string(repo.join("seen.txt")).unwrap()
+    };
+    let seen = fetched("wildcard");
+    assert!(
+        !seen.contains("REACHED"),
+        "{own}:{port} through `*`: {seen}"
+    );
+    assert!(seen.contains("403"), "{seen}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "{seen}");
+    let seen = fetched("exact");
+    assert!(seen.contains("REACHED"), "{seen}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "{seen}");
+}
+
+/// A request crew's proxy cannot read is refused and reported like every refusal: an event of
+/// the run and a refusal on the task, though it names no host.
+#[test]
+fn a_request_the_proxy_cannot_read_is_an_event_of_the_run() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    define(
+        &repo,
+        "proxied",
+        "network = \"proxy\"\nallow_hosts = [\"*\"]\n",
+    );
+    let send = "python3 -c \"import socket\ns = socket.create_connection(('127.0.0.1', 3128))\ns.sendall(b'NOT HTTP AT ALL\\r\\n\\r\\n')\nprint(s.recv(200))\" > seen.txt 2>&1";
+    let run = env.crew(&repo, ["run", "--quiet", "--agent", "proxied", send]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    let seen = std::fs::read_to_string(repo.join("seen.txt")).unwrap();
+    assert!(seen.contains("400"), "{seen}");
+    let run_id = run_ids(&env, &repo).remove(0);
+    let events = env.crew(&repo, ["events", "--json", "--run", &run_id]);
+    let refused: Vec<serde_json::Value> = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["event"] == "network" && event["allowed"] == false)
+        .collect();
+    assert!(
+        refused.iter().any(|event| event["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("could not read")),
+        "{refused:?}: {seen}"
+    );
+    let record = task(&manifest(&env, &repo, &run_id), "proxied").clone();
+    assert_eq!(record["requests"]["refused"], 1, "{record:#}");
+    let shown = env.crew(&repo, ["events", "--run", &run_id]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("network: a request refused"),
+        "{}",
+        render_output(&shown)
+    );
+}

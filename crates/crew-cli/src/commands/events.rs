@@ -91,8 +91,12 @@ fn human(event: &RunEvent) -> String {
             allowed,
             reason,
         } => format!(
-            "network: {}:{port} {}{}",
-            sanitize(host),
+            "network: {} {}{}",
+            match host.is_empty() {
+                // A request the proxy could not read names no host.
+                true => "a request".to_owned(),
+                false => format!("{}:{port}", sanitize(host)),
+            },
             if *allowed { "allowed" } else { "refused" },
             reason
                 .as_deref()

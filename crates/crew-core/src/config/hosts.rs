@@ -9,8 +9,9 @@
 //! Every list that applies must allow a request (the project's `[sandbox] allow_hosts` and
 //! the agent definition's): a list can only narrow what another allows. With no list at all,
 //! `proxy` reaches no host. A name that resolves to a loopback, private, link-local or
-//! otherwise local address (the user's own servers, the cloud's metadata service) is reached
-//! only when every list names it exactly — host and address alike, never by a wildcard.
+//! otherwise local address, or to one of the machine's own (the user's own servers, the
+//! cloud's metadata service, a server bound to every interface) is reached only when every
+//! list names it exactly — host and address alike, never by a wildcard.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -152,8 +153,15 @@ pub enum Verdict {
 }
 
 /// Decides a request to `host:port` whose resolved addresses are `addresses` against every
-/// list that applies (see the module's documentation).
-pub fn decide(lists: &[HostList], host: &str, port: u16, addresses: &[IpAddr]) -> Verdict {
+/// list that applies (see the module's documentation); `own` are the machine's own addresses
+/// (every interface's), local whatever their range.
+pub fn decide(
+    lists: &[HostList],
+    host: &str,
+    port: u16,
+    addresses: &[IpAddr],
+    own: &[IpAddr],
+) -> Verdict {
     if lists.is_empty() {
         return Verdict::Refused {
             file: None,
@@ -162,7 +170,9 @@ pub fn decide(lists: &[HostList], host: &str, port: u16, addresses: &[IpAddr]) -
             ),
         };
     }
-    let local = addresses.iter().any(|address| is_local(*address));
+    let local = addresses
+        .iter()
+        .any(|address| is_local(*address) || own.contains(address));
     for list in lists {
         let allowed = if local {
             list.hosts.iter().any(|entry| entry.names(host, port))
@@ -275,6 +285,11 @@ fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 253 {
         return Err("not a host name".to_owned());
     }
+    // All digits and dots is an address or nothing (`999.1.1.1`, `1.2.3`, `1.2.3.4.5`): never a
+    // name, which no resolver would look up as written.
+    if name.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err("not an IP address (four numbers from 0 to 255, between dots)".to_owned());
+    }
     for label in name.split('.') {
         if label.is_empty() || label.len() > 63 {
             return Err("a host name's parts are 1 to 63 characters, between dots".to_owned());
@@ -284,6 +299,11 @@ fn check_name(name: &str) -> Result<(), String> {
             .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
         {
             return Err(format!("`{bad}` cannot be in a host name"));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(format!(
+                "`{label}`: a part of a host name neither starts nor ends with `-`"
+            ));
         }
     }
     Ok(())
@@ -335,6 +355,12 @@ mod tests {
             ("", "is not a host"),
             ("*.", "not a host name"),
             ("[::1", "needs its `]`"),
+            ("999.1.1.1", "not an IP address"),
+            ("1.2.3", "not an IP address"),
+            ("1.2.3.4.5", "not an IP address"),
+            ("-bad.com", "neither starts nor ends with `-`"),
+            ("bad-.com:443", "neither starts nor ends with `-`"),
+            ("*.-bad.com", "neither starts nor ends with `-`"),
         ] {
             let error = HostPattern::parse(entry).unwrap_err();
             assert!(error.contains(said), "{entry}: {error}");
@@ -363,10 +389,10 @@ mod tests {
         let agent = list(".crew/agents/a.toml", &["api.example.com"]);
         let lists = [project, agent];
         assert_eq!(
-            decide(&lists, "api.example.com", 443, &public()),
+            decide(&lists, "api.example.com", 443, &public(), &[]),
             Verdict::Allowed
         );
-        match decide(&lists, "github.com", 443, &public()) {
+        match decide(&lists, "github.com", 443, &public(), &[]) {
             Verdict::Refused { file, reason } => {
                 assert_eq!(file.as_deref(), Some(".crew/agents/a.toml"));
                 assert!(reason.contains("add \"github.com:443\""), "{reason}");
@@ -374,7 +400,7 @@ mod tests {
             Verdict::Allowed => panic!("github.com is not in the agent's list"),
         }
         assert!(matches!(
-            decide(&[], "api.example.com", 443, &public()),
+            decide(&[], "api.example.com", 443, &public(), &[]),
             Verdict::Refused { file: None, .. }
         ));
     }
@@ -384,7 +410,7 @@ mod tests {
         let wildcard = [list("c", &["*"])];
         let loopback = vec!["127.0.0.1".parse().unwrap()];
         assert!(matches!(
-            decide(&wildcard, "localhost", 5432, &loopback),
+            decide(&wildcard, "localhost", 5432, &loopback, &[]),
             Verdict::Refused { .. }
         ));
         let metadata = vec!["169.254.169.254".parse().unwrap()];
@@ -393,17 +419,18 @@ mod tests {
                 &[list("c", &["*.internal"])],
                 "metadata.internal",
                 80,
-                &metadata
+                &metadata,
+                &[]
             ),
             Verdict::Refused { .. }
         ));
         let exact = [list("c", &["127.0.0.1:5432"])];
         assert_eq!(
-            decide(&exact, "127.0.0.1", 5432, &loopback),
+            decide(&exact, "127.0.0.1", 5432, &loopback, &[]),
             Verdict::Allowed
         );
         assert!(matches!(
-            decide(&exact, "127.0.0.1", 6379, &loopback),
+            decide(&exact, "127.0.0.1", 6379, &loopback, &[]),
             Verdict::Refused { .. }
         ));
         for address in [
@@ -420,5 +447,25 @@ mod tests {
         }
         assert!(!is_local("93.184.216.34".parse().unwrap()));
         assert!(!is_local("2606:4700::1111".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_wildcard_never_reaches_an_address_of_the_machine_itself() {
+        let wildcard = [list(".crew/config.toml", &["*"])];
+        let own: Vec<IpAddr> = vec!["203.0.113.7".parse().unwrap()];
+        let public_but_own = vec!["203.0.113.7".parse().unwrap()];
+        assert!(matches!(
+            decide(&wildcard, "my-server.example", 8080, &public_but_own, &own),
+            Verdict::Refused { reason, .. } if reason.contains("local address")
+        ));
+        assert_eq!(
+            decide(&wildcard, "my-server.example", 8080, &public_but_own, &[]),
+            Verdict::Allowed
+        );
+        let exact = [list(".crew/config.toml", &["203.0.113.7:8080"])];
+        assert_eq!(
+            decide(&exact, "203.0.113.7", 8080, &public_but_own, &own),
+            Verdict::Allowed
+        );
     }
 }

@@ -254,14 +254,30 @@ async fn connection(
 ) {
     let mut buffer = Vec::with_capacity(4096);
     let read = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client, &mut buffer)).await;
+    // A request the proxy cannot read is refused, and reported as every refusal is: it names
+    // no host.
+    let malformed = |reason: &str| {
+        counts.refused.fetch_add(1, Ordering::Relaxed);
+        if let Some(log) = &rules.log {
+            (log.0)(NetworkRequest {
+                host: String::new(),
+                port: 0,
+                allowed: false,
+                reason: Some(format!("a request the proxy could not read: {reason}")),
+            });
+        }
+    };
     let Ok(Ok(head_len)) = read else {
+        let reason = "the proxy did not get a request head";
+        malformed(reason);
         // The agent's client may be gone: its request failed either way, and is reported.
-        let _ = respond(&mut client, 400, "the proxy did not get a request head").await;
+        let _ = respond(&mut client, 400, reason).await;
         return;
     };
     let request = match parse(&buffer[..head_len]) {
         Ok(request) => request,
         Err(reason) => {
+            malformed(&reason);
             // The agent's client may be gone: its request failed either way, and is reported.
             let _ = respond(&mut client, 400, &reason).await;
             return;
@@ -456,7 +472,7 @@ async fn decide(
     host: &str,
     port: u16,
 ) -> Result<Vec<SocketAddr>, (u16, String)> {
-    if let Verdict::Refused { reason, .. } = hosts::decide(lists, host, port, &[]) {
+    if let Verdict::Refused { reason, .. } = hosts::decide(lists, host, port, &[], &[]) {
         return Err((403, reason));
     }
     let addresses: Vec<SocketAddr> = match host.parse::<IpAddr>() {
@@ -470,7 +486,9 @@ async fn decide(
         return Err((502, format!("{host} resolves to no address")));
     }
     let ips: Vec<IpAddr> = addresses.iter().map(SocketAddr::ip).collect();
-    match hosts::decide(lists, host, port, &ips) {
+    // Read at each request: an interface may come up (or get another address) meanwhile.
+    let own = crate::sys::own_addresses();
+    match hosts::decide(lists, host, port, &ips, &own) {
         Verdict::Allowed => Ok(addresses),
         Verdict::Refused { reason, .. } => Err((403, reason)),
     }

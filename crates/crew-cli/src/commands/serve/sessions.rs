@@ -143,7 +143,11 @@ pub(super) fn event_line(event: &crew_core::model::RunEvent) -> Option<String> {
         EventKind::Network {
             host, port, reason, ..
         } => format!(
-            "network: {host}:{port} refused{}",
+            "network: {} refused{}",
+            match host.is_empty() {
+                true => "a request".to_owned(),
+                false => format!("{host}:{port}"),
+            },
             reason
                 .as_deref()
                 .map(|reason| format!(" ({reason})"))
