@@ -186,36 +186,66 @@ pub enum Hidden {
 /// The places where the user's own programs listen on pathname unix sockets, which an agent's
 /// sandbox cannot scope (Landlock scopes abstract sockets only): the per-user runtime
 /// directory (session bus, ssh and gpg agents, a rootless container engine, the desktop), tmux's
-/// and screen's socket directories, the X server's, and the container engines' system sockets.
-/// Those that exist are hidden from the agent, unless `keep` holds them or lies beneath them
-/// (its workspace, its temp dir, a path its definition grants).
+/// and screen's socket directories, the X server's, the container engines' system sockets, and
+/// wherever the user's environment places them instead (`XDG_RUNTIME_DIR` beside
+/// `/run/user/<uid>`, `TMUX_TMPDIR` and `TMUX`, `DBUS_SESSION_BUS_ADDRESS`, `DOCKER_HOST`,
+/// `CONTAINER_HOST`, `SSH_AUTH_SOCK`, `GNUPGHOME`). Those that exist are hidden from the agent,
+/// unless `keep` holds them or lies beneath them (its workspace, its temp dir, a path its
+/// definition grants).
 pub fn user_sockets(home: Option<&Utf8Path>, keep: &[Utf8PathBuf]) -> Vec<Hidden> {
     let uid = rustix::process::getuid().as_raw();
-    let runtime = std::env::var("XDG_RUNTIME_DIR")
-        .ok()
-        .filter(|dir| dir.starts_with('/'))
-        .map(Utf8PathBuf::from)
-        .unwrap_or_else(|| Utf8PathBuf::from(format!("/run/user/{uid}")));
-    let mut directories = vec![
-        runtime,
+    let variable = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+    let absolute = |path: &str| path.starts_with('/').then(|| Utf8PathBuf::from(path));
+    let mut directories = vec![Utf8PathBuf::from(format!("/run/user/{uid}"))];
+    directories.extend(variable("XDG_RUNTIME_DIR").and_then(|dir| absolute(&dir)));
+    directories.extend([
         Utf8PathBuf::from(format!("/tmp/tmux-{uid}")),
         Utf8PathBuf::from("/tmp/.X11-unix"),
         Utf8PathBuf::from("/run/screen"),
         Utf8PathBuf::from(format!("/run/screen/S-{uid}")),
-    ];
+    ]);
+    if let Some(dir) = variable("TMUX_TMPDIR").and_then(|dir| absolute(&dir)) {
+        directories.push(dir.join(format!("tmux-{uid}")));
+    }
+    // `TMUX` is `<socket>,<pid>,<session>`: the server's socket directory.
+    if let Some(socket) = variable("TMUX").and_then(|tmux| {
+        let socket = tmux.split(',').next()?.to_owned();
+        absolute(&socket)
+    }) && let Some(dir) = socket.parent()
+    {
+        directories.push(dir.to_owned());
+    }
     if let Some(home) = home {
         directories.push(home.join(".gnupg"));
     }
+    directories.extend(variable("GNUPGHOME").and_then(|dir| absolute(&dir)));
     let mut files = vec![
         Utf8PathBuf::from("/var/run/docker.sock"),
         Utf8PathBuf::from("/run/docker.sock"),
         Utf8PathBuf::from("/run/podman/podman.sock"),
         Utf8PathBuf::from("/run/containerd/containerd.sock"),
     ];
-    if let Ok(agent) = std::env::var("SSH_AUTH_SOCK")
-        && agent.starts_with('/')
-    {
-        files.push(Utf8PathBuf::from(agent));
+    files.extend(variable("SSH_AUTH_SOCK").and_then(|agent| absolute(&agent)));
+    for engine in ["DOCKER_HOST", "CONTAINER_HOST"] {
+        files.extend(
+            variable(engine).and_then(|host| host.strip_prefix("unix://").and_then(absolute)),
+        );
+    }
+    // The session bus: `unix:path=<socket>` (or `dir=`, `tmpdir=` where it makes one), several
+    // addresses separated by `;`; an abstract one is scoped by Landlock already.
+    if let Some(bus) = variable("DBUS_SESSION_BUS_ADDRESS") {
+        for address in bus.split(';') {
+            let Some(keys) = address.strip_prefix("unix:") else {
+                continue;
+            };
+            for (key, value) in keys.split(',').filter_map(|pair| pair.split_once('=')) {
+                match key {
+                    "path" => files.extend(absolute(value)),
+                    "dir" | "tmpdir" => directories.extend(absolute(value)),
+                    _ => {}
+                }
+            }
+        }
     }
     hiding(directories, files, keep)
 }

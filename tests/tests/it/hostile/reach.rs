@@ -549,3 +549,71 @@ fn a_confined_agent_cannot_read_the_secrets_in_its_user_s_keyring() {
         "{seen}"
     );
 }
+
+/// The user's servers where the user's environment places them, not where they usually are:
+/// tmux under `TMUX_TMPDIR`, a session bus at the path of `DBUS_SESSION_BUS_ADDRESS`, container
+/// engines at `DOCKER_HOST` and `CONTAINER_HOST`. A confined agent reaches none of them (with
+/// nothing covering them, it reached every one: Landlock does not scope pathname sockets).
+#[test]
+fn the_user_s_servers_where_the_environment_places_them_are_hidden() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let uid = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    let places = env.root().join("elsewhere");
+    let sockets = [
+        ("tmux", places.join(format!("tmux/tmux-{uid}/default"))),
+        ("bus", places.join("bus/socket")),
+        ("docker", places.join("docker/docker.sock")),
+        ("podman", places.join("podman/podman.sock")),
+    ];
+    let mut listeners = Vec::new();
+    let mut probe = String::new();
+    for (name, path) in &sockets {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        listeners.push(listener);
+        probe.push_str(&format!(
+            r#"python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect("{path}"); print("{name} REACHED")' 2>/dev/null || echo "{name} REFUSED"; "#
+        ));
+    }
+    let output = env
+        .crew_command(&repo)
+        .env("TMUX_TMPDIR", places.join("tmux"))
+        .env(
+            "DBUS_SESSION_BUS_ADDRESS",
+            format!("unix:path={},guid=0123", places.join("bus/socket")),
+        )
+        .env(
+            "DOCKER_HOST",
+            format!("unix://{}", places.join("docker/docker.sock")),
+        )
+        .env(
+            "CONTAINER_HOST",
+            format!("unix://{}", places.join("podman/podman.sock")),
+        )
+        .args(["run", "--agent", "shell", &probe])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let said = output_log(&repo, &run, "shell");
+    for (name, _) in &sockets {
+        assert!(said.contains(&format!("{name} REFUSED")), "{name}: {said}");
+    }
+    for listener in &listeners {
+        assert!(
+            listener.accept().is_err(),
+            "a connection came through: {said}"
+        );
+    }
+}
