@@ -260,3 +260,67 @@ fn an_allow_hosts_entry_that_is_neither_a_host_nor_an_address_is_located() {
         );
     }
 }
+
+/// The definitions `crew init` writes give their programs what they need to work, and nothing
+/// of the user's that a prompt-injected agent could carry off: no cloud credential passes, no
+/// host but the model's API and its login's (never a public ingestion service), no write to the
+/// user's own caches.
+#[test]
+fn the_shipped_definitions_pass_no_cloud_credential_and_list_only_their_api() {
+    let config = ConfigDir::new(example_dir());
+    let credentials = [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "CLOUD_ML_REGION",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AZURE_CLIENT_SECRET",
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        "NPM_TOKEN",
+    ];
+    let ingestion = [
+        "sentry.io",
+        "statsig.anthropic.com",
+        "statsig.com",
+        "datadoghq.com",
+    ];
+    for name in config.agent_names().unwrap() {
+        let agent = config.load_agent(&name).unwrap();
+        for variable in credentials {
+            let passed = agent
+                .pass_env
+                .iter()
+                .any(|pattern| match pattern.strip_suffix('*') {
+                    Some(prefix) => variable.starts_with(prefix),
+                    None => variable == pattern,
+                });
+            assert!(!passed, "{name} passes {variable}: {:?}", agent.pass_env);
+        }
+        let hosts: Vec<String> = agent
+            .sandbox
+            .allow_hosts
+            .iter()
+            .flatten()
+            .map(ToString::to_string)
+            .collect();
+        for service in ingestion {
+            assert!(
+                !hosts
+                    .iter()
+                    .any(|host| host.trim_start_matches("*.") == service
+                        || service.ends_with(host.trim_start_matches('*'))),
+                "{name} lists {service}: {hosts:?}"
+            );
+        }
+        assert!(
+            !agent
+                .sandbox
+                .write
+                .iter()
+                .any(|path| path.starts_with("~/.cache")),
+            "{name} writes the user's caches: {:?}",
+            agent.sandbox.write
+        );
+    }
+}

@@ -34,6 +34,9 @@ const CACHE_VARIABLES: &[(&str, &str)] = &[
     ("UV_CACHE_DIR", "uv"),
     ("GOMODCACHE", "go/mod"),
     ("GOCACHE", "go/build"),
+    // Every other program's cache that follows the XDG layout (a model client's, a library's):
+    // the project's, never the user's own `~/.cache`, which the user's next build trusts.
+    ("XDG_CACHE_HOME", "xdg"),
 ];
 
 /// What of the user's cargo home the project's cargo home links: settings and installed

@@ -110,10 +110,11 @@ fn toolchains_write_the_project_s_caches_and_never_the_user_s() {
     // Each tool's cache is written where the agent is pointed; then it tries the user's own,
     // and to swap the project's cargo settings for its own.
     let script = r#"set -u
-for dir in "$npm_config_cache" "$YARN_CACHE_FOLDER" "$PIP_CACHE_DIR" "$UV_CACHE_DIR" "$GOMODCACHE" "$GOCACHE" "$CARGO_HOME/registry"; do
+for dir in "$npm_config_cache" "$YARN_CACHE_FOLDER" "$PIP_CACHE_DIR" "$UV_CACHE_DIR" "$GOMODCACHE" "$GOCACHE" "$CARGO_HOME/registry" "$XDG_CACHE_HOME/some-tool"; do
   mkdir -p "$dir" && echo warm > "$dir/probe" || echo "REFUSED $dir"
 done
 npm config get cache > npm-cache.txt
+echo "$XDG_CACHE_HOME" > xdg-cache.txt
 cat "$CARGO_HOME/config.toml" > cargo-config.txt
 test -e "$CARGO_HOME/credentials.toml" && echo LEAKED > leaked.txt
 echo poisoned > "$HOME/.cargo/registry/cache/kept.crate"
@@ -132,6 +133,10 @@ exit 0"#;
     if !npm_cache.is_empty() {
         assert!(npm_cache.trim().starts_with(caches.as_str()), "{npm_cache}");
     }
+    // Any other program's cache (XDG's layout) is the project's too, never `~/.cache`.
+    let xdg = std::fs::read_to_string(repo.join("xdg-cache.txt")).unwrap();
+    assert!(xdg.trim().starts_with(caches.as_str()), "{xdg}");
+    assert!(!env.home().join(".cache/some-tool").exists());
     assert_eq!(
         std::fs::read_to_string(repo.join("cargo-config.txt")).unwrap(),
         "[net]\nretry = 7\n",
