@@ -386,6 +386,10 @@ pub struct TaskRecord {
     /// --allow-open-network`), at every start.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_open_network: bool,
+    /// For a task an agent submitted: what that agent could reach of the network, which this
+    /// task never reaches beyond (at every start, whatever its own definition says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitter_reach: Option<Reach>,
     /// With `network = "proxy"`, the requests its agent's proxy let through and refused, over
     /// every start (each is also an event of the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -633,6 +637,7 @@ impl TaskRecord {
             placement: None,
             network: None,
             allow_open_network: false,
+            submitter_reach: None,
             requests: None,
             lease: None,
             overlaps: Vec::new(),
@@ -655,4 +660,24 @@ mod tests {
         check.stopped = true;
         assert_eq!(check.verdict(), "stopped");
     }
+}
+
+/// What an agent could reach of the network: its mode, and with `proxy` every list of hosts
+/// that applied to it (each with the file it came from, for the refusal's message).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reach {
+    /// The narrowest mode that applied.
+    pub network: crate::config::NetworkMode,
+    /// The lists a request had to be in, as file and entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lists: Vec<ReachList>,
+}
+
+/// One list of hosts of a [`Reach`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReachList {
+    /// The file it was written in, as the user knows it.
+    pub file: String,
+    /// Its entries.
+    pub hosts: Vec<crate::config::HostPattern>,
 }

@@ -341,3 +341,100 @@ echo work > work.txt"#;
     assert_eq!(next.status.code(), Some(2), "{}", render_output(&next));
     assert!(render_output(&next).contains("crew sandbox allow"));
 }
+
+/// A sub-task reaches no further than the agent that submitted it: one submitted by an agent
+/// with no network has none, whatever its own agent says; one submitted by a proxied agent
+/// reaches only what the submitter's list allows too. Servers of the user's on 127.0.0.1
+/// count who reached them.
+#[test]
+fn a_sub_task_never_reaches_further_than_its_submitter() {
+    use std::io::Write as _;
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let serve = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = hits.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+            }
+        });
+        (port, hits)
+    };
+    let (listed, listed_hits) = serve();
+    let (unlisted, unlisted_hits) = serve();
+    let agent = |name: &str, sandbox: &str| {
+        write(
+            &repo.join(format!(".crew/agents/{name}.toml")),
+            &format!("command = [\"sh\", \"-c\", \"{{prompt}}\"]\n[sandbox]\n{sandbox}"),
+        );
+    };
+    agent("offline", "network = \"none\"\n");
+    agent(
+        "narrow",
+        &format!("network = \"proxy\"\nallow_hosts = [\"127.0.0.1:{listed}\"]\n"),
+    );
+    agent(
+        "wide",
+        &format!(
+            "network = \"proxy\"\nallow_hosts = [\"127.0.0.1:{listed}\", \"127.0.0.1:{unlisted}\"]\n"
+        ),
+    );
+    let fetch = |port: u16| {
+        format!(
+            "python3 -c \\\"import urllib.request as u\ntry: print('REACHED', u.urlopen('http://127.0.0.1:{port}/', timeout=5).read())\nexcept Exception as e: print('refused', e)\\\""
+        )
+    };
+    // By no network: its sub-task by the machine's-network `shell` gets none either.
+    let lead = format!(
+        "crew submit --agent shell --task \"kid={}\"",
+        fetch(unlisted)
+    );
+    let output = env.crew(&repo, ["run", "--agent", "offline", &lead]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)[0].clone();
+    let kid = output_log(&repo, &run, "kid");
+    assert!(kid.contains("refused"), "{kid}");
+    assert!(!kid.contains("REACHED"), "{kid}");
+    let recorded = manifest(&env, &repo, &run);
+    assert_eq!(
+        task(&recorded, "kid")["sandbox"]["network"],
+        "none",
+        "{recorded:#}"
+    );
+    // By a proxied agent: its sub-task by a wider one reaches the submitter's host only.
+    let lead = format!(
+        "crew submit --agent wide --task \"near={}\" --task \"far={}\"",
+        fetch(listed),
+        fetch(unlisted)
+    );
+    let output = env.crew(&repo, ["run", "--agent", "narrow", &lead]);
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo)[0].clone();
+    assert!(
+        output_log(&repo, &run, "near").contains("REACHED"),
+        "{}",
+        output_log(&repo, &run, "near")
+    );
+    let far = output_log(&repo, &run, "far");
+    assert!(far.contains("403"), "{far}");
+    assert_eq!(listed_hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        unlisted_hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "{far}"
+    );
+    let recorded = manifest(&env, &repo, &run);
+    assert!(
+        task(&recorded, "far")["warnings"]
+            .to_string()
+            .contains(".crew/agents/narrow.toml"),
+        "the refusal names the submitter's list: {recorded:#}"
+    );
+}

@@ -2,7 +2,8 @@
 //! checked as a whole against the run's task graph, then added in the run's mode.
 
 use crew_core::config::validate_plain_task_graph;
-use crew_core::model::{EventKind, RunEvent, TaskRecord};
+use crew_core::config::{AgentDef, SandboxMode, SandboxSettings};
+use crew_core::model::{EventKind, Reach, ReachList, RunEvent, TaskRecord};
 use crew_core::{AgentId, RunId};
 
 use super::task::RunContext;
@@ -57,6 +58,11 @@ impl Runner {
         let parsed =
             validate_plain_task_graph(&graph).map_err(|error| refuse(error.to_string()))?;
         let mut records = Vec::new();
+        let reach = reach_of(
+            &self.config.sandbox,
+            started_agent(&submitter.agent).as_ref(),
+            submitter,
+        );
         for (task, (id, depends_on)) in submitted
             .iter()
             .zip(parsed.into_iter().skip(existing.len()))
@@ -86,6 +92,7 @@ impl Runner {
             );
             record.timeout = self.config.run.task_timeout;
             record.parent = Some(agent.task_id().clone());
+            record.submitter_reach = reach.clone();
             records.push(record);
         }
         let store = self.store.clone();
@@ -117,4 +124,36 @@ impl Runner {
         );
         Ok(records)
     }
+}
+
+/// What the agent of `submitter` (its definition `definition`) could reach of the network,
+/// which a task it submits never reaches beyond: the narrowest mode of the project, its
+/// definition, its task and its own submitter's, with every list of hosts that applied to it.
+/// An agent that ran unconfined reached what its own submitter let it, if it had one.
+fn reach_of(
+    project: &SandboxSettings,
+    definition: Option<&AgentDef>,
+    submitter: &TaskRecord,
+) -> Option<Reach> {
+    let inherited = submitter.submitter_reach.clone();
+    let definition = definition?;
+    if project.mode.and(definition.sandbox.mode) != SandboxMode::Enforce {
+        return inherited;
+    }
+    let mut network = project
+        .network
+        .and(definition.sandbox.network)
+        .and(submitter.network.unwrap_or_default());
+    let mut lists = Vec::new();
+    if let Some(hosts) = &definition.sandbox.allow_hosts {
+        lists.push(ReachList {
+            file: format!(".crew/agents/{}.toml", definition.name),
+            hosts: hosts.clone(),
+        });
+    }
+    if let Some(inherited) = inherited {
+        network = network.and(inherited.network);
+        lists.extend(inherited.lists);
+    }
+    Some(Reach { network, lists })
 }

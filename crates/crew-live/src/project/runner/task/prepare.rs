@@ -166,12 +166,18 @@ impl RunContext {
                     .collect(),
                 read_only: workspace.read_only.clone(),
                 private: workspace.private.clone(),
+                // A sub-task reaches no further than the agent that submitted it.
                 network: self
                     .runner
                     .config
                     .sandbox
                     .network
-                    .and(task.network.unwrap_or_default()),
+                    .and(task.network.unwrap_or_default())
+                    .and(
+                        task.submitter_reach
+                            .as_ref()
+                            .map_or_else(Default::default, |reach| reach.network),
+                    ),
                 hosts: self
                     .runner
                     .config
@@ -182,6 +188,12 @@ impl RunContext {
                         file: ".crew/config.toml".to_owned(),
                         hosts: hosts.clone(),
                     })
+                    .chain(task.submitter_reach.iter().flat_map(|reach| {
+                        reach.lists.iter().map(|list| crew_core::config::HostList {
+                            file: list.file.clone(),
+                            hosts: list.hosts.clone(),
+                        })
+                    }))
                     .collect(),
                 allow_open_network: task.allow_open_network,
                 locks: self.runner.agent_locks(),
@@ -264,15 +276,17 @@ impl RunContext {
         // names too go (narrower than here, where wildcards of the project's cover more).
         let mut agent = spec.definition.clone();
         agent.sandbox.network = spec.sandbox.network.and(agent.sandbox.network);
-        let project = spec.sandbox.hosts.first().map(|list| &list.hosts);
-        agent.sandbox.allow_hosts = match (agent.sandbox.allow_hosts.take(), project) {
-            (None, project) => project.cloned(),
+        // (The lists here are the project's and, for a sub-task, its submitter's: an entry goes
+        // when every one of them names it.)
+        let lists: Vec<&Vec<crew_core::config::HostPattern>> =
+            spec.sandbox.hosts.iter().map(|list| &list.hosts).collect();
+        let in_every =
+            |entry: &crew_core::config::HostPattern| lists.iter().all(|list| list.contains(entry));
+        agent.sandbox.allow_hosts = match (agent.sandbox.allow_hosts.take(), lists.first()) {
+            (None, None) => None,
+            (None, Some(first)) => Some(first.iter().filter(|e| in_every(e)).cloned().collect()),
             (Some(own), None) => Some(own),
-            (Some(own), Some(project)) => Some(
-                own.into_iter()
-                    .filter(|entry| project.contains(entry))
-                    .collect(),
-            ),
+            (Some(own), Some(_)) => Some(own.into_iter().filter(|e| in_every(e)).collect()),
         };
         let mut pass_env = vec![
             "SSH_AUTH_SOCK".to_owned(),
