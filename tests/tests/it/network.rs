@@ -748,3 +748,41 @@ fn a_request_the_proxy_cannot_read_is_an_event_of_the_run() {
         render_output(&shown)
     );
 }
+
+/// A definition whose network is open has no use for its list of hosts, and the task says so
+/// rather than dropping it silently; narrowed to `proxy` (here by the command line), the list
+/// applies and nothing is said.
+#[test]
+fn an_open_definition_s_list_of_hosts_is_said_to_be_unused() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    define(
+        &repo,
+        "listed",
+        "network = \"open\"\nallow_hosts = [\"example.com\"]\n",
+    );
+    let run = env.crew(&repo, ["run", "--quiet", "--agent", "listed", "true"]);
+    assert!(run.status.success(), "{}", render_output(&run));
+    let run_id = run_ids(&env, &repo).remove(0);
+    let warnings = task(&manifest(&env, &repo, &run_id), "listed")["warnings"].to_string();
+    assert!(
+        warnings.contains("`allow_hosts` of .crew/agents/listed.toml is unused"),
+        "{warnings}"
+    );
+    let run = env.crew(
+        &repo,
+        [
+            "run",
+            "--quiet",
+            "--network",
+            "proxy",
+            "--agent",
+            "listed",
+            "true",
+        ],
+    );
+    assert!(run.status.success(), "{}", render_output(&run));
+    let run_id = run_ids(&env, &repo).remove(0);
+    let warnings = task(&manifest(&env, &repo, &run_id), "listed")["warnings"].to_string();
+    assert!(!warnings.contains("is unused"), "{warnings}");
+}

@@ -360,6 +360,19 @@ impl RunContext {
             )
             .await;
         }
+        if let Ok(definition) = &definition
+            && definition.sandbox.allow_hosts.is_some()
+            && self.network_of(task, definition) == crew_core::config::NetworkMode::Open
+        {
+            self.record_warning(
+                &task.id,
+                format!(
+                    "network: `allow_hosts` of .crew/agents/{}.toml is unused: the agent's network is \"open\" (set `network = \"proxy\"` there for the list to apply)",
+                    definition.name
+                ),
+            )
+            .await;
+        }
         if definition.is_ok()
             && let Err(reason) = self.lease(task).await
         {
@@ -383,6 +396,26 @@ impl RunContext {
                 None
             }
         }
+    }
+
+    /// The network `task`'s agent (by `definition`) gets: the narrowest of the project's, the
+    /// definition's, the task's and its submitter's.
+    fn network_of(
+        &self,
+        task: &TaskRecord,
+        definition: &AgentDef,
+    ) -> crew_core::config::NetworkMode {
+        self.runner
+            .config
+            .sandbox
+            .network
+            .and(definition.sandbox.network)
+            .and(task.network.unwrap_or_default())
+            .and(
+                task.submitter_reach
+                    .as_ref()
+                    .map_or_else(Default::default, |reach| reach.network),
+            )
     }
 
     /// Takes `task`'s lease (its record's ports again on a resume, where free); the task's record
