@@ -57,7 +57,7 @@ pub use descriptors::{
 };
 pub use enter::{enter_namespace, restrict_self};
 pub use enter::{namespaces_work, private_terminals_work};
-pub use namespace::{Hidden, Namespace, user_sockets};
+pub use namespace::{Hidden, Namespace, secret_stores, user_sockets};
 use namespace::{overlay_options, overlays_work};
 pub use user_namespace::shared_user_namespace;
 
@@ -302,6 +302,10 @@ pub fn prepare(
         .filter(|view| !private.contains(view))
         .flat_map(|view| view.read_only_without.iter().cloned())
         .collect();
+    let home = std::env::var("HOME")
+        .ok()
+        .filter(|home| home.starts_with('/'))
+        .map(Utf8PathBuf::from);
     let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
         read_only_elsewhere: true,
         // What stays writable when every mount is made read-only: its places (a view is an
@@ -323,16 +327,20 @@ pub fn prepare(
         terminals: private_terminals_work(),
         isolated_network: plan.network != NetworkMode::Open,
         proxy: plan.network == NetworkMode::Proxy,
-        hidden: user_sockets(
-            std::env::var("HOME")
-                .ok()
-                .filter(|home| home.starts_with('/'))
-                .as_deref()
-                .map(Utf8Path::new),
-            &write,
-        ),
+        hidden: user_sockets(home.as_deref(), &write),
         control: None,
     });
+    // The user's secret stores in the home: not there for the agent, even beneath a grant.
+    if let (Some(namespace), Some(home)) = (&mut namespace, &home) {
+        let stores: Vec<Hidden> = secret_stores(home, &write)
+            .into_iter()
+            .filter(|store| match store {
+                Hidden::Directory(dir) => !namespace::covered(&namespace.hidden, dir),
+                Hidden::File(file) => !namespace::covered(&namespace.hidden, file),
+            })
+            .collect();
+        namespace.hidden.extend(stores);
+    }
     // The user's lease file: an agent that could open it could lock ports no task then gets.
     // A directory that is there (not a link) and holds no grant of the agent's, nor lies
     // within one, can be covered.

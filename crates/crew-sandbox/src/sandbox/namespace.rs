@@ -250,6 +250,72 @@ pub fn user_sockets(home: Option<&Utf8Path>, keep: &[Utf8PathBuf]) -> Vec<Hidden
     hiding(directories, files, keep)
 }
 
+/// The user's stores of secrets beneath the home, by where their programs keep them: keys
+/// (ssh), cloud and cluster credentials (AWS, Azure, Google Cloud, Kubernetes), registry and
+/// forge tokens (Docker, npm, PyPI, cargo, RubyGems, GitHub's CLI, git's credential store,
+/// netrc, Vault), password stores and keyrings, browser profiles.
+const SECRET_DIRECTORIES: &[&str] = &[
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".config/gh",
+    ".config/hub",
+    ".password-store",
+    ".local/share/keyrings",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".config/BraveSoftware",
+    ".terraform.d",
+];
+
+/// Files of secrets beneath the home (see [`SECRET_DIRECTORIES`]).
+const SECRET_FILES: &[&str] = &[
+    ".git-credentials",
+    ".config/git/credentials",
+    ".netrc",
+    ".docker/config.json",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials.toml",
+    ".cargo/credentials",
+    ".gem/credentials",
+    ".vault-token",
+];
+
+/// The user's secret stores beneath `home` that exist, hidden from an agent whose grants are
+/// `grants` even where one of them holds the store (`~/` granted whole, `~/.config/`): only a
+/// grant that names a store exactly keeps it. A store holding a grant of the agent's is
+/// covered around it, entry by entry.
+pub fn secret_stores(home: &Utf8Path, grants: &[Utf8PathBuf]) -> Vec<Hidden> {
+    let named = |path: &Utf8Path| grants.iter().any(|granted| granted == path);
+    let within: Vec<Utf8PathBuf> = grants.to_vec();
+    let mut hidden = Vec::new();
+    for directory in SECRET_DIRECTORIES.iter().map(|dir| home.join(dir)) {
+        let is_dir = std::fs::symlink_metadata(&directory)
+            .is_ok_and(|metadata| metadata.is_dir() && !metadata.is_symlink());
+        if !is_dir || named(&directory) || covered(&hidden, &directory) {
+            continue;
+        }
+        // Grants inside the store are kept (covered around); grants above it are not.
+        let inside: Vec<Utf8PathBuf> = within
+            .iter()
+            .filter(|granted| granted.starts_with(&directory))
+            .cloned()
+            .collect();
+        cover(&directory, &inside, &mut hidden, 0);
+    }
+    for file in SECRET_FILES.iter().map(|file| home.join(file)) {
+        let is_file = std::fs::symlink_metadata(&file).is_ok_and(|metadata| metadata.is_file());
+        if is_file && !named(&file) && !covered(&hidden, &file) {
+            hidden.push(Hidden::File(file));
+        }
+    }
+    hidden
+}
+
 /// The covers that hide `directories` and `files` (those that exist) from an agent whose
 /// grants are `keep`: see [`user_sockets`].
 pub(super) fn hiding(

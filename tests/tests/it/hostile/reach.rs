@@ -617,3 +617,62 @@ fn the_user_s_servers_where_the_environment_places_them_are_hidden() {
         );
     }
 }
+
+/// The user's secret stores are not there for a confined agent: keys, cloud, cluster, registry
+/// and forge credentials planted in the home read as empty, even beneath a directory its
+/// definition grants; a grant that names a store exactly keeps it. With the sandbox off, the
+/// same agent reads every one (the attack works here).
+#[test]
+fn a_confined_agent_reads_none_of_the_user_s_secret_stores() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let secrets = [
+        ".ssh/id_ed25519",
+        ".aws/credentials",
+        ".config/gh/hosts.yml",
+        ".kube/config",
+        ".git-credentials",
+        ".netrc",
+        ".docker/config.json",
+        ".npmrc",
+        ".cargo/credentials.toml",
+    ];
+    for secret in secrets {
+        write(&env.home().join(secret), &format!("SECRET-{secret}\n"));
+    }
+    let probe = secrets
+        .iter()
+        .map(|secret| format!("cat \"$HOME/{secret}\" 2>/dev/null; "))
+        .collect::<String>();
+    let read = |agent: &str| {
+        let output = env.crew(&repo, ["run", "--quiet", "--agent", agent, &probe]);
+        assert!(output.status.success(), "{}", render_output(&output));
+        let run = run_ids(&env, &repo).remove(0);
+        output_log(&repo, &run, agent)
+    };
+    let said = read("shell");
+    assert!(!said.contains("SECRET-"), "a secret was read: {said}");
+    // A definition granting `~/.config/` (its tools' settings) still does not read gh's token;
+    // one naming `~/.netrc` exactly reads that file and no other.
+    write(
+        &repo.join(".crew/agents/configs.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nwrite = [\"~/.config/\", \"~/.netrc\"]\n",
+    );
+    write(
+        &repo.join(".crew/agents/free.toml"),
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nmode = \"off\"\n",
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "agents"]);
+    env.allow_settings(&repo);
+    let said = read("configs");
+    assert!(said.contains("SECRET-.netrc"), "{said}");
+    assert_eq!(said.matches("SECRET-").count(), 1, "{said}");
+    let said = read("free");
+    for secret in secrets {
+        assert!(
+            said.contains(&format!("SECRET-{secret}")),
+            "{secret}: {said}"
+        );
+    }
+}
