@@ -77,6 +77,9 @@ struct AgentReport {
     /// With `proxy`, each list of hosts that applies (a request must be in every one).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     allow_hosts: Vec<HostsReport>,
+    /// The user's secret stores in the home that are not there for it (confined, with
+    /// namespaces).
+    hidden_secrets: Vec<Utf8PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -203,6 +206,26 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                     path,
                 })
                 .collect(),
+            hidden_secrets: match (
+                &home,
+                ctx.config().sandbox.mode.and(definition.sandbox.mode),
+            ) {
+                (Some(home), SandboxMode::Enforce)
+                    if probe.confines() && crew_live::sandbox::namespaces_work() =>
+                {
+                    crew_live::sandbox::secret_stores(
+                        home,
+                        &definition.sandbox.write_paths(Some(home)),
+                    )
+                    .into_iter()
+                    .map(|hidden| match hidden {
+                        crew_live::sandbox::Hidden::Directory(path)
+                        | crew_live::sandbox::Hidden::File(path) => path,
+                    })
+                    .collect()
+                }
+                _ => Vec::new(),
+            },
         })
         .collect();
     let report = Report {
@@ -282,6 +305,21 @@ fn render(ctx: &Context, report: &Report) -> String {
             .collect();
         out.push_str(&format!("    {}\n", devices.join(", ")));
         out.push_str("  everything else is read-only to it\n");
+        if !agent.hidden_secrets.is_empty() {
+            let home = std::env::var("HOME").unwrap_or_default();
+            let shown: Vec<String> = agent
+                .hidden_secrets
+                .iter()
+                .map(|path| match path.as_str().strip_prefix(home.as_str()) {
+                    Some(rest) if !home.is_empty() => format!("~{rest}"),
+                    _ => path.to_string(),
+                })
+                .collect();
+            out.push_str(&format!(
+                "  not there for it, your secret stores: {}\n",
+                shown.join(", ")
+            ));
+        }
         out.push_str(
             "  it keeps no capability, and the kernel's keyrings are closed to it (what your login keeps there stays yours)\n",
         );

@@ -652,6 +652,13 @@ fn a_confined_agent_reads_none_of_the_user_s_secret_stores() {
     };
     let said = read("shell");
     assert!(!said.contains("SECRET-"), "a secret was read: {said}");
+    let check = env.crew(&repo, ["sandbox", "check", "shell"]);
+    let shown = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        shown.contains("not there for it, your secret stores: ~/.ssh, ~/.aws"),
+        "{}",
+        render_output(&check)
+    );
     // A definition granting `~/.config/` (its tools' settings) still does not read gh's token;
     // one naming `~/.netrc` exactly reads that file and no other.
     write(
