@@ -372,6 +372,6 @@ fn render(ctx: &Context, report: &Report) -> String {
             )),
         }
     }
-    out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.cache\"]` in .crew/agents/<name>.toml\n");
+    out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.my-tool/\"]` in .crew/agents/<name>.toml\n");
     out
 }

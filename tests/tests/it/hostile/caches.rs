@@ -199,6 +199,14 @@ fn a_write_the_sandbox_refused_is_named_in_the_task_s_reason_with_what_to_add() 
         "{record:#}"
     );
     assert!(!refused.exists());
+    // Every refusal is an event of the run too.
+    let events = env.crew(&repo, ["events", "--run", &first]);
+    assert!(
+        String::from_utf8_lossy(&events.stdout)
+            .contains(&format!("the sandbox refused writes to {refused}")),
+        "{}",
+        render_output(&events)
+    );
     // One that succeeds anyway keeps it as a warning; a write it may make is never named.
     let run = env.crew(
         &repo,

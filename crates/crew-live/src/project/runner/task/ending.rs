@@ -324,7 +324,7 @@ pub(super) struct AgentReport {
     pub(super) usage: Option<Usage>,
     warning: Option<String>,
     limit: Option<UsageLimit>,
-    refused_writes: Vec<String>,
+    pub(super) refused_writes: Vec<String>,
     refused_hosts: Vec<String>,
 }
 

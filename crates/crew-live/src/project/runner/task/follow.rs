@@ -437,6 +437,7 @@ impl RunContext {
         let task = task_id.clone();
         let report = AgentReport::of(handle, prior);
         let usage = report.usage;
+        let refused = report.refused_writes.clone();
         // Follow-ups it has not had yet (sent before a stop) outlive this host on the record.
         let follow_ups = handle.status().follow_up_queue;
         self.save_task(&format!("task {task_id}'s exit"), &task, move |record| {
@@ -458,6 +459,18 @@ impl RunContext {
             self.runner.record_event(
                 &self.run_id,
                 RunEvent::new(Some(task_id.clone()), EventKind::Usage { usage }),
+            );
+        }
+        // What the sandbox refused it, as it said so: an event like every refusal.
+        if !refused.is_empty() {
+            self.runner.record_event(
+                &self.run_id,
+                RunEvent::new(
+                    Some(task_id.clone()),
+                    EventKind::Message {
+                        text: format!("the sandbox refused writes to {}", refused.join(", ")),
+                    },
+                ),
             );
         }
     }
