@@ -693,3 +693,38 @@ fn a_confined_agent_reads_none_of_the_user_s_secret_stores() {
         );
     }
 }
+
+/// As an unprivileged user too, a confined agent finds none of its user's secret stores (its
+/// namespaces are then made without root's help).
+#[test]
+fn as_an_unprivileged_user_a_confined_agent_reads_none_of_the_secret_stores() {
+    use std::os::unix::process::CommandExt;
+    if !crew_tests::can_drop_to_nobody() {
+        return;
+    }
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    let secrets = [
+        ".ssh/id_ed25519",
+        ".aws/credentials",
+        ".netrc",
+        ".kube/config",
+    ];
+    for secret in secrets {
+        write(&env.home().join(secret), &format!("SECRET-{secret}\n"));
+    }
+    env.hand_to_nobody();
+    let probe = secrets
+        .iter()
+        .map(|secret| format!("cat \"$HOME/{secret}\" 2>/dev/null; "))
+        .collect::<String>()
+        + "echo PROBED";
+    let mut command = env.crew_command_for_others(&repo);
+    command.args(["run", "--quiet", "--agent", "shell", &probe]);
+    command.uid(crew_tests::NOBODY);
+    command.gid(crew_tests::NOBODY);
+    let run = command.output().unwrap();
+    assert!(run.status.success(), "{}", render_output(&run));
+    let log = output_log(&repo, &run_ids(&env, &repo)[0], "shell");
+    assert!(log.contains("PROBED") && !log.contains("SECRET-"), "{log}");
+}
