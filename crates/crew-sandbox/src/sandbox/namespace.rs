@@ -292,10 +292,24 @@ const SECRET_FILES: &[&str] = &[
 pub fn secret_stores(home: &Utf8Path, grants: &[Utf8PathBuf]) -> Vec<Hidden> {
     let named = |path: &Utf8Path| grants.iter().any(|granted| granted == path);
     let within: Vec<Utf8PathBuf> = grants.to_vec();
+    // A store that is a link (a dotfile manager's) is covered where it leads: the agent reads
+    // through the link, and a mount on the link would land there anyway.
+    let resolved = |path: Utf8PathBuf| -> Option<Utf8PathBuf> {
+        let metadata = std::fs::symlink_metadata(&path).ok()?;
+        match metadata.is_symlink() {
+            true => path.canonicalize_utf8().ok(),
+            false => Some(path),
+        }
+    };
     let mut hidden = Vec::new();
-    for directory in SECRET_DIRECTORIES.iter().map(|dir| home.join(dir)) {
-        let is_dir = std::fs::symlink_metadata(&directory)
-            .is_ok_and(|metadata| metadata.is_dir() && !metadata.is_symlink());
+    for store in SECRET_DIRECTORIES.iter().map(|dir| home.join(dir)) {
+        if named(&store) {
+            continue;
+        }
+        let Some(directory) = resolved(store) else {
+            continue;
+        };
+        let is_dir = std::fs::symlink_metadata(&directory).is_ok_and(|metadata| metadata.is_dir());
         if !is_dir || named(&directory) || covered(&hidden, &directory) {
             continue;
         }
@@ -307,7 +321,13 @@ pub fn secret_stores(home: &Utf8Path, grants: &[Utf8PathBuf]) -> Vec<Hidden> {
             .collect();
         cover(&directory, &inside, &mut hidden, 0);
     }
-    for file in SECRET_FILES.iter().map(|file| home.join(file)) {
+    for store in SECRET_FILES.iter().map(|file| home.join(file)) {
+        if named(&store) {
+            continue;
+        }
+        let Some(file) = resolved(store) else {
+            continue;
+        };
         let is_file = std::fs::symlink_metadata(&file).is_ok_and(|metadata| metadata.is_file());
         if is_file && !named(&file) && !covered(&hidden, &file) {
             hidden.push(Hidden::File(file));

@@ -640,6 +640,16 @@ fn a_confined_agent_reads_none_of_the_user_s_secret_stores() {
     for secret in secrets {
         write(&env.home().join(secret), &format!("SECRET-{secret}\n"));
     }
+    // A store kept elsewhere and linked into the home, as dotfile managers do.
+    let kept = env.root().join("dotfiles/azure");
+    write(&kept.join("accessTokens.json"), "SECRET-azure\n");
+    std::os::unix::fs::symlink(&kept, env.home().join(".azure")).unwrap();
+    write(&env.root().join("dotfiles/pypirc"), "SECRET-pypirc\n");
+    std::os::unix::fs::symlink(
+        env.root().join("dotfiles/pypirc"),
+        env.home().join(".pypirc"),
+    )
+    .unwrap();
     // Directly, and through the root and working directory of its warden, which is outside
     // its namespace (`/proc/<pid>/root`), and through a link it makes to the store.
     let probe = secrets
@@ -649,7 +659,8 @@ fn a_confined_agent_reads_none_of_the_user_s_secret_stores() {
                 "cat \"$HOME/{secret}\" \"/proc/$PPID/root$HOME/{secret}\" 2>/dev/null; ln -sf \"$HOME/{secret}\" link && cat link 2>/dev/null; "
             )
         })
-        .collect::<String>();
+        .collect::<String>()
+        + "cat \"$HOME/.azure/accessTokens.json\" \"$HOME/.pypirc\" 2>/dev/null; true";
     let read = |agent: &str| {
         let output = env.crew(&repo, ["run", "--quiet", "--agent", agent, &probe]);
         assert!(output.status.success(), "{}", render_output(&output));
@@ -692,6 +703,10 @@ fn a_confined_agent_reads_none_of_the_user_s_secret_stores() {
             "{secret}: {said}"
         );
     }
+    assert!(
+        said.contains("SECRET-azure") && said.contains("SECRET-pypirc"),
+        "{said}"
+    );
 }
 
 /// As an unprivileged user too, a confined agent finds none of its user's secret stores (its
