@@ -218,10 +218,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                         &definition.sandbox.write_paths(Some(home)),
                     )
                     .into_iter()
-                    .map(|hidden| match hidden {
-                        crew_live::sandbox::Hidden::Directory(path)
-                        | crew_live::sandbox::Hidden::File(path) => path,
-                    })
+                    .map(|hidden| hidden.path().to_owned())
                     .collect()
                 }
                 _ => Vec::new(),

@@ -334,10 +334,7 @@ pub fn prepare(
     if let (Some(namespace), Some(home)) = (&mut namespace, &home) {
         let stores: Vec<Hidden> = secret_stores(home, &write)
             .into_iter()
-            .filter(|store| match store {
-                Hidden::Directory(dir) => !namespace::covered(&namespace.hidden, dir),
-                Hidden::File(file) => !namespace::covered(&namespace.hidden, file),
-            })
+            .filter(|store| !namespace::covered(&namespace.hidden, store.path()))
             .collect();
         namespace.hidden.extend(stores);
     }
@@ -451,9 +448,7 @@ pub fn prepare(
                     namespace
                         .hidden
                         .iter()
-                        .map(|hidden| match hidden {
-                            Hidden::Directory(path) | Hidden::File(path) => path.clone(),
-                        })
+                        .map(|hidden| hidden.path().to_owned())
                         .collect()
                 })
                 .unwrap_or_default(),

@@ -183,6 +183,15 @@ pub enum Hidden {
     File(Utf8PathBuf),
 }
 
+impl Hidden {
+    /// The place covered.
+    pub fn path(&self) -> &Utf8Path {
+        match self {
+            Hidden::Directory(path) | Hidden::File(path) => path,
+        }
+    }
+}
+
 /// The places where the user's own programs listen on pathname unix sockets, which an agent's
 /// sandbox cannot scope (Landlock scopes abstract sockets only): the per-user runtime
 /// directory (session bus, ssh and gpg agents, a rootless container engine, the desktop), tmux's

@@ -622,7 +622,10 @@ impl RunContext {
     /// Adds a warning to the task's record.
     async fn record_warning(&self, task_id: &TaskId, warning: String) {
         self.save_task(&format!("task {task_id}'s warning"), task_id, |record| {
-            record.warnings.push(warning);
+            // Said once, however many starts of the task meet it.
+            if !record.warnings.contains(&warning) {
+                record.warnings.push(warning);
+            }
             Ok(())
         })
         .await;

@@ -166,18 +166,7 @@ impl RunContext {
                     .collect(),
                 read_only: workspace.read_only.clone(),
                 private: workspace.private.clone(),
-                // A sub-task reaches no further than the agent that submitted it.
-                network: self
-                    .runner
-                    .config
-                    .sandbox
-                    .network
-                    .and(task.network.unwrap_or_default())
-                    .and(
-                        task.submitter_reach
-                            .as_ref()
-                            .map_or_else(Default::default, |reach| reach.network),
-                    ),
+                network: self.task_network(task),
                 hosts: self
                     .runner
                     .config
@@ -398,24 +387,29 @@ impl RunContext {
         }
     }
 
-    /// The network `task`'s agent (by `definition`) gets: the narrowest of the project's, the
-    /// definition's, the task's and its submitter's.
-    fn network_of(
-        &self,
-        task: &TaskRecord,
-        definition: &AgentDef,
-    ) -> crew_core::config::NetworkMode {
+    /// The network `task`'s agent gets before its definition's own setting narrows it: the
+    /// narrowest of the project's, the task's and (a sub-task reaches no further than the agent
+    /// that submitted it) its submitter's.
+    fn task_network(&self, task: &TaskRecord) -> crew_core::config::NetworkMode {
         self.runner
             .config
             .sandbox
             .network
-            .and(definition.sandbox.network)
             .and(task.network.unwrap_or_default())
             .and(
                 task.submitter_reach
                     .as_ref()
                     .map_or_else(Default::default, |reach| reach.network),
             )
+    }
+
+    /// The network `task`'s agent (by `definition`) gets.
+    fn network_of(
+        &self,
+        task: &TaskRecord,
+        definition: &AgentDef,
+    ) -> crew_core::config::NetworkMode {
+        self.task_network(task).and(definition.sandbox.network)
     }
 
     /// Takes `task`'s lease (its record's ports again on a resume, where free); the task's record
