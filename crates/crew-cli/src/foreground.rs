@@ -282,6 +282,16 @@ async fn print_progress(
                             ctx.ui.paint(&relative(&ctx, &workspace.dir), Style::Dim)
                         );
                     }
+                    // The machine's network is said where a task has it: named so, its sandbox
+                    // off, or crew's default given way on a kernel that cannot give it.
+                    if task.placement.is_none()
+                        && task.sandbox.as_ref().is_some_and(|sandbox| {
+                            sandbox.network == crew_core::config::NetworkMode::Open
+                        })
+                    {
+                        // Writing into a String cannot fail.
+                        let _ = write!(line, "  {}", ctx.ui.paint("network open", Style::Warn));
+                    }
                 }
             }
             TaskStatus::Waiting => {

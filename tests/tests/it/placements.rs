@@ -135,7 +135,7 @@ fn a_task_on_a_local_placement_works_in_its_clone_and_its_work_comes_back_as_its
 }
 
 #[test]
-fn a_placed_task_reaches_the_network_its_run_allows_on_its_placement_too() {
+fn a_placed_task_reaches_the_network_its_run_names_on_its_placement_too() {
     let env = TestEnv::new();
     let (repo, _shim) = project_with_box(&env);
     // A server of the user's on the machine the placement runs on (here, this one).
@@ -155,8 +155,14 @@ fn a_placed_task_reaches_the_network_its_run_allows_on_its_placement_too() {
             .unwrap()
     };
     // Open, it reaches the server: the probe works, and what follows is the sandbox's doing.
-    let open = said(&[]);
+    let open = said(&["--network", "open"]);
     assert!(open.contains("net-reached"), "{open}");
+    // Named by nothing, it gets crew's proxy there too, with no host.
+    let default = said(&[]);
+    assert!(
+        default.contains("net-refused") && !default.contains("net-reached"),
+        "{default}"
+    );
     let closed = said(&["--network", "none"]);
     assert!(
         closed.contains("net-refused") && !closed.contains("net-reached"),

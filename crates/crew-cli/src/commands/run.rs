@@ -70,9 +70,9 @@ pub struct RunArgs {
     /// clone the placement's shim keeps, its work coming back as its branch here.
     #[arg(long, value_name = "NAME")]
     pub placement: Option<String>,
-    /// What every task's agent reaches of the network at most: `none`, `proxy` (the hosts of
-    /// its `allow_hosts` only) or `open`. Narrows what the project, the team and the agents
-    /// say; never widens it.
+    /// What every task's agent reaches of the network: `none`, `proxy` (the hosts of its
+    /// `allow_hosts` only) or `open`. An agent gets the narrowest of this, the project's and its
+    /// definition's; `open` here gives the machine's network to agents whose files name none.
     #[arg(long, value_name = "none|proxy|open", value_parser = NetworkMode::parse)]
     pub network: Option<NetworkMode>,
     /// Where the kernel cannot give an agent the narrower network it asks for (it refuses

@@ -71,6 +71,9 @@ struct AgentReport {
     write: Vec<PathReport>,
     /// What it reaches of the network: `open`, `proxy` or `none`.
     network: crew_core::config::NetworkMode,
+    /// A setting names it; `false`: crew's default (`proxy`, no host without a list), which
+    /// gives way to the open network where this kernel cannot give it.
+    network_named: bool,
     /// Whether this machine can give it that (`none` and `proxy` need unprivileged user
     /// namespaces).
     network_enforced: bool,
@@ -158,6 +161,12 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         .collect::<Result<_, _>>()?;
     let probe = tokio::task::spawn_blocking(crew_live::sandbox::probe).await??;
     let home = std::env::var("HOME").ok().map(Utf8PathBuf::from);
+    let network = |definition: &AgentDef| {
+        crew_core::config::Network::named([
+            ctx.config().sandbox.network,
+            definition.sandbox.network,
+        ])
+    };
     let agents = definitions
         .iter()
         .map(|definition| AgentReport {
@@ -170,13 +179,11 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                 (SandboxMode::Enforce, true) => crew_core::SandboxState::Enforced,
                 (SandboxMode::Enforce, false) => crew_core::SandboxState::Unsupported,
             },
-            network: ctx.config().sandbox.network.and(definition.sandbox.network),
-            network_enforced: ctx.config().sandbox.network.and(definition.sandbox.network)
-                == crew_core::config::NetworkMode::Open
+            network: network(definition).mode,
+            network_named: network(definition).named,
+            network_enforced: network(definition).mode == crew_core::config::NetworkMode::Open
                 || crew_live::sandbox::namespaces_work(),
-            allow_hosts: if ctx.config().sandbox.network.and(definition.sandbox.network)
-                == crew_core::config::NetworkMode::Proxy
-            {
+            allow_hosts: if network(definition).mode == crew_core::config::NetworkMode::Proxy {
                 let project = ctx
                     .config()
                     .sandbox
@@ -326,14 +333,15 @@ fn render(ctx: &Context, report: &Report) -> String {
             ),
             (crew_core::config::NetworkMode::Proxy, true) => {
                 out.push_str(&format!(
-                    "  network: {} (a network namespace of its own; only crew's proxy reaches out, to these hosts)\n",
-                    ui.paint("proxy", Style::Good)
+                    "  network: {}{} (a network namespace of its own; only crew's proxy reaches out, to these hosts)\n",
+                    ui.paint("proxy", Style::Good),
+                    if agent.network_named { "" } else { ", crew's default: no setting names a mode" }
                 ));
                 if agent.allow_hosts.is_empty() {
                     out.push_str(&format!(
                         "    {}\n",
                         ui.paint(
-                            "no host: no `allow_hosts` applies (add one to the agent's definition)",
+                            "no host: no `allow_hosts` applies (add one to the agent's definition, or set `network = \"open\"` there for the machine's network)",
                             Style::Warn
                         )
                     ));
@@ -355,6 +363,10 @@ fn render(ctx: &Context, report: &Report) -> String {
                     out.push_str("    a request must be in every list\n");
                 }
             }
+            (crew_core::config::NetworkMode::Proxy, false) if !agent.network_named => out.push_str(&format!(
+                "  network: {} (crew's default, proxy, needs unprivileged user namespaces, which this kernel refuses: its tasks run with the network open, said on each; name `network = \"proxy\"` in its definition to refuse them instead)\n",
+                ui.paint("open", Style::Warn)
+            )),
             (crew_core::config::NetworkMode::Proxy | crew_core::config::NetworkMode::None, false) => out.push_str(&format!(
                 "  network: {}, {}\n",
                 agent.network.as_str(),

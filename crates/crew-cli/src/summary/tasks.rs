@@ -110,7 +110,10 @@ pub(super) fn task_notes(
                 .collect::<String>()
         ));
     }
-    if let Some(requests) = task.requests {
+    if let Some(requests) = task
+        .requests
+        .filter(|requests| requests.allowed > 0 || requests.refused > 0)
+    {
         next.push(format!(
             "# {}: network through crew's proxy: {} request(s) let through, {} refused (`crew events --run {}` names each)",
             task.id, requests.allowed, requests.refused, manifest.run_id

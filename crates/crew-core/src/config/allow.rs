@@ -11,20 +11,21 @@
 //! change to the file needs allowing again (`crew sandbox allow`); until then crew refuses to
 //! start what it would loosen, naming the file, the keys and that command.
 //!
-//! The network is measured against the past, not against a default: a definition that names no
-//! mode is `open` (so that one written for an earlier crew keeps working), so no content of a
-//! file is wider than what a fresh clone gets. What crew remembers instead is, per file, the
-//! network it last ran by (`network/` beside the records: its `[sandbox] network` and
-//! `allow_hosts`). A file first seen is run as it is and remembered; one whose network
-//! reaches further than that (a wider mode, a host added, its list removed) is refused until
-//! allowed; one that narrows is remembered narrower, so widening it back needs allowing too.
+//! The network is measured twice. `network = "open"` is a loosening like `mode = "off"`:
+//! what a file that names no mode gets is crew's proxy with no host beyond the lists, so the
+//! machine's network named in a checked-in file applies only once its content was allowed.
+//! The lists of hosts are measured against the past: crew remembers, per file, the network it
+//! last ran by (`network/` beside the records: its `[sandbox] network` and `allow_hosts`). A
+//! file first seen is run as it is and remembered; one whose network reaches further than that
+//! (a wider mode, a host added, its list removed) is refused until allowed; one that narrows
+//! is remembered narrower, so widening it back needs allowing too.
 
 use camino::{Utf8Path, Utf8PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::hosts::HostPattern;
-use super::sandbox::{NetworkMode, SandboxMode};
+use super::sandbox::{Network, NetworkMode, SandboxMode};
 use super::settings::{AgentDef, ProjectConfig};
 use crate::fsutil::{FileError, read_nofollow, write_atomic};
 
@@ -183,7 +184,7 @@ pub struct SettingsFile {
 /// What one settings file says of the network: its `[sandbox] network` and `allow_hosts`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkGrant {
-    /// Its mode (`open` when it names none).
+    /// Its mode (crew's default, `proxy`, when it names none).
     pub mode: NetworkMode,
     /// Its list; `None`: it has none, and other lists decide.
     pub allow_hosts: Option<Vec<HostPattern>>,
@@ -193,8 +194,9 @@ impl NetworkGrant {
     /// What of this reaches further than `before`, as written in the file.
     pub fn widening_over(&self, before: &NetworkGrant) -> Vec<String> {
         let mut keys = Vec::new();
-        // Ordered from the widest to the narrowest.
-        if self.mode < before.mode {
+        // Ordered from the widest to the narrowest; `open` is a loosening of its own, allowed
+        // by the file's content.
+        if self.mode < before.mode && self.mode != NetworkMode::Open {
             keys.push(format!(
                 "[sandbox] network = \"{}\" (it was \"{}\")",
                 self.mode.as_str(),
@@ -224,7 +226,7 @@ impl NetworkGrant {
 /// The network a project's `config.toml` grants.
 pub fn network_in_config(config: &ProjectConfig) -> NetworkGrant {
     NetworkGrant {
-        mode: config.sandbox.network,
+        mode: config.sandbox.network.unwrap_or(Network::DEFAULT),
         allow_hosts: config.sandbox.allow_hosts.clone(),
     }
 }
@@ -232,17 +234,24 @@ pub fn network_in_config(config: &ProjectConfig) -> NetworkGrant {
 /// The network an agent definition grants.
 pub fn network_in_agent(definition: &AgentDef) -> NetworkGrant {
     NetworkGrant {
-        mode: definition.sandbox.network,
+        mode: definition.sandbox.network.unwrap_or(Network::DEFAULT),
         allow_hosts: definition.sandbox.allow_hosts.clone(),
     }
 }
 
 /// What of a project's `config.toml` loosens confinement, as written there.
 pub fn loosening_in_config(config: &ProjectConfig) -> Vec<String> {
-    match config.sandbox.mode {
-        SandboxMode::Off => vec!["[sandbox] mode = \"off\"".to_owned()],
-        SandboxMode::Enforce => Vec::new(),
+    let mut keys = Vec::new();
+    if config.sandbox.mode == SandboxMode::Off {
+        keys.push("[sandbox] mode = \"off\"".to_owned());
     }
+    keys.extend(open_network(config.sandbox.network));
+    keys
+}
+
+/// `network = "open"`, as written, where a file names it: the machine's network.
+fn open_network(mode: Option<NetworkMode>) -> Option<String> {
+    (mode == Some(NetworkMode::Open)).then(|| "[sandbox] network = \"open\"".to_owned())
 }
 
 /// What of an agent definition loosens confinement, as written there.
@@ -251,6 +260,7 @@ pub fn loosening_in_agent(definition: &AgentDef) -> Vec<String> {
     if definition.sandbox.mode == SandboxMode::Off {
         keys.push("[sandbox] mode = \"off\"".to_owned());
     }
+    keys.extend(open_network(definition.sandbox.network));
     if !definition.sandbox.write.is_empty() {
         keys.push(format!(
             "[sandbox] write = [{}]",
@@ -328,14 +338,15 @@ mod tests {
         let (_dir, list) = list();
         let at = |network| file("/p/.crew/agents/a.toml", "", &[], network);
         let listed = grant(NetworkMode::Proxy, Some(&["api.example.com"]));
+        let none = grant(NetworkMode::None, Some(&["api.example.com"]));
         assert!(
-            AllowList::check(Some(&list), &at(listed.clone())).is_ok(),
+            AllowList::check(Some(&list), &at(none.clone())).is_ok(),
             "first seen"
         );
         let wider = [
             (
-                grant(NetworkMode::Open, Some(&["api.example.com"])),
-                "network = \"open\" (it was \"proxy\")",
+                grant(NetworkMode::Proxy, Some(&["api.example.com"])),
+                "network = \"proxy\" (it was \"none\")",
             ),
             (
                 grant(
@@ -350,12 +361,30 @@ mod tests {
             let refused = AllowList::check(Some(&list), &at(network.clone())).unwrap_err();
             assert!(refused.to_string().contains(key), "{refused}");
             list.allow_file(&at(network)).unwrap();
-            list.allow_file(&at(listed.clone())).unwrap();
+            list.allow_file(&at(none.clone())).unwrap();
         }
+        list.allow_file(&at(listed.clone())).unwrap();
         // Narrowed, it is remembered narrower: back to what it was needs allowing.
         assert!(AllowList::check(Some(&list), &at(grant(NetworkMode::None, Some(&[])))).is_ok());
         assert!(AllowList::check(Some(&list), &at(listed.clone())).is_err());
         list.allow_file(&at(listed.clone())).unwrap();
         assert!(AllowList::check(Some(&list), &at(listed)).is_ok());
+    }
+
+    #[test]
+    fn the_open_network_named_in_a_checked_in_file_is_a_loosening_to_allow() {
+        let parse = |text: &str| -> AgentDef {
+            crate::config::load::parse_agent(Utf8Path::new("a.toml"), text, "a").unwrap()
+        };
+        let open = parse("command = [\"true\"]\n[sandbox]\nnetwork = \"open\"\n");
+        assert_eq!(
+            loosening_in_agent(&open),
+            vec!["[sandbox] network = \"open\"".to_owned()]
+        );
+        for narrow in ["", "[sandbox]\nnetwork = \"proxy\"\n"] {
+            let definition = parse(&format!("command = [\"true\"]\n{narrow}"));
+            assert!(loosening_in_agent(&definition).is_empty(), "{narrow}");
+            assert_eq!(network_in_agent(&definition).mode, NetworkMode::Proxy);
+        }
     }
 }

@@ -166,7 +166,8 @@ pub fn decide(
         return Verdict::Refused {
             file: None,
             reason: format!(
-                "{host}:{port} is not allowed: `network = \"proxy\"` with no `allow_hosts` reaches no host"
+                "{host}:{port} is not allowed: no `allow_hosts` applies to the agent, so it reaches no host (add \"{}\" to `allow_hosts` in its definition, .crew/agents/<name>.toml, or set `network = \"open\"` there)",
+                display_host(host, port)
             ),
         };
     }

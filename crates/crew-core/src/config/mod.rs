@@ -32,7 +32,7 @@ pub use graph::{
 };
 pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
-pub use sandbox::{AgentSandbox, Confined, NetworkMode, SandboxMode, SandboxSettings};
+pub use sandbox::{AgentSandbox, Confined, Network, NetworkMode, SandboxMode, SandboxSettings};
 pub use settings::{
     AgentDef, BaseMoved, IsolationFallback, IsolationSettings, LeaseSettings, LinkMode,
     MAX_STOP_GRACE, OnLimit, PlacedTask, PlacementDef, PlacementKind, PlannedTask, ProjectConfig,

@@ -45,9 +45,11 @@ impl SandboxMode {
 pub struct SandboxSettings {
     /// `"off"` turns the sandbox off for every agent of the project.
     pub mode: SandboxMode,
-    /// What the project's confined agents reach of the network at most: each agent gets the
-    /// narrower of this and its definition's.
-    pub network: NetworkMode,
+    /// What the project's confined agents reach of the network: with an agent definition's
+    /// and the command line's, one of the settings that name it (see [`Network::named`]);
+    /// `None`: this file names none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
     /// With `network = "proxy"` (here or in an agent's definition), the hosts every agent of
     /// the project may reach at most (see [`super::hosts`]); unset, the definitions decide.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -109,6 +111,51 @@ impl NetworkMode {
     }
 }
 
+/// What an agent reaches of the network, and whether a setting named it.
+///
+/// The settings that may name a mode are the agent's definition, the project's `config.toml`
+/// (both checked in: `open` there applies once the user allowed it, see [`super::allow`]) and
+/// the command line (`crew run --network`): the narrowest named applies. Where none names one
+/// the agent gets `proxy` — the hosts the lists that apply name, none without a list — never
+/// the machine's network (DESIGN §8a). A team, a task and an agent that submitted the task
+/// then only narrow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    /// The mode the agent gets.
+    pub mode: NetworkMode,
+    /// A setting named it, or narrowed it: where the kernel cannot give it, the start is
+    /// refused. Unnamed, crew's default gives way to the open network where the kernel cannot
+    /// give it, and says so on the task.
+    pub named: bool,
+}
+
+impl Network {
+    /// The mode crew gives an agent whose settings name none.
+    pub const DEFAULT: NetworkMode = NetworkMode::Proxy;
+
+    /// The narrowest of the modes `settings` name; [`Network::DEFAULT`] where none does.
+    pub fn named(settings: impl IntoIterator<Item = Option<NetworkMode>>) -> Network {
+        match settings.into_iter().flatten().max() {
+            Some(mode) => Network { mode, named: true },
+            None => Network {
+                mode: Network::DEFAULT,
+                named: false,
+            },
+        }
+    }
+
+    /// This narrowed to `cap` (a team's, a task's, a submitter's); `None`: no cap.
+    pub fn narrowed(self, cap: Option<NetworkMode>) -> Network {
+        match cap {
+            Some(cap) if cap > self.mode => Network {
+                mode: cap,
+                named: true,
+            },
+            _ => self,
+        }
+    }
+}
+
 /// `[sandbox]` of an agent definition: what its program needs to write besides its workspace
 /// and its private temp dir.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -117,8 +164,8 @@ pub struct AgentSandbox {
     pub mode: SandboxMode,
     /// `"none"`: this agent reaches no network; `"proxy"`: the hosts of `allow_hosts` only
     /// (see [`NetworkMode`]).
-    #[serde(default, skip_serializing_if = "NetworkMode::is_open")]
-    pub network: NetworkMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
     /// The hosts its program needs (its vendor's API), for `network = "proxy"`; `None`: the
     /// definition names none, and other lists decide.
     #[serde(default, skip_serializing_if = "Option::is_none")]

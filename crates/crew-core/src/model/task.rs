@@ -378,10 +378,14 @@ pub struct TaskRecord {
     /// the placement's clone, and its work comes back as its branch here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
-    /// The network its team, itself or its run's command line narrowed it to (`crew run
-    /// --network`): its agent gets the narrower of this and its own settings, at every start.
+    /// The network its team or itself narrowed it to: its agent never gets wider, at every
+    /// start (see [`crate::config::Network`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::config::NetworkMode>,
+    /// The network its run's command line named (`crew run --network`): one of the settings
+    /// whose narrowest its agent gets, with its definition's and the project's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub named_network: Option<crate::config::NetworkMode>,
     /// Its run allowed an open network where the narrower one cannot be had (`crew run
     /// --allow-open-network`), at every start.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -508,6 +512,20 @@ pub struct TaskOverlap {
 pub const INTERRUPTED_REASON: &str = "interrupted: ";
 
 impl TaskRecord {
+    /// What this task's agent reaches of the network, by its definition's `[sandbox]` in a
+    /// project whose `config.toml` names `project`: the narrowest of what they and the run's
+    /// command line name (crew's default where none does), narrowed by its team or itself and
+    /// by what its submitter reached.
+    pub fn network_by(
+        &self,
+        project: Option<crate::config::NetworkMode>,
+        definition: &crate::config::AgentSandbox,
+    ) -> crate::config::Network {
+        crate::config::Network::named([project, definition.network, self.named_network])
+            .narrowed(self.network)
+            .narrowed(self.submitter_reach.as_ref().map(|reach| reach.network))
+    }
+
     /// Moves the task (of run `run_id`) to `next` at `now`, refused when its lifecycle does
     /// not allow it; its start and end times follow.
     pub fn set_status(
@@ -636,6 +654,7 @@ impl TaskRecord {
             on_limit: OnLimit::Fail,
             placement: None,
             network: None,
+            named_network: None,
             allow_open_network: false,
             submitter_reach: None,
             requests: None,

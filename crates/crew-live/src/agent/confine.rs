@@ -45,7 +45,13 @@ pub(super) fn confinement(
     extra_writes.push(temp_path);
     let mut plan = spec.sandbox.clone();
     plan.mode = plan.mode.and(spec.definition.sandbox.mode);
-    plan.network = plan.network.and(spec.definition.sandbox.network);
+    // Narrowed by its definition, where the plan is wider (a library's own plan).
+    if let Some(network) = spec.definition.sandbox.network
+        && network > plan.network
+    {
+        plan.network = network;
+        plan.network_named = true;
+    }
     if let Some(hosts) = &spec.definition.sandbox.allow_hosts {
         plan.hosts.push(crew_core::config::HostList {
             file: format!(".crew/agents/{}.toml", spec.definition.name),

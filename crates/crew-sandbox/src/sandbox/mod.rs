@@ -105,6 +105,10 @@ pub struct SandboxPlan {
     /// With `proxy`, the lists of hosts that apply besides its definition's (the project's):
     /// a request must be in every one.
     pub hosts: Vec<HostList>,
+    /// A setting named `network` (see [`crew_core::config::Network`]): where the kernel cannot
+    /// give it, the start is refused. Unnamed (crew's default), it gives way to the open
+    /// network, recorded as `network_unmet`.
+    pub network_named: bool,
     /// Where the kernel cannot give the narrower network, run with the open one (recorded as
     /// `network_unmet`) instead of refusing the start.
     pub allow_open_network: bool,
@@ -127,6 +131,7 @@ impl SandboxPlan {
             read_only: Vec::new(),
             private: Vec::new(),
             network: NetworkMode::Open,
+            network_named: true,
             hosts: Vec::new(),
             allow_open_network: false,
             locks: Vec::new(),
@@ -199,7 +204,7 @@ pub fn prepare(
     // and then it is said. Off by the user's choice, it is off.
     let mut network_unmet = None;
     if state == SandboxState::Unsupported && plan.network != NetworkMode::Open {
-        if !plan.allow_open_network {
+        if plan.network_named && !plan.allow_open_network {
             return Err(BuildSandboxError {
                 message: format!(
                     "`[sandbox] network = \"{}\"` needs the kernel's sandbox, and this kernel has no Landlock: run crew on Linux 5.13 or later with Landlock enabled (`lsm=landlock` among the boot's security modules), set `network = \"open\"`, or run with `--allow-open-network`",
@@ -393,7 +398,7 @@ pub fn prepare(
     // A narrower network asked, and none to be had: refused, never a silent fallback to the
     // open one.
     if plan.network != NetworkMode::Open && ruleset.is_some() && namespace.is_none() {
-        if !plan.allow_open_network {
+        if plan.network_named && !plan.allow_open_network {
             return Err(BuildSandboxError {
                 message: format!(
                     "`[sandbox] network = \"{}\"` needs a network namespace of the agent's own, and this kernel refuses unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone`, or AppArmor's `kernel.apparmor_restrict_unprivileged_userns` on Ubuntu): allow them, set `network = \"open\"`, or run with `--allow-open-network`",
@@ -624,6 +629,7 @@ mod tests {
             read_only: Vec::new(),
             private: Vec::new(),
             network: NetworkMode::Open,
+            network_named: true,
             hosts: Vec::new(),
             allow_open_network: false,
             locks: Vec::new(),

@@ -81,8 +81,9 @@ fn an_agent_with_no_network_reaches_no_host_and_none_of_the_user_s_local_servers
     );
     write(
         &repo.join(".crew/agents/open.toml"),
-        "command = [\"sh\", \"-c\", \"{prompt}\"]\n",
+        "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nnetwork = \"open\"\n",
     );
+    env.allow_settings(&repo);
     let probe = format!(
         r#"import socket
 def attempt(what, do):
@@ -269,7 +270,14 @@ answer = request("\0" + own[1:], "stop")
 print("OWN-ANSWER", answer.get("error", {}).get("code"))
 "#;
     write(&repo.join("probe.py"), probe);
-    env.git(&repo, ["add", "probe.py"]);
+    // On the machine's network both agents share one namespace of abstract sockets, where
+    // the attacker sees the victim's connection: the sandbox, not the namespace, refuses it.
+    write(
+        &repo.join(".crew/config.toml"),
+        "[sandbox]\nnetwork = \"open\"\n",
+    );
+    env.allow_settings(&repo);
+    env.git(&repo, ["add", "probe.py", ".crew"]);
     env.git(&repo, ["commit", "-q", "-m", "probe"]);
     let output = env.crew(
         &repo,

@@ -15,7 +15,7 @@ fn claude_code_acp_asks_its_permission_as_the_task_s_question_and_takes_the_answ
     crew_tests::write(
         &project.repo.join(".crew/agents/cc.toml"),
         &format!(
-            "command = [\"claude-code-acp\"]\nprotocol = \"acp\"\npass_env = [\"ANTHROPIC_*\", \"CLAUDE_CODE_*\"]\nenv = {{ CLAUDE_CONFIG_DIR = \"{state}\" }}\n[sandbox]\nwrite = [\"~/.claude/\"]\n"
+            "command = [\"claude-code-acp\"]\nprotocol = \"acp\"\npass_env = [\"ANTHROPIC_*\", \"CLAUDE_CODE_*\"]\nenv = {{ CLAUDE_CONFIG_DIR = \"{state}\" }}\n[sandbox]\nallow_hosts = [\"api.anthropic.com\"]\nwrite = [\"~/.claude/\"]\n"
         ),
     );
     project.env.allow_settings(&project.repo);
@@ -84,7 +84,7 @@ fn claude_code_acp_whose_session_cannot_start_fails_its_task_and_is_ended() {
     // session/new fails, and the adapter stays (it ignores the end of its input).
     crew_tests::write(
         &project.repo.join(".crew/agents/cc.toml"),
-        "command = [\"claude-code-acp\"]\nprotocol = \"acp\"\npass_env = [\"ANTHROPIC_*\", \"CLAUDE_CODE_*\"]\n[sandbox]\nwrite = [\"~/.claude/\"]\n",
+        "command = [\"claude-code-acp\"]\nprotocol = \"acp\"\npass_env = [\"ANTHROPIC_*\", \"CLAUDE_CODE_*\"]\n[sandbox]\nallow_hosts = [\"api.anthropic.com\"]\nwrite = [\"~/.claude/\"]\n",
     );
     project.env.allow_settings(&project.repo);
     let model = ModelApi::start(vec![Reply::say("Hello.")]);

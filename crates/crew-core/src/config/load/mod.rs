@@ -49,7 +49,7 @@ pub(super) struct AgentSandboxFile {
     #[serde(default)]
     mode: SandboxMode,
     #[serde(default)]
-    network: NetworkMode,
+    network: Option<NetworkMode>,
     #[serde(default)]
     allow_hosts: Option<Vec<HostPattern>>,
     #[serde(default)]

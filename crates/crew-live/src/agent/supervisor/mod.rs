@@ -552,7 +552,11 @@ impl Supervisor {
         });
         // Its last connections ended with it; the proxy goes with this process.
         let proxy = running.proxy.take();
-        exit.network = proxy.as_ref().map(|proxy| proxy.counts().record());
+        // Counted where it asked: a proxy nobody used (crew's default for a shell) says nothing.
+        exit.network = proxy
+            .as_ref()
+            .map(|proxy| proxy.counts().record())
+            .filter(|counts| counts.allowed > 0 || counts.refused > 0);
         let refused_hosts = proxy
             .as_ref()
             .map(|proxy| proxy.counts().refusals())

@@ -65,10 +65,8 @@ impl Runner {
             record.check = task.check.map(CheckRecord::pending);
             record.on_limit = spec.on_limit.or(task.on_limit).unwrap_or_default();
             record.placement = spec.placement.clone().or(task.placement);
-            record.network = match (spec.network, task.network) {
-                (Some(run), Some(task)) => Some(run.and(task)),
-                (run, task) => run.or(task),
-            };
+            record.network = task.network;
+            record.named_network = spec.network;
             record.allow_open_network = spec.allow_open_network;
             if let Some(placement) = &record.placement {
                 if !self.config.placements.contains_key(placement) {

@@ -81,8 +81,8 @@ pub struct RunSpec {
     pub on_limit: Option<OnLimit>,
     /// `--placement`: where every task runs, overriding the team's and the tasks' own.
     pub placement: Option<String>,
-    /// `--network`: the network of every task at most, narrowing what the team, the tasks and
-    /// their agents say.
+    /// `--network`: the network of every task, as the user names it (the narrowest of this,
+    /// the project's and each agent's definition's applies; a team and a task narrow it).
     pub network: Option<crew_core::config::NetworkMode>,
     /// `--allow-open-network`: where the kernel cannot give a task's agent the narrower network
     /// it asks for (no unprivileged user namespaces, or no Landlock), the agent runs with the

@@ -140,10 +140,10 @@ fn reach_of(
     if project.mode.and(definition.sandbox.mode) != SandboxMode::Enforce {
         return inherited;
     }
-    let mut network = project
-        .network
-        .and(definition.sandbox.network)
-        .and(submitter.network.unwrap_or_default());
+    // What it reached, its own submitter's reach among it.
+    let network = submitter
+        .network_by(project.network, &definition.sandbox)
+        .mode;
     let mut lists = Vec::new();
     if let Some(hosts) = &definition.sandbox.allow_hosts {
         lists.push(ReachList {
@@ -152,7 +152,6 @@ fn reach_of(
         });
     }
     if let Some(inherited) = inherited {
-        network = network.and(inherited.network);
         lists.extend(inherited.lists);
     }
     Some(Reach { network, lists })

@@ -571,18 +571,12 @@ impl RunContext {
         let task = task_id.clone();
         // A state directory its definition declares that could not be made: the agent runs,
         // and cannot keep its state (its sessions, its transcripts) there. A network narrower
-        // than open that the kernel could not give, where the run allowed the open one. Said
-        // where it shows.
+        // than open that the kernel could not give, where the run allowed the open one or it
+        // was crew's default. Said where it shows.
         let unmade: Vec<String> = status
             .sandbox
             .as_ref()
             .map(|sandbox| {
-                let unmet = sandbox.network_unmet.map(|mode| {
-                    format!(
-                        "network: `{}` could not be had here (the kernel refuses what it needs: unprivileged user namespaces, or Landlock): the agent ran with the network open, as --allow-open-network allowed",
-                        mode.as_str()
-                    )
-                });
                 sandbox
                     .unmade
                     .iter()
@@ -591,10 +585,13 @@ impl RunContext {
                             "crew could not make {why}, which the agent's definition declares: the agent cannot keep its state there (its sessions, its transcripts); make the directory yourself, or check HOME"
                         )
                     })
-                    .chain(unmet)
                     .collect()
             })
             .unwrap_or_default();
+        let unmet = status
+            .sandbox
+            .as_ref()
+            .and_then(|sandbox| sandbox.network_unmet);
         let run_id = self.run_id.clone();
         let record = self
             .save_task(&format!("task {task_id}'s start"), &task, move |record| {
@@ -607,7 +604,18 @@ impl RunContext {
                 // Why it stopped or paused before is over now.
                 record.reason = None;
                 record.sandbox = status.sandbox;
-                for warning in unmade {
+                let unmet = unmet.map(|mode| {
+                    format!(
+                        "network: `{}` could not be had here (the kernel refuses what it needs: unprivileged user namespaces, or Landlock): the agent ran with the network open, {}",
+                        mode.as_str(),
+                        if record.allow_open_network {
+                            "as --allow-open-network allowed"
+                        } else {
+                            "as crew's default does where it cannot be had (no setting names the agent's network: name one in its definition for its start to be refused instead)"
+                        }
+                    )
+                });
+                for warning in unmade.iter().cloned().chain(unmet) {
                     if !record.warnings.contains(&warning) {
                         record.warnings.push(warning);
                     }

@@ -146,6 +146,7 @@ impl RunContext {
         workspace: &TaskWorkspace,
     ) -> AgentSpec {
         let store = &self.runner.store;
+        let network = self.network_of(task, &definition);
         AgentSpec {
             agent_id: AgentId::new(self.run_id.clone(), task.id.clone()),
             workspace: self.runner.workspace.id().clone(),
@@ -166,7 +167,8 @@ impl RunContext {
                     .collect(),
                 read_only: workspace.read_only.clone(),
                 private: workspace.private.clone(),
-                network: self.task_network(task),
+                network: network.mode,
+                network_named: network.named,
                 hosts: self
                     .runner
                     .config
@@ -264,7 +266,7 @@ impl RunContext {
         // project and the definition list hosts, only the definition's entries the project
         // names too go (narrower than here, where wildcards of the project's cover more).
         let mut agent = spec.definition.clone();
-        agent.sandbox.network = spec.sandbox.network.and(agent.sandbox.network);
+        agent.sandbox.network = Some(spec.sandbox.network);
         // (The lists here are the project's and, for a sub-task, its submitter's: an entry goes
         // when every one of them names it.)
         let lists: Vec<&Vec<crew_core::config::HostPattern>> =
@@ -302,7 +304,7 @@ impl RunContext {
             pass_env,
             sandbox: crew_core::config::AgentSandbox {
                 mode: crew_core::config::SandboxMode::Off,
-                network: crew_core::config::NetworkMode::Open,
+                network: Some(crew_core::config::NetworkMode::Open),
                 allow_hosts: None,
                 write: Vec::new(),
                 confined: Default::default(),
@@ -351,7 +353,7 @@ impl RunContext {
         }
         if let Ok(definition) = &definition
             && definition.sandbox.allow_hosts.is_some()
-            && self.network_of(task, definition) == crew_core::config::NetworkMode::Open
+            && self.network_of(task, definition).mode == crew_core::config::NetworkMode::Open
         {
             self.record_warning(
                 &task.id,
@@ -387,29 +389,9 @@ impl RunContext {
         }
     }
 
-    /// The network `task`'s agent gets before its definition's own setting narrows it: the
-    /// narrowest of the project's, the task's and (a sub-task reaches no further than the agent
-    /// that submitted it) its submitter's.
-    fn task_network(&self, task: &TaskRecord) -> crew_core::config::NetworkMode {
-        self.runner
-            .config
-            .sandbox
-            .network
-            .and(task.network.unwrap_or_default())
-            .and(
-                task.submitter_reach
-                    .as_ref()
-                    .map_or_else(Default::default, |reach| reach.network),
-            )
-    }
-
     /// The network `task`'s agent (by `definition`) gets.
-    fn network_of(
-        &self,
-        task: &TaskRecord,
-        definition: &AgentDef,
-    ) -> crew_core::config::NetworkMode {
-        self.task_network(task).and(definition.sandbox.network)
+    fn network_of(&self, task: &TaskRecord, definition: &AgentDef) -> crew_core::config::Network {
+        task.network_by(self.runner.config.sandbox.network, &definition.sandbox)
     }
 
     /// Takes `task`'s lease (its record's ports again on a resume, where free); the task's record
