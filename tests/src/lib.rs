@@ -184,6 +184,15 @@ impl TestEnv {
     }
 }
 
+/// Where a test puts a file that lets an agent of the project at `repo` go on: beside crew's
+/// state of the project, which every agent of it reads in every workspace mode (the test's
+/// other directories are not there for a confined agent) and none works in. (Not in the git
+/// directory, which a `single` agent sees through an overlay that may not show what is made
+/// beneath it later.)
+pub fn signal(repo: &Utf8Path, name: &str) -> Utf8PathBuf {
+    repo.join(".crew/state").join(format!("crew-test-{name}"))
+}
+
 /// Writes `contents` to `path`, creating parent directories.
 /// The user (and group) tests drop to: file permissions do not hold root back, and an
 /// ordinary user's namespaces differ from root's.

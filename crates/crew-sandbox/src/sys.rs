@@ -486,6 +486,48 @@ pub(crate) fn bind_beneath(dir: c_int, name: &CStr, target: &CStr) -> c_int {
     moved
 }
 
+/// A detached copy of the tree at `name` beneath the directory `dir`, with every mount
+/// beneath it (`open_tree(2)` with `OPEN_TREE_CLONE | AT_RECURSIVE`, a link at its end
+/// followed): its descriptor, or -1 with `errno` set.
+pub(crate) fn clone_tree(dir: c_int, name: &CStr) -> c_int {
+    // SAFETY: `name` is NUL-terminated.
+    unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            dir,
+            name.as_ptr(),
+            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint,
+        ) as c_int
+    }
+}
+
+/// Attaches the detached tree `tree` at `name` beneath the directory `dir` (`move_mount(2)`).
+pub(crate) fn attach_tree(tree: c_int, dir: c_int, name: &CStr) -> c_int {
+    // SAFETY: both paths are NUL-terminated strings alive for the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            dir,
+            name.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        ) as c_int
+    }
+}
+
+/// Makes the directory `name` beneath the directory `dir` (`mkdirat(2)`).
+pub(crate) fn make_dir(dir: c_int, name: &CStr, mode: libc::mode_t) -> c_int {
+    // SAFETY: `name` is NUL-terminated.
+    unsafe { libc::mkdirat(dir, name.as_ptr(), mode) }
+}
+
+/// Makes the link `name` beneath the directory `dir`, leading to `target` (`symlinkat(2)`).
+pub(crate) fn make_link(target: &CStr, dir: c_int, name: &CStr) -> c_int {
+    // SAFETY: both are NUL-terminated.
+    unsafe { libc::symlinkat(target.as_ptr(), dir, name.as_ptr()) }
+}
+
 // The new mount API's constants (linux/mount.h), which the libc crate gives only in part.
 const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
 const FSCONFIG_SET_STRING: libc::c_uint = 1;

@@ -494,10 +494,16 @@ fn an_agent_built_with_the_official_typescript_sdk_is_driven_with_no_crew_code_i
     let agent = script.with_file_name("agent.mjs");
     let env = TestEnv::new();
     let repo = env.repo("project");
+    // The script and its packages lie outside the project, where a confined agent reads
+    // only what its definition names, as a user's would.
+    let packages = script.parent().unwrap();
     write(
         &repo.join(".crew/agents/ts.toml"),
-        &format!("command = [\"node\", \"{agent}\"]\nprotocol = \"acp\"\n"),
+        &format!(
+            "command = [\"node\", \"{agent}\"]\nprotocol = \"acp\"\n[sandbox]\nread = [\"{packages}\"]\n"
+        ),
     );
+    env.allow_settings(&repo);
     let mut host = env.spawn_crew(
         &repo,
         [

@@ -168,8 +168,32 @@ fn a_lead_agent_inside_a_crew_run_adds_its_sub_tasks_to_its_own_run() {
     crew_tests::write(&repo.join(".crew/config.toml"), "");
     env.git(&repo, ["add", ".crew"]);
     env.git(&repo, ["commit", "-q", "-m", "crew config"]);
+    // The lead's client lies outside the project: its definition names it to read, as a
+    // user's would.
+    crew_tests::write(
+        &repo.join(".crew/agents/lead.toml"),
+        &format!(
+            "command = [\"sh\", \"-c\", \"{{prompt}}\"]\n[sandbox]\nread = [\"{}\"]\n",
+            script.parent().unwrap()
+        ),
+    );
+    env.git(&repo, ["add", ".crew"]);
+    env.git(&repo, ["commit", "-q", "-m", "the lead's definition"]);
+    env.allow_settings(&repo);
     let lead = format!("node {script} nested {} .", crew_tests::crew_bin());
-    crate::common::runs::shell_worktree_run(&env, &repo, &[&format!("lead={lead}")]);
+    crate::common::runs::finished_run(
+        &env,
+        &repo,
+        &[
+            "run",
+            "--agent",
+            "lead",
+            "--workspace-mode",
+            "worktree",
+            "--task",
+            &format!("lead={lead}"),
+        ],
+    );
     let runs = crate::common::runs::run_ids(&env, &repo);
     assert_eq!(runs.len(), 1, "no run inside the run: {runs:?}");
     let record = manifest(&env, &repo, &runs[0]);

@@ -109,7 +109,7 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
     let env = TestEnv::new();
     let repo = env.repo("project");
     let started = |marker: &str| {
-        let marker = env.root().join(marker);
+        let marker = crew_tests::signal(&repo, marker);
         env.crew_command(&repo)
             .args([
                 "run",
@@ -138,7 +138,7 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
     let commit = |message: &str| env.git(&repo, ["commit", "-q", "--allow-empty", "-m", message]);
     commit("someone else's first");
     commit("someone else's second");
-    write(&env.root().join("go"), "");
+    write(&crew_tests::signal(&repo, "go"), "");
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "{}", render_output(&output));
     let base = manifest(&env, &repo, &run)["base"]
@@ -173,7 +173,7 @@ fn a_base_branch_that_moved_on_during_the_run_is_reported_with_how_far() {
     let child = started("go-again");
     let second = running(Some(&first));
     commit("one more");
-    write(&env.root().join("go-again"), "");
+    write(&crew_tests::signal(&repo, "go-again"), "");
     let output = child.wait_with_output().unwrap();
     let redactor = Redactor::new(&env)
         .literal(second, "[RUN_ID]")
@@ -256,7 +256,7 @@ fn what_setup_made_is_never_the_agents_work_unless_the_agent_changes_it() {
 fn events_follow_a_run_as_it_happens_every_change_in_order() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let marker = env.root().join("go");
+    let marker = crew_tests::signal(&repo, "go");
     let mut run = env.spawn_crew(
         &repo,
         [

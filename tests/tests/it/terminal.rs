@@ -27,7 +27,7 @@ fn task_lines<'a>(screen: &'a str, id: &str) -> Vec<&'a str> {
 fn a_run_on_a_terminal_draws_one_line_per_task_and_leaves_the_summary() {
     let env = TestEnv::reachable_by_others();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let wait_for_go = format!("while [ ! -e {go} ]; do sleep 0.05; done");
     let b = "b=if [ -n \"$CREW_MESSAGE\" ]; then echo \"$CREW_MESSAGE\" > b.txt; exit 0; fi; crew ask 'which way?'";
     let args = shell_worktree_args(&[
@@ -164,7 +164,7 @@ fn a_slow_checkout_shows_how_far_it_has_come() {
 fn no_color_takes_the_colour_away_and_keeps_the_live_block() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let args = shell_worktree_args(&[&format!(
         "slow=echo step-one; while [ ! -e {go} ]; do sleep 0.05; done"
     )]);

@@ -83,6 +83,12 @@ struct AgentReport {
     /// The user's secret stores in the home that are not there for it (confined, with
     /// namespaces).
     hidden_secrets: Vec<Utf8PathBuf>,
+    /// Confined, with namespaces: the directories it sees only in part (the home, every
+    /// top-level one not the system's); empty where it reads what the user can.
+    partial: Vec<Utf8PathBuf>,
+    /// What it reads there besides its project, its workspace and its places: its
+    /// definition's `read`, its toolchains, its `PATH`, its program.
+    read: Vec<Utf8PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,6 +167,12 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         .collect::<Result<_, _>>()?;
     let probe = tokio::task::spawn_blocking(crew_live::sandbox::probe).await??;
     let home = std::env::var("HOME").ok().map(Utf8PathBuf::from);
+    // Confined with namespaces of its own: the home and the other directories in part.
+    let sees_in_part = |definition: &AgentDef| {
+        ctx.config().sandbox.mode.and(definition.sandbox.mode) == SandboxMode::Enforce
+            && probe.confines()
+            && crew_live::sandbox::namespaces_work()
+    };
     let network = |definition: &AgentDef| {
         crew_core::config::Network::named([
             ctx.config().sandbox.network,
@@ -213,6 +225,32 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                     path,
                 })
                 .collect(),
+            partial: if sees_in_part(definition) {
+                crew_live::sandbox::partial_directories(home.as_deref())
+            } else {
+                Vec::new()
+            },
+            read: match &home {
+                Some(home) if sees_in_part(definition) => {
+                    let words: Vec<&str> = definition.command.iter().map(String::as_str).collect();
+                    let mut read = definition.sandbox.read_paths(Some(home));
+                    read.extend(crew_live::agent::toolchains::reads(
+                        home,
+                        std::env::var("PATH").ok().as_deref(),
+                        &words,
+                    ));
+                    // What lies in part only (the system is there whole), none within another.
+                    let partial = crew_live::sandbox::partial_directories(Some(home));
+                    read.retain(|path| partial.iter().any(|dir| path.starts_with(dir)));
+                    let all = read.clone();
+                    read.retain(|path| {
+                        !all.iter()
+                            .any(|other| path.starts_with(other) && path != other)
+                    });
+                    read
+                }
+                _ => Vec::new(),
+            },
             hidden_secrets: match (
                 &home,
                 ctx.config().sandbox.mode.and(definition.sandbox.mode),
@@ -309,15 +347,22 @@ fn render(ctx: &Context, report: &Report) -> String {
             .collect();
         out.push_str(&format!("    {}\n", devices.join(", ")));
         out.push_str("  everything else is read-only to it\n");
+        if !agent.partial.is_empty() {
+            let shown: Vec<String> = agent.partial.iter().map(|path| tilde(path)).collect();
+            out.push_str(&format!(
+                "  reads the system, its project and its workspace; of {} only what it may reach:\n",
+                shown.join(", ")
+            ));
+            for path in &agent.read {
+                out.push_str(&format!("    {}\n", tilde(path)));
+            }
+            out.push_str("    (widen it with `[sandbox] read = [\"~/docs/\"]`)\n");
+        }
         if !agent.hidden_secrets.is_empty() {
-            let home = std::env::var("HOME").unwrap_or_default();
             let shown: Vec<String> = agent
                 .hidden_secrets
                 .iter()
-                .map(|path| match path.as_str().strip_prefix(home.as_str()) {
-                    Some(rest) if !home.is_empty() => format!("~{rest}"),
-                    _ => path.to_string(),
-                })
+                .map(|path| tilde(path))
                 .collect();
             out.push_str(&format!(
                 "  not there for it, your secret stores: {}\n",
@@ -383,4 +428,15 @@ fn render(ctx: &Context, report: &Report) -> String {
     }
     out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.my-tool/\"]` in .crew/agents/<name>.toml\n");
     out
+}
+
+/// `path` with the home written `~`.
+fn tilde(path: &camino::Utf8Path) -> String {
+    let home = std::env::var("HOME").unwrap_or_default();
+    match path.as_str().strip_prefix(home.as_str()) {
+        Some(rest) if !home.is_empty() && (rest.is_empty() || rest.starts_with('/')) => {
+            format!("~{rest}")
+        }
+        _ => path.to_string(),
+    }
 }

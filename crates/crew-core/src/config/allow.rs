@@ -261,17 +261,14 @@ pub fn loosening_in_agent(definition: &AgentDef) -> Vec<String> {
         keys.push("[sandbox] mode = \"off\"".to_owned());
     }
     keys.extend(open_network(definition.sandbox.network));
-    if !definition.sandbox.write.is_empty() {
-        keys.push(format!(
-            "[sandbox] write = [{}]",
-            definition
-                .sandbox
-                .write
-                .iter()
-                .map(|path| format!("\"{path}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+    for (key, entries) in [
+        ("read", &definition.sandbox.read),
+        ("write", &definition.sandbox.write),
+    ] {
+        if !entries.is_empty() {
+            let quoted: Vec<String> = entries.iter().map(|entry| format!("\"{entry}\"")).collect();
+            keys.push(format!("[sandbox] {key} = [{}]", quoted.join(", ")));
+        }
     }
     keys
 }

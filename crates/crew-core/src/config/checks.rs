@@ -173,6 +173,7 @@ mod tests {
             mode: SandboxMode::Enforce,
             network: Default::default(),
             allow_hosts: None,
+            read: Vec::new(),
             write: vec!["~/.claude".into(), "/opt/cache".into(), "~".into()],
             confined: Default::default(),
         };

@@ -171,6 +171,12 @@ pub struct AgentSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_hosts: Option<Vec<HostPattern>>,
     /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
+    /// read beneath besides its workspace, the system and the toolchains: the rest of the
+    /// home is not there for it (what it may write it may read too). `~` is expanded with
+    /// the `HOME` the agent sees.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<String>,
+    /// Absolute paths, or paths beneath the home directory written `~/…`, that the agent may
     /// write beneath. `~` is expanded with the `HOME` the agent sees.
     pub write: Vec<String>,
     /// What the program is given when crew's sandbox confines it: the way its own sandbox and
@@ -222,6 +228,14 @@ impl AgentSandbox {
             .collect()
     }
 
+    /// The `read` entries as absolute paths, expanded as [`AgentSandbox::write_paths`].
+    pub fn read_paths(&self, home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
+        self.read
+            .iter()
+            .filter_map(|entry| expand(entry, home))
+            .collect()
+    }
+
     /// The `write` entries beneath the home that end in `/` (`~/.claude/`): directories the
     /// agent keeps its state in, which crew makes when they are missing (a first run in a fresh
     /// home), so that they can be granted. Only beneath the home: a definition is no way to
@@ -257,6 +271,7 @@ mod tests {
             mode: SandboxMode::Enforce,
             network: Default::default(),
             allow_hosts: None,
+            read: Vec::new(),
             write: ["~/.state/", "~/.file", "/etc/cron.d/", "~/", "/var/cache/x"]
                 .map(str::to_owned)
                 .to_vec(),

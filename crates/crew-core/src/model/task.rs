@@ -292,6 +292,14 @@ pub struct SandboxRecord {
     /// The user's own servers' socket places hidden from it (covered in its namespace).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<Utf8PathBuf>,
+    /// The directories it saw only in part (its user's home, every top-level one not the
+    /// system's): covered, with only `kept` there beneath them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partial: Vec<Utf8PathBuf>,
+    /// Beneath those, what was there for it: its workspace, the repository, its reads, its
+    /// places, its toolchains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<Utf8PathBuf>,
     /// What it reached of the network (`none`: an empty network namespace of its own).
     #[serde(default, skip_serializing_if = "crate::config::NetworkMode::is_open")]
     pub network: crate::config::NetworkMode,

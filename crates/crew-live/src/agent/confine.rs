@@ -45,6 +45,27 @@ pub(super) fn confinement(
     extra_writes.push(temp_path);
     let mut plan = spec.sandbox.clone();
     plan.mode = plan.mode.and(spec.definition.sandbox.mode);
+    // What it reads besides what it writes: where it works (a library's plan may name it
+    // apart), its definition's, its tools'.
+    plan.read.push(spec.dir.clone());
+    if let Some(home) = home {
+        plan.read
+            .extend(spec.definition.sandbox.read_paths(Some(home)));
+        let path_var = launcher.env.get("PATH").and_then(|path| path.to_str());
+        // Its program, and crew, which it runs to ask and submit (put first on its `PATH`).
+        let crew = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Utf8PathBuf::from_path_buf(exe).ok());
+        let programs: Vec<&str> = spec
+            .definition
+            .command
+            .iter()
+            .map(String::as_str)
+            .chain(crew.as_deref().map(Utf8Path::as_str))
+            .collect();
+        plan.read
+            .extend(toolchains::reads(home, path_var, &programs));
+    }
     // Narrowed by its definition, where the plan is wider (a library's own plan).
     if let Some(network) = spec.definition.sandbox.network
         && network > plan.network

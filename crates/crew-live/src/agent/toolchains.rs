@@ -43,6 +43,134 @@ const CACHE_VARIABLES: &[(&str, &str)] = &[
 /// commands, not credentials.
 const CARGO_LINKED: &[&str] = &["config.toml", "config", "bin"];
 
+/// The toolchains' homes beneath the user's home that a confined agent reads (where they are
+/// there): what installs and runs the tools a task builds with, none of them a store of
+/// secrets (cargo's credentials stay covered within `.cargo`, see
+/// `crew_sandbox::sandbox::secret_stores`). And the user's global git excludes, which git in
+/// the agent's workspace reads.
+const TOOLCHAIN_HOMES: &[&str] = &[
+    ".cargo",
+    ".rustup",
+    ".local/bin",
+    ".local/lib",
+    ".nvm",
+    ".volta",
+    ".bun",
+    ".deno",
+    "go",
+    ".pyenv",
+    ".rbenv",
+    ".asdf",
+    ".local/share/mise",
+    ".sdkman",
+    ".config/git/ignore",
+];
+
+/// How many entries of one `PATH` directory are looked at for links leading into the home.
+const LINKS_LOOKED_AT: usize = 512;
+
+/// What a confined agent reads for its tools to run, in the directories it sees only in part
+/// (DESIGN §8a: the home and every directory not the system's; see
+/// `crew_sandbox::sandbox::partial_directories`): each of [`TOOLCHAIN_HOMES`] beneath `home`
+/// that is there; each entry of `path_var` (its `PATH`) and where the links in it lead (`~/
+/// .local/bin/claude` → its version's directory); and the directory of each of `programs` (its
+/// command's, found on `PATH` when named bare, and each path among its words: a script given
+/// to its interpreter, a program a shell command runs). A `bin` beside a `lib` counts as the prefix
+/// that holds both (`~/.nvm/versions/node/v20/bin` → `…/v20`, a virtual environment's `bin` →
+/// the environment), and `node_modules/.bin` as its `node_modules`: what its programs load is
+/// there. Never the home itself, what holds it, or `~/.local` that way.
+pub fn reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) -> Vec<Utf8PathBuf> {
+    let real_home = home.canonicalize_utf8().unwrap_or_else(|_| home.to_owned());
+    let too_wide = [
+        home.to_owned(),
+        real_home.clone(),
+        home.join(".local"),
+        real_home.join(".local"),
+        Utf8PathBuf::from("/"),
+    ];
+    // A `bin` of a prefix (with its `lib` beside it) counts as the prefix; a
+    // `node_modules/.bin` as its `node_modules`; never one that holds the home.
+    let holder = |dir: &Utf8Path| -> Utf8PathBuf {
+        let prefix = match (dir.file_name(), dir.parent()) {
+            (Some("bin"), Some(parent)) if parent.join("lib").is_dir() => Some(parent),
+            (Some(".bin"), Some(parent)) if parent.file_name() == Some("node_modules") => {
+                Some(parent)
+            }
+            _ => None,
+        };
+        match prefix {
+            Some(parent)
+                if !too_wide.iter().any(|wide| wide == parent)
+                    && !home.starts_with(parent)
+                    && !real_home.starts_with(parent) =>
+            {
+                parent.to_owned()
+            }
+            _ => dir.to_owned(),
+        }
+    };
+    let mut reads: Vec<Utf8PathBuf> = TOOLCHAIN_HOMES
+        .iter()
+        .map(|name| home.join(name))
+        .filter(|path| path.exists())
+        .collect();
+    let entries: Vec<Utf8PathBuf> = path_var
+        .unwrap_or_default()
+        .split(':')
+        .filter(|entry| entry.starts_with('/'))
+        .map(Utf8PathBuf::from)
+        .collect();
+    for entry in entries.iter().filter(|entry| entry.is_dir()) {
+        reads.push(holder(entry));
+        let Ok(listing) = entry.read_dir_utf8() else {
+            continue;
+        };
+        for link in listing.flatten().take(LINKS_LOOKED_AT) {
+            if link.file_type().is_ok_and(|kind| kind.is_symlink())
+                && let Ok(target) = link.path().canonicalize_utf8()
+                && !target.starts_with(entry)
+                && let Some(dir) = target.parent()
+            {
+                reads.push(holder(dir));
+            }
+        }
+    }
+    // Named bare, found on `PATH`; by path, where it is — a word of a shell command too
+    // (`sh -c "/opt/tools/agent {prompt}"`), or a script given to its interpreter.
+    let words: Vec<&str> = programs
+        .iter()
+        .flat_map(|program| {
+            program.split(|c: char| {
+                c.is_whitespace() || matches!(c, '\'' | '"' | ';' | '&' | '|' | '(' | ')')
+            })
+        })
+        .filter(|word| !word.is_empty())
+        .collect();
+    for (index, program) in words.iter().enumerate() {
+        // A bare word is a program only first (the command's own); later ones are arguments.
+        if !program.contains('/') && index > 0 {
+            continue;
+        }
+        let found = match (program.strip_prefix("~/"), program.contains('/')) {
+            (Some(beneath), _) => Some(home.join(beneath)),
+            (None, true) => Some(Utf8PathBuf::from(*program)),
+            (None, false) => entries
+                .iter()
+                .map(|entry| entry.join(program))
+                .find(|path| path.is_file()),
+        };
+        if let Some(dir) = found
+            .and_then(|path| path.canonicalize_utf8().ok())
+            .and_then(|path| path.parent().map(holder))
+        {
+            reads.push(dir);
+        }
+    }
+    reads.sort();
+    reads.dedup();
+    reads
+}
+
 /// A project's toolchain caches, made for one start of a confined agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolchainCaches {

@@ -155,13 +155,14 @@ pub unsafe fn enter_namespace(
     ))?;
     let read_only_elsewhere = flags & PLAN_READ_ONLY_ELSEWHERE != 0;
     // Where it works: gone back to once its places are bound, so that it works through the
-    // bind, not the mount beneath it that is made read-only.
+    // bind, not the mount beneath it that is made read-only (nor the home beneath its cover).
     let mut cwd = [0u8; 4096];
     let cwd = if read_only_elsewhere {
         sys::current_dir(&mut cwd).and_then(|length| CStr::from_bytes_with_nul(&cwd[..length]).ok())
     } else {
         None
     };
+    cover_partially(paths)?;
     // Its places, each bound onto itself: a mount of their own, made writable again below.
     if read_only_elsewhere {
         for entry in entries(paths) {
@@ -287,9 +288,133 @@ pub unsafe fn enter_namespace(
             }
             // Done above; the agent's own connection is listened on once confined (see
             // `listen_for_own_connections`).
-            (b'w' | b'o' | b'O' | b'c', _) => {}
+            (b'w' | b'o' | b'O' | b'c' | b'H' | b'K' | b'k' | b'L' | b'T', _) => {}
             _ => return Err(invalid()),
         }
+    }
+    Ok(())
+}
+
+/// Covers each directory the agent sees only in part with a small empty file system and
+/// binds back beneath it what the plan keeps (`H`, then `K`, `k`, `L`/`T`; see
+/// [`PartialView`](crate::sandbox::PartialView)): each taken from the directory beneath the
+/// cover, reached by a descriptor of it opened before, with the mounts beneath it, onto a
+/// directory or file made for it on the way there; each link made again. The outer ones come
+/// first, so an inner one (the home within `/home`) is covered where the outer one kept it. A
+/// place gone since the plan was made is left out. Async-signal-safe: paths are put together in
+/// a buffer of the stack.
+fn cover_partially(paths: &[u8]) -> std::io::Result<()> {
+    let mut open: Option<(libc::c_int, libc::c_int)> = None;
+    let covered = cover_each(paths, &mut open);
+    if let Some((beneath, cover)) = open {
+        sys::close(beneath);
+        sys::close(cover);
+    }
+    covered
+}
+
+/// The work of [`cover_partially`], the descriptors of the directory in hand (beneath its
+/// cover, and the cover) in `open` for the caller to close.
+fn cover_each(paths: &[u8], open: &mut Option<(libc::c_int, libc::c_int)>) -> std::io::Result<()> {
+    let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
+    let failed = || std::io::Error::from_raw_os_error(sys::errno());
+    let directory = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    let mut link: Option<&CStr> = None;
+    for entry in entries(paths) {
+        let (kind, path) = entry?;
+        if kind == b'H' {
+            if let Some((beneath, cover)) = open.take() {
+                sys::close(beneath);
+                sys::close(cover);
+            }
+            let beneath = sys::open(path, directory);
+            if beneath < 0 {
+                return Err(failed());
+            }
+            if sys::mount(
+                Some(c"crew-partial"),
+                path,
+                Some(c"tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some(c"size=1m,nr_inodes=4096,mode=0755"),
+            ) != 0
+            {
+                let error = failed();
+                sys::close(beneath);
+                return Err(error);
+            }
+            let cover = sys::open(path, directory);
+            if cover < 0 {
+                let error = failed();
+                sys::close(beneath);
+                return Err(error);
+            }
+            *open = Some((beneath, cover));
+            continue;
+        }
+        if !matches!(kind, b'K' | b'k' | b'L' | b'T') {
+            continue;
+        }
+        let (beneath, cover) = open.ok_or_else(invalid)?;
+        if kind != b'T' {
+            make_parents(cover, path)?;
+        }
+        let made = match kind {
+            b'K' => sys::make_dir(cover, path, 0o755),
+            b'k' => sys::make_empty_file(cover, path),
+            b'L' => {
+                link = Some(path);
+                continue;
+            }
+            // `T`: where the link just named leads.
+            _ => {
+                let name = link.take().ok_or_else(invalid)?;
+                if sys::make_link(path, cover, name) != 0 && sys::errno() != libc::EEXIST {
+                    return Err(failed());
+                }
+                continue;
+            }
+        };
+        if made != 0 && sys::errno() != libc::EEXIST {
+            return Err(failed());
+        }
+        let tree = sys::clone_tree(beneath, path);
+        if tree < 0 {
+            if sys::errno() == libc::ENOENT {
+                continue;
+            }
+            return Err(failed());
+        }
+        let attached = sys::attach_tree(tree, cover, path);
+        let error = failed();
+        sys::close(tree);
+        if attached != 0 {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// Makes the directories on the way to `path` beneath `dir`, as `mkdir -p` would, in a buffer
+/// of the stack. Async-signal-safe.
+fn make_parents(dir: libc::c_int, path: &CStr) -> std::io::Result<()> {
+    let bytes = path.to_bytes();
+    let mut buffer = [0u8; 4096];
+    if bytes.len() >= buffer.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buffer[..bytes.len()].copy_from_slice(bytes);
+    for end in 1..bytes.len() {
+        if bytes[end] != b'/' {
+            continue;
+        }
+        buffer[end] = 0;
+        let parent = CStr::from_bytes_with_nul(&buffer[..=end])
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        if sys::make_dir(dir, parent, 0o755) != 0 && sys::errno() != libc::EEXIST {
+            return Err(std::io::Error::from_raw_os_error(sys::errno()));
+        }
+        buffer[end] = b'/';
     }
     Ok(())
 }

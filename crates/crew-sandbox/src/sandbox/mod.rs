@@ -57,7 +57,10 @@ pub use descriptors::{
 };
 pub use enter::{enter_namespace, restrict_self};
 pub use enter::{namespaces_work, private_terminals_work};
-pub use namespace::{Hidden, Namespace, secret_stores, user_sockets};
+pub use namespace::{
+    Hidden, Kept, Namespace, PartialView, partial_directories, partial_views, secret_stores,
+    user_sockets,
+};
 use namespace::{overlay_options, overlays_work};
 pub use user_namespace::shared_user_namespace;
 
@@ -100,6 +103,10 @@ pub struct SandboxPlan {
     /// has them, whose changes go to crew's directory (see [`PrivateView`]). Each is writable
     /// to it then (the view, not the directory).
     pub private: Vec<PrivateView>,
+    /// Beneath the user's home, what it may read besides what it may write (its definition's
+    /// `read`, the toolchains): the rest of the home is not there for it, where the kernel
+    /// has namespaces (see [`HomeView`]).
+    pub read: Vec<Utf8PathBuf>,
     /// What it reaches of the network (the narrower of the project's and its definition's).
     pub network: NetworkMode,
     /// With `proxy`, the lists of hosts that apply besides its definition's (the project's):
@@ -130,6 +137,7 @@ impl SandboxPlan {
             write: vec![dir.into()],
             read_only: Vec::new(),
             private: Vec::new(),
+            read: Vec::new(),
             network: NetworkMode::Open,
             network_named: true,
             hosts: Vec::new(),
@@ -232,6 +240,8 @@ pub fn prepare(
                 network: NetworkMode::Open,
                 network_unmet,
                 hidden: Vec::new(),
+                partial: Vec::new(),
+                kept: Vec::new(),
                 unmade: Vec::new(),
             },
         });
@@ -311,6 +321,15 @@ pub fn prepare(
         .ok()
         .filter(|home| home.starts_with('/'))
         .map(Utf8PathBuf::from);
+    // What it may reach: its reads, its places, its read-only places (its views lie within
+    // its places). A cover of the user's never hides what lies within it.
+    let reach: Vec<Utf8PathBuf> = plan
+        .read
+        .iter()
+        .chain(&write)
+        .chain(&plan.read_only)
+        .cloned()
+        .collect();
     let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
         read_only_elsewhere: true,
         // What stays writable when every mount is made read-only: its places (a view is an
@@ -332,9 +351,15 @@ pub fn prepare(
         terminals: private_terminals_work(),
         isolated_network: plan.network != NetworkMode::Open,
         proxy: plan.network == NetworkMode::Proxy,
-        hidden: user_sockets(home.as_deref(), &write),
+        hidden: user_sockets(home.as_deref(), &reach),
+        partial: Vec::new(),
         control: None,
     });
+    // The rest of the home and every directory not the system's: not there for it. What it
+    // may reach beneath is bound back.
+    if let Some(namespace) = &mut namespace {
+        namespace.partial = partial_views(&partial_directories(home.as_deref()), &reach);
+    }
     // The user's secret stores in the home: not there for the agent, even beneath a grant.
     if let (Some(namespace), Some(home)) = (&mut namespace, &home) {
         let stores: Vec<Hidden> = secret_stores(home, &write)
@@ -454,6 +479,26 @@ pub fn prepare(
                         .hidden
                         .iter()
                         .map(|hidden| hidden.path().to_owned())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            partial: namespace
+                .as_ref()
+                .map(|namespace| {
+                    namespace
+                        .partial
+                        .iter()
+                        .map(|view| view.dir.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            kept: namespace
+                .as_ref()
+                .map(|namespace| {
+                    namespace
+                        .partial
+                        .iter()
+                        .flat_map(PartialView::places)
                         .collect()
                 })
                 .unwrap_or_default(),
@@ -628,6 +673,7 @@ mod tests {
             write: vec!["/tmp".into()],
             read_only: Vec::new(),
             private: Vec::new(),
+            read: Vec::new(),
             network: NetworkMode::Open,
             network_named: true,
             hosts: Vec::new(),

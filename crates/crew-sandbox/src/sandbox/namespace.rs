@@ -57,6 +57,9 @@ pub struct Namespace {
     /// In that namespace, the proxy's listening socket, made before the agent's program
     /// starts and handed to its host (`network = "proxy"`).
     pub proxy: bool,
+    /// The directories it sees only in part (see [`partial_views`]), outermost first: made
+    /// first, so that everything after finds its paths there.
+    pub partial: Vec<PartialView>,
     /// The user's own servers' unix sockets, covered (see [`user_sockets`]).
     pub hidden: Vec<Hidden>,
     /// The name of the agent's own connection to its host: an abstract unix socket its process
@@ -73,7 +76,10 @@ impl Namespace {
     /// a file as the ruleset handles them, eight bytes each; then entries of a kind byte and a
     /// path (or an overlay's options) ended by a NUL: each writable place (`w`), each overlay
     /// (`o` its target, `O` its options), each read-only path (`r`), each hidden directory
-    /// (`d`) and file (`f`), and the name of the agent's own connection (`c`).
+    /// (`d`) and file (`f`), and the name of the agent's own connection (`c`). The partial
+    /// views come first, each its directory (`H`), then beneath it, relative, each directory
+    /// (`K`) and file (`k`) bound back and each link made again (`L` the link, `T` where it
+    /// leads).
     pub fn encode(&self) -> std::io::Result<Vec<u8>> {
         let mut flags = 0;
         if self.terminals {
@@ -110,7 +116,19 @@ impl Namespace {
                 (b'O', overlay_options(view).unwrap_or_default()),
             ]
         });
-        let entries = writable
+        let home = self.partial.iter().flat_map(|view| {
+            std::iter::once((b'H', view.dir.to_string())).chain(view.kept.iter().flat_map(|kept| {
+                match kept {
+                    Kept::Directory(path) => vec![(b'K', path.to_string())],
+                    Kept::File(path) => vec![(b'k', path.to_string())],
+                    Kept::Link(path, target) => {
+                        vec![(b'L', path.to_string()), (b'T', target.to_string())]
+                    }
+                }
+            }))
+        });
+        let entries = home
+            .chain(writable)
             .chain(overlays)
             .chain(
                 self.read_only
@@ -135,6 +153,149 @@ impl Namespace {
         }
         Ok(plan)
     }
+}
+
+/// The top-level directories of the machine that hold its programs, libraries and
+/// configuration (and the kernel's own), which an agent sees whole. Every other directory at
+/// the top (`/home`, `/root`, `/srv`, `/mnt`, `/tmp`, a `/work` or `/data` of the user's) is
+/// seen only in part: what the agent may reach beneath it (see [`PartialView`]).
+const SYSTEM_DIRECTORIES: &[&str] = &[
+    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "run", "sbin",
+    "sys", "usr", "var", "nix", "snap", "gnu",
+];
+
+/// The directories a confined agent sees only in part, outermost first: every top-level one
+/// that is not the system's, and the user's `home` (DESIGN §8a: an agent reads its workspace,
+/// the repository, the system's programs and libraries, and what its definition names; the
+/// rest of the home and other projects are not there for it).
+pub fn partial_directories(home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
+    let mut dirs: Vec<Utf8PathBuf> = Utf8Path::new("/")
+        .read_dir_utf8()
+        .map(|listing| {
+            listing
+                .flatten()
+                .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+                .filter(|entry| !SYSTEM_DIRECTORIES.contains(&entry.file_name()))
+                .map(|entry| entry.into_path())
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(home) = home.and_then(|home| home.canonicalize_utf8().ok()) {
+        dirs.push(home);
+    }
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// A directory as a confined agent sees it: a small empty file system over it, read-only,
+/// and beneath it only what the agent may reach, each bound back from the directory beneath
+/// the cover with the mounts beneath it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialView {
+    /// The directory, as the kernel names it (links resolved): what is covered.
+    pub dir: Utf8PathBuf,
+    /// What is there beneath it, relative to it, none beneath another.
+    pub kept: Vec<Kept>,
+}
+
+impl PartialView {
+    /// Its places as absolute paths, for the record.
+    pub fn places(&self) -> Vec<Utf8PathBuf> {
+        self.kept
+            .iter()
+            .map(|kept| match kept {
+                Kept::Directory(path) | Kept::File(path) | Kept::Link(path, _) => {
+                    self.dir.join(path)
+                }
+            })
+            .collect()
+    }
+}
+
+/// One place of a [`PartialView`], relative to its directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// A directory, bound back with what is mounted beneath it.
+    Directory(Utf8PathBuf),
+    /// A file, bound back.
+    File(Utf8PathBuf),
+    /// A link made again as it was (`~/.cargo` → `/data/cargo`), and where it leads.
+    Link(Utf8PathBuf, Utf8PathBuf),
+}
+
+/// The views of `dirs` (see [`partial_directories`]) for an agent that may reach `reach`
+/// (its reads, its writes, its read-only places, its views). A directory within what it may
+/// reach (a project at the home itself) is not covered; one of `dirs` within another is kept
+/// in the outer one's view, to be covered in its turn.
+pub fn partial_views(dirs: &[Utf8PathBuf], reach: &[Utf8PathBuf]) -> Vec<PartialView> {
+    dirs.iter()
+        .filter_map(|dir| {
+            let inner = dirs
+                .iter()
+                .filter(|other| other.starts_with(dir) && *other != dir);
+            let all: Vec<Utf8PathBuf> = reach.iter().chain(inner).cloned().collect();
+            partial_view(dir, &all)
+        })
+        .collect()
+}
+
+/// The view of `dir` for an agent that may reach `reach` beneath it; `None` where nothing is
+/// to be covered: it is not a directory, or lies within what the agent may reach.
+///
+/// Each place is taken where the kernel finds it (links resolved) and kept there; one given
+/// through a link in the directory (`~/.cargo` → `~/dotfiles/cargo`) gets that link too. A
+/// place that is not there is left out: a mount needs something to bind.
+fn partial_view(dir: &Utf8Path, reach: &[Utf8PathBuf]) -> Option<PartialView> {
+    let real = dir.canonicalize_utf8().ok()?;
+    if real.parent().is_none() || !real.is_dir() {
+        return None;
+    }
+    let mut kept: Vec<Kept> = Vec::new();
+    for path in reach {
+        // Given beneath the directory, as the agent will name it: a link there is made again.
+        if let Ok(given) = path.strip_prefix(dir).or_else(|_| path.strip_prefix(&real))
+            && !given.as_str().is_empty()
+            && std::fs::symlink_metadata(path).is_ok_and(|metadata| metadata.is_symlink())
+            && let Ok(target) = path.read_link_utf8()
+        {
+            kept.push(Kept::Link(given.to_owned(), target));
+        }
+        let Ok(resolved) = path.canonicalize_utf8() else {
+            continue;
+        };
+        if real.starts_with(&resolved) {
+            return None;
+        }
+        let Ok(beneath) = resolved.strip_prefix(&real) else {
+            continue;
+        };
+        kept.push(match resolved.is_dir() {
+            true => Kept::Directory(beneath.to_owned()),
+            false => Kept::File(beneath.to_owned()),
+        });
+    }
+    // A place within a directory kept is there with it, and a second mount on the way would
+    // be made inside that directory, which is the user's own.
+    let directories: Vec<Utf8PathBuf> = kept
+        .iter()
+        .filter_map(|kept| match kept {
+            Kept::Directory(path) => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    let path_of = |kept: &Kept| match kept {
+        Kept::Directory(path) | Kept::File(path) | Kept::Link(path, _) => path.clone(),
+    };
+    kept.retain(|place| {
+        let path = path_of(place);
+        !directories
+            .iter()
+            .any(|directory| path.starts_with(directory) && path != *directory)
+    });
+    kept.sort_by_key(path_of);
+    kept.dedup_by_key(|place| path_of(place));
+    Some(PartialView { dir: real, kept })
 }
 
 /// The mount options of an overlay giving a private view of `view.target` (its changes in

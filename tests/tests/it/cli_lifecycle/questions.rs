@@ -172,7 +172,7 @@ fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
     let env = TestEnv::reachable_by_others();
     let repo = env.repo("project");
     env.hand_to_nobody();
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let script = format!(
         "echo first > work.txt; echo ready; while [ ! -e {go} ]; do sleep 0.05; done; echo second >> work.txt"
     );
@@ -191,6 +191,14 @@ fn a_state_directory_turned_read_only_mid_run_is_reported_and_loses_no_work() {
     command.uid(NOBODY);
     command.gid(NOBODY);
     let mut crew = command.spawn().unwrap();
+    // Read as root once `nobody`'s crew made its state: a `crew` of root's that came first
+    // would make the state's directories root's, which `nobody` could not write.
+    crew_tests::wait_until(60, "crew to make its run", || {
+        std::fs::read_dir(repo.join(".crew/state/runs"))
+            .ok()?
+            .next()
+            .map(|_| ())
+    });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let run = loop {
         let running = run_ids(&env, &repo).into_iter().next().filter(|run| {

@@ -73,7 +73,7 @@ fn cleaning_a_run_whose_host_was_killed_saves_each_tasks_work_on_its_branch_firs
 fn a_killed_host_leaves_an_interrupted_run_that_resume_finishes() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let marker = env.root().join("go-on");
+    let marker = crew_tests::signal(&repo, "go-on");
     write(
         &repo.join(".crew/teams/long.toml"),
         &format!(
@@ -243,7 +243,7 @@ prompt = "echo ready; echo partial > slow.txt; while [ ! -f {marker} ]; do sleep
 fn an_interrupted_task_ends_when_it_was_last_seen_not_when_its_host_s_death_was_noticed() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let marker = env.root().join("never");
+    let marker = crew_tests::signal(&repo, "never");
     let mut child = start_run(
         &env,
         &repo,

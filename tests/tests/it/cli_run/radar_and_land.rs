@@ -324,7 +324,7 @@ prompt = "printf 'one, then two\n' > notes.txt"
 fn the_conflict_radar_sees_what_running_agents_committed() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let task = |id: &str| {
         format!(
             "[[tasks]]\nid = \"{id}\"\nagent = \"shell\"\nprompt = '''printf '{id}\\n' > src/lib.txt && git -c user.name=a -c user.email=a@example.com commit -qam {id} && echo committed; while [ ! -e {go} ]; do sleep 0.05; done'''\n"

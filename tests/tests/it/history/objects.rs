@@ -146,7 +146,7 @@ fn a_spare_views_directory_planted_as_a_link_is_never_followed() {
 fn an_agent_s_commit_survives_its_killed_host_and_its_deleted_worktree() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let script = format!(
         r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com
 if [ -e committed.txt ]; then echo again; exit 0; fi

@@ -239,7 +239,7 @@ echo staged > staged.txt && git add staged.txt && echo OK staged
 fn a_single_agents_commits_go_to_a_branch_of_their_own_when_the_user_moved_the_checkouts() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let committed = repo.join("committed.flag");
     let script = format!(
         r#"export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com

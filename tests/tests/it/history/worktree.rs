@@ -163,7 +163,7 @@ echo done"#
 fn honest_git_works_in_a_worktree_after_the_user_packs_refs_and_collects_garbage_mid_task() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let script = format!(
         r#"while [ ! -e {go} ]; do sleep 0.05; done
 export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.com GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.com

@@ -217,8 +217,10 @@ fn a_confined_agent_keeps_no_capability_with_or_without_a_namespace_of_its_own()
     let env = TestEnv::new();
     let repo = env.repo("project");
     let mut show = "grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status".to_owned();
-    // A grep that carries a capability of its own, where one can be given (as root).
-    let carrying = env.root().join("bin/grep-carrying");
+    // A grep that carries a capability of its own, where one can be given (as root): in the
+    // project's git directory, which the agent reads (the test's other directories are not
+    // there for it).
+    let carrying = repo.join(".git/grep-carrying");
     std::fs::create_dir_all(carrying.parent().unwrap()).unwrap();
     let given = std::process::Command::new("sh")
         .arg("-c")

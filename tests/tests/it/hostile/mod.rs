@@ -15,6 +15,7 @@ mod escapes;
 mod kernel;
 mod races;
 mod reach;
+mod reads;
 mod settings;
 mod tripwire;
 

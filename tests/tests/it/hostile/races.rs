@@ -9,7 +9,7 @@ use super::*;
 fn what_the_user_changes_in_git_while_a_confined_agent_works_is_kept_and_not_blamed() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let go = env.root().join("go");
+    let go = crew_tests::signal(&repo, "go");
     let script = format!("echo ready; while [ ! -e {go} ]; do sleep 0.05; done");
     let mut host = env.spawn_crew(
         &repo,

@@ -53,6 +53,8 @@ pub(super) struct AgentSandboxFile {
     #[serde(default)]
     allow_hosts: Option<Vec<HostPattern>>,
     #[serde(default)]
+    read: Vec<Spanned<String>>,
+    #[serde(default)]
     write: Vec<Spanned<String>>,
     #[serde(default)]
     confined: ConfinedFile,

@@ -264,6 +264,7 @@ pub(in crate::config) fn parse_agent(
         mode: file.sandbox.mode,
         network: file.sandbox.network,
         allow_hosts: file.sandbox.allow_hosts,
+        read: Vec::new(),
         write: Vec::new(),
         confined: Confined::default(),
     };
@@ -293,6 +294,12 @@ pub(in crate::config) fn parse_agent(
             invalid(key.span(), "sandbox.confined.env", message);
         }
         sandbox.confined.env.insert(key.into_inner(), value);
+    }
+    for entry in file.sandbox.read {
+        if let Err(message) = check_sandbox_path(entry.get_ref()) {
+            invalid(entry.span(), "sandbox.read", message);
+        }
+        sandbox.read.push(entry.into_inner());
     }
     for entry in file.sandbox.write {
         if let Err(message) = check_sandbox_path(entry.get_ref()) {

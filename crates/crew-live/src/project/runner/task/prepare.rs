@@ -167,6 +167,9 @@ impl RunContext {
                     .collect(),
                 read_only: workspace.read_only.clone(),
                 private: workspace.private.clone(),
+                // The project (and the repository's git directory, where it lies elsewhere);
+                // its definition's and its tools' are added as it starts (`agent/confine.rs`).
+                read: self.project_reads(),
                 network: network.mode,
                 network_named: network.named,
                 hosts: self
@@ -306,6 +309,7 @@ impl RunContext {
                 mode: crew_core::config::SandboxMode::Off,
                 network: Some(crew_core::config::NetworkMode::Open),
                 allow_hosts: None,
+                read: Vec::new(),
                 write: Vec::new(),
                 confined: Default::default(),
             },
@@ -387,6 +391,19 @@ impl RunContext {
                 None
             }
         }
+    }
+
+    /// What of the project every agent of it reads, wherever it lies: the project folder, the
+    /// repository around it and the repository's git directory (which a linked worktree or a
+    /// submodule keeps elsewhere).
+    fn project_reads(&self) -> Vec<camino::Utf8PathBuf> {
+        let workspace = &self.runner.workspace;
+        let repo = workspace.repo_root();
+        let git_dir = repo.and_then(|repo| crew_core::git_exclude::common_git_dir(repo).ok());
+        std::iter::once(workspace.root().to_owned())
+            .chain(repo.map(ToOwned::to_owned))
+            .chain(git_dir)
+            .collect()
     }
 
     /// The network `task`'s agent (by `definition`) gets.
