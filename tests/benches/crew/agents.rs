@@ -27,6 +27,23 @@ pub(super) fn sandboxed_starts(bench: &Bench) {
         per_agent,
         Some(Duration::from_micros(500)),
     );
+    // The home and every directory not the system's seen only in part (a tmpfs over each,
+    // what the agent may reach bound back), against the same sandbox reading them whole.
+    let (partial, whole, per_agent) = paired_starts(&start, "on", "whole", AGENTS);
+    Comparison {
+        name: "200 agent starts, reads in part".into(),
+        crew: partial,
+        reference: whole,
+        reference_name: "sandboxed, reads whole".into(),
+        target: Some(START_EXTRAS),
+        paired: true,
+    }
+    .print();
+    print_per_agent(
+        "reads in part added at each start",
+        per_agent,
+        Some(Duration::from_micros(500)),
+    );
     // Single mode's read-only places (a mount each) and its private view of the git directory
     // (an overlay), against the ruleset alone.
     let (single, confined, per_agent) = paired_starts(&start, "single", "on", AGENTS);

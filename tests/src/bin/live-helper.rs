@@ -6,8 +6,9 @@
 //! live-helper many <dir> <count> <grace-seconds>
 //!     hosts <count> `sleep 600` agents, measures its own idle CPU share over 5 s and its RSS,
 //!     stops them all and prints `{"idle_cpu_share", "rss_kib", "stop_seconds"}`
-//! live-helper start <dir> <count> <on|off|single|none|proxy> [gap ms]
-//!     starts <count> `sleep 600` agents one after another, sandboxed or not (`none`, `proxy`:
+//! live-helper start <dir> <count> <on|whole|off|single|none|proxy> [gap ms]
+//!     starts <count> `sleep 600` agents one after another, sandboxed or not (`whole`: sandboxed
+//!     with every directory read whole, none seen in part; `none`, `proxy`:
 //!     sandboxed with that network), prints
 //!     `{"start_seconds"}` (from the first start to the last agent's process running; with a
 //!     gap, each start that long after the last and only the starts timed), then stops them
@@ -321,7 +322,7 @@ fn start(args: &[String]) {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let count: usize = args[1].parse().unwrap();
         let mode = match args[2].as_str() {
-            "on" | "single" | "none" | "proxy" => crew_core::config::SandboxMode::Enforce,
+            "on" | "whole" | "single" | "none" | "proxy" => crew_core::config::SandboxMode::Enforce,
             _ => crew_core::config::SandboxMode::Off,
         };
         let network = match args[2].as_str() {
@@ -401,6 +402,7 @@ fn start(args: &[String]) {
                         network,
                         hosts: Vec::new(),
                         read: Vec::new(),
+                        reads_in_part: args[2] != "whole",
                         network_named: true,
                         allow_open_network: false,
                         locks: Vec::new(),
@@ -524,6 +526,7 @@ fn download(args: &[String]) {
                             ],
                         }],
                         read: Vec::new(),
+                        reads_in_part: true,
                         network_named: true,
                         allow_open_network: false,
                         locks: Vec::new(),

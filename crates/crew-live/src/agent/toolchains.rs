@@ -120,7 +120,16 @@ pub fn reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) -> Vec<
         .filter(|entry| entry.starts_with('/'))
         .map(Utf8PathBuf::from)
         .collect();
-    for entry in entries.iter().filter(|entry| entry.is_dir()) {
+    // The system's are there whole, and what their links lead to is the system's too.
+    let in_part = |path: &Utf8Path| {
+        !crew_sandbox::sandbox::in_system(path)
+            || path.starts_with(home)
+            || path.starts_with(&real_home)
+    };
+    for entry in entries
+        .iter()
+        .filter(|entry| in_part(entry) && entry.is_dir())
+    {
         reads.push(holder(entry));
         let Ok(listing) = entry.read_dir_utf8() else {
             continue;
@@ -161,6 +170,7 @@ pub fn reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) -> Vec<
         };
         if let Some(dir) = found
             .and_then(|path| path.canonicalize_utf8().ok())
+            .filter(|path| in_part(path))
             .and_then(|path| path.parent().map(holder))
         {
             reads.push(dir);

@@ -58,8 +58,8 @@ pub use descriptors::{
 pub use enter::{enter_namespace, restrict_self};
 pub use enter::{namespaces_work, private_terminals_work};
 pub use namespace::{
-    Hidden, Kept, Namespace, PartialView, partial_directories, partial_views, secret_stores,
-    user_sockets,
+    Hidden, Kept, Namespace, PartialView, in_system, partial_directories, partial_views,
+    secret_stores, user_sockets,
 };
 use namespace::{overlay_options, overlays_work};
 pub use user_namespace::shared_user_namespace;
@@ -107,6 +107,10 @@ pub struct SandboxPlan {
     /// `read`, the toolchains): the rest of the home is not there for it, where the kernel
     /// has namespaces (see [`HomeView`]).
     pub read: Vec<Utf8PathBuf>,
+    /// The home and every directory not the system's are seen only in part: what it may reach
+    /// beneath (see [`PartialView`]). `false`: as its user sees them, for a library whose
+    /// agents must read beyond what they name; crew's own tasks never.
+    pub reads_in_part: bool,
     /// What it reaches of the network (the narrower of the project's and its definition's).
     pub network: NetworkMode,
     /// With `proxy`, the lists of hosts that apply besides its definition's (the project's):
@@ -138,6 +142,7 @@ impl SandboxPlan {
             read_only: Vec::new(),
             private: Vec::new(),
             read: Vec::new(),
+            reads_in_part: true,
             network: NetworkMode::Open,
             network_named: true,
             hosts: Vec::new(),
@@ -321,14 +326,16 @@ pub fn prepare(
         .ok()
         .filter(|home| home.starts_with('/'))
         .map(Utf8PathBuf::from);
-    // What it may reach: its reads, its places, its read-only places (its views lie within
-    // its places). A cover of the user's never hides what lies within it.
+    // What it may reach: its reads, its places, its read-only places, its views and the
+    // layers they are made of (mounted after the covers). A cover of the user's never hides
+    // what lies within it.
     let reach: Vec<Utf8PathBuf> = plan
         .read
         .iter()
         .chain(&write)
         .chain(&plan.read_only)
         .cloned()
+        .chain(private.iter().flat_map(layers))
         .collect();
     let mut namespace = (ruleset.is_some() && namespaces_work()).then(|| Namespace {
         read_only_elsewhere: true,
@@ -357,7 +364,7 @@ pub fn prepare(
     });
     // The rest of the home and every directory not the system's: not there for it. What it
     // may reach beneath is bound back.
-    if let Some(namespace) = &mut namespace {
+    if let Some(namespace) = namespace.as_mut().filter(|_| plan.reads_in_part) {
         namespace.partial = partial_views(&partial_directories(home.as_deref()), &reach);
     }
     // The user's secret stores in the home: not there for the agent, even beneath a grant.
@@ -510,6 +517,15 @@ pub fn prepare(
         namespace,
         ruleset,
     })
+}
+
+/// What an overlay of `view` is made of, as one mount (the kernel wants its upper and work
+/// directories beneath the same one): the directory holding both, else each.
+fn layers(view: &PrivateView) -> Vec<Utf8PathBuf> {
+    match (view.upper.parent(), view.work.parent()) {
+        (Some(upper), Some(work)) if upper == work => vec![upper.to_owned()],
+        _ => vec![view.upper.clone(), view.work.clone()],
+    }
 }
 
 /// A path a rule is written for, opened once (`O_PATH`, never through a link).
@@ -674,6 +690,7 @@ mod tests {
             read_only: Vec::new(),
             private: Vec::new(),
             read: Vec::new(),
+            reads_in_part: true,
             network: NetworkMode::Open,
             network_named: true,
             hosts: Vec::new(),

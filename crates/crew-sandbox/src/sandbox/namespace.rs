@@ -164,6 +164,15 @@ const SYSTEM_DIRECTORIES: &[&str] = &[
     "sys", "usr", "var", "nix", "snap", "gnu",
 ];
 
+/// Whether `path` lies in one of the system's top-level directories, which an agent sees
+/// whole (see [`partial_directories`]; the home, where it lies there, is seen in part all the
+/// same).
+pub fn in_system(path: &Utf8Path) -> bool {
+    path.components()
+        .nth(1)
+        .is_some_and(|top| SYSTEM_DIRECTORIES.contains(&top.as_str()))
+}
+
 /// The directories a confined agent sees only in part, outermost first: every top-level one
 /// that is not the system's, and the user's `home` (DESIGN §8a: an agent reads its workspace,
 /// the repository, the system's programs and libraries, and what its definition names; the
@@ -180,7 +189,7 @@ pub fn partial_directories(home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(home) = home.and_then(|home| home.canonicalize_utf8().ok()) {
+    if let Some(home) = home.and_then(resolve) {
         dirs.push(home);
     }
     dirs.sort();
@@ -224,59 +233,89 @@ pub enum Kept {
     Link(Utf8PathBuf, Utf8PathBuf),
 }
 
+/// Where `path` leads, links resolved, as the kernel names it: opened (`O_PATH`) and named
+/// by its descriptor, three calls where resolving it a part at a time (`realpath(3)`) costs a
+/// call for each part; `None` where it is not there.
+pub(super) fn resolve(path: &Utf8Path) -> Option<Utf8PathBuf> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+        .ok()?;
+    let named = std::fs::read_link(format!("/proc/self/fd/{}", opened.as_raw_fd())).ok()?;
+    let named = Utf8PathBuf::from_path_buf(named).ok()?;
+    // A path the kernel cannot name from the root (a deleted directory) is not there.
+    named.is_absolute().then_some(named)
+}
+
 /// The views of `dirs` (see [`partial_directories`]) for an agent that may reach `reach`
 /// (its reads, its writes, its read-only places, its views). A directory within what it may
-/// reach (a project at the home itself) is not covered; one of `dirs` within another is kept
-/// in the outer one's view, to be covered in its turn.
+/// reach (a project at the home itself) is not covered, nor an empty one (nothing to hide);
+/// one of `dirs` within another is kept in the outer one's view, to be covered in its turn.
+///
+/// Each place is taken where the kernel finds it (links resolved) and kept there; one given
+/// through a link (`~/.cargo` → `~/dotfiles/cargo`) gets that link too. A place that is not
+/// there is left out: a mount needs something to bind. Each path is resolved once, whatever
+/// the number of directories.
 pub fn partial_views(dirs: &[Utf8PathBuf], reach: &[Utf8PathBuf]) -> Vec<PartialView> {
+    let dirs: Vec<Utf8PathBuf> = dirs
+        .iter()
+        .filter(|dir| {
+            dir.read_dir_utf8()
+                .is_ok_and(|mut listing| listing.next().is_some())
+        })
+        .filter_map(|dir| resolve(dir))
+        .filter(|dir| dir.parent().is_some())
+        .collect();
+    // Each path as given, and where it leads.
+    let resolved: Vec<(&Utf8PathBuf, Utf8PathBuf)> = reach
+        .iter()
+        .filter_map(|path| Some((path, resolve(path)?)))
+        .collect();
     dirs.iter()
-        .filter_map(|dir| {
+        .filter(|dir| !resolved.iter().any(|(_, place)| dir.starts_with(place)))
+        .map(|dir| {
             let inner = dirs
                 .iter()
-                .filter(|other| other.starts_with(dir) && *other != dir);
-            let all: Vec<Utf8PathBuf> = reach.iter().chain(inner).cloned().collect();
-            partial_view(dir, &all)
+                .filter(|other| other.starts_with(dir) && *other != dir)
+                .map(|inner| (inner, inner.clone()));
+            let mut kept: Vec<Kept> = Vec::new();
+            for (given, place) in resolved
+                .iter()
+                .map(|(given, place)| (*given, place.clone()))
+                .chain(inner)
+            {
+                // Given through a link beneath the directory, as the agent will name it.
+                if given != &place
+                    && let Ok(beneath) = given.strip_prefix(dir)
+                    && std::fs::symlink_metadata(given).is_ok_and(|metadata| metadata.is_symlink())
+                    && let Ok(target) = given.read_link_utf8()
+                {
+                    kept.push(Kept::Link(beneath.to_owned(), target));
+                }
+                if let Ok(beneath) = place.strip_prefix(dir) {
+                    kept.push(match place.is_dir() {
+                        true => Kept::Directory(beneath.to_owned()),
+                        false => Kept::File(beneath.to_owned()),
+                    });
+                }
+            }
+            PartialView {
+                dir: dir.clone(),
+                kept: outermost(kept),
+            }
         })
         .collect()
 }
 
-/// The view of `dir` for an agent that may reach `reach` beneath it; `None` where nothing is
-/// to be covered: it is not a directory, or lies within what the agent may reach.
-///
-/// Each place is taken where the kernel finds it (links resolved) and kept there; one given
-/// through a link in the directory (`~/.cargo` → `~/dotfiles/cargo`) gets that link too. A
-/// place that is not there is left out: a mount needs something to bind.
-fn partial_view(dir: &Utf8Path, reach: &[Utf8PathBuf]) -> Option<PartialView> {
-    let real = dir.canonicalize_utf8().ok()?;
-    if real.parent().is_none() || !real.is_dir() {
-        return None;
-    }
-    let mut kept: Vec<Kept> = Vec::new();
-    for path in reach {
-        // Given beneath the directory, as the agent will name it: a link there is made again.
-        if let Ok(given) = path.strip_prefix(dir).or_else(|_| path.strip_prefix(&real))
-            && !given.as_str().is_empty()
-            && std::fs::symlink_metadata(path).is_ok_and(|metadata| metadata.is_symlink())
-            && let Ok(target) = path.read_link_utf8()
-        {
-            kept.push(Kept::Link(given.to_owned(), target));
-        }
-        let Ok(resolved) = path.canonicalize_utf8() else {
-            continue;
-        };
-        if real.starts_with(&resolved) {
-            return None;
-        }
-        let Ok(beneath) = resolved.strip_prefix(&real) else {
-            continue;
-        };
-        kept.push(match resolved.is_dir() {
-            true => Kept::Directory(beneath.to_owned()),
-            false => Kept::File(beneath.to_owned()),
-        });
-    }
-    // A place within a directory kept is there with it, and a second mount on the way would
-    // be made inside that directory, which is the user's own.
+/// `kept` sorted, none twice, and none within a directory kept: it is there with it, and a
+/// second mount on the way would be made inside that directory, which is the user's own.
+fn outermost(mut kept: Vec<Kept>) -> Vec<Kept> {
+    let path_of = |kept: &Kept| match kept {
+        Kept::Directory(path) | Kept::File(path) | Kept::Link(path, _) => path.clone(),
+    };
     let directories: Vec<Utf8PathBuf> = kept
         .iter()
         .filter_map(|kept| match kept {
@@ -284,9 +323,6 @@ fn partial_view(dir: &Utf8Path, reach: &[Utf8PathBuf]) -> Option<PartialView> {
             _ => None,
         })
         .collect();
-    let path_of = |kept: &Kept| match kept {
-        Kept::Directory(path) | Kept::File(path) | Kept::Link(path, _) => path.clone(),
-    };
     kept.retain(|place| {
         let path = path_of(place);
         !directories
@@ -295,7 +331,7 @@ fn partial_view(dir: &Utf8Path, reach: &[Utf8PathBuf]) -> Option<PartialView> {
     });
     kept.sort_by_key(path_of);
     kept.dedup_by_key(|place| path_of(place));
-    Some(PartialView { dir: real, kept })
+    kept
 }
 
 /// The mount options of an overlay giving a private view of `view.target` (its changes in

@@ -170,6 +170,7 @@ impl RunContext {
                 // The project (and the repository's git directory, where it lies elsewhere);
                 // its definition's and its tools' are added as it starts (`agent/confine.rs`).
                 read: self.project_reads(),
+                reads_in_part: true,
                 network: network.mode,
                 network_named: network.named,
                 hosts: self
