@@ -80,6 +80,67 @@ const LINKS_LOOKED_AT: usize = 512;
 /// the environment), and `node_modules/.bin` as its `node_modules`: what its programs load is
 /// there. Never the home itself, what holds it, or `~/.local` that way.
 pub fn reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) -> Vec<Utf8PathBuf> {
+    // Found again only when a directory it looked in changed (a tool installed, a link made
+    // or moved): looking costs a host a millisecond a start, where comparing their times
+    // costs a few calls.
+    static LAST: std::sync::Mutex<Option<Looked>> = std::sync::Mutex::new(None);
+    let key = (
+        home.to_owned(),
+        path_var.map(str::to_owned),
+        programs.join("\0"),
+    );
+    let stamps = stamps(home, path_var);
+    let mut last = LAST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(looked) = last.as_ref()
+        && looked.key == key
+        && looked.stamps == stamps
+    {
+        return looked.reads.clone();
+    }
+    let reads = look_for_reads(home, path_var, programs);
+    *last = Some(Looked {
+        key,
+        stamps,
+        reads: reads.clone(),
+    });
+    reads
+}
+
+/// What [`reads`] found last, for what, and the times of the directories it looked in.
+struct Looked {
+    key: (Utf8PathBuf, Option<String>, String),
+    stamps: Vec<Option<std::time::SystemTime>>,
+    reads: Vec<Utf8PathBuf>,
+}
+
+/// When each directory [`reads`] looks in last changed: the home and the directories of its
+/// toolchains, and each `PATH` entry.
+fn stamps(home: &Utf8Path, path_var: Option<&str>) -> Vec<Option<std::time::SystemTime>> {
+    let changed = |path: &Utf8Path| {
+        std::fs::metadata(path)
+            .and_then(|metadata| metadata.modified())
+            .ok()
+    };
+    [
+        home.to_owned(),
+        home.join(".local"),
+        home.join(".local/share"),
+        home.join(".config"),
+    ]
+    .iter()
+    .map(|dir| changed(dir))
+    .chain(
+        path_var
+            .unwrap_or_default()
+            .split(':')
+            .filter(|entry| entry.starts_with('/'))
+            .map(|entry| changed(Utf8Path::new(entry))),
+    )
+    .collect()
+}
+
+/// [`reads`], looked for.
+fn look_for_reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) -> Vec<Utf8PathBuf> {
     let real_home = home.canonicalize_utf8().unwrap_or_else(|_| home.to_owned());
     let too_wide = [
         home.to_owned(),

@@ -364,8 +364,19 @@ pub fn prepare(
     });
     // The rest of the home and every directory not the system's: not there for it. What it
     // may reach beneath is bound back.
+    // One where it may reach nothing is covered whole, by the empty cover its other hidden
+    // directories share (a bind, where a file system of its own costs three times as much).
     if let Some(namespace) = namespace.as_mut().filter(|_| plan.reads_in_part) {
-        namespace.partial = partial_views(&partial_directories(home.as_deref()), &reach);
+        let (empty, partial): (Vec<PartialView>, Vec<PartialView>) =
+            partial_views(&partial_directories(home.as_deref()), &reach)
+                .into_iter()
+                .partition(|view| view.kept.is_empty());
+        namespace.partial = partial;
+        let whole: Vec<Hidden> = empty
+            .into_iter()
+            .map(|view| Hidden::Directory(view.dir))
+            .collect();
+        namespace.hidden.splice(0..0, whole);
     }
     // The user's secret stores in the home: not there for the agent, even beneath a grant.
     if let (Some(namespace), Some(home)) = (&mut namespace, &home) {
