@@ -71,7 +71,7 @@ const LINKS_LOOKED_AT: usize = 512;
 
 /// What a confined agent reads for its tools to run, in the directories it sees only in part
 /// (DESIGN §8a: the home and every directory not the system's; see
-/// `crew_sandbox::sandbox::partial_directories`): each of [`TOOLCHAIN_HOMES`] beneath `home`
+/// `crew_sandbox::sandbox::partial_directories`): each of `TOOLCHAIN_HOMES` beneath `home`
 /// that is there; each entry of `path_var` (its `PATH`) and where the links in it lead (`~/
 /// .local/bin/claude` → its version's directory); and the directory of each of `programs` (its
 /// command's, found on `PATH` when named bare, and each path among its words: a script given

@@ -105,7 +105,7 @@ pub struct SandboxPlan {
     pub private: Vec<PrivateView>,
     /// Beneath the user's home, what it may read besides what it may write (its definition's
     /// `read`, the toolchains): the rest of the home is not there for it, where the kernel
-    /// has namespaces (see [`HomeView`]).
+    /// has namespaces (see [`PartialView`]).
     pub read: Vec<Utf8PathBuf>,
     /// The home and every directory not the system's are seen only in part: what it may reach
     /// beneath (see [`PartialView`]). `false`: as its user sees them, for a library whose
