@@ -74,8 +74,10 @@ const LINKS_LOOKED_AT: usize = 512;
 /// `crew_sandbox::sandbox::partial_directories`): each of `TOOLCHAIN_HOMES` beneath `home`
 /// that is there; each entry of `path_var` (its `PATH`) and where the links in it lead (`~/
 /// .local/bin/claude` → its version's directory); and the directory of each of `programs` (its
-/// command's, found on `PATH` when named bare, and each path among its words: a script given
-/// to its interpreter, a program a shell command runs). A `bin` beside a `lib` counts as the prefix
+/// command's, found on `PATH` when named bare, and each path among its words that is a program,
+/// as a shell command runs one). Only a program's: a definition's command needs no allowing,
+/// and a file it names that is not a program (`cat ~/notes/secret.txt`) would otherwise make
+/// its directory readable. A `bin` beside a `lib` counts as the prefix
 /// that holds both (`~/.nvm/versions/node/v20/bin` → `…/v20`, a virtual environment's `bin` →
 /// the environment), and `node_modules/.bin` as its `node_modules`: what its programs load is
 /// there. Never the home itself, what holds it, or `~/.local` that way.
@@ -206,7 +208,12 @@ fn look_for_reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) ->
         }
     }
     // Named bare, found on `PATH`; by path, where it is — a word of a shell command too
-    // (`sh -c "/opt/tools/agent {prompt}"`), or a script given to its interpreter.
+    // (`sh -c "/opt/tools/agent {prompt}"`), which must be a file that may be run.
+    let program_file = |path: &Utf8Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path)
+            .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
+    };
     let words: Vec<&str> = programs
         .iter()
         .flat_map(|program| {
@@ -230,6 +237,8 @@ fn look_for_reads(home: &Utf8Path, path_var: Option<&str>, programs: &[&str]) ->
                 .find(|path| path.is_file()),
         };
         if let Some(dir) = found
+            // The command's own is kept whatever it is: what fails to run is said as such.
+            .filter(|path| index == 0 || program_file(path))
             .and_then(|path| path.canonicalize_utf8().ok())
             .filter(|path| in_part(path))
             .and_then(|path| path.parent().map(holder))

@@ -46,9 +46,13 @@ impl Planted {
         std::fs::create_dir_all(&project).unwrap();
         env.git(&project, ["init", "-q", "-b", "main"]);
         write(&project.join("README.md"), "# the project\n");
+        // Its command names a secret (a definition's command needs no allowing): a program's
+        // directory is read, a file that is no program is not.
         write(
             &project.join(".crew/agents/prober.toml"),
-            "command = [\"sh\", \"-c\", \"{prompt}\"]\n[sandbox]\nread = [\"~/docs/\"]\n",
+            &format!(
+                "command = [\"sh\", \"-c\", \": {home}/notes/secret.txt; {{prompt}}\"]\n[sandbox]\nread = [\"~/docs/\"]\n"
+            ),
         );
         env.git(&project, ["add", "-A"]);
         env.git(&project, ["commit", "-q", "-m", "initial commit"]);
