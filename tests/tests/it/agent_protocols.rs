@@ -268,7 +268,10 @@ fn a_limit_met_again_after_its_reset_waits_crew_s_backoff_not_the_reset_it_said(
         "the second try waits crew's backoff (a minute), not the second the limit said: {wait:?}: {record:#}\nits events:\n{}",
         events(&run)
     );
-    let cancel = env.crew(&repo, ["runs", "cancel", &run]);
+    // `--force`: in a container's job (CI) the test's session and its host's have leaders
+    // outside the pid namespace and no terminal, so crew cannot tell them apart and refuses
+    // without it (`cli_lifecycle::questions` tests that refusal).
+    let cancel = env.crew(&repo, ["runs", "cancel", "--force", &run]);
     assert!(cancel.status.success(), "{}", render_output(&cancel));
     host.wait().unwrap();
 }

@@ -29,9 +29,12 @@ pub enum CancelRunError {
         /// How it ended.
         status: RunStatus,
     },
-    /// Another terminal session hosts it (another `crew run`, an editor), and the caller did
-    /// not force the cancel.
-    #[error("run {run_id} is hosted by another session ({label}, pid {pid})")]
+    /// Another terminal session hosts it (another `crew run`, an editor), or crew cannot tell
+    /// whether its host's session is the caller's, and the caller did not force the cancel.
+    #[error(
+        "run {run_id} is hosted by {}({label}, pid {pid})",
+        if *known { "another session " } else { "a session crew cannot tell from this one " }
+    )]
     OtherSession {
         /// The run.
         run_id: RunId,
@@ -39,6 +42,9 @@ pub enum CancelRunError {
         label: String,
         /// Its host's process.
         pid: u32,
+        /// Whether crew knows the session is another (false: the two sessions' leaders lie
+        /// outside this pid namespace and neither has a terminal, as in a container's job).
+        known: bool,
     },
     /// Its state could not be read or written.
     #[error(transparent)]
@@ -100,6 +106,7 @@ impl Project {
                     .clone()
                     .unwrap_or_else(|| "another process".to_owned()),
                 pid: host.identity.pid,
+                known: same_session.is_some(),
             });
         }
         let response = self
