@@ -55,6 +55,8 @@ struct Shared {
     requests: Vec<Value>,
     /// Failures that answer the next main requests, before the script goes on.
     failures: std::collections::VecDeque<Reply>,
+    /// The keys requests carried.
+    keys: Vec<String>,
 }
 
 /// The running stand-in; it stops with the test process.
@@ -103,6 +105,12 @@ impl ModelApi {
             .unwrap()
             .failures
             .extend(std::iter::repeat_n(failure, times));
+    }
+
+    /// The keys every request carried (`x-api-key`, a bearer token, `x-goog-api-key`, a `key`
+    /// parameter), in order.
+    pub fn keys(&self) -> Vec<String> {
+        self.shared.lock().unwrap().keys.clone()
     }
 
     /// The main requests received so far, in order.
@@ -239,17 +247,36 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
     let mut length = 0usize;
+    let mut keys = Vec::new();
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header)? == 0 || header == "\r\n" || header == "\n" {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.trim().eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
+        if let Some((name, value)) = header.split_once(':') {
+            let name = name.trim().to_ascii_lowercase();
+            if name == "content-length" {
+                length = value.trim().parse().unwrap_or(0);
+            }
+            if ["x-api-key", "authorization", "x-goog-api-key"].contains(&name.as_str()) {
+                keys.push(value.trim().trim_start_matches("Bearer ").to_owned());
+            }
         }
     }
+    if let Some((_, query)) = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .split_once('?')
+    {
+        keys.extend(
+            query
+                .split('&')
+                .filter_map(|pair| pair.strip_prefix("key="))
+                .map(str::to_owned),
+        );
+    }
+    shared.lock().unwrap().keys.extend(keys);
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     let mut out = stream;

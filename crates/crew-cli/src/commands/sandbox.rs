@@ -89,6 +89,12 @@ struct AgentReport {
     /// What it reads there besides its project, its workspace and its places: its
     /// definition's `read`, its toolchains, its `PATH`, its program.
     read: Vec<Utf8PathBuf>,
+    /// The keys of its definition's credentials you have, `NAME for upstream`: held by
+    /// reference behind crew's proxy (the agent gets stand-ins), by the agent itself otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    credentials: Vec<String>,
+    /// Whether its credentials are held by reference (its network goes through crew's proxy).
+    by_reference: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -225,6 +231,13 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                     path,
                 })
                 .collect(),
+            credentials: crew_live::agent::by_reference(
+                definition,
+                &crew_live::agent::env::BaseEnv::from_process(),
+            ),
+            by_reference: network(definition).mode == crew_core::config::NetworkMode::Proxy
+                && crew_live::sandbox::namespaces_work()
+                && ctx.config().sandbox.mode.and(definition.sandbox.mode) == SandboxMode::Enforce,
             partial: if sees_in_part(definition) {
                 crew_live::sandbox::partial_directories(home.as_deref())
             } else {
@@ -372,6 +385,28 @@ fn render(ctx: &Context, report: &Report) -> String {
         out.push_str(
             "  it keeps no capability, and the kernel's keyrings are closed to it (what your login keeps there stays yours)\n",
         );
+        if !agent.credentials.is_empty() {
+            out.push_str(&if agent.by_reference {
+                format!(
+                    "  credentials, {} (it holds stand-ins; crew's proxy adds the real values): {}\n",
+                    ui.paint("by reference", Style::Good),
+                    agent.credentials.join(", ")
+                )
+            } else {
+                let variables: Vec<&str> = agent
+                    .credentials
+                    .iter()
+                    .filter_map(|held| held.split(' ').next())
+                    .collect();
+                format!(
+                    "  credentials: {} (its network does not go through crew's proxy)\n",
+                    ui.paint(
+                        &format!("it holds {} itself", variables.join(", ")),
+                        Style::Warn
+                    )
+                )
+            });
+        }
         match (agent.network, agent.network_enforced) {
             (crew_core::config::NetworkMode::Open, _) => out.push_str(
                 "  network: open (set `[sandbox] network = \"proxy\"` with `allow_hosts`, or \"none\", to narrow it)\n",

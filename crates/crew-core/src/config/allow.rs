@@ -270,6 +270,20 @@ pub fn loosening_in_agent(definition: &AgentDef) -> Vec<String> {
             keys.push(format!("[sandbox] {key} = [{}]", quoted.join(", ")));
         }
     }
+    // A credential sends a secret of the user's to its upstream.
+    for credential in &definition.sandbox.credentials {
+        let keys_held: Vec<&str> = credential
+            .keys
+            .iter()
+            .map(crate::config::credentials::CredentialKey::variable)
+            .collect();
+        keys.push(format!(
+            "[[sandbox.credentials]] \"{}\" sends {} to {}",
+            credential.name,
+            keys_held.join(", "),
+            credential.upstream
+        ));
+    }
     keys
 }
 

@@ -176,6 +176,7 @@ mod tests {
             read: Vec::new(),
             write: vec!["~/.claude".into(), "/opt/cache".into(), "~".into()],
             confined: Default::default(),
+            credentials: Vec::new(),
         };
         assert_eq!(
             sandbox.write_paths(Some(Utf8Path::new("/home/u"))),

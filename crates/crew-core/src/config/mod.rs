@@ -15,6 +15,7 @@
 pub mod allow;
 mod attempts;
 mod checks;
+pub mod credentials;
 mod graph;
 pub mod hosts;
 mod load;

@@ -183,6 +183,9 @@ pub struct AgentSandbox {
     /// permission prompts stand down, crew's sandbox being the boundary.
     #[serde(default, skip_serializing_if = "Confined::is_empty")]
     pub confined: Confined,
+    /// The secrets its program needs, used by reference (see [`super::credentials`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<super::credentials::Credential>,
 }
 
 /// `[sandbox.confined]` of an agent definition: arguments added after its command (and its
@@ -276,6 +279,7 @@ mod tests {
                 .map(str::to_owned)
                 .to_vec(),
             confined: Confined::default(),
+            credentials: Vec::new(),
         };
         let home = Utf8Path::new("/home/me");
         assert_eq!(

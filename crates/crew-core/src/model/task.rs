@@ -307,6 +307,13 @@ pub struct SandboxRecord {
     /// the open one instead (`crew run --allow-open-network`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_unmet: Option<crate::config::NetworkMode>,
+    /// The secrets its proxy held for it, `NAME for upstream`: the agent held stand-ins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_reference: Vec<String>,
+    /// The variables of its definition's credentials it held itself: its network did not go
+    /// through crew's proxy (open, or unconfined).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_by_agent: Vec<String>,
 }
 
 /// A task of a run, with everything that happened to it.

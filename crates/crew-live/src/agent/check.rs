@@ -138,6 +138,7 @@ async fn run(
         prepared.proxy.map(|lists| crew_sandbox::proxy::Rules {
             lists,
             log: spec.network_log.clone(),
+            credentials: Vec::new(),
         }),
     )
     .map_err(|error| format!("could not start sh: {error}"))?;

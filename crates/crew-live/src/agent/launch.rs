@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::agent::acp::{AcpLink, AcpStart};
 use crate::agent::confine::{confinement, private_temp_dir};
+use crate::agent::credentials::{self, Reach};
 use crate::agent::env::agent_env;
 use crate::agent::error::SpawnAgentError;
 use crate::agent::events::OutputStream;
@@ -199,6 +200,24 @@ pub(super) async fn launch(
                 .map(|(name, value)| (*name, (*value).to_owned())),
         );
     }
+    // Its credentials: by reference behind its proxy, set over whatever its definition passes.
+    let reach = if sandbox.proxy.is_some() {
+        Reach::Proxy
+    } else if confined && sandbox.record.network == crew_core::config::NetworkMode::None {
+        Reach::Nothing
+    } else {
+        Reach::Direct
+    };
+    let given = credentials::give(definition, &launcher.env, reach);
+    argv.extend(given.args.iter().cloned());
+    crew_vars.extend(
+        given
+            .env
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.clone())),
+    );
+    sandbox.record.by_reference = given.by_reference;
+    sandbox.record.held_by_agent = given.held_by_agent;
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| SpawnAgentError::EmptyCommand {
@@ -221,6 +240,7 @@ pub(super) async fn launch(
         sandbox.proxy.map(|lists| crew_sandbox::proxy::Rules {
             lists,
             log: spec.network_log.clone(),
+            credentials: given.held,
         }),
     )
     .map_err(|source| SpawnAgentError::Spawn {

@@ -18,6 +18,7 @@
 //! (`CREW_AGENT_ID`) are found in `/proc` and killed too.
 
 mod confine;
+mod credentials;
 mod launch;
 mod spec;
 mod start;
@@ -38,6 +39,7 @@ pub mod protocol;
 pub mod refusals;
 pub mod toolchains;
 
+pub use credentials::by_reference;
 pub use spec::{AgentSpec, DEFAULT_RESUME_MESSAGE};
 pub(crate) use spec::{Launcher, OwnConnections};
 pub(crate) use start::{start, start_idle};

@@ -244,6 +244,8 @@ pub fn prepare(
                 own_connection: false,
                 network: NetworkMode::Open,
                 network_unmet,
+                by_reference: Vec::new(),
+                held_by_agent: Vec::new(),
                 hidden: Vec::new(),
                 partial: Vec::new(),
                 kept: Vec::new(),
@@ -489,6 +491,8 @@ pub fn prepare(
                 plan.network
             },
             network_unmet,
+            by_reference: Vec::new(),
+            held_by_agent: Vec::new(),
             unmade: Vec::new(),
             hidden: namespace
                 .as_ref()

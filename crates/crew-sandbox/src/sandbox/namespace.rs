@@ -489,6 +489,10 @@ const SECRET_FILES: &[&str] = &[
     ".cargo/credentials",
     ".gem/credentials",
     ".vault-token",
+    // The agent programs' own logins: crew holds their keys by reference.
+    ".claude/.credentials.json",
+    ".codex/auth.json",
+    ".gemini/oauth_creds.json",
 ];
 
 /// The user's secret stores beneath `home` that exist, hidden from an agent whose grants are

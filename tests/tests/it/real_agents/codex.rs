@@ -257,8 +257,9 @@ fn codex_whose_own_sandbox_cannot_start_fails_its_task_with_what_failed() {
     // start, so every change and command it tries fails, and it still ends its turn.
     let definition = project.repo.join(".crew/agents/codex.toml");
     let text = std::fs::read_to_string(&definition).unwrap();
-    let (before, _) = text.split_once("[sandbox.confined]").unwrap();
-    crew_tests::write(&definition, before);
+    let stands_down = "args = [\"--dangerously-bypass-approvals-and-sandbox\"]\n";
+    assert!(text.contains(stands_down), "{text}");
+    crew_tests::write(&definition, &text.replace(stands_down, ""));
     project.env.allow_settings(&project.repo);
     let model = ModelApi::start(vec![
         Reply::tool(

@@ -18,6 +18,21 @@ mod claude_code_acp;
 mod codex;
 mod gemini_cli;
 mod lead;
+mod secrets;
+
+/// The key the test's user has for every provider: the model stand-in must receive it, and the
+/// agent never hold it.
+const USERS_KEY: &str = "sk-the-users-own-key-0123456789";
+
+/// The model received the user's key, and only it: the agent's stand-in never reached it.
+fn key_by_reference(model: &ModelApi) {
+    let keys = model.keys();
+    assert!(!keys.is_empty(), "the model received no key");
+    assert!(
+        keys.iter().all(|key| key == USERS_KEY),
+        "the model received another key than the user's: {keys:?}"
+    );
+}
 
 /// A project with the definitions `crew init` writes, in a fresh home, and the real programs.
 struct Project {
@@ -57,11 +72,12 @@ impl Project {
         .unwrap();
         command
             .env("PATH", path)
-            .env("ANTHROPIC_API_KEY", "sk-ant-stand-in")
+            .env("ANTHROPIC_API_KEY", USERS_KEY)
             .env("ANTHROPIC_BASE_URL", model.url())
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("OPENAI_API_KEY", "sk-stand-in")
-            .env("GEMINI_API_KEY", "stand-in")
+            .env("OPENAI_API_KEY", USERS_KEY)
+            .env("OPENAI_BASE_URL", format!("{}/v1", model.url()))
+            .env("GEMINI_API_KEY", USERS_KEY)
             .env("GOOGLE_GEMINI_BASE_URL", model.url())
             .args(args);
         command
@@ -100,17 +116,11 @@ impl Project {
         self.command(model, args).output().unwrap()
     }
 
-    /// Points Codex at `model` as a user of a gateway does: a model provider of their own in
-    /// `~/.codex/config.toml` (Codex 0.171 reads no `OPENAI_BASE_URL`).
-    fn codex_gateway(&self, model: &ModelApi) {
-        crew_tests::write(
-            &self.env.home().join(".codex/config.toml"),
-            &format!(
-                "model_provider = \"gateway\"\n[model_providers.gateway]\nname = \"gateway\"\nbase_url = \"{}/v1\"\nenv_key = \"OPENAI_API_KEY\"\nwire_api = \"responses\"\nsupports_websockets = false\n",
-                model.url()
-            ),
-        );
-    }
+    /// Points Codex at `model` as a user of a gateway does with crew: `OPENAI_BASE_URL` in
+    /// their environment (set in [`Project::command`]), which crew's proxy sends Codex's
+    /// requests on to; Codex itself is pointed at crew's endpoint. The gateway speaks HTTP
+    /// only: no websockets.
+    fn codex_gateway(&self, _model: &ModelApi) {}
 
     /// Runs `agent` on "build it" with `model`'s script, whose first call starts a long
     /// command writing `started.txt`; stops the task during it, resumes it, and checks that
@@ -174,7 +184,7 @@ impl Project {
 }
 
 /// Every file beneath `dir`.
-/// The task's agent reached the model through crew's proxy only (its shipped definition's
+/// The task's agent reached the model through crew's proxy only, its key held there (its shipped definition's
 /// `network = "proxy"`, which leaves it no other route): its calls are counted there. What the
 /// proxy refused (a program's update check, its feature flags) is named in the warnings, and
 /// the model's address never among it.
@@ -187,6 +197,14 @@ fn through_the_proxy(task: &serde_json::Value, model: &ModelApi) {
         !task["warnings"].to_string().contains(host),
         "the model's address was refused: {task:#}"
     );
+    // Its key by reference: the agent held a stand-in, the model got the user's key.
+    assert!(
+        task["sandbox"]["by_reference"]
+            .as_array()
+            .is_some_and(|held| !held.is_empty()),
+        "{task:#}"
+    );
+    key_by_reference(model);
 }
 
 fn walk(dir: &camino::Utf8Path) -> Vec<Utf8PathBuf> {

@@ -58,6 +58,8 @@ pub(super) struct AgentSandboxFile {
     write: Vec<Spanned<String>>,
     #[serde(default)]
     confined: ConfinedFile,
+    #[serde(default)]
+    credentials: Vec<Spanned<crate::config::credentials::Credential>>,
 }
 
 #[derive(Deserialize, Default)]

@@ -267,6 +267,7 @@ pub(in crate::config) fn parse_agent(
         read: Vec::new(),
         write: Vec::new(),
         confined: Confined::default(),
+        credentials: Vec::new(),
     };
     for arg in file.sandbox.confined.args {
         if arg.get_ref().contains('\0') {
@@ -306,6 +307,27 @@ pub(in crate::config) fn parse_agent(
             invalid(entry.span(), "sandbox.write", message);
         }
         sandbox.write.push(entry.into_inner());
+    }
+    for credential in file.sandbox.credentials {
+        let span = credential.span();
+        let credential = credential.into_inner();
+        if let Err(message) = crate::config::credentials::check_credential(&credential) {
+            invalid(span, "sandbox.credentials", message);
+        } else if sandbox
+            .credentials
+            .iter()
+            .any(|other| other.name == credential.name)
+        {
+            invalid(
+                span,
+                "sandbox.credentials",
+                format!(
+                    "two credentials are named `{}`: each names its own endpoint",
+                    credential.name
+                ),
+            );
+        }
+        sandbox.credentials.push(credential);
     }
     if !problems.is_empty() {
         return Err(several(problems));

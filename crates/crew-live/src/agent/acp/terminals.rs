@@ -205,6 +205,7 @@ impl Terminals {
             prepared.proxy.map(|lists| crew_sandbox::proxy::Rules {
                 lists,
                 log: self.spec.network_log.clone(),
+                credentials: Vec::new(),
             }),
         )
         .map_err(|error| failed(error.to_string()))?;

@@ -592,6 +592,18 @@ impl RunContext {
             .sandbox
             .as_ref()
             .and_then(|sandbox| sandbox.network_unmet);
+        // A credential its definition binds that the agent held itself, where its tools read it.
+        let held = status
+            .sandbox
+            .as_ref()
+            .filter(|sandbox| !sandbox.held_by_agent.is_empty())
+            .map(|sandbox| {
+                format!(
+                    "credentials: the agent held {} itself, where its tools can read {}: only behind crew's proxy (network = \"proxy\", the sandbox on) is a credential held by reference",
+                    sandbox.held_by_agent.join(", "),
+                    if sandbox.held_by_agent.len() == 1 { "it" } else { "them" }
+                )
+            });
         let run_id = self.run_id.clone();
         let record = self
             .save_task(&format!("task {task_id}'s start"), &task, move |record| {
@@ -615,7 +627,7 @@ impl RunContext {
                         }
                     )
                 });
-                for warning in unmade.iter().cloned().chain(unmet) {
+                for warning in unmade.iter().cloned().chain(unmet).chain(held.clone()) {
                     if !record.warnings.contains(&warning) {
                         record.warnings.push(warning);
                     }

@@ -313,6 +313,7 @@ impl RunContext {
                 read: Vec::new(),
                 write: Vec::new(),
                 confined: Default::default(),
+                credentials: Vec::new(),
             },
             builtin: false,
         };
