@@ -197,7 +197,7 @@ pub mod project;
 
 // The sandbox is a crate of its own, the only one with `unsafe` code.
 #[doc(inline)]
-pub use crew_sandbox::{lease, process, procscan, proxy, sandbox, spawn};
+pub use crew_sandbox::{caps, lease, process, procscan, proxy, sandbox, spawn};
 
 // The door: what an embedder names, at the crate root, documented where it is re-exported.
 #[doc(inline)]

@@ -16,6 +16,7 @@ compile_error!(
     "crew runs on Linux only: it relies on /proc, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER and Landlock"
 );
 
+pub mod caps;
 pub mod lease;
 pub mod open_files;
 pub mod process;

@@ -102,6 +102,31 @@ pub(super) fn network(bench: &Bench) {
         paired: true,
     }
     .print();
+    // A model's streamed answer through a credential's endpoint (the key added there) against
+    // the same answer through a plain `CONNECT` tunnel of the proxy.
+    let mut endpoint = Samples::default();
+    let mut tunnel = Samples::default();
+    for round in 0..bench.rounds.max(15) {
+        let took = |mode| {
+            Duration::from_secs_f64(download(mode, "1", "stream")["seconds"].as_f64().unwrap())
+        };
+        if round % 2 == 0 {
+            endpoint.push(took("endpoint"));
+            tunnel.push(took("connect"));
+        } else {
+            tunnel.push(took("connect"));
+            endpoint.push(took("endpoint"));
+        }
+    }
+    Comparison {
+        name: "a streamed answer, through a key's endpoint".into(),
+        crew: endpoint,
+        reference: tunnel,
+        reference_name: "the proxy's CONNECT".into(),
+        target: Some(1.05),
+        paired: true,
+    }
+    .print();
     const AGENTS: u32 = 200;
     let start = |sandbox: &str| {
         let figures = live_helper(&["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox]);

@@ -21,7 +21,7 @@
 //!     runs a one-task run (`sleep 1`, single mode) in the repository <dir> with the cancel
 //!     sender and the command sender dropped, as an embedder might, and prints
 //!     `{"status", "cpu_seconds"}`: this process's CPU time during the run
-//! live-helper download <dir> <agents> <megabytes> <proxy|direct>
+//! live-helper download <dir> <agents> <megabytes|stream> <proxy|connect|endpoint|direct>
 //!     serves <megabytes> MB on 127.0.0.1, starts <agents> sandboxed agents at once that each
 //!     download it with curl (through crew's proxy, or with the network open), and prints
 //!     `{"seconds", "hwm_kib"}`: the slowest download's own time and this process's peak RSS
@@ -63,7 +63,11 @@ fn host(args: &[String]) {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let run_id = RunId::parse(&args[1]).unwrap();
         let count: usize = args[2].parse().unwrap();
-        let host = AgentHost::new().unwrap();
+        const KEY: &str = "sk-the-benchmark-key";
+        let host = AgentHost::with_env(crew_live::agent::env::BaseEnv::from_vars(
+            std::env::vars_os().chain([("MODEL_KEY".into(), KEY.into())]),
+        ))
+        .unwrap();
         let mut events = host.subscribe();
         let mut definition = AgentDef::builtin_shell();
         definition.command = vec![args[3].clone(), "fork-sleepers".into()];
@@ -407,6 +411,8 @@ fn start(args: &[String]) {
                         allow_open_network: false,
                         locks: Vec::new(),
                         workspace: None,
+                        caps: crew_core::config::Resources::default(),
+                        allow_uncapped: false,
                     },
                     workspace_env: Vec::new(),
                     git_config: Vec::new(),
@@ -444,12 +450,22 @@ fn download(args: &[String]) {
     runtime.block_on(async {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let agents: usize = args[1].parse().unwrap();
-        let bytes: usize = args[2].parse::<usize>().unwrap() * 1_000_000;
-        let proxied = args[3] == "proxy";
+        // `stream`: a model's streamed answer, 2,000 events of 100 bytes written one by one.
+        let streamed = args[2] == "stream";
+        let bytes: usize = if streamed {
+            200_000
+        } else {
+            args[2].parse::<usize>().unwrap() * 1_000_000
+        };
+        let piece = if streamed { 100 } else { 1 << 16 };
+        // `proxy` (curl's plain request through it), `connect` (curl tunnels through it),
+        // `endpoint` (a credential's endpoint, the key added there), `direct` (network open).
+        let mode = args[3].clone();
+        let proxied = mode != "direct";
         let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = server.local_addr().unwrap().port();
         std::thread::spawn(move || {
-            let chunk = vec![b'x'; 1 << 16];
+            let chunk = vec![b'x'; piece];
             for stream in server.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 let chunk = chunk.clone();
@@ -478,14 +494,32 @@ fn download(args: &[String]) {
         for index in 0..agents {
             let took = logs.path().join(format!("took-{index}"));
             let mut definition = AgentDef::builtin_shell();
+            let request = match mode.as_str() {
+                "connect" => format!("-p http://127.0.0.1:{port}/v1/messages"),
+                "endpoint" => {
+                    "-H \"x-api-key: $MODEL_KEY\" \"$MODEL_BASE_URL/v1/messages\"".to_owned()
+                }
+                _ => format!("http://127.0.0.1:{port}/v1/messages"),
+            };
             definition.command = vec![
                 "sh".into(),
                 "-c".into(),
                 format!(
-                    "curl -s -o /dev/null -w '%{{time_total}}' http://127.0.0.1:{port}/ > {}",
+                    "curl -s -o /dev/null -w '%{{time_total}}' {request} > {}",
                     took.display()
                 ),
             ];
+            if mode == "endpoint" {
+                definition.sandbox.credentials = vec![crew_core::config::credentials::Credential {
+                    name: "model".into(),
+                    upstream: format!("http://127.0.0.1:{port}"),
+                    base_url_env: Some("MODEL_BASE_URL".into()),
+                    base_url_args: Vec::new(),
+                    keys: vec![crew_core::config::credentials::CredentialKey::Variable(
+                        "MODEL_KEY".into(),
+                    )],
+                }];
+            }
             let handle = host
                 .start(AgentSpec {
                     agent_id: AgentId::new(
@@ -531,6 +565,8 @@ fn download(args: &[String]) {
                         allow_open_network: false,
                         locks: Vec::new(),
                         workspace: None,
+                        caps: crew_core::config::Resources::default(),
+                        allow_uncapped: false,
                     },
                     workspace_env: Vec::new(),
                     git_config: Vec::new(),

@@ -13,6 +13,7 @@ mod acp_agents;
 mod agent_protocols;
 mod best_of;
 mod board;
+mod caps;
 mod cli_errors;
 mod cli_lifecycle;
 mod cli_more;

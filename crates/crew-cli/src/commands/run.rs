@@ -80,6 +80,21 @@ pub struct RunArgs {
     /// on the task — instead of refusing it.
     #[arg(long)]
     pub allow_open_network: bool,
+    /// The most memory every task's agent and all it starts may hold (`2GiB`, `512MiB`): the
+    /// kernel stops it there. The narrowest of this, the project's, the team's and the task's
+    /// `[resources]` applies.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub memory: Option<crew_core::config::ByteSize>,
+    /// How many CPUs' worth of time every task's agent may use (`1.5`).
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpus)]
+    pub cpus: Option<crew_core::config::Cpus>,
+    /// How many processes and threads every task's agent may have at once (`256`).
+    #[arg(long, value_name = "COUNT")]
+    pub processes: Option<u32>,
+    /// Where no cgroup can be had, run a task that has caps without them — said on the task —
+    /// instead of refusing it.
+    #[arg(long)]
+    pub allow_uncapped: bool,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
@@ -141,6 +156,12 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         placement: args.placement.clone(),
         network: args.network,
         allow_open_network: args.allow_open_network,
+        resources: crew_core::config::Resources {
+            memory: args.memory,
+            cpus: args.cpus,
+            processes: args.processes,
+        },
+        allow_uncapped: args.allow_uncapped,
         placed_for: None,
     };
     if args.detach {
@@ -390,4 +411,26 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
     let manifest = crate::foreground::run_here(&ctx, &host, &args.run, resumes, true).await?;
     print_result(&ctx, &manifest, false)?;
     Ok(outcome(&manifest))
+}
+
+/// `--memory`: a size, as `[resources] memory` takes it.
+fn parse_memory(text: &str) -> Result<crew_core::config::ByteSize, String> {
+    let size: crew_core::config::ByteSize =
+        serde_json::from_value(serde_json::Value::String(text.to_owned()))
+            .map_err(|error| error.to_string())?;
+    crew_core::config::Resources {
+        memory: Some(size),
+        ..Default::default()
+    }
+    .check()
+    .map(|()| size)
+}
+
+/// `--cpus`: a share of CPUs, as `[resources] cpus` takes it.
+fn parse_cpus(text: &str) -> Result<crew_core::config::Cpus, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number: write it as 1.5 (one and a half CPUs)"))?;
+    crew_core::config::Cpus::parse(value)
 }

@@ -87,6 +87,7 @@ pub fn run_tasks(team: &TeamDef, all: Option<u32>) -> Result<Vec<RunTask>, Attem
             (task, team) => task.or(team),
         };
         def.placement = task.placement.clone().or_else(|| team.placement.clone());
+        def.resources = task.resources.narrowed(team.resources);
         let count = all.or(task.attempts).unwrap_or(1);
         if count <= 1 {
             tasks.push(RunTask {

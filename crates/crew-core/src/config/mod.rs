@@ -20,6 +20,7 @@ mod graph;
 pub mod hosts;
 mod load;
 mod locate;
+pub mod resources;
 mod sandbox;
 mod settings;
 mod template;
@@ -33,6 +34,7 @@ pub use graph::{
 };
 pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
+pub use resources::{Cpus, Resources};
 pub use sandbox::{AgentSandbox, Confined, Network, NetworkMode, SandboxMode, SandboxSettings};
 pub use settings::{
     AgentDef, BaseMoved, IsolationFallback, IsolationSettings, LeaseSettings, LinkMode,

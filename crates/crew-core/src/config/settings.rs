@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::TaskId;
 
 use super::BUILTIN_SHELL_AGENT;
+use super::resources::Resources;
 use super::sandbox::{AgentSandbox, NetworkMode, SandboxSettings};
 use super::values::{ByteSize, HumanDuration, Parallelism};
 
@@ -176,6 +177,9 @@ pub struct ProjectConfig {
     pub lease: LeaseSettings,
     /// `[placements.<name>]`: where tasks that name a placement run, by name.
     pub placements: BTreeMap<String, PlacementDef>,
+    /// `[resources]`: every task's caps, at most (a team and a task narrow them).
+    #[serde(skip_serializing_if = "Resources::is_empty")]
+    pub resources: Resources,
 }
 
 /// How a placement's shim is reached.
@@ -548,6 +552,8 @@ pub struct TeamDef {
     pub placement: Option<String>,
     /// The network of every task, at most: narrows each agent's own (never widens it).
     pub network: Option<NetworkMode>,
+    /// Every task's caps, at most (`[resources]` of the team file).
+    pub resources: Resources,
     /// The tasks, in the order written.
     pub tasks: Vec<TaskDef>,
 }
@@ -578,6 +584,8 @@ pub struct TaskDef {
     pub placement: Option<String>,
     /// The task's network, at most: narrows its agent's own and the team's (never widens).
     pub network: Option<NetworkMode>,
+    /// The task's caps (`[tasks.resources]`): narrow the team's and the project's.
+    pub resources: Resources,
 }
 
 impl TeamDef {
@@ -593,6 +601,7 @@ impl TeamDef {
             on_limit: None,
             placement: None,
             network: None,
+            resources: Resources::default(),
             tasks,
         }
     }
@@ -613,6 +622,7 @@ impl TaskDef {
             on_limit: None,
             placement: None,
             network: None,
+            resources: Resources::default(),
         }
     }
 }

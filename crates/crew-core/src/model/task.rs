@@ -49,6 +49,9 @@ pub struct ExitRecord {
     /// With `network = "proxy"`, the requests its proxy let through and refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkCounts>,
+    /// With caps, what it used, as its cgroup measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<ResourceUsage>,
 }
 
 /// What a task was given of its own (`[lease]`), as its agent, its check and its setup see it.
@@ -251,6 +254,37 @@ impl fmt::Display for SandboxState {
     }
 }
 
+/// What a task's agent and everything it started used, as the cgroup of its caps measured it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceUsage {
+    /// The most memory held at once, in bytes: the highest of its starts.
+    pub peak_memory: u64,
+    /// CPU time, its starts together, in milliseconds.
+    pub cpu_ms: u64,
+    /// How many of its processes the kernel killed at the memory cap.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub oom_kills: u64,
+    /// How many new processes the processes cap refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub processes_refused: u64,
+}
+
+impl ResourceUsage {
+    /// This start's figures added to those of the starts before.
+    pub fn and(self, later: ResourceUsage) -> ResourceUsage {
+        ResourceUsage {
+            peak_memory: self.peak_memory.max(later.peak_memory),
+            cpu_ms: self.cpu_ms + later.cpu_ms,
+            oom_kills: self.oom_kills + later.oom_kills,
+            processes_refused: self.processes_refused + later.processes_refused,
+        }
+    }
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// How an agent was confined, as recorded on its task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -307,6 +341,12 @@ pub struct SandboxRecord {
     /// the open one instead (`crew run --allow-open-network`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_unmet: Option<crate::config::NetworkMode>,
+    /// The kind of cgroup its caps were held by (`cgroup v1`, `cgroup v2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// Why it ran without its caps, where no cgroup could be had and its run allowed that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncapped: Option<String>,
     /// The secrets its proxy held for it, `NAME for upstream`: the agent held stand-ins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_reference: Vec<String>,
@@ -397,6 +437,17 @@ pub struct TaskRecord {
     /// start (see [`crate::config::Network`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::config::NetworkMode>,
+    /// Its caps: the narrowest of the project's, its team's, its own and its run's command
+    /// line's (DESIGN §8c), held by the kernel at every start.
+    #[serde(default, skip_serializing_if = "crate::config::Resources::is_empty")]
+    pub resources: crate::config::Resources,
+    /// Its run allowed it to run without caps where no cgroup can be had (`crew run
+    /// --allow-uncapped`), at every start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_uncapped: bool,
+    /// What it used, as its caps' cgroup measured it over every start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<ResourceUsage>,
     /// The network its run's command line named (`crew run --network`): one of the settings
     /// whose narrowest its agent gets, with its definition's and the project's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -670,6 +721,9 @@ impl TaskRecord {
             placement: None,
             network: None,
             named_network: None,
+            resources: crate::config::Resources::default(),
+            allow_uncapped: false,
+            used: None,
             allow_open_network: false,
             submitter_reach: None,
             requests: None,

@@ -50,6 +50,14 @@ pub enum SpawnAgentError {
         /// What its workspace's path names instead.
         reason: String,
     },
+    /// Its caps could not be held: no cgroup here, or its own could not be made.
+    #[error("agent {agent_id} was not started: its caps cannot be held: {reason}")]
+    Caps {
+        /// The agent.
+        agent_id: AgentId,
+        /// Why, and what to do.
+        reason: String,
+    },
     /// The agent's output log could not be opened.
     #[error("failed to open the output log {path}")]
     OutputLog {

@@ -46,6 +46,8 @@ pub(super) struct Running {
     pub(super) leftovers: LeftoverCount,
     /// Its proxy (`network = "proxy"`), serving as long as this process lives.
     pub(super) proxy: Option<crew_sandbox::proxy::Proxy>,
+    /// The cgroup of its caps: read when it ended, then removed.
+    pub(super) cgroup: Option<crew_sandbox::caps::AgentGroup>,
     /// Its own connection to its host, served as long as this process lives.
     pub(super) _own_connection: Option<Box<dyn std::any::Any + Send>>,
     /// The agent's private temp dir (its `TMPDIR`), removed when this process is done.
@@ -248,6 +250,18 @@ pub(super) async fn launch(
         program: program.clone(),
         source,
     })?;
+    // Its caps: a cgroup of its own, which it joins before anything else.
+    let cgroup = caps_group(spec, &mut sandbox.record)?;
+    if let Some(group) = &cgroup {
+        let procs = group.procs().and_then(|procs| warded.caps(procs).map(drop));
+        if let Err(source) = procs {
+            group.remove();
+            return Err(SpawnAgentError::Caps {
+                agent_id: spec.agent_id.clone(),
+                reason: source.to_string(),
+            });
+        }
+    }
     match held_dir {
         Some(handle) => warded.current_dir_handle(handle),
         None => warded.current_dir(&spec.dir),
@@ -406,6 +420,7 @@ pub(super) async fn launch(
         refusals,
         leftovers,
         proxy,
+        cgroup,
         _own_connection: own_connection,
         _temp_dir: temp_dir,
         lost_before_start: false,
@@ -446,4 +461,64 @@ pub(super) fn user_message_line(content: &str) -> String {
         },
     };
     serde_json::to_string(&line).expect("a user message serializes")
+}
+
+/// The cgroups crew caps agents with here, found once: or why there are none.
+fn cgroups() -> &'static Result<crew_sandbox::caps::Cgroups, String> {
+    static FOUND: std::sync::OnceLock<Result<crew_sandbox::caps::Cgroups, String>> =
+        std::sync::OnceLock::new();
+    FOUND.get_or_init(crew_sandbox::caps::Cgroups::find)
+}
+
+/// The cgroup of this start's caps, made now; `None` without caps, or where none can be had
+/// and its run allowed running uncapped (recorded). Refused where none can be had otherwise.
+fn caps_group(
+    spec: &AgentSpec,
+    record: &mut SandboxRecord,
+) -> Result<Option<crew_sandbox::caps::AgentGroup>, SpawnAgentError> {
+    let caps = &spec.sandbox.caps;
+    if caps.is_empty() {
+        return Ok(None);
+    }
+    let found = match cgroups() {
+        Ok(found) => found,
+        Err(reason) if spec.sandbox.allow_uncapped => {
+            record.uncapped = Some(reason.clone());
+            return Ok(None);
+        }
+        Err(reason) => {
+            return Err(SpawnAgentError::Caps {
+                agent_id: spec.agent_id.clone(),
+                reason: format!(
+                    "{reason}; or run it without its caps ({}) with `crew run --allow-uncapped`",
+                    caps.shown()
+                ),
+            });
+        }
+    };
+    // One name per start: the agent, this host and a count (a resume is a start of its own).
+    static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name: String = format!(
+        "crew-{}-{}-{}",
+        spec.agent_id,
+        std::process::id(),
+        STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+    .chars()
+    .map(|c| {
+        if c.is_ascii_alphanumeric() || c == '-' {
+            c
+        } else {
+            '-'
+        }
+    })
+    .collect();
+    record.cgroup = Some(found.kind().as_str().to_owned());
+    found
+        .create(&name, caps)
+        .map(Some)
+        .map_err(|source| SpawnAgentError::Caps {
+            agent_id: spec.agent_id.clone(),
+            reason: format!("its cgroup could not be made: {source}"),
+        })
 }

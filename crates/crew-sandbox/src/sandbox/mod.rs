@@ -131,6 +131,12 @@ pub struct SandboxPlan {
     /// granting it is written for that directory, reached with no link on the way, or the
     /// start is refused. `None`: whatever is there (a project folder of the user's).
     pub workspace: Option<DirIdentity>,
+    /// Its caps (DESIGN §8c): a cgroup of its own holds it and all it starts to them (see
+    /// [`crate::caps`]), with the sandbox on or off.
+    pub caps: crew_core::config::Resources,
+    /// Where no cgroup can be had, run it without its caps (said on the task) instead of
+    /// refusing the start.
+    pub allow_uncapped: bool,
 }
 
 impl SandboxPlan {
@@ -149,6 +155,8 @@ impl SandboxPlan {
             allow_open_network: false,
             locks: Vec::new(),
             workspace: None,
+            caps: crew_core::config::Resources::default(),
+            allow_uncapped: false,
         }
     }
 }
@@ -246,6 +254,8 @@ pub fn prepare(
                 network_unmet,
                 by_reference: Vec::new(),
                 held_by_agent: Vec::new(),
+                cgroup: None,
+                uncapped: None,
                 hidden: Vec::new(),
                 partial: Vec::new(),
                 kept: Vec::new(),
@@ -493,6 +503,8 @@ pub fn prepare(
             network_unmet,
             by_reference: Vec::new(),
             held_by_agent: Vec::new(),
+            cgroup: None,
+            uncapped: None,
             unmade: Vec::new(),
             hidden: namespace
                 .as_ref()
@@ -712,6 +724,8 @@ mod tests {
             allow_open_network: false,
             locks: Vec::new(),
             workspace: None,
+            caps: crew_core::config::Resources::default(),
+            allow_uncapped: false,
         };
         let prepared = prepare(&plan, &[], None).unwrap();
         assert!(prepared.ruleset.is_none());

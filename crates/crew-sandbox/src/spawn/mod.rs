@@ -128,6 +128,9 @@ impl From<std::fs::File> for AgentIo {
 /// its arguments' file; the others follow in their order.
 const FIRST_PASSED_FD: libc::c_int = REPORT_FD;
 
+/// Which of the warden's arguments names its cgroup's files.
+const CGROUP_ARG: usize = 11;
+
 /// An agent's command, to be started under a warden by a [`Spawner`]: the agent's program,
 /// arguments and whole environment, given to [`WardedCommand::new`], then its directory and
 /// stdio.
@@ -273,6 +276,8 @@ impl WardedCommand {
             crate::open_files::users_limit()
                 .map_or_else(|| "-".to_owned(), |limit| limit.to_string())
                 .into(),
+            // Its cgroup's files, given by `caps`.
+            "-".into(),
             program.as_ref().to_owned(),
         ];
         warden_args.extend(args.into_iter().map(|arg| arg.as_ref().to_owned()));
@@ -299,6 +304,21 @@ impl WardedCommand {
             own_connection,
             confined,
         })
+    }
+
+    /// The agent joins the cgroup of its caps before anything else, by the `cgroup.procs`
+    /// files `procs` (see [`crate::caps::AgentGroup::procs`]); its warden stays out of it.
+    pub fn caps(&mut self, procs: Vec<OwnedFd>) -> io::Result<&mut Self> {
+        if procs.is_empty() || procs.len() > warden::MAX_CGROUP_FILES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an agent's cgroup has one to four files to join",
+            ));
+        }
+        let first = FIRST_PASSED_FD + self.passed.len() as libc::c_int;
+        self.args[CGROUP_ARG] = format!("{first},{}", procs.len()).into();
+        self.passed.extend(procs);
+        Ok(self)
     }
 
     /// The agent's working directory, by path: opened (following links, as `chdir` would)

@@ -82,6 +82,7 @@ pub(super) struct TeamFile {
     on_limit: Option<OnLimit>,
     placement: Option<String>,
     network: Option<NetworkMode>,
+    resources: Option<Spanned<crate::config::Resources>>,
     tasks: Spanned<Vec<TaskFile>>,
 }
 
@@ -100,6 +101,7 @@ pub(super) struct TaskFile {
     on_limit: Option<OnLimit>,
     placement: Option<String>,
     network: Option<NetworkMode>,
+    resources: Option<Spanned<crate::config::Resources>>,
 }
 
 /// An ad hoc team that could not be made.

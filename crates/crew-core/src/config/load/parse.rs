@@ -37,6 +37,9 @@ pub(in crate::config) fn validate_project_config(
             message,
         ));
     };
+    if let Err(message) = config.resources.check() {
+        invalid("resources", message);
+    }
     if config.run.stop_grace > MAX_STOP_GRACE {
         invalid(
             "run.stop_grace",

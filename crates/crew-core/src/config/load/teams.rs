@@ -67,6 +67,7 @@ impl ConfigDir {
                 on_limit: None,
                 placement: None,
                 network: None,
+                resources: crate::config::Resources::default(),
             })
             .collect();
         Ok(Team {
@@ -80,6 +81,7 @@ impl ConfigDir {
                 on_limit: None,
                 placement: None,
                 network: None,
+                resources: crate::config::Resources::default(),
                 tasks,
             },
             agents,
@@ -167,6 +169,27 @@ impl ConfigDir {
                 Vec::new()
             }
         };
+        let caps = file
+            .resources
+            .iter()
+            .map(|caps| ("resources".to_owned(), caps))
+            .chain(
+                file.tasks
+                    .get_ref()
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(index, task)| {
+                        Some((
+                            format!("tasks[{index}].resources"),
+                            task.resources.as_ref()?,
+                        ))
+                    }),
+            );
+        for (key, caps) in caps {
+            if let Err(message) = caps.get_ref().check() {
+                problems.push(invalid(caps.span(), key, message));
+            }
+        }
         problems.extend(
             attempts_problems(&file)
                 .into_iter()
@@ -199,6 +222,7 @@ impl ConfigDir {
                 on_limit: task.on_limit,
                 placement: task.placement,
                 network: task.network,
+                resources: task.resources.map(Spanned::into_inner).unwrap_or_default(),
             })
             .collect();
         Ok(Team {
@@ -212,6 +236,7 @@ impl ConfigDir {
                 on_limit: file.on_limit,
                 placement: file.placement,
                 network: file.network,
+                resources: file.resources.map(Spanned::into_inner).unwrap_or_default(),
                 tasks,
             },
             agents,

@@ -487,6 +487,7 @@ impl Supervisor {
             timed_out,
             ended_after_session: false,
             network: None,
+            used: None,
         };
         match status {
             Ok(status) => {
@@ -550,6 +551,12 @@ impl Supervisor {
                 .found()
                 .to_vec()
         });
+        // What its caps' cgroup measured; the group goes (its processes were killed with it,
+        // and the kernel may take a moment to let go of the last: not on this thread).
+        if let Some(group) = running.cgroup.take() {
+            exit.used = Some(group.usage());
+            tokio::task::spawn_blocking(move || drop(group));
+        }
         // Its last connections ended with it; the proxy goes with this process.
         let proxy = running.proxy.take();
         // Counted where it asked: a proxy nobody used (crew's default for a shell) says nothing.

@@ -68,6 +68,12 @@ impl Runner {
             record.network = task.network;
             record.named_network = spec.network;
             record.allow_open_network = spec.allow_open_network;
+            record.resources = self
+                .config
+                .resources
+                .narrowed(task.resources)
+                .narrowed(spec.resources);
+            record.allow_uncapped = spec.allow_uncapped;
             if let Some(placement) = &record.placement {
                 if !self.config.placements.contains_key(placement) {
                     return Err(PlanError::UnknownPlacement {

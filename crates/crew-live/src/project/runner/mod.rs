@@ -88,6 +88,12 @@ pub struct RunSpec {
     /// it asks for (no unprivileged user namespaces, or no Landlock), the agent runs with the
     /// network open, said on the task, instead of being refused.
     pub allow_open_network: bool,
+    /// `--memory`, `--cpus`, `--processes`: every task's caps, at most (the narrowest of these,
+    /// the project's, the team's and the task's own applies).
+    pub resources: crew_core::config::Resources,
+    /// `--allow-uncapped`: where no cgroup can be had, a task with caps runs without them, said
+    /// on the task, instead of being refused.
+    pub allow_uncapped: bool,
     /// The run of the host a placement's run works for (`crew shim`): see
     /// [`crew_core::model::RunManifest::placed_for`].
     pub placed_for: Option<RunId>,
@@ -109,6 +115,8 @@ impl RunSpec {
             placement: None,
             network: None,
             allow_open_network: false,
+            resources: crew_core::config::Resources::default(),
+            allow_uncapped: false,
             placed_for: None,
         }
     }

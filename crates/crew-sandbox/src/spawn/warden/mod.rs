@@ -50,15 +50,19 @@ const SWEEPS: usize = 8;
 /// The first argument that makes a start of the executable a warden. Its arguments, all
 /// given by [`WardedCommand::new`]: `crew-warden WARDEN_ARG <host pid> <ruleset fd or ->
 /// <report fd> <environment fd> <namespace plan fd or -> <user namespace fd or -> <proxy
-/// channel fd or -> <marker> <the agent's soft limit on open files or -> <program> <args…>`.
-pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v6";
+/// channel fd or -> <marker> <the agent's soft limit on open files or -> <the first of its
+/// cgroup's `cgroup.procs` fds and their count, `first,count`, or -> <program> <args…>`.
+pub(super) const WARDEN_ARG: &CStr = c"--crew-warden-v7";
 
 /// Which of the warden's arguments is its marker (`CREW_AGENT_ID=<agent id>`).
 const MARKER_ARG: usize = 9;
 
 /// Arguments before the agent's program (the name, [`WARDEN_ARG`], pid, ruleset, report,
-/// environment, namespace plan, user namespace, proxy channel, marker, open files).
-const WARDEN_ARGS: usize = 11;
+/// environment, namespace plan, user namespace, proxy channel, marker, open files, cgroup).
+const WARDEN_ARGS: usize = 12;
+
+/// The most `cgroup.procs` files an agent joins (v1's memory, cpu, pids and cpuacct).
+pub(super) const MAX_CGROUP_FILES: usize = 4;
 
 /// The exit code of a warden whose agent could not be started.
 const NOT_STARTED: libc::c_int = 127;
@@ -82,11 +86,13 @@ pub enum ConfineStep {
     OpenFiles = 5,
     /// Dropping its capabilities.
     Capabilities = 6,
+    /// Joining the cgroup of its caps.
+    Caps = 7,
 }
 
 impl ConfineStep {
     /// Every step, in order.
-    const ALL: [ConfineStep; 7] = [
+    const ALL: [ConfineStep; 8] = [
         ConfineStep::Exec,
         ConfineStep::Namespace,
         ConfineStep::Proxy,
@@ -94,6 +100,7 @@ impl ConfineStep {
         ConfineStep::OwnConnection,
         ConfineStep::OpenFiles,
         ConfineStep::Capabilities,
+        ConfineStep::Caps,
     ];
 
     /// The step (`None` for the program's exec) and the error of a warden's report of a
@@ -113,6 +120,7 @@ impl ConfineStep {
             Some(ConfineStep::OwnConnection) => Some("listening on its own connection"),
             Some(ConfineStep::OpenFiles) => Some("setting its limit on open files"),
             Some(ConfineStep::Capabilities) => Some("dropping its capabilities"),
+            Some(ConfineStep::Caps) => Some("joining the cgroup of its caps"),
             None => Some("confining itself"),
         };
         (said, errno)
@@ -210,7 +218,7 @@ fn fail(what: &CStr) -> ! {
 
 /// Closes every descriptor from 3 up but the ones in `keep`: only for a process about to
 /// exec or never to return.
-fn close_all_but(mut keep: [libc::c_int; 6]) {
+fn close_all_but(mut keep: [libc::c_int; 6 + MAX_CGROUP_FILES]) {
     keep.sort_unstable();
     let mut from: libc::c_int = 3;
     for kept in keep {
@@ -257,8 +265,22 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
     let namespace = optional_fd(args[6], c"bad namespace descriptor");
     let user = optional_fd(args[7], c"bad user namespace descriptor");
     let channel = optional_fd(args[8], c"bad proxy channel descriptor");
+    let cgroup = match args[11].to_bytes() {
+        b"-" => None,
+        range => {
+            let parsed = range.iter().position(|byte| *byte == b',').and_then(|at| {
+                let first = parse_pid(&range[..at])?;
+                let count = parse_pid(&range[at + 1..])?;
+                (1..=MAX_CGROUP_FILES as libc::c_int)
+                    .contains(&count)
+                    .then_some((first, count))
+            });
+            Some(parsed.unwrap_or_else(|| fail(c"bad cgroup descriptors")))
+        }
+    };
     // What the host's other threads started meanwhile may have left open here.
-    close_all_but([
+    let mut keep = [report; 6 + MAX_CGROUP_FILES];
+    keep[..6].copy_from_slice(&[
         report,
         environment,
         ruleset.unwrap_or(report),
@@ -266,6 +288,12 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
         user.unwrap_or(report),
         channel.unwrap_or(report),
     ]);
+    if let Some((first, count)) = cgroup {
+        for (slot, fd) in keep[6..].iter_mut().zip(first..first + count) {
+            *slot = fd;
+        }
+    }
+    close_all_but(keep);
     let Some(agent_env) = map_environment(environment) else {
         fail_reported(report, c"cannot read the agent's environment")
     };
@@ -325,6 +353,7 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
             user,
             channel,
             open_files,
+            cgroup,
         };
         // SAFETY: the child just forked, with the warden's argv.
         unsafe { start_agent(argv, agent_env, confinement, report, exec_pipe[1]) }
@@ -338,6 +367,11 @@ unsafe fn become_warden(argv: *const *const libc::c_char) -> ! {
     }
     if let Some(ruleset) = ruleset {
         sys::close(ruleset);
+    }
+    if let Some((first, count)) = cgroup {
+        for fd in first..first + count {
+            sys::close(fd);
+        }
     }
     // A graceful stop (TERM to the group) is the agent's to answer; the warden reports how
     // it ended. Set after the fork: the agent keeps the default actions.
@@ -428,6 +462,8 @@ struct Confinement<'a> {
     /// The soft limit on open files the agent gets back, its host's raised (see
     /// `crate::open_files`).
     open_files: Option<u64>,
+    /// The `cgroup.procs` files of its caps' cgroup, open: the first descriptor and how many.
+    cgroup: Option<(libc::c_int, libc::c_int)>,
 }
 
 /// The agent, forked by its warden: confines itself, closes the warden's descriptors and
@@ -448,6 +484,7 @@ unsafe fn start_agent(
         user,
         channel,
         open_files,
+        cgroup,
     } = confinement;
     // The error, and in its high half the step that failed (see `ConfineStep`).
     let failed = |step: ConfineStep| -> ! {
@@ -461,6 +498,16 @@ unsafe fn start_agent(
     };
     // The parent-death signal is not inherited; the handler goes with exec anyway.
     sys::set_disposition(WARDEN_SIGNAL, libc::SIG_DFL);
+    // Into its caps' cgroup first (the warden stays out: an agent at its memory cap cannot
+    // take the warden with it): everything it starts from here on is held by the caps.
+    if let Some((first, count)) = cgroup {
+        for fd in first..first + count {
+            if sys::write(fd, b"0") != 1 {
+                failed(ConfineStep::Caps)
+            }
+            sys::close(fd);
+        }
+    }
     // Mounts first: the ruleset forbids changing them.
     if let Some(plan) = namespace {
         // SAFETY: between fork and exec, in the agent's own process, as it requires.

@@ -56,8 +56,9 @@ pub(in crate::spawn) const ARGUMENTS_FD: libc::c_int = 3;
 pub(in crate::spawn) const REPORT_FD: libc::c_int = ARGUMENTS_FD + 1;
 
 /// The most descriptors one warden is given: its stdio, its arguments, its report pipe,
-/// environment, ruleset, namespace plan, user namespace, channel and directory.
-pub(in crate::spawn) const MAX_PASSED: usize = 11;
+/// environment, ruleset, namespace plan, user namespace, channel, its cgroup's files and its
+/// directory.
+pub(in crate::spawn) const MAX_PASSED: usize = 11 + super::MAX_CGROUP_FILES;
 
 /// The lowest number a forked warden moves what it received to before putting each where it
 /// belongs: above every number it is given.
@@ -101,7 +102,7 @@ pub(super) unsafe fn become_server(argv: *const *const libc::c_char) -> ! {
     else {
         super::fail(c"bad warden server arguments")
     };
-    super::close_all_but([socket; 6]);
+    super::close_all_but([socket; 6 + super::MAX_CGROUP_FILES]);
     sys::unblock_all_signals();
     if sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
         super::fail(c"cannot ask for a signal at the host's death");

@@ -61,6 +61,7 @@ fn start_as_warden(host: &str, flag: &std::path::Path) -> std::process::Output {
             "-",
             "CREW_AGENT_ID=r:t",
             "-",
+            "-",
         ])
         .args(["sh", "-c", &touch])
         .stdin(std::fs::File::open(&env).unwrap())
@@ -86,6 +87,7 @@ fn a_warden_whose_host_is_not_its_parent_starts_nothing() {
             "-",
             "-",
             "CREW_AGENT_ID=r:t",
+            "-",
             "-",
             "true",
         ])

@@ -67,6 +67,7 @@ impl RunContext {
                                 timed_out: false,
                                 ended_after_session: false,
                                 network: None,
+                                used: None,
                             });
                             if let Some(limit) = status.limit.clone()
                                 && task.on_limit == OnLimit::Pause
@@ -257,6 +258,21 @@ impl RunContext {
                 let cancelled = self.cancel_level() > CancelLevel::None;
                 let (mut status, mut reason) =
                     outcome(&exit, cancelled, task.timeout.map(|timeout| timeout.0));
+                // Killed by the kernel at its memory cap: the reason names the cap and the peak.
+                if let (Some(used), false) = (exit.used, cancelled)
+                    && used.oom_kills > 0
+                    && exit.code.is_none()
+                    && exit.signal == Some(libc::SIGKILL)
+                {
+                    status = TaskStatus::Failed;
+                    reason = Some(format!(
+                        "the kernel stopped the agent at its memory cap ({}): it held {} MiB at most; its work is kept",
+                        task.resources
+                            .memory
+                            .map_or_else(|| "unknown".to_owned(), |cap| cap.to_string()),
+                        used.peak_memory >> 20
+                    ));
+                }
                 let agent = handle.status();
                 // A placed task whose connection was lost: its work is there, for a resume.
                 if let (Some(lost), false) = (&agent.lost, cancelled) {
@@ -444,6 +460,35 @@ impl RunContext {
             record.requests = crew_core::model::NetworkCounts::sum(
                 record.requests.into_iter().chain(exit.network),
             );
+            if let Some(used) = exit.used {
+                record.used = Some(record.used.unwrap_or_default().and(used));
+                // A process of its killed at the cap while the agent itself went on (a test
+                // worker): a warning, and the agent's own end decides the task.
+                let agent_killed = exit.code.is_none() && exit.signal == Some(libc::SIGKILL);
+                if used.oom_kills > 0 && !agent_killed {
+                    let warning = format!(
+                        "memory: the kernel killed {} of the agent's processes at its memory cap ({}); the agent went on",
+                        used.oom_kills,
+                        record
+                            .resources
+                            .memory
+                            .map_or_else(|| "unknown".to_owned(), |cap| cap.to_string())
+                    );
+                    if !record.warnings.contains(&warning) {
+                        record.warnings.push(warning);
+                    }
+                }
+                if used.processes_refused > 0 {
+                    let warning = format!(
+                        "processes: the agent reached its cap of {} processes; new ones were refused ({} times)",
+                        record.resources.processes.unwrap_or_default(),
+                        used.processes_refused
+                    );
+                    if !record.warnings.contains(&warning) {
+                        record.warnings.push(warning);
+                    }
+                }
+            }
             // A question its agent asked alive went with it when its timeout ended it.
             if exit.timed_out {
                 record.question = None;

@@ -592,6 +592,14 @@ impl RunContext {
             .sandbox
             .as_ref()
             .and_then(|sandbox| sandbox.network_unmet);
+        // Caps it asked for that no cgroup could hold, its run having allowed that.
+        let uncapped = status
+            .sandbox
+            .as_ref()
+            .and_then(|sandbox| sandbox.uncapped.clone())
+            .map(|why| {
+                format!("caps: the agent ran without its caps, as --allow-uncapped allowed: {why}")
+            });
         // A credential its definition binds that the agent held itself, where its tools read it.
         let held = status
             .sandbox
@@ -627,7 +635,13 @@ impl RunContext {
                         }
                     )
                 });
-                for warning in unmade.iter().cloned().chain(unmet).chain(held.clone()) {
+                for warning in unmade
+                    .iter()
+                    .cloned()
+                    .chain(unmet)
+                    .chain(held.clone())
+                    .chain(uncapped.clone())
+                {
                     if !record.warnings.contains(&warning) {
                         record.warnings.push(warning);
                     }

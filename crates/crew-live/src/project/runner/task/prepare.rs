@@ -193,6 +193,8 @@ impl RunContext {
                 allow_open_network: task.allow_open_network,
                 locks: self.runner.agent_locks(),
                 workspace: workspace.identity,
+                caps: task.resources,
+                allow_uncapped: task.allow_uncapped,
             },
             git_config: workspace.git_config.clone(),
             workspace_env: workspace_env(workspace)

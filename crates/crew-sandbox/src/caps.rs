@@ -1,0 +1,399 @@
+//! Resource caps (DESIGN §8c): a cgroup of its own for each start of an agent, its caps
+//! written there before the agent runs, and what it used read back when it ended.
+//!
+//! Two kinds of cgroup, whichever the machine gives crew:
+//! - **v2**, where crew's own cgroup is a subtree it may manage with the memory, cpu and pids
+//!   controllers (a delegated one: `systemd-run --user --scope -p Delegate=yes crew …`, or a
+//!   container's). The kernel lets no cgroup with processes hand controllers to its children,
+//!   so crew moves itself into a leaf of its own (`crew-host`) first; each agent gets a sibling.
+//! - **v1**, where the memory, cpu and pids hierarchies are mounted and crew's group in each is
+//!   writable (root on a machine without v2 controllers): an agent's group is a child of crew's
+//!   own in each hierarchy, and cpuacct's, where mounted, measures its CPU time.
+//!
+//! The warden joins the groups before it starts the agent (it writes its own pid to each
+//! `cgroup.procs` it was given open), so everything the agent starts is in them from its first
+//! instruction. The files are beneath `/sys/fs/cgroup`, which a confined agent cannot write.
+
+use std::fs;
+use std::io::Write as _;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use crew_core::config::Resources;
+use crew_core::model::ResourceUsage;
+
+/// The controllers a capped agent needs.
+const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+
+/// The CPU period caps are written in, in microseconds.
+const CPU_PERIOD: u64 = 100_000;
+
+/// Which kind of cgroup crew caps agents with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupKind {
+    /// The unified hierarchy, a delegated subtree.
+    V2,
+    /// The memory, cpu and pids hierarchies of cgroup v1.
+    V1,
+}
+
+impl CgroupKind {
+    /// As `crew sandbox check` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupKind::V2 => "cgroup v2",
+            CgroupKind::V1 => "cgroup v1",
+        }
+    }
+}
+
+/// Where crew makes agents' groups.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    kind: CgroupKind,
+    /// v2: the delegated subtree; v1: crew's group in the memory, cpu, pids hierarchies (in
+    /// that order), then cpuacct's where mounted.
+    bases: Vec<PathBuf>,
+    /// v1: whether the last base is cpuacct's.
+    cpuacct: bool,
+}
+
+/// Why no cgroup can be had here, with what to do.
+pub type NoCgroups = String;
+
+impl Cgroups {
+    /// The cgroups this process may cap agents with, or why there are none.
+    pub fn find() -> Result<Cgroups, NoCgroups> {
+        let own = fs::read_to_string("/proc/self/cgroup")
+            .map_err(|error| format!("/proc/self/cgroup cannot be read ({error})"))?;
+        let mounts = fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|error| format!("/proc/self/mountinfo cannot be read ({error})"))?;
+        let v2 = v2_base(&own, &mounts);
+        if let Some(base) = &v2
+            && delegated(base)
+        {
+            return Ok(Cgroups {
+                kind: CgroupKind::V2,
+                bases: vec![base.clone()],
+                cpuacct: false,
+            });
+        }
+        let mut bases = Vec::new();
+        for controller in CONTROLLERS {
+            match v1_base(&own, &mounts, controller) {
+                Some(base) if writable(&base) => bases.push(base),
+                _ => return Err(no_cgroups(v2.as_deref(), controller)),
+            }
+        }
+        let cpuacct = match v1_base(&own, &mounts, "cpuacct") {
+            Some(base) if writable(&base) => {
+                bases.push(base);
+                true
+            }
+            _ => false,
+        };
+        Ok(Cgroups {
+            kind: CgroupKind::V1,
+            bases,
+            cpuacct,
+        })
+    }
+
+    /// Which kind it is.
+    pub fn kind(&self) -> CgroupKind {
+        self.kind
+    }
+
+    /// A group named `name` under caps `caps`, made now. v2 moves this process into its leaf
+    /// first, once.
+    pub fn create(&self, name: &str, caps: &Resources) -> std::io::Result<AgentGroup> {
+        let dirs: Vec<PathBuf> = self.bases.iter().map(|base| base.join(name)).collect();
+        if self.kind == CgroupKind::V2 {
+            enable_v2(&self.bases[0])?;
+        }
+        let group = AgentGroup {
+            kind: self.kind,
+            dirs,
+            cpuacct: self.cpuacct,
+        };
+        for dir in &group.dirs {
+            match fs::create_dir(dir) {
+                Ok(()) => {}
+                // Left by a start of the same name that could not remove it: reused empty.
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(error),
+            }
+        }
+        group.write_caps(caps)?;
+        Ok(group)
+    }
+}
+
+/// The cgroup of one start of an agent.
+#[derive(Debug)]
+pub struct AgentGroup {
+    kind: CgroupKind,
+    dirs: Vec<PathBuf>,
+    cpuacct: bool,
+}
+
+impl AgentGroup {
+    fn write_caps(&self, caps: &Resources) -> std::io::Result<()> {
+        let write = |dir: &Path, file: &str, value: String| -> std::io::Result<()> {
+            fs::write(dir.join(file), value.as_bytes()).map_err(|error| {
+                std::io::Error::new(
+                    error.kind(),
+                    format!("{}: {error}", dir.join(file).display()),
+                )
+            })
+        };
+        let quota = caps
+            .cpus
+            .map(|cpus| u64::from(cpus.thousandths()) * CPU_PERIOD / 1000);
+        match self.kind {
+            CgroupKind::V2 => {
+                let dir = &self.dirs[0];
+                if let Some(memory) = caps.memory {
+                    write(dir, "memory.max", memory.0.to_string())?;
+                    // No swap beyond the cap: a cap that swaps takes the machine down slower.
+                    if dir.join("memory.swap.max").exists() {
+                        write(dir, "memory.swap.max", "0".to_owned())?;
+                    }
+                }
+                if let Some(quota) = quota {
+                    write(dir, "cpu.max", format!("{quota} {CPU_PERIOD}"))?;
+                }
+                if let Some(processes) = caps.processes {
+                    write(dir, "pids.max", processes.to_string())?;
+                }
+            }
+            CgroupKind::V1 => {
+                let [memory_dir, cpu_dir, pids_dir] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
+                if let Some(memory) = caps.memory {
+                    write(memory_dir, "memory.limit_in_bytes", memory.0.to_string())?;
+                    if memory_dir.join("memory.memsw.limit_in_bytes").exists() {
+                        write(
+                            memory_dir,
+                            "memory.memsw.limit_in_bytes",
+                            memory.0.to_string(),
+                        )?;
+                    }
+                }
+                if let Some(quota) = quota {
+                    write(cpu_dir, "cpu.cfs_period_us", CPU_PERIOD.to_string())?;
+                    write(cpu_dir, "cpu.cfs_quota_us", quota.to_string())?;
+                }
+                if let Some(processes) = caps.processes {
+                    write(pids_dir, "pids.max", processes.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Each `cgroup.procs` of the group, open for writing: the warden writes its pid to each.
+    pub fn procs(&self) -> std::io::Result<Vec<OwnedFd>> {
+        self.dirs
+            .iter()
+            .map(|dir| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.procs"))
+                    .map(OwnedFd::from)
+            })
+            .collect()
+    }
+
+    /// Puts process `pid` in the group (a test's, or a process started without a warden).
+    pub fn join(&self, pid: u32) -> std::io::Result<()> {
+        for dir in &self.dirs {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))?
+                .write_all(pid.to_string().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// The memory the group holds now, in bytes.
+    pub fn memory_now(&self) -> Option<u64> {
+        let file = match self.kind {
+            CgroupKind::V2 => "memory.current",
+            CgroupKind::V1 => "memory.usage_in_bytes",
+        };
+        number(&self.dirs[0].join(file))
+    }
+
+    /// What the group used so far.
+    pub fn usage(&self) -> ResourceUsage {
+        match self.kind {
+            CgroupKind::V2 => {
+                let dir = &self.dirs[0];
+                ResourceUsage {
+                    peak_memory: number(&dir.join("memory.peak")).unwrap_or(0),
+                    cpu_ms: keyed(&dir.join("cpu.stat"), "usage_usec").unwrap_or(0) / 1000,
+                    oom_kills: keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0),
+                    processes_refused: keyed(&dir.join("pids.events"), "max").unwrap_or(0),
+                }
+            }
+            CgroupKind::V1 => ResourceUsage {
+                peak_memory: number(&self.dirs[0].join("memory.max_usage_in_bytes")).unwrap_or(0),
+                cpu_ms: if self.cpuacct {
+                    number(&self.dirs[3].join("cpuacct.usage")).unwrap_or(0) / 1_000_000
+                } else {
+                    0
+                },
+                oom_kills: keyed(&self.dirs[0].join("memory.oom_control"), "oom_kill").unwrap_or(0),
+                processes_refused: keyed(&self.dirs[2].join("pids.events"), "max").unwrap_or(0),
+            },
+        }
+    }
+
+    /// Removes the group once nothing lives in it: its processes were killed with the agent,
+    /// and the kernel takes a moment to let go of the last.
+    pub fn remove(&self) {
+        for dir in &self.dirs {
+            for _ in 0..50 {
+                match fs::remove_dir(dir) {
+                    Err(error) if error.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    // Removed, or gone: either way not left behind by this start.
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for AgentGroup {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A file holding one number.
+fn number(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The number after `key` in a file of `key value` lines.
+fn keyed(path: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(path).ok()?.lines().find_map(|line| {
+        let (name, value) = line.split_once(' ')?;
+        (name == key).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
+fn writable(dir: &Path) -> bool {
+    rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_ok()
+}
+
+/// This process's group in the unified hierarchy, where it is mounted.
+fn v2_base(own: &str, mounts: &str) -> Option<PathBuf> {
+    let path = own.lines().find_map(|line| line.strip_prefix("0::"))?;
+    let mount = mounts.lines().find_map(|line| {
+        let (fields, after) = line.split_once(" - ")?;
+        (after.split(' ').next() == Some("cgroup2")).then(|| fields.split(' ').nth(4))?
+    })?;
+    Some(Path::new(mount).join(path.trim_start_matches('/')))
+}
+
+/// This process's group in the v1 hierarchy of `controller`, where it is mounted.
+fn v1_base(own: &str, mounts: &str, controller: &str) -> Option<PathBuf> {
+    let path = own.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|name| name == controller)
+            .then_some(path)
+    })?;
+    let mount = mounts.lines().find_map(|line| {
+        let (fields, after) = line.split_once(" - ")?;
+        let mut after = after.split(' ');
+        if after.next() != Some("cgroup") {
+            return None;
+        }
+        let options = after.nth(1)?;
+        options
+            .split(',')
+            .any(|option| option == controller)
+            .then(|| fields.split(' ').nth(4))?
+    })?;
+    Some(Path::new(mount).join(path.trim_start_matches('/')))
+}
+
+/// Whether crew may manage the v2 subtree at `base`: writable, with every controller it needs
+/// offered.
+fn delegated(base: &Path) -> bool {
+    let offered = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+    let words: Vec<&str> = offered.split_whitespace().collect();
+    CONTROLLERS
+        .iter()
+        .all(|controller| words.contains(controller))
+        && writable(base)
+        && writable(&base.join("cgroup.subtree_control"))
+}
+
+/// Moves this process into the leaf `crew-host` of `base` and hands the controllers to
+/// `base`'s children (the kernel refuses that while `base` itself holds processes).
+fn enable_v2(base: &Path) -> std::io::Result<()> {
+    let wanted = "+memory +cpu +pids";
+    let control = base.join("cgroup.subtree_control");
+    let enabled = fs::read_to_string(&control).unwrap_or_default();
+    if CONTROLLERS
+        .iter()
+        .all(|controller| enabled.split_whitespace().any(|word| word == *controller))
+    {
+        return Ok(());
+    }
+    let leaf = base.join("crew-host");
+    match fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => return Err(error),
+    }
+    fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())?;
+    fs::write(control, wanted)
+}
+
+/// Why no cgroup can be had, and what to do.
+fn no_cgroups(v2: Option<&Path>, missing: &str) -> NoCgroups {
+    match v2 {
+        Some(base) => format!(
+            "crew's cgroup {} is not a subtree it may manage (no delegated memory, cpu and pids controllers), and cgroup v1's {missing} hierarchy is not writable: start crew in a delegated cgroup (`systemd-run --user --scope -p Delegate=yes crew run …`)",
+            base.display()
+        ),
+        None => format!(
+            "this machine mounts no cgroup v2 and cgroup v1's {missing} hierarchy is not writable to crew: run crew as a user who may write it, or on a machine with cgroup v2"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_is_found_in_each_hierarchy_where_it_is_mounted() {
+        let own = "9:name=systemd:/\n8:pids:/\n4:memory:/jobs/one\n2:cpu,cpuacct:/\n0::/user.slice/crew\n";
+        let mounts = "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n\
+                      31 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+                      32 25 0:28 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n\
+                      33 25 0:29 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            v1_base(own, mounts, "memory").unwrap(),
+            Path::new("/sys/fs/cgroup/memory/jobs/one")
+        );
+        assert_eq!(
+            v1_base(own, mounts, "cpuacct").unwrap(),
+            Path::new("/sys/fs/cgroup/cpu,cpuacct")
+        );
+        assert_eq!(v1_base(own, mounts, "blkio"), None);
+        assert_eq!(
+            v2_base(own, mounts).unwrap(),
+            Path::new("/sys/fs/cgroup/unified/user.slice/crew")
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! A task never takes the machine down (DESIGN §8c): its agent and everything it starts run
+//! under caps the kernel holds — memory, CPU, processes — in a cgroup of its own, which the
+//! agent cannot leave or change. Real cgroups: v1 here (root), v2 where crew has a delegated
+//! subtree.
+
+use camino::Utf8Path;
+use crew_tests::{TestEnv, render_output, write};
+
+use crate::common::runs::{manifest, run_ids, task};
+
+/// The cgroups crew caps agents with here; `None` (the test says it was skipped) where there
+/// are none — except where `CREW_TESTS_REQUIRE_CGROUPS` is set (CI): there that fails.
+fn cgroups(test: &str) -> Option<crew_live::caps::Cgroups> {
+    match crew_live::caps::Cgroups::find() {
+        Ok(found) => Some(found),
+        Err(why) => {
+            assert!(
+                std::env::var_os("CREW_TESTS_REQUIRE_CGROUPS").is_none(),
+                "{test}: no cgroup can be had here: {why}"
+            );
+            eprintln!("skipped {test}: no cgroup can be had here: {why}");
+            None
+        }
+    }
+}
+
+/// A team of shell tasks, each `(id, prompt, its [tasks.resources] lines)`.
+fn team(repo: &Utf8Path, tasks: &[(&str, &str, &str)]) {
+    let mut text = String::new();
+    for (id, prompt, resources) in tasks {
+        text.push_str(&format!(
+            "[[tasks]]\nid = \"{id}\"\nagent = \"shell\"\nprompt = '''{prompt}'''\n"
+        ));
+        if !resources.is_empty() {
+            text.push_str(&format!("[tasks.resources]\n{resources}\n"));
+        }
+    }
+    write(&repo.join(".crew/teams/capped.toml"), &text);
+}
+
+#[test]
+fn an_agent_over_its_memory_cap_fails_naming_it_and_keeps_its_work_while_a_sibling_finishes() {
+    if cgroups("memory cap").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    team(
+        &repo,
+        &[
+            (
+                "greedy",
+                "echo before > before.txt; exec python3 -c 'x = bytearray(400 << 20); import time; time.sleep(30)'",
+                "memory = \"128MiB\"",
+            ),
+            ("modest", "echo fine > fine.txt", "memory = \"128MiB\""),
+        ],
+    );
+    let output = env.crew(&repo, ["run", "capped", "--workspace-mode", "worktree"]);
+    assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = manifest(&env, &repo, &run);
+    let greedy = task(&recorded, "greedy");
+    assert_eq!(greedy["status"], "failed", "{greedy:#}");
+    let reason = greedy["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("memory cap (128MiB)") && reason.contains("MiB at most"),
+        "{greedy:#}"
+    );
+    assert!(
+        greedy["used"]["oom_kills"].as_u64().unwrap_or(0) >= 1,
+        "{greedy:#}"
+    );
+    assert_eq!(greedy["sandbox"]["cgroup"], "cgroup v1", "{greedy:#}");
+    // Its work before the cap is on its branch.
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-greedy:before.txt")]),
+        "before\n"
+    );
+    let modest = task(&recorded, "modest");
+    assert_eq!(modest["status"], "succeeded", "{modest:#}");
+    assert!(
+        modest["used"]["peak_memory"].as_u64().unwrap_or(0) > 0,
+        "{modest:#}"
+    );
+}
+
+#[test]
+fn a_process_of_the_agent_killed_at_the_cap_is_a_warning_and_the_agent_goes_on() {
+    if cgroups("a process at the cap").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--memory",
+            "128MiB",
+            "python3 -c 'x = bytearray(400 << 20)'; echo went on > after.txt",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("after.txt")).unwrap(),
+        "went on\n"
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert!(
+        recorded["warnings"]
+            .to_string()
+            .contains("killed 1 of the agent's processes at its memory cap (128MiB)"),
+        "{recorded:#}"
+    );
+}
+
+#[test]
+fn a_fork_loop_stops_at_its_processes_cap_and_nothing_outlives_the_task() {
+    if cgroups("processes cap").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--processes",
+            "16",
+            "for i in $(seq 64); do sleep 30 & done; wait",
+        ],
+    );
+    // The shell cannot fork past the cap and gives up (dash: "Cannot fork"): the loop ended.
+    assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert!(
+        recorded["warnings"]
+            .to_string()
+            .contains("reached its cap of 16 processes"),
+        "{recorded:#}"
+    );
+    // Its sleepers went with it.
+    let marker = crew_live::procscan::run_marker(&crew_core::RunId::parse(&run).unwrap());
+    let left: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|pid| crew_live::procscan::carries_marker(*pid, &marker))
+        .collect();
+    assert!(left.is_empty(), "{left:?} outlived the task");
+}
+
+#[test]
+fn a_spinning_task_with_half_a_cpu_uses_about_half_a_cpu() {
+    if cgroups("cpu cap").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--agent",
+            "shell",
+            "--cpus",
+            "0.5",
+            "timeout 3 sh -c 'while :; do :; done'; true",
+        ],
+    );
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
+    let cpu = recorded["used"]["cpu_ms"].as_u64().unwrap_or(u64::MAX);
+    // Three seconds spinning: 3,000 ms of CPU uncapped on an idle core, 1,500 at half a CPU.
+    assert!(
+        cpu <= 2_000,
+        "{cpu} ms of CPU in 3 s at half a CPU: {recorded:#}"
+    );
+}
+
+#[test]
+fn a_hostile_agent_cannot_leave_its_cgroup_or_raise_its_caps() {
+    if cgroups("hostile caps").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    // Its own group in each hierarchy, from /proc/self/cgroup: raise its memory cap, move itself
+    // to its parent group, then allocate past the cap it had.
+    let script = r#"
+for line in $(cat /proc/self/cgroup); do
+  path=${line#*:*:}; names=${line#*:}; names=${names%%:*}
+  for name in $(echo $names | tr , ' '); do
+    dir=/sys/fs/cgroup/$name$path
+    [ -d "$dir" ] || continue
+    echo 99999999999 > $dir/memory.limit_in_bytes 2>/dev/null && echo "raised $name" >> tried.txt
+    echo max > $dir/pids.max 2>/dev/null && echo "raised pids $name" >> tried.txt
+    echo $$ > $dir/../cgroup.procs 2>/dev/null && echo "left $name" >> tried.txt
+  done
+done
+touch tried.txt
+exec python3 -c 'x = bytearray(400 << 20)'
+"#;
+    let output = env.crew(
+        &repo,
+        ["run", "--agent", "shell", "--memory", "128MiB", script],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("tried.txt")).unwrap(),
+        "",
+        "the agent changed its cgroup"
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert!(
+        recorded["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("memory cap (128MiB)")),
+        "{recorded:#}"
+    );
+}
+
+#[test]
+fn caps_that_no_cgroup_can_hold_refuse_the_start_unless_running_uncapped_was_allowed() {
+    if crew_live::caps::Cgroups::find().is_ok() {
+        eprintln!("skipped: this machine has cgroups (the refusal is for one without)");
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let refused = env.crew(
+        &repo,
+        ["run", "--agent", "shell", "--memory", "1GiB", "echo hi"],
+    );
+    assert!(!refused.status.success(), "{}", render_output(&refused));
+    assert!(
+        render_output(&refused).contains("--allow-uncapped"),
+        "{}",
+        render_output(&refused)
+    );
+}
