@@ -57,6 +57,12 @@ struct Report {
     landlock_abi: Option<u32>,
     /// A confined process wrote inside its directory and was refused beside it.
     confines: bool,
+    /// What holds tasks' caps (`[resources]`): `cgroup v1` or `cgroup v2`; null where no
+    /// cgroup can be had (`caps_unavailable` says why).
+    cgroup: Option<&'static str>,
+    /// Why no cgroup can be had here, and what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    caps_unavailable: Option<String>,
     /// The project's `[sandbox] mode`.
     project_mode: SandboxMode,
     agents: Vec<AgentReport>,
@@ -285,6 +291,10 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         .collect();
     let report = Report {
         landlock_abi: probe.abi,
+        cgroup: crew_live::caps::Cgroups::find()
+            .ok()
+            .map(|found| found.kind().as_str()),
+        caps_unavailable: crew_live::caps::Cgroups::find().err(),
         confines: probe.confines(),
         project_mode: ctx.config().sandbox.mode,
         agents,
@@ -318,6 +328,17 @@ fn render(ctx: &Context, report: &Report) -> String {
                 "agents are NOT contained (crew's checks on git files and workspaces still hold)",
                 Style::Bad
             )
+        )),
+    }
+    match (report.cgroup, &report.caps_unavailable) {
+        (Some(kind), _) => out.push_str(&format!(
+            "caps: {} hold each task's [resources] (memory, CPUs, processes)\n",
+            ui.paint(kind, Style::Good)
+        )),
+        (None, why) => out.push_str(&format!(
+            "caps: {}: {}\n",
+            ui.paint("no cgroup can be had", Style::Warn),
+            why.as_deref().unwrap_or_default()
         )),
     }
     if report.project_mode == SandboxMode::Off {

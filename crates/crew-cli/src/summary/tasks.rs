@@ -119,6 +119,20 @@ pub(super) fn task_notes(
             task.id, requests.allowed, requests.refused, manifest.run_id
         ));
     }
+    // What its caps' cgroup measured, against the caps.
+    if let Some(used) = task.used.filter(|_| reader == SummaryFor::Review) {
+        let caps = if task.resources.is_empty() {
+            String::new()
+        } else {
+            format!(" (caps: {})", task.resources.shown())
+        };
+        next.push(format!(
+            "# {}: used {} MiB of memory at most, {:.1} s of CPU{caps}",
+            task.id,
+            used.peak_memory >> 20,
+            used.cpu_ms as f64 / 1000.0
+        ));
+    }
     if let Some(report) = report
         && !report.setup_paths.is_empty()
     {
