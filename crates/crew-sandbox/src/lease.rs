@@ -264,12 +264,12 @@ mod tests {
         let leases = Leases {
             dir: Utf8PathBuf::from_path_buf(dir.path().to_owned()).unwrap(),
         };
-        // A free port, and the block of one port there.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // A free port, and the block of one port there: below the kernel's ephemeral range, so
+        // that no connection of another test takes it between the two acquires (CI met that).
+        let start = 21_000 + (std::process::id() % 4_000) as u16;
+        let port = (start..start + 2_000)
+            .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+            .expect("a free port below the ephemeral range");
         let settings = LeaseSettings {
             ports: 1,
             port_range: [port, port],

@@ -2,6 +2,7 @@
 //! crew's proxy, a stand-in for each key the user has and the endpoint as its base URL, the
 //! proxy holding the real values; without the proxy, the values themselves, said on the task.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use camino::Utf8Path;
@@ -15,6 +16,36 @@ use crate::agent::env::BaseEnv;
 /// behind crew's proxy, `NAME for upstream` (`crew sandbox check`).
 pub fn by_reference(definition: &AgentDef, base: &BaseEnv) -> Vec<String> {
     give(definition, base, Reach::Proxy).by_reference
+}
+
+/// The values a placed task's credentials need where it runs, read here now: each key the
+/// user has, under its variable, and the user's own base URL (their gateway). They cross the
+/// placement's transport, never a disk, and the crew there holds them by reference in turn.
+pub fn placed_values(definition: &AgentDef, base: &BaseEnv) -> BTreeMap<String, String> {
+    let home = base
+        .get("HOME")
+        .and_then(|home| home.to_str())
+        .filter(|home| home.starts_with('/'))
+        .map(Utf8Path::new);
+    let mut values = BTreeMap::new();
+    for credential in &definition.sandbox.credentials {
+        for key in &credential.keys {
+            if let Some(value) =
+                source(key, &definition.env, base, home).and_then(|read| read().ok())
+            {
+                values.insert(key.variable().to_owned(), value);
+            }
+        }
+        if let Some(variable) = &credential.base_url_env
+            && let Some(url) = base
+                .get(variable)
+                .and_then(|value| value.to_str())
+                .filter(|value| !value.is_empty())
+        {
+            values.insert(variable.clone(), url.to_owned());
+        }
+    }
+    values
 }
 
 /// How the agent's network lets its credentials be used.
@@ -52,13 +83,14 @@ pub(super) fn give(definition: &AgentDef, base: &BaseEnv, reach: Reach) -> Given
         .map(Utf8Path::new);
     let mut given = Given::default();
     for credential in &definition.sandbox.credentials {
-        give_one(credential, base, home, reach, &mut given);
+        give_one(credential, &definition.env, base, home, reach, &mut given);
     }
     given
 }
 
 fn give_one(
     credential: &Credential,
+    definition_env: &std::collections::BTreeMap<String, String>,
     base: &BaseEnv,
     home: Option<&Utf8Path>,
     reach: Reach,
@@ -67,7 +99,7 @@ fn give_one(
     let present: Vec<(&CredentialKey, ValueSource)> = credential
         .keys
         .iter()
-        .filter_map(|key| Some((key, source(key, base, home)?)))
+        .filter_map(|key| Some((key, source(key, definition_env, base, home)?)))
         .collect();
     // A program with none of its keys here is left as it is: its own login, or none.
     if present.is_empty() {
@@ -86,8 +118,12 @@ fn give_one(
     let users = credential
         .base_url_env
         .as_deref()
-        .and_then(|variable| base.get(variable))
-        .and_then(|value| value.to_str())
+        .and_then(|variable| {
+            definition_env
+                .get(variable)
+                .map(String::as_str)
+                .or_else(|| base.get(variable).and_then(|value| value.to_str()))
+        })
         .filter(|value| !value.is_empty());
     let upstream = users
         .and_then(|url| parse_upstream(url).ok())
@@ -136,12 +172,20 @@ fn give_one(
     }
 }
 
-/// Where `key`'s value is read on the host, if the user has one: their environment, or the
+/// Where `key`'s value is read on the host, if the user has one: the definition's `env` (a
+/// placed task's, which carries the values its host sent), their environment, or the
 /// program's own login file (read again at each request: a refreshed login is used).
-fn source(key: &CredentialKey, base: &BaseEnv, home: Option<&Utf8Path>) -> Option<ValueSource> {
+fn source(
+    key: &CredentialKey,
+    definition_env: &std::collections::BTreeMap<String, String>,
+    base: &BaseEnv,
+    home: Option<&Utf8Path>,
+) -> Option<ValueSource> {
     if let Some(value) = key.sources().find_map(|variable| {
-        base.get(variable)
-            .and_then(|value| value.to_str())
+        definition_env
+            .get(variable)
+            .map(String::as_str)
+            .or_else(|| base.get(variable).and_then(|value| value.to_str()))
             .filter(|value| !value.is_empty())
     }) {
         let value = value.to_owned();

@@ -39,7 +39,7 @@ pub mod protocol;
 pub mod refusals;
 pub mod toolchains;
 
-pub use credentials::by_reference;
+pub use credentials::{by_reference, placed_values};
 pub use spec::{AgentSpec, DEFAULT_RESUME_MESSAGE};
 pub(crate) use spec::{Launcher, OwnConnections};
 pub(crate) use start::{start, start_idle};

@@ -143,7 +143,12 @@ impl Driver {
             base: self.placed.base.clone(),
             from: self.placed.from.clone(),
             env: if self.placed.send_env {
-                crate::agent::env::passed_values(&self.placed.agent.pass_env)
+                let mut env = crate::agent::env::passed_values(&self.placed.agent.pass_env);
+                env.extend(crate::agent::credentials::placed_values(
+                    &self.placed.agent,
+                    &crate::agent::env::BaseEnv::from_process(),
+                ));
+                env
             } else {
                 Default::default()
             },

@@ -300,7 +300,20 @@ impl RunContext {
                     project: self.runner.workspace.id().to_string(),
                     run: self.run_id.to_string(),
                     task: spec.agent_id.task_id().to_string(),
-                    pass_env: agent.pass_env.clone(),
+                    // A pod's Secret carries these from the host's environment: its
+                    // credentials' variables too, for the crew there to hold by reference.
+                    pass_env: agent
+                        .pass_env
+                        .iter()
+                        .cloned()
+                        .chain(agent.sandbox.credentials.iter().flat_map(|credential| {
+                            credential
+                                .keys
+                                .iter()
+                                .flat_map(|key| key.sources().map(str::to_owned))
+                                .chain(credential.base_url_env.clone())
+                        }))
+                        .collect(),
                 },
             ),
             steer: crew_core::config::SteerMode::Protocol,
