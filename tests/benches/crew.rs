@@ -277,6 +277,7 @@ const BENCHMARKS: &[&str] = &[
     "agents",
     "sandbox",
     "network",
+    "caps",
     "block",
     "board",
     "radar",
@@ -413,6 +414,9 @@ fn main() {
     }
     if wanted("network") {
         network(&bench);
+    }
+    if wanted("caps") {
+        caps(&bench);
     }
     if wanted("block") {
         live_block(&bench);

@@ -333,3 +333,46 @@ pub(super) fn radar(bench: &Bench) {
         }
     }
 }
+
+/// What caps cost (`[resources]`): 200 capped agent starts (a cgroup each, joined before
+/// anything else) against the same starts uncapped, taking turns; and the host's peak memory
+/// with 100 capped agents against 100 uncapped. Skipped where no cgroup can be had.
+pub(super) fn caps(bench: &Bench) {
+    if let Err(why) = crew_live::caps::Cgroups::find() {
+        println!("{:<44} skipped: no cgroup can be had here ({why})", "caps");
+        return;
+    }
+    const AGENTS: u32 = 200;
+    let start = |sandbox: &str| {
+        let figures = live_helper(&["start", bench.repo.as_str(), &AGENTS.to_string(), sandbox]);
+        Duration::from_secs_f64(figures["start_seconds"].as_f64().unwrap())
+    };
+    let (capped, uncapped, per_agent) = paired_starts(&start, "capped", "on", AGENTS);
+    Comparison {
+        name: "200 agent starts, capped".into(),
+        crew: capped,
+        reference: uncapped,
+        reference_name: "sandboxed, uncapped".into(),
+        target: Some(START_EXTRAS),
+        paired: true,
+    }
+    .print();
+    print_per_agent(
+        "caps added at each start",
+        per_agent,
+        Some(Duration::from_micros(500)),
+    );
+    let peak = |mode: &str| {
+        live_helper(&["start", bench.repo.as_str(), "100", mode])["hwm_kib"]
+            .as_u64()
+            .unwrap()
+    };
+    let (capped, uncapped) = (peak("capped"), peak("on"));
+    println!(
+        "{:<44} {} MiB host peak, {} MiB uncapped ({:+} KiB)",
+        "100 capped agents",
+        capped / 1024,
+        uncapped / 1024,
+        capped as i64 - uncapped as i64
+    );
+}

@@ -6,11 +6,11 @@
 //! live-helper many <dir> <count> <grace-seconds>
 //!     hosts <count> `sleep 600` agents, measures its own idle CPU share over 5 s and its RSS,
 //!     stops them all and prints `{"idle_cpu_share", "rss_kib", "stop_seconds"}`
-//! live-helper start <dir> <count> <on|whole|off|single|none|proxy> [gap ms]
+//! live-helper start <dir> <count> <on|whole|off|single|none|proxy|capped> [gap ms]
 //!     starts <count> `sleep 600` agents one after another, sandboxed or not (`whole`: sandboxed
 //!     with every directory read whole, none seen in part; `none`, `proxy`:
-//!     sandboxed with that network), prints
-//!     `{"start_seconds"}` (from the first start to the last agent's process running; with a
+//!     sandboxed with that network; `capped`: sandboxed under caps, a cgroup each), prints
+//!     `{"start_seconds", "hwm_kib"}` (this process's peak RSS; from the first start to the last agent's process running; with a
 //!     gap, each start that long after the last and only the starts timed), then stops them
 //!     all
 //! live-helper umask-socket <dir>
@@ -326,7 +326,9 @@ fn start(args: &[String]) {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let count: usize = args[1].parse().unwrap();
         let mode = match args[2].as_str() {
-            "on" | "whole" | "single" | "none" | "proxy" => crew_core::config::SandboxMode::Enforce,
+            "on" | "whole" | "single" | "none" | "proxy" | "capped" => {
+                crew_core::config::SandboxMode::Enforce
+            }
             _ => crew_core::config::SandboxMode::Off,
         };
         let network = match args[2].as_str() {
@@ -411,7 +413,15 @@ fn start(args: &[String]) {
                         allow_open_network: false,
                         locks: Vec::new(),
                         workspace: None,
-                        caps: crew_core::config::Resources::default(),
+                        caps: if args[2] == "capped" {
+                            crew_core::config::Resources {
+                                memory: Some(crew_core::config::ByteSize(1 << 30)),
+                                cpus: Some(crew_core::config::Cpus::parse(1.0).unwrap()),
+                                processes: Some(256),
+                            }
+                        } else {
+                            crew_core::config::Resources::default()
+                        },
                         allow_uncapped: false,
                     },
                     workspace_env: Vec::new(),
@@ -440,8 +450,17 @@ fn start(args: &[String]) {
             Some(_) => in_starts.as_secs_f64(),
             None => started.elapsed().as_secs_f64(),
         };
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let hwm_kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
         host.stop_all().await;
-        println!("{}", serde_json::json!({ "start_seconds": start_seconds }));
+        println!(
+            "{}",
+            serde_json::json!({ "start_seconds": start_seconds, "hwm_kib": hwm_kib })
+        );
     });
 }
 
