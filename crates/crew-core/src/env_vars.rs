@@ -23,7 +23,36 @@ pub const CREW_SANDBOX: &str = "CREW_SANDBOX";
 /// Variables every agent receives from the user's environment, besides its `pass_env`.
 /// A trailing `*` matches a prefix.
 pub const ALWAYS_PASSED: &[&str] = &[
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_*", "TERM", "TMPDIR",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_*",
+    "TERM",
+    "TMPDIR",
+    // Where the user's toolchains are, when not at their usual place in the home: the agent's
+    // tools find them there (and it reads them, see `TOOLCHAIN_VARIABLES`).
+    "RUSTUP_HOME",
+    "NVM_DIR",
+    "VOLTA_HOME",
+    "PYENV_ROOT",
+    "GOROOT",
+    "SDKMAN_DIR",
+    "BUN_INSTALL",
+];
+
+/// The variables that name where a toolchain is installed (a subset of [`ALWAYS_PASSED`]): a
+/// confined agent reads what they name, as it reads the toolchains' usual homes.
+pub const TOOLCHAIN_VARIABLES: &[&str] = &[
+    "RUSTUP_HOME",
+    "NVM_DIR",
+    "VOLTA_HOME",
+    "PYENV_ROOT",
+    "GOROOT",
+    "SDKMAN_DIR",
+    "BUN_INSTALL",
 ];
 
 /// Turns colored output off, whatever the terminal (<https://no-color.org>).

@@ -258,6 +258,9 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                         std::env::var("PATH").ok().as_deref(),
                         &words,
                     ));
+                    read.extend(crew_live::agent::toolchains::named_homes(|name| {
+                        std::env::var(name).ok()
+                    }));
                     // What lies in part only (the system is there whole), none within another.
                     let partial = crew_live::sandbox::partial_directories(Some(home));
                     read.retain(|path| partial.iter().any(|dir| path.starts_with(dir)));

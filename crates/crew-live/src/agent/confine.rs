@@ -65,6 +65,13 @@ pub(super) fn confinement(
             .collect();
         plan.read
             .extend(toolchains::reads(home, path_var, &programs));
+        plan.read.extend(toolchains::named_homes(|name| {
+            launcher
+                .env
+                .get(name)
+                .and_then(|value| value.to_str())
+                .map(str::to_owned)
+        }));
     }
     // Narrowed by its definition, where the plan is wider (a library's own plan).
     if let Some(network) = spec.definition.sandbox.network

@@ -66,6 +66,19 @@ const TOOLCHAIN_HOMES: &[&str] = &[
     ".config/git/ignore",
 ];
 
+/// The toolchains' homes the user's environment names (`RUSTUP_HOME`, `NVM_DIR`, …: see
+/// [`crew_core::env_vars::TOOLCHAIN_VARIABLES`]), where they are absolute and there: read by a
+/// confined agent as the usual homes are.
+pub fn named_homes(var: impl Fn(&str) -> Option<String>) -> Vec<Utf8PathBuf> {
+    crew_core::env_vars::TOOLCHAIN_VARIABLES
+        .iter()
+        .filter_map(|name| var(name))
+        .filter(|path| path.starts_with('/'))
+        .map(Utf8PathBuf::from)
+        .filter(|path| path.is_dir())
+        .collect()
+}
+
 /// How many entries of one `PATH` directory are looked at for links leading into the home.
 const LINKS_LOOKED_AT: usize = 512;
 

@@ -557,3 +557,4 @@ fn where_namespaces_are_refused_a_narrower_network_runs_open_only_when_allowed()
 
 mod credentials;
 mod lists;
+mod toolchains;
