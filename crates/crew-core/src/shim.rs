@@ -92,6 +92,12 @@ pub enum ToShim {
         /// never a disk).
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         env: std::collections::BTreeMap<String, String>,
+        /// The task's caps, held there by the kernel as here.
+        #[serde(default, skip_serializing_if = "crate::config::Resources::is_empty")]
+        resources: crate::config::Resources,
+        /// Where no cgroup can be had there, run it without its caps instead of refusing it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        allow_uncapped: bool,
     },
     /// Deliver `message` to the running agent now.
     Steer {

@@ -248,3 +248,39 @@ fn caps_that_no_cgroup_can_hold_refuse_the_start_unless_running_uncapped_was_all
         render_output(&refused)
     );
 }
+
+#[test]
+fn a_placed_task_is_held_to_its_caps_where_it_runs() {
+    if cgroups("placed caps").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let shim = env.dir("box");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!("[placements.box]\nkind = \"local\"\ndir = \"{shim}\"\n"),
+    );
+    let output = env.crew(
+        &repo,
+        [
+            "run",
+            "--placement",
+            "box",
+            "--agent",
+            "shell",
+            "--memory",
+            "128MiB",
+            "exec python3 -c 'x = bytearray(400 << 20); import time; time.sleep(30)'",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert!(
+        recorded["reason"]
+            .to_string()
+            .contains("memory cap (128MiB)"),
+        "{recorded:#}"
+    );
+}

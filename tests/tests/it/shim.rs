@@ -135,6 +135,8 @@ impl Shim {
             base: base.to_owned(),
             from: None,
             env: Default::default(),
+            resources: Default::default(),
+            allow_uncapped: false,
         };
         self.send(&start);
         let answer = self.next();

@@ -41,6 +41,10 @@ use crate::agent::protocol::ProtocolEvent;
 pub struct Placed {
     /// The placement's name, for what the task shows.
     pub name: String,
+    /// The task's caps, held where it runs.
+    pub caps: crew_core::config::Resources,
+    /// Where no cgroup can be had there, it runs without its caps instead of being refused.
+    pub allow_uncapped: bool,
     /// Whether `start` carries the values of what the agent's `pass_env` names (not where
     /// the transport gives them otherwise, as a Kubernetes Secret).
     pub send_env: bool,
@@ -142,6 +146,8 @@ impl Driver {
             prompt,
             base: self.placed.base.clone(),
             from: self.placed.from.clone(),
+            resources: self.placed.caps,
+            allow_uncapped: self.placed.allow_uncapped,
             env: if self.placed.send_env {
                 let mut env = crate::agent::env::passed_values(&self.placed.agent.pass_env);
                 env.extend(crate::agent::credentials::placed_values(

@@ -207,6 +207,8 @@ async fn handle(
             base,
             from,
             env,
+            resources,
+            allow_uncapped,
         } => match start(
             session,
             out,
@@ -220,6 +222,7 @@ async fn handle(
             },
             prompt,
             (base, from),
+            (resources, allow_uncapped),
         )
         .await
         {
@@ -258,6 +261,7 @@ async fn start(
     agent: AgentDef,
     prompt: String,
     (base, from): (String, Option<String>),
+    (resources, allow_uncapped): (crew_core::config::Resources, bool),
 ) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
     if tasks
         .lock()
@@ -299,6 +303,8 @@ async fn start(
         mode: Some(WorkspaceMode::Worktree),
         base: Some(start_at),
         placed_for: Some(run.clone()),
+        resources,
+        allow_uncapped,
         ..RunSpec::of(team)
     };
     let manifest = host

@@ -339,7 +339,11 @@ impl RunContext {
             .as_ref()
             .filter(|report| report.branch.as_deref() == Some(branch.as_str()))
             .and_then(|report| report.tip.clone());
+        // Its caps hold where it runs (sent with its start), not on the transport here.
+        let caps = std::mem::take(&mut spec.sandbox.caps);
         spec.placed = Some(crate::agent::placed::Placed {
+            caps,
+            allow_uncapped: task.allow_uncapped,
             name: placement.to_owned(),
             // A pod gets them from its Secret, never through the attach stream.
             send_env: def.kind != crew_core::config::PlacementKind::Kubernetes,
