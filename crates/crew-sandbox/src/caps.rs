@@ -215,6 +215,21 @@ impl AgentGroup {
         Ok(())
     }
 
+    /// What reads the group's memory and CPU now, for listings (kept by whoever lists).
+    pub fn meter(&self) -> Meter {
+        Meter {
+            memory: self.dirs[0].join(match self.kind {
+                CgroupKind::V2 => "memory.current",
+                CgroupKind::V1 => "memory.usage_in_bytes",
+            }),
+            cpu: match self.kind {
+                CgroupKind::V2 => Some(self.dirs[0].join("cpu.stat")),
+                CgroupKind::V1 if self.cpuacct => Some(self.dirs[3].join("cpuacct.usage")),
+                CgroupKind::V1 => None,
+            },
+        }
+    }
+
     /// The memory the group holds now, in bytes.
     pub fn memory_now(&self) -> Option<u64> {
         let file = match self.kind {
@@ -269,6 +284,29 @@ impl AgentGroup {
 impl Drop for AgentGroup {
     fn drop(&mut self) {
         self.remove();
+    }
+}
+
+/// Reads an agent's cgroup as it goes: its memory and CPU time now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meter {
+    memory: PathBuf,
+    cpu: Option<PathBuf>,
+}
+
+impl Meter {
+    /// The memory its group holds now, in bytes, and its CPU time so far, in milliseconds;
+    /// `None` once the group is gone.
+    pub fn now(&self) -> Option<(u64, u64)> {
+        let memory = number(&self.memory)?;
+        let cpu_ms = match &self.cpu {
+            Some(file) if file.ends_with("cpu.stat") => {
+                keyed(file, "usage_usec").unwrap_or(0) / 1000
+            }
+            Some(file) => number(file).unwrap_or(0) / 1_000_000,
+            None => 0,
+        };
+        Some((memory, cpu_ms))
     }
 }
 

@@ -284,3 +284,31 @@ fn a_placed_task_is_held_to_its_caps_where_it_runs() {
         "{recorded:#}"
     );
 }
+
+#[test]
+fn crew_agents_list_shows_a_capped_agent_s_memory_and_cpu_now() {
+    if cgroups("memory now").is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let go = crew_tests::signal(&repo, "memory-now");
+    let script = format!(
+        "python3 -c 'import os, time\nx = bytearray(64 << 20)\nwhile not os.path.exists(\"{go}\"): time.sleep(0.05)'"
+    );
+    let mut host = env.spawn_crew(
+        &repo,
+        ["run", "--agent", "shell", "--memory", "256MiB", &script],
+    );
+    let using = crew_tests::wait_until(30, "the agent's memory to be listed", || {
+        let agents = env.agents_json(&repo)?;
+        let using = agents.as_array()?.first()?["using"].clone();
+        (using["memory"].as_u64()? >= 64 << 20).then_some(using)
+    });
+    assert!(using["cpu_ms"].as_u64().is_some(), "{using}");
+    let shown = env.crew(&repo, ["agents", "list"]);
+    let text = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(text.contains("MEM") && text.contains(" MiB"), "{text}");
+    write(&go, "");
+    host.wait().unwrap();
+}

@@ -28,6 +28,7 @@ pub(crate) async fn start(spec: AgentSpec, launcher: Launcher) -> Result<Started
     let status = AgentStatus {
         pid: Some(running.pid),
         sandbox: Some(running.sandbox.clone()),
+        meter: running.cgroup.as_ref().map(|group| group.meter()),
         ..AgentStatus::new(AgentState::Running, 1, None)
     };
     Ok(supervise_from(spec, launcher, tail, status, Some(running)))

@@ -44,6 +44,9 @@ pub struct AgentStatus {
     pub closed: bool,
     /// How the kernel confined its latest process.
     pub sandbox: Option<SandboxRecord>,
+    /// Reads the cgroup of its caps as it goes (its latest process's, while it lives).
+    #[serde(skip)]
+    pub meter: Option<crew_sandbox::caps::Meter>,
     /// The session the agent's protocol reported.
     pub session_id: Option<String>,
     /// Tokens and cost of its turns so far (this host's starts), when its protocol reports
@@ -117,6 +120,7 @@ impl AgentStatus {
             follow_up_queue: Vec::new(),
             closed: false,
             sandbox: None,
+            meter: None,
             session_id: None,
             usage: None,
             turn_error: None,

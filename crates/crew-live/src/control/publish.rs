@@ -35,6 +35,8 @@ const OUTPUT_DELAY: Duration = Duration::from_secs(1);
 /// once, and the changes of a busy run (a hundred short tasks, each starting and ending) are
 /// written together at most this often.
 const WRITE_GAP: Duration = Duration::from_millis(20);
+/// How often a listing with capped agents is written again, for their memory and CPU now.
+const METER_INTERVAL: Duration = Duration::from_secs(2);
 
 /// A host's published listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -224,10 +226,14 @@ async fn publish_loop(
     path: Utf8PathBuf,
 ) {
     let mut events = host.subscribe();
-    write(&host, record.as_ref(), &workspace, &path).await;
+    let mut metered = write(&host, record.as_ref(), &workspace, &path).await;
     let mut written_at = Instant::now();
     let mut pending_output: Option<Instant> = None;
     loop {
+        // Capped agents' memory and CPU move without an event: written again now and then.
+        if metered {
+            pending_output.get_or_insert(written_at + METER_INTERVAL - OUTPUT_DELAY);
+        }
         let deadline = pending_output.map(|since| since + OUTPUT_DELAY);
         let urgent = tokio::select! {
             // Events of every workspace of the host count: an agent of this workspace may not
@@ -247,19 +253,21 @@ async fn publish_loop(
             // A burst (a run starting its agents) becomes one write.
             while events.try_recv().is_ok() {}
             pending_output = None;
-            write(&host, record.as_ref(), &workspace, &path).await;
+            metered = write(&host, record.as_ref(), &workspace, &path).await;
             written_at = Instant::now();
         }
     }
 }
 
+/// Writes the listing; whether an agent in it is capped and alive (its figures move).
 async fn write(
     host: &AgentHost,
     record: Option<&HostRecord>,
     workspace: &WorkspaceId,
     path: &Utf8Path,
-) {
+) -> bool {
     let mut agents = host.registry().list(workspace);
+    let metered = agents.iter().any(|agent| agent.using.is_some());
     for agent in &mut agents {
         let older = agent.last_lines.len().saturating_sub(1);
         agent.last_lines.drain(..older);
@@ -272,7 +280,7 @@ async fn write(
         agents,
     };
     let Ok(json) = serde_json::to_vec(&published) else {
-        return;
+        return metered;
     };
     let path = path.to_owned();
     let written = tokio::task::spawn_blocking(move || {
@@ -314,4 +322,5 @@ async fn write(
     if let Ok(Err(error)) = written {
         tracing::warn!("could not publish the live agents' listing: {error}");
     }
+    metered
 }

@@ -82,6 +82,18 @@ pub struct AgentSnapshot {
     /// Tokens and cost of its starts in this host, when its protocol reports them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crew_core::model::Usage>,
+    /// With caps, what its process holds now: memory in bytes, CPU time in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub using: Option<Using>,
+}
+
+/// What a capped agent's cgroup holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Using {
+    /// Memory, in bytes.
+    pub memory: u64,
+    /// CPU time of its latest process so far, in milliseconds.
+    pub cpu_ms: u64,
 }
 
 impl AgentHandle {
@@ -132,6 +144,12 @@ impl AgentHandle {
             sandbox: status.sandbox.map(|record| record.state),
             parent: self.info.parent.clone(),
             activity,
+            using: status
+                .meter
+                .as_ref()
+                .filter(|_| status.state == AgentState::Running)
+                .and_then(|meter| meter.now())
+                .map(|(memory, cpu_ms)| Using { memory, cpu_ms }),
             usage: status.usage,
         }
     }

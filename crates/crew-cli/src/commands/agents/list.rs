@@ -58,6 +58,9 @@ pub struct AgentRow {
     /// in its current host).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// With caps, what it holds now (memory in bytes, CPU time in milliseconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub using: Option<crew_live::control::registry::Using>,
     /// Other tasks (or the branch the run started from) its work would conflict with, once
     /// its branch is there (the conflict radar).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -163,6 +166,7 @@ pub fn rows_of(
             parent: agent.parent.clone(),
             activity: agent.activity,
             usage: agent.usage,
+            using: agent.using,
             overlaps: task.map(|task| task.overlaps.clone()).unwrap_or_default(),
             lease: task.and_then(|task| task.lease.clone()),
             sandbox: agent.sandbox.or_else(|| {
@@ -207,6 +211,7 @@ pub fn rows_of(
                 parent: task.parent.clone(),
                 activity: None,
                 usage: task.usage,
+                using: None,
                 overlaps: task.overlaps.clone(),
                 lease: task.lease.clone(),
             });
@@ -226,9 +231,12 @@ pub(crate) fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), 
     }
     // The cost and conflict columns show only when an agent has something in them.
     let costs = rows.iter().any(|row| row.usage.is_some());
+    let capped = rows.iter().any(|row| row.using.is_some());
     let conflicts = rows.iter().any(|row| !row.overlaps.is_empty());
     let headers: Vec<&str> = ["AGENT", "STATUS", "PID", "AGE", "CMD"]
         .into_iter()
+        .chain(capped.then_some("MEM"))
+        .chain(capped.then_some("CPU"))
         .chain(costs.then_some("COST"))
         .chain(conflicts.then_some("CONFLICTS"))
         .chain(["LAST"])
@@ -277,6 +285,18 @@ pub(crate) fn print(ctx: &Context, rows: &[AgentRow], json: bool) -> Result<(), 
                 cell(row.agent.clone()),
             ]
             .into_iter()
+            .chain(capped.then(|| {
+                cell(
+                    row.using
+                        .map_or_else(|| "-".into(), |using| format!("{} MiB", using.memory >> 20)),
+                )
+            }))
+            .chain(capped.then(|| {
+                cell(row.using.map_or_else(
+                    || "-".into(),
+                    |using| format!("{:.1}s", using.cpu_ms as f64 / 1000.0),
+                ))
+            }))
             .chain(costs.then(|| {
                 cell(
                     row.usage

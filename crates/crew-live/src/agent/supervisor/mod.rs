@@ -231,6 +231,7 @@ impl Supervisor {
                 Ok(running) => {
                     let pid = running.pid;
                     let sandbox = running.sandbox.clone();
+                    let meter = running.cgroup.as_ref().map(|group| group.meter());
                     // A new process starts its turn afresh.
                     self.turn_tools = TurnTools::default();
                     self.limit_wait = None;
@@ -239,6 +240,7 @@ impl Supervisor {
                         status.idle = false;
                         status.pid = Some(pid);
                         status.sandbox = Some(sandbox);
+                        status.meter = meter;
                         status.attempt += 1;
                         status.question = None;
                         status.asks_alive = false;
