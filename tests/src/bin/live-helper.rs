@@ -63,11 +63,7 @@ fn host(args: &[String]) {
         let workspace = WorkspaceId::from_path(std::path::Path::new(&args[0])).unwrap();
         let run_id = RunId::parse(&args[1]).unwrap();
         let count: usize = args[2].parse().unwrap();
-        const KEY: &str = "sk-the-benchmark-key";
-        let host = AgentHost::with_env(crew_live::agent::env::BaseEnv::from_vars(
-            std::env::vars_os().chain([("MODEL_KEY".into(), KEY.into())]),
-        ))
-        .unwrap();
+        let host = AgentHost::new().unwrap();
         let mut events = host.subscribe();
         let mut definition = AgentDef::builtin_shell();
         definition.command = vec![args[3].clone(), "fork-sleepers".into()];
@@ -507,7 +503,11 @@ fn download(args: &[String]) {
             }
         });
         let logs = tempfile::tempdir().unwrap();
-        let host = AgentHost::new().unwrap();
+        const KEY: &str = "sk-the-benchmark-key";
+        let host = AgentHost::with_env(crew_live::agent::env::BaseEnv::from_vars(
+            std::env::vars_os().chain([("MODEL_KEY".into(), KEY.into())]),
+        ))
+        .unwrap();
         let run_id = RunId::generate();
         let mut handles = Vec::new();
         for index in 0..agents {
