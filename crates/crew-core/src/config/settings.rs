@@ -208,6 +208,9 @@ pub struct PlacedTask {
     pub task: String,
     /// What the agent's `pass_env` names.
     pub pass_env: Vec<String>,
+    /// The task's caps: a pod's limits (over the placement's `cpu` and `memory`), where the
+    /// placement holds them so.
+    pub resources: Resources,
 }
 
 /// `[placements.<name>]`: somewhere else tasks can run (docs/distributed.md). A task that
@@ -271,10 +274,21 @@ impl PlacementDef {
                 .into_iter()
                 .map(str::to_owned)
                 .collect();
+                // The task's caps are its container's limits, over the placement's own.
+                let cpu = task
+                    .resources
+                    .cpus
+                    .map(|cpus| format!("{}m", cpus.thousandths()))
+                    .or_else(|| self.cpu.clone());
+                let memory = task
+                    .resources
+                    .memory
+                    .map(|memory| memory.0.to_string())
+                    .or_else(|| self.memory.clone());
                 for (flag, value) in [
                     ("--namespace", &self.namespace),
-                    ("--cpu", &self.cpu),
-                    ("--memory", &self.memory),
+                    ("--cpu", &cpu),
+                    ("--memory", &memory),
                 ] {
                     if let Some(value) = value {
                         argv.extend([flag.to_owned(), value.clone()]);
@@ -648,4 +662,42 @@ pub struct PlannedTask {
     pub prompt: String,
     /// Tasks of the same plan that must succeed first.
     pub depends_on: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubernetes_task_s_caps_are_its_container_s_limits_over_the_placement_s() {
+        let placement: PlacementDef = toml::from_str(
+            "kind = \"kubernetes\"\ndir = \"/work\"\nimage = \"crew:1\"\ncpu = \"2\"\nmemory = \"4Gi\"\n",
+        )
+        .unwrap();
+        let task = |resources: Resources| PlacedTask {
+            project: "p".into(),
+            run: "r".into(),
+            task: "t".into(),
+            pass_env: Vec::new(),
+            resources,
+        };
+        let flag = |argv: &[String], name: &str| {
+            argv.iter()
+                .position(|arg| arg == name)
+                .map(|at| argv[at + 1].clone())
+        };
+        let plain = placement.transport("crew", &task(Resources::default()));
+        assert_eq!(flag(&plain, "--cpu").as_deref(), Some("2"));
+        assert_eq!(flag(&plain, "--memory").as_deref(), Some("4Gi"));
+        let capped = placement.transport(
+            "crew",
+            &task(Resources {
+                memory: Some(ByteSize(1 << 30)),
+                cpus: Some(crate::config::Cpus::parse(1.5).unwrap()),
+                processes: None,
+            }),
+        );
+        assert_eq!(flag(&capped, "--cpu").as_deref(), Some("1500m"));
+        assert_eq!(flag(&capped, "--memory").as_deref(), Some("1073741824"));
+    }
 }

@@ -314,6 +314,7 @@ impl RunContext {
                                 .chain(credential.base_url_env.clone())
                         }))
                         .collect(),
+                    resources: task.resources,
                 },
             ),
             steer: crew_core::config::SteerMode::Protocol,
@@ -339,8 +340,12 @@ impl RunContext {
             .as_ref()
             .filter(|report| report.branch.as_deref() == Some(branch.as_str()))
             .and_then(|report| report.tip.clone());
-        // Its caps hold where it runs (sent with its start), not on the transport here.
-        let caps = std::mem::take(&mut spec.sandbox.caps);
+        // Its caps hold where it runs, not on the transport here: sent with its start to the
+        // shim, or, on Kubernetes, its container's limits (the transport's `--cpu`, `--memory`).
+        let mut caps = std::mem::take(&mut spec.sandbox.caps);
+        if def.kind == crew_core::config::PlacementKind::Kubernetes {
+            caps = crew_core::config::Resources::default();
+        }
         spec.placed = Some(crate::agent::placed::Placed {
             caps,
             allow_uncapped: task.allow_uncapped,
