@@ -15,7 +15,6 @@
 //! instruction. The files are beneath `/sys/fs/cgroup`, which a confined agent cannot write.
 
 use std::fs;
-use std::io::Write as _;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -121,7 +120,12 @@ impl Cgroups {
                 Ok(()) => {}
                 // Left by a start of the same name that could not remove it: reused empty.
                 Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(error) => return Err(error),
+                Err(error) => {
+                    return Err(std::io::Error::new(
+                        error.kind(),
+                        format!("{}: {error}", dir.display()),
+                    ));
+                }
             }
         }
         group.write_caps(caps)?;
@@ -204,17 +208,6 @@ impl AgentGroup {
             .collect()
     }
 
-    /// Puts process `pid` in the group (a test's, or a process started without a warden).
-    pub fn join(&self, pid: u32) -> std::io::Result<()> {
-        for dir in &self.dirs {
-            fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join("cgroup.procs"))?
-                .write_all(pid.to_string().as_bytes())?;
-        }
-        Ok(())
-    }
-
     /// What reads the group's memory and CPU now, for listings (kept by whoever lists).
     pub fn meter(&self) -> Meter {
         Meter {
@@ -228,15 +221,6 @@ impl AgentGroup {
                 CgroupKind::V1 => None,
             },
         }
-    }
-
-    /// The memory the group holds now, in bytes.
-    pub fn memory_now(&self) -> Option<u64> {
-        let file = match self.kind {
-            CgroupKind::V2 => "memory.current",
-            CgroupKind::V1 => "memory.usage_in_bytes",
-        };
-        number(&self.dirs[0].join(file))
     }
 
     /// What the group used so far.

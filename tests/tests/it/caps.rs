@@ -38,6 +38,24 @@ fn team(repo: &Utf8Path, tasks: &[(&str, &str, &str)]) {
     write(&repo.join(".crew/teams/capped.toml"), &text);
 }
 
+/// `crew run --agent shell <args…> <script>` in `repo`: its output and its one task's record.
+fn shell_run(
+    env: &TestEnv,
+    repo: &Utf8Path,
+    args: &[&str],
+    script: &str,
+) -> (std::process::Output, serde_json::Value) {
+    let mut all = vec!["run", "--agent", "shell"];
+    all.extend(args);
+    all.push(script);
+    let output = env.crew(repo, &all);
+    let recorded = run_ids(env, repo)
+        .first()
+        .map(|run| task(&manifest(env, repo, run), "shell").clone())
+        .unwrap_or_default();
+    (output, recorded)
+}
+
 #[test]
 fn an_agent_over_its_memory_cap_fails_naming_it_and_keeps_its_work_while_a_sibling_finishes() {
     if cgroups("memory cap").is_none() {
@@ -92,24 +110,17 @@ fn a_process_of_the_agent_killed_at_the_cap_is_a_warning_and_the_agent_goes_on()
     }
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let (output, recorded) = shell_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--memory",
-            "128MiB",
-            "python3 -c 'x = bytearray(400 << 20)'; echo went on > after.txt",
-        ],
+        &["--memory", "128MiB"],
+        "python3 -c 'x = bytearray(400 << 20)'; echo went on > after.txt",
     );
     assert!(output.status.success(), "{}", render_output(&output));
     assert_eq!(
         std::fs::read_to_string(repo.join("after.txt")).unwrap(),
         "went on\n"
     );
-    let run = run_ids(&env, &repo).remove(0);
-    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
     assert!(
         recorded["warnings"]
             .to_string()
@@ -125,21 +136,15 @@ fn a_fork_loop_stops_at_its_processes_cap_and_nothing_outlives_the_task() {
     }
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let (output, recorded) = shell_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--processes",
-            "16",
-            "for i in $(seq 64); do sleep 30 & done; wait",
-        ],
+        &["--processes", "16"],
+        "for i in $(seq 64); do sleep 30 & done; wait",
     );
     // The shell cannot fork past the cap and gives up (dash: "Cannot fork"): the loop ended.
     assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
     let run = run_ids(&env, &repo).remove(0);
-    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
     assert!(
         recorded["warnings"]
             .to_string()
@@ -164,20 +169,13 @@ fn a_spinning_task_with_half_a_cpu_uses_about_half_a_cpu() {
     }
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let output = env.crew(
+    let (output, recorded) = shell_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--agent",
-            "shell",
-            "--cpus",
-            "0.5",
-            "timeout 3 sh -c 'while :; do :; done'; true",
-        ],
+        &["--cpus", "0.5"],
+        "timeout 3 sh -c 'while :; do :; done'; true",
     );
     assert!(output.status.success(), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
-    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
     let cpu = recorded["used"]["cpu_ms"].as_u64().unwrap_or(u64::MAX);
     // Three seconds spinning: 3,000 ms of CPU uncapped on an idle core, 1,500 at half a CPU.
     assert!(
@@ -209,18 +207,13 @@ done
 touch tried.txt
 exec python3 -c 'x = bytearray(400 << 20)'
 "#;
-    let output = env.crew(
-        &repo,
-        ["run", "--agent", "shell", "--memory", "128MiB", script],
-    );
+    let (output, recorded) = shell_run(&env, &repo, &["--memory", "128MiB"], script);
     assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
     assert_eq!(
         std::fs::read_to_string(repo.join("tried.txt")).unwrap(),
         "",
         "the agent changed its cgroup"
     );
-    let run = run_ids(&env, &repo).remove(0);
-    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
     assert!(
         recorded["reason"]
             .as_str()
@@ -231,22 +224,56 @@ exec python3 -c 'x = bytearray(400 << 20)'
 
 #[test]
 fn caps_that_no_cgroup_can_hold_refuse_the_start_unless_running_uncapped_was_allowed() {
-    if crew_live::caps::Cgroups::find().is_ok() {
-        eprintln!("skipped: this machine has cgroups (the refusal is for one without)");
+    use std::os::unix::process::CommandExt;
+    // An ordinary user without a delegated cgroup has none to hold caps with: `nobody` here.
+    if !crew_tests::can_drop_to_nobody() {
         return;
     }
+    let env = TestEnv::reachable_by_others();
+    let repo = env.repo("project");
+    env.hand_to_nobody();
+    let as_nobody = |args: &[&str]| {
+        let mut command = env.crew_command_for_others(&repo);
+        command
+            .args(["run", "--agent", "shell", "--memory", "1GiB"])
+            .args(args)
+            .uid(crew_tests::NOBODY)
+            .gid(crew_tests::NOBODY);
+        command.output().unwrap()
+    };
+    let refused = as_nobody(&["echo hi > ran.txt"]);
+    let shown = render_output(&refused);
+    assert!(!refused.status.success(), "{shown}");
+    assert!(
+        shown.contains("its caps cannot be held") && shown.contains("--allow-uncapped"),
+        "{shown}"
+    );
+    assert!(!repo.join("ran.txt").exists(), "the agent ran uncapped");
+    let allowed = as_nobody(&["--allow-uncapped", "echo hi > ran.txt"]);
+    assert!(allowed.status.success(), "{}", render_output(&allowed));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("ran.txt")).unwrap(),
+        "hi\n"
+    );
+    let run = run_ids(&env, &repo).remove(0);
+    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
+    assert!(
+        recorded["warnings"]
+            .to_string()
+            .contains("ran without its caps, as --allow-uncapped allowed"),
+        "{recorded:#}"
+    );
+}
+
+#[test]
+fn caps_no_task_can_run_under_are_refused_before_anything_starts() {
     let env = TestEnv::new();
     let repo = env.repo("project");
-    let refused = env.crew(
-        &repo,
-        ["run", "--agent", "shell", "--memory", "1GiB", "echo hi"],
-    );
-    assert!(!refused.status.success(), "{}", render_output(&refused));
-    assert!(
-        render_output(&refused).contains("--allow-uncapped"),
-        "{}",
-        render_output(&refused)
-    );
+    let (output, _) = shell_run(&env, &repo, &["--processes", "2"], "echo hi");
+    let shown = render_output(&output);
+    assert_eq!(output.status.code(), Some(2), "{shown}");
+    assert!(shown.contains("give at least 8"), "{shown}");
+    assert!(run_ids(&env, &repo).is_empty(), "a run was made");
 }
 
 #[test]
@@ -261,22 +288,13 @@ fn a_placed_task_is_held_to_its_caps_where_it_runs() {
         &repo.join(".crew/config.toml"),
         &format!("[placements.box]\nkind = \"local\"\ndir = \"{shim}\"\n"),
     );
-    let output = env.crew(
+    let (output, recorded) = shell_run(
+        &env,
         &repo,
-        [
-            "run",
-            "--placement",
-            "box",
-            "--agent",
-            "shell",
-            "--memory",
-            "128MiB",
-            "exec python3 -c 'x = bytearray(400 << 20); import time; time.sleep(30)'",
-        ],
+        &["--placement", "box", "--memory", "128MiB"],
+        "exec python3 -c 'x = bytearray(400 << 20); import time; time.sleep(30)'",
     );
     assert_eq!(output.status.code(), Some(1), "{}", render_output(&output));
-    let run = run_ids(&env, &repo).remove(0);
-    let recorded = task(&manifest(&env, &repo, &run), "shell").clone();
     assert!(
         recorded["reason"]
             .to_string()

@@ -164,9 +164,6 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
         allow_uncapped: args.allow_uncapped,
         placed_for: None,
     };
-    if let Err(message) = spec.resources.check() {
-        return Err(CliError::user(message));
-    }
     if args.detach {
         return detach(&ctx, &spec).await;
     }

@@ -258,7 +258,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
                         std::env::var("PATH").ok().as_deref(),
                         &words,
                     ));
-                    read.extend(crew_live::agent::toolchains::named_homes(|name| {
+                    read.extend(crew_live::agent::toolchains::named_homes(home, |name| {
                         std::env::var(name).ok()
                     }));
                     // What lies in part only (the system is there whole), none within another.
@@ -292,12 +292,11 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
             },
         })
         .collect();
+    let cgroups = crew_live::caps::Cgroups::find();
     let report = Report {
         landlock_abi: probe.abi,
-        cgroup: crew_live::caps::Cgroups::find()
-            .ok()
-            .map(|found| found.kind().as_str()),
-        caps_unavailable: crew_live::caps::Cgroups::find().err(),
+        cgroup: cgroups.as_ref().ok().map(|found| found.kind().as_str()),
+        caps_unavailable: cgroups.err(),
         confines: probe.confines(),
         project_mode: ctx.config().sandbox.mode,
         agents,

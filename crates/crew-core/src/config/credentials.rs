@@ -101,7 +101,7 @@ pub(super) fn check_credential(credential: &Credential) -> Result<(), String> {
             "`{name}` is not a credential's name: lowercase letters, digits and `-` (it names its endpoint)"
         ));
     }
-    check_upstream(&credential.upstream)?;
+    parse_upstream(&credential.upstream)?;
     if let Some(variable) = &credential.base_url_env {
         check_env_name(variable, false)?;
     }
@@ -148,11 +148,6 @@ pub(super) fn check_credential(credential: &Credential) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// An upstream is `http://` or `https://`, a host, an optional port and path.
-pub fn check_upstream(upstream: &str) -> Result<(), String> {
-    parse_upstream(upstream).map(drop)
 }
 
 /// An upstream's parts.

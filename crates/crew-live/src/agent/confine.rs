@@ -65,7 +65,7 @@ pub(super) fn confinement(
             .collect();
         plan.read
             .extend(toolchains::reads(home, path_var, &programs));
-        plan.read.extend(toolchains::named_homes(|name| {
+        plan.read.extend(toolchains::named_homes(home, |name| {
             launcher
                 .env
                 .get(name)

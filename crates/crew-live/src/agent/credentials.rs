@@ -22,11 +22,7 @@ pub fn by_reference(definition: &AgentDef, base: &BaseEnv) -> Vec<String> {
 /// user has, under its variable, and the user's own base URL (their gateway). They cross the
 /// placement's transport, never a disk, and the crew there holds them by reference in turn.
 pub fn placed_values(definition: &AgentDef, base: &BaseEnv) -> BTreeMap<String, String> {
-    let home = base
-        .get("HOME")
-        .and_then(|home| home.to_str())
-        .filter(|home| home.starts_with('/'))
-        .map(Utf8Path::new);
+    let home = home_of(base);
     let mut values = BTreeMap::new();
     for credential in &definition.sandbox.credentials {
         for key in &credential.keys {
@@ -46,6 +42,14 @@ pub fn placed_values(definition: &AgentDef, base: &BaseEnv) -> BTreeMap<String, 
         }
     }
     values
+}
+
+/// The home `base` names, where it is absolute: what `~/` of a login file means.
+fn home_of(base: &BaseEnv) -> Option<&Utf8Path> {
+    base.get("HOME")
+        .and_then(|home| home.to_str())
+        .filter(|home| home.starts_with('/'))
+        .map(Utf8Path::new)
 }
 
 /// How the agent's network lets its credentials be used.
@@ -76,11 +80,7 @@ pub(super) struct Given {
 
 /// The credentials of `definition` for one start that reaches the network as `reach`.
 pub(super) fn give(definition: &AgentDef, base: &BaseEnv, reach: Reach) -> Given {
-    let home = base
-        .get("HOME")
-        .and_then(|home| home.to_str())
-        .filter(|home| home.starts_with('/'))
-        .map(Utf8Path::new);
+    let home = home_of(base);
     let mut given = Given::default();
     for credential in &definition.sandbox.credentials {
         give_one(credential, &definition.env, base, home, reach, &mut given);

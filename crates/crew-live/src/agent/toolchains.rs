@@ -68,14 +68,15 @@ const TOOLCHAIN_HOMES: &[&str] = &[
 
 /// The toolchains' homes the user's environment names (`RUSTUP_HOME`, `NVM_DIR`, …: see
 /// [`crew_core::env_vars::TOOLCHAIN_VARIABLES`]), where they are absolute and there: read by a
-/// confined agent as the usual homes are.
-pub fn named_homes(var: impl Fn(&str) -> Option<String>) -> Vec<Utf8PathBuf> {
+/// confined agent as the usual homes are. One that holds `home` (`RUSTUP_HOME=$HOME`, `/`) is
+/// no toolchain's home and is left out: it would make the whole home readable.
+pub fn named_homes(home: &Utf8Path, var: impl Fn(&str) -> Option<String>) -> Vec<Utf8PathBuf> {
     crew_core::env_vars::TOOLCHAIN_VARIABLES
         .iter()
         .filter_map(|name| var(name))
         .filter(|path| path.starts_with('/'))
-        .map(Utf8PathBuf::from)
-        .filter(|path| path.is_dir())
+        .map(|path| crew_core::paths::normalize_lexically(Utf8Path::new(&path)))
+        .filter(|path| !home.starts_with(path) && path.is_dir())
         .collect()
 }
 
@@ -446,5 +447,34 @@ mod tests {
             assert!(dir.join(sub).is_dir(), "{sub} is made again");
         }
         assert!(dir.join("cargo/bin").is_symlink());
+    }
+
+    #[test]
+    fn a_toolchain_home_the_environment_names_is_read_unless_it_holds_the_home() {
+        let root = tempfile::tempdir().unwrap();
+        let root = Utf8Path::from_path(root.path()).unwrap().to_owned();
+        let home = root.join("home/me");
+        let rustup = root.join("opt/rustup");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&rustup).unwrap();
+        let named = |values: &[(&str, Utf8PathBuf)]| {
+            let values = values.to_vec();
+            named_homes(&home, move |name| {
+                values
+                    .iter()
+                    .find(|(variable, _)| *variable == name)
+                    .map(|(_, path)| path.to_string())
+            })
+        };
+        assert_eq!(named(&[("RUSTUP_HOME", rustup.clone())]), [rustup.clone()]);
+        // The home itself, a directory above it, or one that is not there: not a toolchain.
+        for wide in [
+            home.clone(),
+            root.join("home"),
+            root.join("home/me/../me"),
+            root.join("nowhere"),
+        ] {
+            assert!(named(&[("NVM_DIR", wide.clone())]).is_empty(), "{wide}");
+        }
     }
 }

@@ -23,7 +23,6 @@ fn codex_patches_a_file_and_runs_a_command_in_a_worktree_and_its_thread_is_kept(
         ),
         Reply::say("Both done."),
     ]);
-    project.codex_gateway(&model);
     let run = project.crew(
         &model,
         &[
@@ -90,7 +89,6 @@ fn codex_stopped_mid_command_resumes_its_own_thread_and_finishes() {
         ),
         Reply::say("Finished after the resume."),
     ]);
-    project.codex_gateway(&model);
     project.stop_mid_command_then_resume(&model, "codex");
     let texts = model.user_texts();
     assert!(texts.contains("build it"), "{texts}");
@@ -118,7 +116,6 @@ fn a_follow_up_of_codex_s_finished_task_goes_on_in_its_thread() {
         ),
         Reply::say("Also written."),
     ]);
-    project.codex_gateway(&model);
     let run = project.crew(
         &model,
         &[
@@ -172,7 +169,6 @@ fn codex_refused_by_the_api_fails_its_task_with_the_api_s_words() {
         message: "invalid api key (stand-in)".to_owned(),
         retry_after: None,
     }]);
-    project.codex_gateway(&model);
     let run = project.crew(&model, &["run", "--agent", "codex", "do it"]);
     assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
     let (_, task) = project.only_task_of("codex");
@@ -200,7 +196,6 @@ fn codex_rate_limited_with_a_reset_retries_by_itself() {
         Reply::say("Done."),
     ]);
     model.fail_next(1, 429, Some(1));
-    project.codex_gateway(&model);
     let run = project.crew(&model, &["run", "--agent", "codex", "write the notes"]);
     assert!(
         run.status.success(),
@@ -235,7 +230,6 @@ fn codex_giving_up_on_a_429_without_a_reset_is_a_limit() {
     // status: 429"). That is a limit: its task names it (and with `on_limit = "pause"` crew
     // would try again by its own backoff, a minute first).
     model.fail_next(1, 429, None);
-    project.codex_gateway(&model);
     let run = project.crew(&model, &["run", "--agent", "codex", "write the notes"]);
     assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
     let (_, task) = project.only_task_of("codex");
@@ -276,7 +270,6 @@ fn codex_whose_own_sandbox_cannot_start_fails_its_task_with_what_failed() {
         ),
         Reply::say("Both done."),
     ]);
-    project.codex_gateway(&model);
     let run = project.crew(&model, &["run", "--agent", "codex", "do it"]);
     assert_eq!(run.status.code(), Some(1), "{}", render_output(&run));
     let (_, task) = project.only_task_of("codex");

@@ -116,12 +116,6 @@ impl Project {
         self.command(model, args).output().unwrap()
     }
 
-    /// Points Codex at `model` as a user of a gateway does with crew: `OPENAI_BASE_URL` in
-    /// their environment (set in [`Project::command`]), which crew's proxy sends Codex's
-    /// requests on to; Codex itself is pointed at crew's endpoint. The gateway speaks HTTP
-    /// only: no websockets.
-    fn codex_gateway(&self, _model: &ModelApi) {}
-
     /// Runs `agent` on "build it" with `model`'s script, whose first call starts a long
     /// command writing `started.txt`; stops the task during it, resumes it, and checks that
     /// it resumed its own session and finished, its next call writing `after.txt`.

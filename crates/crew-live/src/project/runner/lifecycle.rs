@@ -23,6 +23,9 @@ impl Runner {
         socket: Option<Utf8PathBuf>,
     ) -> Result<RunManifest, RunError> {
         let team = &spec.team.def;
+        spec.resources
+            .check()
+            .map_err(|message| PlanError::Caps { message })?;
         self.check_allowed(team.tasks.iter().map(|task| task.agent.as_str()))?;
         let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
         let mut run_tasks =

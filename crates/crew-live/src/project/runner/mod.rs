@@ -129,6 +129,12 @@ pub enum PlanError {
     /// depend on).
     #[error(transparent)]
     Attempts(#[from] crew_core::config::AttemptsError),
+    /// Caps the run asked for that no task could run under (`crew run --processes 2`).
+    #[error("the run's caps: {message}")]
+    Caps {
+        /// What is wrong, and what to give.
+        message: String,
+    },
     /// Attempts of a task in a mode without branches.
     #[error(
         "task `{task}` would run {of} attempts in {mode} mode: attempts need worktree mode, each in its own worktree and branch (`--workspace-mode worktree`)"
