@@ -272,10 +272,14 @@ pub fn loosening_in_agent(definition: &AgentDef) -> Vec<String> {
     }
     // A credential sends a secret of the user's to its upstream.
     for credential in &definition.sandbox.credentials {
-        let keys_held: Vec<&str> = credential
+        // Each key as the user would want to see it: and where its value is read from.
+        let keys_held: Vec<String> = credential
             .keys
             .iter()
-            .map(crate::config::credentials::CredentialKey::variable)
+            .map(|key| match key.file() {
+                Some((file, json)) => format!("{} (or `{json}` of {file})", key.variable()),
+                None => key.variable().to_owned(),
+            })
             .collect();
         keys.push(format!(
             "[[sandbox.credentials]] \"{}\" sends {} to {}",
@@ -397,5 +401,22 @@ mod tests {
             assert!(loosening_in_agent(&definition).is_empty(), "{narrow}");
             assert_eq!(network_in_agent(&definition).mode, NetworkMode::Proxy);
         }
+    }
+
+    #[test]
+    fn a_credential_is_a_loosening_that_names_its_keys_their_login_file_and_its_upstream() {
+        let definition = crate::config::load::parse_agent(
+            Utf8Path::new("a.toml"),
+            "command = [\"true\"]\n[[sandbox.credentials]]\nname = \"model\"\nupstream = \"https://api.example.com\"\nbase_url_env = \"MODEL_BASE_URL\"\nkeys = [\"MODEL_KEY\", { env = \"MODEL_TOKEN\", file = \"~/.model/login.json\", json = \"token\" }]\n",
+            "a",
+        )
+        .unwrap();
+        assert_eq!(
+            loosening_in_agent(&definition),
+            vec![
+                "[[sandbox.credentials]] \"model\" sends MODEL_KEY, MODEL_TOKEN (or `token` of ~/.model/login.json) to https://api.example.com"
+                    .to_owned()
+            ]
+        );
     }
 }

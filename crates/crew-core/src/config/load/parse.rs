@@ -250,9 +250,39 @@ pub(in crate::config) fn parse_agent(
         }
     };
     let mut env = BTreeMap::new();
+    // What a credential reads from the user's environment (its keys, the gateway its requests
+    // go to) is never written in the file: a checked-in definition would otherwise point the
+    // user's key at a host of its choosing.
+    let credential_variables: Vec<(String, String)> = file
+        .sandbox
+        .credentials
+        .iter()
+        .flat_map(|credential| {
+            let credential = credential.get_ref();
+            credential
+                .keys
+                .iter()
+                .flat_map(|key| key.sources().map(str::to_owned))
+                .chain(credential.base_url_env.clone())
+                .map(|variable| (variable, credential.name.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     for (key, value) in file.env {
         if let Err(message) = check_env_entry(key.get_ref(), &value) {
             invalid(key.span(), "env", message);
+        } else if let Some((_, credential)) = credential_variables
+            .iter()
+            .find(|(variable, _)| variable == key.get_ref())
+        {
+            invalid(
+                key.span(),
+                "env",
+                format!(
+                    "`{}` is read from your environment by the credential `{credential}`: it cannot be set in the definition (set it in your environment)",
+                    key.get_ref()
+                ),
+            );
         }
         env.insert(key.into_inner(), value);
     }
