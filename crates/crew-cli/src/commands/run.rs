@@ -415,9 +415,7 @@ pub async fn cmd_host(args: HostArgs, ui: Ui) -> Result<Outcome, CliError> {
 
 /// `--memory`: a size, as `[resources] memory` takes it.
 fn parse_memory(text: &str) -> Result<crew_core::config::ByteSize, String> {
-    let size: crew_core::config::ByteSize =
-        serde_json::from_value(serde_json::Value::String(text.to_owned()))
-            .map_err(|error| error.to_string())?;
+    let size: crew_core::config::ByteSize = text.parse()?;
     crew_core::config::Resources {
         memory: Some(size),
         ..Default::default()

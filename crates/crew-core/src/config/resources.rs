@@ -195,6 +195,9 @@ mod tests {
             toml::from_str("memory = \"2GiB\"\ncpus = 1.5\nprocesses = 256\n").unwrap();
         assert_eq!(parsed.shown(), "memory 2GiB, 1.5 CPUs, 256 processes");
         assert!(toml::from_str::<Resources>("cpus = 0\n").is_err());
+        // A cap of a large machine's memory: no output log's range holds it back.
+        let large: Resources = toml::from_str("memory = \"128GiB\"\n").unwrap();
+        assert_eq!(large.memory, Some(ByteSize(128 << 30)));
         assert!(toml::from_str::<Resources>("memroy = \"1GiB\"\n").is_err());
     }
 }

@@ -19,6 +19,7 @@ use crate::config::settings::{
 use crate::config::template::{
     COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders,
 };
+use crate::config::values::ByteSize;
 
 pub(in crate::config) fn validate_project_config(
     path: &Utf8Path,
@@ -37,6 +38,17 @@ pub(in crate::config) fn validate_project_config(
             message,
         ));
     };
+    let log = config.run.max_output_log;
+    if log < ByteSize::MIN_LOG || log > ByteSize::MAX_LOG {
+        invalid(
+            "run.max_output_log",
+            format!(
+                "size {log} is out of range: it must be from {} to {}",
+                ByteSize::MIN_LOG,
+                ByteSize::MAX_LOG
+            ),
+        );
+    }
     if let Err(message) = config.resources.check() {
         invalid("resources", message);
     }
