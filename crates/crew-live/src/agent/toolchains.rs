@@ -466,7 +466,7 @@ mod tests {
                     .map(|(_, path)| path.to_string())
             })
         };
-        assert_eq!(named(&[("RUSTUP_HOME", rustup.clone())]), [rustup.clone()]);
+        assert_eq!(named(&[("RUSTUP_HOME", rustup.clone())]), [rustup]);
         // The home itself, a directory above it, or one that is not there: not a toolchain.
         for wide in [
             home.clone(),
