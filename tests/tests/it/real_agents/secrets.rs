@@ -118,34 +118,59 @@ fn claude_code_holds_only_a_stand_in_and_the_model_gets_the_user_s_key() {
     saw_only_the_stand_in(&project, "claude", "anthropic");
 }
 
-#[test]
-fn claude_code_signed_in_only_gets_its_login_s_token_by_reference() {
-    let Some(project) = Project::new("claude", "claude_code_signed_in_only") else {
+/// A user signed in only (no key in their environment): the program's login file, which the
+/// agent cannot read, gives its key by reference; the model gets that and only that.
+/// `held` names the key and what its gateway adds to the model's URL (Codex's `/v1`).
+fn signed_in_only(program: &str, agent: &str, login: &str, content: &str, held: (&str, &str)) {
+    let Some(project) = Project::new(program, &format!("{agent}_signed_in_only")) else {
         return;
     };
-    let login = ".claude/.credentials.json";
-    plant_login(
-        &project,
-        login,
-        &format!(r#"{{"claudeAiOauth":{{"accessToken":"{LOGIN_TOKEN}"}}}}"#),
-    );
+    plant_login(&project, login, content);
     let model = ModelApi::start(vec![Reply::say("Done.")]);
     let run = project
-        .command(&model, &["run", "--agent", "claude", "say done"])
+        .command(&model, &["run", "--agent", agent, "say done"])
         .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", render_output(&run));
-    let (_, task) = project.only_task();
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        render_output(&run),
+        project.output_log_of(agent)
+    );
+    let (_, task) = project.only_task_of(agent);
     assert_eq!(
         task["sandbox"]["by_reference"],
-        json!([format!("CLAUDE_CODE_OAUTH_TOKEN for {}", model.url())]),
+        json!([format!("{} for {}{}", held.0, model.url(), held.1)]),
         "{task:#}"
     );
     let keys = model.keys();
     assert!(
         !keys.is_empty() && keys.iter().all(|key| key == LOGIN_TOKEN),
         "the model got {keys:?}"
+    );
+}
+
+#[test]
+fn claude_code_signed_in_only_gets_its_login_s_token_by_reference() {
+    signed_in_only(
+        "claude",
+        "claude",
+        ".claude/.credentials.json",
+        &format!(r#"{{"claudeAiOauth":{{"accessToken":"{LOGIN_TOKEN}"}}}}"#),
+        ("CLAUDE_CODE_OAUTH_TOKEN", ""),
+    );
+}
+
+#[test]
+fn codex_signed_in_with_a_key_only_gets_it_by_reference() {
+    signed_in_only(
+        "codex",
+        "codex",
+        ".codex/auth.json",
+        &format!(r#"{{"OPENAI_API_KEY":"{LOGIN_TOKEN}"}}"#),
+        ("CODEX_API_KEY", "/v1"),
     );
 }
 
