@@ -163,3 +163,60 @@ fn walk_files(path: &Utf8Path) -> Vec<Utf8PathBuf> {
     }
     files
 }
+
+#[test]
+fn a_placed_task_holds_its_key_by_reference_where_it_runs() {
+    let env = TestEnv::new();
+    let repo = env.repo("project");
+    let (model, at_model) = recording_server();
+    let shim = env.dir("box");
+    write(
+        &repo.join(".crew/config.toml"),
+        &format!("[placements.box]\nkind = \"local\"\ndir = \"{shim}\"\n"),
+    );
+    write(
+        &repo.join(".crew/agents/placed.toml"),
+        &format!(
+            "command = [\"sh\", \"-c\", \"{{prompt}}\"]\n\
+             [sandbox]\nnetwork = \"proxy\"\nallow_hosts = [\"127.0.0.1:{model}\"]\n\
+             [[sandbox.credentials]]\nname = \"model\"\nupstream = \"http://127.0.0.1:{model}\"\n\
+             base_url_env = \"MODEL_BASE_URL\"\nkeys = [\"MODEL_KEY\"]\n"
+        ),
+    );
+    env.allow_settings(&repo);
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "the placement and its agent"]);
+    let output = env
+        .crew_command(&repo)
+        .env("MODEL_KEY", REAL_KEY)
+        .args([
+            "run",
+            "--quiet",
+            "--placement",
+            "box",
+            "--agent",
+            "placed",
+            "curl -s -H \"x-api-key: $MODEL_KEY\" \"$MODEL_BASE_URL/v1\" > answer.txt; env | grep ^MODEL_ > held.txt",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", render_output(&output));
+    let run = run_ids(&env, &repo).remove(0);
+    let show = |file: &str| env.git(&repo, ["show", &format!("crew/{run}-placed:{file}")]);
+    assert_eq!(show("answer.txt"), "answered");
+    let held = show("held.txt");
+    assert!(
+        held.contains("MODEL_KEY=crew-stand-in-model-") && !held.contains(REAL_KEY),
+        "{held}"
+    );
+    let heads = at_model.lock().unwrap().clone();
+    assert!(
+        heads.len() == 1 && heads[0].contains(&format!("x-api-key: {REAL_KEY}\r\n")),
+        "{heads:?}"
+    );
+    // Nothing the placement keeps holds it either.
+    for file in walk_files(&shim) {
+        let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap_or_default()).into_owned();
+        assert!(!text.contains(REAL_KEY), "{file} holds the key");
+    }
+}
