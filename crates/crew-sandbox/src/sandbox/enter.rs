@@ -163,7 +163,8 @@ pub unsafe fn enter_namespace(
         None
     };
     cover_partially(paths)?;
-    // Its places, each bound onto itself: a mount of their own, made writable again below.
+    // Its places, each bound onto itself (but those a partial view bound back already): a
+    // mount of their own, made writable again below.
     if read_only_elsewhere {
         for entry in entries(paths) {
             let (kind, path) = entry?;
@@ -202,7 +203,7 @@ pub unsafe fn enter_namespace(
                 b'o' => zero_or_error(sys::make_writable(path))?,
                 // A place on a mount the machine made read-only stays read-only (the kernel
                 // keeps that flag of a mount a namespace inherited): it was never writable.
-                b'w' if sys::make_writable(path) != 0 && sys::errno() != libc::EPERM => {
+                b'w' | b'W' if sys::make_writable(path) != 0 && sys::errno() != libc::EPERM => {
                     return Err(std::io::Error::from_raw_os_error(sys::errno()));
                 }
                 _ => {}
@@ -288,7 +289,7 @@ pub unsafe fn enter_namespace(
             }
             // Done above; the agent's own connection is listened on once confined (see
             // `listen_for_own_connections`).
-            (b'w' | b'o' | b'O' | b'c' | b'H' | b'K' | b'k' | b'L' | b'T', _) => {}
+            (b'w' | b'W' | b'o' | b'O' | b'c' | b'H' | b'K' | b'k' | b'L' | b'T', _) => {}
             _ => return Err(invalid()),
         }
     }

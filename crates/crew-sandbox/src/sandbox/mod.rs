@@ -47,6 +47,7 @@ mod descriptors;
 mod enter;
 mod keyrings;
 mod namespace;
+mod partial;
 mod user_namespace;
 
 pub use keyrings::close_keyrings;
@@ -57,11 +58,9 @@ pub use descriptors::{
 };
 pub use enter::{enter_namespace, restrict_self};
 pub use enter::{namespaces_work, private_terminals_work};
-pub use namespace::{
-    Hidden, Kept, Namespace, PartialView, in_system, partial_directories, partial_views,
-    secret_stores, user_sockets,
-};
+pub use namespace::{Hidden, Namespace, secret_stores, user_sockets};
 use namespace::{overlay_options, overlays_work};
+pub use partial::{Kept, PartialView, in_system, partial_directories, partial_views};
 pub use user_namespace::shared_user_namespace;
 
 /// The Landlock ABI crew's rules are written for: its write rights (with `Refer`, `Truncate`

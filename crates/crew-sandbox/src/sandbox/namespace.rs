@@ -10,6 +10,7 @@ use crew_core::provider::PrivateView;
 use landlock::{ABI, Access, AccessFs};
 
 use super::enter::{child_succeeds, enter_namespace};
+use super::partial::{Kept, PartialView};
 use super::{FS_ABI, kernel_abi};
 
 /// A namespace plan's flag: private terminals.
@@ -57,7 +58,7 @@ pub struct Namespace {
     /// In that namespace, the proxy's listening socket, made before the agent's program
     /// starts and handed to its host (`network = "proxy"`).
     pub proxy: bool,
-    /// The directories it sees only in part (see [`partial_views`]), outermost first: made
+    /// The directories it sees only in part (see [`partial_views`](super::partial_views)), outermost first: made
     /// first, so that everything after finds its paths there.
     pub partial: Vec<PartialView>,
     /// The user's own servers' unix sockets, covered (see [`user_sockets`]).
@@ -74,7 +75,7 @@ impl Namespace {
     /// `PLAN_READ_ONLY_ELSEWHERE`, `PLAN_SHARED_MEMORY`); with terminals or shared memory
     /// (granted in the agent's process, once mounted), the write rights of a directory and of
     /// a file as the ruleset handles them, eight bytes each; then entries of a kind byte and a
-    /// path (or an overlay's options) ended by a NUL: each writable place (`w`), each overlay
+    /// path (or an overlay's options) ended by a NUL: each writable place (`w`, or `W` where a partial view binds it back), each overlay
     /// (`o` its target, `O` its options), each read-only path (`r`), each hidden directory
     /// (`d`) and file (`f`), and the name of the agent's own connection (`c`). The partial
     /// views come first, each its directory (`H`), then beneath it, relative, each directory
@@ -105,11 +106,18 @@ impl Namespace {
             plan.extend_from_slice(&handled.bits().to_le_bytes());
             plan.extend_from_slice(&file.bits().to_le_bytes());
         }
+        // A place its partial view binds back is a mount of its own already (`W`): bound
+        // onto itself again, it would only cost a mount.
         let writable = self
             .writable
             .iter()
             .filter(|_| self.read_only_elsewhere)
-            .map(|path| (b'w', path.to_string()));
+            .map(
+                |path| match self.partial.iter().any(|view| view.binds(path)) {
+                    true => (b'W', path.to_string()),
+                    false => (b'w', path.to_string()),
+                },
+            );
         let overlays = self.private.iter().flat_map(|view| {
             [
                 (b'o', view.target.to_string()),
@@ -134,10 +142,19 @@ impl Namespace {
                 self.read_only
                     .iter()
                     .map(|path| (b'r', path.to_string()))
-                    .chain(self.hidden.iter().map(|hidden| match hidden {
-                        Hidden::Directory(path) => (b'd', path.to_string()),
-                        Hidden::File(path) => (b'f', path.to_string()),
-                    })),
+                    // Beneath a directory seen in part, on none of its places, a cover
+                    // would cover what is not there: none is made (the record names it).
+                    .chain(
+                        self.hidden
+                            .iter()
+                            .filter(|hidden| {
+                                !self.partial.iter().any(|view| view.hides(hidden.path()))
+                            })
+                            .map(|hidden| match hidden {
+                                Hidden::Directory(path) => (b'd', path.to_string()),
+                                Hidden::File(path) => (b'f', path.to_string()),
+                            }),
+                    ),
             )
             .chain(self.control.iter().map(|name| (b'c', name.clone())));
         for (kind, path) in entries {
@@ -153,185 +170,6 @@ impl Namespace {
         }
         Ok(plan)
     }
-}
-
-/// The top-level directories of the machine that hold its programs, libraries and
-/// configuration (and the kernel's own), which an agent sees whole. Every other directory at
-/// the top (`/home`, `/root`, `/srv`, `/mnt`, `/tmp`, a `/work` or `/data` of the user's) is
-/// seen only in part: what the agent may reach beneath it (see [`PartialView`]).
-const SYSTEM_DIRECTORIES: &[&str] = &[
-    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "run", "sbin",
-    "sys", "usr", "var", "nix", "snap", "gnu",
-];
-
-/// Whether `path` lies in one of the system's top-level directories, which an agent sees
-/// whole (see [`partial_directories`]; the home, where it lies there, is seen in part all the
-/// same).
-pub fn in_system(path: &Utf8Path) -> bool {
-    path.components()
-        .nth(1)
-        .is_some_and(|top| SYSTEM_DIRECTORIES.contains(&top.as_str()))
-}
-
-/// The directories a confined agent sees only in part, outermost first: every top-level one
-/// that is not the system's, and the user's `home` (DESIGN §8a: an agent reads its workspace,
-/// the repository, the system's programs and libraries, and what its definition names; the
-/// rest of the home and other projects are not there for it).
-pub fn partial_directories(home: Option<&Utf8Path>) -> Vec<Utf8PathBuf> {
-    let mut dirs: Vec<Utf8PathBuf> = Utf8Path::new("/")
-        .read_dir_utf8()
-        .map(|listing| {
-            listing
-                .flatten()
-                .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
-                .filter(|entry| !SYSTEM_DIRECTORIES.contains(&entry.file_name()))
-                .map(|entry| entry.into_path())
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(home) = home.and_then(resolve) {
-        dirs.push(home);
-    }
-    dirs.sort();
-    dirs.dedup();
-    dirs
-}
-
-/// A directory as a confined agent sees it: a small empty file system over it, read-only,
-/// and beneath it only what the agent may reach, each bound back from the directory beneath
-/// the cover with the mounts beneath it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartialView {
-    /// The directory, as the kernel names it (links resolved): what is covered.
-    pub dir: Utf8PathBuf,
-    /// What is there beneath it, relative to it, none beneath another.
-    pub kept: Vec<Kept>,
-}
-
-impl PartialView {
-    /// Its places as absolute paths, for the record.
-    pub fn places(&self) -> Vec<Utf8PathBuf> {
-        self.kept
-            .iter()
-            .map(|kept| match kept {
-                Kept::Directory(path) | Kept::File(path) | Kept::Link(path, _) => {
-                    self.dir.join(path)
-                }
-            })
-            .collect()
-    }
-}
-
-/// One place of a [`PartialView`], relative to its directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kept {
-    /// A directory, bound back with what is mounted beneath it.
-    Directory(Utf8PathBuf),
-    /// A file, bound back.
-    File(Utf8PathBuf),
-    /// A link made again as it was (`~/.cargo` → `/data/cargo`), and where it leads.
-    Link(Utf8PathBuf, Utf8PathBuf),
-}
-
-/// Where `path` leads, links resolved, as the kernel names it: opened (`O_PATH`) and named
-/// by its descriptor, three calls where resolving it a part at a time (`realpath(3)`) costs a
-/// call for each part; `None` where it is not there.
-pub(super) fn resolve(path: &Utf8Path) -> Option<Utf8PathBuf> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH)
-        .open(path)
-        .ok()?;
-    let named = std::fs::read_link(format!("/proc/self/fd/{}", opened.as_raw_fd())).ok()?;
-    let named = Utf8PathBuf::from_path_buf(named).ok()?;
-    // A path the kernel cannot name from the root (a deleted directory) is not there.
-    named.is_absolute().then_some(named)
-}
-
-/// The views of `dirs` (see [`partial_directories`]) for an agent that may reach `reach`
-/// (its reads, its writes, its read-only places, its views). A directory within what it may
-/// reach (a project at the home itself) is not covered, nor an empty one (nothing to hide);
-/// one of `dirs` within another is kept in the outer one's view, to be covered in its turn.
-///
-/// Each place is taken where the kernel finds it (links resolved) and kept there; one given
-/// through a link (`~/.cargo` → `~/dotfiles/cargo`) gets that link too. A place that is not
-/// there is left out: a mount needs something to bind. Each path is resolved once, whatever
-/// the number of directories.
-pub fn partial_views(dirs: &[Utf8PathBuf], reach: &[Utf8PathBuf]) -> Vec<PartialView> {
-    let dirs: Vec<Utf8PathBuf> = dirs
-        .iter()
-        .filter(|dir| {
-            dir.read_dir_utf8()
-                .is_ok_and(|mut listing| listing.next().is_some())
-        })
-        .filter_map(|dir| resolve(dir))
-        .filter(|dir| dir.parent().is_some())
-        .collect();
-    // Each path as given, and where it leads.
-    let resolved: Vec<(&Utf8PathBuf, Utf8PathBuf)> = reach
-        .iter()
-        .filter_map(|path| Some((path, resolve(path)?)))
-        .collect();
-    dirs.iter()
-        .filter(|dir| !resolved.iter().any(|(_, place)| dir.starts_with(place)))
-        .map(|dir| {
-            let inner = dirs
-                .iter()
-                .filter(|other| other.starts_with(dir) && *other != dir)
-                .map(|inner| (inner, inner.clone()));
-            let mut kept: Vec<Kept> = Vec::new();
-            for (given, place) in resolved
-                .iter()
-                .map(|(given, place)| (*given, place.clone()))
-                .chain(inner)
-            {
-                // Given through a link beneath the directory, as the agent will name it.
-                if given != &place
-                    && let Ok(beneath) = given.strip_prefix(dir)
-                    && std::fs::symlink_metadata(given).is_ok_and(|metadata| metadata.is_symlink())
-                    && let Ok(target) = given.read_link_utf8()
-                {
-                    kept.push(Kept::Link(beneath.to_owned(), target));
-                }
-                if let Ok(beneath) = place.strip_prefix(dir) {
-                    kept.push(match place.is_dir() {
-                        true => Kept::Directory(beneath.to_owned()),
-                        false => Kept::File(beneath.to_owned()),
-                    });
-                }
-            }
-            PartialView {
-                dir: dir.clone(),
-                kept: outermost(kept),
-            }
-        })
-        .collect()
-}
-
-/// `kept` sorted, none twice, and none within a directory kept: it is there with it, and a
-/// second mount on the way would be made inside that directory, which is the user's own.
-fn outermost(mut kept: Vec<Kept>) -> Vec<Kept> {
-    let path_of = |kept: &Kept| match kept {
-        Kept::Directory(path) | Kept::File(path) | Kept::Link(path, _) => path.clone(),
-    };
-    let directories: Vec<Utf8PathBuf> = kept
-        .iter()
-        .filter_map(|kept| match kept {
-            Kept::Directory(path) => Some(path.clone()),
-            _ => None,
-        })
-        .collect();
-    kept.retain(|place| {
-        let path = path_of(place);
-        !directories
-            .iter()
-            .any(|directory| path.starts_with(directory) && path != *directory)
-    });
-    kept.sort_by_key(path_of);
-    kept.dedup_by_key(|place| path_of(place));
-    kept
 }
 
 /// The mount options of an overlay giving a private view of `view.target` (its changes in
