@@ -328,8 +328,15 @@ fn a_paused_task_holds_the_run_shows_when_it_goes_on_and_a_resume_takes_it_up_ea
     let repo = project_with_claude(&env);
     write(
         &repo.join(".crew/teams/limited.toml"),
-        "workspace_mode = \"worktree\"\non_limit = \"pause\"\nmax_parallel = 1\n\n[[tasks]]\nid = \"long\"\nagent = \"claude\"\nprompt = \"write long.txt then hit the limit for 3600 seconds\"\n\n[[tasks]]\nid = \"next\"\nagent = \"claude\"\nprompt = \"write next.txt\"\n",
+        "workspace_mode = \"worktree\"\non_limit = \"pause\"\nmax_parallel = 1\n\n[[tasks]]\nid = \"long\"\nagent = \"claude\"\nprompt = \"write long.txt then hit the limit for 3600 seconds\"\n\n[[tasks]]\nid = \"next\"\nagent = \"other\"\nprompt = \"write next.txt\"\n",
     );
+    // Of another provider (a definition of its own): a limited provider's tasks wait for it
+    // (`rate_limits`), another's take the slot.
+    std::fs::copy(
+        repo.join(".crew/agents/claude.toml"),
+        repo.join(".crew/agents/other.toml"),
+    )
+    .unwrap();
     let mut host = env.spawn_crew(&repo, ["run", "limited"]);
     let run = wait_until(
         30,

@@ -34,6 +34,7 @@ mod live_agents;
 mod live_control;
 mod network;
 mod placements;
+mod rate_limits;
 mod real_agents;
 mod remote_work;
 mod run_records;

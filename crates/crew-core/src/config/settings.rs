@@ -543,6 +543,16 @@ impl AgentDef {
             builtin: true,
         }
     }
+
+    /// Whose rate limits the agent meets: the name of its only credential (`anthropic`,
+    /// `openai`), which tasks of other definitions holding the same key share; else its own
+    /// name (a definition holding several keys, as aider's, or none).
+    pub fn provider(&self) -> String {
+        match &self.sandbox.credentials[..] {
+            [only] => only.name.clone(),
+            _ => self.name.clone(),
+        }
+    }
 }
 
 /// A team: the tasks of a run, from `.crew/teams/<name>.toml` or built ad hoc.

@@ -53,8 +53,12 @@ impl Runner {
             holds,
             release.clone(),
         ));
-        let mut schedule =
-            Schedule::new(&manifest.tasks, manifest.max_parallel, manifest.fail_fast);
+        let mut schedule = Schedule::new(
+            &manifest.tasks,
+            manifest.max_parallel,
+            manifest.fail_fast,
+            &|task| context.provider_of(task),
+        );
         let mut running: JoinSet<(TaskId, TaskStatus)> = JoinSet::new();
         // Which task each spawned future runs: a future that panics returns nothing else.
         let mut spawned: HashMap<tokio::task::Id, TaskId> = HashMap::new();
@@ -243,7 +247,7 @@ impl Runner {
                     None => self.accept_submission(run_id, &agent, tasks, context).await,
                 };
                 if let Ok(added) = &result {
-                    schedule.add(added);
+                    schedule.add(added, &|task| context.provider_of(task));
                 }
                 answer(reply, result.map(|added| {
                     serde_json::json!({

@@ -10,7 +10,11 @@
 //! 2. a task one of whose upstream tasks ended without succeeding is skipped, naming it;
 //! 3. a task whose upstream tasks all succeeded starts when a slot is free: at most
 //!    `max_parallel` tasks are active, not counting those whose agent a person stopped (held)
-//!    or that wait for a usage limit to lift (paused).
+//!    or that wait for a usage limit to lift (paused);
+//! 4. and when its provider allows: while a task of its provider waits for a limit to lift,
+//!    no other task of that provider starts (it would meet the same limit); once none waits,
+//!    the provider ramps back up, one task more than it has going, and one more each time one
+//!    of its tasks succeeds, until `max_parallel` (see [`Limit`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -41,6 +45,15 @@ pub(super) enum Hold {
     Going,
 }
 
+/// Where a provider's rate limit stands in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    /// A task of the provider waits for its limit to lift: none of its tasks starts.
+    Holding,
+    /// The limit has lifted: its tasks start while fewer than this many are going.
+    Ramping(usize),
+}
+
 /// The scheduling state of one run.
 #[derive(Debug)]
 pub(super) struct Schedule {
@@ -56,6 +69,10 @@ pub(super) struct Schedule {
     /// Active tasks that wait for a usage limit to lift: they take no slot, and the run waits
     /// for them.
     paused: HashSet<TaskId>,
+    /// Each task's provider (see `crew_core::config::AgentDef::provider`).
+    providers: HashMap<TaskId, String>,
+    /// The providers whose rate limit a task met, until they are back to `max_parallel`.
+    limits: HashMap<String, Limit>,
     max_parallel: usize,
     fail_fast: bool,
     cancelled: bool,
@@ -63,7 +80,13 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
-    pub(super) fn new(tasks: &[TaskRecord], max_parallel: usize, fail_fast: bool) -> Self {
+    /// The schedule of `tasks`, each of the provider `provider` names.
+    pub(super) fn new(
+        tasks: &[TaskRecord],
+        max_parallel: usize,
+        fail_fast: bool,
+        provider: &dyn Fn(&TaskRecord) -> String,
+    ) -> Self {
         let mut schedule = Schedule {
             order: Vec::new(),
             depends: HashMap::new(),
@@ -71,18 +94,22 @@ impl Schedule {
             active: HashSet::new(),
             held: HashSet::new(),
             paused: HashSet::new(),
+            providers: HashMap::new(),
+            limits: HashMap::new(),
             max_parallel: max_parallel.max(1),
             fail_fast,
             cancelled: false,
             failed_fast: false,
         };
-        schedule.add(tasks);
+        schedule.add(tasks, provider);
         schedule
     }
 
-    /// Adds tasks (of a new run, or submitted by an agent) with their recorded status.
-    pub(super) fn add(&mut self, tasks: &[TaskRecord]) {
+    /// Adds tasks (of a new run, or submitted by an agent) with their recorded status, each of
+    /// the provider `provider` names.
+    pub(super) fn add(&mut self, tasks: &[TaskRecord], provider: &dyn Fn(&TaskRecord) -> String) {
         for task in tasks {
+            self.providers.insert(task.id.clone(), provider(task));
             self.order.push(task.id.clone());
             self.depends
                 .insert(task.id.clone(), task.depends_on.clone());
@@ -130,7 +157,9 @@ impl Schedule {
             let ready = depends
                 .iter()
                 .all(|upstream| self.statuses.get(upstream) == Some(&TaskStatus::Succeeded));
-            if ready && self.active.len() - self.held.len() - self.paused.len() < self.max_parallel
+            if ready
+                && self.active.len() - self.held.len() - self.paused.len() < self.max_parallel
+                && self.provider_allows(&task)
             {
                 self.active.insert(task.clone());
                 self.statuses.insert(task.clone(), TaskStatus::Preparing);
@@ -140,6 +169,54 @@ impl Schedule {
         steps
     }
 
+    /// Whether `task`'s provider lets one more of its tasks start (rule 4).
+    fn provider_allows(&self, task: &TaskId) -> bool {
+        let Some(provider) = self.providers.get(task) else {
+            return true;
+        };
+        match self.limits.get(provider) {
+            None => true,
+            Some(Limit::Holding) => false,
+            Some(Limit::Ramping(allowed)) => self.going_of(provider) < *allowed,
+        }
+    }
+
+    /// How many tasks of `provider` are going: active, neither held nor paused.
+    fn going_of(&self, provider: &str) -> usize {
+        self.active
+            .iter()
+            .filter(|task| !self.held.contains(*task) && !self.paused.contains(*task))
+            .filter(|task| self.providers.get(*task).is_some_and(|of| of == provider))
+            .count()
+    }
+
+    /// The providers whose limit is held for a task that waits no more: ramping up from
+    /// what they have going.
+    fn lift_limits(&mut self) {
+        let waiting: HashSet<&String> = self
+            .paused
+            .iter()
+            .filter_map(|task| self.providers.get(task))
+            .collect();
+        let lifted: Vec<String> = self
+            .limits
+            .iter()
+            .filter(|(provider, limit)| **limit == Limit::Holding && !waiting.contains(provider))
+            .map(|(provider, _)| provider.clone())
+            .collect();
+        for provider in lifted {
+            let allowed = self.going_of(&provider) + 1;
+            self.limits.insert(provider, Limit::Ramping(allowed));
+        }
+    }
+
+    /// The providers that wait for a limit to lift, and those ramping back up with how many
+    /// tasks they may have going: for the board's header.
+    #[cfg(test)]
+    fn limit_of(&self, provider: &str) -> Option<Limit> {
+        self.limits.get(provider).copied()
+    }
+
     /// A task ended with `status`. Returns `true` when this ending stops the run (the first
     /// failure with `fail_fast`): the executor cancels the tasks still going.
     pub(super) fn ended(&mut self, task: &TaskId, status: TaskStatus) -> bool {
@@ -147,6 +224,19 @@ impl Schedule {
         self.held.remove(task);
         self.paused.remove(task);
         self.statuses.insert(task.clone(), status);
+        // A provider ramping back up gets one task more for each that succeeds.
+        if let Some(provider) = self.providers.get(task)
+            && let Some(Limit::Ramping(allowed)) = self.limits.get(provider).copied()
+            && status == TaskStatus::Succeeded
+        {
+            match allowed + 1 >= self.max_parallel {
+                true => self.limits.remove(provider),
+                false => self
+                    .limits
+                    .insert(provider.clone(), Limit::Ramping(allowed + 1)),
+            };
+        }
+        self.lift_limits();
         let fails_fast = self.fail_fast
             && !self.failed_fast
             && matches!(status, TaskStatus::Failed | TaskStatus::Stopped);
@@ -163,9 +253,15 @@ impl Schedule {
         }
         match hold {
             Hold::Stopped => self.held.insert(task.clone()),
-            Hold::Paused => self.paused.insert(task.clone()),
+            Hold::Paused => {
+                if let Some(provider) = self.providers.get(task) {
+                    self.limits.insert(provider.clone(), Limit::Holding);
+                }
+                self.paused.insert(task.clone())
+            }
             Hold::Going => false,
         };
+        self.lift_limits();
     }
 
     /// The run was cancelled: no task starts any more.
@@ -225,7 +321,7 @@ mod tests {
     use crew_core::config::WorkspaceMode;
     use crew_core::model::{RunStatus, TaskRecord, TaskStatus};
 
-    use super::{Hold, Schedule, Step};
+    use super::{Hold, Limit, Schedule, Step};
 
     fn task(id: &str, depends_on: &[&str]) -> TaskRecord {
         TaskRecord::new(
@@ -238,6 +334,17 @@ mod tests {
                 .collect(),
             WorkspaceMode::Worktree,
         )
+    }
+
+    /// A task of agent `agent` (its provider, here).
+    fn task_of(id: &str, agent: &str) -> TaskRecord {
+        let mut task = task(id, &[]);
+        task.agent = agent.to_owned();
+        task
+    }
+
+    fn agent(task: &TaskRecord) -> String {
+        task.agent.clone()
     }
 
     fn id(id: &str) -> TaskId {
@@ -257,7 +364,7 @@ mod tests {
     #[test]
     fn at_most_max_parallel_tasks_run_and_a_freed_slot_starts_the_next() {
         let tasks = [task("a", &[]), task("b", &[]), task("c", &[])];
-        let mut schedule = Schedule::new(&tasks, 2, false);
+        let mut schedule = Schedule::new(&tasks, 2, false, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a", "b"]);
         assert_eq!(schedule.next_steps(), []);
         assert!(!schedule.ended(&id("b"), TaskStatus::Succeeded));
@@ -272,7 +379,7 @@ mod tests {
     #[test]
     fn a_task_waits_for_its_upstream_and_is_skipped_when_it_fails() {
         let tasks = [task("a", &[]), task("b", &["a"]), task("c", &["b"])];
-        let mut schedule = Schedule::new(&tasks, 4, false);
+        let mut schedule = Schedule::new(&tasks, 4, false, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a"]);
         schedule.ended(&id("a"), TaskStatus::Failed);
         // The skip of b skips c in the same pass.
@@ -298,7 +405,7 @@ mod tests {
     #[test]
     fn a_stopped_agent_frees_its_slot_and_alone_lets_the_run_end() {
         let tasks = [task("a", &[]), task("b", &[])];
-        let mut schedule = Schedule::new(&tasks, 1, false);
+        let mut schedule = Schedule::new(&tasks, 1, false, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a"]);
         schedule.hold(&id("a"), Hold::Stopped);
         assert!(schedule.only_held_left());
@@ -321,8 +428,8 @@ mod tests {
 
     #[test]
     fn a_paused_task_frees_its_slot_and_the_run_waits_for_it() {
-        let tasks = [task("a", &[]), task("b", &[]), task("c", &[])];
-        let mut schedule = Schedule::new(&tasks, 1, false);
+        let tasks = [task("a", &[]), task_of("b", "other"), task("c", &[])];
+        let mut schedule = Schedule::new(&tasks, 1, false, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a"]);
         schedule.hold(&id("a"), Hold::Paused);
         assert_eq!(started(&schedule.next_steps()), ["b"]);
@@ -340,7 +447,7 @@ mod tests {
     #[test]
     fn fail_fast_stops_the_run_once_and_cancels_what_has_not_started() {
         let tasks = [task("a", &[]), task("b", &[]), task("c", &[])];
-        let mut schedule = Schedule::new(&tasks, 2, true);
+        let mut schedule = Schedule::new(&tasks, 2, true, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a", "b"]);
         assert!(schedule.ended(&id("a"), TaskStatus::Failed));
         assert!(schedule.stopping());
@@ -362,7 +469,7 @@ mod tests {
     #[test]
     fn without_fail_fast_a_failure_stops_nothing() {
         let tasks = [task("a", &[]), task("b", &[])];
-        let mut schedule = Schedule::new(&tasks, 1, false);
+        let mut schedule = Schedule::new(&tasks, 1, false, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a"]);
         assert!(!schedule.ended(&id("a"), TaskStatus::Failed));
         assert_eq!(started(&schedule.next_steps()), ["b"]);
@@ -371,7 +478,7 @@ mod tests {
     #[test]
     fn a_cancelled_run_starts_nothing_more_and_ends_cancelled() {
         let tasks = [task("a", &[]), task("b", &["a"])];
-        let mut schedule = Schedule::new(&tasks, 1, false);
+        let mut schedule = Schedule::new(&tasks, 1, false, &agent);
         assert_eq!(started(&schedule.next_steps()), ["a"]);
         schedule.cancel();
         let steps = schedule.next_steps();
@@ -391,10 +498,10 @@ mod tests {
         lead.status = TaskStatus::Succeeded;
         let mut failed = task("old", &[]);
         failed.status = TaskStatus::Failed;
-        let mut schedule = Schedule::new(&[lead, failed], 1, false);
+        let mut schedule = Schedule::new(&[lead, failed], 1, false, &agent);
         assert_eq!(schedule.next_steps(), []);
         assert!(schedule.is_over());
-        schedule.add(&[task("x", &["lead"]), task("y", &["x"])]);
+        schedule.add(&[task("x", &["lead"]), task("y", &["x"])], &agent);
         assert_eq!(started(&schedule.next_steps()), ["x"]);
         schedule.requeue(&id("old"));
         // One slot, taken by x: old waits for it.
@@ -412,10 +519,65 @@ mod tests {
     fn a_task_taken_up_while_waiting_holds_a_slot() {
         let mut waiting = task("asker", &[]);
         waiting.status = TaskStatus::Waiting;
-        let mut schedule = Schedule::new(&[waiting, task("b", &[])], 1, false);
+        let mut schedule = Schedule::new(&[waiting, task("b", &[])], 1, false, &agent);
         schedule.adopt(&id("asker"));
         assert_eq!(schedule.next_steps(), []);
         schedule.ended(&id("asker"), TaskStatus::Succeeded);
         assert_eq!(started(&schedule.next_steps()), ["b"]);
+    }
+
+    #[test]
+    fn a_limited_provider_starts_nothing_until_its_limit_lifts_then_ramps_one_at_a_time() {
+        let mut tasks: Vec<TaskRecord> = ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .map(|id| task_of(id, "anthropic"))
+            .collect();
+        tasks.push(task_of("o", "openai"));
+        let mut schedule = Schedule::new(&tasks, 5, false, &agent);
+        assert_eq!(started(&schedule.next_steps()), ["a", "b", "c", "d", "e"]);
+        // Two meet the provider's limit and wait: their slots go to another provider's task.
+        schedule.hold(&id("b"), Hold::Paused);
+        schedule.hold(&id("c"), Hold::Paused);
+        assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Holding));
+        assert_eq!(started(&schedule.next_steps()), ["o"]);
+        schedule.ended(&id("d"), TaskStatus::Succeeded);
+        schedule.ended(&id("e"), TaskStatus::Succeeded);
+        assert_eq!(
+            schedule.next_steps(),
+            [],
+            "slots are free, the limit is not"
+        );
+        // One goes on, one still waits: still held.
+        schedule.hold(&id("b"), Hold::Going);
+        assert_eq!(schedule.next_steps(), []);
+        // None waits: one task more than the three going, then one more for each success.
+        schedule.hold(&id("c"), Hold::Going);
+        assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Ramping(4)));
+        assert_eq!(started(&schedule.next_steps()), ["f"]);
+        assert_eq!(schedule.next_steps(), []);
+        schedule.ended(&id("a"), TaskStatus::Succeeded);
+        assert_eq!(schedule.limit_of("anthropic"), None, "back to max_parallel");
+        assert_eq!(started(&schedule.next_steps()), ["g"]);
+        schedule.ended(&id("b"), TaskStatus::Succeeded);
+        assert_eq!(started(&schedule.next_steps()), ["h"]);
+        assert_eq!(schedule.limit_of("openai"), None);
+    }
+
+    #[test]
+    fn a_limit_whose_waiting_task_ends_lifts_and_a_failure_does_not_ramp() {
+        let tasks: Vec<TaskRecord> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| task_of(id, "anthropic"))
+            .collect();
+        let mut schedule = Schedule::new(&tasks, 4, false, &agent);
+        assert_eq!(started(&schedule.next_steps()), ["a", "b", "c", "d"]);
+        schedule.hold(&id("a"), Hold::Paused);
+        schedule.hold(&id("b"), Hold::Paused);
+        // A person stops one that waited, the other ends: nothing waits any more.
+        schedule.ended(&id("a"), TaskStatus::Stopped);
+        schedule.ended(&id("b"), TaskStatus::Failed);
+        assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Ramping(3)));
+        schedule.ended(&id("c"), TaskStatus::Failed);
+        assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Ramping(3)));
     }
 }

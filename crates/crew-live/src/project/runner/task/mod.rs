@@ -253,6 +253,13 @@ impl RunContext {
             .cloned()
     }
 
+    /// Whose rate limits `task`'s agent meets (see `AgentDef::provider`): its agent's name
+    /// where the run has no definition of it.
+    pub(in crate::project::runner) fn provider_of(&self, task: &TaskRecord) -> String {
+        self.started_agent(&task.agent)
+            .map_or_else(|| task.agent.clone(), |definition| definition.provider())
+    }
+
     /// The names of the definitions the run started with, sorted.
     pub(super) fn started_agent_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
