@@ -86,7 +86,7 @@ fn a_limited_provider_s_next_task_waits_for_the_limit_while_another_provider_s_t
 }
 
 #[test]
-fn a_limited_provider_holds_its_tasks_even_with_free_slots_and_the_run_says_so() {
+fn a_limited_provider_holds_its_tasks_with_slots_free_until_a_resume_lifts_it() {
     let env = TestEnv::new();
     let repo = project_with_two_providers(&env);
     write(

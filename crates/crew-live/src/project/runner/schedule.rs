@@ -210,8 +210,7 @@ impl Schedule {
         }
     }
 
-    /// The providers that wait for a limit to lift, and those ramping back up with how many
-    /// tasks they may have going: for the board's header.
+    /// Where `provider`'s limit stands, if it met one.
     #[cfg(test)]
     fn limit_of(&self, provider: &str) -> Option<Limit> {
         self.limits.get(provider).copied()
