@@ -110,6 +110,13 @@ fn a_limited_provider_holds_its_tasks_with_slots_free_until_a_resume_lifts_it() 
         "pending",
         "{recorded:#}"
     );
+    // Whose limit it is, for the board's header: a definition with no credential is a
+    // provider of its own name.
+    assert_eq!(
+        task(&recorded, "limited")["limit"]["provider"],
+        "claude",
+        "{recorded:#}"
+    );
     // A person need not wait: resumed, the limited task goes on, and its provider ramps up.
     let resumed = env.crew(&repo, ["agents", "resume", &format!("{run}:limited")]);
     assert!(resumed.status.success(), "{}", render_output(&resumed));

@@ -424,6 +424,37 @@ impl Board {
         self.rows_matching(&self.filter.to_lowercase())
     }
 
+    /// The providers whose limit a task of a run going on waits for, each with when the
+    /// first of its waiting tasks goes on (`None`: when resumed): no other task of theirs
+    /// starts meanwhile. For the header.
+    pub fn limits(&self) -> Vec<(String, Option<crew_core::model::Timestamp>)> {
+        let mut limits: Vec<(String, Option<crew_core::model::Timestamp>)> = Vec::new();
+        let paused = self
+            .runs
+            .iter()
+            .filter(|run| goes_on(run))
+            .flat_map(|run| &run.tasks)
+            .filter(|task| task.status == TaskStatus::Paused);
+        for task in paused {
+            let limit = task.limit.as_ref();
+            let provider = limit
+                .and_then(|limit| limit.provider.clone())
+                .unwrap_or_else(|| task.agent.clone());
+            let at = limit.and_then(crew_core::model::UsageLimit::continues_at);
+            match limits.iter_mut().find(|(known, _)| *known == provider) {
+                Some((_, first)) => {
+                    *first = match (*first, at) {
+                        (Some(first), Some(at)) => Some(first.min(at)),
+                        (first, at) => first.or(at),
+                    }
+                }
+                None => limits.push((provider, at)),
+            }
+        }
+        limits.sort_by(|a, b| a.0.cmp(&b.0));
+        limits
+    }
+
     /// Every row, the `/` filter aside: what the header counts.
     pub fn all_rows(&self) -> Vec<Row> {
         self.rows_matching("")

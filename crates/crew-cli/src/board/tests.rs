@@ -225,3 +225,60 @@ fn an_answer_leaves_the_question_for_the_agents_output() {
         "no 'no question' pane after the answer"
     );
 }
+
+#[test]
+fn a_provider_s_limit_is_said_in_the_header_with_when_it_goes_on() {
+    let (mut board, run_id) = board(&[
+        ("limited", TaskStatus::Paused),
+        ("also", TaskStatus::Paused),
+        ("working", TaskStatus::Running),
+    ]);
+    let at = |text: &str| -> crew_core::model::Timestamp {
+        serde_json::from_value(serde_json::json!(text)).unwrap()
+    };
+    for (id, resets) in [
+        ("limited", "2026-12-07T14:30:00Z"),
+        ("also", "2026-12-07T14:02:00Z"),
+    ] {
+        let mut record = TaskRecord::new(
+            TaskId::parse(id).unwrap(),
+            "claude".into(),
+            "work".into(),
+            vec![],
+            WorkspaceMode::Single,
+        );
+        record.status = TaskStatus::Paused;
+        record.limit = Some(crew_core::model::UsageLimit {
+            message: "429".into(),
+            resets_at: Some(at(resets)),
+            retry_at: None,
+            provider: Some("anthropic".into()),
+        });
+        board.hear(Watched::Event(WatchEvent::Task {
+            run_id: run_id.clone(),
+            task_id: record.id.clone(),
+            status: TaskStatus::Paused,
+            task: Some(Box::new(record)),
+        }));
+    }
+    assert_eq!(
+        board.limits(),
+        [("anthropic".to_owned(), Some(at("2026-12-07T14:02:00Z")))]
+    );
+    let backend = ratatui::backend::TestBackend::new(160, 8);
+    let mut terminal = ratatui::Terminal::new(backend).unwrap();
+    let looks = view::Looks {
+        color: false,
+        unicode: false,
+    };
+    terminal
+        .draw(|frame| view::draw(frame, &board, "project", looks))
+        .unwrap();
+    let header: String = (0..160)
+        .map(|x| terminal.backend().buffer()[(x, 0)].symbol().to_owned())
+        .collect();
+    assert!(
+        header.contains("paused: limit of anthropic until 14:02 UTC"),
+        "{header}"
+    );
+}

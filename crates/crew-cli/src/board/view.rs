@@ -15,7 +15,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Wrap};
 
 use super::{Board, Pane, Row, RowState};
-use crate::ui::truncate;
+use crate::ui::{sanitize, truncate};
 
 /// How the board draws: with colour or without, Unicode symbols or ASCII.
 #[derive(Debug, Clone, Copy)]
@@ -142,6 +142,17 @@ pub fn draw(frame: &mut Frame<'_>, board: &Board, title: &str, looks: Looks) {
         Span::styled("crew watch", Style::new().add_modifier(Modifier::BOLD)),
         Span::raw(format!(" {title}")),
     ];
+    // A provider's limit holds its tasks back: said, with when it goes on.
+    for (provider, at) in board.limits() {
+        let until = match at {
+            Some(at) => format!("until {} UTC", &at.to_string()[11..16]),
+            None => "until resumed".to_owned(),
+        };
+        head.push(Span::styled(
+            format!("  paused: limit of {} {until}", sanitize(&provider)),
+            looks.state_style(RowState::Waiting),
+        ));
+    }
     if !board.filter.is_empty() {
         head.push(Span::raw(format!("  filter: {}", board.filter)));
     }

@@ -46,6 +46,10 @@ pub struct UsageLimit {
     /// lifts (a backoff from a minute to an hour).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<Timestamp>,
+    /// Whose limit it is (`anthropic`, see `crate::config::AgentDef::provider`), once the
+    /// task pauses on it: no other task of that provider starts while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 impl UsageLimit {

@@ -57,6 +57,7 @@ fn read_limit(text: &str, now: jiff::Timestamp, local: &TimeZone) -> Option<Usag
                 std::time::UNIX_EPOCH + Duration::from_secs(seconds),
             )),
             retry_at: None,
+            provider: None,
         });
     }
     let after = |phrase: &str| lower.find(phrase).map(|at| &lower[at + phrase.len()..]);
@@ -72,6 +73,7 @@ fn read_limit(text: &str, now: jiff::Timestamp, local: &TimeZone) -> Option<Usag
         message: text.trim().to_owned(),
         resets_at,
         retry_at: None,
+        provider: None,
     })
 }
 

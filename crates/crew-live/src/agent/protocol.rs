@@ -226,6 +226,7 @@ pub fn read_claude_line(line: &str) -> Option<Reading> {
                             message: result.to_owned(),
                             resets_at: None,
                             retry_at: None,
+                            provider: None,
                         })
                     })
                 });

@@ -415,12 +415,18 @@ impl RunContext {
         retry: Option<Timestamp>,
     ) {
         let (run_id, why) = (self.run_id.clone(), reason.clone());
+        let providers = self.providers();
         let record = self
             .save_task(&format!("task {task_id} paused"), task_id, move |record| {
                 record.set_status(&run_id, TaskStatus::Paused, Timestamp::now())?;
                 record.reason = Some(why);
+                let provider = providers
+                    .get(&record.agent)
+                    .cloned()
+                    .unwrap_or_else(|| record.agent.clone());
                 if let Some(limit) = &mut record.limit {
                     limit.retry_at = retry;
+                    limit.provider = Some(provider);
                 }
                 Ok(record.clone())
             })

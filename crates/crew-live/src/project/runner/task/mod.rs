@@ -260,6 +260,16 @@ impl RunContext {
             .map_or_else(|| task.agent.clone(), |definition| definition.provider())
     }
 
+    /// The provider of each definition the run started with, by its name.
+    pub(in crate::project::runner) fn providers(&self) -> HashMap<String, String> {
+        self.agents
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(name, definition)| (name.clone(), definition.provider()))
+            .collect()
+    }
+
     /// The names of the definitions the run started with, sorted.
     pub(super) fn started_agent_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
