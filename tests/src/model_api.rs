@@ -55,6 +55,8 @@ struct Shared {
     requests: Vec<Value>,
     /// Failures that answer the next main requests, before the script goes on.
     failures: std::collections::VecDeque<Reply>,
+    /// Failures that answer the next main requests at a step of the script, each with its step.
+    failures_at: Vec<(usize, Reply)>,
     /// The keys requests carried.
     keys: Vec<String>,
 }
@@ -105,6 +107,22 @@ impl ModelApi {
             .unwrap()
             .failures
             .extend(std::iter::repeat_n(failure, times));
+    }
+
+    /// Answers the next `times` main requests at step `turn` of the script (the requests that
+    /// already hold `turn` of its replies) with HTTP `status` (and `retry-after`): a limit met
+    /// in the middle of the work.
+    pub fn fail_at(&self, turn: usize, times: usize, status: u16, retry_after: Option<u64>) {
+        let failure = Reply::Fail {
+            status,
+            message: format!("stand-in says {status}"),
+            retry_after,
+        };
+        self.shared
+            .lock()
+            .unwrap()
+            .failures_at
+            .extend(std::iter::repeat_n((turn, failure), times));
     }
 
     /// The keys every request carried (`x-api-key`, a bearer token, `x-goog-api-key`, a `key`
@@ -233,6 +251,9 @@ fn next_reply(
     shared.requests.push(request.clone());
     if let Some(failure) = shared.failures.pop_front() {
         return failure;
+    }
+    if let Some(at) = shared.failures_at.iter().position(|(at, _)| *at == turn) {
+        return shared.failures_at.remove(at).1;
     }
     shared
         .script

@@ -153,6 +153,9 @@ impl TaskStatus {
             (Running, Waiting | Succeeded | Failed | Stopped | Cancelled | Interrupted) => true,
             (Waiting, Running | Succeeded | Failed | Stopped | Cancelled | Interrupted) => true,
             (Running, Paused) => true,
+            // Refused by its provider before it began (a limit at its first request): queued
+            // again, to start afresh when the limit lifts.
+            (Running, Pending) => true,
             (Paused, Running | Failed | Stopped | Cancelled) => true,
             // A stopped agent resumed in the workspace its task kept while the run went on.
             (Stopped, Running) => true,

@@ -250,9 +250,11 @@ fn claude_code_giving_up_on_a_429_pauses_its_task_until_the_api_said_then_goes_o
         ),
         Reply::say("Done."),
     ]);
-    // Claude Code tries once more after the `retry-after`, then gives up: its turn ends on the
-    // 429. crew pauses the task until then, by the wait the API asked for, and goes on.
-    model.fail_next(2, 429, Some(2));
+    // In the middle of its work (the file's write answered, its next request refused), Claude
+    // Code tries once more after the `retry-after`, then gives up: its turn ends on the 429.
+    // crew pauses the task until then, by the wait the API asked for, and goes on. (Refused
+    // before it began, a task is queued again instead: `real_agents::limits`.)
+    model.fail_at(1, 2, 429, Some(2));
     let run = project
         .command(
             &model,

@@ -18,6 +18,7 @@ mod claude_code_acp;
 mod codex;
 mod gemini_cli;
 mod lead;
+mod limits;
 mod secrets;
 
 /// The key the test's user has for every provider: the model stand-in must receive it, and the

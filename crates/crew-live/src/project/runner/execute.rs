@@ -62,6 +62,8 @@ impl Runner {
         let mut running: JoinSet<(TaskId, TaskStatus)> = JoinSet::new();
         // Which task each spawned future runs: a future that panics returns nothing else.
         let mut spawned: HashMap<tokio::task::Id, TaskId> = HashMap::new();
+        // Providers held until a time (see `Schedule::hold_provider_of`).
+        let mut lifts: Vec<(String, tokio::time::Instant)> = Vec::new();
         let mut commands_open = true;
         let mut cancel_open = true;
 
@@ -148,13 +150,37 @@ impl Runner {
                             (task_id, status)
                         }
                     };
-                    if schedule.ended(&task_id, status) {
+                    let fails_fast = schedule.ended(&task_id, status);
+                    // Queued again: its provider refused it before it began. The provider is
+                    // held until the limit's time, then ramps back up.
+                    if status == TaskStatus::Pending
+                        && let Some(provider) = schedule.hold_provider_of(&task_id)
+                    {
+                        let at = self
+                            .read(run_id)
+                            .await
+                            .ok()
+                            .and_then(|manifest| {
+                                manifest.task(&task_id)?.limit.as_ref()?.continues_at()
+                            })
+                            .and_then(|at| at.0.duration_since(std::time::SystemTime::now()).ok())
+                            .unwrap_or_default();
+                        lifts.push((provider, tokio::time::Instant::now() + at));
+                    }
+                    if fails_fast {
                         let by = CancelRecord { task: Some(task_id), ..CancelRecord::new(CancelCause::FailFast) };
                         self.record_cancel(run_id, by).await;
                         run_cancel.send_replace(CancelLevel::Graceful);
                     }
                 }
                 Some((task_id, stopped)) = hold_changes.recv() => schedule.hold(&task_id, stopped),
+                () = next_lift(&lifts), if !lifts.is_empty() => {
+                    let now = tokio::time::Instant::now();
+                    for (provider, _) in lifts.iter().filter(|(_, at)| *at <= now) {
+                        schedule.lift(provider);
+                    }
+                    lifts.retain(|(_, at)| *at > now);
+                }
                 changed = cancel.changed(), if cancel_open => {
                     // A canceller that is gone can send nothing more: stop listening to it (a
                     // closed channel answers at once, and the loop would spin).
@@ -346,5 +372,12 @@ impl Runner {
                 saved,
             }),
         }
+    }
+}
+
+/// Sleeps until the first of `lifts` is due.
+async fn next_lift(lifts: &[(String, tokio::time::Instant)]) {
+    if let Some(at) = lifts.iter().map(|(_, at)| *at).min() {
+        tokio::time::sleep_until(at).await;
     }
 }

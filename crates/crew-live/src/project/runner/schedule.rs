@@ -73,6 +73,9 @@ pub(super) struct Schedule {
     providers: HashMap<TaskId, String>,
     /// The providers whose rate limit a task met, until they are back to `max_parallel`.
     limits: HashMap<String, Limit>,
+    /// Providers held until a time the executor keeps (a task they refused before it began
+    /// is queued again): no task waits on them, and they lift only when told.
+    timed: HashSet<String>,
     max_parallel: usize,
     fail_fast: bool,
     cancelled: bool,
@@ -96,6 +99,7 @@ impl Schedule {
             paused: HashSet::new(),
             providers: HashMap::new(),
             limits: HashMap::new(),
+            timed: HashSet::new(),
             max_parallel: max_parallel.max(1),
             fail_fast,
             cancelled: false,
@@ -201,13 +205,33 @@ impl Schedule {
         let lifted: Vec<String> = self
             .limits
             .iter()
-            .filter(|(provider, limit)| **limit == Limit::Holding && !waiting.contains(provider))
+            .filter(|(provider, limit)| {
+                **limit == Limit::Holding
+                    && !waiting.contains(provider)
+                    && !self.timed.contains(*provider)
+            })
             .map(|(provider, _)| provider.clone())
             .collect();
         for provider in lifted {
             let allowed = self.going_of(&provider) + 1;
             self.limits.insert(provider, Limit::Ramping(allowed));
         }
+    }
+
+    /// The provider of `task`, which it refused before it began (the task is queued again):
+    /// held until [`Schedule::lift`].
+    pub(super) fn hold_provider_of(&mut self, task: &TaskId) -> Option<String> {
+        let provider = self.providers.get(task)?.clone();
+        self.limits.insert(provider.clone(), Limit::Holding);
+        self.timed.insert(provider.clone());
+        Some(provider)
+    }
+
+    /// The time `provider` was held until has come: it ramps back up once no task of its
+    /// waits.
+    pub(super) fn lift(&mut self, provider: &str) {
+        self.timed.remove(provider);
+        self.lift_limits();
     }
 
     /// Where `provider`'s limit stands, if it met one.
@@ -578,5 +602,33 @@ mod tests {
         assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Ramping(3)));
         schedule.ended(&id("c"), TaskStatus::Failed);
         assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Ramping(3)));
+    }
+
+    #[test]
+    fn a_task_refused_before_it_began_is_queued_again_and_its_provider_held_until_told() {
+        let tasks: Vec<TaskRecord> = ["a", "b", "c"]
+            .iter()
+            .map(|id| task_of(id, "anthropic"))
+            .collect();
+        let mut schedule = Schedule::new(&tasks, 3, false, &agent);
+        assert_eq!(started(&schedule.next_steps()), ["a", "b", "c"]);
+        // c was refused at its first request: queued again, its provider held.
+        schedule.ended(&id("c"), TaskStatus::Pending);
+        assert_eq!(
+            schedule.hold_provider_of(&id("c")).as_deref(),
+            Some("anthropic")
+        );
+        assert_eq!(schedule.next_steps(), [], "held, though a slot is free");
+        assert!(!schedule.is_over());
+        // Nothing waits, but the hold is timed: a success does not lift it.
+        schedule.ended(&id("a"), TaskStatus::Succeeded);
+        assert_eq!(schedule.next_steps(), []);
+        schedule.lift("anthropic");
+        assert_eq!(schedule.limit_of("anthropic"), Some(Limit::Ramping(2)));
+        assert_eq!(started(&schedule.next_steps()), ["c"]);
+        schedule.ended(&id("b"), TaskStatus::Succeeded);
+        schedule.ended(&id("c"), TaskStatus::Succeeded);
+        assert!(schedule.is_over());
+        assert_eq!(schedule.run_status(), RunStatus::Completed);
     }
 }

@@ -69,6 +69,20 @@ impl RunContext {
                                 network: None,
                                 used: None,
                             });
+                            // Refused before it began (its provider's limit met at its
+                            // first request, no answer had): queued again, never failed or
+                            // left waiting, whatever `on_limit` says.
+                            if let Some(limit) = status.limit.clone()
+                                && refused_before_it_began(&task, status.usage)
+                                && exit.stopped_by.is_none()
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                // Closed: it leaves the host's agents, to start afresh later.
+                                if handle.close().await {
+                                    break Ending::Refused(exit, limit);
+                                }
+                                continue;
+                            }
                             if let Some(limit) = status.limit.clone()
                                 && task.on_limit == OnLimit::Pause
                                 && exit.stopped_by.is_none()
@@ -234,6 +248,12 @@ impl RunContext {
             Ending::StillPaused => {
                 self.teardown(&task_id, &workspace, true).await;
                 TaskStatus::Paused
+            }
+            Ending::Refused(exit, limit) => {
+                self.record_exit(&task_id, exit, &handle, task.usage).await;
+                self.teardown(&task_id, &workspace, false).await;
+                self.requeue(&task_id, &limit).await;
+                TaskStatus::Pending
             }
             Ending::Stopped => {
                 self.teardown(&task_id, &workspace, false).await;
@@ -406,6 +426,37 @@ impl RunContext {
         self.tell_scheduler(task_id, Hold::Paused);
     }
 
+    /// Records the task queued again (`pending`) after its provider refused it before it
+    /// began, with the limit and whose it is: the run starts it afresh when that lifts.
+    pub(super) async fn requeue(&self, task_id: &TaskId, limit: &UsageLimit) {
+        let (run_id, providers) = (self.run_id.clone(), self.providers());
+        let mut limit = limit.clone();
+        if limit.resets_at.is_none() {
+            limit.retry_at = Some(next_try(&mut 0));
+        }
+        let record = self
+            .save_task(&format!("task {task_id} queued again"), task_id, move |record| {
+                let provider = providers
+                    .get(&record.agent)
+                    .cloned()
+                    .unwrap_or_else(|| record.agent.clone());
+                let at = limit
+                    .continues_at()
+                    .map_or_else(String::new, |at| format!(" at {at}"));
+                record.set_status(&run_id, TaskStatus::Pending, Timestamp::now())?;
+                record.reason = Some(format!(
+                    "queued again: {provider} refused it before it began ({limit}); it starts afresh when the limit lifts{at}"
+                ));
+                limit.provider = Some(provider);
+                record.limit = Some(limit);
+                Ok(record.clone())
+            })
+            .await;
+        let reason = record.as_ref().and_then(|record| record.reason.clone());
+        self.runner
+            .announce(&self.run_id, task_id, TaskStatus::Pending, reason, record);
+    }
+
     /// Records the task `paused` for `reason`, and when crew tries it again by its backoff
     /// (`limit.retry_at`) where the limit said nothing of when it lifts.
     pub(super) async fn record_paused(
@@ -571,6 +622,16 @@ pub(super) enum Ending {
     /// A usage limit paused the task and the run stopped before it lifted: the workspace is
     /// kept, and the task stays `paused` for `crew runs resume`.
     StillPaused,
+    /// Its provider refused it before it began: queued again (see
+    /// [`refused_before_it_began`]).
+    Refused(ExitRecord, UsageLimit),
+}
+
+/// Whether the limit that ended the agent's turn met it before it began: its task never had a
+/// session before this start, and no turn of this one got an answer (no token written).
+fn refused_before_it_began(task: &TaskRecord, usage: Option<Usage>) -> bool {
+    task.session_id.is_none()
+        && usage.is_none_or(|usage| usage.output_tokens == 0 && !usage.tokens_unknown)
 }
 
 /// How long after a limit's reset time a paused agent starts again: clocks differ a little.
