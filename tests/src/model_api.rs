@@ -59,6 +59,20 @@ struct Shared {
     failures_at: Vec<(usize, Reply)>,
     /// The keys requests carried.
     keys: Vec<String>,
+    /// A limit on main requests at once (see [`ModelApi::limit_concurrency`]).
+    concurrency: Option<Concurrency>,
+    /// Main requests being answered now, under that limit.
+    in_flight: usize,
+    /// Main requests refused by it.
+    refused_at_once: usize,
+}
+
+/// A limit on how many main requests the stand-in answers at once.
+#[derive(Debug, Clone, Copy)]
+struct Concurrency {
+    most: usize,
+    hold: std::time::Duration,
+    retry_after: u64,
 }
 
 /// The running stand-in; it stops with the test process.
@@ -123,6 +137,21 @@ impl ModelApi {
             .unwrap()
             .failures_at
             .extend(std::iter::repeat_n((turn, failure), times));
+    }
+
+    /// Answers Anthropic's main requests beyond `most` at once with 429 (`retry-after`), and
+    /// takes `hold` over each it answers: a provider's limit on concurrent requests.
+    pub fn limit_concurrency(&self, most: usize, hold: std::time::Duration, retry_after: u64) {
+        self.shared.lock().unwrap().concurrency = Some(Concurrency {
+            most,
+            hold,
+            retry_after,
+        });
+    }
+
+    /// How many main requests the limit on concurrent requests refused.
+    pub fn refused_at_once(&self) -> usize {
+        self.shared.lock().unwrap().refused_at_once
     }
 
     /// The keys every request carried (`x-api-key`, a bearer token, `x-goog-api-key`, a `key`
@@ -262,6 +291,19 @@ fn next_reply(
         .unwrap_or_else(|| Reply::say("(the script has nothing more)"))
 }
 
+/// A main request being answered under the limit on requests at once: counted until answered.
+struct InFlight<'a>(&'a Mutex<Shared>);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut shared = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        shared.in_flight = shared.in_flight.saturating_sub(1);
+    }
+}
+
 /// Serves one connection: one request, then the connection closes (the reply says so).
 fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -329,6 +371,30 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
         && request["tools"]
             .as_array()
             .is_some_and(|tools| !tools.is_empty());
+    // Under a limit on requests at once: refused above it, held for a while within it.
+    let limit = main.then(|| shared.lock().unwrap().concurrency).flatten();
+    let _admitted = match limit {
+        Some(limit) => {
+            let mut held = shared.lock().unwrap();
+            if held.in_flight >= limit.most {
+                held.refused_at_once += 1;
+                drop(held);
+                let body = json!({"type": "error", "error": {"type": "rate_limit_error", "message": "stand-in: too many requests at once"}});
+                return respond(
+                    &mut out,
+                    429,
+                    "application/json",
+                    body.to_string().as_bytes(),
+                    Some(limit.retry_after),
+                );
+            }
+            held.in_flight += 1;
+            drop(held);
+            std::thread::sleep(limit.hold);
+            Some(InFlight(shared))
+        }
+        None => None,
+    };
     let reply = if main {
         next_reply(shared, &request, replies_given)
     } else {
