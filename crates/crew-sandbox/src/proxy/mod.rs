@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 pub mod credentials;
+mod gate;
 mod relay;
 mod request;
 
@@ -321,6 +322,7 @@ async fn connection(
     // A credential's stand-in goes to its own endpoint only; there it becomes the real value,
     // and the request goes to the credential's upstream.
     let mut tls = false;
+    let mut gate_key: Option<String> = None;
     let checked = match &request.kind {
         Kind::Connect => Ok(None),
         Kind::Forward(head) => {
@@ -335,6 +337,7 @@ async fn connection(
         Ok(None) => {}
         Ok(Some(sent)) => {
             tls = sent.tls;
+            gate_key = sent.gate;
             request.host = sent.host;
             request.port = sent.port;
             request.kind = Kind::Forward(sent.head);
@@ -393,6 +396,11 @@ async fn connection(
             let _ = respond(&mut client, status, &reason).await;
             return;
         }
+    };
+    // A credential's endpoint: its provider's gate first (see `gate`).
+    let passed = match &gate_key {
+        Some(key) => Some(gate::pass(key).await),
+        None => None,
     };
     let upstream = tokio::time::timeout(HEAD_TIMEOUT, TcpStream::connect(&addresses[..])).await;
     let mut upstream = match upstream {
@@ -457,8 +465,14 @@ async fn connection(
             return;
         }
         drop(buffer);
-        // The connection ends either way; the request was counted when it was let through.
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut secured).await;
+        match passed {
+            Some(passed) => gate::relay(&mut client, secured, passed).await,
+            None => {
+                // The connection ends either way; the request was counted when it was let
+                // through.
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut secured).await;
+            }
+        }
         return;
     }
     let sent = match &request.kind {
@@ -474,8 +488,13 @@ async fn connection(
         return;
     }
     drop(buffer);
-    // The connection ends either way; the request was counted when it was let through.
-    let _ = relay::relay(&client, &upstream, &bulk).await;
+    match passed {
+        Some(passed) => gate::relay(&mut client, upstream, passed).await,
+        None => {
+            // The connection ends either way; the request was counted when it was let through.
+            let _ = relay::relay(&client, &upstream, &bulk).await;
+        }
+    }
 }
 
 /// The addresses to connect to, or the status and reason of a refusal. The lists are asked

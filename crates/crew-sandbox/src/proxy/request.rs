@@ -51,6 +51,9 @@ impl Head {
 
 /// A request to a credential's endpoint, ready to go on to its upstream.
 pub(super) struct SentOn {
+    /// The provider's gate it passes (see `gate`): its credential's name and upstream; `None`
+    /// for a websocket's upgrade, which lasts a session and is limited inside it.
+    pub(super) gate: Option<String>,
     pub(super) tls: bool,
     pub(super) host: String,
     pub(super) port: u16,
@@ -116,7 +119,12 @@ pub(super) fn endpoint(held: &[HeldCredential], head: &Head) -> Result<SentOn, (
         return Err((403, reason));
     }
     let sent = credentials::with_values(credential, &sent).map_err(|reason| (502, reason))?;
+    let upgrade = head
+        .headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("upgrade"));
     Ok(SentOn {
+        gate: (!upgrade).then(|| format!("{name}@{}:{}", upstream.host, upstream.port)),
         tls: upstream.tls,
         host: upstream.host.clone(),
         port: upstream.port,
