@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
+mod concurrency;
+use concurrency::Concurrency;
+
 /// One answer of the scripted model.
 #[derive(Debug, Clone)]
 pub enum Reply {
@@ -65,14 +68,6 @@ struct Shared {
     in_flight: usize,
     /// Main requests refused by it.
     refused_at_once: usize,
-}
-
-/// A limit on how many main requests the stand-in answers at once.
-#[derive(Debug, Clone, Copy)]
-struct Concurrency {
-    most: usize,
-    hold: std::time::Duration,
-    retry_after: u64,
 }
 
 /// The running stand-in; it stops with the test process.
@@ -291,19 +286,6 @@ fn next_reply(
         .unwrap_or_else(|| Reply::say("(the script has nothing more)"))
 }
 
-/// A main request being answered under the limit on requests at once: counted until answered.
-struct InFlight<'a>(&'a Mutex<Shared>);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut shared = self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        shared.in_flight = shared.in_flight.saturating_sub(1);
-    }
-}
-
 /// Serves one connection: one request, then the connection closes (the reply says so).
 fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -372,27 +354,9 @@ fn serve(stream: TcpStream, shared: &Mutex<Shared>) -> std::io::Result<()> {
             .as_array()
             .is_some_and(|tools| !tools.is_empty());
     // Under a limit on requests at once: refused above it, held for a while within it.
-    let limit = main.then(|| shared.lock().unwrap().concurrency).flatten();
-    let _admitted = match limit {
-        Some(limit) => {
-            let mut held = shared.lock().unwrap();
-            if held.in_flight >= limit.most {
-                held.refused_at_once += 1;
-                drop(held);
-                let body = json!({"type": "error", "error": {"type": "rate_limit_error", "message": "stand-in: too many requests at once"}});
-                return respond(
-                    &mut out,
-                    429,
-                    "application/json",
-                    body.to_string().as_bytes(),
-                    Some(limit.retry_after),
-                );
-            }
-            held.in_flight += 1;
-            drop(held);
-            std::thread::sleep(limit.hold);
-            Some(InFlight(shared))
-        }
+    let _admitted = match main.then(|| concurrency::admit(shared)).flatten() {
+        Some(Err(retry_after)) => return concurrency::refuse(&mut out, retry_after),
+        Some(Ok(admitted)) => Some(admitted),
         None => None,
     };
     let reply = if main {

@@ -92,7 +92,8 @@ mod tests {
             (Pending, Succeeded),
             (Pending, Running),
             (Preparing, Succeeded),
-            (Running, Pending),
+            (Waiting, Pending),
+            (Paused, Pending),
             (Succeeded, Running),
             (Skipped, Failed),
         ] {

@@ -628,10 +628,12 @@ pub(super) enum Ending {
 }
 
 /// Whether the limit that ended the agent's turn met it before it began: its task never had a
-/// session before this start, and no turn of this one got an answer (no token written).
+/// session before this start, and its program reported its turns' tokens, none written (no
+/// answer had). A program that reports no tokens (an ACP agent; Codex on a failed turn) cannot
+/// be told to have had none: its task pauses or fails on the limit as `on_limit` says.
 fn refused_before_it_began(task: &TaskRecord, usage: Option<Usage>) -> bool {
     task.session_id.is_none()
-        && usage.is_none_or(|usage| usage.output_tokens == 0 && !usage.tokens_unknown)
+        && usage.is_some_and(|usage| usage.output_tokens == 0 && !usage.tokens_unknown)
 }
 
 /// How long after a limit's reset time a paused agent starts again: clocks differ a little.
