@@ -305,3 +305,61 @@ fn proxy_to(
     .unwrap();
     (proxy, address)
 }
+
+#[tokio::test]
+async fn after_a_provider_refuses_one_agent_another_s_request_waits_the_time_it_asked() {
+    // The provider refuses its first request (429, one second), answers the rest; each
+    // request's arrival is kept.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = arrivals.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                if read_head(&mut stream, &mut buffer).await.is_ok() {
+                    let first = {
+                        let mut kept = kept.lock().unwrap();
+                        kept.push(tokio::time::Instant::now());
+                        kept.len() == 1
+                    };
+                    let answer: &[u8] = match first {
+                        true => b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno",
+                        false => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    };
+                    // The test's client may be gone; its request is counted either way.
+                    let _ = stream.write_all(answer).await;
+                }
+            });
+        }
+    });
+    // Two agents, each with a proxy of its own, holding the same provider's key.
+    let upstream = format!("http://127.0.0.1:{port}/v1");
+    let (_first, first) = proxy_to(
+        &[port],
+        vec![held(&upstream, "crew-stand-in-a", "sk")],
+        None,
+    );
+    let (_second, second) = proxy_to(
+        &[port],
+        vec![held(&upstream, "crew-stand-in-b", "sk")],
+        None,
+    );
+    let request = |stand_in: &str| {
+        format!(
+            "POST /model/messages HTTP/1.1\r\nHost: 127.0.0.1:3128\r\nx-api-key: {stand_in}\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+    };
+    let refused = through(first, &request("crew-stand-in-a")).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    let answered = through(second, &request("crew-stand-in-b")).await;
+    assert!(answered.ends_with("ok"), "{answered}");
+    let arrivals = arrivals.lock().unwrap();
+    let waited = arrivals[1] - arrivals[0];
+    assert!(
+        waited >= std::time::Duration::from_millis(900),
+        "the second agent's request reached the provider {waited:?} after its refusal"
+    );
+}
