@@ -21,14 +21,20 @@ fn project_with_two_providers(env: &TestEnv) -> camino::Utf8PathBuf {
     repo
 }
 
-/// When each status of `task` was first reached, in the run's events.
-fn first_at(events: &[serde_json::Value], task: &str, status: &str) -> Option<String> {
-    events
-        .iter()
-        .find(|event| {
-            event["event"] == "task_status" && event["task"] == task && event["status"] == status
-        })
-        .and_then(|event| event["at"].as_str().map(str::to_owned))
+/// Where in the run's events `task` first reached `status` (after the event at `after`): the
+/// log is in the order the run recorded them, which two events of one millisecond keep.
+fn first_at(
+    events: &[serde_json::Value],
+    task: &str,
+    status: &str,
+    after: Option<usize>,
+) -> Option<usize> {
+    events.iter().enumerate().position(|(at, event)| {
+        after.is_none_or(|after| at > after)
+            && event["event"] == "task_status"
+            && event["task"] == task
+            && event["status"] == status
+    })
 }
 
 #[test]
@@ -54,34 +60,23 @@ fn a_limited_provider_s_next_task_waits_for_the_limit_while_another_provider_s_t
             .lines()
             .filter_map(|line| serde_json::from_str(line).ok())
             .collect();
-    let at = |task: &str, status: &str| {
-        first_at(&events, task, status)
+    let at = |task: &str, status: &str, after: Option<usize>| {
+        first_at(&events, task, status, after)
             .unwrap_or_else(|| panic!("{task} was never {status}: {events:#?}"))
     };
-    // Timestamps of one format sort as they read.
-    let paused = at("limited", "paused");
-    let after = at("after", "preparing");
-    let elsewhere = at("elsewhere", "preparing");
+    let paused = at("limited", "paused", None);
+    let after = at("after", "preparing", None);
+    let elsewhere = at("elsewhere", "preparing", None);
     assert!(
         elsewhere > paused && elsewhere < after,
-        "the other provider's task took the slot the pause freed: paused {paused}, elsewhere {elsewhere}, after {after}"
+        "the other provider's task took the slot the pause freed: {events:#?}"
     );
     // `limited` went on when its limit lifted (its second start), and only then did its
     // provider's next task start.
-    let went_on = events
-        .iter()
-        .filter(|event| {
-            event["event"] == "task_status"
-                && event["task"] == "limited"
-                && event["status"] == "running"
-        })
-        .filter_map(|event| event["at"].as_str())
-        .find(|at| *at > paused.as_str())
-        .unwrap_or_else(|| panic!("limited never went on: {events:#?}"))
-        .to_owned();
+    let went_on = at("limited", "running", Some(paused));
     assert!(
         after > went_on,
-        "the limited provider's next task started before its limit lifted: paused {paused}, went on {went_on}, after {after}"
+        "the limited provider's next task started before its limit lifted: {events:#?}"
     );
 }
 
