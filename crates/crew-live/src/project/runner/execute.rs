@@ -341,6 +341,18 @@ impl Runner {
         status: crew_core::RunStatus,
         saved: Vec<String>,
     ) -> Result<RunManifest, RunError> {
+        // The event first, as for a task's status: whoever follows the run and reads its record
+        // ended finds the end in its log too (`crew events --follow` stops at a record ended).
+        self.record_event(
+            run_id,
+            RunEvent::new(
+                None,
+                EventKind::RunStatus {
+                    status,
+                    reason: None,
+                },
+            ),
+        );
         let store = self.store.clone();
         let id = run_id.clone();
         let manifest = blocking(move || {
@@ -353,16 +365,6 @@ impl Runner {
         if let Err(error) = &manifest {
             self.unrecorded(run_id, &format!("the run's end ({status})"), error);
         }
-        self.record_event(
-            run_id,
-            RunEvent::new(
-                None,
-                EventKind::RunStatus {
-                    status,
-                    reason: None,
-                },
-            ),
-        );
         let problems = self.take_unrecorded(run_id);
         match manifest {
             Ok(manifest) if problems.is_empty() => Ok(manifest),
