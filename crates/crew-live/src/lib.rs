@@ -156,6 +156,7 @@
 //!         placed: None,
 //!         follow_ups: Vec::new(),
 //!         network_log: None,
+//!         spend: None,
 //!         parent: None,
 //!     })
 //!     .await?;

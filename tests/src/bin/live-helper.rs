@@ -123,6 +123,7 @@ fn confined_spec(
         placed: None,
         follow_ups: Vec::new(),
         network_log: None,
+        spend: None,
         parent: None,
     }
 }
@@ -427,6 +428,7 @@ fn start(args: &[String]) {
                     placed: None,
                     follow_ups: Vec::new(),
                     network_log: None,
+                    spend: None,
                     parent: None,
                 })
                 .await
@@ -594,6 +596,7 @@ fn download(args: &[String]) {
                     placed: None,
                     follow_ups: Vec::new(),
                     network_log: None,
+                    spend: None,
                     parent: None,
                 })
                 .await

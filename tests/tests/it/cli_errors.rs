@@ -176,7 +176,7 @@ fn broken_config_file() {
     write(&repo.join(".crew/config.toml"), "[run]\nmax_paralel = 3\n");
     insta::assert_snapshot!(refused(&env, &repo, &["run", "--agent", "shell", "true"]), @"
     ----- stderr -----
-    error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.max_paralel`: unknown field `max_paralel`, expected one of `max_parallel`, `stop_grace`, `task_timeout`, `unreachable_timeout`, `fail_fast`, `max_output_log`, `base_moved`, `default_agent`
+    error: $TEST_ENV/project/.crew/config.toml:2:1: key `run.max_paralel`: unknown field `max_paralel`, expected one of `max_parallel`, `stop_grace`, `task_timeout`, `max_cost_usd`, `task_max_cost_usd`, `unreachable_timeout`, `fail_fast`, `max_output_log`, `base_moved`, `default_agent`
     [exit status: 2]
     ");
 }

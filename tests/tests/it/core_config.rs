@@ -84,7 +84,7 @@ const TASK: &str = "agent = \"shell\"\nprompt = \"true\"\n";
 
 #[test]
 fn unknown_key_names_file_line_column_and_key() {
-    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}promt = \"typo\"\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`, `attempts`, `check`, `on_limit`, `placement`, `network`, `resources`");
+    insta::assert_snapshot!(load_error("teams/t.toml", &format!("[[tasks]]\nid = \"a\"\n{TASK}promt = \"typo\"\n")), @"error: $TEST_ENV/project/.crew/teams/t.toml:5:1: key `tasks[0].promt`: unknown field `promt`, expected one of `id`, `agent`, `prompt`, `depends_on`, `timeout`, `workspace_mode`, `attempts`, `check`, `on_limit`, `placement`, `network`, `resources`, `max_cost_usd`");
 }
 
 #[test]

@@ -43,6 +43,8 @@ pub enum RowState {
     Idle,
     /// Its agent hit a usage limit and goes on when it lifts.
     Paused,
+    /// It reached a spend cap and asks whether to go on (`r`) or end (`s`).
+    AtCap,
     /// Not started yet (its dependencies, its workspace being prepared).
     Queued,
     Failed,
@@ -59,6 +61,7 @@ impl RowState {
         matches!(
             self,
             RowState::Waiting
+                | RowState::AtCap
                 | RowState::FailedUnread
                 | RowState::CheckFailedUnread
                 | RowState::DoneUnread
@@ -76,6 +79,7 @@ impl RowState {
             RowState::Working => "working",
             RowState::Idle => "idle",
             RowState::Paused => "paused",
+            RowState::AtCap => "at cap",
             RowState::Queued => "queued",
             RowState::Stopped => "stopped",
             RowState::Skipped => "skipped",
@@ -382,6 +386,7 @@ impl Board {
         let unread = self.unread.contains(agent_id);
         match task.status {
             TaskStatus::Waiting => RowState::Waiting,
+            TaskStatus::Paused if task.capped.is_some() => RowState::AtCap,
             TaskStatus::Paused => RowState::Paused,
             TaskStatus::Running if live.is_some_and(|agent| agent.question.is_some()) => {
                 RowState::Waiting
@@ -434,7 +439,7 @@ impl Board {
             .iter()
             .filter(|run| goes_on(run))
             .flat_map(|run| &run.tasks)
-            .filter(|task| task.status == TaskStatus::Paused);
+            .filter(|task| task.status == TaskStatus::Paused && task.capped.is_none());
         for task in paused {
             let limit = task.limit.as_ref();
             let provider = limit
@@ -567,6 +572,14 @@ impl Board {
             .get(agent_id)
             .and_then(|agent| agent.question.clone())
             .or_else(|| self.task(agent_id)?.question.clone())
+            .or_else(|| self.at_cap(agent_id))
+    }
+
+    /// What a task paused at a spend cap asks: what it spent against which cap.
+    pub fn at_cap(&self, agent_id: &AgentId) -> Option<String> {
+        let task = self.task(agent_id)?;
+        task.capped?;
+        task.reason.clone()
     }
 
     /// The diff of an agent, computed.
@@ -651,6 +664,7 @@ fn is_finished(state: RowState) -> bool {
             | RowState::Checking
             | RowState::Idle
             | RowState::Paused
+            | RowState::AtCap
             | RowState::Queued
     )
 }

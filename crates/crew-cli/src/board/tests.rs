@@ -123,18 +123,7 @@ fn a_filter_narrows_the_table_and_not_the_header_counts() {
     ]);
     board.filter = "done".to_owned();
     assert_eq!(board.rows().len(), 1);
-    let backend = ratatui::backend::TestBackend::new(80, 8);
-    let mut terminal = ratatui::Terminal::new(backend).unwrap();
-    let looks = view::Looks {
-        color: false,
-        unicode: false,
-    };
-    terminal
-        .draw(|frame| view::draw(frame, &board, "project", looks))
-        .unwrap();
-    let header: String = (0..80)
-        .map(|x| terminal.backend().buffer()[(x, 0)].symbol().to_owned())
-        .collect();
+    let header = header(&board, 80);
     assert!(
         header.starts_with("waiting: 1  working: 1  agents: 3"),
         "{header}"
@@ -265,20 +254,70 @@ fn a_provider_s_limit_is_said_in_the_header_with_when_it_goes_on() {
         board.limits(),
         [("anthropic".to_owned(), Some(at("2026-12-07T14:02:00Z")))]
     );
-    let backend = ratatui::backend::TestBackend::new(160, 8);
+    let header = header(&board, 160);
+    assert!(
+        header.contains("paused: limit of anthropic until 14:02 UTC"),
+        "{header}"
+    );
+}
+
+#[test]
+fn a_task_at_its_spend_cap_asks_first_and_is_no_provider_s_limit() {
+    let (mut board, run_id) = board(&[
+        ("capped", TaskStatus::Paused),
+        ("working", TaskStatus::Running),
+    ]);
+    let mut record = TaskRecord::new(
+        TaskId::parse("capped").unwrap(),
+        "claude".into(),
+        "work".into(),
+        vec![],
+        WorkspaceMode::Single,
+    );
+    record.status = TaskStatus::Paused;
+    record.capped = Some(crew_core::model::CapKind::Task);
+    record.reason = Some("paused: it spent $1.02 and its spend cap is $1 (max_cost_usd)".into());
+    board.hear(Watched::Event(WatchEvent::Task {
+        run_id: run_id.clone(),
+        task_id: record.id.clone(),
+        status: TaskStatus::Paused,
+        task: Some(Box::new(record)),
+    }));
+    assert!(board.limits().is_empty(), "a spend cap holds no provider");
+    let rows = board.rows();
+    assert_eq!(
+        rows[0].agent_id.task_id().as_str(),
+        "capped",
+        "it comes first"
+    );
+    assert_eq!(rows[0].state, RowState::AtCap);
+    assert!(rows[0].state.needs_you());
+    let agent_id = rows[0].agent_id.clone();
+    assert!(
+        board
+            .question(&agent_id)
+            .is_some_and(|asked| asked.contains("its spend cap is $1")),
+        "the pane shows what it asks"
+    );
+    let header = header(&board, 160);
+    assert!(
+        header.contains("at a spend cap: 1 (r goes on, s ends it)"),
+        "{header}"
+    );
+}
+
+/// The board's first line, drawn `width` wide without colour.
+fn header(board: &Board, width: u16) -> String {
+    let backend = ratatui::backend::TestBackend::new(width, 8);
     let mut terminal = ratatui::Terminal::new(backend).unwrap();
     let looks = view::Looks {
         color: false,
         unicode: false,
     };
     terminal
-        .draw(|frame| view::draw(frame, &board, "project", looks))
+        .draw(|frame| view::draw(frame, board, "project", looks))
         .unwrap();
-    let header: String = (0..160)
+    (0..width)
         .map(|x| terminal.backend().buffer()[(x, 0)].symbol().to_owned())
-        .collect();
-    assert!(
-        header.contains("paused: limit of anthropic until 14:02 UTC"),
-        "{header}"
-    );
+        .collect()
 }

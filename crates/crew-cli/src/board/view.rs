@@ -36,6 +36,7 @@ impl Looks {
             RowState::Working => ("▶", ">"),
             RowState::Idle => ("…", "~"),
             RowState::Paused => ("⏸", "="),
+            RowState::AtCap => ("$", "$"),
             RowState::Queued => ("·", "."),
             RowState::Stopped => ("■", "#"),
             RowState::Skipped => ("-", "-"),
@@ -47,6 +48,7 @@ impl Looks {
         if !self.color {
             return match state {
                 RowState::Waiting
+                | RowState::AtCap
                 | RowState::FailedUnread
                 | RowState::CheckFailedUnread
                 | RowState::DoneUnread => Style::new().add_modifier(Modifier::BOLD),
@@ -54,7 +56,9 @@ impl Looks {
             };
         }
         match state {
-            RowState::Waiting => Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD),
+            RowState::Waiting | RowState::AtCap => {
+                Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD)
+            }
             RowState::FailedUnread => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
             RowState::Failed => Style::new().fg(Color::Red),
             RowState::CheckFailedUnread => {
@@ -142,6 +146,14 @@ pub fn draw(frame: &mut Frame<'_>, board: &Board, title: &str, looks: Looks) {
         Span::styled("crew watch", Style::new().add_modifier(Modifier::BOLD)),
         Span::raw(format!(" {title}")),
     ];
+    // Tasks at a spend cap ask whether to go on.
+    let at_cap = count(RowState::AtCap);
+    if at_cap > 0 {
+        head.push(Span::styled(
+            format!("  at a spend cap: {at_cap} (r goes on, s ends it)"),
+            looks.state_style(RowState::AtCap),
+        ));
+    }
     // A provider's limit holds its tasks back: said, with when it goes on.
     for (provider, at) in board.limits() {
         let until = match at {
@@ -374,10 +386,11 @@ fn draw_pane(
                         .map(|line| Line::raw(crate::ui::sanitize(line)))
                         .collect();
                     lines.push(Line::raw(""));
-                    lines.push(Line::styled(
-                        "a: answer   esc: close",
-                        Style::new().add_modifier(Modifier::DIM),
-                    ));
+                    let keys = match board.at_cap(agent_id) {
+                        Some(_) => "r: go on (another cap's worth)   s: end it   esc: close",
+                        None => "a: answer   esc: close",
+                    };
+                    lines.push(Line::styled(keys, Style::new().add_modifier(Modifier::DIM)));
                     lines
                 }
                 None => vec![Line::raw("no question: it is not waiting for you")],

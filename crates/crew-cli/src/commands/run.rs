@@ -95,6 +95,11 @@ pub struct RunArgs {
     /// instead of refusing it.
     #[arg(long)]
     pub allow_uncapped: bool,
+    /// The most the run may spend, its tasks together, in US dollars (`5`, `0.50`): at it, each
+    /// task pauses before its next turn and asks whether to go on. The narrowest of this, the
+    /// team's and the project's `max_cost_usd` applies.
+    #[arg(long, value_name = "USD", value_parser = parse_cost)]
+    pub max_cost_usd: Option<crew_core::config::CostCap>,
     /// Print the run id at once and keep the run going in the background.
     #[arg(long)]
     pub detach: bool,
@@ -162,6 +167,7 @@ pub async fn cmd_run(args: RunArgs, ui: Ui) -> Result<Outcome, CliError> {
             processes: args.processes,
         },
         allow_uncapped: args.allow_uncapped,
+        max_cost_usd: args.max_cost_usd,
         placed_for: None,
     };
     if args.detach {
@@ -422,6 +428,15 @@ fn parse_memory(text: &str) -> Result<crew_core::config::ByteSize, String> {
     }
     .check()
     .map(|()| size)
+}
+
+/// `--max-cost-usd`: US dollars, as `max_cost_usd` takes them.
+fn parse_cost(text: &str) -> Result<crew_core::config::CostCap, String> {
+    let value: f64 =
+        text.trim().trim_start_matches('$').parse().map_err(|_| {
+            format!("`{text}` is not an amount: write it in US dollars, as 5 or 0.50")
+        })?;
+    crew_core::config::CostCap::new(value)
 }
 
 /// `--cpus`: a share of CPUs, as `[resources] cpus` takes it.

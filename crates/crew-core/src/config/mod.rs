@@ -10,7 +10,7 @@
 //! `locate` (where in a TOML file a problem is), `template` (agent command templates), `checks`
 //! (the rules single values follow), `attempts` (best of N: a task run several times), `allow`
 //! (checked-in settings that loosen confinement apply only as the user allowed them), `hosts`
-//! (the hosts a proxied agent reaches).
+//! (the hosts a proxied agent reaches), `spend` (spend caps and prices).
 
 pub mod allow;
 mod attempts;
@@ -23,6 +23,7 @@ mod locate;
 pub mod resources;
 mod sandbox;
 mod settings;
+pub mod spend;
 mod template;
 mod values;
 
@@ -42,6 +43,7 @@ pub use settings::{
     Protocol, RetentionSettings, RunSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings,
     WorkspaceMode, WorktreeSettings,
 };
+pub use spend::{CostCap, DayLedger, Prices, UserConfig};
 pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};
 pub use values::{ByteSize, HumanDuration, Parallelism};
 

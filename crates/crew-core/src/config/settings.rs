@@ -372,6 +372,11 @@ pub struct RunSettings {
     pub stop_grace: HumanDuration,
     /// Default timeout of every task; none when absent.
     pub task_timeout: Option<HumanDuration>,
+    /// The most a run may spend, its tasks together; a team's or `crew run --max-cost-usd`
+    /// may name less.
+    pub max_cost_usd: Option<super::CostCap>,
+    /// The most each task may spend; a team or a task may name less.
+    pub task_max_cost_usd: Option<super::CostCap>,
     /// How long every request an agent makes through crew's proxy may fail upstream (its
     /// model's host cannot be resolved or reached) with none getting through, before crew ends
     /// it and fails its task saying so; `0s`: never.
@@ -408,6 +413,8 @@ impl Default for RunSettings {
             max_parallel: Parallelism(NonZeroUsize::new(4).expect("4 is not zero")),
             stop_grace: HumanDuration(Duration::from_secs(10)),
             task_timeout: None,
+            max_cost_usd: None,
+            task_max_cost_usd: None,
             unreachable_timeout: HumanDuration(Duration::from_secs(120)),
             fail_fast: false,
             max_output_log: ByteSize(64 * 1024 * 1024),
@@ -523,6 +530,9 @@ pub struct AgentDef {
     pub pass_env: Vec<String>,
     /// What the agent may write besides its workspace, and whether it is confined at all.
     pub sandbox: AgentSandbox,
+    /// What its tokens cost, where its program reports tokens and no cost (`[prices]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<super::Prices>,
     /// Whether crew provides the agent itself (`shell`) rather than a file.
     pub builtin: bool,
 }
@@ -540,6 +550,7 @@ impl AgentDef {
             env: BTreeMap::new(),
             pass_env: Vec::new(),
             sandbox: AgentSandbox::default(),
+            prices: None,
             builtin: true,
         }
     }
@@ -578,6 +589,10 @@ pub struct TeamDef {
     pub network: Option<NetworkMode>,
     /// Every task's caps, at most (`[resources]` of the team file).
     pub resources: Resources,
+    /// The most a run of the team may spend, its tasks together.
+    pub max_cost_usd: Option<super::CostCap>,
+    /// The most each task of the team may spend, where it names no less.
+    pub task_max_cost_usd: Option<super::CostCap>,
     /// The tasks, in the order written.
     pub tasks: Vec<TaskDef>,
 }
@@ -610,6 +625,8 @@ pub struct TaskDef {
     pub network: Option<NetworkMode>,
     /// The task's caps (`[tasks.resources]`): narrow the team's and the project's.
     pub resources: Resources,
+    /// The most the task may spend before it is paused and asks.
+    pub max_cost_usd: Option<super::CostCap>,
 }
 
 impl TeamDef {
@@ -626,6 +643,8 @@ impl TeamDef {
             placement: None,
             network: None,
             resources: Resources::default(),
+            max_cost_usd: None,
+            task_max_cost_usd: None,
             tasks,
         }
     }
@@ -647,6 +666,7 @@ impl TaskDef {
             placement: None,
             network: None,
             resources: Resources::default(),
+            max_cost_usd: None,
         }
     }
 }

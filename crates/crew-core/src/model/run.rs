@@ -86,6 +86,13 @@ pub struct RunManifest {
     /// the commits crew makes of its tasks' work name that run, not this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placed_for: Option<RunId>,
+    /// The run's spend cap (`max_cost_usd`), its tasks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<super::SpendCap>,
+    /// The user's cap of a day (`max_cost_usd_per_day`), as this run holds it: what every run
+    /// of the day spent, together, pauses its tasks there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub day_cap: Option<super::SpendCap>,
 }
 
 /// Who asked for a run to be cancelled, from where, and why.
@@ -339,6 +346,8 @@ impl RunManifest {
             tasks,
             journal: None,
             placed_for: None,
+            max_cost: None,
+            day_cap: None,
         }
     }
 

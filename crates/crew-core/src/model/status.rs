@@ -153,6 +153,8 @@ impl TaskStatus {
             (Running, Waiting | Succeeded | Failed | Stopped | Cancelled | Interrupted) => true,
             (Waiting, Running | Succeeded | Failed | Stopped | Cancelled | Interrupted) => true,
             (Running, Paused) => true,
+            // The run or the day was at its spend cap when it was to start: it asks first.
+            (Preparing, Paused) => true,
             // Refused by its provider before it began (a limit at its first request): queued
             // again, to start afresh when the limit lifts.
             (Running, Pending) => true,

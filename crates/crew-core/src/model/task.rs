@@ -478,6 +478,12 @@ pub struct TaskRecord {
     /// The check command its result is held to, and how it ended once it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckRecord>,
+    /// Its spend cap (`max_cost_usd`), and how much it may spend before it pauses again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<super::SpendCap>,
+    /// The cap it is paused at, while it is: it goes on only when a person lets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capped: Option<super::CapKind>,
 }
 
 /// One of several attempts at the same task: the task as the team names it, which attempt,
@@ -728,6 +734,8 @@ impl TaskRecord {
             submitter_reach: None,
             requests: None,
             lease: None,
+            max_cost: None,
+            capped: None,
             overlaps: Vec::new(),
             attempt_of: None,
             check: None,

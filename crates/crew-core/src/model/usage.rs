@@ -52,6 +52,59 @@ pub struct UsageLimit {
     pub provider: Option<String>,
 }
 
+/// A spend cap as a task or a run holds it: the cap, and how much may be spent before it
+/// pauses (the cap, and another cap's worth for each time a person let it go on).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SpendCap {
+    /// The cap, in US dollars.
+    pub cap_usd: f64,
+    /// What may be spent before it pauses, in US dollars.
+    pub allowed_usd: f64,
+}
+
+impl SpendCap {
+    /// `cap`, nothing spent past it allowed yet.
+    pub fn new(cap: crate::config::CostCap) -> Self {
+        SpendCap {
+            cap_usd: cap.usd(),
+            allowed_usd: cap.usd(),
+        }
+    }
+
+    /// Another cap's worth, past what `spent` reached: a person let it go on.
+    pub fn grant(&mut self, spent: f64) {
+        self.allowed_usd = self.allowed_usd.max(spent) + self.cap_usd;
+    }
+
+    /// Whether `spent` reached what may be spent.
+    pub fn reached(&self, spent: f64) -> bool {
+        spent >= self.allowed_usd
+    }
+}
+
+/// Which spend cap a task is paused at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CapKind {
+    /// Its own (`max_cost_usd` of the task).
+    Task,
+    /// Its run's, its tasks together.
+    Run,
+    /// The user's of a day, every run together.
+    Day,
+}
+
+impl CapKind {
+    /// How a reason names it: `its cap`, `its run's cap`, `the day's cap`.
+    pub fn named(self) -> &'static str {
+        match self {
+            CapKind::Task => "its spend cap",
+            CapKind::Run => "its run's spend cap",
+            CapKind::Day => "the day's spend cap",
+        }
+    }
+}
+
 impl UsageLimit {
     /// When a task paused on it goes on by itself: when it lifts, or crew's next try.
     pub fn continues_at(&self) -> Option<Timestamp> {

@@ -40,8 +40,10 @@ pub mod refusals;
 pub mod toolchains;
 
 pub use credentials::{by_reference, placed_values};
-pub use spec::{AgentSpec, DEFAULT_RESUME_MESSAGE};
+pub use spec::{AgentSpec, DEFAULT_RESUME_MESSAGE, SpendMeter};
 pub(crate) use spec::{Launcher, OwnConnections};
 pub(crate) use start::{start, start_idle};
-pub use status::{Activity, AgentState, AgentStatus, FollowUpOutcome, StopOutcome, Unreachable};
+pub use status::{
+    Activity, AgentState, AgentStatus, FollowUpOutcome, OverCap, StopOutcome, Unreachable,
+};
 pub(crate) use supervisor::Control;

@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 
 use crate::agent::env::BaseEnv;
 use crate::agent::events::AgentEvent;
+use crate::agent::status::OverCap;
 
 /// The message a resume without one sends to agents whose `resume` template wants one.
 pub const DEFAULT_RESUME_MESSAGE: &str = "Continue where you left off.";
@@ -69,6 +70,15 @@ pub struct AgentSpec {
     pub follow_ups: Vec<String>,
     /// Where its proxy reports each request (`network = "proxy"`): the run's events.
     pub network_log: Option<crew_sandbox::proxy::NetworkLog>,
+    /// What each of its turns' cost is held to (its task's, its run's and the day's spend
+    /// caps), when any cap holds it.
+    pub spend: Option<Arc<dyn SpendMeter>>,
+}
+
+/// What each turn's cost is held to (DESIGN §8c).
+pub trait SpendMeter: Send + Sync + std::fmt::Debug {
+    /// A turn cost `usd`: the cap this reached, if any.
+    fn turn_cost(&self, usd: f64) -> Option<OverCap>;
 }
 
 /// The shared parts of a host that every supervisor uses.

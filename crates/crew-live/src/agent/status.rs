@@ -79,6 +79,23 @@ pub struct AgentStatus {
     /// Every request of its last process through crew's proxy was failing upstream when it
     /// ended: why, and whether crew ended it for that.
     pub unreachable: Option<Unreachable>,
+    /// The spend cap its last turn reached, if it did.
+    pub over_cap: Option<OverCap>,
+    /// How many times a person asked to stop it while it was not running (paused at a cap
+    /// or a limit): its task ends on that.
+    pub stops_asked: u32,
+}
+
+/// A spend cap a task reached, and what to tell the person who decides whether it goes on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverCap {
+    /// Whose cap it is.
+    pub kind: crew_core::model::CapKind,
+    /// What was spent against which cap, as a reason says it.
+    pub reason: String,
+    /// The agent was stopped short of what it would have done next (a follow-up, its next
+    /// turn); `false`: the turn that reached the cap was its last anyway.
+    pub stopped_short: bool,
 }
 
 /// Why an agent's requests through crew's proxy were all failing when it ended.
@@ -134,6 +151,8 @@ impl AgentStatus {
             landed: None,
             lost: None,
             unreachable: None,
+            over_cap: None,
+            stops_asked: 0,
         }
     }
 
@@ -179,15 +198,20 @@ pub enum StopOutcome {
     Killed,
     /// The agent had already exited.
     AlreadyExited,
+    /// The agent had exited and its task was paused (at a spend cap, or on a usage limit):
+    /// the task ends, `stopped`, its work saved.
+    EndedPaused,
 }
 
 impl StopOutcome {
-    /// Its name, as the host writes it (`terminated`, `killed`, `already_exited`).
+    /// Its name, as the host writes it (`terminated`, `killed`, `already_exited`,
+    /// `ended_paused`).
     pub fn as_str(self) -> &'static str {
         match self {
             StopOutcome::Terminated => "terminated",
             StopOutcome::Killed => "killed",
             StopOutcome::AlreadyExited => "already_exited",
+            StopOutcome::EndedPaused => "ended_paused",
         }
     }
 }

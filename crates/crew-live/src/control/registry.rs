@@ -178,6 +178,17 @@ impl AgentHandle {
             .map(|status| status.clone())
     }
 
+    /// Waits until a person asked more than `asked` times to stop the agent while it was not
+    /// running. `None` when the supervisor is gone.
+    pub async fn wait_stop_asked(&self, asked: u32) -> Option<AgentStatus> {
+        let mut status = self.status.clone();
+        status
+            .wait_for(|status| status.stops_asked > asked)
+            .await
+            .ok()
+            .map(|status| status.clone())
+    }
+
     /// Waits until whether the running agent waits on a question of its own (an `acp`
     /// permission request) is other than `asking`. `None` when the supervisor is gone.
     pub async fn wait_asking(&self, asking: bool) -> Option<AgentStatus> {

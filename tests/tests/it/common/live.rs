@@ -56,6 +56,7 @@ impl LiveFixture {
             placed: None,
             follow_ups: Vec::new(),
             network_log: None,
+            spend: None,
             parent: None,
         }
     }

@@ -24,6 +24,7 @@ pub async fn cmd_agents_stop(args: StopArgs, ui: Ui) -> Result<Outcome, CliError
             StopOutcome::Terminated => "exited after TERM",
             StopOutcome::Killed => "needed KILL",
             StopOutcome::AlreadyExited => "had already exited",
+            StopOutcome::EndedPaused => "was paused; its task ends, stopped, its work saved",
         };
         say!("{}: {said}", stopped.agent_id);
     }

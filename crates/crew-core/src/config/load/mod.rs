@@ -41,6 +41,7 @@ pub(super) struct AgentFile {
     pass_env: Vec<Spanned<String>>,
     #[serde(default)]
     sandbox: AgentSandboxFile,
+    prices: Option<Spanned<super::Prices>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -83,6 +84,8 @@ pub(super) struct TeamFile {
     placement: Option<String>,
     network: Option<NetworkMode>,
     resources: Option<Spanned<crate::config::Resources>>,
+    max_cost_usd: Option<super::CostCap>,
+    task_max_cost_usd: Option<super::CostCap>,
     tasks: Spanned<Vec<TaskFile>>,
 }
 
@@ -102,6 +105,7 @@ pub(super) struct TaskFile {
     placement: Option<String>,
     network: Option<NetworkMode>,
     resources: Option<Spanned<crate::config::Resources>>,
+    max_cost_usd: Option<super::CostCap>,
 }
 
 /// An ad hoc team that could not be made.

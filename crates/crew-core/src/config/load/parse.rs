@@ -374,6 +374,17 @@ pub(in crate::config) fn parse_agent(
         }
         sandbox.credentials.push(credential);
     }
+    if let Some(prices) = &file.prices
+        && let Err(message) = prices.get_ref().check()
+    {
+        problems.push(invalid_at(
+            path,
+            source,
+            prices.span(),
+            Some("prices".to_owned()),
+            message,
+        ));
+    }
     if !problems.is_empty() {
         return Err(several(problems));
     }
@@ -387,6 +398,7 @@ pub(in crate::config) fn parse_agent(
         env,
         pass_env,
         sandbox,
+        prices: file.prices.map(Spanned::into_inner),
         builtin: false,
     })
 }

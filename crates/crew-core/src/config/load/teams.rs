@@ -68,6 +68,7 @@ impl ConfigDir {
                 placement: None,
                 network: None,
                 resources: crate::config::Resources::default(),
+                max_cost_usd: None,
             })
             .collect();
         Ok(Team {
@@ -82,6 +83,8 @@ impl ConfigDir {
                 placement: None,
                 network: None,
                 resources: crate::config::Resources::default(),
+                max_cost_usd: None,
+                task_max_cost_usd: None,
                 tasks,
             },
             agents,
@@ -223,6 +226,7 @@ impl ConfigDir {
                 placement: task.placement,
                 network: task.network,
                 resources: task.resources.map(Spanned::into_inner).unwrap_or_default(),
+                max_cost_usd: task.max_cost_usd,
             })
             .collect();
         Ok(Team {
@@ -237,6 +241,8 @@ impl ConfigDir {
                 placement: file.placement,
                 network: file.network,
                 resources: file.resources.map(Spanned::into_inner).unwrap_or_default(),
+                max_cost_usd: file.max_cost_usd,
+                task_max_cost_usd: file.task_max_cost_usd,
                 tasks,
             },
             agents,

@@ -129,7 +129,19 @@ impl Supervisor {
                     };
                 }
                 Control::Stop { reply } => {
-                    answer(reply, StopOutcome::AlreadyExited);
+                    // Its task, paused at a cap or a limit, ends on it.
+                    let paused = {
+                        let status = self.status.borrow();
+                        status.over_cap.is_some() || status.limit.is_some()
+                    };
+                    self.status.send_modify(|status| status.stops_asked += 1);
+                    answer(
+                        reply,
+                        match paused {
+                            true => StopOutcome::EndedPaused,
+                            false => StopOutcome::AlreadyExited,
+                        },
+                    );
                 }
                 Control::Steer { reply, .. } => {
                     answer(reply, Err(AgentOpError::NotRunning { agent_id }));

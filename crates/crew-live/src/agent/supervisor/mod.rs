@@ -144,8 +144,15 @@ impl Supervisor {
             if ended.host_gone {
                 return;
             }
-            // Follow-ups queued during the run resume the agent at once, unless it was stopped.
-            let queued = if stopped {
+            // Follow-ups queued during the run resume the agent at once, unless it was stopped
+            // (by a person, or short of them at a spend cap: a person decides).
+            let capped = self
+                .status
+                .borrow()
+                .over_cap
+                .as_ref()
+                .is_some_and(|over| over.stopped_short);
+            let queued = if stopped || capped {
                 None
             } else {
                 self.follow_ups.pop_front()
@@ -197,10 +204,16 @@ impl Supervisor {
             // A resume without a message delivers the oldest follow-up still queued (one sent
             // before a stop), else the default message of a `resume` template.
             let definition = &self.spec.definition;
-            let message = message.or_else(|| self.follow_ups.pop_front()).or_else(|| {
-                (definition.resume.is_some() || definition.protocol == Protocol::Acp)
-                    .then(|| DEFAULT_RESUME_MESSAGE.to_owned())
-            });
+            // An agent that never started (its task paused at a spend cap before it began)
+            // starts as it would have: its command, its prompt.
+            let never_started = self.status.borrow().attempt == 0;
+            let message = match never_started {
+                true => None,
+                false => message.or_else(|| self.follow_ups.pop_front()).or_else(|| {
+                    (definition.resume.is_some() || definition.protocol == Protocol::Acp)
+                        .then(|| DEFAULT_RESUME_MESSAGE.to_owned())
+                }),
+            };
             let (session, cost_here) = {
                 let status = self.status.borrow();
                 (
@@ -244,8 +257,10 @@ impl Supervisor {
                         status.attempt += 1;
                         status.question = None;
                         status.asks_alive = false;
-                        // A limit its last start hit is behind it.
+                        // A limit its last start hit is behind it, and a cap it reached was
+                        // let go on.
                         status.limit = None;
+                        status.over_cap = None;
                         status.set_follow_ups(&self.follow_ups);
                     });
                     let attempt = self.status.borrow().attempt;

@@ -2,7 +2,7 @@
 //! usage, tool calls, questions, the end of a turn.
 
 use crew_core::config::Protocol;
-use crew_core::model::Timestamp;
+use crew_core::model::{Timestamp, Usage};
 
 use super::{Supervisor, protocol_name};
 use crate::agent::acp::AcpInput;
@@ -90,10 +90,16 @@ impl Supervisor {
                 }
             }
             ProtocolEvent::TurnEnded {
-                usage,
+                mut usage,
                 error,
                 mut limit,
             } => {
+                // A program that reports tokens and no cost is priced by its definition.
+                if let (Some(usage), Some(prices)) = (&mut usage, &self.spec.definition.prices)
+                    && usage.cost_usd.is_none()
+                {
+                    usage.cost_usd = prices.cost_of(usage);
+                }
                 let tools = std::mem::take(&mut self.turn_tools);
                 let error = error.or_else(|| tools.all_failed());
                 // A limit that says nothing of when it lifts lifts when the API last said.
@@ -110,6 +116,9 @@ impl Supervisor {
                     status.limit = limit;
                 });
                 self.publish_status();
+                if self.reached_cap(usage, running) {
+                    return;
+                }
                 if let Some(acp) = &running.acp {
                     // The next follow-up is the next prompt; with none, the session is over.
                     let input = match self.follow_ups.pop_front() {
@@ -146,5 +155,36 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// The turn's cost against the task's spend caps: one that reached a cap with a follow-up
+    /// still to come is stopped short of it (its input ends, its session kept) for a person to
+    /// decide; `true` then. A turn that was its last anyway only records the cap reached.
+    fn reached_cap(&mut self, usage: Option<Usage>, running: &mut Running) -> bool {
+        let (Some(meter), Some(cost)) = (&self.spec.spend, usage.and_then(|usage| usage.cost_usd))
+        else {
+            return false;
+        };
+        let Some(mut over) = meter.turn_cost(cost) else {
+            return false;
+        };
+        over.stopped_short = !self.follow_ups.is_empty();
+        let stopped_short = over.stopped_short;
+        self.status.send_modify(|status| {
+            status.over_cap = Some(over);
+            status.idle = false;
+        });
+        self.publish_status();
+        if !stopped_short {
+            return false;
+        }
+        // Nothing more goes in: it ends as one whose session is over does.
+        if let Some(acp) = &running.acp {
+            // The driver is gone only with the connection, when the agent is ending.
+            let _ = acp.inputs.send(AcpInput::End);
+        }
+        drop(running.stdin.take());
+        running.session_over = true;
+        true
     }
 }

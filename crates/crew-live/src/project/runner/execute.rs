@@ -110,6 +110,7 @@ impl Runner {
                     run_cancel.send_replace(level);
                 }
             }
+            schedule.spend_hold(context.spend().run_or_day_reached().is_some());
             for step in schedule.next_steps() {
                 match step {
                     Step::Finish {
@@ -273,6 +274,9 @@ impl Runner {
                     None => self.accept_submission(run_id, &agent, tasks, context).await,
                 };
                 if let Ok(added) = &result {
+                    for task in added {
+                        context.spend().add(&task.id, task.max_cost);
+                    }
                     schedule.add(added, &|task| context.provider_of(task));
                 }
                 answer(reply, result.map(|added| {

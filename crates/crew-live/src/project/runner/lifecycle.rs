@@ -3,9 +3,9 @@
 //! task of a live run queued again.
 
 use camino::Utf8PathBuf;
-use crew_core::config::{AllowList, ConfigDir, WorkspaceMode};
+use crew_core::config::{AllowList, ConfigDir, CostCap, WorkspaceMode};
 use crew_core::model::{
-    CheckRecord, EventKind, RunEvent, RunManifest, RunStatus, TaskRecord, TaskStatus,
+    CheckRecord, EventKind, RunEvent, RunManifest, RunStatus, SpendCap, TaskRecord, TaskStatus,
 };
 use crew_core::provider::RunRequest;
 use crew_core::{CancelRecord, RunId, TaskId};
@@ -27,6 +27,14 @@ impl Runner {
             .check()
             .map_err(|message| PlanError::Caps { message })?;
         self.check_allowed(team.tasks.iter().map(|task| task.agent.as_str()))?;
+        let user = crew_core::config::UserConfig::of_user()
+            .map_err(|error| PlanError::UserConfig(Box::new(error)))?;
+        let task_cap =
+            CostCap::narrowest(team.task_max_cost_usd, self.config.run.task_max_cost_usd);
+        let run_cap = CostCap::narrowest(
+            spec.max_cost_usd,
+            CostCap::narrowest(team.max_cost_usd, self.config.run.max_cost_usd),
+        );
         let run_mode = spec.mode.or(team.workspace_mode).unwrap_or_default();
         let mut run_tasks =
             crew_core::config::run_tasks(team, spec.attempts).map_err(PlanError::Attempts)?;
@@ -77,6 +85,7 @@ impl Runner {
                 .narrowed(task.resources)
                 .narrowed(spec.resources);
             record.allow_uncapped = spec.allow_uncapped;
+            record.max_cost = CostCap::narrowest(task.max_cost_usd, task_cap).map(SpendCap::new);
             if let Some(placement) = &record.placement {
                 if !self.config.placements.contains_key(placement) {
                     return Err(PlanError::UnknownPlacement {
@@ -167,6 +176,8 @@ impl Runner {
                 manifest.max_parallel = max_parallel;
                 manifest.fail_fast = fail_fast;
                 manifest.placed_for = placed_for.clone();
+                manifest.max_cost = run_cap.map(SpendCap::new);
+                manifest.day_cap = user.max_cost_usd_per_day.map(SpendCap::new);
                 if !plan.warnings.is_empty() {
                     manifest.reason = Some(plan.warnings.join("; "));
                 }

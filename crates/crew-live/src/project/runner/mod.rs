@@ -40,6 +40,7 @@ use crate::control::{ErrorBody, ErrorCode};
 mod execute;
 mod lifecycle;
 mod schedule;
+mod spend;
 mod submit;
 mod succeeded;
 mod task;
@@ -94,6 +95,9 @@ pub struct RunSpec {
     /// `--allow-uncapped`: where no cgroup can be had, a task with caps runs without them, said
     /// on the task, instead of being refused.
     pub allow_uncapped: bool,
+    /// `--max-cost-usd`: the most the run may spend, its tasks together (the narrowest of this,
+    /// the team's and the project's applies).
+    pub max_cost_usd: Option<crew_core::config::CostCap>,
     /// The run of the host a placement's run works for (`crew shim`): see
     /// [`crew_core::model::RunManifest::placed_for`].
     pub placed_for: Option<RunId>,
@@ -117,6 +121,7 @@ impl RunSpec {
             allow_open_network: false,
             resources: crew_core::config::Resources::default(),
             allow_uncapped: false,
+            max_cost_usd: None,
             placed_for: None,
         }
     }
@@ -202,6 +207,9 @@ pub enum PlanError {
     /// A checked-in settings file loosens the sandbox in a way the user has not allowed.
     #[error(transparent)]
     NotAllowed(#[from] crew_core::config::NotAllowed),
+    /// The user's own settings (a day's spend cap) cannot be read.
+    #[error("your crew settings: {0}")]
+    UserConfig(#[source] Box<crew_core::config::LoadConfigError>),
 }
 
 /// A run that could not be created, resumed or finished.

@@ -41,6 +41,9 @@ pub(super) enum Hold {
     Stopped,
     /// It waits for a usage limit to lift: no slot, and the run waits for it.
     Paused,
+    /// It reached a spend cap and waits for a person: no slot, the run waits for it, and its
+    /// provider is not held for it.
+    Capped,
     /// It goes on again.
     Going,
 }
@@ -69,6 +72,11 @@ pub(super) struct Schedule {
     /// Active tasks that wait for a usage limit to lift: they take no slot, and the run waits
     /// for them.
     paused: HashSet<TaskId>,
+    /// Paused tasks that wait at a spend cap, not on their provider.
+    capped: HashSet<TaskId>,
+    /// The run or the day reached its spend cap: no task starts while anything is active
+    /// (the one that starts with nothing else going pauses before it begins, and asks).
+    spend_held: bool,
     /// Each task's provider (see `crew_core::config::AgentDef::provider`).
     providers: HashMap<TaskId, String>,
     /// The providers whose rate limit a task met, until they are back to `max_parallel`.
@@ -97,6 +105,8 @@ impl Schedule {
             active: HashSet::new(),
             held: HashSet::new(),
             paused: HashSet::new(),
+            capped: HashSet::new(),
+            spend_held: false,
             providers: HashMap::new(),
             limits: HashMap::new(),
             timed: HashSet::new(),
@@ -164,6 +174,7 @@ impl Schedule {
             if ready
                 && self.active.len() - self.held.len() - self.paused.len() < self.max_parallel
                 && self.provider_allows(&task)
+                && (!self.spend_held || self.active.is_empty())
             {
                 self.active.insert(task.clone());
                 self.statuses.insert(task.clone(), TaskStatus::Preparing);
@@ -200,6 +211,7 @@ impl Schedule {
         let waiting: HashSet<&String> = self
             .paused
             .iter()
+            .filter(|task| !self.capped.contains(*task))
             .filter_map(|task| self.providers.get(task))
             .collect();
         let lifted: Vec<String> = self
@@ -246,6 +258,7 @@ impl Schedule {
         self.active.remove(task);
         self.held.remove(task);
         self.paused.remove(task);
+        self.capped.remove(task);
         self.statuses.insert(task.clone(), status);
         // A provider ramping back up gets one task more for each that succeeds.
         if let Some(provider) = self.providers.get(task)
@@ -271,6 +284,7 @@ impl Schedule {
     pub(super) fn hold(&mut self, task: &TaskId, hold: Hold) {
         self.held.remove(task);
         self.paused.remove(task);
+        self.capped.remove(task);
         if !self.active.contains(task) {
             return;
         }
@@ -282,9 +296,18 @@ impl Schedule {
                 }
                 self.paused.insert(task.clone())
             }
+            Hold::Capped => {
+                self.capped.insert(task.clone());
+                self.paused.insert(task.clone())
+            }
             Hold::Going => false,
         };
         self.lift_limits();
+    }
+
+    /// Whether the run or the day is at its spend cap (see `spend_held`).
+    pub(super) fn spend_hold(&mut self, held: bool) {
+        self.spend_held = held;
     }
 
     /// The run was cancelled: no task starts any more.
@@ -465,6 +488,24 @@ mod tests {
         assert!(started(&schedule.next_steps()).is_empty());
         schedule.ended(&id("a"), TaskStatus::Succeeded);
         assert_eq!(started(&schedule.next_steps()), ["c"]);
+    }
+
+    #[test]
+    fn a_run_at_its_spend_cap_starts_one_task_only_when_nothing_else_is_going() {
+        let tasks = [task("a", &[]), task("b", &[]), task("c", &[])];
+        let mut schedule = Schedule::new(&tasks, 3, false, &agent);
+        schedule.spend_hold(true);
+        // Nothing going: one starts (it pauses before it begins, and asks).
+        assert_eq!(started(&schedule.next_steps()), ["a"]);
+        assert!(started(&schedule.next_steps()).is_empty());
+        // Paused at the cap, it holds no slot and no provider; nothing more starts.
+        schedule.hold(&id("a"), Hold::Capped);
+        assert!(started(&schedule.next_steps()).is_empty());
+        assert_eq!(schedule.limit_of("claude"), None);
+        // A person let it go on: the cap lifts, and the rest start.
+        schedule.hold(&id("a"), Hold::Going);
+        schedule.spend_hold(false);
+        assert_eq!(started(&schedule.next_steps()), ["b", "c"]);
     }
 
     #[test]

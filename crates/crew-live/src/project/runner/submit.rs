@@ -91,6 +91,11 @@ impl Runner {
                 manifest.workspace_mode,
             );
             record.timeout = self.config.run.task_timeout;
+            record.max_cost = self
+                .config
+                .run
+                .task_max_cost_usd
+                .map(crew_core::model::SpendCap::new);
             record.parent = Some(agent.task_id().clone());
             record.submitter_reach = reach.clone();
             records.push(record);

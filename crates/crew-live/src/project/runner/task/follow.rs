@@ -7,12 +7,13 @@ use std::time::Duration;
 use crew_core::TaskId;
 use crew_core::config::OnLimit;
 use crew_core::model::{
-    EventKind, ExitRecord, RunEvent, TaskRecord, TaskStatus, Timestamp, Usage, UsageLimit,
+    CapKind, EventKind, ExitRecord, RunEvent, TaskRecord, TaskStatus, Timestamp, Usage, UsageLimit,
 };
 use crew_core::provider::TaskWorkspace;
 
 use super::ending::{AgentReport, outcome, stop_as_cancelled};
 use super::{Phase, RunContext, STOPPED_BY_REQUEST};
+use crate::agent::OverCap;
 use crate::control::registry::AgentHandle;
 use crate::project::runner::CancelLevel;
 use crate::project::runner::schedule::Hold;
@@ -41,6 +42,8 @@ impl RunContext {
         let mut limit_tries = 0;
         // How often its agent hit a limit in this run.
         let mut limits_hit = 0u32;
+        // Stops a person asked for while the agent was not running: one more ends the task.
+        let stops_asked = handle.status().stops_asked;
         let ending = loop {
             match phase {
                 Phase::Running => {
@@ -69,6 +72,16 @@ impl RunContext {
                                 network: None,
                                 used: None,
                             });
+                            // It reached a spend cap short of its next turn: a person decides.
+                            if let Some(over) = status.over_cap.clone().filter(|over| over.stopped_short)
+                                && exit.stopped_by.is_none()
+                                && self.cancel_level() == CancelLevel::None
+                            {
+                                self.record_exit(&task_id, exit, &handle, task.usage).await;
+                                self.pause_at_cap(&task_id, &over, true).await;
+                                phase = Phase::Capped { kind: over.kind };
+                                continue;
+                            }
                             // Refused before it began (its provider's limit met at its
                             // first request, no answer had): queued again, never failed or
                             // left waiting, whatever `on_limit` says.
@@ -186,6 +199,11 @@ impl RunContext {
                             self.record_started(&task_id, &handle).await;
                             phase = Phase::Running;
                         }
+                        asked = handle.wait_stop_asked(stops_asked) => {
+                            if asked.is_none() || handle.close().await {
+                                break Ending::StoppedAtCap;
+                            }
+                        }
                         () = tokio::time::sleep_until(wake) => {
                             // The limit lifted: its session goes on (the restart is seen above),
                             // or, when it cannot start, crew tries again by its backoff. Either
@@ -205,6 +223,29 @@ impl RunContext {
                                     Phase::Paused { resets_at: None }
                                 }
                             };
+                        }
+                        _ = cancel.changed() => {}
+                    }
+                }
+                Phase::Capped { kind } => {
+                    if self.cancel_level() > CancelLevel::None {
+                        break Ending::StillPaused;
+                    }
+                    tokio::select! {
+                        restarted = handle.wait_restarted(exited_attempt) => {
+                            if restarted.is_none() {
+                                break Ending::StillPaused;
+                            }
+                            // A person let it go on: the cap allows another cap's worth.
+                            self.grant(&task_id, kind).await;
+                            self.tell_scheduler(&task_id, Hold::Going);
+                            self.record_started(&task_id, &handle).await;
+                            phase = Phase::Running;
+                        }
+                        asked = handle.wait_stop_asked(stops_asked) => {
+                            if asked.is_none() || handle.close().await {
+                                break Ending::StoppedAtCap;
+                            }
                         }
                         _ = cancel.changed() => {}
                     }
@@ -254,6 +295,12 @@ impl RunContext {
                 self.teardown(&task_id, &workspace, false).await;
                 self.requeue(&task_id, &limit).await;
                 TaskStatus::Pending
+            }
+            Ending::StoppedAtCap => {
+                let reason = format!("{STOPPED_BY_REQUEST} while it was paused");
+                self.finish(&task_id, &workspace, TaskStatus::Stopped, Some(reason))
+                    .await;
+                TaskStatus::Stopped
             }
             Ending::Stopped => {
                 self.teardown(&task_id, &workspace, false).await;
@@ -366,6 +413,14 @@ impl RunContext {
                         task.agent
                     ));
                 }
+                // Its last turn reached a cap: nothing was left to pause before.
+                if let Some(over) = agent.over_cap.as_ref().filter(|over| !over.stopped_short) {
+                    self.record_warning(
+                        &task_id,
+                        format!("spend: its last turn reached a cap: {}", over.reason),
+                    )
+                    .await;
+                }
                 if let Some(branch) = agent.landed {
                     self.landed
                         .lock()
@@ -424,6 +479,66 @@ impl RunContext {
         };
         self.record_paused(task_id, reason, retry).await;
         self.tell_scheduler(task_id, Hold::Paused);
+    }
+
+    /// The task reached a spend cap (`over`): `paused`, its workspace and session kept, its slot
+    /// freed, until a person lets it go on or stops it. `began`: it had started (else the run
+    /// or the day was at its cap before it could).
+    pub(super) async fn pause_at_cap(&self, task_id: &TaskId, over: &OverCap, began: bool) {
+        let agent = format!("{}:{task_id}", self.run_id);
+        let when = if began { "" } else { " before it began" };
+        let reason = format!(
+            "paused{when}: {}; go on with `crew agents resume {agent}` (another cap's worth), or end it with `crew agents stop {agent}`",
+            over.reason
+        );
+        let (run_id, why, kind) = (self.run_id.clone(), reason.clone(), over.kind);
+        let record = self
+            .save_task(
+                &format!("task {task_id} paused at a cap"),
+                task_id,
+                move |record| {
+                    record.set_status(&run_id, TaskStatus::Paused, Timestamp::now())?;
+                    record.reason = Some(why);
+                    record.capped = Some(kind);
+                    Ok(record.clone())
+                },
+            )
+            .await;
+        self.runner.announce(
+            &self.run_id,
+            task_id,
+            TaskStatus::Paused,
+            Some(reason),
+            record,
+        );
+        self.tell_scheduler(task_id, Hold::Capped);
+    }
+
+    /// A person let the task go on past the cap it was paused at: that cap allows another
+    /// cap's worth, recorded.
+    pub(super) async fn grant(&self, task_id: &TaskId, kind: CapKind) {
+        let (own, run, day) = self.spend().grant(task_id, kind);
+        self.save_task(
+            &format!("task {task_id}'s spend cap"),
+            task_id,
+            move |record| {
+                record.max_cost = own;
+                record.capped = None;
+                Ok(())
+            },
+        )
+        .await;
+        if kind != CapKind::Task {
+            self.save(
+                &format!("run's spend cap, for task {task_id}"),
+                move |manifest| {
+                    manifest.max_cost = run;
+                    manifest.day_cap = day;
+                    Ok(())
+                },
+            )
+            .await;
+        }
     }
 
     /// Records the task queued again (`pending`) after its provider refused it before it
@@ -625,6 +740,9 @@ pub(super) enum Ending {
     /// Its provider refused it before it began: queued again (see
     /// [`refused_before_it_began`]).
     Refused(ExitRecord, UsageLimit),
+    /// A person stopped it while it was paused (at a spend cap, or on a limit): it ends
+    /// `stopped`, its work saved.
+    StoppedAtCap,
 }
 
 /// Whether the limit that ended the agent's turn met it before it began: its task never had a

@@ -69,6 +69,8 @@ pub(super) struct RunContext {
     /// Held while a task's teardown is recorded and the other branches are read for the
     /// radar: of two tasks ending at once, the second always sees the first's branch.
     radar: tokio::sync::Mutex<()>,
+    /// What its tasks spent, against their spend caps.
+    spend: super::spend::SpendBook,
 }
 
 /// Why a task could not get its agent's definition or its workspace.
@@ -111,6 +113,10 @@ pub(super) enum Phase {
     /// (`None`: when a person resumes it).
     Paused {
         resets_at: Option<Timestamp>,
+    },
+    /// Reached a spend cap: the agent goes on only when a person lets it.
+    Capped {
+        kind: crew_core::model::CapKind,
     },
 }
 
@@ -157,6 +163,7 @@ impl RunContext {
             landed: Mutex::default(),
             leases: Mutex::default(),
             radar: tokio::sync::Mutex::default(),
+            spend: super::spend::SpendBook::of(manifest),
         }
     }
 
@@ -251,6 +258,11 @@ impl RunContext {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .get(name)
             .cloned()
+    }
+
+    /// What the run's tasks spent, against their caps.
+    pub(super) fn spend(&self) -> &super::spend::SpendBook {
+        &self.spend
     }
 
     /// Whose rate limits `task`'s agent meets (see `AgentDef::provider`): its agent's name
@@ -351,6 +363,19 @@ impl RunContext {
             .await;
             return TaskStatus::Cancelled;
         }
+        if self.spend.caps(&task_id) && !reports_cost(&definition) {
+            let warning = unmeasured(&definition);
+            self.runner.record_event(
+                &self.run_id,
+                crew_core::model::RunEvent::new(
+                    Some(task_id.clone()),
+                    crew_core::model::EventKind::Message {
+                        text: warning.clone(),
+                    },
+                ),
+            );
+            self.record_warning(&task_id, warning).await;
+        }
         let spec = self.agent_spec(&task, definition, &workspace);
         let spec = match &task.placement {
             Some(placement) => match self.placed_spec(spec, &task, placement) {
@@ -374,6 +399,19 @@ impl RunContext {
         if let Some(message) = resume_message {
             return self
                 .resume_with(task, workspace, spec, message.as_deref())
+                .await;
+        }
+        // The run or the day is at its spend cap (this task starts only because nothing else
+        // is going): it pauses before it begins, and asks.
+        if let Some(over) = self.spend.run_or_day_reached() {
+            let Some(handle) = self.adopt_exited(&task, &workspace, spec).await else {
+                return TaskStatus::Failed;
+            };
+            self.pause_at_cap(&task_id, &over, false).await;
+            let attempt = task.attempts;
+            let from = Phase::Capped { kind: over.kind };
+            return self
+                .follow_through(task, workspace, handle, from, attempt)
                 .await;
         }
         let handle = match self.runner.host.start(spec).await {
@@ -453,7 +491,11 @@ impl RunContext {
         let Some(handle) = self.adopt_exited(&task, &workspace, spec).await else {
             return TaskStatus::Failed;
         };
-        self.tell_scheduler(&task_id, Hold::Paused);
+        let hold = match task.capped {
+            Some(_) => Hold::Capped,
+            None => Hold::Paused,
+        };
+        self.tell_scheduler(&task_id, hold);
         if let Some(message) = message
             && let Err(error) = handle.resume(message.as_deref()).await
         {
@@ -467,14 +509,13 @@ impl RunContext {
         }
         let attempt = task.attempts;
         let resets_at = task.limit.as_ref().and_then(UsageLimit::continues_at);
-        self.follow_through(
-            task,
-            workspace,
-            handle,
-            Phase::Paused { resets_at },
-            attempt,
-        )
-        .await
+        // Paused at a spend cap: it waits for a person, whatever time it is.
+        let from = match task.capped {
+            Some(kind) => Phase::Capped { kind },
+            None => Phase::Paused { resets_at },
+        };
+        self.follow_through(task, workspace, handle, from, attempt)
+            .await
     }
 
     /// A task whose agent finished before its host died: what remains of it (its check, its
@@ -716,5 +757,28 @@ async fn panic_point(task_id: &TaskId, handle: &crate::control::registry::AgentH
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         panic!("the fail point of task {task_id}");
+    }
+}
+
+/// Whether `definition`'s program says what its turns cost (Claude Code's results, an ACP
+/// agent's `usage_update`), or reports tokens its `[prices]` price.
+fn reports_cost(definition: &AgentDef) -> bool {
+    use crew_core::config::Protocol;
+    match definition.protocol {
+        Protocol::ClaudeStreamJson | Protocol::Acp | Protocol::Shim => true,
+        Protocol::CodexJson => definition.prices.is_some(),
+        _ => false,
+    }
+}
+
+/// The warning of a task under a spend cap whose program cannot be measured against it.
+fn unmeasured(definition: &AgentDef) -> String {
+    use crew_core::config::Protocol;
+    let name = &definition.name;
+    match definition.protocol {
+        Protocol::CodexJson => format!(
+            "spend: its program reports tokens and no cost, so no spend cap can be measured on it: give `[prices]` (US dollars per million tokens: input, output, cached_input) in .crew/agents/{name}.toml"
+        ),
+        _ => "spend: its program reports no cost, so no spend cap can be measured on it; it runs without one (a definition with `protocol = \"claude-stream-json\"`, `\"acp\"`, or `\"codex-json\"` with `[prices]`, is measured)".to_owned(),
     }
 }

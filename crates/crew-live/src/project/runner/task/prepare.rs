@@ -214,6 +214,10 @@ impl RunContext {
             placed: None,
             follow_ups: task.follow_ups.clone(),
             network_log: Some(self.network_log(&task.id)),
+            spend: self
+                .spend
+                .caps(&task.id)
+                .then(|| self.spend.meter(&task.id)),
         }
     }
 
@@ -331,6 +335,7 @@ impl RunContext {
                 confined: Default::default(),
                 credentials: Vec::new(),
             },
+            prices: agent.prices,
             builtin: false,
         };
         // Taken up again after its work came back once: it goes on from that work, and its
