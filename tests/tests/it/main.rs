@@ -39,6 +39,7 @@ mod real_agents;
 mod remote_work;
 mod run_records;
 mod shim;
+mod slurm;
 mod spend_caps;
 mod terminal;
 mod worktree_listing;

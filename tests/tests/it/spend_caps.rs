@@ -4,10 +4,9 @@
 //! (which reports $0.0125 a turn) and of Codex (tokens, priced by the definition).
 
 use camino::{Utf8Path, Utf8PathBuf};
-use crew_tests::{TestEnv, render_output, wait_until, write};
-use serde_json::Value;
+use crew_tests::{TestEnv, render_output, write};
 
-use crate::common::runs::{manifest, run_ids, task};
+use crate::common::runs::{manifest, run_ids, task, task_once};
 
 /// A project whose `claude` agent is the stream-json stand-in, with `config` as its
 /// `config.toml`.
@@ -37,21 +36,6 @@ fn project_with_codex(env: &TestEnv, prices: &str) -> Utf8PathBuf {
         ),
     );
     repo
-}
-
-/// The record of `task` of the only run, once `done` says so of it.
-fn task_once(
-    env: &TestEnv,
-    repo: &Utf8Path,
-    id: &str,
-    what: &str,
-    done: impl Fn(&Value) -> bool,
-) -> (String, Value) {
-    wait_until(60, what, || {
-        let run = run_ids(env, repo).into_iter().next()?;
-        let record = task(&manifest(env, repo, &run), id).clone();
-        done(&record).then_some((run, record))
-    })
 }
 
 fn crew_ok(env: &TestEnv, repo: &Utf8Path, args: &[&str]) -> String {

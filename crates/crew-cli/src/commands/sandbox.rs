@@ -66,6 +66,20 @@ struct Report {
     /// The project's `[sandbox] mode`.
     project_mode: SandboxMode,
     agents: Vec<AgentReport>,
+    /// Where tasks may run besides here (`[placements.<name>]`): what each needs there.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    placements: Vec<PlacementReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct PlacementReport {
+    name: String,
+    kind: crew_core::config::PlacementKind,
+    /// The program here that reaches it (`srun`, `ssh` …), and whether it is on the PATH.
+    transport: String,
+    transport_found: bool,
+    /// What its machines need, and what confinement its agents get there.
+    needs: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -292,6 +306,12 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
             },
         })
         .collect();
+    let placements = ctx
+        .config()
+        .placements
+        .iter()
+        .map(|(name, placement)| placement_report(name, placement))
+        .collect();
     let cgroups = crew_live::caps::Cgroups::find();
     let report = Report {
         landlock_abi: probe.abi,
@@ -300,6 +320,7 @@ pub async fn cmd_sandbox_check(args: CheckArgs, ui: Ui) -> Result<Outcome, CliEr
         confines: probe.confines(),
         project_mode: ctx.config().sandbox.mode,
         agents,
+        placements,
     };
     if args.json {
         say!("{}", serde_json::to_string_pretty(&report)?);
@@ -484,8 +505,74 @@ fn render(ctx: &Context, report: &Report) -> String {
             )),
         }
     }
+    for placement in &report.placements {
+        let found = match placement.transport_found {
+            true => ui.paint("found here", Style::Good),
+            false => ui.paint("not found on this PATH", Style::Bad),
+        };
+        out.push_str(&format!(
+            "\nplacement {} ({}): reached through `{}`, {found}\n  {}\n",
+            placement.name,
+            placement.kind.as_str(),
+            placement.transport,
+            placement.needs
+        ));
+    }
     out.push_str("\nwiden an agent's sandbox with `[sandbox] write = [\"~/.my-tool/\"]` in .crew/agents/<name>.toml\n");
     out
+}
+
+/// What a placement needs where its tasks run, and whether this machine has its transport.
+fn placement_report(name: &str, placement: &crew_core::config::PlacementDef) -> PlacementReport {
+    use crew_core::config::PlacementKind;
+    let crew = placement.crew.as_deref().unwrap_or("crew");
+    let (transport, needs) = match placement.kind {
+        PlacementKind::Local => (
+            "crew".to_owned(),
+            format!(
+                "its clones in {} on this machine; its agents are confined as here",
+                placement.dir
+            ),
+        ),
+        PlacementKind::Ssh => (
+            "ssh".to_owned(),
+            format!(
+                "on {}: git, `{crew}` and each agent's program, its clones in {}; its agents are confined by the crew there, as its kernel allows (Landlock, user namespaces, cgroups for caps)",
+                placement.host.as_deref().unwrap_or("its host"),
+                placement.dir
+            ),
+        ),
+        PlacementKind::Kubernetes => (
+            format!("{crew}-kube-transport"),
+            format!(
+                "its image ({}): git, `{crew}` and each agent's program; caps are the container's limits, and its agents are confined by the crew in the pod as the node's kernel allows",
+                placement.image.as_deref().unwrap_or("none named")
+            ),
+        ),
+        PlacementKind::Slurm => (
+            "srun".to_owned(),
+            format!(
+                "on its nodes{}: git, `{crew}` and each agent's program, its clones in {} (its work comes back over srun, not through a shared file system); caps are the job's (--mem, --cpus-per-task), and its agents are confined by the crew on the node as its kernel allows",
+                placement
+                    .partition
+                    .as_deref()
+                    .map(|partition| format!(" (partition {partition})"))
+                    .unwrap_or_default(),
+                placement.dir
+            ),
+        ),
+    };
+    let program = transport.clone();
+    let transport_found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(&program).is_file()))
+        || (placement.kind == PlacementKind::Local);
+    PlacementReport {
+        name: name.to_owned(),
+        kind: placement.kind,
+        transport,
+        transport_found,
+        needs,
+    }
 }
 
 /// `path` with the home written `~`.

@@ -22,13 +22,17 @@ pub struct ShimArgs {
     /// Speak the shim protocol on stdin and stdout (the only transport).
     #[arg(long, required = true)]
     pub stdio: bool,
-    /// Where the shim keeps its clones, one directory per project.
+    /// Where the shim keeps its clones, one directory per project (`~/…` is beneath its home:
+    /// no shell expands it where `srun` starts the shim).
     pub dir: Utf8PathBuf,
 }
 
-pub async fn cmd_shim(args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
+pub async fn cmd_shim(mut args: ShimArgs, _ui: Ui) -> Result<Outcome, CliError> {
     // `--stdio` is the only transport: the flag says so, and asks nothing.
     let _ = args.stdio;
+    if let (Some(rest), Ok(home)) = (args.dir.as_str().strip_prefix("~/"), std::env::var("HOME")) {
+        args.dir = Utf8PathBuf::from(home).join(rest);
+    }
     std::fs::create_dir_all(&args.dir).map_err(|error| {
         CliError::user(format!(
             "cannot use {} for the shim's clones: {error}",

@@ -41,7 +41,7 @@ pub use settings::{
     AgentDef, BaseMoved, IsolationFallback, IsolationSettings, LeaseSettings, LinkMode,
     MAX_STOP_GRACE, OnLimit, PlacedTask, PlacementDef, PlacementKind, PlannedTask, ProjectConfig,
     Protocol, RetentionSettings, RunSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings,
-    WorkspaceMode, WorktreeSettings,
+    WorkspaceMode, WorktreeSettings, slurm_job_name,
 };
 pub use spend::{CostCap, DayLedger, Prices, UserConfig};
 pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};

@@ -194,6 +194,21 @@ pub enum PlacementKind {
     /// A Kubernetes Job per task in the user's image, `crew shim` its container's command,
     /// reached through the pod's attach stream (`crew-kube-transport`).
     Kubernetes,
+    /// A Slurm job per task, `crew shim --stdio` its step, reached through `srun`'s standard
+    /// input and output.
+    Slurm,
+}
+
+impl PlacementKind {
+    /// Its name, as `kind` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementKind::Local => "local",
+            PlacementKind::Ssh => "ssh",
+            PlacementKind::Kubernetes => "kubernetes",
+            PlacementKind::Slurm => "slurm",
+        }
+    }
 }
 
 /// Who a placement's transport serves: what a Kubernetes Job is named and labelled by, and
@@ -226,7 +241,8 @@ pub struct PlacementDef {
     /// `user@host`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// The `crew` program on the shim's machine (`ssh` only; `crew` when absent).
+    /// The `crew` program on the shim's machine (`ssh`, `kubernetes` and `slurm`; `crew` when
+    /// absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crew: Option<String>,
     /// Options for `ssh` before the host (`ssh` only), such as `["-p", "2222"]` or
@@ -243,9 +259,33 @@ pub struct PlacementDef {
     /// The CPU a task's pod requests and may use (`kubernetes` only), such as `"2"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<String>,
-    /// The memory a task's pod requests and may use (`kubernetes` only), such as `"4Gi"`.
+    /// The memory a task's pod requests and may use (`kubernetes`, such as `"4Gi"`), or its
+    /// job (`slurm`, `--mem`, such as `"4G"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<String>,
+    /// The partition of a task's job (`slurm` only; the cluster's default when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// The time limit of a task's job (`slurm` only, `--time`: `"2:00:00"`, `"90"` minutes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<String>,
+    /// The CPUs of a task's job (`slurm` only, `--cpus-per-task`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// The account a task's job is charged to (`slurm` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The quality of service of a task's job (`slurm` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    /// Options for `srun` besides crew's own (`slurm` only), such as `["--constraint=gpu"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub srun_args: Vec<String>,
+}
+
+/// The name of the Slurm job of a placed task: `squeue` tells crew's jobs apart by it.
+pub fn slurm_job_name(task: &PlacedTask) -> String {
+    format!("crew-{}-{}", task.run, task.task)
 }
 
 impl PlacementDef {
@@ -297,6 +337,57 @@ impl PlacementDef {
                 for name in &task.pass_env {
                     argv.extend(["--pass-env".to_owned(), name.clone()]);
                 }
+                argv
+            }
+            PlacementKind::Slurm => {
+                let mut argv = vec![
+                    "srun".to_owned(),
+                    // Its own notes (queued, allocated) would hide crew's, which say why.
+                    "--quiet".to_owned(),
+                    format!("--job-name={}", slurm_job_name(task)),
+                    format!(
+                        "--comment=crew project={} run={} task={}",
+                        task.project, task.run, task.task
+                    ),
+                    "--nodes=1".to_owned(),
+                    "--ntasks=1".to_owned(),
+                    // Nothing of the host's environment goes with the job but what the shim
+                    // is told over the connection.
+                    "--export=PATH,HOME,USER,LANG".to_owned(),
+                ];
+                // The task's caps are its job's, over the placement's own; the crew there
+                // holds them too, in a cgroup of the node's.
+                let cpus = task
+                    .resources
+                    .cpus
+                    .map(|cpus| cpus.thousandths().div_ceil(1000))
+                    .or(self.cpus);
+                let memory = task
+                    .resources
+                    .memory
+                    .map(|memory| format!("{}M", memory.0.div_ceil(1 << 20)))
+                    .or_else(|| self.memory.clone());
+                let options = [
+                    ("--partition", self.partition.clone()),
+                    ("--time", self.time_limit.clone()),
+                    ("--cpus-per-task", cpus.map(|cpus| cpus.to_string())),
+                    ("--mem", memory),
+                    ("--account", self.account.clone()),
+                    ("--qos", self.qos.clone()),
+                ];
+                for (flag, value) in options {
+                    if let Some(value) = value {
+                        argv.push(format!("{flag}={value}"));
+                    }
+                }
+                argv.extend(self.srun_args.iter().cloned());
+                argv.extend([
+                    "--".to_owned(),
+                    self.crew.clone().unwrap_or_else(|| "crew".to_owned()),
+                    "shim".to_owned(),
+                    "--stdio".to_owned(),
+                    self.dir.clone(),
+                ]);
                 argv
             }
             PlacementKind::Local => vec![
@@ -729,5 +820,47 @@ mod tests {
         );
         assert_eq!(flag(&capped, "--cpu").as_deref(), Some("1500m"));
         assert_eq!(flag(&capped, "--memory").as_deref(), Some("1073741824"));
+    }
+
+    #[test]
+    fn a_slurm_task_is_a_named_job_whose_step_is_the_shim_with_its_caps_as_the_job_s() {
+        let placement: PlacementDef = toml::from_str(
+            "kind = \"slurm\"\ndir = \"~/.crew-shim\"\npartition = \"gpu\"\ntime_limit = \"2:00:00\"\ncpus = 4\nmemory = \"8G\"\naccount = \"lab\"\nsrun_args = [\"--constraint=a100\"]\n",
+        )
+        .unwrap();
+        let task = PlacedTask {
+            project: "/home/me/app".into(),
+            run: "r1".into(),
+            task: "api".into(),
+            pass_env: Vec::new(),
+            resources: Resources {
+                memory: Some(ByteSize(3 << 30)),
+                cpus: Some(crate::config::Cpus::parse(1.5).unwrap()),
+                processes: None,
+            },
+        };
+        assert_eq!(
+            placement.transport("crew", &task),
+            [
+                "srun",
+                "--quiet",
+                "--job-name=crew-r1-api",
+                "--comment=crew project=/home/me/app run=r1 task=api",
+                "--nodes=1",
+                "--ntasks=1",
+                "--export=PATH,HOME,USER,LANG",
+                "--partition=gpu",
+                "--time=2:00:00",
+                "--cpus-per-task=2",
+                "--mem=3072M",
+                "--account=lab",
+                "--constraint=a100",
+                "--",
+                "crew",
+                "shim",
+                "--stdio",
+                "~/.crew-shim",
+            ]
+        );
     }
 }

@@ -37,6 +37,7 @@ pub mod output;
 pub mod placed;
 pub mod protocol;
 pub mod refusals;
+mod slurm;
 pub mod toolchains;
 
 pub use credentials::{by_reference, placed_values};

@@ -20,6 +20,7 @@
 //! placement's clone, its quarantine ref here naming what arrived.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine as _;
 use camino::Utf8PathBuf;
@@ -64,6 +65,9 @@ pub struct Placed {
     pub branch: String,
     /// Makes the base's history into a pack, and checks the work in.
     pub provider: Arc<dyn WorkspaceProvider>,
+    /// The name of its Slurm job, on a Slurm placement: what `squeue` and `scancel` know it
+    /// by.
+    pub slurm_job: Option<String>,
 }
 
 /// What the supervisor tells a placed task's driver.
@@ -107,6 +111,9 @@ pub(crate) fn start(
         remote: None,
         over: false,
         heard_output: false,
+        hello: false,
+        failed_there: false,
+        queued: None,
     };
     let driver = tokio::spawn(driver.drive(prompt, lines, receiver));
     PlacedLink { inputs, driver }
@@ -130,6 +137,13 @@ struct Driver {
     over: bool,
     /// The remote agent printed something: it started there.
     heard_output: bool,
+    /// The shim answered: the transport reached it (on Slurm: the job runs).
+    hello: bool,
+    /// The task ended otherwise than succeeded there.
+    failed_there: bool,
+    /// On Slurm, what was last said of the job while the shim had not answered (queued and
+    /// why, or where it runs).
+    queued: Option<String>,
 }
 
 impl Driver {
@@ -165,11 +179,14 @@ impl Driver {
         })
         .await;
         self.send(&start).await;
+        // On Slurm, the job's state while it waits to run: said as it changes.
+        let mut queue_check = tokio::time::interval(Duration::from_millis(500));
+        queue_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 line = lines.recv() => {
                     let Some(line) = line else {
-                        self.lost();
+                        self.ended(self.ended_by_slurm().await);
                         break;
                     };
                     let message = match serde_json::from_str::<FromShim>(&line) {
@@ -183,6 +200,9 @@ impl Driver {
                         self.over = true;
                         self.close();
                     }
+                }
+                _ = queue_check.tick(), if !self.hello && self.placed.slurm_job.is_some() => {
+                    self.say_queued().await;
                 }
                 input = inputs.recv(), if self.stdin.is_some() => {
                     let task = self.agent_id.task_id().clone();
@@ -204,6 +224,7 @@ impl Driver {
     async fn heard(&mut self, message: FromShim, start: &ToShim) -> bool {
         match message {
             FromShim::Hello { v, clone } => {
+                self.hello = true;
                 if v != SHIM_PROTOCOL {
                     self.fail(format!(
                         "the placement's crew speaks shim protocol {v}, this one {SHIM_PROTOCOL}"
@@ -255,6 +276,7 @@ impl Driver {
                     .unwrap_or_default();
                 self.note(format!("the task {status} there{said}"));
                 if status != TaskStatus::Succeeded {
+                    self.failed_there = true;
                     self.sink.tell(ProtocolEvent::Failed(format!(
                         "on {}, the task {status}{said}",
                         self.placed.name
@@ -391,9 +413,73 @@ impl Driver {
         }
     }
 
+    /// On Slurm: the job's state, said when it changed, while the shim has not answered.
+    async fn say_queued(&mut self) {
+        let Some(name) = self.placed.slurm_job.clone() else {
+            return;
+        };
+        let Some(job) = crate::agent::slurm::job_state(&name).await else {
+            return;
+        };
+        let said = match job.state.as_str() {
+            "PENDING" => format!(
+                "pending in Slurm: {} (job {})",
+                job.reason.as_deref().unwrap_or("waiting"),
+                job.id
+            ),
+            "RUNNING" | "CONFIGURING" => format!(
+                "job {} runs on {}",
+                job.id,
+                job.nodes.as_deref().unwrap_or("its node")
+            ),
+            _ => return,
+        };
+        if self.queued.as_deref() != Some(said.as_str()) {
+            self.note(said.clone());
+            self.queued = Some(said);
+        }
+    }
+
+    /// On Slurm, once the transport ended without the task's success: its job, when Slurm
+    /// ended it (its time or memory limit, a failed node).
+    async fn ended_by_slurm(&self) -> Option<crate::agent::slurm::JobState> {
+        let name = self.placed.slurm_job.as_deref()?;
+        if self.over && !self.failed_there {
+            return None;
+        }
+        crate::agent::slurm::final_state(name)
+            .await
+            .filter(|job| crate::agent::slurm::ended_by_slurm(job).is_some())
+    }
+
+    /// The transport ended. Where Slurm ended the job at a limit of the task's, the task fails
+    /// naming it (and where its work is, when it did not come back); for the cluster's sake (a
+    /// failed node), it is lost as a dropped connection is, the reason saying so.
+    fn ended(&mut self, slurm: Option<crate::agent::slurm::JobState>) {
+        let Some(job) = slurm else {
+            self.lost(None);
+            return;
+        };
+        let said = crate::agent::slurm::ended_by_slurm(&job).unwrap_or_default();
+        if !crate::agent::slurm::ended_by_its_limits(&job) {
+            self.lost(Some(said));
+            return;
+        }
+        let work = match (&self.remote, self.over) {
+            (_, true) => "its work came back".to_owned(),
+            (Some((dir, Some(branch))), false) => format!(
+                "its work is in {dir} there, and on the branch {branch} of that clone once its shim stopped the agent"
+            ),
+            (Some((dir, None)), false) => format!("its work is in {dir} there"),
+            (None, false) => "it had not started there".to_owned(),
+        };
+        self.over = true;
+        self.fail(format!("{said}; {work}"));
+    }
+
     /// The transport ended before the task's work came back: the task's reason says where the
-    /// work is.
-    fn lost(&mut self) {
+    /// work is, and how Slurm ended its job (`slurm`) where it did.
+    fn lost(&mut self, slurm: Option<String>) {
         if self.over {
             return;
         }
@@ -412,6 +498,10 @@ impl Driver {
             None => format!(
                 "the connection to the placement `{placement}` ended before the task started there"
             ),
+        };
+        let reason = match slurm {
+            Some(said) => format!("{said}; {reason}"),
+            None => reason,
         };
         self.note(reason.clone());
         self.sink.tell(ProtocolEvent::Lost {

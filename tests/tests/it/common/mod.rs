@@ -4,6 +4,7 @@
 pub mod agents;
 pub mod live;
 pub mod runs;
+pub mod slurm;
 pub mod sshd;
 pub mod tmux;
 pub mod worktrees;

@@ -156,3 +156,19 @@ pub fn namespace_refused_to_the_test(output: &std::process::Output) -> bool {
     }
     refused
 }
+
+/// The record of task `id` of the newest run of `repo`, once `done` says so of it (two minutes
+/// at most); with the run's id.
+pub fn task_once(
+    env: &TestEnv,
+    repo: &Utf8Path,
+    id: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> (String, serde_json::Value) {
+    crew_tests::wait_until(120, what, || {
+        let run = run_ids(env, repo).into_iter().next()?;
+        let record = task(&manifest(env, repo, &run), id).clone();
+        done(&record).then_some((run, record))
+    })
+}

@@ -142,11 +142,48 @@ pub(in crate::config) fn validate_project_config(
                 "a kubernetes placement needs `image`: one with git, crew and the agent's program"
                     .to_owned(),
             ),
-            (PlacementKind::Local | PlacementKind::Ssh, Some(_)) => invalid(
+            (PlacementKind::Local | PlacementKind::Ssh | PlacementKind::Slurm, Some(_)) => invalid(
                 &format!("{key}.image"),
                 "only a kubernetes placement runs an image".to_owned(),
             ),
             _ => {}
+        }
+        if placement.kind == PlacementKind::Slurm {
+            if placement.host.is_some() {
+                invalid(
+                    &format!("{key}.host"),
+                    "a slurm placement has no host: its jobs go where `srun` sends them (name a `partition`)".to_owned(),
+                );
+            }
+            if !placement.ssh_args.is_empty() {
+                invalid(
+                    &format!("{key}.ssh_args"),
+                    "a slurm placement uses no ssh: give `srun` options as `srun_args`".to_owned(),
+                );
+            }
+            if placement.cpus == Some(0) {
+                invalid(
+                    &format!("{key}.cpus"),
+                    "a job needs at least one CPU".to_owned(),
+                );
+            }
+        } else {
+            let slurm_only = [
+                ("partition", placement.partition.is_some()),
+                ("time_limit", placement.time_limit.is_some()),
+                ("cpus", placement.cpus.is_some()),
+                ("account", placement.account.is_some()),
+                ("qos", placement.qos.is_some()),
+                ("srun_args", !placement.srun_args.is_empty()),
+            ];
+            for (field, set) in slurm_only {
+                if set {
+                    invalid(
+                        &format!("{key}.{field}"),
+                        format!("`{field}` is a slurm placement's (kind = \"slurm\")"),
+                    );
+                }
+            }
         }
     }
     let worktree = &config.worktree;

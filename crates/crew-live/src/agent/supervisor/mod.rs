@@ -312,6 +312,21 @@ impl Supervisor {
     }
 
     fn signal_group(&self, pid: u32, signal: rustix::process::Signal) {
+        // A Slurm job is signalled through Slurm: TERM reaches its shim, which stops its task
+        // gracefully and sends its work back (a TERM to `srun` would end the job at once);
+        // KILL cancels it, and `srun` goes with its group.
+        if let Some(job) = self
+            .spec
+            .placed
+            .as_ref()
+            .and_then(|placed| placed.slurm_job.as_deref())
+        {
+            if signal == rustix::process::Signal::TERM {
+                crate::agent::slurm::signal(job, Some("TERM"));
+                return;
+            }
+            crate::agent::slurm::signal(job, None);
+        }
         if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
             // Fails only when the group is gone: nothing left to signal.
             let _ = rustix::process::kill_process_group(pid, signal);

@@ -293,34 +293,34 @@ impl RunContext {
             "SSH_AUTH_SOCK".to_owned(),
             "SSH_AGENT_PID".to_owned(),
             "KUBECONFIG".to_owned(),
+            // `srun` finds its cluster by it where the machine's default is not the one.
+            "SLURM_CONF".to_owned(),
         ];
         pass_env.extend(agent.pass_env.iter().cloned());
+        let placed_task = crew_core::config::PlacedTask {
+            project: self.runner.workspace.id().to_string(),
+            run: self.run_id.to_string(),
+            task: spec.agent_id.task_id().to_string(),
+            // A pod's Secret carries these from the host's environment: its
+            // credentials' variables too, for the crew there to hold by reference.
+            pass_env: agent
+                .pass_env
+                .iter()
+                .cloned()
+                .chain(agent.sandbox.credentials.iter().flat_map(|credential| {
+                    credential
+                        .keys
+                        .iter()
+                        .flat_map(|key| key.sources().map(str::to_owned))
+                        .chain(credential.base_url_env.clone())
+                }))
+                .collect(),
+            resources: task.resources,
+        };
         spec.definition = AgentDef {
             name: format!("{}@{placement}", agent.name),
             description: Some(format!("{} on the placement {placement}", agent.name)),
-            command: def.transport(
-                "crew",
-                &crew_core::config::PlacedTask {
-                    project: self.runner.workspace.id().to_string(),
-                    run: self.run_id.to_string(),
-                    task: spec.agent_id.task_id().to_string(),
-                    // A pod's Secret carries these from the host's environment: its
-                    // credentials' variables too, for the crew there to hold by reference.
-                    pass_env: agent
-                        .pass_env
-                        .iter()
-                        .cloned()
-                        .chain(agent.sandbox.credentials.iter().flat_map(|credential| {
-                            credential
-                                .keys
-                                .iter()
-                                .flat_map(|key| key.sources().map(str::to_owned))
-                                .chain(credential.base_url_env.clone())
-                        }))
-                        .collect(),
-                    resources: task.resources,
-                },
-            ),
+            command: def.transport("crew", &placed_task),
             steer: crew_core::config::SteerMode::Protocol,
             protocol: crew_core::config::Protocol::Shim,
             resume: None,
@@ -346,9 +346,13 @@ impl RunContext {
             .filter(|report| report.branch.as_deref() == Some(branch.as_str()))
             .and_then(|report| report.tip.clone());
         // Its caps hold where it runs, not on the transport here: sent with its start to the
-        // shim, or, on Kubernetes, its container's limits (the transport's `--cpu`, `--memory`).
+        // shim, or its container's limits on Kubernetes (the transport's `--cpu`, `--memory`),
+        // its job's on Slurm (`--cpus-per-task`, `--mem`).
         let mut caps = std::mem::take(&mut spec.sandbox.caps);
-        if def.kind == crew_core::config::PlacementKind::Kubernetes {
+        if matches!(
+            def.kind,
+            crew_core::config::PlacementKind::Kubernetes | crew_core::config::PlacementKind::Slurm
+        ) {
             caps = crew_core::config::Resources::default();
         }
         spec.placed = Some(crate::agent::placed::Placed {
@@ -364,6 +368,8 @@ impl RunContext {
             repo_root: repo_root.to_owned(),
             branch,
             provider: self.runner.provider.clone(),
+            slurm_job: (def.kind == crew_core::config::PlacementKind::Slurm)
+                .then(|| crew_core::config::slurm_job_name(&placed_task)),
         });
         Ok(spec)
     }
