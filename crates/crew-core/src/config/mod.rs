@@ -10,7 +10,8 @@
 //! `locate` (where in a TOML file a problem is), `template` (agent command templates), `checks`
 //! (the rules single values follow), `attempts` (best of N: a task run several times), `allow`
 //! (checked-in settings that loosen confinement apply only as the user allowed them), `hosts`
-//! (the hosts a proxied agent reaches), `spend` (spend caps and prices).
+//! (the hosts a proxied agent reaches), `spend` (spend caps and prices), `placements` (where
+//! else tasks run, and how each kind is reached).
 
 pub mod allow;
 mod attempts;
@@ -20,6 +21,7 @@ mod graph;
 pub mod hosts;
 mod load;
 mod locate;
+mod placements;
 pub mod resources;
 mod sandbox;
 mod settings;
@@ -35,13 +37,13 @@ pub use graph::{
 };
 pub use hosts::{HostList, HostPattern, Verdict};
 pub use load::{AdHocTeamError, ConfigDir, LoadConfigError};
+pub use placements::{PlacedTask, PlacementDef, PlacementKind, slurm_job_name};
 pub use resources::{Cpus, Resources};
 pub use sandbox::{AgentSandbox, Confined, Network, NetworkMode, SandboxMode, SandboxSettings};
 pub use settings::{
     AgentDef, BaseMoved, IsolationFallback, IsolationSettings, LeaseSettings, LinkMode,
-    MAX_STOP_GRACE, OnLimit, PlacedTask, PlacementDef, PlacementKind, PlannedTask, ProjectConfig,
-    Protocol, RetentionSettings, RunSettings, SteerMode, TaskDef, Team, TeamDef, WatchSettings,
-    WorkspaceMode, WorktreeSettings, slurm_job_name,
+    MAX_STOP_GRACE, OnLimit, PlannedTask, ProjectConfig, Protocol, RetentionSettings, RunSettings,
+    SteerMode, TaskDef, Team, TeamDef, WatchSettings, WorkspaceMode, WorktreeSettings,
 };
 pub use spend::{CostCap, DayLedger, Prices, UserConfig};
 pub use template::{COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, fill_template, placeholders};

@@ -8,14 +8,13 @@ use camino::Utf8Path;
 use toml::Spanned;
 
 use super::{AgentFile, LoadConfigError};
+use crate::config::PlacementKind;
 use crate::config::checks::{
     check_branch_prefix, check_env_name, check_name, check_relative_path, check_sandbox_path,
 };
 use crate::config::locate::{find_key_offset, invalid_at, parse_toml, several};
 use crate::config::sandbox::{AgentSandbox, Confined};
-use crate::config::settings::{
-    AgentDef, MAX_STOP_GRACE, PlacementKind, ProjectConfig, Protocol, SteerMode,
-};
+use crate::config::settings::{AgentDef, MAX_STOP_GRACE, ProjectConfig, Protocol, SteerMode};
 use crate::config::template::{
     COMMAND_PLACEHOLDERS, RESUME_PLACEHOLDERS, check_template, placeholders,
 };
