@@ -7,7 +7,9 @@
 //! - The Job: one pod, `restartPolicy: Never` and `backoffLimit: 0` (crew, not Kubernetes,
 //!   decides what a failed task does); the container `shim` runs the user's image with
 //!   `crew shim --stdio DIR`, stdin open once (`stdinOnce`: the shim sees its input end when
-//!   the attach does); resources as the placement says.
+//!   the attach does); resources as the placement says. A pod template of the user's
+//!   (`pod_template`) is the pod's base; crew's container, labels and the `restricted` Pod
+//!   Security settings ([`restrict`]) win over it.
 //! - Labels: `crew.dev/project` (the project's folder name and a hash of its id), `crew.dev/run`,
 //!   `crew.dev/task`, on the Job, its pod and the Secret.
 //! - The Secret holds the values of what the agent's `pass_env` names, from this transport's
@@ -16,6 +18,8 @@
 //! - When the stream ends, the transport exits as the container did; a Job whose shim
 //!   succeeded is deleted (and its Secret with it), a failed one is kept for `kubectl` to
 //!   look at (`ttlSecondsAfterFinished` clears it after a day).
+//! - What crew needs of a namespace, and nothing more, is [`rbac`]: the Role and RoleBinding
+//!   docs/placements.md gives a platform team (a test keeps the two the same).
 
 // The kernel is asked for everything through crew-sandbox, the one crate with `unsafe`.
 #![forbid(unsafe_code)]
@@ -25,9 +29,10 @@ use std::io::Write as _;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvFromSource, Pod, PodSpec, PodTemplateSpec, ResourceRequirements, Secret,
-    SecretEnvSource,
+    Capabilities, Container, EnvFromSource, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, Secret, SecretEnvSource,
 };
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -89,10 +94,33 @@ pub struct KubeTransportArgs {
     /// (a trailing `*` matches a prefix).
     #[arg(long = "pass-env")]
     pub pass_env: Vec<String>,
+    /// The user's pod template (YAML or JSON): the pod the Job runs, under crew's restricted
+    /// settings.
+    #[arg(long)]
+    pub pod_template: Option<String>,
 }
 
-/// The task's Secret (holding `env`) and its Job, as they are created.
-pub fn task_objects(args: &KubeTransportArgs, env: &BTreeMap<String, String>) -> (Secret, Job) {
+/// Reads the user's pod template: a `PodTemplateSpec` (`metadata`, `spec`) in YAML or JSON;
+/// the error names the file and what is wrong.
+pub fn read_pod_template(path: &str) -> Result<PodTemplateSpec, KubeTransportError> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        KubeTransportError(format!("cannot read the pod template {path}: {error}"))
+    })?;
+    serde_norway::from_str(&text).map_err(|error| {
+        KubeTransportError(format!(
+            "the pod template {path} is not a pod template (`metadata` and `spec` of a pod, as a Job's `spec.template` holds them): {error}"
+        ))
+    })
+}
+
+/// The task's Secret (holding `env`) and its Job, as they are created: its pod is the user's
+/// `template` (nothing when none) with crew's container and labels, under the restricted
+/// settings crew always sets ([`restrict`]).
+pub fn task_objects(
+    args: &KubeTransportArgs,
+    env: &BTreeMap<String, String>,
+    template: Option<PodTemplateSpec>,
+) -> (Secret, Job) {
     let name = object_name(&args.run, &args.task);
     let labels: BTreeMap<String, String> = [
         ("app.kubernetes.io/managed-by", "crew".to_owned()),
@@ -119,6 +147,24 @@ pub fn task_objects(args: &KubeTransportArgs, env: &BTreeMap<String, String>) ->
         .into_iter()
         .filter_map(|(key, value)| Some((key.to_owned(), Quantity(value.clone()?))))
         .collect();
+    let template = template.unwrap_or_default();
+    let mut spec = template.spec.unwrap_or_default();
+    // The user's container named `shim`, if any, is the base of crew's (its mounts, its
+    // environment); what crew sets of it wins.
+    let theirs = spec
+        .containers
+        .iter()
+        .position(|container| container.name == "shim")
+        .map(|at| spec.containers.remove(at))
+        .unwrap_or_default();
+    let mut env_from = theirs.env_from.clone().unwrap_or_default();
+    env_from.push(EnvFromSource {
+        secret_ref: Some(SecretEnvSource {
+            name: name.clone(),
+            optional: Some(false),
+        }),
+        ..EnvFromSource::default()
+    });
     let container = Container {
         name: "shim".to_owned(),
         image: Some(args.image.clone()),
@@ -128,23 +174,30 @@ pub fn task_objects(args: &KubeTransportArgs, env: &BTreeMap<String, String>) ->
             "--stdio".to_owned(),
             args.dir.clone(),
         ]),
+        args: None,
         stdin: Some(true),
         stdin_once: Some(true),
         tty: Some(false),
-        env_from: Some(vec![EnvFromSource {
-            secret_ref: Some(SecretEnvSource {
-                name: name.clone(),
-                optional: Some(false),
+        env_from: Some(env_from),
+        resources: match resources.is_empty() {
+            true => theirs.resources.clone(),
+            false => Some(ResourceRequirements {
+                requests: Some(resources.clone()),
+                limits: Some(resources),
+                ..ResourceRequirements::default()
             }),
-            ..EnvFromSource::default()
-        }]),
-        resources: (!resources.is_empty()).then(|| ResourceRequirements {
-            requests: Some(resources.clone()),
-            limits: Some(resources),
-            ..ResourceRequirements::default()
-        }),
-        ..Container::default()
+        },
+        ..theirs
     };
+    spec.containers.insert(0, container);
+    spec.restart_policy = Some("Never".to_owned());
+    restrict(&mut spec);
+    let mut pod_labels = template
+        .metadata
+        .as_ref()
+        .and_then(|meta| meta.labels.clone())
+        .unwrap_or_default();
+    pod_labels.extend(labels.clone());
     let job = Job {
         metadata: meta(&name),
         spec: Some(JobSpec {
@@ -152,20 +205,102 @@ pub fn task_objects(args: &KubeTransportArgs, env: &BTreeMap<String, String>) ->
             ttl_seconds_after_finished: Some(24 * 3600),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels.clone()),
+                    labels: Some(pod_labels),
+                    annotations: template.metadata.and_then(|meta| meta.annotations),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_owned()),
-                    containers: vec![container],
-                    ..PodSpec::default()
-                }),
+                spec: Some(spec),
             },
             ..JobSpec::default()
         }),
         ..Job::default()
     };
     (secret, job)
+}
+
+/// The settings crew always sets on a task's pod, whatever its template says — Kubernetes'
+/// `restricted` Pod Security Standard: no service account token, no host namespaces, and every
+/// container (init containers too) as a non-root user without privilege, privilege escalation
+/// or capabilities, under the runtime's default seccomp profile.
+pub fn restrict(spec: &mut PodSpec) {
+    spec.automount_service_account_token = Some(false);
+    spec.host_network = Some(false);
+    spec.host_pid = Some(false);
+    spec.host_ipc = Some(false);
+    let pod = spec.security_context.get_or_insert_with(Default::default);
+    pod.run_as_non_root = Some(true);
+    pod.seccomp_profile = Some(SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
+        localhost_profile: None,
+    });
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for container in containers {
+        let context = container
+            .security_context
+            .get_or_insert_with(Default::default);
+        context.run_as_non_root = Some(true);
+        context.privileged = Some(false);
+        context.allow_privilege_escalation = Some(false);
+        context.capabilities = Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        });
+        context.seccomp_profile = Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        });
+        if context.run_as_user == Some(0) {
+            context.run_as_user = None;
+        }
+    }
+    if pod.run_as_user == Some(0) {
+        pod.run_as_user = None;
+    }
+}
+
+/// What crew needs of a namespace to run its tasks there, and nothing more: the Role (Jobs
+/// made and deleted; their pods read and attached to; the tasks' Secrets made, owned and
+/// deleted) and its binding to `service_account`, as a platform team applies them.
+pub fn rbac(namespace: &str, service_account: &str) -> (Role, RoleBinding) {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let meta = ObjectMeta {
+        name: Some("crew-placement".to_owned()),
+        namespace: Some(namespace.to_owned()),
+        labels: Some([("app.kubernetes.io/managed-by".to_owned(), "crew".to_owned())].into()),
+        ..ObjectMeta::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![
+            rule("batch", &["jobs"], &["create", "delete"]),
+            rule("", &["pods"], &["get", "list"]),
+            rule("", &["pods/attach"], &["create", "get"]),
+            rule("", &["secrets"], &["create", "delete", "patch"]),
+        ]),
+    };
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_owned(),
+            kind: "Role".to_owned(),
+            name: "crew-placement".to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: service_account.to_owned(),
+            namespace: Some(namespace.to_owned()),
+            ..Subject::default()
+        }]),
+    };
+    (role, binding)
 }
 
 /// `crew-<run>-<task>`, as a Kubernetes object name allows (lowercase letters, digits and
@@ -238,7 +373,16 @@ pub async fn cmd_kube_transport(args: KubeTransportArgs) -> Result<Outcome, Kube
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let (secret, job) = task_objects(&args, &crew_live::agent::env::passed_values(&args.pass_env));
+    let template = args
+        .pod_template
+        .as_deref()
+        .map(read_pod_template)
+        .transpose()?;
+    let (secret, job) = task_objects(
+        &args,
+        &crew_live::agent::env::passed_values(&args.pass_env),
+        template,
+    );
     let name = object_name(&args.run, &args.task);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
@@ -391,6 +535,7 @@ mod tests {
             cpu: Some("2".to_owned()),
             memory: Some("4Gi".to_owned()),
             pass_env: vec!["ANTHROPIC_API_KEY".to_owned()],
+            pod_template: None,
         }
     }
 
@@ -398,9 +543,109 @@ mod tests {
     fn a_task_becomes_a_job_of_one_pod_and_a_secret_labelled_for_its_project_run_and_task() {
         let env: BTreeMap<String, String> =
             [("ANTHROPIC_API_KEY".to_owned(), "sk-test".to_owned())].into();
-        let (secret, job) = task_objects(&args(), &env);
+        let (secret, job) = task_objects(&args(), &env, None);
         let both = serde_json::json!({ "secret": secret, "job": job });
         insta::assert_snapshot!(serde_json::to_string_pretty(&both).unwrap());
+    }
+
+    /// A platform team's template: where pods go, a volume for the clones, a sidecar — and what
+    /// a template may not loosen (host network, privilege, root, the service account's token).
+    const TEMPLATE: &str = r#"
+metadata:
+  labels:
+    team: payments
+    crew.dev/task: forged
+  annotations:
+    cluster-autoscaler.kubernetes.io/safe-to-evict: "false"
+spec:
+  serviceAccountName: agents
+  automountServiceAccountToken: true
+  hostNetwork: true
+  nodeSelector:
+    pool: agents
+  tolerations:
+    - key: dedicated
+      value: agents
+      effect: NoSchedule
+  securityContext:
+    runAsUser: 0
+    fsGroup: 2000
+  volumes:
+    - name: clones
+      emptyDir: {}
+  containers:
+    - name: shim
+      command: ["sh", "-c", "rm -rf /"]
+      volumeMounts:
+        - name: clones
+          mountPath: /work/crew-shim
+      securityContext:
+        privileged: true
+        capabilities:
+          add: ["SYS_ADMIN"]
+    - name: proxy-sidecar
+      image: registry.example/egress:2
+"#;
+
+    #[test]
+    fn a_user_s_pod_template_is_merged_under_the_restricted_settings_crew_always_sets() {
+        let path =
+            std::env::temp_dir().join(format!("crew-kube-template-{}.yaml", std::process::id()));
+        std::fs::write(&path, TEMPLATE).unwrap();
+        let template = read_pod_template(path.to_str().unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let (_, job) = task_objects(&args(), &BTreeMap::new(), Some(template));
+        let pod = job.spec.unwrap().template;
+        let spec = pod.spec.clone().unwrap();
+        // Crew's: its command, its labels, and the restricted settings on every container.
+        assert_eq!(spec.containers[0].command.as_ref().unwrap()[1], "shim");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.host_network, Some(false));
+        for container in &spec.containers {
+            let context = container.security_context.as_ref().unwrap();
+            assert_eq!(context.privileged, Some(false), "{}", container.name);
+            assert_eq!(context.allow_privilege_escalation, Some(false));
+            assert_eq!(context.run_as_non_root, Some(true));
+            let capabilities = context.capabilities.as_ref().unwrap();
+            assert_eq!(capabilities.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+            assert_eq!(capabilities.add, None);
+        }
+        // The user's: where it runs, its volume, its mounts, its sidecar.
+        insta::assert_snapshot!(serde_norway::to_string(&pod).unwrap());
+    }
+
+    #[test]
+    fn a_template_that_is_no_pod_template_is_refused_naming_its_file() {
+        let path = std::env::temp_dir().join(format!("crew-kube-bad-{}.yaml", std::process::id()));
+        std::fs::write(&path, "spec:\n  containers: 3\n").unwrap();
+        let error = read_pod_template(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            error.contains(path.to_str().unwrap()) && error.contains("is not a pod template"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_role_crew_needs_is_what_the_docs_give_a_platform_team() {
+        let (role, binding) = rbac("agents", "crew");
+        let yaml = format!(
+            "{}---\n{}",
+            serde_norway::to_string(&role).unwrap(),
+            serde_norway::to_string(&binding).unwrap()
+        );
+        insta::assert_snapshot!(yaml);
+        let docs = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/placements.md"
+        ))
+        .unwrap();
+        assert!(
+            docs.contains(&yaml),
+            "docs/placements.md gives the Role and RoleBinding as rbac() makes them:\n{yaml}"
+        );
     }
 
     #[test]

@@ -83,6 +83,11 @@ pub struct PlacementDef {
     /// The CPU a task's pod requests and may use (`kubernetes` only), such as `"2"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<String>,
+    /// A pod template of the user's (`kubernetes` only): a YAML or JSON file (relative to the
+    /// project's root) whose pod crew's Job runs, under the restricted settings crew always
+    /// sets (see crew-kube).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<String>,
     /// The memory a task's pod requests and may use (`kubernetes`, such as `"4Gi"`), or its
     /// job (`slurm`, `--mem`, such as `"4G"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,10 +154,18 @@ impl PlacementDef {
                     .memory
                     .map(|memory| memory.0.to_string())
                     .or_else(|| self.memory.clone());
+                let template =
+                    self.pod_template
+                        .as_ref()
+                        .map(|template| match template.starts_with('/') {
+                            true => template.clone(),
+                            false => format!("{}/{template}", task.project.trim_end_matches('/')),
+                        });
                 for (flag, value) in [
                     ("--namespace", &self.namespace),
                     ("--cpu", &cpu),
                     ("--memory", &memory),
+                    ("--pod-template", &template),
                 ] {
                     if let Some(value) = value {
                         argv.extend([flag.to_owned(), value.clone()]);
@@ -273,6 +286,16 @@ mod tests {
         );
         assert_eq!(flag(&capped, "--cpu").as_deref(), Some("1500m"));
         assert_eq!(flag(&capped, "--memory").as_deref(), Some("1073741824"));
+        // A pod template is the project's file, found wherever the transport runs.
+        let templated: PlacementDef = toml::from_str(
+            "kind = \"kubernetes\"\ndir = \"/work\"\nimage = \"crew:1\"\npod_template = \"deploy/pod.yaml\"\n",
+        )
+        .unwrap();
+        let argv = templated.transport("crew", &task(Resources::default()));
+        assert_eq!(
+            flag(&argv, "--pod-template").as_deref(),
+            Some("p/deploy/pod.yaml")
+        );
     }
 
     #[test]

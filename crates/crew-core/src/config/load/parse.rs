@@ -147,6 +147,12 @@ pub(in crate::config) fn validate_project_config(
             ),
             _ => {}
         }
+        if placement.pod_template.is_some() && placement.kind != PlacementKind::Kubernetes {
+            invalid(
+                &format!("{key}.pod_template"),
+                "only a kubernetes placement runs a pod".to_owned(),
+            );
+        }
         if placement.kind == PlacementKind::Slurm {
             if placement.host.is_some() {
                 invalid(
