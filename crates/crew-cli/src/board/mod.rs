@@ -102,6 +102,8 @@ pub struct Row {
     pub depth: usize,
     /// The ports of its lease while it holds them (`20000–20003`).
     pub ports: Option<String>,
+    /// What its capped agent holds now, while it runs.
+    pub using: Option<crew_live::control::registry::Using>,
 }
 
 /// What the lower part of the screen shows for the selected agent.
@@ -511,6 +513,11 @@ impl Board {
                             .or_else(|| task.reason.as_deref().map(sanitize))
                     })
                     .unwrap_or_default();
+                let using = self
+                    .live
+                    .get(&agent_id)
+                    .filter(|agent| agent.state == crew_live::AgentState::Running)
+                    .and_then(|agent| agent.using);
                 let row = Row {
                     agent_id,
                     agent: task.agent.clone(),
@@ -521,6 +528,7 @@ impl Board {
                     last_line,
                     depth,
                     ports: run.held_lease(task).and_then(|lease| lease.port_range()),
+                    using,
                 };
                 if filter.is_empty() || row_matches(&row, filter) {
                     rows.push(row);
@@ -573,6 +581,25 @@ impl Board {
             .and_then(|agent| agent.question.clone())
             .or_else(|| self.task(agent_id)?.question.clone())
             .or_else(|| self.at_cap(agent_id))
+    }
+
+    /// What capped agents hold now (from the hosts' listings): kept on their live snapshots.
+    pub fn set_using(
+        &mut self,
+        using: Vec<(AgentId, Option<crew_live::control::registry::Using>)>,
+    ) {
+        for (agent_id, using) in using {
+            if let Some(agent) = self.live.get_mut(&agent_id) {
+                agent.using = using;
+            }
+        }
+    }
+
+    /// Whether any agent runs (what it holds moves).
+    pub fn has_running(&self) -> bool {
+        self.live
+            .values()
+            .any(|agent| agent.state == crew_live::AgentState::Running)
     }
 
     /// What a task paused at a spend cap asks: what it spent against which cap.

@@ -308,6 +308,11 @@ fn a_task_at_its_spend_cap_asks_first_and_is_no_provider_s_limit() {
 
 /// The board's first line, drawn `width` wide without colour.
 fn header(board: &Board, width: u16) -> String {
+    screen(board, width).swap_remove(0)
+}
+
+/// The board's lines, drawn `width` wide (8 high) without colour.
+fn screen(board: &Board, width: u16) -> Vec<String> {
     let backend = ratatui::backend::TestBackend::new(width, 8);
     let mut terminal = ratatui::Terminal::new(backend).unwrap();
     let looks = view::Looks {
@@ -317,7 +322,37 @@ fn header(board: &Board, width: u16) -> String {
     terminal
         .draw(|frame| view::draw(frame, board, "project", looks))
         .unwrap();
-    (0..width)
-        .map(|x| terminal.backend().buffer()[(x, 0)].symbol().to_owned())
+    (0..8)
+        .map(|y| {
+            (0..width)
+                .map(|x| terminal.backend().buffer()[(x, y)].symbol().to_owned())
+                .collect()
+        })
         .collect()
+}
+
+#[test]
+fn a_capped_agent_shows_what_it_holds_now_and_its_cpu_time() {
+    let (mut board, run_id) = board(&[("capped", TaskStatus::Running)]);
+    let agent_id = AgentId::new(run_id.clone(), TaskId::parse("capped").unwrap());
+    let snapshot: crew_live::AgentSnapshot = serde_json::from_value(serde_json::json!({
+        "agent_id": agent_id, "run_id": run_id, "task_id": "capped",
+        "workspace": std::env::temp_dir(), "agent": "shell", "dir": std::env::temp_dir(),
+        "state": "running", "pid": 7, "attempt": 1, "started_at": "2026-12-07T14:00:00Z",
+        "exit": null, "question": null, "queued_follow_ups": 0, "last_lines": [],
+    }))
+    .unwrap();
+    board.hear(Watched::Agents(vec![snapshot]));
+    assert!(board.has_running());
+    board.set_using(vec![(
+        agent_id,
+        Some(crew_live::control::registry::Using {
+            memory: 300 << 20,
+            cpu_ms: 12_345,
+        }),
+    )]);
+    let screen = screen(&board, 160);
+    let (heading, row) = (&screen[1], &screen[2]);
+    assert!(heading.contains("MEM   CPU"), "{heading}");
+    assert!(row.contains("300M  12.3s"), "{row}");
 }

@@ -189,7 +189,12 @@ struct Columns {
     age: bool,
     /// Shown when a row holds ports, and there is room.
     ports: Option<usize>,
+    /// MEM and CPU, shown when a row's agent is capped (measured), and there is room.
+    metered: bool,
 }
+
+/// MEM and CPU together: `1234M 567.8s `.
+const METER_WIDTH: usize = 14;
 
 /// The widest state label (`checking`, `chk-fail`).
 const STATE_WIDTH: usize = 8;
@@ -229,6 +234,8 @@ impl Columns {
             age: width >= base + agent + 1 + 12 + 5 + 20,
             branch: (width >= with_branch).then_some(branch),
             ports: ports.filter(|ports| width > with_branch + ports),
+            metered: rows.iter().any(|row| row.using.is_some())
+                && width >= base + agent + 1 + 12 + 5 + METER_WIDTH + 20,
         }
     }
 }
@@ -256,6 +263,9 @@ fn draw_table(
     }
     if columns.age {
         heading.push_str(&format!("{:<5}", "AGE"));
+    }
+    if columns.metered {
+        heading.push_str(&format!("{:<6}{:<8}", "MEM", "CPU"));
     }
     if let Some(ports) = columns.ports {
         heading.push_str(&format!("{:<ports$} ", "PORTS"));
@@ -328,6 +338,18 @@ fn draw_table(
                 .map(short_age)
                 .unwrap_or_default();
             spans.push(Span::raw(format!("{age:<5}")));
+        }
+        if columns.metered {
+            let (memory, cpu) = row.using.map_or_else(
+                || (String::new(), String::new()),
+                |using| {
+                    (
+                        format!("{}M", using.memory >> 20),
+                        format!("{:.1}s", using.cpu_ms as f64 / 1000.0),
+                    )
+                },
+            );
+            spans.push(Span::raw(format!("{memory:<6}{cpu:<8}")));
         }
         if let Some(ports) = columns.ports {
             let held = row.ports.as_deref().unwrap_or("");

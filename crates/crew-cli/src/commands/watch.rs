@@ -42,6 +42,8 @@ pub struct WatchArgs {
 const FRAME: Duration = Duration::from_millis(100);
 /// How often ages move on when nothing happens.
 const TICK: Duration = Duration::from_secs(1);
+/// How often the board reads what capped agents hold (the hosts publish it about as often).
+const METER: Duration = Duration::from_secs(2);
 /// How much of an agent's log the output pane starts from.
 const TAIL_BYTES: u64 = 256 * 1024;
 /// How many heard things are taken in before the board is drawn again.
@@ -80,6 +82,9 @@ pub async fn cmd_watch(args: WatchArgs, ui: Ui) -> Result<Outcome, CliError> {
     let mut last_draw = Instant::now() - FRAME;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // What capped agents hold moves without an event: read from the hosts' listings.
+    let mut metering = tokio::time::interval(METER);
+    metering.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if dirty && last_draw.elapsed() >= FRAME {
             screen.draw(&board, &title, looks)?;
@@ -135,8 +140,24 @@ pub async fn cmd_watch(args: WatchArgs, ui: Ui) -> Result<Outcome, CliError> {
                     Done::Status(message) => board.done(message),
                     Done::Diff(agent_id, text) => board.set_diff(&agent_id, text),
                     Done::Tail(agent_id, lines) => board.set_log_tail(&agent_id, lines),
+                    Done::Using(using) => board.set_using(using),
                 }
                 dirty = true;
+            }
+            _ = metering.tick(), if board.has_running() => {
+                let (ctx, results) = (ctx.clone(), results_tx.clone());
+                tokio::spawn(async move {
+                    let using = ctx
+                        .project()
+                        .published_agents()
+                        .await
+                        .agents
+                        .into_iter()
+                        .map(|(agent, _)| (agent.agent_id, agent.using))
+                        .collect();
+                    // The board is gone: nobody to tell.
+                    let _ = results.send(Done::Using(using)).await;
+                });
             }
             _ = tick.tick() => dirty = true,
             _ = tokio::time::sleep_until(frame_due), if dirty => {}
@@ -281,6 +302,8 @@ enum Done {
     Status(String),
     Diff(AgentId, String),
     Tail(AgentId, Vec<String>),
+    /// What the capped agents hold now, as their hosts last published it.
+    Using(Vec<(AgentId, Option<crew_live::control::registry::Using>)>),
 }
 
 /// Carries out what the board asked, through the front door, and says how it went.
