@@ -284,6 +284,7 @@ const BENCHMARKS: &[&str] = &[
     "history",
     "hundred",
     "placement",
+    "slurm",
     "thousand",
 ];
 
@@ -435,6 +436,9 @@ fn main() {
     }
     if wanted("placement") {
         placement(&bench);
+    }
+    if wanted("slurm") {
+        slurm(&bench);
     }
     if wanted("thousand") {
         thousand_tasks(&bench);

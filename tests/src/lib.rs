@@ -12,6 +12,7 @@ use std::process::{Command, Output};
 use camino::{Utf8Path, Utf8PathBuf};
 
 pub mod model_api;
+pub mod slurm;
 pub mod synth;
 
 /// A temp directory with a home, a temp dir and room for repositories.

@@ -4,8 +4,19 @@ use super::*;
 
 /// How long `crew args…` took in `dir`, which must succeed.
 pub(super) fn timed_crew(crew: &Utf8Path, dir: &Utf8Path, args: &[&str]) -> Duration {
+    timed_crew_with(crew, dir, args, &[])
+}
+
+/// [`timed_crew`] with `env` set for it.
+pub(super) fn timed_crew_with(
+    crew: &Utf8Path,
+    dir: &Utf8Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Duration {
     let started = Instant::now();
     let output = Command::new(crew)
+        .envs(env.iter().copied())
         .args(args)
         .current_dir(dir)
         .output()
@@ -164,9 +175,20 @@ pub(super) struct Measured {
 }
 
 pub(super) fn run_measured(crew: &Utf8Path, dir: &Utf8Path, args: &[&str]) -> Measured {
+    run_measured_with(crew, dir, args, &[])
+}
+
+/// [`run_measured`] with `env` set for it.
+pub(super) fn run_measured_with(
+    crew: &Utf8Path,
+    dir: &Utf8Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Measured {
     // Reaped by the wait4 below, which also gives its resource usage.
     #[allow(clippy::zombie_processes)]
     let child = Command::new(crew)
+        .envs(env.iter().copied())
         .args(args)
         .current_dir(dir)
         .stdout(Stdio::null())
@@ -356,4 +378,100 @@ pub(super) fn cpu_share(pid: u32, span: Duration) -> f64 {
     let before = ticks();
     std::thread::sleep(span);
     (ticks() - before) as f64 / 100.0 / span.as_secs_f64()
+}
+
+/// A task on a Slurm placement (a job of a one-node cluster the benchmark starts: `srun`, the
+/// shim in the job's step, the work back over `srun`) against the same task on a `local`
+/// placement in the same run of the benchmark; and the host's own memory per task placed
+/// there, from 1 job to 17 at once.
+pub(super) fn slurm(bench: &Bench) {
+    if !Utf8Path::new("/usr/sbin/slurmctld").exists() {
+        println!(
+            "{:<44} skipped: Slurm is not installed",
+            "one task on a Slurm placement"
+        );
+        return;
+    }
+    let cluster = crew_tests::slurm::Slurm::start_in(bench.root.join("slurm-cluster"), 24);
+    let conf = cluster.conf.to_string();
+    let env = [("SLURM_CONF", conf.as_str())];
+    let crew = crew_binary();
+    let project = clone_repository(bench, "slurm-project");
+    std::fs::create_dir_all(project.join(".crew")).unwrap();
+    std::fs::write(
+        project.join(".crew/config.toml"),
+        format!(
+            "[retention]\nautomatic = false\n\n[placements.box]\nkind = \"local\"\ndir = \"{}\"\n\n[placements.hpc]\nkind = \"slurm\"\npartition = \"crew\"\ndir = \"{}\"\ncrew = \"{crew}\"\n",
+            bench.root.join("slurm-box"),
+            bench.root.join("slurm-hpc"),
+        ),
+    )
+    .unwrap();
+    let timed = |args: &[&str]| timed_crew_with(&crew, &project, args, &env);
+    let on = |placement: &'static str| -> Vec<&'static str> {
+        vec![
+            "run",
+            "--quiet",
+            "--placement",
+            placement,
+            "--agent",
+            "shell",
+            "true",
+        ]
+    };
+    let (slurm_args, local_args) = (on("hpc"), on("box"));
+    // Once each first: each clone takes in the base's history.
+    timed(&slurm_args);
+    timed(&local_args);
+    let (mut crew_samples, mut reference) = (Samples::default(), Samples::default());
+    for round in 0..bench.rounds * 2 {
+        if round % 2 == 0 {
+            crew_samples.push(timed(&slurm_args));
+            reference.push(timed(&local_args));
+        } else {
+            reference.push(timed(&local_args));
+            crew_samples.push(timed(&slurm_args));
+        }
+    }
+    Comparison {
+        name: "one task on a Slurm placement (crew run)".into(),
+        crew: crew_samples,
+        reference,
+        reference_name: "on a local placement".into(),
+        target: Some(1.5),
+        paired: true,
+    }
+    .print();
+    let fan_out = |count: &str| {
+        run_measured_with(
+            &crew,
+            &project,
+            &[
+                "run",
+                "--quiet",
+                "--placement",
+                "hpc",
+                "--agent",
+                "shell",
+                "--fan-out",
+                count,
+                "--max-parallel",
+                count,
+                "sleep 2",
+            ],
+            &env,
+        )
+    };
+    let one = fan_out("1");
+    let many = fan_out("17");
+    let per_task_kb = many.peak_anonymous_kb.saturating_sub(one.peak_anonymous_kb) / 16;
+    println!(
+        "{:<44} {} KB of the host's own memory per task placed on Slurm ({} MB with 1, {} MB with 17; ≤ 2 MB: {})",
+        "Slurm tasks: host memory per task",
+        per_task_kb,
+        one.peak_anonymous_kb / 1024,
+        many.peak_anonymous_kb / 1024,
+        if per_task_kb <= 2048 { "met" } else { "MISSED" },
+    );
+    drop(cluster);
 }

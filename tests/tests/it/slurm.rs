@@ -5,7 +5,7 @@ use camino::{Utf8Path, Utf8PathBuf};
 use crew_tests::{TestEnv, render_output, wait_until, write};
 
 use crate::common::runs::{manifest, run_ids, task, task_once};
-use crate::common::slurm::Slurm;
+use crew_tests::slurm::Slurm;
 
 /// A project whose placement `hpc` is the cluster's partition, its clones beneath the home of
 /// whoever the job runs as (no shell expands `~` there: the shim does), `extra` added to it.

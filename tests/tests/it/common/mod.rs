@@ -4,7 +4,6 @@
 pub mod agents;
 pub mod live;
 pub mod runs;
-pub mod slurm;
 pub mod sshd;
 pub mod tmux;
 pub mod worktrees;
