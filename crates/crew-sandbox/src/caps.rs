@@ -53,8 +53,11 @@ pub struct Cgroups {
     /// v2: the delegated subtree; v1: crew's group in the memory, cpu, pids hierarchies (in
     /// that order), then cpuacct's where mounted.
     bases: Vec<PathBuf>,
-    /// v1: whether the last base is cpuacct's.
-    cpuacct: bool,
+    /// v1: which base is cpuacct's, where it is mounted (its own hierarchy, or cpu's where
+    /// the two are mounted together, as most v1 systems do).
+    cpuacct: Option<usize>,
+    /// v1: whether the memory controller accounts swap (`memory.memsw.*`), looked at once.
+    memsw: bool,
 }
 
 /// Why no cgroup can be had here, with what to do.
@@ -74,7 +77,8 @@ impl Cgroups {
             return Ok(Cgroups {
                 kind: CgroupKind::V2,
                 bases: vec![base.clone()],
-                cpuacct: false,
+                cpuacct: None,
+                memsw: false,
             });
         }
         let mut bases = Vec::new();
@@ -85,16 +89,20 @@ impl Cgroups {
             }
         }
         let cpuacct = match v1_base(&own, &mounts, "cpuacct") {
+            // Mounted with cpu: one group serves both.
+            Some(base) if base == bases[1] => Some(1),
             Some(base) if writable(&base) => {
                 bases.push(base);
-                true
+                Some(bases.len() - 1)
             }
-            _ => false,
+            _ => None,
         };
+        let memsw = bases[0].join("memory.memsw.limit_in_bytes").exists();
         Ok(Cgroups {
             kind: CgroupKind::V1,
             bases,
             cpuacct,
+            memsw,
         })
     }
 
@@ -114,6 +122,7 @@ impl Cgroups {
             kind: self.kind,
             dirs,
             cpuacct: self.cpuacct,
+            memsw: self.memsw,
         };
         for dir in &group.dirs {
             match fs::create_dir(dir) {
@@ -138,7 +147,8 @@ impl Cgroups {
 pub struct AgentGroup {
     kind: CgroupKind,
     dirs: Vec<PathBuf>,
-    cpuacct: bool,
+    cpuacct: Option<usize>,
+    memsw: bool,
 }
 
 impl AgentGroup {
@@ -175,7 +185,7 @@ impl AgentGroup {
                 let [memory_dir, cpu_dir, pids_dir] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
                 if let Some(memory) = caps.memory {
                     write(memory_dir, "memory.limit_in_bytes", memory.0.to_string())?;
-                    if memory_dir.join("memory.memsw.limit_in_bytes").exists() {
+                    if self.memsw {
                         write(
                             memory_dir,
                             "memory.memsw.limit_in_bytes",
@@ -183,8 +193,9 @@ impl AgentGroup {
                         )?;
                     }
                 }
+                // A new group's period is the kernel's default, CPU_PERIOD: only the quota is
+                // written.
                 if let Some(quota) = quota {
-                    write(cpu_dir, "cpu.cfs_period_us", CPU_PERIOD.to_string())?;
                     write(cpu_dir, "cpu.cfs_quota_us", quota.to_string())?;
                 }
                 if let Some(processes) = caps.processes {
@@ -217,8 +228,7 @@ impl AgentGroup {
             }),
             cpu: match self.kind {
                 CgroupKind::V2 => Some(self.dirs[0].join("cpu.stat")),
-                CgroupKind::V1 if self.cpuacct => Some(self.dirs[3].join("cpuacct.usage")),
-                CgroupKind::V1 => None,
+                CgroupKind::V1 => self.cpuacct.map(|at| self.dirs[at].join("cpuacct.usage")),
             },
         }
     }
@@ -237,11 +247,9 @@ impl AgentGroup {
             }
             CgroupKind::V1 => ResourceUsage {
                 peak_memory: number(&self.dirs[0].join("memory.max_usage_in_bytes")).unwrap_or(0),
-                cpu_ms: if self.cpuacct {
-                    number(&self.dirs[3].join("cpuacct.usage")).unwrap_or(0) / 1_000_000
-                } else {
-                    0
-                },
+                cpu_ms: self.cpuacct.map_or(0, |at| {
+                    number(&self.dirs[at].join("cpuacct.usage")).unwrap_or(0) / 1_000_000
+                }),
                 oom_kills: keyed(&self.dirs[0].join("memory.oom_control"), "oom_kill").unwrap_or(0),
                 processes_refused: keyed(&self.dirs[2].join("pids.events"), "max").unwrap_or(0),
             },

@@ -79,6 +79,10 @@ pub struct AgentSpec {
 pub trait SpendMeter: Send + Sync + std::fmt::Debug {
     /// A turn cost `usd`: the cap this reached, if any.
     fn turn_cost(&self, usd: f64) -> Option<OverCap>;
+
+    /// The agent starts again: where its task was paused at a cap, a person let it go on, and
+    /// that cap allows another cap's worth — before its next turn is measured.
+    fn going_on(&self);
 }
 
 /// The shared parts of a host that every supervisor uses.

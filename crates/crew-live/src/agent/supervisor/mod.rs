@@ -231,6 +231,9 @@ impl Supervisor {
                     .zip(self.spec.session_cost.or(Some(0.0)))
                     .map(|(a, b)| a + b),
             };
+            if let Some(meter) = &self.spec.spend {
+                meter.going_on();
+            }
             match launch(
                 &self.spec,
                 &self.launcher,

@@ -28,6 +28,8 @@ struct Book {
     run_spent: f64,
     run: Option<SpendCap>,
     day: Option<SpendCap>,
+    /// Tasks paused at a cap, and which: the next start of their agent goes on past it.
+    paused: HashMap<TaskId, CapKind>,
 }
 
 impl SpendBook {
@@ -48,6 +50,11 @@ impl SpendBook {
                 run_spent,
                 run: manifest.max_cost,
                 day: manifest.day_cap,
+                paused: manifest
+                    .tasks
+                    .iter()
+                    .filter_map(|task| Some((task.id.clone(), task.capped?)))
+                    .collect(),
             })),
             ledger: manifest.day_cap.and_then(|_| DayLedger::of_user()),
         }
@@ -138,13 +145,32 @@ impl SpendBook {
         })
     }
 
-    /// A person let `task`, paused at `kind`, go on: that cap allows another cap's worth past
-    /// what it reached. Returns the task's and the run's caps as they are now, to record.
-    pub(in crate::project::runner) fn grant(
+    /// `task` is paused at `kind`: its agent's next start goes on past it.
+    pub(in crate::project::runner) fn paused_at(&self, task: &TaskId, kind: CapKind) {
+        self.book().paused.insert(task.clone(), kind);
+    }
+
+    /// The task's, the run's and the day's caps as they are now, to record.
+    pub(in crate::project::runner) fn caps_of(
         &self,
         task: &TaskId,
-        kind: CapKind,
     ) -> (Option<SpendCap>, Option<SpendCap>, Option<SpendCap>) {
+        let book = self.book();
+        let own = book.tasks.get(task).and_then(|(_, cap)| *cap);
+        (own, book.run, book.day)
+    }
+
+    /// A person let `task`, paused at a cap, go on (its agent starts again): that cap allows
+    /// another cap's worth past what it reached.
+    fn go_on(&self, task: &TaskId) {
+        let Some(kind) = self.book().paused.remove(task) else {
+            return;
+        };
+        self.grant(task, kind);
+    }
+
+    /// `kind` allows another cap's worth past what it reached, for `task`.
+    fn grant(&self, task: &TaskId, kind: CapKind) {
         let today = match kind {
             CapKind::Day => self.ledger.as_ref().map_or(0.0, DayLedger::spent_today),
             _ => 0.0,
@@ -168,8 +194,6 @@ impl SpendBook {
                 }
             }
         }
-        let own = book.tasks.get(task).and_then(|(_, cap)| *cap);
-        (own, book.run, book.day)
     }
 }
 
@@ -183,6 +207,10 @@ struct TaskMeter {
 impl SpendMeter for TaskMeter {
     fn turn_cost(&self, usd: f64) -> Option<OverCap> {
         self.book.spent(&self.task, usd)
+    }
+
+    fn going_on(&self) {
+        self.book.go_on(&self.task);
     }
 }
 
@@ -202,6 +230,7 @@ mod tests {
                 run_spent: 0.0,
                 run,
                 day: None,
+                paused: HashMap::new(),
             })),
             ledger: None,
         }
@@ -216,8 +245,13 @@ mod tests {
         let over = meter.turn_cost(0.0075).expect("$0.0125 reached $0.01");
         assert_eq!(over.kind, CapKind::Task);
         assert!(over.reason.contains("$0.0125"), "{}", over.reason);
-        let (own, _, _) = book.grant(&a, CapKind::Task);
+        book.paused_at(&a, CapKind::Task);
+        meter.going_on();
+        let (own, _, _) = book.caps_of(&a);
         assert_eq!(own.unwrap().allowed_usd, 0.0125 + 0.01);
+        // Only once: a later start is no new go-on.
+        meter.going_on();
+        assert_eq!(book.caps_of(&a).0.unwrap().allowed_usd, 0.0125 + 0.01);
         assert_eq!(meter.turn_cost(0.005), None);
         assert!(meter.turn_cost(0.005).is_some());
     }
@@ -235,7 +269,8 @@ mod tests {
             book.meter(&a).turn_cost(0.0).is_some(),
             "the run's cap holds a too"
         );
-        book.grant(&b, CapKind::Run);
+        book.paused_at(&b, CapKind::Run);
+        book.meter(&b).going_on();
         assert_eq!(book.run_or_day_reached(), None);
     }
 }

@@ -236,8 +236,9 @@ impl RunContext {
                             if restarted.is_none() {
                                 break Ending::StillPaused;
                             }
-                            // A person let it go on: the cap allows another cap's worth.
-                            self.grant(&task_id, kind).await;
+                            // A person let it go on: the cap allowed another cap's worth as it
+                            // started (`SpendMeter::going_on`), recorded here.
+                            self.record_caps(&task_id, kind).await;
                             self.tell_scheduler(&task_id, Hold::Going);
                             self.record_started(&task_id, &handle).await;
                             phase = Phase::Running;
@@ -491,6 +492,7 @@ impl RunContext {
             "paused{when}: {}; go on with `crew agents resume {agent}` (another cap's worth), or end it with `crew agents stop {agent}`",
             over.reason
         );
+        self.spend().paused_at(task_id, over.kind);
         let (run_id, why, kind) = (self.run_id.clone(), reason.clone(), over.kind);
         let record = self
             .save_task(
@@ -514,10 +516,10 @@ impl RunContext {
         self.tell_scheduler(task_id, Hold::Capped);
     }
 
-    /// A person let the task go on past the cap it was paused at: that cap allows another
-    /// cap's worth, recorded.
-    pub(super) async fn grant(&self, task_id: &TaskId, kind: CapKind) {
-        let (own, run, day) = self.spend().grant(task_id, kind);
+    /// A person let the task go on past the cap (`kind`) it was paused at: what its caps allow
+    /// now is recorded.
+    pub(super) async fn record_caps(&self, task_id: &TaskId, kind: CapKind) {
+        let (own, run, day) = self.spend().caps_of(task_id);
         self.save_task(
             &format!("task {task_id}'s spend cap"),
             task_id,
