@@ -172,11 +172,88 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=4096 State=UNKNOWN\nPa
 }
 
 impl Drop for Slurm {
+    /// Its jobs are cancelled and given the time to end while the daemons still run (a step
+    /// whose `slurmd` is gone is never cleaned up); then the daemons go, and whatever of a
+    /// job still lives — a step's `slurmstepd`, which carries the cluster's `SLURM_CONF`, and
+    /// everything under it — is killed.
     fn drop(&mut self) {
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".to_owned());
+        // A cluster that no longer answers has nothing to cancel.
+        let _ = self
+            .command("scancel")
+            .arg(format!("--user={user}"))
+            .output();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let going = self
+                .command("squeue")
+                .args([
+                    "-h",
+                    "-t",
+                    "pending,running,completing,configuring",
+                    "-o",
+                    "%i",
+                ])
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+                .unwrap_or_default();
+            if going.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         for child in self.children.iter_mut().rev() {
+            // Already gone, or killed now: either way not left behind.
             let _ = child.kill();
             let _ = child.wait();
         }
+        let ours = format!("SLURM_CONF={}", self.conf);
+        let steps: Vec<i32> = all_pids()
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                    environ
+                        .split(|byte| *byte == 0)
+                        .any(|entry| entry == ours.as_bytes())
+                })
+            })
+            .collect();
+        for step in steps {
+            kill_tree(step);
+        }
+    }
+}
+
+/// Every process's pid.
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Kills `pid` and every process under it.
+fn kill_tree(pid: i32) {
+    let children: Vec<i32> = all_pids()
+        .into_iter()
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<i32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect();
+    // Gone already: nothing left of it to kill.
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    for child in children {
+        kill_tree(child);
     }
 }
 

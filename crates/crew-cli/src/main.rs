@@ -30,5 +30,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime.block_on(crew_cli::run(cli)),
         Err(error) => Err(crew_cli::CliError::internal(error)),
     };
+    // Groups made ahead of starts that will not come (crew-sandbox `caps`).
+    crew_live::agent::drop_spare_cgroups();
     ExitCode::from(crew_cli::exit_status(result))
 }

@@ -10,6 +10,12 @@
 //!   writable (root on a machine without v2 controllers): an agent's group is a child of crew's
 //!   own in each hierarchy, and cpuacct's, where mounted, measures its CPU time.
 //!
+//! A start takes a group made ahead of it where one with its caps is ready (a spare, named
+//! `crew-spare-<host pid>-<n>`, made by a thread of its own after the start before): making a
+//! group and writing its caps costs the kernel a few hundred microseconds, which then stay off
+//! the start. A spare is empty and holds exactly the caps it was made with; spares of a host
+//! that ended are removed by the next host that looks for cgroups.
+//!
 //! The warden joins the groups before it starts the agent (it writes its own pid to each
 //! `cgroup.procs` it was given open), so everything the agent starts is in them from its first
 //! instruction. The files are beneath `/sys/fs/cgroup`, which a confined agent cannot write.
@@ -17,12 +23,20 @@
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, mpsc};
 
 use crew_core::config::Resources;
 use crew_core::model::ResourceUsage;
 
 /// The controllers a capped agent needs.
 const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+
+/// How spare groups are named: the host's pid and a count follow.
+const SPARE_PREFIX: &str = "crew-spare-";
+
+/// The most spare groups a host keeps ready (one per kind of caps its starts ask for).
+const MAX_SPARES: usize = 4;
 
 /// The CPU period caps are written in, in microseconds.
 const CPU_PERIOD: u64 = 100_000;
@@ -47,8 +61,12 @@ impl CgroupKind {
 }
 
 /// Where crew makes agents' groups.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Cgroups {
+    /// Groups made ahead of the starts that take them, with their caps.
+    spares: Mutex<Vec<(Resources, AgentGroup)>>,
+    /// The thread that makes spares, told which caps to make one for.
+    refill: OnceLock<Mutex<mpsc::Sender<Resources>>>,
     kind: CgroupKind,
     /// v2: the delegated subtree; v1: crew's group in the memory, cpu, pids hierarchies (in
     /// that order), then cpuacct's where mounted.
@@ -74,12 +92,16 @@ impl Cgroups {
         if let Some(base) = &v2
             && delegated(base)
         {
-            return Ok(Cgroups {
+            let found = Cgroups {
                 kind: CgroupKind::V2,
                 bases: vec![base.clone()],
                 cpuacct: None,
                 memsw: false,
-            });
+                spares: Mutex::default(),
+                refill: OnceLock::new(),
+            };
+            found.remove_stale_spares();
+            return Ok(found);
         }
         let mut bases = Vec::new();
         for controller in CONTROLLERS {
@@ -98,12 +120,101 @@ impl Cgroups {
             _ => None,
         };
         let memsw = bases[0].join("memory.memsw.limit_in_bytes").exists();
-        Ok(Cgroups {
+        let found = Cgroups {
             kind: CgroupKind::V1,
             bases,
             cpuacct,
             memsw,
-        })
+            spares: Mutex::default(),
+            refill: OnceLock::new(),
+        };
+        found.remove_stale_spares();
+        Ok(found)
+    }
+
+    /// A group under caps `caps` for a start named `name`: a spare made ahead with those caps
+    /// where one is ready, else one made now; either way another spare of those caps is made
+    /// after it, off the start.
+    pub fn take(&'static self, name: &str, caps: &Resources) -> std::io::Result<AgentGroup> {
+        let spare = {
+            let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+            spares
+                .iter()
+                .position(|(made_for, _)| made_for == caps)
+                .map(|at| spares.swap_remove(at).1)
+        };
+        let group = match spare {
+            Some(group) => group,
+            None => self.create(name, caps)?,
+        };
+        let refill = self.refill.get_or_init(|| {
+            let (send, receive) = mpsc::channel::<Resources>();
+            let spawned = std::thread::Builder::new()
+                .name("crew-cgroup-spares".to_owned())
+                .spawn(move || {
+                    static SPARES: AtomicU64 = AtomicU64::new(0);
+                    for caps in receive {
+                        let name = format!(
+                            "{SPARE_PREFIX}{}-{}",
+                            std::process::id(),
+                            SPARES.fetch_add(1, Ordering::Relaxed)
+                        );
+                        // A spare that cannot be made is made at the start that wants it.
+                        if let Ok(spare) = self.create(&name, &caps) {
+                            let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+                            if spares.len() < MAX_SPARES {
+                                spares.push((caps, spare));
+                            }
+                        }
+                    }
+                });
+            // Without the thread (none could be started), every start makes its own group.
+            drop(spawned);
+            Mutex::new(send)
+        });
+        // The thread is gone only where it could not start: starts make their own.
+        let _ = refill.lock().unwrap_or_else(|e| e.into_inner()).send(*caps);
+        Ok(group)
+    }
+
+    /// Removes the spares made so far (a host ending): what a later start would have taken.
+    pub fn drop_spares(&self) {
+        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
+        // Each removes its group as it is dropped.
+        drop(spares);
+    }
+
+    /// Removes the spares of hosts that ended (their pid in the name, no longer alive): empty
+    /// groups, left because a process's statics are never dropped.
+    fn remove_stale_spares(&self) {
+        for base in &self.bases {
+            let Ok(entries) = fs::read_dir(base) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(rest) = name
+                    .to_str()
+                    .and_then(|name| name.strip_prefix(SPARE_PREFIX))
+                else {
+                    continue;
+                };
+                let pid = rest
+                    .split('-')
+                    .next()
+                    .and_then(|pid| pid.parse::<i32>().ok());
+                let alive = pid
+                    .and_then(rustix::process::Pid::from_raw)
+                    .is_some_and(|pid| {
+                        pid.as_raw_nonzero().get() == std::process::id() as i32
+                            || rustix::process::test_kill_process(pid).is_ok()
+                    });
+                if !alive {
+                    // Not empty after all (a process joined it): left, as any group in use.
+                    let _ = fs::remove_dir(entry.path());
+                }
+            }
+        }
     }
 
     /// Which kind it is.

@@ -30,18 +30,38 @@ fn crew(env: &TestEnv, slurm: &Slurm, repo: &Utf8Path, args: &[&str]) -> std::pr
         .unwrap()
 }
 
-fn spawn(env: &TestEnv, slurm: &Slurm, repo: &Utf8Path, args: &[&str]) -> std::process::Child {
-    env.crew_command(repo)
-        .env("SLURM_CONF", slurm.conf.as_str())
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
+fn spawn(env: &TestEnv, slurm: &Slurm, repo: &Utf8Path, args: &[&str]) -> Host {
+    Host(
+        env.crew_command(repo)
+            .env("SLURM_CONF", slurm.conf.as_str())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// A `crew run` in the background, killed (with its agents, `srun` among them) should the
+/// test end before it does.
+struct Host(std::process::Child);
+
+impl Host {
+    fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.0.wait()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Ended already (waited for), or killed now.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A one-task run of the shell agent on `hpc`, in the background: the host, to wait for.
-fn run_placed(env: &TestEnv, slurm: &Slurm, repo: &Utf8Path, prompt: &str) -> std::process::Child {
+fn run_placed(env: &TestEnv, slurm: &Slurm, repo: &Utf8Path, prompt: &str) -> Host {
     let args = [
         "run",
         "--placement",

@@ -463,11 +463,20 @@ pub(super) fn user_message_line(content: &str) -> String {
     serde_json::to_string(&line).expect("a user message serializes")
 }
 
+/// The spare cgroups this host made ahead of starts are removed (the host ends): a host's
+/// statics are never dropped, and the next host would otherwise have to.
+pub fn drop_spare_cgroups() {
+    if let Some(Ok(found)) = CGROUPS.get() {
+        found.drop_spares();
+    }
+}
+
+static CGROUPS: std::sync::OnceLock<Result<crew_sandbox::caps::Cgroups, String>> =
+    std::sync::OnceLock::new();
+
 /// The cgroups crew caps agents with here, found once: or why there are none.
 fn cgroups() -> &'static Result<crew_sandbox::caps::Cgroups, String> {
-    static FOUND: std::sync::OnceLock<Result<crew_sandbox::caps::Cgroups, String>> =
-        std::sync::OnceLock::new();
-    FOUND.get_or_init(crew_sandbox::caps::Cgroups::find)
+    CGROUPS.get_or_init(crew_sandbox::caps::Cgroups::find)
 }
 
 /// The cgroup of this start's caps, made now; `None` without caps, or where none can be had
@@ -496,7 +505,8 @@ fn caps_group(
             });
         }
     };
-    // One name per start: the agent, this host and a count (a resume is a start of its own).
+    // One name per start: the agent, this host and a count (a resume is a start of its own);
+    // a spare made ahead keeps its own.
     static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name: String = format!(
         "crew-{}-{}-{}",
@@ -515,7 +525,7 @@ fn caps_group(
     .collect();
     record.cgroup = Some(found.kind().as_str().to_owned());
     found
-        .create(&name, caps)
+        .take(&name, caps)
         .map(Some)
         .map_err(|source| SpawnAgentError::Caps {
             agent_id: spec.agent_id.clone(),

@@ -41,6 +41,7 @@ mod slurm;
 pub mod toolchains;
 
 pub use credentials::{by_reference, placed_values};
+pub use launch::drop_spare_cgroups;
 pub use spec::{AgentSpec, DEFAULT_RESUME_MESSAGE, SpendMeter};
 pub(crate) use spec::{Launcher, OwnConnections};
 pub(crate) use start::{start, start_idle};
