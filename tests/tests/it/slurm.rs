@@ -308,3 +308,41 @@ fn a_task_over_slurm_s_time_limit_fails_naming_it() {
     );
     assert!(slurm.jobs().contains("|TIMEOUT|"), "{}", slurm.jobs());
 }
+
+#[test]
+fn a_steer_reaches_the_agent_in_its_slurm_job() {
+    let env = TestEnv::new();
+    let test = "slurm::a_steer_reaches_the_agent_in_its_slurm_job";
+    let Some(slurm) = Slurm::start(&env, test, 2) else {
+        return;
+    };
+    let repo = project(&env, "");
+    let mut host = run_placed(
+        &env,
+        &slurm,
+        &repo,
+        "echo waiting; read line; echo \"$line\" > steered.txt",
+    );
+    let (run, _) = task_once(&env, &repo, "shell", "the task to run", |record| {
+        record["status"] == "running"
+    });
+    wait_until(60, "the agent to wait there", || {
+        log(&repo, &run, "shell").contains("waiting").then_some(())
+    });
+    let steered = crew(
+        &env,
+        &slurm,
+        &repo,
+        &["agents", "steer", &format!("{run}:shell"), "over srun"],
+    );
+    assert!(steered.status.success(), "{}", render_output(&steered));
+    assert!(
+        host.wait().unwrap().success(),
+        "{}",
+        log(&repo, &run, "shell")
+    );
+    assert_eq!(
+        env.git(&repo, ["show", &format!("crew/{run}-shell:steered.txt")]),
+        "over srun\n"
+    );
+}
